@@ -1,0 +1,46 @@
+/* A model folder in the diffusers layout, and one component's checkpoint:
+ * a single *.safetensors file or a sharded set with a
+ * *.safetensors.index.json weight_map. */
+#ifndef TPGEN_CHECKPOINT_H
+#define TPGEN_CHECKPOINT_H
+#include "safetensors.h"
+#include <jansson.h>
+
+typedef struct model_dir {
+    char *root;
+    json_t *index;            /* model_index.json (NULL when the folder has none) */
+} model_dir;
+
+/* Open a pipeline folder: it must exist; model_index.json is read when present. */
+int model_dir_open(const char *root, model_dir **out);
+void model_dir_close(model_dir *m);
+/* 1 when the component subfolder exists (e.g. "vae", "text_encoder"). */
+int model_dir_has(const model_dir *m, const char *component);
+/* Path of a component folder (malloc'ed). */
+char *model_dir_path(const model_dir *m, const char *component);
+/* Parse <root>/<component>/config.json; NULL + tp_error when missing or malformed. */
+json_t *model_dir_config(const model_dir *m, const char *component);
+/* Boolean key of model_index.json (e.g. "is_distilled"); def when absent. */
+int model_dir_flag(const model_dir *m, const char *key, int def);
+
+/* The tensors of one component across its files. */
+typedef struct checkpoint {
+    char *dir;
+    int n_files;
+    st_file **files;
+    int n;                         /* tensors in total */
+    const st_tensor_info **infos;  /* sorted by name */
+    int *file_of;                  /* index into files for each info */
+} checkpoint;
+
+/* Open every safetensors file of a component folder. With an index, every
+ * tensor of its weight_map must exist in the named file (and the file must
+ * exist); without one, the folder must hold exactly one *.safetensors file
+ * (when it has several, the one named like the component, e.g.
+ * diffusion_pytorch_model.safetensors or model.safetensors). */
+int checkpoint_open(const char *dir, checkpoint **out);
+void checkpoint_close(checkpoint *c);
+/* Look a tensor up: NULL when absent; *file set when found. */
+const st_tensor_info *checkpoint_find(const checkpoint *c, const char *name, const st_file **file);
+
+#endif

@@ -1,0 +1,75 @@
+/* MPI communicator for host tensors. bf16 has no MPI datatype: it travels
+ * as 16-bit words and is summed by a user-defined op that rounds each
+ * pairwise sum to bf16, which is what NCCL does on GPUs. */
+#include "comm.h"
+#include "err.h"
+#include "../kernels/ops.h"
+#include <stdlib.h>
+
+static void bf16_sum_op(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    (void)dt;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+typedef struct { MPI_Op bf16_sum; } mpi_impl;
+
+static int mpi_allreduce(comm *c, tensor *t) {
+    if (!tensor_contiguous(t)) tp_fatal("comm allreduce: tensor must be contiguous");
+    if (c->size == 1) return 0;
+    mpi_impl *m = c->impl;
+    double t0 = MPI_Wtime();
+    int n = (int)tensor_numel(t), rc;
+    if (t->dtype == DT_F32) rc = MPI_Allreduce(MPI_IN_PLACE, t->data, n, MPI_FLOAT, MPI_SUM, c->mpi);
+    else if (t->dtype == DT_BF16) rc = MPI_Allreduce(MPI_IN_PLACE, t->data, n, MPI_UINT16_T, m->bf16_sum, c->mpi);
+    else tp_fatal("comm allreduce: dtype %s", dtype_name(t->dtype));
+    c->allreduce_seconds += MPI_Wtime() - t0;
+    c->n_allreduce++;
+    c->allreduce_bytes += tensor_nbytes(t);
+    return rc == MPI_SUCCESS ? 0 : tp_error("MPI_Allreduce failed (code %d)", rc);
+}
+
+static int mpi_bcast(comm *c, tensor *t, int root) {
+    if (!tensor_contiguous(t)) tp_fatal("comm bcast: tensor must be contiguous");
+    int rc = MPI_Bcast(t->data, (int)tensor_nbytes(t), MPI_BYTE, root, c->mpi);
+    return rc == MPI_SUCCESS ? 0 : tp_error("MPI_Bcast failed (code %d)", rc);
+}
+
+static void mpi_destroy(comm *c) {
+    mpi_impl *m = c->impl;
+    MPI_Op_free(&m->bf16_sum);
+    free(m);
+    free(c);
+}
+
+static const comm_vtable k_mpi_vt = {"mpi", mpi_allreduce, mpi_bcast, mpi_destroy};
+
+comm *comm_create_mpi(MPI_Comm group, struct backend *be) {
+    comm *c = xcalloc(1, sizeof *c);
+    mpi_impl *m = xcalloc(1, sizeof *m);
+    MPI_Op_create(bf16_sum_op, 1, &m->bf16_sum);
+    c->vt = &k_mpi_vt;
+    c->mpi = group;
+    c->be = be;
+    c->impl = m;
+    MPI_Comm_rank(group, &c->rank);
+    MPI_Comm_size(group, &c->size);
+    return c;
+}
+
+/* Weak default so a build without CUDA links; kernels/cuda provides the real one. */
+__attribute__((weak)) comm *comm_create_nccl(MPI_Comm group, struct backend *be) {
+    (void)group; (void)be;
+    tp_error("this tpgen was built without NCCL (rebuild with CUDA=1)");
+    return NULL;
+}
+
+comm *comm_create(MPI_Comm group, struct backend *be) {
+    if (be && be->kind == BACKEND_CUDA) return comm_create_nccl(group, be);
+    return comm_create_mpi(group, be);
+}
+
+int comm_allreduce_sum(comm *c, tensor *t) { return c->vt->allreduce_sum(c, t); }
+int comm_bcast(comm *c, tensor *t, int root) { return c->vt->bcast(c, t, root); }
+void comm_destroy(comm *c) { if (c) c->vt->destroy(c); }

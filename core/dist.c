@@ -1,0 +1,82 @@
+#include "dist.h"
+#include "err.h"
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+int dist_init(int *argc, char ***argv, dist *d) {
+    memset(d, 0, sizeof *d);
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        int provided;
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            return tp_error("MPI initialisation failed");
+    }
+    d->world = MPI_COMM_WORLD;
+    MPI_Comm_rank(d->world, &d->world_rank);
+    MPI_Comm_size(d->world, &d->world_size);
+    MPI_Comm_split_type(d->world, MPI_COMM_TYPE_SHARED, d->world_rank, MPI_INFO_NULL, &d->local_comm);
+    MPI_Comm_rank(d->local_comm, &d->local_rank);
+    MPI_Comm_size(d->local_comm, &d->local_size);
+    d->tp_comm = d->dp_comm = MPI_COMM_NULL;
+    return dist_set_tp(d, 0);
+}
+
+int dist_set_tp(dist *d, int tp) {
+    if (tp <= 0) tp = d->world_size;
+    if (d->world_size % tp != 0)
+        return tp_error("--tp %d does not divide the number of MPI ranks (%d): the world is split into "
+                        "data-parallel groups of tp ranks each, so use a tp that divides %d",
+                        tp, d->world_size, d->world_size);
+    if (d->tp_comm != MPI_COMM_NULL) MPI_Comm_free(&d->tp_comm);
+    if (d->dp_comm != MPI_COMM_NULL) MPI_Comm_free(&d->dp_comm);
+    d->tp = tp;
+    d->dp = d->world_size / tp;
+    d->dp_rank = d->world_rank / tp;
+    d->tp_rank = d->world_rank % tp;
+    MPI_Comm_split(d->world, d->dp_rank, d->tp_rank, &d->tp_comm);
+    MPI_Comm_split(d->world, d->tp_rank, d->dp_rank, &d->dp_comm);
+    return 0;
+}
+
+void dist_finalize(dist *d) {
+    if (d->tp_comm != MPI_COMM_NULL) MPI_Comm_free(&d->tp_comm);
+    if (d->dp_comm != MPI_COMM_NULL) MPI_Comm_free(&d->dp_comm);
+    if (d->local_comm != MPI_COMM_NULL) MPI_Comm_free(&d->local_comm);
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+}
+
+int dist_agree(MPI_Comm c, int status) {
+    int rank, size;
+    MPI_Comm_rank(c, &rank);
+    MPI_Comm_size(c, &size);
+    int mine = status ? rank : INT_MAX, first;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c);
+    if (first == INT_MAX) return 0;
+    char msg[4096];
+    if (rank == first) snprintf(msg, sizeof msg, "%s", tp_error_msg());
+    MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, c);
+    msg[sizeof msg - 1] = 0;
+    if (size > 1) {
+        int wr = first;
+        MPI_Group g, wg;
+        MPI_Comm_group(c, &g);
+        MPI_Comm_group(MPI_COMM_WORLD, &wg);
+        MPI_Group_translate_ranks(g, 1, &first, wg, &wr);
+        MPI_Group_free(&g);
+        MPI_Group_free(&wg);
+        tp_error("rank %d: %s", wr, msg);
+    } else {
+        tp_error("%s", msg);
+    }
+    return -1;
+}
+
+void dist_report_error(MPI_Comm c) {
+    int rank;
+    MPI_Comm_rank(c, &rank);
+    if (rank == 0) fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
+}

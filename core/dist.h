@@ -1,0 +1,38 @@
+/* Distributed setup: world, tensor-parallel and data-parallel groups, the
+ * node-local rank, and error agreement.
+ *
+ * world = dp x tp. TP groups are blocks of consecutive world ranks
+ * (ranks [g*tp, (g+1)*tp) form TP group g), so with one TP group per node
+ * and ranks placed by node, all-reduces stay inside a node. */
+#ifndef TPGEN_DIST_H
+#define TPGEN_DIST_H
+#include <mpi.h>
+
+typedef struct dist {
+    int world_rank, world_size;
+    int tp, tp_rank;         /* tensor-parallel degree and rank inside the group */
+    int dp, dp_rank;         /* number of TP groups and this rank's group */
+    int local_rank, local_size; /* rank among the processes on this node */
+    MPI_Comm world, tp_comm, dp_comm, local_comm;
+} dist;
+
+/* MPI_Init (works as a single process without mpirun) and the node-local
+ * rank; tp defaults to the world size. */
+int dist_init(int *argc, char ***argv, dist *d);
+/* Split the world into TP groups of size tp (0: whole world). Fails with a
+ * clear message when tp does not divide the world size. Collective. */
+int dist_set_tp(dist *d, int tp);
+void dist_finalize(dist *d);
+
+/* Error agreement, collective over `c`: every rank passes its status (0 or
+ * -1 with tp_error() set). Returns 0 when every rank succeeded. Otherwise
+ * returns -1 on every rank, with tp_error() set everywhere to the message of
+ * the lowest failing rank, prefixed by "rank R: " when the group has more
+ * than one rank. */
+int dist_agree(MPI_Comm c, int status);
+
+/* Print the current error once, by rank 0 of `c`, as "tpgen: error: ..."
+ * on stderr. Call after dist_agree over the same communicator. */
+void dist_report_error(MPI_Comm c);
+
+#endif

@@ -1,0 +1,89 @@
+/* Tensors: dtypes, bf16 rounding, and the 2-D matrix view every op works on.
+ *
+ * Batch is always 1 inside a forward pass, so activations are matrices
+ * [rows = tokens, cols = features]; a per-head layout [S, H*hd] is the same
+ * matrix with head h owning columns [h*hd, (h+1)*hd). Convolution activations
+ * are [channels, height*width] with the spatial size passed to the op.
+ * 1-D vectors are [1, n]. A view shares data with its parent (ld keeps the
+ * parent's row pitch), so the joint [text; image] sequence is one buffer with
+ * two row-range views, and the fused single-block projection is one buffer
+ * with column-range views for Q, K, V, gate and up. */
+#ifndef TPGEN_TENSOR_H
+#define TPGEN_TENSOR_H
+#include <stdint.h>
+#include <stddef.h>
+#include <string.h>
+
+typedef enum {
+    DT_F32 = 0,
+    DT_BF16,
+    DT_F16,
+    DT_F64,
+    DT_I64,
+    DT_I32,
+    DT_I16,
+    DT_I8,
+    DT_U8,
+    DT_BOOL,
+    DT_COUNT
+} dtype_t;
+
+size_t dtype_size(dtype_t dt);
+const char *dtype_name(dtype_t dt);            /* safetensors spelling: "F32", "BF16", ... */
+int dtype_from_name(const char *s, dtype_t *out); /* 0 ok, -1 unknown */
+
+/* ---- scalar conversions (round-to-nearest-even, NaN kept quiet) ---- */
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+/* round an f32 value to the nearest bf16 and back: bf16(x) of the spec */
+static inline float bf16r(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+/* Convert n elements of a float dtype (F32, BF16, F16, F64) to/from f32. */
+int convert_to_f32(float *dst, const void *src, dtype_t dt, size_t n);
+void convert_from_f32(void *dst, dtype_t dt, const float *src, size_t n);
+
+/* ---- the matrix view ---- */
+struct backend;
+
+typedef struct tensor {
+    dtype_t dtype;
+    int64_t rows, cols;   /* 1-D vectors: rows = 1 */
+    int64_t ld;           /* elements between the starts of consecutive rows, >= cols */
+    void *data;           /* backend memory: host for the CPU backend, device for CUDA */
+    struct backend *be;   /* where data lives */
+    int owner;            /* 1: tensor_free releases data through be */
+} tensor;
+
+static inline int tensor_contiguous(const tensor *t) { return t->ld == t->cols || t->rows == 1; }
+static inline size_t tensor_nbytes(const tensor *t) {
+    return (size_t)t->rows * (size_t)t->cols * dtype_size(t->dtype);
+}
+static inline size_t tensor_numel(const tensor *t) { return (size_t)t->rows * (size_t)t->cols; }
+
+/* Allocate a contiguous rows x cols tensor on backend be (data uninitialised).
+ * Returns NULL after tp_error() on out-of-memory. */
+tensor *tensor_new(struct backend *be, dtype_t dt, int64_t rows, int64_t cols);
+void tensor_free(tensor *t);   /* NULL ok; frees data only when owner */
+
+/* Views (no allocation, value types): rows [r0, r0+n) or columns [c0, c0+n). */
+tensor tensor_rows(const tensor *t, int64_t r0, int64_t n);
+tensor tensor_cols(const tensor *t, int64_t c0, int64_t n);
+/* Reinterpret a contiguous tensor as rows x cols (same element count). */
+tensor tensor_reshape(const tensor *t, int64_t rows, int64_t cols);
+/* Wrap memory that lives on be (not owned). */
+tensor tensor_wrap(struct backend *be, dtype_t dt, int64_t rows, int64_t cols, void *data);
+
+#endif

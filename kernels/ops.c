@@ -1,0 +1,83 @@
+/* Dispatch from the op interface to the backend's vtable, plus the
+ * host<->tensor helpers shared by all backends. */
+#include "ops.h"
+#include "../core/err.h"
+#include <stdlib.h>
+
+void backend_destroy(backend *be) {
+    if (be && be->vt->destroy) be->vt->destroy(be);
+}
+
+/* Backends keep be->bytes_in_use and be->peak_bytes up to date in their
+ * alloc and free (they know each block's size). */
+void *be_alloc(backend *be, size_t bytes) { return be->vt->alloc(be, bytes); }
+void be_free(backend *be, void *p) {
+    if (p) be->vt->free(be, p);
+}
+int be_upload(backend *be, void *dst, const void *src, size_t n) { return be->vt->upload(be, dst, src, n); }
+int be_download(backend *be, void *dst, const void *src, size_t n) { return be->vt->download(be, dst, src, n); }
+int be_sync(backend *be) { return be->vt->sync(be); }
+
+int tensor_upload_raw(tensor *t, const void *host) {
+    size_t es = dtype_size(t->dtype), w = (size_t)t->cols * es;
+    if (tensor_contiguous(t)) return be_upload(t->be, t->data, host, w * (size_t)t->rows);
+    return t->be->vt->upload2d(t->be, t->data, (size_t)t->ld * es, host, w, w, (size_t)t->rows);
+}
+
+int tensor_download_raw(const tensor *t, void *host) {
+    size_t es = dtype_size(t->dtype), w = (size_t)t->cols * es;
+    if (tensor_contiguous(t)) return be_download(t->be, host, t->data, w * (size_t)t->rows);
+    for (int64_t r = 0; r < t->rows; r++)
+        if (be_download(t->be, (char *)host + (size_t)r * w, (char *)t->data + (size_t)r * t->ld * es, w)) return -1;
+    return 0;
+}
+
+int tensor_upload_f32(tensor *t, const float *host) {
+    if (t->dtype == DT_F32) return tensor_upload_raw(t, host);
+    size_t n = tensor_numel(t);
+    void *tmp = xmalloc(n * dtype_size(t->dtype));
+    convert_from_f32(tmp, t->dtype, host, n);
+    int rc = tensor_upload_raw(t, tmp);
+    free(tmp);
+    return rc;
+}
+
+int tensor_download_f32(const tensor *t, float *host) {
+    if (t->dtype == DT_F32) return tensor_download_raw(t, host);
+    size_t n = tensor_numel(t);
+    void *tmp = xmalloc(n * dtype_size(t->dtype));
+    int rc = tensor_download_raw(t, tmp);
+    if (!rc) rc = convert_to_f32(host, tmp, t->dtype, n);
+    free(tmp);
+    return rc;
+}
+
+#define DISPATCH(op, ...) do { \
+    if (!be->vt->op) tp_fatal("backend %s has no op " #op, be->vt->name); \
+    be->vt->op(be, __VA_ARGS__); } while (0)
+
+void op_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias) { DISPATCH(gemm, y, x, w, bias); }
+void op_copy(backend *be, tensor *y, const tensor *x) { DISPATCH(copy, y, x); }
+void op_layernorm_mod(backend *be, tensor *y, const tensor *x, const tensor *shift, const tensor *scale, float eps) { DISPATCH(layernorm_mod, y, x, shift, scale, eps); }
+void op_rmsnorm(backend *be, tensor *y, const tensor *x, const tensor *w, int group, float eps) { DISPATCH(rmsnorm, y, x, w, group, eps); }
+void op_rope(backend *be, tensor *x, const tensor *cos, const tensor *sin, int head_dim, rope_mode mode) { DISPATCH(rope, x, cos, sin, head_dim, mode); }
+void op_attention(backend *be, tensor *o, const tensor *q, const tensor *k, const tensor *v, const attn_params *p) { DISPATCH(attention, o, q, k, v, p); }
+void op_swiglu(backend *be, tensor *y, const tensor *gate, const tensor *up) { DISPATCH(swiglu, y, gate, up); }
+void op_silu(backend *be, tensor *y, const tensor *x) { DISPATCH(silu, y, x); }
+void op_add(backend *be, tensor *y, const tensor *a, const tensor *b) { DISPATCH(add, y, a, b); }
+void op_gated_add(backend *be, tensor *x, const tensor *gate, const tensor *y) { DISPATCH(gated_add, x, gate, y); }
+void op_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t *ids, int64_t n, int64_t row0) { DISPATCH(gather_rows, y, table, ids, n, row0); }
+void op_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h, int64_t wd, int k) { DISPATCH(conv2d, y, x, w, bias, h, wd, k); }
+void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma, const tensor *beta, int groups, float eps, int apply_silu) { DISPATCH(group_norm, y, x, gamma, beta, groups, eps, apply_silu); }
+void op_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd) { DISPATCH(upsample2x, y, x, h, wd); }
+void op_transpose(backend *be, tensor *y, const tensor *x) { DISPATCH(transpose, y, x); }
+
+/* Weak defaults for a build without the CUDA backend; kernels/cuda defines
+ * the real ones when built with nvcc. */
+__attribute__((weak)) int tpgen_has_cuda(void) { return 0; }
+__attribute__((weak)) int backend_cuda_device_count(void) { return 0; }
+__attribute__((weak)) backend *backend_cuda_create(int device) {
+    (void)device;
+    tp_error("this tpgen was built without the CUDA backend; use --backend cpu or rebuild with CUDA=1");
+    return NULL;
+}

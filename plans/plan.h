@@ -1,0 +1,67 @@
+/* The plan engine: a plan is a table of {glob, style, blocks} rules that
+ * says how each tensor of a checkpoint is split across tp ranks. Tensors
+ * that no rule matches are replicated. At most one '*' per glob, standing
+ * for a block index. Blocks are proportions ("1,1") or sizes named by the
+ * plan's symbols from the model config ("D,D,D,M,M").
+ *
+ * Validation (plan_validate) happens before any weight byte is read. */
+#ifndef TPGEN_PLAN_H
+#define TPGEN_PLAN_H
+#include "../core/checkpoint.h"
+#include <jansson.h>
+#include <stdint.h>
+
+typedef enum {
+    STYLE_REPLICATED = 0,
+    STYLE_COLWISE,              /* dim 0 (out features) split */
+    STYLE_ROWWISE,              /* dim 1 (in features) split; output all-reduced */
+    STYLE_ROWWISE_SPLIT_INPUT,  /* rowwise whose input arrives unsplit: the rank slices its input */
+    STYLE_PACKED_COLWISE,       /* dim 0 split block by block */
+    STYLE_PACKED_ROWWISE,       /* dim 1 split block by block */
+} shard_style;
+
+const char *shard_style_name(shard_style s);
+
+typedef struct plan_rule {
+    const char *glob;
+    shard_style style;
+    const char *blocks;         /* NULL, or "1,1" / "D,D,D,M,M" */
+} plan_rule;
+
+#define PLAN_MAX_SYMBOLS 8
+
+typedef struct plan {
+    const char *model;                      /* "flux2", "qwen3", ... */
+    const plan_rule *rules;
+    int n_rules;
+    int n_symbols;
+    const char *sym_names[PLAN_MAX_SYMBOLS];
+    int64_t sym_values[PLAN_MAX_SYMBOLS];
+    /* divisibility: tp must divide each named count (e.g. attention heads) */
+    int n_divisors;
+    const char *div_names[4];
+    int64_t div_values[4];
+} plan;
+
+/* The FLUX.2 transformer plan (spec flux2-transformer.md §7.2), with its
+ * symbols (D, M) and divisors (heads) taken from config.json. */
+int plan_flux2(const json_t *config, plan *out);
+
+/* How one tensor maps onto a rank. */
+typedef struct shard_info {
+    const st_tensor_info *info;
+    shard_style style;
+    int n_blocks;
+    int64_t blocks[8];          /* absolute sizes along the split dim */
+    int64_t global_rows, global_cols;   /* 2-D view: rows = shape[0], cols = prod(shape[1:]) */
+    int64_t local_rows, local_cols;
+} shard_info;
+
+/* Resolve and validate a plan against a checkpoint for degree tp: every
+ * glob must match at least one tensor, every divisibility rule must hold.
+ * On failure the message names the tensor (or glob) and the rule. */
+int plan_validate(const plan *p, const checkpoint *c, int tp);
+/* The shard of tensor `t` under plan p at degree tp (p NULL: replicated). */
+int plan_shard(const plan *p, const st_tensor_info *t, int tp, shard_info *out);
+
+#endif

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Install the Debian packages tpgen builds against (run as root or with sudo).
+set -euo pipefail
+SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+    build-essential ca-certificates openmpi-bin libopenmpi-dev libopenblas-openmp-dev \
+    libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev libstb-dev zlib1g-dev >/dev/null

@@ -1,0 +1,18 @@
+# Helpers for the command-line tests (sourced by tests/sh/*.sh).
+# ok NAME / fail NAME WHY print the lines tests/run.sh counts.
+ok() { echo "ok - $*"; }
+fail() { echo "FAIL - $*"; }
+# expect_fail NAME PATTERN CMD...: CMD must exit non-zero, not crash, and
+# print PATTERN (grep -E) on stderr/stdout.
+expect_fail() {
+    local name=$1 pat=$2; shift 2
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    if [ $rc -eq 0 ]; then fail "$name: exited 0"; return; fi
+    if [ $rc -ge 128 ] || echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|runtime error'; then
+        fail "$name: crashed (rc $rc): $(echo "$out" | tail -3)"; return
+    fi
+    if echo "$out" | grep -qE -- "$pat"; then ok "$name"; else fail "$name: message did not match '$pat': $(echo "$out" | tail -3)"; fi
+}
+TMP=$(mktemp -d /tmp/tpgen-sh-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT

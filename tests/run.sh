@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The test command: unit tests, MPI tests at several sizes, and the
+# command-line tests in tests/sh/*.sh. Every line "ok - ..." counts as a
+# pass and every "FAIL - ..." as a failure; the last line is the total.
+# Usage: tests/run.sh [FILTER]   (FILTER selects unit/MPI tests and sh files by name)
+set -u
+cd "$(dirname "$0")/.."
+export TPGEN_ROOT=$PWD
+export TPGEN=${TPGEN:-$PWD/build/tpgen}
+export TPGEN_TESTS=${TPGEN_TESTS:-$PWD/build/tpgen_tests}
+export TPGEN_GOLDEN=${TPGEN_GOLDEN:-$(cd .. && pwd)/shared/golden}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export MPIRUN="mpirun --oversubscribe --allow-run-as-root --bind-to none --mca btl_vader_single_copy_mechanism none"
+filter=${1:-}
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+run() { # run a command, echo its output, keep it for counting
+    "$@" 2>&1 | tee -a "$log" | grep -E '^(ok|FAIL) - |^# ' || true
+}
+
+echo "# unit tests"
+run "$TPGEN_TESTS" $filter
+for np in 1 2 4; do
+    echo "# MPI tests, $np ranks"
+    run $MPIRUN -np $np "$TPGEN_TESTS" --mpi $filter
+done
+for f in tests/sh/*.sh; do
+    [ -e "$f" ] || continue
+    case "$f" in *"$filter"*) ;; *) continue ;; esac
+    echo "# $f"
+    run timeout 900 bash "$f"
+done
+
+passed=$(grep -c '^ok - ' "$log")
+failed=$(grep -c '^FAIL - ' "$log")
+# a test binary or script that died without reporting counts as a failure
+if grep -qE 'AddressSanitizer|runtime error:|Segmentation fault|core dumped' "$log"; then
+    echo "FAIL - a test process crashed or a sanitizer reported an error (see above)"
+    failed=$((failed + 1))
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
