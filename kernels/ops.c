@@ -3,6 +3,8 @@
 #include "ops.h"
 #include "../core/err.h"
 #include <stdlib.h>
+#include <string.h>
+#include <omp.h>
 
 void backend_destroy(backend *be) {
     if (be && be->vt->destroy) be->vt->destroy(be);
@@ -80,4 +82,25 @@ __attribute__((weak)) backend *backend_cuda_create(int device) {
     (void)device;
     tp_error("this tpgen was built without the CUDA backend; use --backend cpu or rebuild with CUDA=1");
     return NULL;
+}
+
+int backend_select(const char *name, int local_rank, int local_size, backend **out) {
+    *out = NULL;
+    if (!name || !strcmp(name, "auto")) name = backend_cuda_device_count() > 0 ? "cuda" : "cpu";
+    if (!strcmp(name, "cpu")) {
+        int cores = omp_get_num_procs();
+        const char *env = getenv("OMP_NUM_THREADS");
+        int threads = env && atoi(env) > 0 ? atoi(env) : cores / (local_size > 0 ? local_size : 1);
+        *out = backend_cpu_create(threads > 0 ? threads : 1);
+        return 0;
+    }
+    if (!strcmp(name, "cuda")) {
+        int n = backend_cuda_device_count();
+        if (!tpgen_has_cuda())
+            return tp_error("--backend cuda: this tpgen was built without the CUDA backend; use --backend cpu or rebuild with CUDA=1");
+        if (n <= 0) return tp_error("--backend cuda: no usable GPU is visible on this node; use --backend cpu");
+        *out = backend_cuda_create(local_rank % n);
+        return *out ? 0 : -1;
+    }
+    return tp_error("unknown --backend '%s': use cpu, cuda or auto", name);
 }

@@ -175,4 +175,9 @@ void op_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t w
 /* y [cols, rows] = x [rows, cols]ᵀ. */
 void op_transpose(backend *be, tensor *y, const tensor *x);
 
+/* Pick the backend for --backend NAME (NULL or "auto": cuda when a GPU is
+ * visible, else cpu). local_rank/local_size place GPUs and split the CPU
+ * cores between the ranks of one node. */
+int backend_select(const char *name, int local_rank, int local_size, backend **out);
+
 #endif

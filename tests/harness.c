@@ -1,4 +1,4 @@
-/* Test runner: `tpgen_tests [--mpi] [FILTER...]`. Without --mpi it runs the
+/* Test runner: `tpgen_tests [--mpi|--gpu] [--list] [FILTER...]`. Without --mpi it runs the
  * single-process tests; with --mpi (under mpirun) the TEST_MPI tests, each
  * judged on every rank and reported once by rank 0. */
 #include "test.h"
@@ -15,8 +15,8 @@ static int g_n, g_failed_now;
 static char g_why[2048];
 static unsigned g_seed;
 
-void test_register(const char *name, test_fn fn, int mpi) {
-    if (g_n < MAX_TESTS) { g_tests[g_n].name = name; g_tests[g_n].fn = fn; g_tests[g_n].mpi = mpi; g_n++; }
+void test_register(const char *name, test_fn fn, int kind) {
+    if (g_n < MAX_TESTS) { g_tests[g_n].name = name; g_tests[g_n].fn = fn; g_tests[g_n].mpi = kind; g_n++; }
 }
 
 void test_fail(const char *file, int line, const char *fmt, ...) {
@@ -80,6 +80,7 @@ int main(int argc, char **argv) {
     char **filters = calloc((size_t)argc, sizeof *filters);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mpi")) mpi = 1;
+        else if (!strcmp(argv[i], "--gpu")) mpi = 2;
         else if (!strcmp(argv[i], "--list")) list = 1;
         else filters[nf++] = argv[i];
     }
@@ -112,7 +113,7 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
     }
-    if (rank == 0 && !list) printf("# %s np=%d: %d passed, %d failed\n", mpi ? "mpi" : "unit", size, passed, failed);
+    if (rank == 0 && !list) printf("# %s np=%d: %d passed, %d failed\n", mpi == 2 ? "gpu" : mpi ? "mpi" : "unit", size, passed, failed);
     free(filters);
     MPI_Finalize();
     return failed ? 1 : 0;

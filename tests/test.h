@@ -1,6 +1,6 @@
 /* Minimal test harness. Every test file registers its tests with TEST()
- * (single process) or TEST_MPI() (run under mpirun by tests/run.sh at
- * several sizes). A test fails when any CHECK fails. Output lines are
+ * (single process), TEST_MPI() (run under mpirun by tests/run.sh at
+ * several sizes) or TEST_GPU() (run by scripts/gpu-check.sh with --gpu). A test fails when any CHECK fails. Output lines are
  * "ok - name" and "FAIL - name: why"; tests/run.sh counts them. */
 #ifndef TPGEN_TEST_H
 #define TPGEN_TEST_H
@@ -8,7 +8,8 @@
 #include <stdio.h>
 
 typedef void (*test_fn)(void);
-void test_register(const char *name, test_fn fn, int mpi);
+/* kind: 0 single process, 1 MPI (run at np 1, 2, 4), 2 GPU (only with --gpu) */
+void test_register(const char *name, test_fn fn, int kind);
 void test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int test_failed(void);               /* has the current test failed so far */
 const char *test_golden_dir(void);   /* ../shared/golden (or $TPGEN_GOLDEN) */
@@ -21,6 +22,7 @@ unsigned test_seed(void);            /* per-run random seed (printed on failure)
     static void name(void)
 #define TEST(name) TEST_(name, 0)
 #define TEST_MPI(name) TEST_(name, 1)
+#define TEST_GPU(name) TEST_(name, 2)
 
 #define CHECK(cond, ...) do { if (!(cond)) { test_fail(__FILE__, __LINE__, __VA_ARGS__); } } while (0)
 #define REQUIRE(cond, ...) do { if (!(cond)) { test_fail(__FILE__, __LINE__, __VA_ARGS__); return; } } while (0)
