@@ -12,14 +12,14 @@ int bench_vae(int argc, char **argv) __attribute__((weak));
 int bench_encoder(int argc, char **argv) __attribute__((weak));
 int bench_tokenizer(int argc, char **argv) __attribute__((weak));
 
-static const struct { const char *name; command_fn *fn; const char *help; } k_bench[] = {
-    {"load", &bench_load, "sharded vs naive checkpoint loading: time, bytes read, peak RSS per rank"},
-    {"gemm", &bench_gemm, "GEMM throughput of the backend against plain BLAS on model shapes"},
-    {"forward", &bench_forward, "one transformer forward: time, GFLOP/s, all-reduce and attention share"},
-    {"allreduce", &bench_allreduce, "all-reduce bandwidth of the communicator"},
-    {"vae", &bench_vae, "VAE decoder time and peak memory"},
-    {"encoder", &bench_encoder, "text-encoder time for a 512-token prompt"},
-    {"tokenizer", &bench_tokenizer, "tokenizer load time and tokens/s"},
+static const struct { const char *name; command_fn fn; const char *help; } k_bench[] = {
+    {"load", bench_load, "sharded vs naive checkpoint loading: time, bytes read, peak RSS per rank"},
+    {"gemm", bench_gemm, "GEMM throughput of the backend against plain BLAS on model shapes"},
+    {"forward", bench_forward, "one transformer forward: time, GFLOP/s, all-reduce and attention share"},
+    {"allreduce", bench_allreduce, "all-reduce bandwidth of the communicator"},
+    {"vae", bench_vae, "VAE decoder time and peak memory"},
+    {"encoder", bench_encoder, "text-encoder time for a 512-token prompt"},
+    {"tokenizer", bench_tokenizer, "tokenizer load time and tokens/s"},
 };
 
 int cmd_bench(int argc, char **argv) {
@@ -27,16 +27,16 @@ int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         printf("usage: tpgen bench WHAT [OPTIONS]   ('tpgen bench WHAT --help' for its options)\n\n");
         for (size_t i = 0; i < n; i++)
-            printf("  %-10s %s%s\n", k_bench[i].name, k_bench[i].help, *k_bench[i].fn ? "" : " [not in this build]");
+            printf("  %-10s %s%s\n", k_bench[i].name, k_bench[i].help, k_bench[i].fn ? "" : " [not in this build]");
         return argc < 2 ? 2 : 0;
     }
     for (size_t i = 0; i < n; i++)
         if (!strcmp(argv[1], k_bench[i].name)) {
-            if (!*k_bench[i].fn) {
+            if (!k_bench[i].fn) {
                 fprintf(stderr, "tpgen: error: benchmark '%s' is not in this build\n", argv[1]);
                 return 2;
             }
-            return (*k_bench[i].fn)(argc - 1, argv + 1);
+            return k_bench[i].fn(argc - 1, argv + 1);
         }
     fprintf(stderr, "tpgen: error: unknown benchmark '%s' (see 'tpgen bench --help')\n", argv[1]);
     return 2;
