@@ -67,4 +67,9 @@ char *gen_parameters_text(const gen_setup *g, int job);
 
 double gen_now(void);
 
+/* The initial noise of a job, as the bf16 diffusers pipeline draws it:
+ * torch.randn([1, C, h, w], generator=manual_seed(seed), dtype=bf16),
+ * packed to tokens: x[(y*w + x)*C + c] (malloc'ed, f32 values of bf16). */
+float *gen_noise_packed(uint64_t seed, int C, int h, int w);
+
 #endif

@@ -157,8 +157,7 @@ static int load_models(run_state *r) {
 
 /* ---- one job ---- */
 
-/* torch.randn([1, C, h, w], bf16) packed to tokens: x[(y*w + x)*C + c] */
-__attribute__((unused)) static float *seeded_noise(uint64_t seed, int C, int h, int w) {
+float *gen_noise_packed(uint64_t seed, int C, int h, int w) {
     size_t n = (size_t)C * (size_t)h * (size_t)w;
     uint16_t *raw = xmalloc(n * sizeof *raw);
     tp_rng rng;
@@ -187,7 +186,7 @@ static int denoise_job(run_state *r, int job, float *latents) {
     const run_spec *s = g->spec;
     int h = s->height / 16, w = s->width / 16, C = g->in_channels;
     int64_t N = (int64_t)h * w;
-    float *noise = seeded_noise(runspec_job_seed(s, job), C, h, w);
+    float *noise = gen_noise_packed(runspec_job_seed(s, job), C, h, w);
     float *sigmas = xmalloc(sizeof(float) * (size_t)(s->steps + 1)), *ts = xmalloc(sizeof(float) * (size_t)s->steps);
     int32_t *img_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)N), *txt_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)r->L);
     flux2_image_ids(h, w, 0, img_ids);

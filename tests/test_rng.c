@@ -85,3 +85,58 @@ TEST(rng_u64_is_two_u32) {
         REQUIRE(rng_u64(&a) == (hi << 32 | lo), "draw %d", i);
     }
 }
+
+/* The pipeline's initial noise (cli/generate_run.c) is what diffusers drew
+ * for the golden runs: flux2-tiny-a (seed 1) and the three klein-tiny cases. */
+#include "../cli/generate.h"
+#include <jansson.h>
+
+static void check_noise(const char *file, const char *latents_key, const char *seed_key, uint64_t seed_default) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", test_golden_dir(), file);
+    st_file *f = NULL;
+    REQUIRE(st_open(path, &f) == 0, "%s", tp_error_msg());
+    uint64_t seed = seed_default;
+    if (seed_key) {
+        int64_t *sv = NULL;
+        REQUIRE(st_read_i64(f, seed_key, &sv, NULL) == 0, "%s", tp_error_msg());
+        seed = (uint64_t)sv[0];
+        free(sv);
+    }
+    float *ref = NULL;
+    const st_tensor_info *t = NULL;
+    REQUIRE(st_read_f32(f, latents_key, &ref, &t) == 0, "%s", tp_error_msg());
+    REQUIRE(t->ndim == 4 && t->shape[0] == 1, "%s: shape", latents_key);
+    int C = (int)t->shape[1], h = (int)t->shape[2], w = (int)t->shape[3];
+    float *x = gen_noise_packed(seed, C, h, w);
+    size_t bad = 0;
+    for (int c = 0; c < C; c++)
+        for (int y = 0; y < h; y++)
+            for (int xx = 0; xx < w; xx++)
+                bad += x[(size_t)(y * w + xx) * C + c] != ref[((size_t)c * h + y) * w + xx];
+    CHECK(bad == 0, "%s %s (seed %llu): %zu of %d noise values differ", file, latents_key, (unsigned long long)seed, bad,
+          C * h * w);
+    free(x);
+    free(ref);
+    st_close(f);
+}
+
+#pragma weak st_read_f32
+#pragma weak st_read_i64
+
+TEST(rng_pipeline_noise_matches_golden_runs) {
+    REQUIRE(st_open, "the safetensors reader (core/safetensors.c) is not in this build");
+    check_noise("flux2-tiny-a/denoise.safetensors", "initial_latents", "seed", 0);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/klein-tiny/e2e.json", test_golden_dir());
+    json_t *e2e = json_load_file(path, 0, NULL);
+    json_t *cases = json_object_get(e2e, "cases");
+    REQUIRE(json_array_size(cases) > 0, "%s: no cases", path);
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        char key[64];
+        snprintf(key, sizeof key, "case%zu.initial_latents", i);
+        json_int_t seed = json_integer_value(json_object_get(json_array_get(cases, i), "seed"));
+        check_noise("klein-tiny/e2e.safetensors", key, NULL, (uint64_t)seed);
+    }
+    json_decref(e2e);
+}
