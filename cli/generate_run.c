@@ -55,6 +55,30 @@ typedef struct flux2_model flux2_model;
 typedef struct vae_model vae_model;
 #endif
 
+int gen_have_transformer(void) {
+#if HAVE_FLUX2
+    return flux2_load != NULL;
+#else
+    return 0;
+#endif
+}
+
+int gen_have_vae(void) {
+#if HAVE_VAE
+    return vae_load != NULL;
+#else
+    return 0;
+#endif
+}
+
+int gen_have_text_encoder(void) {
+#if HAVE_TEXTENC
+    return textenc_load != NULL;
+#else
+    return 0;
+#endif
+}
+
 typedef struct run_state {
     gen_setup *g;
     gen_metrics *m;
