@@ -231,3 +231,76 @@ TEST(bad_load_tp_not_dividing_heads) {
     backend_destroy(be);
     tiny_close(&t);
 }
+
+/* ---- checkpoint folders ---- */
+
+/* A writable copy of the golden transformer folder with its index edited:
+ * weight_map[name] = file (file NULL: leave it). */
+static char *edited_copy(const char *tag, const char *name, const char *file) {
+    char *dir = tiny_dir(), *dst = xasprintf("%s/%s", test_tmp_dir(), tag);
+    char *cmd = xasprintf("rm -rf %s && cp -r %s/transformer %s && chmod -R u+w %s", dst, dir, dst, dst);
+    if (system(cmd)) tp_fatal("cannot copy the golden folder");
+    char *idx = xasprintf("%s/diffusion_pytorch_model.safetensors.index.json", dst);
+    json_t *j = json_load_file(idx, 0, NULL);
+    if (name) json_object_set_new(json_object_get(j, "weight_map"), name, json_string(file));
+    json_dump_file(j, idx, 0);
+    json_decref(j);
+    free(dir), free(cmd), free(idx);
+    return dst;
+}
+
+TEST(load_checkpoint_index_vs_single) {
+    char *dst = edited_copy("ckpt-ok", NULL, NULL);
+    checkpoint *c;
+    REQUIRE(checkpoint_open(dst, &c) == 0, "%s", tp_error_msg());
+    CHECK(c->n_files == 2, "files %d", c->n_files);
+    const st_file *f;
+    const st_tensor_info *t = checkpoint_find(c, "proj_out.weight", &f);
+    CHECK(t && strstr(f->path, "00001-of-00002"), "proj_out.weight should be in shard 1 (as the index says)");
+    checkpoint_close(c);
+    /* a single file, written by st_write, found without an index */
+    char *one = xasprintf("%s/single", test_tmp_dir()), *p = xasprintf("%s/model.safetensors", one);
+    char *cmd = xasprintf("mkdir -p %s", one);
+    CHECK(system(cmd) == 0, "mkdir");
+    float v[2] = {1, 2};
+    st_write_tensor w = {"x", DT_F32, 1, {2}, v};
+    REQUIRE(st_write(p, &w, 1, NULL) == 0, "%s", tp_error_msg());
+    REQUIRE(checkpoint_open(one, &c) == 0, "%s", tp_error_msg());
+    CHECK(c->n == 1 && checkpoint_find(c, "x", NULL), "single file");
+    checkpoint_close(c);
+    free(dst), free(one), free(p), free(cmd);
+}
+
+TEST(bad_ckpt_index_names_missing_tensor) {
+    char *dst = edited_copy("ckpt-tensor", "transformer_blocks.0.attn.to_q.weight",
+                            "diffusion_pytorch_model-00002-of-00002.safetensors");
+    checkpoint *c = NULL;
+    CHECK(checkpoint_open(dst, &c) == -1 && c == NULL, "accepted");
+    CHECK(strstr(tp_error_msg(), "tensor 'transformer_blocks.0.attn.to_q.weight' is listed in") &&
+              strstr(tp_error_msg(), "missing from") && strstr(tp_error_msg(), "00002-of-00002"), "%s", tp_error_msg());
+    free(dst);
+}
+
+TEST(bad_ckpt_index_names_missing_file) {
+    char *dst = edited_copy("ckpt-file", "proj_out.weight", "diffusion_pytorch_model-00003-of-00003.safetensors");
+    checkpoint *c = NULL;
+    CHECK(checkpoint_open(dst, &c) == -1 && c == NULL, "accepted");
+    CHECK(strstr(tp_error_msg(), "00003-of-00003.safetensors") && strstr(tp_error_msg(), "proj_out.weight") &&
+              strstr(tp_error_msg(), "No such file"), "%s", tp_error_msg());
+    free(dst);
+}
+
+TEST(bad_ckpt_folder_problems) {
+    checkpoint *c = NULL;
+    CHECK(checkpoint_open("/nonexistent/transformer", &c) == -1 && strstr(tp_error_msg(), "does not exist"), "%s",
+          tp_error_msg());
+    char *empty = xasprintf("%s/empty", test_tmp_dir()), *cmd = xasprintf("mkdir -p %s", empty);
+    CHECK(system(cmd) == 0, "mkdir");
+    CHECK(checkpoint_open(empty, &c) == -1 && strstr(tp_error_msg(), "has no *.safetensors"), "%s", tp_error_msg());
+    model_dir *m = NULL;
+    CHECK(model_dir_open("/nonexistent", &m) == -1 && strstr(tp_error_msg(), "--model"), "%s", tp_error_msg());
+    REQUIRE(model_dir_open(empty, &m) == 0, "%s", tp_error_msg());
+    CHECK(model_dir_config(m, "transformer") == NULL && strstr(tp_error_msg(), "config.json"), "%s", tp_error_msg());
+    model_dir_close(m);
+    free(empty), free(cmd);
+}
