@@ -174,6 +174,8 @@ TEST(load_tiny_golden_all_paths) {
     tiny_close(&t);
 }
 
+static int only_single(const char *name, void *ctx) { return !strncmp(name, "single_transformer_blocks.", 26); }
+
 TEST(load_filter_and_req) {
     tiny t;
     REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
@@ -187,6 +189,15 @@ TEST(load_filter_and_req) {
           tp_error_msg());
     const st_tensor_info *gi = weights_info(w, "single_transformer_blocks.0.attn.to_out.weight");
     CHECK(gi && gi->shape[0] == t.D && gi->shape[1] == t.D + t.M, "global info");
+    weights_free(w);
+    /* the filter: only the single-stream blocks */
+    o.want = only_single;
+    load_stats st;
+    REQUIRE(weights_load(t.c, &t.p, &o, &w, &st) == 0, "%s", tp_error_msg());
+    int expect = 0;
+    for (int i = 0; i < t.c->n; i++) expect += only_single(t.c->infos[i]->name, NULL);
+    CHECK(expect == 12 && weights_count(w) == expect && st.n_tensors == expect, "filter kept %d of %d", weights_count(w), expect);
+    CHECK(weights_get(w, "proj_out.weight") == NULL, "filtered tensor loaded");
     weights_free(w);
     backend_destroy(be);
     tiny_close(&t);
