@@ -71,3 +71,140 @@ static void check_golden_cases(const char *rel) {
 
 TEST(tokenizer_qwen3_golden) { check_golden_cases("qwen3-tokenizer/tokens.json"); }
 TEST(tokenizer_klein_tiny_golden) { check_golden_cases("klein-tiny/tokens.json"); }
+
+/* ---- Mistral / Tekken: tests/data/tekken-mini (see gen.py there) ----
+ * Ids: specials 0..999 (1 <s>, 3 [INST], 4 [/INST], 10 [IMG], 11 <pad>,
+ * 17 [SYSTEM_PROMPT], 18 [/SYSTEM_PROMPT]); byte b has id 1000 + b; merged
+ * tokens: he 1256, ll 1257, hell 1258, hello 1259, Wo 1260, rl 1261, rld 1262,
+ * World 1263, AB 1264, ABc 1265, "\n\n" 1266, "\n/" 1267, "://" 1268. The
+ * tekken.json also lists "lll" past default_vocab_size, which must be unused. */
+#define TEKKEN_HF "tests/data/tekken-mini/hf"
+#define TEKKEN_TJ "tests/data/tekken-mini/tekken"
+#define B(c) (1000 + (uint8_t)(c))
+
+typedef struct { const char *text; int n; int32_t ids[16]; const char *why; } tok_case;
+
+/* Expected ids derived by hand from the Tekken regex (spec §5.3, §5.5) and the
+ * merge table above. */
+static const tok_case k_tekken_cases[] = {
+    {"helloWorld", 2, {1259, 1263}, "lower run then Upper+lower run: 'hello' 'World', whole-piece tokens"},
+    {"ABc ABC", 4, {1265, B(' '), 1264, B('C')}, "'ABc' (U* Lw+), ' ABC' (U+ Lw*) = ' ' AB C"},
+    {"2024", 4, {B('2'), B('0'), B('2'), B('4')}, "one digit per piece"},
+    {"https://x", 7, {B('h'), B('t'), B('t'), B('p'), B('s'), 1268, B('x')}, "'https' no merges, '://' whole piece"},
+    {".\n/x", 3, {B('.'), 1267, B('x')}, "punctuation tail takes CR/LF and '/': '.\\n/' = '.' + '\\n/'"},
+    {"a\n\nb", 3, {B('a'), 1266, B('b')}, "newline run is its own piece"},
+    {"x  \n  y", 7, {B('x'), B(' '), B(' '), B('\n'), B(' '), B(' '), B('y')},
+     "'  \\n' (\\s*[\\r\\n]+), ' ' (\\s+(?!\\S)), ' y'"},
+    {"e\xcc\x81", 3, {B('e'), B(0xcc), B(0x81)}, "no NFC for Tekken: e + combining acute, one piece, byte fallback"},
+    {"\xc3\xa9\xf0\x9f\x90\xb1", 6, {B(0xc3), B(0xa9), B(0xf0), B(0x9f), B(0x90), B(0xb1)}, "UTF-8 bytes as single-byte tokens"},
+    {"[INST]hello[/INST]", 3, {3, 1259, 4}, "control tokens matched in text"},
+    {"<s><pad>[IMG]<SPECIAL_999>", 4, {1, 11, 10, 999}, "adjacent specials, the implied <SPECIAL_999>"},
+    {"[INST", 5, {B('['), B('I'), B('N'), B('S'), B('T')}, "an unfinished control string is ordinary text"},
+    {"lll", 2, {1257, B('l')}, "leftmost merge on ties; the 'lll' past default_vocab_size is not used"},
+    {"hellhe", 2, {1258, 1256}, "merge order by rank: he, he, ll, then he+ll"},
+    {"", 0, {0}, "empty text"},
+};
+
+static void check_tekken_cases(const char *dir) {
+    tokenizer *t = tokenizer_load(dir);
+    REQUIRE(t, "load %s: %s", dir, tp_error_msg());
+    CHECK(tokenizer_get_family(t) == TOKENIZER_MISTRAL, "%s: not detected as a Mistral tokenizer", dir);
+    CHECK(prompt_format_for(t) == PROMPT_DEV, "%s: default prompt format is not dev", dir);
+    CHECK(tokenizer_pad_id(t) == 11, "%s: pad id %d, expected 11 (<pad>)", dir, tokenizer_pad_id(t));
+    for (size_t c = 0; c < sizeof k_tekken_cases / sizeof *k_tekken_cases; c++) {
+        const tok_case *k = &k_tekken_cases[c];
+        int32_t *ids;
+        int n;
+        if (tokenizer_encode(t, k->text, strlen(k->text), &ids, &n)) {
+            CHECK(0, "%s case %zu: %s", dir, c, tp_error_msg());
+            continue;
+        }
+        int same = n == k->n;
+        for (int i = 0; same && i < n; i++) same = ids[i] == k->ids[i];
+        CHECK(same, "%s case %zu (%s): got %d ids, first %d", dir, c, k->why, n, n ? ids[0] : -1);
+        free(ids);
+    }
+    tokenizer_free(t);
+}
+
+TEST(tokenizer_tekken_hf_form) { check_tekken_cases(TEKKEN_HF); }
+TEST(tokenizer_tekken_json_form) { check_tekken_cases(TEKKEN_TJ); }
+
+/* The dev layout: one BOS, [SYSTEM_PROMPT] system [/SYSTEM_PROMPT] [INST]
+ * prompt [/INST], "[IMG]" removed. No merge of the mini vocabulary occurs in
+ * the system message, so it is one byte token per byte. */
+static int32_t *dev_expected(const char *prompt_ids_desc, int *n) {
+    (void)prompt_ids_desc;
+    const char *sys = PROMPT_DEV_SYSTEM_MESSAGE;
+    size_t ns = strlen(sys);
+    int32_t *e = xmalloc((ns + 16) * sizeof *e);
+    int k = 0;
+    e[k++] = 1, e[k++] = 17;
+    for (size_t i = 0; i < ns; i++) e[k++] = B(sys[i]);
+    e[k++] = 18, e[k++] = 3;
+    /* "helloWorld [IMG]ABc" -> "helloWorld ABc": hello, World, ' ABc' = ' ' + (A B -> AB, AB c -> ABc) */
+    e[k++] = 1259, e[k++] = 1263, e[k++] = B(' '), e[k++] = 1265;
+    e[k++] = 4;
+    *n = k;
+    return e;
+}
+
+TEST(tokenizer_dev_layout) {
+    CHECK(strlen(PROMPT_DEV_SYSTEM_MESSAGE) == 168 && strchr(PROMPT_DEV_SYSTEM_MESSAGE, '\n') &&
+              !strncmp(strchr(PROMPT_DEV_SYSTEM_MESSAGE, '\n') - 6, "object\nattribution", 18),
+          "system message bytes differ from the spec");
+    int ne;
+    int32_t *want = dev_expected("", &ne);
+    const char *dirs[2] = {TEKKEN_HF, TEKKEN_TJ};
+    for (int d = 0; d < 2; d++) {
+        tokenizer *t = tokenizer_load(dirs[d]);
+        REQUIRE(t, "load: %s", tp_error_msg());
+        int32_t *ids;
+        int n;
+        REQUIRE(prompt_encode(t, PROMPT_DEV, "helloWorld [IMG]ABc", &ids, &n) == 0, "%s", tp_error_msg());
+        int same = n == ne;
+        for (int i = 0; same && i < n; i++) same = ids[i] == want[i];
+        CHECK(same, "%s: dev layout ids differ (got %d ids, expected %d)", dirs[d], n, ne);
+        free(ids);
+        tokenizer_free(t);
+    }
+    free(want);
+}
+
+/* Padding side from tokenizer_config.json (hf: left), right when there is no
+ * config (tekken-only folder); truncation keeps the first ids. */
+TEST(tokenizer_dev_padding_and_truncation) {
+    int ne;
+    int32_t *want = dev_expected("", &ne);
+    int32_t ids[400], mask[400];
+    int n_real;
+    tokenizer *hf = tokenizer_load(TEKKEN_HF), *tj = tokenizer_load(TEKKEN_TJ);
+    REQUIRE(hf && tj, "load: %s", tp_error_msg());
+    CHECK(tokenizer_padding_side(hf) == TOKENIZER_PAD_LEFT, "hf config says padding_side left");
+    CHECK(tokenizer_padding_side(tj) == TOKENIZER_PAD_RIGHT, "no config: right");
+    int L = ne + 3;
+    for (int i = 0; i < L; i++) ids[i] = mask[i] = -7; /* poison */
+    REQUIRE(prompt_encode_ids(hf, PROMPT_DEV, "helloWorld [IMG]ABc", L, ids, mask, &n_real) == 0, "%s", tp_error_msg());
+    CHECK(n_real == ne, "n_real %d, expected %d", n_real, ne);
+    for (int i = 0; i < L; i++) {
+        int32_t wid = i < 3 ? 11 : want[i - 3], wm = i >= 3;
+        CHECK(ids[i] == wid && mask[i] == wm, "left pad: position %d is (%d, %d), expected (%d, %d)", i, ids[i], mask[i], wid, wm);
+        if (test_failed()) break;
+    }
+    for (int i = 0; i < L; i++) ids[i] = mask[i] = -7;
+    REQUIRE(prompt_encode_ids(tj, PROMPT_DEV, "helloWorld [IMG]ABc", L, ids, mask, &n_real) == 0, "%s", tp_error_msg());
+    for (int i = 0; i < L; i++) {
+        int32_t wid = i < ne ? want[i] : 11, wm = i < ne;
+        CHECK(ids[i] == wid && mask[i] == wm, "right pad: position %d is (%d, %d), expected (%d, %d)", i, ids[i], mask[i], wid, wm);
+        if (test_failed()) break;
+    }
+    /* truncation to 4: BOS, [SYSTEM_PROMPT], 'Y', 'o' and no padding */
+    for (int i = 0; i < 8; i++) ids[i] = mask[i] = -7;
+    REQUIRE(prompt_encode_ids(hf, PROMPT_DEV, "helloWorld", 4, ids, mask, &n_real) == 0, "%s", tp_error_msg());
+    CHECK(n_real == 4 && ids[0] == 1 && ids[1] == 17 && ids[2] == B('Y') && ids[3] == B('o') && ids[4] == -7,
+          "truncated ids %d %d %d %d (n_real %d)", ids[0], ids[1], ids[2], ids[3], n_real);
+    CHECK(mask[0] == 1 && mask[3] == 1 && mask[4] == -7, "truncated mask");
+    tokenizer_free(hf);
+    tokenizer_free(tj);
+    free(want);
+}
