@@ -208,3 +208,147 @@ TEST(tokenizer_dev_padding_and_truncation) {
     tokenizer_free(tj);
     free(want);
 }
+
+/* ---- the pipeline's padded ids: klein-tiny end-to-end golden ---- */
+
+/* Read an I64 tensor of n elements from a safetensors file (header parsed
+ * here with jansson, independent of the project's reader). */
+static int read_i64(const char *path, const char *name, int64_t *out, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    uint64_t hl;
+    int ok = fread(&hl, 8, 1, f) == 1 && hl < (1u << 24);
+    char *hdr = ok ? xmalloc(hl + 1) : NULL;
+    ok = ok && fread(hdr, 1, hl, f) == hl;
+    json_t *root = ok ? (hdr[hl] = 0, json_loads(hdr, 0, NULL)) : NULL;
+    json_t *e = json_object_get(root, name);
+    json_t *offs = json_object_get(e, "data_offsets");
+    ok = e && !strcmp(json_string_value(json_object_get(e, "dtype")), "I64") &&
+         json_integer_value(json_array_get(offs, 1)) - json_integer_value(json_array_get(offs, 0)) == (json_int_t)(n * 8);
+    ok = ok && fseek(f, (long)(8 + hl + (uint64_t)json_integer_value(json_array_get(offs, 0))), SEEK_SET) == 0 &&
+         fread(out, 8, n, f) == n;
+    json_decref(root);
+    free(hdr);
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+TEST(tokenizer_klein_e2e_padded_ids) {
+    char *model = xasprintf("%s/klein-tiny/model", test_golden_dir());
+    char *meta = xasprintf("%s/klein-tiny/e2e.json", test_golden_dir());
+    char *st = xasprintf("%s/klein-tiny/e2e.safetensors", test_golden_dir());
+    tokenizer *t = tokenizer_load(model); /* a pipeline folder: uses model/tokenizer/ */
+    json_t *root = json_load_file(meta, 0, NULL);
+    if (!t || !root) {
+        CHECK(0, "load %s / %s: %s", model, meta, tp_error_msg());
+        goto done;
+    }
+    int L = (int)json_integer_value(json_object_get(root, "max_sequence_length"));
+    CHECK(L == 32, "max_sequence_length %d", L);
+    CHECK(tokenizer_pad_id(t) == json_integer_value(json_object_get(root, "pad_id")), "pad id %d", tokenizer_pad_id(t));
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(root, "cases"), i, c) {
+        int64_t want_ids[32], want_mask[32];
+        int32_t ids[32], mask[32];
+        char key[64];
+        snprintf(key, sizeof key, "case%zu.input_ids", i);
+        REQUIRE(L == 32 && read_i64(st, key, want_ids, 32) == 0, "read %s", key);
+        snprintf(key, sizeof key, "case%zu.attention_mask", i);
+        REQUIRE(read_i64(st, key, want_mask, 32) == 0, "read %s", key);
+        for (int k = 0; k < 32; k++) ids[k] = mask[k] = -7;
+        const char *prompt = json_string_value(json_object_get(c, "prompt"));
+        REQUIRE(prompt_encode_ids(t, prompt_format_for(t), prompt, 32, ids, mask, NULL) == 0, "%s", tp_error_msg());
+        for (int k = 0; k < 32; k++)
+            CHECK(ids[k] == want_ids[k] && mask[k] == want_mask[k], "case %zu position %d: (%d, %d), expected (%lld, %lld)",
+                  i, k, ids[k], mask[k], (long long)want_ids[k], (long long)want_mask[k]);
+    }
+done:
+    json_decref(root);
+    tokenizer_free(t);
+    free(model), free(meta), free(st);
+}
+
+/* ---- BPE against a naive reference on long single pieces ----
+ * The reference works on the byte-level-mapped strings of tokenizer.json
+ * directly: merges looked up as "A B" keys, the lowest rank (leftmost on ties)
+ * merged one at a time, O(n^2). */
+static void map_bytes(const uint8_t *s, int n, char **syms) {
+    for (int i = 0; i < n; i++) {
+        int b = s[i], k = 0, printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        for (int x = 0; x < b && !printable; x++)
+            k += !((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE);
+        unsigned cp = printable ? (unsigned)b : 0x100u + (unsigned)k;
+        char u[3] = {(char)(0xC0 | cp >> 6), (char)(0x80 | (cp & 0x3F)), 0};
+        if (cp < 0x80) u[0] = (char)cp, u[1] = 0;
+        syms[i] = xstrdup(u);
+    }
+}
+
+static int naive_bpe(json_t *ranks, json_t *vocab, const char *piece, int32_t *out) {
+    int n = (int)strlen(piece);
+    char **sym = xmalloc((size_t)n * sizeof *sym);
+    map_bytes((const uint8_t *)piece, n, sym);
+    for (;;) {
+        int best = -1;
+        json_int_t best_rank = 0;
+        for (int i = 0; i + 1 < n; i++) {
+            char *key = xasprintf("%s %s", sym[i], sym[i + 1]);
+            json_t *r = json_object_get(ranks, key);
+            if (r && (best < 0 || json_integer_value(r) < best_rank)) best = i, best_rank = json_integer_value(r);
+            free(key);
+        }
+        if (best < 0) break;
+        char *m = xasprintf("%s%s", sym[best], sym[best + 1]);
+        free(sym[best]), free(sym[best + 1]);
+        sym[best] = m;
+        memmove(sym + best + 1, sym + best + 2, (size_t)(n - best - 2) * sizeof *sym);
+        n--;
+    }
+    for (int i = 0; i < n; i++) {
+        out[i] = (int32_t)json_integer_value(json_object_get(vocab, sym[i]));
+        free(sym[i]);
+    }
+    free(sym);
+    return n;
+}
+
+TEST(tokenizer_bpe_matches_naive_reference) {
+    tokenizer *t = qwen();
+    REQUIRE(t, "load: %s", tp_error_msg());
+    json_t *root = json_load_file(QWEN_DIR "/tokenizer.json", 0, NULL);
+    REQUIRE(root, "read tokenizer.json");
+    json_t *model = json_object_get(root, "model"), *ranks = json_object(), *m;
+    size_t i;
+    json_array_foreach(json_object_get(model, "merges"), i, m) {
+        char *key = xasprintf("%s %s", json_string_value(json_array_get(m, 0)), json_string_value(json_array_get(m, 1)));
+        json_object_set_new(ranks, key, json_integer((json_int_t)i));
+        free(key);
+    }
+    /* alphabets whose random strings stay one regex piece: letters (after an
+     * optional space), or punctuation runs; multi-byte letters included */
+    static const char *const letters[] = {"a", "e", "i", "n", "r", "s", "t", "o", "l", "th", "\xc3\xa9", "\xd0\xb6", "\xe4\xb8\xad", "q"};
+    static const char *const puncts[] = {"!", "?", ".", ",", "-", "*", "(", ")", "=", "#"};
+    char piece[2048];
+    int32_t got_ref[2048];
+    for (int c = 0; c < 60; c++) {
+        int punct = c % 3 == 2, len = c < 40 ? 1 + rand() % 24 : 200 + rand() % 300, k = 0;
+        if (rand() % 2) piece[k++] = ' ';
+        for (int j = 0; j < len; j++) {
+            const char *s = punct ? puncts[rand() % 10] : letters[rand() % 14];
+            memcpy(piece + k, s, strlen(s));
+            k += (int)strlen(s);
+        }
+        piece[k] = 0;
+        int32_t *ids;
+        int n;
+        REQUIRE(tokenizer_encode(t, piece, (size_t)k, &ids, &n) == 0, "%s", tp_error_msg());
+        int nr = naive_bpe(ranks, json_object_get(model, "vocab"), piece, got_ref);
+        int same = n == nr;
+        for (int j = 0; same && j < n; j++) same = ids[j] == got_ref[j];
+        CHECK(same, "piece %d ('%.40s...', %d bytes): %d ids, reference %d", c, piece, k, n, nr);
+        free(ids);
+    }
+    json_decref(ranks);
+    json_decref(root);
+}
