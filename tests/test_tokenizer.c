@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define QWEN_DIR "tests/data/qwen3-tokenizer"
 
@@ -351,4 +352,139 @@ TEST(tokenizer_bpe_matches_naive_reference) {
     }
     json_decref(ranks);
     json_decref(root);
+}
+
+/* ---- bad input ---- */
+
+static char *write_file(const char *dir, const char *name, const char *text) {
+    char *d = xasprintf("%s/%s", test_tmp_dir(), dir);
+    mkdir(d, 0755);
+    char *p = xasprintf("%s/%s", d, name);
+    FILE *f = fopen(p, "w");
+    if (f) fputs(text, f), fclose(f);
+    free(p);
+    return d;
+}
+
+/* A minimal byte-level BPE tokenizer.json: the 256 byte tokens (skipping
+ * byte `skip` when >= 0), no merges, with the given normalizer and
+ * pre-tokenizer JSON. */
+static char *minimal_bpe_json(int skip, const char *normalizer, const char *pretok) {
+    json_t *vocab = json_object();
+    uint32_t b2u[256];
+    int next = 0x100;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        b2u[b] = printable ? (uint32_t)b : (uint32_t)next++;
+        char u[3] = {(char)(0xC0 | b2u[b] >> 6), (char)(0x80 | (b2u[b] & 0x3F)), 0};
+        if (b2u[b] < 0x80) u[0] = (char)b2u[b], u[1] = 0;
+        if (b != skip) json_object_set_new(vocab, u, json_integer(b));
+    }
+    char *v = json_dumps(vocab, JSON_COMPACT);
+    char *s = xasprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": %s, \"merges\": []}, \"added_tokens\": [],"
+                        " \"normalizer\": %s, \"pre_tokenizer\": %s}", v, normalizer, pretok);
+    free(v);
+    json_decref(vocab);
+    return s;
+}
+
+static void expect_load_error(const char *dir, const char *what, const char *pattern) {
+    tokenizer *t = tokenizer_load(dir);
+    CHECK(!t, "%s: loaded", what);
+    CHECK(strstr(tp_error_msg(), pattern), "%s: message '%s' lacks '%s'", what, tp_error_msg(), pattern);
+    tokenizer_free(t);
+}
+
+#define BYTE_LEVEL "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}"
+
+TEST(tokenizer_rejects_bad_files) {
+    expect_load_error("/nonexistent/tpgen-model", "missing folder", "/nonexistent/tpgen-model");
+    char *empty = write_file("empty", "README", "nothing here\n");
+    expect_load_error(empty, "folder without tokenizer", "tokenizer.json");
+    CHECK(strstr(tp_error_msg(), "tekken.json"), "message should name tekken.json too: %s", tp_error_msg());
+    free(empty);
+    char *d = write_file("wordpiece", "tokenizer.json",
+                         "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}, \"unk_token\": \"[UNK]\"}}");
+    expect_load_error(d, "WordPiece", "WordPiece");
+    free(d);
+    d = write_file("unigram", "tokenizer.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", -1.0]]}}");
+    expect_load_error(d, "Unigram", "Unigram");
+    free(d);
+    d = write_file("broken", "tokenizer.json", "{\"model\": {\"type\": \"BPE\",\n \"vocab\": {\"a\": 0,,}}}");
+    expect_load_error(d, "malformed JSON", "tokenizer.json:2:");
+    free(d);
+    d = write_file("neither", "tokenizer.json", "[1, 2, 3]");
+    expect_load_error(d, "not a tokenizer", "neither");
+    free(d);
+    char *j = minimal_bpe_json(0x41, "null", BYTE_LEVEL);
+    d = write_file("missing_byte", "tokenizer.json", j);
+    expect_load_error(d, "missing byte token", "byte 0x41");
+    free(d), free(j);
+    j = minimal_bpe_json(-1, "{\"type\": \"NFKC\"}", BYTE_LEVEL);
+    d = write_file("nfkc", "tokenizer.json", j);
+    expect_load_error(d, "NFKC normalizer", "NFKC");
+    free(d), free(j);
+    j = minimal_bpe_json(-1, "null", "{\"type\": \"Whitespace\"}");
+    d = write_file("whitespace", "tokenizer.json", j);
+    expect_load_error(d, "Whitespace pre-tokenizer", "Whitespace");
+    free(d), free(j);
+    j = minimal_bpe_json(-1, "null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+                                     "{\"Regex\": \"(?<bad\"}, \"behavior\": \"Isolated\", \"invert\": false}, "
+                                     "{\"type\": \"ByteLevel\", \"use_regex\": false}]}");
+    d = write_file("badregex", "tokenizer.json", j);
+    expect_load_error(d, "bad regex", "regex does not compile");
+    free(d), free(j);
+    d = write_file("badmerge", "tokenizer.json",
+                   "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a zz\"]}, \"added_tokens\": [],"
+                   " \"pre_tokenizer\": " BYTE_LEVEL "}");
+    expect_load_error(d, "merge of unknown tokens", "not in the vocabulary");
+    free(d);
+    d = write_file("badconfig", "tokenizer_config.json", "{\"padding_side\": \"middle\"}");
+    j = minimal_bpe_json(-1, "null", BYTE_LEVEL);
+    free(write_file("badconfig", "tokenizer.json", j));
+    expect_load_error(d, "bad padding_side", "padding_side");
+    free(d), free(j);
+    d = write_file("tekken_short", "tekken.json", "{\"config\": {\"pattern\": \"\\\\s+\"}, \"vocab\": []}");
+    expect_load_error(d, "tekken without bytes", "256");
+    free(d);
+}
+
+TEST(tokenizer_no_pad_token) {
+    char *j = minimal_bpe_json(-1, "null", BYTE_LEVEL);
+    char *d = write_file("nopad", "tokenizer.json", j);
+    tokenizer *t = tokenizer_load(d);
+    REQUIRE(t, "load minimal: %s", tp_error_msg());
+    int32_t ids[8], mask[8];
+    CHECK(prompt_encode_ids(t, PROMPT_RAW, "x", 8, ids, mask, NULL) == -1 && strstr(tp_error_msg(), "pad"),
+          "padding without a pad token: %s", tp_error_msg());
+    /* the raw encoding still works: one byte token per byte with no merges */
+    int32_t *out;
+    int n;
+    CHECK(tokenizer_encode(t, "hi!", 3, &out, &n) == 0 && n == 3 && out[0] == 'h' && out[1] == 'i' && out[2] == '!',
+          "minimal byte tokenizer");
+    free(out);
+    tokenizer_free(t);
+    free(d), free(j);
+}
+
+TEST(tokenizer_rejects_invalid_utf8) {
+    tokenizer *t = qwen();
+    REQUIRE(t, "load: %s", tp_error_msg());
+    static const struct { const char *s; const char *offset; } bad[] = {
+        {"abc\xff", "offset 3"},           /* never valid */
+        {"caf\xc3", "offset 3"},           /* truncated sequence */
+        {"x\xc0\xaf", "offset 1"},         /* overlong '/' */
+        {"\xed\xa0\x80", "offset 0"},      /* UTF-16 surrogate */
+        {"ok \x80 no", "offset 3"},        /* stray continuation byte */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int32_t *ids = (int32_t *)1;
+        int n = -1;
+        int rc = tokenizer_encode(t, bad[i].s, strlen(bad[i].s), &ids, &n);
+        CHECK(rc == -1 && ids == NULL && n == 0, "case %zu accepted", i);
+        CHECK(strstr(tp_error_msg(), "UTF-8") && strstr(tp_error_msg(), bad[i].offset), "case %zu: message '%s'", i,
+              tp_error_msg());
+    }
+    int32_t ids[4], mask[4];
+    CHECK(prompt_encode_ids(t, PROMPT_KLEIN, "\xfe", 4, ids, mask, NULL) == -1, "prompt_encode_ids accepted bad UTF-8");
 }
