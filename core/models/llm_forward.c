@@ -36,7 +36,7 @@ static int bufs_alloc(llm *m, int n, int n_idx, fwd_bufs *b) {
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!(*want[i].t = tensor_new(be, want[i].dt, want[i].r, want[i].cols)))
-            return tp_error_context("text encoder activations for %d tokens: ", n);
+            return tp_error_context("text encoder activations for %d tokens", n);
     return 0;
 }
 

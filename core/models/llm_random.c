@@ -157,7 +157,7 @@ int llm_init_random(const llm_config *cfg, int n_run, backend *be, comm *c, dtyp
     }
     if (!ok) {
         llm_free(m);
-        return tp_error_context("random text-encoder weights: ");
+        return tp_error_context("random text-encoder weights");
     }
     *out = m;
     return 0;

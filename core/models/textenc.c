@@ -91,7 +91,7 @@ int textenc_load(const char *dir, backend *be, comm *c, dtype_t precision, texte
     int rc = agree(c, open_parts(t, dir));
     if (!rc) rc = llm_load(t->ck, &t->cfg, t->layers[2], be, c, precision, &t->model, st);  /* collective */
     if (rc) {
-        tp_error_context("loading the text encoder of %s: ", dir);
+        tp_error_context("text encoder");
         textenc_free(t);
         return -1;
     }
@@ -234,5 +234,5 @@ int textenc_write_tiny(const char *model_dir, unsigned seed) {
         free(src), free(dst);
     }
     free(te), free(tk), free(tok_src);
-    return rc ? tp_error_context("writing the tiny text encoder into %s: ", model_dir) : 0;
+    return rc ? tp_error_context("writing the tiny text encoder into %s", model_dir) : 0;
 }
