@@ -43,7 +43,6 @@ static int nccl_error(const char *what, ncclResult_t r) {
 static int nccl_allreduce(comm *c, tensor *t) {
     if (!tensor_contiguous(t)) tp_fatal("comm allreduce: tensor must be contiguous");
     if (t->dtype != DT_F32 && t->dtype != DT_BF16) tp_fatal("comm allreduce: dtype %s", dtype_name(t->dtype));
-    if (c->size == 1) return 0;
     nccl_impl *m = c->impl;
     cudaStream_t s = cuda_stream(c->be);
     int slot = m->next;
