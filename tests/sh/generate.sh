@@ -64,8 +64,8 @@ else
     grep -q '"seconds_per_step"' "$TMP/m.json" 2>/dev/null && grep -q '"peak_rss_bytes"' "$TMP/m.json" \
         && ok "--json-metrics writes the figures" || fail "--json-metrics: $(head -c 300 "$TMP/m.json" 2>&1)"
     # data parallel: 2 groups of tp 1 share 4 jobs, each job written exactly once
-    printf 'seeds: [1, 2, 3, 4]\nsave_latents: %s/dp-{index}-{seed}.safetensors\n' "$TMP" > "$TMP/dp.yaml"
-    out=$($RUN2 "${base[@]}" --spec "$TMP/dp.yaml" --tp 1 --steps 2 --backend cpu 2>&1); rc=$?
+    printf 'seeds: [1, 2, 3, 4]\nsave_latents: %s/dp-{index}-{seed}.safetensors\nwidth: 96\nheight: 64\n' "$TMP" > "$TMP/dp.yaml"
+    out=$($RUN2 --model "$A/model" --prompt-embeds "$EMB" --spec "$TMP/dp.yaml" --tp 1 --steps 2 --backend cpu 2>&1); rc=$?
     n=$(ls "$TMP"/dp-*.safetensors 2>/dev/null | wc -l)
     if [ $rc -eq 0 ] && [ "$n" -eq 4 ] && [ -s "$TMP/dp-0-1.safetensors" ] && [ -s "$TMP/dp-3-4.safetensors" ]; then
         ok "data parallel (tp 1 x dp 2): 4 jobs, 4 files"
