@@ -488,3 +488,60 @@ TEST(tokenizer_rejects_invalid_utf8) {
     int32_t ids[4], mask[4];
     CHECK(prompt_encode_ids(t, PROMPT_KLEIN, "\xfe", 4, ids, mask, NULL) == -1, "prompt_encode_ids accepted bad UTF-8");
 }
+
+/* ---- the fast vocabulary/merges scanner against a full jansson parse ---- */
+#include "core/models/tokenizer_int.h"
+
+static void compare_load_paths(const char *path, const char *config) {
+    tokenizer *a = tok_load_json_ex(path, config, 1), *b = tok_load_json_ex(path, config, 0);
+    REQUIRE(a && b, "load %s: %s", path, tp_error_msg());
+    CHECK(a->n_ids == b->n_ids && a->n_vocab == b->n_vocab && a->n_pairs == b->n_pairs && a->n_added == b->n_added,
+          "%s: sizes differ (ids %d/%d, vocab %d/%d, merges %d/%d)", path, a->n_ids, b->n_ids, a->n_vocab, b->n_vocab,
+          a->n_pairs, b->n_pairs);
+    int bad_tok = 0, bad_pair = 0;
+    for (int id = 0; id < a->n_ids && id < b->n_ids; id++) {
+        int la, lb;
+        const char *sa = tokenizer_token_bytes(a, id, &la), *sb = tokenizer_token_bytes(b, id, &lb);
+        if (!sa != !sb || (sa && (la != lb || memcmp(sa, sb, (size_t)la)))) bad_tok++;
+        else if (sa && tok_vocab_find(a, sa, la) != tok_vocab_find(b, sb, lb)) bad_tok++;
+    }
+    /* same hash, same insertion order (merge rank): the tables must be identical slot by slot */
+    if (a->pair_mask != b->pair_mask) bad_pair = 1;
+    for (uint32_t h = 0; !bad_pair && h <= a->pair_mask; h++)
+        bad_pair = a->pair_keys[h] != b->pair_keys[h] ||
+                   (a->pair_keys[h] != UINT64_MAX && (a->pair_rank[h] != b->pair_rank[h] || a->pair_merged[h] != b->pair_merged[h]));
+    CHECK(!bad_tok, "%s: %d tokens differ between the fast scan and jansson", path, bad_tok);
+    CHECK(!bad_pair, "%s: merges differ between the fast scan and jansson", path);
+    tokenizer_free(a);
+    tokenizer_free(b);
+}
+
+TEST(tokenizer_fast_scan_matches_jansson) {
+    compare_load_paths(QWEN_DIR "/tokenizer.json", QWEN_DIR "/tokenizer_config.json");
+    compare_load_paths(TEKKEN_HF "/tokenizer.json", TEKKEN_HF "/tokenizer_config.json");
+    /* escapes in keys, merges as "A B" strings, members in another order */
+    char *d = write_file("escapes", "tokenizer.json", "");
+    char *p = xasprintf("%s/tokenizer.json", d);
+    FILE *f = fopen(p, "w");
+    REQUIRE(f, "write %s", p);
+    fputs("{\"added_tokens\": [{\"id\": 300, \"content\": \"<x>\"}], \"pre_tokenizer\": " BYTE_LEVEL ",\n"
+          " \"model\": {\"merges\": [\"\\u0041 B\", \"AB \\\"\", \"\\u0120 \\u0120\"], \"type\": \"BPE\", \"vocab\": {", f);
+    uint32_t b2u[256];
+    int16_t u2b[0x144];
+    byte_unicode_tables(b2u, u2b);
+    for (int b = 0; b < 256; b++) fprintf(f, "\"\\u%04x\": %d, ", b2u[b], b); /* every key escaped */
+    fputs("\"AB\": 256, \"AB\\\"\": 257, \"\\u0120\\u0120\": 258}, \"ignore_merges\": false}}", f);
+    fclose(f);
+    compare_load_paths(p, NULL);
+    tokenizer *t = tokenizer_load(d);
+    REQUIRE(t, "load escapes: %s", tp_error_msg());
+    int32_t *ids;
+    int n;
+    /* GPT-2 pieces "AB", "\"", then <x>, then "  " (U+0120 U+0120 = two spaces, merged) */
+    CHECK(tokenizer_encode(t, "AB\"<x>  ", 8, &ids, &n) == 0 && n == 4 && ids[0] == 256 && ids[1] == '"' &&
+              ids[2] == 300 && ids[3] == 258,
+          "escaped keys and merges: %d ids, first %d", n, n ? ids[0] : -1);
+    free(ids);
+    tokenizer_free(t);
+    free(p), free(d);
+}

@@ -76,7 +76,12 @@ int tok_read_config(tokenizer *t, const char *config_path, char **pad_token);
 /* Parse a tokenizer file and build from it: HF tokenizer.json or
  * mistral-common tekken.json, told apart by content. */
 tokenizer *tok_load_json(const char *path, const char *config_path);
-tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_path);
+/* fast_scan 0: parse everything with jansson (the tests compare both paths) */
+tokenizer *tok_load_json_ex(const char *path, const char *config_path, int fast_scan);
+struct hf_fast_s;
+/* fast: the vocabulary and merges already scanned (tokenizer_scan.h), or
+ * NULL to read them from root */
+tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_path, const struct hf_fast_s *fast);
 tokenizer *tok_from_tekken_json(json_t *root, const char *path, const char *config_path);
 
 #endif
