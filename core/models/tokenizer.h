@@ -30,7 +30,9 @@ typedef enum {
 
 typedef enum { TOKENIZER_PAD_RIGHT = 0, TOKENIZER_PAD_LEFT = 1 } tokenizer_side;
 
-/* Load from a pipeline folder or a tokenizer folder. Returns NULL after
+/* Load from a pipeline folder, a tokenizer folder, or a tokenizer.json /
+ * tekken.json path (its folder's tokenizer_config.json is read if present).
+ * Returns NULL after
  * tp_error() (missing files named with their paths, unsupported model types,
  * malformed JSON with file and line). Free with tokenizer_free. */
 tokenizer *tokenizer_load(const char *dir);

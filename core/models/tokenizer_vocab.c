@@ -214,6 +214,13 @@ static int dir_exists(const char *p) {
 }
 
 tokenizer *tokenizer_load(const char *dir) {
+    if (file_exists(dir)) { /* a tokenizer.json or tekken.json named directly */
+        char *slash = strrchr(dir, '/');
+        char *cfg = xasprintf("%.*stokenizer_config.json", slash ? (int)(slash - dir + 1) : 0, dir);
+        tokenizer *t = tokenizer_load_files(dir, file_exists(cfg) ? cfg : NULL);
+        free(cfg);
+        return t;
+    }
     if (!dir_exists(dir)) {
         tp_error("tokenizer folder '%s' does not exist; pass --model with a pipeline folder (containing "
                  "tokenizer/) or a folder holding tokenizer.json or tekken.json", dir);
