@@ -13,6 +13,17 @@
 
 #define QWEN_DIR "tests/data/qwen3-tokenizer"
 
+/* Write DIR/NAME under the test folder; returns DIR's path (caller frees). */
+static char *write_file(const char *dir, const char *name, const char *text) {
+    char *d = xasprintf("%s/%s", test_tmp_dir(), dir);
+    mkdir(d, 0755);
+    char *p = xasprintf("%s/%s", d, name);
+    FILE *f = fopen(p, "w");
+    if (f) fputs(text, f), fclose(f);
+    free(p);
+    return d;
+}
+
 static tokenizer *qwen(void) {
     static tokenizer *t;
     if (!t) t = tokenizer_load(QWEN_DIR);
@@ -172,42 +183,56 @@ TEST(tokenizer_dev_layout) {
     free(want);
 }
 
-/* Padding side from tokenizer_config.json (hf: left), right when there is no
- * config (tekken-only folder); truncation keeps the first ids. */
+/* Padding side: left from the tokenizer class (the hf config names
+ * LlamaTokenizerFast and no padding_side) and for a lone tekken.json
+ * (mistral-common pads left); an explicit padding_side "right" wins.
+ * Truncation keeps the first ids. */
+static void check_padding(const tokenizer *t, int left, const int32_t *want, int ne, const char *what) {
+    int32_t ids[400], mask[400];
+    int n_real = -1, L = ne + 3;
+    for (int i = 0; i < L; i++) ids[i] = mask[i] = -7; /* poison */
+    REQUIRE(prompt_encode_ids(t, PROMPT_DEV, "helloWorld [IMG]ABc", L, ids, mask, &n_real) == 0, "%s", tp_error_msg());
+    CHECK(n_real == ne, "%s: n_real %d, expected %d", what, n_real, ne);
+    for (int i = 0; i < L; i++) {
+        int real = left ? i >= 3 : i < ne;
+        int32_t wid = real ? want[left ? i - 3 : i] : 11;
+        CHECK(ids[i] == wid && mask[i] == real, "%s: position %d is (%d, %d), expected (%d, %d)", what, i, ids[i],
+              mask[i], wid, real);
+        if (test_failed()) break;
+    }
+}
+
 TEST(tokenizer_dev_padding_and_truncation) {
     int ne;
     int32_t *want = dev_expected("", &ne);
-    int32_t ids[400], mask[400];
+    int32_t ids[8], mask[8];
     int n_real;
+    char *cfg = write_file("right", "tokenizer_config.json", "{\"tokenizer_class\": \"LlamaTokenizerFast\", "
+                                                               "\"padding_side\": \"right\", \"pad_token\": \"<pad>\"}");
+    char *cfg_path = xasprintf("%s/tokenizer_config.json", cfg);
     tokenizer *hf = tokenizer_load(TEKKEN_HF), *tj = tokenizer_load(TEKKEN_TJ);
-    REQUIRE(hf && tj, "load: %s", tp_error_msg());
-    CHECK(tokenizer_padding_side(hf) == TOKENIZER_PAD_LEFT, "hf config says padding_side left");
-    CHECK(tokenizer_padding_side(tj) == TOKENIZER_PAD_RIGHT, "no config: right");
-    int L = ne + 3;
-    for (int i = 0; i < L; i++) ids[i] = mask[i] = -7; /* poison */
-    REQUIRE(prompt_encode_ids(hf, PROMPT_DEV, "helloWorld [IMG]ABc", L, ids, mask, &n_real) == 0, "%s", tp_error_msg());
-    CHECK(n_real == ne, "n_real %d, expected %d", n_real, ne);
-    for (int i = 0; i < L; i++) {
-        int32_t wid = i < 3 ? 11 : want[i - 3], wm = i >= 3;
-        CHECK(ids[i] == wid && mask[i] == wm, "left pad: position %d is (%d, %d), expected (%d, %d)", i, ids[i], mask[i], wid, wm);
-        if (test_failed()) break;
+    tokenizer *right = tokenizer_load_files(TEKKEN_HF "/tokenizer.json", cfg_path);
+    if (!hf || !tj || !right) {
+        CHECK(0, "load: %s", tp_error_msg());
+        goto done;
     }
-    for (int i = 0; i < L; i++) ids[i] = mask[i] = -7;
-    REQUIRE(prompt_encode_ids(tj, PROMPT_DEV, "helloWorld [IMG]ABc", L, ids, mask, &n_real) == 0, "%s", tp_error_msg());
-    for (int i = 0; i < L; i++) {
-        int32_t wid = i < ne ? want[i] : 11, wm = i < ne;
-        CHECK(ids[i] == wid && mask[i] == wm, "right pad: position %d is (%d, %d), expected (%d, %d)", i, ids[i], mask[i], wid, wm);
-        if (test_failed()) break;
-    }
+    CHECK(tokenizer_padding_side(hf) == TOKENIZER_PAD_LEFT, "LlamaTokenizerFast without padding_side pads left");
+    CHECK(tokenizer_padding_side(tj) == TOKENIZER_PAD_LEFT, "a lone tekken.json pads left");
+    CHECK(tokenizer_padding_side(right) == TOKENIZER_PAD_RIGHT, "explicit padding_side right");
+    check_padding(hf, 1, want, ne, "hf");
+    check_padding(tj, 1, want, ne, "tekken");
+    check_padding(right, 0, want, ne, "right");
     /* truncation to 4: BOS, [SYSTEM_PROMPT], 'Y', 'o' and no padding */
     for (int i = 0; i < 8; i++) ids[i] = mask[i] = -7;
     REQUIRE(prompt_encode_ids(hf, PROMPT_DEV, "helloWorld", 4, ids, mask, &n_real) == 0, "%s", tp_error_msg());
     CHECK(n_real == 4 && ids[0] == 1 && ids[1] == 17 && ids[2] == B('Y') && ids[3] == B('o') && ids[4] == -7,
           "truncated ids %d %d %d %d (n_real %d)", ids[0], ids[1], ids[2], ids[3], n_real);
     CHECK(mask[0] == 1 && mask[3] == 1 && mask[4] == -7, "truncated mask");
+done:
     tokenizer_free(hf);
     tokenizer_free(tj);
-    free(want);
+    tokenizer_free(right);
+    free(want), free(cfg), free(cfg_path);
 }
 
 /* ---- the pipeline's padded ids: klein-tiny end-to-end golden ---- */
@@ -356,15 +381,6 @@ TEST(tokenizer_bpe_matches_naive_reference) {
 
 /* ---- bad input ---- */
 
-static char *write_file(const char *dir, const char *name, const char *text) {
-    char *d = xasprintf("%s/%s", test_tmp_dir(), dir);
-    mkdir(d, 0755);
-    char *p = xasprintf("%s/%s", d, name);
-    FILE *f = fopen(p, "w");
-    if (f) fputs(text, f), fclose(f);
-    free(p);
-    return d;
-}
 
 /* A minimal byte-level BPE tokenizer.json: the 256 byte tokens (skipping
  * byte `skip` when >= 0), no merges, with the given normalizer and

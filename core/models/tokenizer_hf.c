@@ -80,15 +80,28 @@ static int side_of(json_t *v, tokenizer_side *side, const char *key, const char 
     return 0;
 }
 
-int tok_read_config(tokenizer *t, const char *config_path, char **pad_token) {
+/* transformers tokenizer classes whose class attribute padding_side is
+ * "left" (used when the config does not say): the Llama fast tokenizer that
+ * converted Mistral/Tekken tokenizers load as, and the mistral-common one */
+static int class_pads_left(const char *cls) {
+    static const char *const left[] = {"LlamaTokenizer", "LlamaTokenizerFast", "MistralCommonTokenizer",
+                                       "MistralCommonBackend"};
+    for (size_t i = 0; cls && i < sizeof left / sizeof *left; i++)
+        if (!strcmp(cls, left[i])) return 1;
+    return 0;
+}
+
+int tok_read_config(tokenizer *t, const char *config_path, char **pad_token, tokenizer_side default_side) {
     *pad_token = NULL;
-    t->padding_side = t->truncation_side = TOKENIZER_PAD_RIGHT; /* the transformers defaults */
+    t->padding_side = default_side;
+    t->truncation_side = TOKENIZER_PAD_RIGHT; /* the transformers default */
     if (!config_path) return 0;
     json_error_t jerr;
     /* configs carry huge integers (model_max_length 1e30) that only fit a double */
     json_t *root = json_load_file(config_path, JSON_DECODE_INT_AS_REAL, &jerr);
     if (!root) return tp_error("%s:%d:%d: cannot read the tokenizer config: %s", config_path, jerr.line, jerr.column, jerr.text);
     int rc = 0;
+    if (class_pads_left(json_string_value(json_object_get(root, "tokenizer_class")))) t->padding_side = TOKENIZER_PAD_LEFT;
     if (side_of(json_object_get(root, "padding_side"), &t->padding_side, "padding_side", config_path) ||
         side_of(json_object_get(root, "truncation_side"), &t->truncation_side, "truncation_side", config_path))
         rc = -1;
@@ -345,7 +358,7 @@ tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_p
             if (read_merge(t, m, (int)i, cp_to_byte, path)) goto fail;
     }
     t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
-    if (tok_read_config(t, config_path, &pad) || tok_finish(t, pad)) goto fail;
+    if (tok_read_config(t, config_path, &pad, TOKENIZER_PAD_RIGHT) || tok_finish(t, pad)) goto fail;
     free(pad);
     return t;
 fail:
