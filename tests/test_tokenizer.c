@@ -561,3 +561,64 @@ TEST(tokenizer_fast_scan_matches_jansson) {
     tokenizer_free(t);
     free(p), free(d);
 }
+
+/* ---- round trip: the bytes of the tokens give back the (normalised) text ----
+ * Random texts mixing ASCII, whitespace runs, multi-byte letters, emoji,
+ * decomposed accents and special-token text; for Qwen the expected bytes are
+ * the NFC form of each text between special tokens, computed with utf8proc. */
+#include <utf8proc.h>
+
+static void roundtrip(const tokenizer *t, int nfc, const char *const *specials, int n_specials) {
+    static const char *const parts[] = {"a", "Z", "hello", "World", " ", "  ", "\t", "\n", "\r\n", "7", "42", "'s", "'LL",
+                                        "!", "...", "/", "://", "_", "\xc3\xa9", "e\xcc\x81", "\xd0\x96", "\xe4\xb8\xad",
+                                        "\xf0\x9f\x90\xb1", "\xe2\x80\x8d", "\xc2\xa0", "\xe3\x80\x80", "<", "[", "|>"};
+    char text[4096], want[8192];
+    for (int c = 0; c < 200; c++) {
+        int n = 0, w = 0, seg = 0, k = 1 + rand() % 40;
+        for (int j = 0; j < k; j++) {
+            int is_special = rand() % 8 == 0;
+            const char *p = is_special ? specials[rand() % n_specials] : parts[rand() % (int)(sizeof parts / sizeof *parts)];
+            if (is_special || j == k - 1) { /* flush the ordinary text before it (NFC per segment) */
+                if (!is_special) { memcpy(text + n, p, strlen(p)); n += (int)strlen(p); }
+                utf8proc_uint8_t *norm = NULL;
+                utf8proc_ssize_t m = nfc ? utf8proc_map((const utf8proc_uint8_t *)text + seg, n - seg, &norm,
+                                                        UTF8PROC_STABLE | UTF8PROC_COMPOSE)
+                                         : n - seg;
+                memcpy(want + w, nfc ? (const char *)norm : text + seg, (size_t)m);
+                w += (int)m;
+                free(norm);
+                if (is_special) { memcpy(text + n, p, strlen(p)); n += (int)strlen(p); memcpy(want + w, p, strlen(p)); w += (int)strlen(p); }
+                seg = n;
+            } else {
+                memcpy(text + n, p, strlen(p));
+                n += (int)strlen(p);
+            }
+        }
+        int32_t *ids;
+        int nid;
+        REQUIRE(tokenizer_encode(t, text, (size_t)n, &ids, &nid) == 0, "%s", tp_error_msg());
+        char got[8192];
+        int g = 0;
+        for (int i = 0; i < nid; i++) {
+            int len;
+            const char *b = tokenizer_token_bytes(t, ids[i], &len);
+            if (!b || g + len > (int)sizeof got) { g = -1; break; }
+            memcpy(got + g, b, (size_t)len);
+            g += len;
+        }
+        free(ids);
+        CHECK(g == w && !memcmp(got, want, (size_t)w), "text %d ('%.*s'): the tokens spell %d bytes, expected %d", c, n, text, g, w);
+        if (test_failed()) return;
+    }
+}
+
+TEST(tokenizer_roundtrip_bytes) {
+    static const char *const qwen_specials[] = {"<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>"};
+    static const char *const tek_specials[] = {"<s>", "[INST]", "[/INST]", "<pad>", "[IMG]", "<SPECIAL_500>"};
+    REQUIRE(qwen(), "load: %s", tp_error_msg());
+    roundtrip(qwen(), 1, qwen_specials, 5);
+    tokenizer *t = tokenizer_load(TEKKEN_TJ);
+    REQUIRE(t, "load: %s", tp_error_msg());
+    roundtrip(t, 0, tek_specials, 6);
+    tokenizer_free(t);
+}
