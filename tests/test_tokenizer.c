@@ -429,6 +429,11 @@ TEST(tokenizer_rejects_bad_files) {
     d = write_file("broken", "tokenizer.json", "{\"model\": {\"type\": \"BPE\",\n \"vocab\": {\"a\": 0,,}}}");
     expect_load_error(d, "malformed JSON", "tokenizer.json:2:");
     free(d);
+    /* an error after the fast-scanned members: the line number still points at it */
+    d = write_file("broken_late", "tokenizer.json",
+                   "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,\n \"b\": 1},\n \"merges\": [\"a b\"]},\n \"added_tokens\": [,]}");
+    expect_load_error(d, "malformed JSON after the vocabulary", "tokenizer.json:4:");
+    free(d);
     d = write_file("neither", "tokenizer.json", "[1, 2, 3]");
     expect_load_error(d, "not a tokenizer", "neither");
     free(d);

@@ -48,12 +48,8 @@ tokenizer *tok_load_json_ex(const char *path, const char *config_path, int fast_
     int16_t cp_to_byte[0x144];
     byte_unicode_tables(byte_to_cp, cp_to_byte);
     hf_fast fast = {0};
-    int have_fast = fast_scan && hf_fast_scan(text, len, cp_to_byte, &fast) == 0;
-    if (fast_scan && !have_fast) { /* the scan may have blanked part of the text */
-        hf_fast_free(&fast);
-        free(text);
-        if (!(text = read_whole(path, &len))) return NULL;
-    }
+    int have_fast = fast_scan && hf_fast_scan(text, &len, cp_to_byte, &fast) == 0;
+    if (fast_scan && !have_fast) hf_fast_free(&fast);
     json_t *root = json_loadb(text, len, JSON_ALLOW_NUL, &jerr);
     free(text);
     tokenizer *t = NULL;
@@ -298,7 +294,7 @@ static int read_added(tokenizer *t, json_t *added, const char *path) {
 
 /* The same as max_id_of / read_vocab / read_merge, from the scanned arrays. */
 static int fast_max_id(const hf_fast *f, json_t *vocab, json_t *added, const char *path, int *max_id) {
-    if (max_id_of(vocab, added, path, max_id)) return -1; /* vocab is blanked to {}: checks the added tokens */
+    if (max_id_of(vocab, added, path, max_id)) return -1; /* vocab was cut to {}: checks the added tokens */
     for (int i = 0; i < f->n_vocab; i++)
         if (f->vocab[i].id > *max_id) *max_id = f->vocab[i].id;
     return 0;

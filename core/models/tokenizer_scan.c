@@ -2,7 +2,7 @@
  * (150k "key": id pairs) and model.merges (150k entries). A general JSON
  * parser builds a tree of 300k nodes only for us to walk and free it; this
  * scanner reads them straight into flat arrays (raw bytes, the byte-level
- * mapping already undone) and then blanks them out of the text, so jansson
+ * mapping already undone) and then cuts them out of the text, so jansson
  * parses only the small rest. Anything unexpected makes the scan give up and
  * the caller falls back to jansson for the whole file, which also produces
  * the error message with line and column. */
@@ -203,11 +203,26 @@ static int scan_key(scanner *s, const char **k, size_t *n) {
     return expect(s, ':');
 }
 
-/* Blank a value out of the text: keep its brackets and newlines (so that
- * jansson's line numbers stay right), spaces elsewhere. */
-static void blank(char *from, char *to) {
-    for (char *q = from + 1; q < to - 1; q++)
-        if (*q != '\n') *q = ' ';
+/* Remember a value to cut out of the text later (its brackets stay). */
+static void mark_span(hf_fast *f, char *from, char *to) {
+    f->span_from[f->n_spans] = from;
+    f->span_to[f->n_spans++] = to;
+}
+
+/* Cut the marked values, keeping their brackets and the newlines inside
+ * them so that jansson's line numbers stay right. Returns the new length. */
+static size_t cut_spans(char *text, size_t len, hf_fast *f) {
+    char *w = text, *r = text, *end = text + len;
+    for (int i = 0; i <= f->n_spans; i++) {
+        char *stop = i < f->n_spans ? f->span_from[i] + 1 : end;
+        size_t n = (size_t)(stop - r);
+        memmove(w, r, n);
+        w += n;
+        if (i == f->n_spans) break;
+        for (r = stop; r < f->span_to[i] - 1; r++)
+            if (*r == '\n') *w++ = '\n';
+    }
+    return (size_t)(w - text);
 }
 
 static int key_is(const char *k, size_t n, const char *want) { return n == strlen(want) && !memcmp(k, want, n); }
@@ -224,11 +239,11 @@ static int scan_model(scanner *s, hf_fast *f) {
         char *start = s->p;
         if (key_is(k, n, "vocab") && !f->have_vocab) {
             if (scan_vocab(s, f)) return -1;
-            blank(start, s->p);
+            mark_span(f, start, s->p);
             f->have_vocab = 1;
         } else if (key_is(k, n, "merges") && !f->have_merges) {
             if (scan_merges(s, f)) return -1;
-            blank(start, s->p);
+            mark_span(f, start, s->p);
             f->have_merges = 1;
         } else if (skip_value(s)) {
             return -1;
@@ -238,9 +253,9 @@ static int scan_model(scanner *s, hf_fast *f) {
     }
 }
 
-int hf_fast_scan(char *text, size_t len, const int16_t *cp_to_byte, hf_fast *f) {
+int hf_fast_scan(char *text, size_t *len_io, const int16_t *cp_to_byte, hf_fast *f) {
     memset(f, 0, sizeof *f);
-    scanner s = {text, text + len, cp_to_byte};
+    scanner s = {text, text + *len_io, cp_to_byte};
     if (expect(&s, '{')) return -1;
     for (;;) {
         ws(&s);
@@ -261,7 +276,14 @@ int hf_fast_scan(char *text, size_t len, const int16_t *cp_to_byte, hf_fast *f) 
         ws(&s);
         if (s.p < s.end && *s.p == ',') s.p++;
     }
-    return f->have_vocab && f->have_merges ? 0 : -1;
+    if (!f->have_vocab || !f->have_merges) return -1;
+    if (f->n_spans == 2 && f->span_from[1] < f->span_from[0]) { /* merges came first */
+        char *a = f->span_from[0], *b = f->span_to[0];
+        f->span_from[0] = f->span_from[1], f->span_to[0] = f->span_to[1];
+        f->span_from[1] = a, f->span_to[1] = b;
+    }
+    *len_io = cut_spans(text, *len_io, f);
+    return 0;
 }
 
 void hf_fast_free(hf_fast *f) {

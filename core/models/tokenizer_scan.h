@@ -16,12 +16,15 @@ typedef struct hf_fast_s {
     hf_fast_merge *merges;
     int n_merges, cap_merges;
     int have_vocab, have_merges;
+    int n_spans;                       /* the two values' places in the text */
+    char *span_from[2], *span_to[2];
 } hf_fast;
 
-/* Scan text (modified: the two members are blanked out on success). Returns
- * 0 when both were read; -1 when the caller must parse the text with jansson
- * instead (the text may then be partly blanked: re-read it). */
-int hf_fast_scan(char *text, size_t len, const int16_t *cp_to_byte, hf_fast *f);
+/* Scan text. On success (0) both members were read and are cut out of the
+ * text, leaving {} and [] (the new length is stored in *len; line numbers
+ * are kept, columns after the cut shift). -1: the caller must parse the
+ * text with jansson instead (the text is then unchanged). */
+int hf_fast_scan(char *text, size_t *len, const int16_t *cp_to_byte, hf_fast *f);
 void hf_fast_free(hf_fast *f);
 
 #endif
