@@ -101,3 +101,28 @@ else
         fi
     fi
 fi
+
+# --- klein base (CFG) and the regression script, on the make-tiny folder with every part ---
+if [ -d "$TMP/tiny/vae" ] && [ -d "$TMP/tiny/text_encoder" ] && [ -s "$TMP/t.png" ]; then
+    cp -r "$TMP/tiny" "$TMP/base"
+    sed -i 's/"is_distilled": true/"is_distilled": false/' "$TMP/base/model_index.json"
+    out=$($RUN2 --model "$TMP/base" --prompt "a small test" --negative-prompt "blurry" --steps 2 --guidance 3 \
+          --width 64 --height 48 --max-sequence-length 16 --backend cpu --output "$TMP/cfg.png" 2>&1); rc=$?
+    if [ $rc -eq 0 ] && grep -aq "guidance: 3 (CFG)" "$TMP/cfg.png" && grep -aq "negative_prompt: blurry" "$TMP/cfg.png"; then
+        ok "klein base runs CFG (parameters record it)"
+    else
+        fail "klein base CFG (rc $rc): $(echo "$out" | tail -3)"
+    fi
+    printf 'prompts: [a small test, a lighthouse]\nseeds: [1, 2]\nwidth: 64\nheight: 48\nsteps: 2\nmax_sequence_length: 16\nbackend: cpu\n' > "$TMP/reg.yaml"
+    R="$TPGEN_ROOT/scripts/regress.sh --model $TMP/tiny --spec $TMP/reg.yaml --ref $TMP/refs --np 2"
+    if $R --update --out "$TMP/r0" >/dev/null 2>&1 && [ "$(ls "$TMP/refs" | wc -l)" -eq 4 ]; then
+        out=$($R --out "$TMP/r1" 2>&1); rc=$?
+        [ $rc -eq 0 ] && [ "$(echo "$out" | grep -c ' inf  ok')" -eq 4 ] && ok "regress.sh: same renders pass (inf dB)" \
+            || fail "regress.sh same renders (rc $rc): $(echo "$out" | tail -3)"
+        out=$($R --out "$TMP/r2" -- --steps 1 2>&1); rc=$?
+        [ $rc -ne 0 ] && echo "$out" | grep -q "4 failed" && ok "regress.sh: changed renders fail under the threshold" \
+            || fail "regress.sh changed renders (rc $rc): $(echo "$out" | tail -3)"
+    else
+        fail "regress.sh --update did not store 4 references"
+    fi
+fi
