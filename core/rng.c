@@ -6,8 +6,9 @@
  * kernels; no code was copied. */
 #include "rng.h"
 /* no automatic a*b+c -> fma: the fused steps are spelled out with fmaf() */
+#if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
-#if defined(__GNUC__) && !defined(__clang__)
+#elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=off")
 #endif
 #include "tensor.h"
