@@ -196,3 +196,20 @@ int plan_validate(const plan *p, const checkpoint *c, int tp) {
     }
     return 0;
 }
+
+/* Which plan each pipeline component uses. The text-encoder plans (Qwen3
+ * for klein, Mistral for dev) go here as {"text_encoder", plan_...}; a
+ * constructor may look at the config to pick between architectures. */
+static const struct {
+    const char *component;
+    int (*make)(const json_t *config, plan *out);
+} k_component_plans[] = {
+    {"transformer", plan_flux2},
+};
+
+int plan_for_component(const char *component, const json_t *config, plan *out) {
+    for (size_t i = 0; i < sizeof k_component_plans / sizeof k_component_plans[0]; i++)
+        if (!strcmp(component, k_component_plans[i].component)) return k_component_plans[i].make(config, out);
+    *out = (plan){.model = component};
+    return 1;
+}

@@ -51,6 +51,12 @@ void plan_add_divisor(plan *p, const char *name, int64_t value);
  * symbols (D, M) and divisors (heads) taken from config.json. */
 int plan_flux2(const json_t *config, plan *out);
 
+/* The plan of a pipeline component ("transformer", "text_encoder", ...),
+ * chosen by a small table in plan.c (add a row for a new component).
+ * Returns 1 with an empty plan when the component has none (everything
+ * replicated), 0 when *out was filled, -1 on a bad config. */
+int plan_for_component(const char *component, const json_t *config, plan *out);
+
 /* How one tensor maps onto a rank. */
 typedef struct shard_info {
     const st_tensor_info *info;

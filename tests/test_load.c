@@ -174,6 +174,8 @@ TEST(load_tiny_golden_all_paths) {
     tiny_close(&t);
 }
 
+static int only_single(const char *name, void *ctx) { return !strncmp(name, "single_transformer_blocks.", 26); }
+
 TEST(load_filter_and_req) {
     tiny t;
     REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
@@ -187,6 +189,15 @@ TEST(load_filter_and_req) {
           tp_error_msg());
     const st_tensor_info *gi = weights_info(w, "single_transformer_blocks.0.attn.to_out.weight");
     CHECK(gi && gi->shape[0] == t.D && gi->shape[1] == t.D + t.M, "global info");
+    weights_free(w);
+    /* the filter: only the single-stream blocks */
+    o.want = only_single;
+    load_stats st;
+    REQUIRE(weights_load(t.c, &t.p, &o, &w, &st) == 0, "%s", tp_error_msg());
+    int expect = 0;
+    for (int i = 0; i < t.c->n; i++) expect += only_single(t.c->infos[i]->name, NULL);
+    CHECK(expect == 12 && weights_count(w) == expect && st.n_tensors == expect, "filter kept %d of %d", weights_count(w), expect);
+    CHECK(weights_get(w, "proj_out.weight") == NULL, "filtered tensor loaded");
     weights_free(w);
     backend_destroy(be);
     tiny_close(&t);
@@ -230,4 +241,77 @@ TEST(bad_load_tp_not_dividing_heads) {
     CHECK(st.bytes_read == 0, "read %llu bytes before failing", (unsigned long long)st.bytes_read);
     backend_destroy(be);
     tiny_close(&t);
+}
+
+/* ---- checkpoint folders ---- */
+
+/* A writable copy of the golden transformer folder with its index edited:
+ * weight_map[name] = file (file NULL: leave it). */
+static char *edited_copy(const char *tag, const char *name, const char *file) {
+    char *dir = tiny_dir(), *dst = xasprintf("%s/%s", test_tmp_dir(), tag);
+    char *cmd = xasprintf("rm -rf %s && cp -r %s/transformer %s && chmod -R u+w %s", dst, dir, dst, dst);
+    if (system(cmd)) tp_fatal("cannot copy the golden folder");
+    char *idx = xasprintf("%s/diffusion_pytorch_model.safetensors.index.json", dst);
+    json_t *j = json_load_file(idx, 0, NULL);
+    if (name) json_object_set_new(json_object_get(j, "weight_map"), name, json_string(file));
+    json_dump_file(j, idx, 0);
+    json_decref(j);
+    free(dir), free(cmd), free(idx);
+    return dst;
+}
+
+TEST(load_checkpoint_index_vs_single) {
+    char *dst = edited_copy("ckpt-ok", NULL, NULL);
+    checkpoint *c;
+    REQUIRE(checkpoint_open(dst, &c) == 0, "%s", tp_error_msg());
+    CHECK(c->n_files == 2, "files %d", c->n_files);
+    const st_file *f;
+    const st_tensor_info *t = checkpoint_find(c, "proj_out.weight", &f);
+    CHECK(t && strstr(f->path, "00001-of-00002"), "proj_out.weight should be in shard 1 (as the index says)");
+    checkpoint_close(c);
+    /* a single file, written by st_write, found without an index */
+    char *one = xasprintf("%s/single", test_tmp_dir()), *p = xasprintf("%s/model.safetensors", one);
+    char *cmd = xasprintf("mkdir -p %s", one);
+    CHECK(system(cmd) == 0, "mkdir");
+    float v[2] = {1, 2};
+    st_write_tensor w = {"x", DT_F32, 1, {2}, v};
+    REQUIRE(st_write(p, &w, 1, NULL) == 0, "%s", tp_error_msg());
+    REQUIRE(checkpoint_open(one, &c) == 0, "%s", tp_error_msg());
+    CHECK(c->n == 1 && checkpoint_find(c, "x", NULL), "single file");
+    checkpoint_close(c);
+    free(dst), free(one), free(p), free(cmd);
+}
+
+TEST(bad_ckpt_index_names_missing_tensor) {
+    char *dst = edited_copy("ckpt-tensor", "transformer_blocks.0.attn.to_q.weight",
+                            "diffusion_pytorch_model-00002-of-00002.safetensors");
+    checkpoint *c = NULL;
+    CHECK(checkpoint_open(dst, &c) == -1 && c == NULL, "accepted");
+    CHECK(strstr(tp_error_msg(), "tensor 'transformer_blocks.0.attn.to_q.weight' is listed in") &&
+              strstr(tp_error_msg(), "missing from") && strstr(tp_error_msg(), "00002-of-00002"), "%s", tp_error_msg());
+    free(dst);
+}
+
+TEST(bad_ckpt_index_names_missing_file) {
+    char *dst = edited_copy("ckpt-file", "proj_out.weight", "diffusion_pytorch_model-00003-of-00003.safetensors");
+    checkpoint *c = NULL;
+    CHECK(checkpoint_open(dst, &c) == -1 && c == NULL, "accepted");
+    CHECK(strstr(tp_error_msg(), "00003-of-00003.safetensors") && strstr(tp_error_msg(), "proj_out.weight") &&
+              strstr(tp_error_msg(), "No such file"), "%s", tp_error_msg());
+    free(dst);
+}
+
+TEST(bad_ckpt_folder_problems) {
+    checkpoint *c = NULL;
+    CHECK(checkpoint_open("/nonexistent/transformer", &c) == -1 && strstr(tp_error_msg(), "does not exist"), "%s",
+          tp_error_msg());
+    char *empty = xasprintf("%s/empty", test_tmp_dir()), *cmd = xasprintf("mkdir -p %s", empty);
+    CHECK(system(cmd) == 0, "mkdir");
+    CHECK(checkpoint_open(empty, &c) == -1 && strstr(tp_error_msg(), "has no *.safetensors"), "%s", tp_error_msg());
+    model_dir *m = NULL;
+    CHECK(model_dir_open("/nonexistent", &m) == -1 && strstr(tp_error_msg(), "--model"), "%s", tp_error_msg());
+    REQUIRE(model_dir_open(empty, &m) == 0, "%s", tp_error_msg());
+    CHECK(model_dir_config(m, "transformer") == NULL && strstr(tp_error_msg(), "config.json"), "%s", tp_error_msg());
+    model_dir_close(m);
+    free(empty), free(cmd);
 }

@@ -14,7 +14,7 @@ static const char *k_gpt2_pattern =
 
 tokenizer *tok_load_json(const char *path, const char *config_path) {
     json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = json_load_file(path, JSON_ALLOW_NUL, &jerr);
     if (!root) {
         tp_error("%s:%d:%d: cannot read the tokenizer file: %s", path, jerr.line, jerr.column, jerr.text);
         return NULL;
@@ -45,7 +45,8 @@ int tok_read_config(tokenizer *t, const char *config_path, char **pad_token) {
     t->padding_side = t->truncation_side = TOKENIZER_PAD_RIGHT; /* the transformers defaults */
     if (!config_path) return 0;
     json_error_t jerr;
-    json_t *root = json_load_file(config_path, 0, &jerr);
+    /* configs carry huge integers (model_max_length 1e30) that only fit a double */
+    json_t *root = json_load_file(config_path, JSON_DECODE_INT_AS_REAL, &jerr);
     if (!root) return tp_error("%s:%d:%d: cannot read the tokenizer config: %s", config_path, jerr.line, jerr.column, jerr.text);
     int rc = 0;
     if (side_of(json_object_get(root, "padding_side"), &t->padding_side, "padding_side", config_path) ||
