@@ -169,7 +169,7 @@ static int time_forward(dist *d, int n_tokens, int layers, int reps, dtype_t dt)
     if (!rc) rc = time_embedding(d, be, c, n_tokens, 4096, dt, &t_shard);
     if (!rc) rc = time_embedding(d, be, c, n_tokens, 4097, dt, &t_repl);
     if (!rc && d->world_rank == 0)
-        printf("embedding stage (%d tokens, tp %d): vocab-sharded %.2f ms (incl. all-reduce of %.1f MB), "
+        printf("embedding stage (%d tokens, tp %d): vocab-sharded %.2f ms (with tp > 1 incl. an all-reduce of %.1f MB), "
                "replicated %.2f ms; a replicated Qwen3-4B table costs %.2f GB more per rank than a sharded one\n",
                n_tokens, d->tp, t_shard * 1e3, n_tokens * cfg.hidden * 4 / 1e6, t_repl * 1e3,
                (double)k_qwen3_4b.vocab * k_qwen3_4b.hidden * dtype_size(dt) * (1 - 1.0 / d->tp) / 1e9);
