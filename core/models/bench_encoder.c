@@ -95,8 +95,8 @@ static int plan_bytes(const char *label, const llm_config *base, const char *pre
             held += b;
             if (si.style != STYLE_REPLICATED) sharded += b;
         }
-        if (!rc) printf("  tp %d: %.2f GB per rank (%.2f GB sharded + %.3f GB replicated), freed before denoising\n",
-                        tp, held / 1e9, sharded / 1e9, (held - sharded) / 1e9);
+        if (!rc) printf("  tp %d: %.2f GB per rank (%.2f GB sharded + %.2f MB replicated), freed before denoising\n",
+                        tp, held / 1e9, sharded / 1e9, (held - sharded) / 1e6);
     }
     if (ck) checkpoint_close(ck);
     unlink(path);
