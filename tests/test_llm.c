@@ -309,3 +309,29 @@ TEST(llm_rope_tables_reference) {
     CHECK(worst < 1e-4, "rope tables differ by %.3g", worst);
     free(c), free(s);
 }
+
+TEST(llm_sliding_window_refused) {
+    json_t *j = json_pack("{s:s, s:{s:i, s:i, s:i, s:i, s:i, s:i, s:i}}", "model_type", "mistral3", "text_config",
+                          "hidden_size", 32, "num_hidden_layers", 2, "num_attention_heads", 4, "num_key_value_heads",
+                          2, "intermediate_size", 64, "vocab_size", 100, "sliding_window", 16);
+    llm_config c;
+    REQUIRE(!llm_config_parse(j, "x/config.json", &c), "%s", tp_error_msg());
+    CHECK(c.sliding_window == 16 && c.head_dim == 8, "window %d head_dim %d", c.sliding_window, c.head_dim);
+    json_decref(j);
+    /* the real tiny model with a window shorter than the sequence: a clear error, no wrong numbers */
+    checkpoint *ck = NULL;
+    REQUIRE(!open_model(&k_mistral, &ck, &c), "%s", tp_error_msg());
+    c.sliding_window = 8;
+    backend *be = backend_cpu_create(1);
+    llm *m = NULL;
+    REQUIRE(!llm_load(ck, &c, 10, be, NULL, DT_F32, &m, NULL), "%s", tp_error_msg());
+    int32_t ids[24] = {0};
+    int idx[1] = {10};
+    float *out = malloc(24 * 32 * sizeof *out);
+    CHECK(llm_forward(m, ids, NULL, 24, idx, 1, out) == -1 && strstr(tp_error_msg(), "sliding_window"),
+          "message: %s", tp_error_msg());
+    free(out);
+    llm_free(m);
+    backend_destroy(be);
+    checkpoint_close(ck);
+}

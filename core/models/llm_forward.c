@@ -130,6 +130,9 @@ static int check_request(llm *m, const int32_t *ids, int n, const int *idx, int 
     const llm_config *c = &m->cfg;
     if (n <= 0) return tp_error("text encoder: no tokens to encode");
     if (n_idx <= 0) return tp_error("text encoder: no hidden states requested");
+    if (c->sliding_window > 0 && n > c->sliding_window)
+        return tp_error("text encoder: %d tokens exceed the model's sliding_window %d, which is not implemented; "
+                        "use a --max-sequence-length <= %d", n, c->sliding_window, c->sliding_window);
     *max_idx = 0;
     for (int k = 0; k < n_idx; k++) {
         int top = m->with_norm ? c->n_layers : m->n_run;
