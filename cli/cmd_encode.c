@@ -105,9 +105,9 @@ static int run_encode(const encode_args *a, dist *d) {
         int n_real = 0;
         for (int i = 0; i < a->max_len; i++) n_real += mask[i] != 0;
         printf("encoded %d tokens (%d real) with the %s text encoder (hidden %d, tp %d, %s): load %.2f s "
-               "(%.1f MB held per rank), encode %.2f s -> %s [1, %d, %d]\n",
+               "(rank 0 read %.1f MB of the checkpoint, holds %.1f MB), encode %.2f s -> %s [1, %d, %d]\n",
                a->max_len, n_real, textenc_kind(t), textenc_hidden(t), d->tp, a->precision, t1 - t0,
-               textenc_bytes(t) / 1e6, t2 - t1, a->out, a->max_len, textenc_embed_dim(t));
+               st.bytes_read / 1e6, textenc_bytes(t) / 1e6, t2 - t1, a->out, a->max_len, textenc_embed_dim(t));
     }
     free(embeds), free(ids), free(mask);
     textenc_free(t);
