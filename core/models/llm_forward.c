@@ -1,7 +1,9 @@
-/* The LLM forward pass on the op interface (llm.h). Activations and the
- * residual stream are f32 whatever the weight dtype: the encoder runs once
- * per prompt, so the extra bytes are small, and it keeps bf16 runs close to
- * the reference (spec flux2-text-vae.md §3.7). */
+/* The LLM forward pass on the op interface (llm.h). The residual stream and
+ * the GEMM outputs are f32 in both precisions. With bf16 weights the GEMM
+ * inputs (normed hidden states, attention output, SwiGLU output) are bf16,
+ * as in the bf16 reference: that is where the reference rounds too, and
+ * bf16 x bf16 GEMMs run on the CPU's bf16 dot-product units (about 3x the
+ * f32-activation path on AVX512-BF16; docs/text-encoder.md). */
 #include "llm_internal.h"
 #include "../comm.h"
 #include "../dist.h"
@@ -25,12 +27,13 @@ static int bufs_alloc(llm *m, int n, int n_idx, fwd_bufs *b) {
     const llm_config *c = &m->cfg;
     backend *be = m->be;
     int64_t H = c->hidden, D = c->head_dim;
+    dtype_t in_dt = m->embed->dtype == DT_BF16 ? DT_BF16 : DT_F32;   /* GEMM inputs */
     struct { tensor **t; dtype_t dt; int64_t r, cols; } want[] = {
-        {&b->x, DT_F32, n, H}, {&b->xn, DT_F32, n, H}, {&b->y, DT_F32, n, H},
-        {&b->q, DT_F32, n, m->nq_local * D}, {&b->att, DT_F32, n, m->nq_local * D},
+        {&b->x, DT_F32, n, H}, {&b->xn, in_dt, n, H}, {&b->y, DT_F32, n, H},
+        {&b->q, DT_F32, n, m->nq_local * D}, {&b->att, in_dt, n, m->nq_local * D},
         {&b->k, DT_F32, n, m->nkv_held * D}, {&b->v, DT_F32, n, m->nkv_held * D},
         {&b->gate, DT_F32, n, m->ffn_local}, {&b->up, DT_F32, n, m->ffn_local},
-        {&b->act, DT_F32, n, m->ffn_local}, {&b->out, DT_F32, n, (int64_t)n_idx * H},
+        {&b->act, in_dt, n, m->ffn_local}, {&b->out, DT_F32, n, (int64_t)n_idx * H},
         {&b->cos, DT_F32, n, D}, {&b->sin, DT_F32, n, D}, {&b->key_valid, DT_I32, 1, n},
         {&b->emb, m->embed->dtype, n, H},
     };
