@@ -206,9 +206,15 @@ int weights_load(const checkpoint *c, const plan *p, const load_opts *o, weights
 }
 
 int weights_estimate(const checkpoint *c, const plan *p, int tp, int rank, load_estimate *out) {
+    return weights_estimate_want(c, p, tp, rank, NULL, NULL, out);
+}
+
+int weights_estimate_want(const checkpoint *c, const plan *p, int tp, int rank,
+                          int (*want)(const char *name, void *ctx), void *want_ctx, load_estimate *out) {
     memset(out, 0, sizeof *out);
     if (plan_validate(p, c, tp)) return -1;
     for (int k = 0; k < c->n; k++) {
+        if (want && !want(c->infos[k]->name, want_ctx)) continue;
         shard_info si;
         if (plan_shard(p, c->infos[k], tp, &si)) return -1;
         shard_piece pc[PLAN_MAX_PIECES];
