@@ -315,3 +315,38 @@ TEST(bad_ckpt_folder_problems) {
     model_dir_close(m);
     free(empty), free(cmd);
 }
+
+/* GPU (run by `tpgen_tests --gpu` on a CUDA build): the staged path into
+ * device memory (upload / upload2d from bounded host staging) gives the
+ * same bytes as the CPU backend, for every rank of tp 2 and 4, both
+ * dtypes, with a small staging cap so long runs are chunked. */
+TEST_GPU(gpu_load_tiny_golden_matches_cpu) {
+    tiny t;
+    REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
+    backend *gpu = backend_cuda_create(0), *cpu = backend_cpu_create(1);
+    REQUIRE(gpu, "no CUDA backend: %s", tp_error_msg());
+    for (int tp = 2; tp <= 4; tp *= 2)
+        for (int k = 0; k < tp; k++)
+            for (int d = 0; d < 2; d++) {
+                dtype_t dt = d ? DT_F32 : DT_BF16;
+                load_opts oc = {.tp = tp, .rank = k, .be = cpu, .dtype = dt};
+                load_opts og = {.tp = tp, .rank = k, .be = gpu, .dtype = dt, .staging_cap = 3000};
+                weights *wc, *wg;
+                REQUIRE(weights_load(t.c, &t.p, &oc, &wc, NULL) == 0, "%s", tp_error_msg());
+                REQUIRE(weights_load(t.c, &t.p, &og, &wg, NULL) == 0, "%s", tp_error_msg());
+                for (int i = 0; i < weights_count(wc); i++) {
+                    const tensor *a = weights_get(wc, weights_name(wc, i)), *b = weights_get(wg, weights_name(wc, i));
+                    REQUIRE(b && b->rows == a->rows && b->cols == a->cols, "%s shape", weights_name(wc, i));
+                    char *h = xmalloc(tensor_nbytes(b));
+                    memset(h, 0xff, tensor_nbytes(b));
+                    CHECK(tensor_download_raw(b, h) == 0 && !memcmp(h, a->data, tensor_nbytes(a)),
+                          "%s tp %d rank %d %s: GPU copy differs", weights_name(wc, i), tp, k, dtype_name(dt));
+                    free(h);
+                }
+                weights_free(wc);
+                weights_free(wg);
+            }
+    backend_destroy(gpu);
+    backend_destroy(cpu);
+    tiny_close(&t);
+}
