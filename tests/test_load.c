@@ -350,3 +350,61 @@ TEST_GPU(gpu_load_tiny_golden_matches_cpu) {
     backend_destroy(cpu);
     tiny_close(&t);
 }
+
+/* Stored dtypes other than BF16: F32/F16/F64 tensors loaded as F32 (exact
+ * for F32/F16; F64 rounded to f32) and as BF16 (rounded to nearest even
+ * from the f32 value), integer tensors kept as they are; sharded through
+ * the staged path with a default and a tiny staging cap. */
+TEST(load_converts_dtypes) {
+    enum { R = 8, C = 6 };
+    float cw[R * C];
+    uint16_t rw[4 * 8];
+    double pw[8 * 4];
+    int64_t ids[3] = {-5, 7, 1LL << 40};
+    for (int i = 0; i < R * C; i++) cw[i] = (float)rand() / RAND_MAX * 3 - 1.5f;
+    for (int i = 0; i < 32; i++) rw[i] = f32_to_f16((float)rand() / RAND_MAX - 0.5f), pw[i] = (double)rand() / RAND_MAX - 0.3;
+    st_write_tensor wt[] = {{"c.w", DT_F32, 2, {R, C}, cw}, {"r.w", DT_F16, 2, {4, 8}, rw},
+                            {"p.w", DT_F64, 2, {8, 4}, pw}, {"ids", DT_I64, 1, {3}, ids}};
+    char *dir = xasprintf("%s/dtypes", test_tmp_dir()), *cmd = xasprintf("mkdir -p %s", dir);
+    char *path = xasprintf("%s/model.safetensors", dir);
+    REQUIRE(system(cmd) == 0 && st_write(path, wt, 4, NULL) == 0, "%s", tp_error_msg());
+    static const plan_rule rules[] = {{"c.w", STYLE_COLWISE, NULL}, {"r.w", STYLE_ROWWISE, NULL},
+                                      {"p.w", STYLE_PACKED_COLWISE, "1,3"}};
+    plan p = {.model = "test", .rules = rules, .n_rules = 3};
+    checkpoint *c;
+    REQUIRE(checkpoint_open(dir, &c) == 0, "%s", tp_error_msg());
+    /* rank 1 of tp 2, by hand: c rows 4..7; r cols 4..7 of each row; p rows 1 and 2+3..5 */
+    float want_c[24], want_r[16], want_p[16];
+    for (int i = 0; i < 24; i++) want_c[i] = cw[4 * C + i];
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 4; j++) want_r[r * 4 + j] = f16_to_f32(rw[r * 8 + 4 + j]);
+    int prow[4] = {1, 5, 6, 7};
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 4; j++) want_p[r * 4 + j] = (float)pw[prow[r] * 4 + j];
+    backend *be = backend_cpu_create(1);
+    for (int d = 0; d < 2; d++)
+        for (size_t cap = 0; cap <= 16; cap += 16) {
+            dtype_t dt = d ? DT_BF16 : DT_F32;
+            load_opts o = {.tp = 2, .rank = 1, .be = be, .dtype = dt, .staging_cap = cap};
+            weights *w;
+            REQUIRE(weights_load(c, &p, &o, &w, NULL) == 0, "%s", tp_error_msg());
+            const char *names[3] = {"c.w", "r.w", "p.w"};
+            const float *want[3] = {want_c, want_r, want_p};
+            size_t n[3] = {24, 16, 16};
+            for (int k = 0; k < 3; k++) {
+                const tensor *x = weights_get(w, names[k]);
+                REQUIRE(x && x->dtype == dt && tensor_numel(x) == n[k], "%s", names[k]);
+                for (size_t e = 0; e < n[k]; e++) {
+                    float got = dt == DT_F32 ? ((const float *)x->data)[e] : bf16_to_f32(((const uint16_t *)x->data)[e]);
+                    float exp = dt == DT_F32 ? want[k][e] : bf16r(want[k][e]);
+                    if (got != exp) { CHECK(0, "%s %s cap %zu element %zu: %g != %g", names[k], dtype_name(dt), cap, e, got, exp); break; }
+                }
+            }
+            const tensor *iv = weights_get(w, "ids");
+            CHECK(iv && iv->dtype == DT_I64 && !memcmp(iv->data, ids, sizeof ids), "integer tensor changed");
+            weights_free(w);
+        }
+    backend_destroy(be);
+    checkpoint_close(c);
+    free(dir), free(cmd), free(path);
+}
