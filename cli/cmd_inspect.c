@@ -128,7 +128,22 @@ static int open_component(const inspect_args *a, model_dir **m, json_t **cfg, ch
     return rc;
 }
 
+/* inspect is one process; started under mpirun/srun anyway, every process
+ * computes the same answer and only the first one prints it. */
+static void quiet_unless_first_process(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
+    for (int i = 0; i < 4; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) != 0) {
+            (void)!freopen("/dev/null", "w", stdout);
+            (void)!freopen("/dev/null", "w", stderr);
+            return;
+        }
+    }
+}
+
 int cmd_inspect(int argc, char **argv) {
+    quiet_unless_first_process();
     inspect_args a;
     int rc = parse(argc, argv, &a);
     if (rc > 0) return 0;
