@@ -2,7 +2,7 @@
  * generator of FLUX.2-shaped checkpoints it (and the tests) run on.
  *
  *   tpgen bench load --make DIR --shape klein-4b [--sparse] [--shards N] [--seed S]
- *   mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--cold] [--json]
+ *   mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--cold] [--threads T] [--json]
  *
  * The generated checkpoint has the real tensor names and shapes (spec
  * flux2-transformer.md §2) with random BF16 data, or holes (--sparse: a
@@ -105,10 +105,18 @@ static int write_json(const char *path, json_t *j) {
     return rc;
 }
 
+/* mkdir -p */
+static void make_dirs(const char *path) {
+    char *p = xstrdup(path);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') *s = 0, mkdir(p, 0755), *s = '/';
+    mkdir(p, 0755);
+    free(p);
+}
+
 static int write_configs(const char *dir, const flux2_shape *s) {
     char *tdir = xasprintf("%s/transformer", dir);
-    mkdir(dir, 0755);
-    mkdir(tdir, 0755);
+    make_dirs(tdir);
     json_t *cfg = json_pack("{s:i,s:i,s:n,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:[iiii],s:i,s:f,s:b,s:s}", "patch_size", 1,
                             "in_channels", 128, "out_channels", "num_layers", s->layers, "num_single_layers",
                             s->single, "attention_head_dim", 128, "num_attention_heads", s->heads,
@@ -253,7 +261,7 @@ typedef struct bench_row {
     double bytes_read, bytes_held, rss_before_kb, peak_rss_kb;
 } bench_row;
 
-static void print_rows(const bench_row *rows, int n, const char *mode, const char *dir, int json) {
+static void print_rows(const bench_row *rows, int n, const char *mode, int threads, const char *dir, int json) {
     if (json) {
         json_t *a = json_array();
         for (int r = 0; r < n; r++)
@@ -262,15 +270,15 @@ static void print_rows(const bench_row *rows, int n, const char *mode, const cha
                                                "bytes_read", rows[r].bytes_read, "weight_bytes", rows[r].bytes_held,
                                                "peak_rss_bytes", rows[r].peak_rss_kb * 1024, "rss_before_bytes",
                                                rows[r].rss_before_kb * 1024, "page_cache_fraction", rows[r].cached));
-        json_t *o = json_pack("{s:s,s:s,s:i,s:o}", "mode", mode, "model", dir, "tp", n, "ranks", a);
+        json_t *o = json_pack("{s:s,s:s,s:i,s:i,s:o}", "mode", mode, "model", dir, "tp", n, "threads", threads, "ranks", a);
         char *s = json_dumps(o, JSON_INDENT(1));
         printf("%s\n", s);
         free(s);
         json_decref(o);
         return;
     }
-    printf("load %s, tp %d, %s (page cache held %.0f%% of the checkpoint before the load)\n", dir, n, mode,
-           rows[0].cached * 100);
+    printf("load %s, tp %d, %s, %d reader thread(s) per rank (page cache held %.0f%% of the checkpoint before the load)\n",
+           dir, n, mode, threads, rows[0].cached * 100);
     printf("%4s %9s %9s %12s %9s %12s %12s %12s %6s\n", "rank", "seconds", "cpu s", "read GB", "GB/s", "weights GB",
            "peak RSS GB", "target GB", "ok");
     for (int r = 0; r < n; r++) {
@@ -284,15 +292,16 @@ static void print_rows(const bench_row *rows, int n, const char *mode, const cha
 
 static int bench_usage(void) {
     printf("usage: tpgen bench load --make DIR --shape dev|klein-4b|klein-9b|small [--sparse] [--shards N] [--seed S]\n"
-           "       mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--cold] [--json]\n\n"
+           "       mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--cold] [--threads T] [--json]\n\n"
            "--make writes a FLUX.2-shaped BF16 checkpoint (random data, or holes with --sparse).\n"
            "--model loads DIR/transformer at tp = number of ranks; every rank reports its load time,\n"
            "bytes read, weight bytes and peak RSS. One mode per run (peak RSS is per process).\n"
-           "--cold first evicts the checkpoint's pages from the page cache (posix_fadvise DONTNEED).\n");
+           "--cold first evicts the checkpoint's pages from the page cache (posix_fadvise DONTNEED).\n"
+           "--threads T reads with T threads per rank (load_opts.io_threads; sharded and mmap modes).\n");
     return 0;
 }
 
-static int run_load(dist *d, const char *dir, const char *mode, int json, int cold) {
+static int run_load(dist *d, const char *dir, const char *mode, int json, int cold, int threads) {
     char *tdir = xasprintf("%s/transformer", dir);
     model_dir *m = NULL;
     checkpoint *c = NULL;
@@ -308,7 +317,7 @@ static int run_load(dist *d, const char *dir, const char *mode, int json, int co
     if (!rc) row.cached = cached_fraction(c);
     backend *be = backend_cpu_create(1);
     load_opts o = {.tp = d->world_size, .rank = d->world_rank, .be = be, .dtype = DT_BF16,
-                   .use_mmap = !strcmp(mode, "mmap")};
+                   .use_mmap = !strcmp(mode, "mmap"), .io_threads = threads};
     load_stats st = {0};
     weights *w = NULL;
     tensor **naive = NULL;
@@ -323,7 +332,7 @@ static int run_load(dist *d, const char *dir, const char *mode, int json, int co
     if (!rc) {
         bench_row *rows = d->world_rank == 0 ? xcalloc((size_t)d->world_size, sizeof *rows) : NULL;
         MPI_Gather(&row, sizeof row, MPI_BYTE, rows, sizeof row, MPI_BYTE, 0, d->world);
-        if (d->world_rank == 0) print_rows(rows, d->world_size, mode, dir, json);
+        if (d->world_rank == 0) print_rows(rows, d->world_size, mode, threads, dir, json);
         free(rows);
     } else {
         dist_report_error(d->world);
@@ -341,7 +350,7 @@ static int run_load(dist *d, const char *dir, const char *mode, int json, int co
 
 int bench_load(int argc, char **argv) {
     const char *make = NULL, *shape = "klein-4b", *model = NULL, *mode = "sharded";
-    int sparse = 0, shards = 1, json = 0, cold = 0;
+    int sparse = 0, shards = 1, json = 0, cold = 0, threads = 1;
     unsigned seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -354,6 +363,7 @@ int bench_load(int argc, char **argv) {
         else if (v && !strcmp(a, "--model")) model = v, i++;
         else if (v && !strcmp(a, "--mode")) mode = v, i++;
         else if (v && !strcmp(a, "--shards")) shards = atoi(v), i++;
+        else if (v && !strcmp(a, "--threads")) threads = atoi(v), i++;
         else if (v && !strcmp(a, "--seed")) seed = (unsigned)strtoul(v, NULL, 10), i++;
         else { fprintf(stderr, "tpgen: error: bench load: unknown or incomplete option '%s'\n", a); return 2; }
     }
@@ -372,7 +382,7 @@ int bench_load(int argc, char **argv) {
     }
     dist d;
     if (dist_init(&argc, &argv, &d)) { fprintf(stderr, "tpgen: error: %s\n", tp_error_msg()); return 1; }
-    int rc = run_load(&d, model, mode, json, cold);
+    int rc = run_load(&d, model, mode, json, cold, threads);
     dist_finalize(&d);
     return rc;
 }

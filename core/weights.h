@@ -24,6 +24,7 @@ typedef struct load_opts {
     void *want_ctx;
     int use_mmap;               /* 0: pread (default); 1: copy from an mmap of each file */
     size_t staging_cap;         /* host staging bound in bytes (0: WEIGHTS_STAGING_CAP) */
+    int io_threads;             /* threads reading CPU-backend tensors in place (<= 1: one) */
 } load_opts;
 
 /* Host staging never exceeds this per rank (CUDA copies go through it, as

@@ -103,9 +103,10 @@ static char *spec_slice(const char *full, int64_t rows, int64_t cols, size_t es,
 
 /* Load rank k of tp and compare every tensor bit for bit (BF16) or with
  * the exact upcast (F32). Also checks the byte accounting. */
-static void check_rank(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t cap) {
+static void check_rank_t(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t cap, int threads) {
     backend *be = backend_cpu_create(1);
-    load_opts o = {.tp = tp, .rank = k, .be = be, .dtype = dt, .use_mmap = use_mmap, .staging_cap = cap};
+    load_opts o = {.tp = tp, .rank = k, .be = be, .dtype = dt, .use_mmap = use_mmap, .staging_cap = cap,
+                   .io_threads = threads};
     weights *w;
     load_stats st;
     REQUIRE(weights_load(t->c, &t->p, &o, &w, &st) == 0, "weights_load tp %d rank %d: %s", tp, k, tp_error_msg());
@@ -147,6 +148,10 @@ static void check_rank(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t 
     backend_destroy(be);
 }
 
+static void check_rank(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t cap) {
+    check_rank_t(t, tp, k, dt, use_mmap, cap, 1);
+}
+
 /* Each MPI rank loads its own shard at tp = world size. */
 TEST_MPI(load_tiny_golden_tp_world) {
     int rank, size;
@@ -170,6 +175,7 @@ TEST(load_tiny_golden_all_paths) {
             check_rank(&t, tp, k, DT_BF16, 1, 0);
             check_rank(&t, tp, k, DT_F32, k & 1, 100);
             check_rank(&t, tp, k, DT_F32, 0, 4096);
+            check_rank_t(&t, tp, k, DT_BF16, k & 1, 0, 3);   /* parallel in-place reads */
         }
     tiny_close(&t);
 }
@@ -407,4 +413,34 @@ TEST(load_converts_dtypes) {
     backend_destroy(be);
     checkpoint_close(c);
     free(dir), free(cmd), free(path);
+}
+
+/* A shard that shrinks after its header was read (a download being
+ * replaced, a full disk): the read fails cleanly, also when the failing
+ * read runs on a reader thread, and no tensor is handed out. */
+TEST(bad_load_file_shrinks_during_load) {
+    char *dir = tiny_dir(), *dst = xasprintf("%s/shrink", test_tmp_dir());
+    char *cmd = xasprintf("rm -rf %s && cp -r %s/transformer %s && chmod -R u+w %s", dst, dir, dst, dst);
+    REQUIRE(system(cmd) == 0, "copy");
+    tiny t;
+    REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
+    checkpoint *c;
+    REQUIRE(checkpoint_open(dst, &c) == 0, "%s", tp_error_msg());
+    char *shard = xasprintf("%s/diffusion_pytorch_model-00001-of-00002.safetensors", dst);
+    REQUIRE(truncate(shard, 200000) == 0, "truncate");
+    backend *be = backend_cpu_create(1);
+    for (int threads = 1; threads <= 4; threads += 3)
+        for (int d = 0; d < 2; d++) {
+            load_opts o = {.tp = 2, .rank = 1, .be = be, .dtype = d ? DT_F32 : DT_BF16, .io_threads = threads};
+            weights *w = (weights *)1;
+            tp_error_clear();
+            CHECK(weights_load(c, &t.p, &o, &w, NULL) == -1 && w == NULL, "load of a shrunk file succeeded");
+            CHECK(strstr(tp_error_msg(), "unexpected end of file") && strstr(tp_error_msg(), "00001-of-00002") &&
+                      strstr(tp_error_msg(), "rank 1 of tp 2"), "threads %d: %s", threads, tp_error_msg());
+            CHECK(be->bytes_in_use == 0, "%zu backend bytes leaked", be->bytes_in_use);
+        }
+    backend_destroy(be);
+    checkpoint_close(c);
+    tiny_close(&t);
+    free(dir), free(dst), free(cmd), free(shard);
 }
