@@ -261,6 +261,18 @@ TEST(ops_attention_masks) {
     }
 }
 
+TEST(ops_attention_many_key_tiles) { /* Sk over several key tiles of the online softmax */
+    const dtype_t dts[] = {DT_F32, DT_BF16};
+    for (int d = 0; d < 2; d++) {
+        attention_case(&(attn_case){.Sq = 70, .Sk = 1100, .Hq = 2, .Hkv = 1, .hd = 16, .dt = dts[d]});
+        attention_case(&(attn_case){.Sq = 70, .Sk = 1100, .Hq = 2, .Hkv = 2, .hd = 16, .causal = 1, .q_pos0 = 1030, .dt = dts[d]});
+        /* the first key tile is entirely masked: the running max starts at -inf */
+        attention_case(&(attn_case){.Sq = 40, .Sk = 1300, .Hq = 2, .Hkv = 2, .hd = 8, .masked_keys = 700, .dt = dts[d]});
+        attention_case(&(attn_case){.Sq = 40, .Sk = 1300, .Hq = 2, .Hkv = 2, .hd = 8, .causal = 1, .q_pos0 = 1260,
+                                    .masked_keys = 600, .dt = dts[d]});
+    }
+}
+
 TEST(ops_attention_all_masked) { /* every key invalid: every output row is 0 */
     tbuf q = tb_new(DT_F32, 10, 16, 0), k = tb_new(DT_F32, 20, 16, 0), v = tb_new(DT_F32, 20, 16, 0), o = tb_out(DT_F32, 10, 16);
     free(tb_rand(&q, -1, 1)); free(tb_rand(&k, -1, 1)); free(tb_rand(&v, -1, 1));
