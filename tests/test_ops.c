@@ -601,3 +601,29 @@ TEST(ops_conv2d) {
     conv_case(4, 8, 5, 3, 3, DT_F32, DT_BF16, 0);
     cpu_set_tile_budget(0);
 }
+
+TEST(ops_copy_bf16_rounding_special) { /* the vectorised f32->bf16 rounding on ties, NaN, inf, overflow, denormals */
+    const float special[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 1.0f + 0x1p-8f + 0x1p-20f, NAN, -NAN,
+                             INFINITY, -INFINITY, 3.4028235e38f, -3.4028235e38f, 1e-40f, -1e-40f, 0.0f, -0.0f,
+                             0x1.fffffep-127f, 65504.0f, 1.00390625f, 2.00781250f};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    const uint16_t want[] = {0x3f80, 0x3f82, 0xbf80, 0x3f81, 0, 0, 0x7f80, 0xff80, 0x7f80, 0xff80, 0, 0, 0x0000, 0x8000,
+                             0, 0x4780, 0x3f80, 0x4000};
+    int64_t n = 3 * ns + 5; /* several AVX2 blocks and a scalar tail */
+    float *v = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = special[i % ns];
+    tensor *x = tensor_new(cpu(), DT_F32, 1, n), *y = tensor_new(cpu(), DT_BF16, 1, n);
+    tensor_upload_f32(x, v);
+    op_copy(cpu(), y, x);
+    const uint16_t *got = y->data;
+    for (int64_t i = 0; i < n; i++) {
+        int k = (int)(i % ns);
+        uint16_t ref = f32_to_bf16(v[i]);
+        if (isnan(v[i])) CHECK((got[i] & 0x7f80) == 0x7f80 && (got[i] & 0x7f), "element %lld: NaN became 0x%04x", (long long)i, got[i]);
+        else if (want[k] || v[i] == 0.0f) CHECK(got[i] == want[k], "element %lld (%a): 0x%04x, expected 0x%04x", (long long)i, v[i], got[i], want[k]);
+        else CHECK(got[i] == ref, "element %lld (%a): 0x%04x, expected 0x%04x", (long long)i, v[i], got[i], ref);
+    }
+    free(v);
+    tensor_free(x);
+    tensor_free(y);
+}
