@@ -1,0 +1,124 @@
+/* NCCL communicator for GPU ranks (core/comm.h). The unique id travels from
+ * group rank 0 with MPI_Bcast, together with a status word so that a failure
+ * on rank 0 fails every rank instead of leaving them waiting. Collectives run
+ * on the backend's compute stream, so they are ordered with the ops around
+ * them and need no extra synchronisation.
+ *
+ * Statistics: allreduce_seconds is GPU time measured with CUDA events around
+ * each collective; pairs are harvested once their stop event has completed
+ * (at the next collective or at destroy), so the figure may lag by the
+ * collectives still in flight. */
+#include "cuda_internal.h"
+#include "../../core/comm.h"
+#include "../../core/err.h"
+#include <nccl.h>
+#include <stdlib.h>
+
+#define TIMING_PAIRS 64
+
+typedef struct {
+    ncclComm_t nccl;
+    cudaEvent_t start[TIMING_PAIRS], stop[TIMING_PAIRS];
+    int pending[TIMING_PAIRS];
+    int next;
+} nccl_impl;
+
+static void harvest(comm *c, int wait) {
+    nccl_impl *m = c->impl;
+    for (int i = 0; i < TIMING_PAIRS; i++) {
+        if (!m->pending[i]) continue;
+        if (wait) cudaEventSynchronize(m->stop[i]);
+        else if (cudaEventQuery(m->stop[i]) != cudaSuccess) { cudaGetLastError(); continue; }
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, m->start[i], m->stop[i]) == cudaSuccess) c->allreduce_seconds += ms / 1e3;
+        else cudaGetLastError();
+        m->pending[i] = 0;
+    }
+}
+
+static int nccl_error(const char *what, ncclResult_t r) {
+    return tp_error("NCCL %s failed: %s", what, ncclGetErrorString(r));
+}
+
+static int nccl_allreduce(comm *c, tensor *t) {
+    if (!tensor_contiguous(t)) tp_fatal("comm allreduce: tensor must be contiguous");
+    if (t->dtype != DT_F32 && t->dtype != DT_BF16) tp_fatal("comm allreduce: dtype %s", dtype_name(t->dtype));
+    nccl_impl *m = c->impl;
+    cudaStream_t s = cuda_stream(c->be);
+    int slot = m->next;
+    m->next = (slot + 1) % TIMING_PAIRS;
+    if (m->pending[slot]) harvest(c, 1);
+    else harvest(c, 0);
+    cudaEventRecord(m->start[slot], s);
+    ncclResult_t r = ncclAllReduce(t->data, t->data, tensor_numel(t), t->dtype == DT_F32 ? ncclFloat32 : ncclBfloat16,
+                                   ncclSum, m->nccl, s);
+    cudaEventRecord(m->stop[slot], s);
+    m->pending[slot] = 1;
+    c->n_allreduce++;
+    c->allreduce_bytes += tensor_nbytes(t);
+    return r == ncclSuccess ? 0 : nccl_error("all-reduce", r);
+}
+
+static int nccl_bcast(comm *c, tensor *t, int root) {
+    if (!tensor_contiguous(t)) tp_fatal("comm bcast: tensor must be contiguous");
+    if (c->size == 1) return 0;
+    nccl_impl *m = c->impl;
+    ncclResult_t r = ncclBroadcast(t->data, t->data, tensor_nbytes(t), ncclUint8, root, m->nccl, cuda_stream(c->be));
+    return r == ncclSuccess ? 0 : nccl_error("broadcast", r);
+}
+
+static void nccl_destroy(comm *c) {
+    nccl_impl *m = c->impl;
+    cudaStreamSynchronize(cuda_stream(c->be));
+    harvest(c, 1);
+    for (int i = 0; i < TIMING_PAIRS; i++) {
+        cudaEventDestroy(m->start[i]);
+        cudaEventDestroy(m->stop[i]);
+    }
+    ncclCommDestroy(m->nccl);
+    free(m);
+    free(c);
+}
+
+static const comm_vtable k_nccl_vt = {"nccl", nccl_allreduce, nccl_bcast, nccl_destroy};
+
+comm *comm_create_nccl(MPI_Comm group, struct backend *be) {
+    if (!be || be->kind != BACKEND_CUDA) {
+        tp_error("NCCL needs tensors on the CUDA backend; use the MPI communicator for --backend cpu");
+        return NULL;
+    }
+    int rank, size;
+    MPI_Comm_rank(group, &rank);
+    MPI_Comm_size(group, &size);
+    struct { int status; ncclUniqueId id; } msg = {0};
+    if (rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(&msg.id);
+        if (r != ncclSuccess) { nccl_error("unique id creation", r); msg.status = -1; }
+    }
+    MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, group);
+    if (msg.status) {
+        if (rank != 0) tp_error("NCCL setup failed on rank 0 of the tensor-parallel group");
+        return NULL;
+    }
+    nccl_impl *m = xcalloc(1, sizeof *m);
+    cudaSetDevice(be->device);
+    ncclResult_t r = ncclCommInitRank(&m->nccl, size, msg.id, rank);
+    if (r != ncclSuccess) {
+        tp_error("NCCL communicator setup (rank %d of %d, GPU %d) failed: %s", rank, size, be->device,
+                 ncclGetErrorString(r));
+        free(m);
+        return NULL;
+    }
+    for (int i = 0; i < TIMING_PAIRS; i++) {
+        cudaEventCreate(&m->start[i]);
+        cudaEventCreate(&m->stop[i]);
+    }
+    comm *c = xcalloc(1, sizeof *c);
+    c->vt = &k_nccl_vt;
+    c->mpi = group;
+    c->be = be;
+    c->impl = m;
+    c->rank = rank;
+    c->size = size;
+    return c;
+}

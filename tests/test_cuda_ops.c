@@ -1,0 +1,350 @@
+/* CUDA backend tests.
+ * - cuda_select_*: run in every build and on every machine (MPI, np 1/2/4):
+ *   --backend cuda must either give a working GPU backend or fail with a
+ *   clear message on every rank (no GPU here, or a build without CUDA).
+ * - TEST_GPU (only in TPGEN_CUDA builds, run by scripts/gpu-check.sh with
+ *   `tpgen_tests --gpu`): every CUDA op against the CPU backend's twin on
+ *   fresh random data, outputs poisoned with NaN first; each comparison
+ *   prints a line "# op NAME DTYPE rel_l2=... max_abs=..." for the table. */
+#include "test.h"
+#include "../kernels/ops.h"
+#include "../core/comm.h"
+#include "../core/dist.h"
+#include "../core/err.h"
+#include <stdlib.h>
+#include <string.h>
+
+TEST_MPI(cuda_select_fails_cleanly_or_works) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    tp_error_clear();
+    backend *be = NULL;
+    int st = backend_select("cuda", rank, size, &be);
+    if (!tpgen_has_cuda()) {
+        CHECK(st == -1 && !be, "a build without CUDA accepted --backend cuda");
+        CHECK(strstr(tp_error_msg(), "built without the CUDA backend") != NULL, "unclear message: %s", tp_error_msg());
+    } else if (backend_cuda_device_count() == 0) {
+        CHECK(st == -1 && !be, "--backend cuda succeeded without a GPU");
+        CHECK(strstr(tp_error_msg(), "no usable GPU") != NULL, "unclear message: %s", tp_error_msg());
+    } else {
+        CHECK(st == 0 && be && be->kind == BACKEND_CUDA, "GPU visible but no CUDA backend: %s", tp_error_msg());
+    }
+    /* the failure must reach every rank, naming the rank that failed */
+    int agreed = dist_agree(MPI_COMM_WORLD, st);
+    CHECK(agreed == st, "dist_agree gave %d for status %d", agreed, st);
+    if (st && size > 1) CHECK(strstr(tp_error_msg(), "rank 0") != NULL, "agreed message lacks the rank: %s", tp_error_msg());
+    backend_destroy(be);
+    tp_error_clear();
+}
+
+TEST(cuda_device_count_is_sane) {
+    int n = backend_cuda_device_count();
+    CHECK(n >= 0, "negative device count %d", n);
+    if (!tpgen_has_cuda()) CHECK(n == 0, "a build without CUDA reports %d GPUs", n);
+    if (n == 0) {
+        tp_error_clear();
+        CHECK(backend_cuda_create(0) == NULL && tp_error_msg()[0], "backend_cuda_create without a GPU must fail with a message");
+        tp_error_clear();
+    }
+}
+
+#ifdef TPGEN_CUDA
+
+static backend *g_gpu, *g_cpu;
+
+static int backends(void) {
+    if (!g_gpu) {
+        g_gpu = backend_cuda_create(0);
+        g_cpu = backend_cpu_create(0);
+    }
+    return g_gpu != NULL;
+}
+
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)rand() / (float)RAND_MAX; }
+
+/* the same data on both backends: owned buffers or views of a parent pair */
+typedef struct pair {
+    tensor g, c;
+    tensor *gown, *cown;
+} pair;
+
+static pair pair_new(dtype_t dt, int64_t rows, int64_t cols) {
+    pair p = {0};
+    p.gown = tensor_new(g_gpu, dt, rows, cols);
+    p.cown = tensor_new(g_cpu, dt, rows, cols);
+    if (!p.gown || !p.cown) tp_fatal("test allocation failed: %s", tp_error_msg());
+    p.g = *p.gown;
+    p.c = *p.cown;
+    return p;
+}
+static pair pair_cols(const pair *p, int64_t c0, int64_t n) {
+    pair v = {tensor_cols(&p->g, c0, n), tensor_cols(&p->c, c0, n), NULL, NULL};
+    return v;
+}
+static void pair_free(pair *p) { tensor_free(p->gown); tensor_free(p->cown); }
+
+static void pair_fill(pair *p, float lo, float hi) {
+    size_t n = tensor_numel(&p->g);
+    float *h = xmalloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = frand(lo, hi);
+    if (tensor_upload_f32(&p->g, h) || tensor_upload_f32(&p->c, h)) tp_fatal("upload: %s", tp_error_msg());
+    free(h);
+}
+static pair pair_rand(dtype_t dt, int64_t rows, int64_t cols, float lo, float hi) {
+    pair p = pair_new(dt, rows, cols);
+    pair_fill(&p, lo, hi);
+    return p;
+}
+static void pair_poison(pair *p) { pair_fill(p, NAN, NAN); }
+
+/* compare the GPU result with the CPU one; prints the table line */
+static void pair_check(pair *p, const char *op, double tol) {
+    size_t n = tensor_numel(&p->g);
+    float *a = xmalloc(n * sizeof *a), *b = xmalloc(n * sizeof *b);
+    int rc = be_sync(g_gpu) || tensor_download_f32(&p->g, a) || tensor_download_f32(&p->c, b);
+    if (rc) { test_fail(__FILE__, __LINE__, "%s: %s", op, tp_error_msg()); free(a); free(b); return; }
+    double e = rel_l2(a, b, n), m = max_abs_diff(a, b, n);
+    printf("# op %-28s %-5s rel_l2=%.3e max_abs=%.3e\n", op, dtype_name(p->g.dtype), e, m);
+    CHECK(e <= tol, "%s (%s): rel_l2 %.3e above %.1e", op, dtype_name(p->g.dtype), e, tol);
+    free(a);
+    free(b);
+}
+
+static double tol_for(dtype_t dt) { return dt == DT_F32 ? 2e-5 : 1e-2; }
+#define NEED_CPU(op) REQUIRE(g_cpu->vt->op, "the CPU backend has no " #op " yet (cpu-ops helper)")
+#define NEED_GPU() REQUIRE(backends(), "no CUDA backend: %s", tp_error_msg())
+static const dtype_t k_dts[2] = {DT_F32, DT_BF16};
+
+TEST_GPU(gpu_memory_and_transfers) {
+    NEED_GPU();
+    size_t before = g_gpu->bytes_in_use, n = (size_t)21 << 20;  /* 84 MB of f32: several staging rounds */
+    tensor *t = tensor_new(g_gpu, DT_F32, 1, (int64_t)n);
+    REQUIRE(t, "alloc: %s", tp_error_msg());
+    CHECK(g_gpu->bytes_in_use == before + n * 4 && g_gpu->peak_bytes >= g_gpu->bytes_in_use, "bytes_in_use not tracked");
+    float *h = xmalloc(n * 4), *r = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) h[i] = (float)i * 0.5f - 7.0f;
+    CHECK(tensor_upload_f32(t, h) == 0 && tensor_download_f32(t, r) == 0, "transfer: %s", tp_error_msg());
+    CHECK(!memcmp(h, r, n * 4), "round trip through the staging ring changed the data");
+    /* 2-D upload into a view, odd widths */
+    tensor v = tensor_reshape(t, 3 * 1024, (int64_t)n / (3 * 1024));
+    tensor vc = tensor_cols(&v, 5, 333);
+    CHECK(tensor_upload_f32(&vc, h) == 0 && tensor_download_f32(&vc, r) == 0, "2-D transfer: %s", tp_error_msg());
+    CHECK(!memcmp(h, r, tensor_numel(&vc) * 4), "2-D upload/download changed the data");
+    tensor_free(t);
+    CHECK(g_gpu->bytes_in_use == before, "free did not return the bytes (%zu vs %zu)", g_gpu->bytes_in_use, before);
+    tp_error_clear();
+    void *huge = be_alloc(g_gpu, (size_t)1 << 50);
+    CHECK(!huge && strstr(tp_error_msg(), "out of GPU memory") && strstr(tp_error_msg(), "--tp"),
+          "out-of-memory message: %s", tp_error_msg());
+    tp_error_clear();
+    free(h);
+    free(r);
+}
+
+TEST_GPU(gpu_nccl_single_rank) {
+    NEED_GPU();
+    comm *c = comm_create_nccl(MPI_COMM_WORLD, g_gpu);
+    REQUIRE(c, "comm_create_nccl: %s", tp_error_msg());
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    for (int d = 0; d < 2; d++) {
+        pair p = pair_rand(k_dts[d], 1, 10000, -1, 1);
+        CHECK(comm_allreduce_sum(c, &p.g) == 0, "allreduce: %s", tp_error_msg());
+        /* one rank per GPU: the sum over a group of `size` identical inputs */
+        if (size == 1) pair_check(&p, "nccl allreduce (1 rank)", 0);
+        pair_free(&p);
+    }
+    CHECK(c->n_allreduce == 2 && c->allreduce_bytes > 0, "statistics not counted");
+    comm_destroy(c);
+}
+
+TEST_GPU(gpu_gemm) {
+    NEED_GPU(); NEED_CPU(gemm);
+    for (int d = 0; d < 2; d++) {
+        dtype_t dt = k_dts[d];
+        pair x = pair_rand(dt, 77, 200, -1, 1), w = pair_rand(dt, 130, 200, -0.1f, 0.1f);
+        pair b = pair_rand(dt, 1, 130, -1, 1), y = pair_new(dt, 77, 130);
+        pair_poison(&y);
+        op_gemm(g_gpu, &y.g, &x.g, &w.g, NULL); op_gemm(g_cpu, &y.c, &x.c, &w.c, NULL);
+        pair_check(&y, "gemm", tol_for(dt));
+        pair_poison(&y);
+        op_gemm(g_gpu, &y.g, &x.g, &w.g, &b.g); op_gemm(g_cpu, &y.c, &x.c, &w.c, &b.c);
+        pair_check(&y, "gemm+bias", tol_for(dt));
+        /* views: x a column range of a wider buffer, y a column range too */
+        pair xb = pair_rand(dt, 77, 333, -1, 1), yb = pair_new(dt, 77, 300);
+        pair xv = pair_cols(&xb, 64, 200), yv = pair_cols(&yb, 32, 130);
+        pair_poison(&yb);
+        op_gemm(g_gpu, &yv.g, &xv.g, &w.g, NULL); op_gemm(g_cpu, &yv.c, &xv.c, &w.c, NULL);
+        pair_check(&yv, "gemm views", tol_for(dt));
+        pair_free(&x); pair_free(&w); pair_free(&b); pair_free(&y); pair_free(&xb); pair_free(&yb);
+    }
+    /* mixed: f32 activations, bf16 weights, f32 output */
+    pair x = pair_rand(DT_F32, 50, 96, -1, 1), w = pair_rand(DT_BF16, 40, 96, -1, 1), y = pair_new(DT_F32, 50, 40);
+    pair_poison(&y);
+    op_gemm(g_gpu, &y.g, &x.g, &w.g, NULL); op_gemm(g_cpu, &y.c, &x.c, &w.c, NULL);
+    pair_check(&y, "gemm f32 x bf16 w", 2e-5);
+    pair_free(&x); pair_free(&w); pair_free(&y);
+}
+
+TEST_GPU(gpu_copy_and_elementwise) {
+    NEED_GPU(); NEED_CPU(copy); NEED_CPU(silu); NEED_CPU(swiglu); NEED_CPU(add); NEED_CPU(gated_add);
+    for (int d = 0; d < 2; d++) {
+        dtype_t dt = k_dts[d], other = k_dts[1 - d];
+        pair x = pair_rand(dt, 33, 257, -4, 4), u = pair_rand(dt, 33, 257, -2, 2), y = pair_new(other, 33, 257);
+        pair g1 = pair_rand(dt, 1, 257, -1, 1);
+        pair_poison(&y);
+        op_copy(g_gpu, &y.g, &x.g); op_copy(g_cpu, &y.c, &x.c);
+        pair_check(&y, "copy (convert)", 0);
+        pair z = pair_new(dt, 33, 257);
+        pair_poison(&z);
+        op_silu(g_gpu, &z.g, &x.g); op_silu(g_cpu, &z.c, &x.c);
+        pair_check(&z, "silu", tol_for(dt));
+        pair_poison(&z);
+        op_swiglu(g_gpu, &z.g, &x.g, &u.g); op_swiglu(g_cpu, &z.c, &x.c, &u.c);
+        pair_check(&z, "swiglu", tol_for(dt));
+        pair_poison(&z);
+        op_add(g_gpu, &z.g, &x.g, &u.g); op_add(g_cpu, &z.c, &x.c, &u.c);
+        pair_check(&z, "add", tol_for(dt));
+        pair_poison(&z);
+        op_add(g_gpu, &z.g, &x.g, &g1.g); op_add(g_cpu, &z.c, &x.c, &g1.c);
+        pair_check(&z, "add (row broadcast)", tol_for(dt));
+        op_gated_add(g_gpu, &z.g, &g1.g, &u.g); op_gated_add(g_cpu, &z.c, &g1.c, &u.c);
+        pair_check(&z, "gated_add", tol_for(dt));
+        op_gated_add(g_gpu, &z.g, NULL, &u.g); op_gated_add(g_cpu, &z.c, NULL, &u.c);
+        pair_check(&z, "gated_add (no gate)", tol_for(dt));
+        /* a view source: columns of a wider buffer */
+        pair xb = pair_rand(dt, 33, 300, -1, 1), xv = pair_cols(&xb, 7, 257);
+        pair_poison(&z);
+        op_silu(g_gpu, &z.g, &xv.g); op_silu(g_cpu, &z.c, &xv.c);
+        pair_check(&z, "silu (view input)", tol_for(dt));
+        pair_free(&x); pair_free(&u); pair_free(&y); pair_free(&g1); pair_free(&z); pair_free(&xb);
+    }
+}
+
+TEST_GPU(gpu_norms) {
+    NEED_GPU(); NEED_CPU(layernorm_mod); NEED_CPU(rmsnorm); NEED_CPU(group_norm);
+    for (int d = 0; d < 2; d++) {
+        dtype_t dt = k_dts[d];
+        pair x = pair_rand(dt, 19, 384, -3, 5), y = pair_new(dt, 19, 384);
+        pair sh = pair_rand(dt, 1, 384, -1, 1), sc = pair_rand(dt, 1, 384, -1, 1);
+        pair_poison(&y);
+        op_layernorm_mod(g_gpu, &y.g, &x.g, &sh.g, &sc.g, 1e-6f); op_layernorm_mod(g_cpu, &y.c, &x.c, &sh.c, &sc.c, 1e-6f);
+        pair_check(&y, "layernorm_mod", tol_for(dt));
+        pair_poison(&y);
+        op_layernorm_mod(g_gpu, &y.g, &x.g, NULL, NULL, 1e-6f); op_layernorm_mod(g_cpu, &y.c, &x.c, NULL, NULL, 1e-6f);
+        pair_check(&y, "layernorm (plain)", tol_for(dt));
+        pair w = pair_rand(dt, 1, 128, 0.5f, 1.5f), wr = pair_rand(dt, 1, 384, 0.5f, 1.5f);
+        pair_poison(&y);
+        op_rmsnorm(g_gpu, &y.g, &x.g, &w.g, 128, 1e-6f); op_rmsnorm(g_cpu, &y.c, &x.c, &w.c, 128, 1e-6f);
+        pair_check(&y, "rmsnorm (per head)", tol_for(dt));
+        op_rmsnorm(g_gpu, &x.g, &x.g, &wr.g, 384, 1e-6f); op_rmsnorm(g_cpu, &x.c, &x.c, &wr.c, 384, 1e-6f);
+        pair_check(&x, "rmsnorm (row, in place)", tol_for(dt));
+        pair cx = pair_rand(dt, 64, 37 * 23, -2, 3), cy = pair_new(dt, 64, 37 * 23);
+        pair ga = pair_rand(dt, 1, 64, 0.5f, 1.5f), be = pair_rand(dt, 1, 64, -0.5f, 0.5f);
+        for (int s = 0; s < 2; s++) {
+            pair_poison(&cy);
+            op_group_norm(g_gpu, &cy.g, &cx.g, &ga.g, &be.g, 32, 1e-6f, s);
+            op_group_norm(g_cpu, &cy.c, &cx.c, &ga.c, &be.c, 32, 1e-6f, s);
+            pair_check(&cy, s ? "group_norm+silu" : "group_norm", tol_for(dt));
+        }
+        pair_free(&x); pair_free(&y); pair_free(&sh); pair_free(&sc); pair_free(&w); pair_free(&wr);
+        pair_free(&cx); pair_free(&cy); pair_free(&ga); pair_free(&be);
+    }
+}
+
+TEST_GPU(gpu_rope) {
+    NEED_GPU(); NEED_CPU(rope);
+    for (int d = 0; d < 2; d++) {
+        dtype_t dt = k_dts[d];
+        for (int mode = 0; mode < 2; mode++) {
+            int hd = 64, S = 45;
+            pair x = pair_rand(dt, S, 3 * hd, -2, 2);
+            pair cs = pair_rand(DT_F32, S, hd, -1, 1), sn = pair_rand(DT_F32, S, hd, -1, 1);
+            op_rope(g_gpu, &x.g, &cs.g, &sn.g, hd, (rope_mode)mode);
+            op_rope(g_cpu, &x.c, &cs.c, &sn.c, hd, (rope_mode)mode);
+            pair_check(&x, mode ? "rope (half)" : "rope (interleaved)", tol_for(dt));
+            pair_free(&x); pair_free(&cs); pair_free(&sn);
+        }
+    }
+}
+
+/* one attention case on both backends; kv_valid: NULL or host flags [sk] */
+static void attn_case(const char *name, dtype_t dt, int sq, int sk, int hq, int hkv, int hd, int causal,
+                      int64_t q_pos0, const int32_t *kv_valid, int misalign) {
+    pair q = pair_rand(dt, sq, (int64_t)hq * hd + misalign, -2, 2), k = pair_rand(dt, sk, (int64_t)hkv * hd, -2, 2);
+    pair v = pair_rand(dt, sk, (int64_t)hkv * hd, -1, 1), o = pair_new(dt, sq, (int64_t)hq * hd);
+    pair qv = pair_cols(&q, misalign, (int64_t)hq * hd);  /* misalign > 0 forces the generic kernel */
+    tensor *mg = NULL, *mc = NULL;
+    if (kv_valid) {
+        mg = tensor_new(g_gpu, DT_I32, 1, sk);
+        mc = tensor_new(g_cpu, DT_I32, 1, sk);
+        tensor_upload_raw(mg, kv_valid);
+        tensor_upload_raw(mc, kv_valid);
+    }
+    attn_params pg = {hq, hkv, hd, 1.0f / sqrtf((float)hd), causal, q_pos0, mg}, pc = pg;
+    pc.key_valid = mc;
+    pair_poison(&o);
+    op_attention(g_gpu, &o.g, &qv.g, &k.g, &v.g, &pg);
+    op_attention(g_cpu, &o.c, &qv.c, &k.c, &v.c, &pc);
+    pair_check(&o, name, dt == DT_F32 ? 1e-5 : 1.5e-2);
+    tensor_free(mg); tensor_free(mc);
+    pair_free(&q); pair_free(&k); pair_free(&v); pair_free(&o);
+}
+
+TEST_GPU(gpu_attention) {
+    NEED_GPU(); NEED_CPU(attention);
+    int32_t valid[300];
+    for (int i = 0; i < 300; i++) valid[i] = (i % 7) != 3 && i < 250;
+    for (int d = 0; d < 2; d++) {
+        dtype_t dt = k_dts[d];
+        attn_case("attention hd128", dt, 200, 200, 3, 3, 128, 0, 0, NULL, 0);
+        attn_case("attention hd128 generic", dt, 100, 150, 2, 2, 128, 0, 0, NULL, 1);
+        attn_case("attention hd128 GQA+causal", dt, 130, 130, 4, 2, 128, 1, 0, NULL, 0);
+        attn_case("attention causal q_pos0", dt, 37, 300, 2, 1, 128, 1, 263, NULL, 0);
+        attn_case("attention key_valid", dt, 90, 300, 2, 2, 128, 0, 0, valid, 0);
+        /* left padding as in Mistral: the first rows see nothing (causal) -> 0 */
+        int32_t left[80];
+        for (int i = 0; i < 80; i++) left[i] = i >= 20;
+        attn_case("attention fully masked rows", dt, 80, 80, 2, 2, 128, 1, 0, left, 0);
+        attn_case("attention fully masked (generic)", dt, 80, 80, 2, 2, 64, 1, 0, left, 0);
+        attn_case("attention hd64", dt, 70, 90, 3, 1, 64, 0, 0, NULL, 0);
+        attn_case("attention hd512 (VAE)", dt, 96, 96, 1, 1, 512, 0, 0, NULL, 0);
+        attn_case("attention hd16", dt, 33, 47, 2, 2, 16, 1, 5, NULL, 0);
+    }
+}
+
+TEST_GPU(gpu_image_ops) {
+    NEED_GPU(); NEED_CPU(conv2d); NEED_CPU(upsample2x); NEED_CPU(transpose); NEED_CPU(gather_rows);
+    for (int d = 0; d < 2; d++) {
+        dtype_t dt = k_dts[d];
+        int h = 13, wd = 17, cin = 24, cout = 20;
+        pair x = pair_rand(dt, cin, h * wd, -1, 1), y = pair_new(dt, cout, h * wd), b = pair_rand(dt, 1, cout, -1, 1);
+        for (int k = 1; k <= 3; k += 2) {
+            pair w = pair_rand(dt, cout, (int64_t)cin * k * k, -0.2f, 0.2f);
+            pair_poison(&y);
+            op_conv2d(g_gpu, &y.g, &x.g, &w.g, &b.g, h, wd, k); op_conv2d(g_cpu, &y.c, &x.c, &w.c, &b.c, h, wd, k);
+            pair_check(&y, k == 1 ? "conv2d 1x1+bias" : "conv2d 3x3+bias", tol_for(dt));
+            pair_poison(&y);
+            op_conv2d(g_gpu, &y.g, &x.g, &w.g, NULL, h, wd, k); op_conv2d(g_cpu, &y.c, &x.c, &w.c, NULL, h, wd, k);
+            pair_check(&y, k == 1 ? "conv2d 1x1" : "conv2d 3x3", tol_for(dt));
+            pair_free(&w);
+        }
+        pair up = pair_new(dt, cin, 4 * h * wd);
+        pair_poison(&up);
+        op_upsample2x(g_gpu, &up.g, &x.g, h, wd); op_upsample2x(g_cpu, &up.c, &x.c, h, wd);
+        pair_check(&up, "upsample2x", 0);
+        pair t = pair_new(dt, h * wd, cin);
+        pair_poison(&t);
+        op_transpose(g_gpu, &t.g, &x.g); op_transpose(g_cpu, &t.c, &x.c);
+        pair_check(&t, "transpose", 0);
+        pair table = pair_rand(dt, 50, 72, -1, 1), g = pair_new(dt, 9, 72);
+        int32_t ids[9] = {100, 101, 149, 99, 150, 120, 7, 100, 133};  /* shard rows [100, 150) */
+        pair_poison(&g);
+        op_gather_rows(g_gpu, &g.g, &table.g, ids, 9, 100); op_gather_rows(g_cpu, &g.c, &table.c, ids, 9, 100);
+        pair_check(&g, "gather_rows (sharded)", 0);
+        pair_free(&x); pair_free(&y); pair_free(&b); pair_free(&up); pair_free(&t); pair_free(&table); pair_free(&g);
+    }
+}
+
+#endif /* TPGEN_CUDA */
