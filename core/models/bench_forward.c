@@ -5,6 +5,7 @@
  * same shapes, and the share of time in all-reduce and attention, with
  * fused (one all-reduce per sub-layer) and unfused all-reduces. */
 #include "flux2_impl.h"
+#include "../comm.h"
 #include "../dist.h"
 #include "../err.h"
 #include <cblas.h>
@@ -161,6 +162,37 @@ static void report(const dist *d, dtype_t prec, int fused, const flux2_stats *s,
     fflush(stdout);
 }
 
+/* The all-reduce pattern of one double-block sub-layer alone: one call on
+ * the joint [S, D] partial (fused) against two calls on the text [L, D] and
+ * image [N, D] row ranges (unfused); best of `reps` each, in seconds. */
+static int allreduce_pattern(const dist *d, backend *be, comm *c, dtype_t dt, int64_t N, int64_t L, int64_t D,
+                             double *fused, double *unfused) {
+    tensor *t = tensor_new(be, dt, N + L, D);
+    if (dist_agree(d->tp_comm, t ? 0 : -1)) return -1;
+    be->vt->memset0(be, t->data, tensor_nbytes(t));
+    tensor txt = tensor_rows(t, 0, L), img = tensor_rows(t, L, N);
+    *fused = *unfused = 1e300;
+    int rc = 0;
+    for (int rep = 0; rep < 10 && !rc; rep++) {
+        MPI_Barrier(d->tp_comm);
+        double t0 = MPI_Wtime();
+        rc |= comm_allreduce_sum(c, t);
+        be_sync(be);
+        double t1 = MPI_Wtime();
+        MPI_Barrier(d->tp_comm);
+        double t2 = MPI_Wtime();
+        rc |= comm_allreduce_sum(c, &img);
+        rc |= comm_allreduce_sum(c, &txt);
+        be_sync(be);
+        double t3 = MPI_Wtime();
+        if (t1 - t0 < *fused) *fused = t1 - t0;
+        if (t3 - t2 < *unfused) *unfused = t3 - t2;
+    }
+    tensor_free(t);
+    *fused = max_all(d, *fused), *unfused = max_all(d, *unfused);
+    return dist_agree(d->tp_comm, rc);
+}
+
 static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dtype_t prec) {
     flux2_config cfg = klein4b_widths(o);
     flux2_model *m;
@@ -176,6 +208,10 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
         rc = timed_forwards(o, d, m, &in, fused ? &shapes : NULL, &s);
         if (!rc) report(d, prec, fused, &s, fused ? &shapes : NULL);
     }
+    double fu, un;
+    if (!rc && d->tp > 1 && !allreduce_pattern(d, be, c, prec, in.N, in.L, cfg.D, &fu, &un) && d->tp_rank == 0)
+        printf("     all-reduce of one sub-layer's partials alone (best of 10): fused %.3f ms (1 call, [%lld, %lld]) "
+               "vs unfused %.3f ms (2 calls)\n", fu * 1e3, (long long)(in.N + in.L), (long long)cfg.D, un * 1e3);
     free(shapes.s);
     inputs_free(&in);
     flux2_free(m);
