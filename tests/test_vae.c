@@ -607,3 +607,33 @@ TEST(vae_golden_klein_tiny_e2e) {
     free(dir);
     free(e2e);
 }
+
+/* The decoder's peak activation memory is its design live set: the first
+ * ResNet of the last up block (channel change, full resolution) holds the
+ * shortcut, its input normalised in place, and one output-sized buffer,
+ * i.e. 2 x cout + cin channels; upsampling never holds the whole upsampled
+ * image. Catches buffers that stay alive or an unbanded upsampler. */
+TEST(vae_peak_memory_bounded) {
+    vae_config c = {.latent_channels = 4, .n_blocks = 3, .block_out = {16, 32, 32}, .layers_per_block = 1,
+                    .norm_groups = 8, .out_channels = 3, .mid_attention = 1, .post_quant_conv = 1,
+                    .bn_eps = 1e-4f, .norm_eps = 1e-6f};
+    backend *be = backend_cpu_create(1);
+    vae_model *v = NULL;
+    REQUIRE(vae_create_random(&c, be, DT_F32, 5, &v) == 0, "%s", tp_error_msg());
+    int hl = 8, wl = 8, H = hl * 8, W = wl * 8;
+    float *lat = rand_array((size_t)hl * wl * 16, -2, 2);
+    uint8_t *rgb = malloc((size_t)H * W * 3);
+    size_t base = be->bytes_in_use;
+    be->peak_bytes = base;
+    REQUIRE(vae_decode_packed(v, lat, hl, wl, NULL, rgb) == 0, "%s", tp_error_msg());
+    double A = 16.0 * H * W * 4;   /* one 16-channel full-resolution f32 activation */
+    double peak = (double)(be->peak_bytes - base);
+    printf("# vae peak activations %.2f x A\n", peak / A);
+    CHECK(peak <= 4.0 * A * 1.02, "peak activations %.0f bytes > 4 x %.0f (skip + a + 2x-wide input)", peak, A);
+    CHECK(peak >= 3.0 * A, "peak %.0f bytes is below the live set 4 x %.0f: is peak_bytes tracked?", peak, A);
+    CHECK(be->bytes_in_use == base, "decode left %zu bytes allocated", be->bytes_in_use - base);
+    vae_free(v);
+    free(lat);
+    free(rgb);
+    backend_destroy(be);
+}

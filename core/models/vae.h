@@ -48,7 +48,7 @@ void vae_free(vae_model *v);
 const vae_config *vae_get_config(const vae_model *v);
 /* Bytes of backend memory the weights occupy. */
 size_t vae_weight_bytes(const vae_model *v);
-/* Cap on the per-band working buffers of the banded convolutions (bytes;
+/* Cap on the per-band buffers of the banded upsampling convolutions (bytes;
  * default 64 MB). Smaller caps mean more, thinner row bands. */
 void vae_set_band_bytes(vae_model *v, size_t bytes);
 

@@ -2,11 +2,10 @@
  * pipeline tail around it (§6.2, §6.5).
  *
  * Memory: activations come from a small pool of reusable backend buffers
- * (released at the end of each decode), and the 3x3 convolutions run in
- * bands of output rows, so that the upsampled input of an upsampler and any
- * convolution workspace exist one band at a time instead of at full
- * resolution. The largest live set is a ResNet at full resolution: its
- * input, the normalised input and one output-sized buffer. */
+ * (released at the end of each decode), and the upsamplers run in bands of
+ * output rows, so that the upsampled image exists one band at a time. The
+ * largest live set is the first ResNet of the last up block at full
+ * resolution: its input (normalised in place) and two output-sized buffers. */
 #include "vae_internal.h"
 #include "../err.h"
 #include <math.h>
@@ -14,6 +13,17 @@
 #include <string.h>
 
 /* ---- activation pool ---- */
+
+/* Free the idle buffers (after the banded passes, whose band-sized
+ * buffers would otherwise stay allocated through the next ResNet). */
+static void pool_trim(vae_model *v) {
+    for (int i = 0; i < VAE_POOL_MAX; i++)
+        if (v->pool[i].data && !v->pool[i].busy) {
+            be_free(v->be, v->pool[i].data);
+            v->pool[i].data = NULL;
+            v->pool[i].cap = 0;
+        }
+}
 
 static int pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out) {
     size_t need = (size_t)rows * (size_t)cols * dtype_size(v->dt);
@@ -25,12 +35,7 @@ static int pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out) {
     if (best < 0) {
         /* nothing idle is big enough: give the idle buffers back first, so
          * that the peak stays near the live set */
-        for (int i = 0; i < VAE_POOL_MAX; i++)
-            if (v->pool[i].data && !v->pool[i].busy) {
-                be_free(v->be, v->pool[i].data);
-                v->pool[i].data = NULL;
-                v->pool[i].cap = 0;
-            }
+        pool_trim(v);
         for (int i = 0; i < VAE_POOL_MAX && best < 0; i++)
             if (!v->pool[i].data) best = i;
         if (best < 0) tp_fatal("vae: activation pool exhausted (more than %d live buffers)", VAE_POOL_MAX);
@@ -57,58 +62,57 @@ static void pool_release(vae_model *v) {
     }
 }
 
-/* ---- banded 3x3 convolution ---- */
+/* ---- 3x3 convolution, banded when it upsamples ---- */
 
-/* Output rows per band: the band's upsampled input, its output and an
- * im2col-sized workspace (Cin*9 per pixel, f32) must fit in band_bytes. */
-static int64_t band_rows(const vae_model *v, int64_t cin, int64_t cout, int64_t W, int upsample) {
-    size_t es = dtype_size(v->dt);
-    size_t per_row = (size_t)W * ((size_t)(upsample ? cin : 0) * es + (size_t)cout * es + (size_t)cin * 9 * 4);
-    int64_t rows = (int64_t)(v->band_bytes / (per_row ? per_row : 1));
+/* Output rows per band of an upsampling convolution: the band's upsampled
+ * input and its output must fit in band_bytes, and in a quarter of the
+ * output's size so that the bands never dominate the peak. (The backends'
+ * conv2d already bounds its own im2col workspace.) */
+static int64_t band_rows(const vae_model *v, int64_t cin, int64_t cout, int64_t H, int64_t W) {
+    size_t es = dtype_size(v->dt), per_row = (size_t)W * (size_t)(cin + cout) * es;
+    size_t budget = (size_t)cout * (size_t)H * (size_t)W * es / 4;
+    if (v->band_bytes < budget) budget = v->band_bytes;
+    int64_t rows = (int64_t)(budget / (per_row ? per_row : 1));
     return rows < 1 ? 1 : rows;
 }
 
 /* y [Cout, H*W] = conv3x3(up ? upsample2x(x) : x) with zero padding, where
- * x is [Cin, h*wd] and (H, W) = up ? (2h, 2wd) : (h, wd). Each band of
- * output rows [r0, r1) is computed from input rows [r0-1, r1+1) (clipped:
- * the image border is the zero padding), and only rows [r0, r1) are kept. */
+ * x is [Cin, h*wd] and (H, W) = up ? (2h, 2wd) : (h, wd).
+ * An upsampling convolution never materialises the whole upsampled image
+ * (at 1024² that is a [256, 1024²] buffer): each band of output rows
+ * [r0, r1) is computed from upsampled rows [r0-1, r1+1) (clipped: the image
+ * border is the zero padding), and only rows [r0, r1) are kept. */
 static int conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b,
                         int64_t h, int64_t wd, int up) {
-    int64_t H = up ? 2 * h : h, W = up ? 2 * wd : wd;
-    int64_t B = band_rows(v, x->rows, y->rows, W, up);
-    if (B >= H && !up) {
+    if (!up) {
         op_conv2d(v->be, y, x, w, b, h, wd, 3);
         return 0;
     }
+    int64_t H = 2 * h, W = 2 * wd;
+    int64_t B = band_rows(v, x->rows, y->rows, H, W);
     for (int64_t r0 = 0; r0 < H; r0 += B) {
         int64_t r1 = r0 + B < H ? r0 + B : H;
         int64_t ia = r0 > 0 ? r0 - 1 : 0, ib = r1 < H ? r1 + 1 : H;
-        int64_t ba = ia, bb = ib;
-        tensor upb = {0}, in;
-        if (up) {
-            int64_t sa = ia / 2, sb = (ib + 1) / 2;   /* source rows covering [ia, ib) */
-            ba = 2 * sa;
-            bb = 2 * sb;
-            if (pool_get(v, x->rows, (bb - ba) * W, &upb)) return -1;
-            tensor src = tensor_cols(x, sa * wd, (sb - sa) * wd);
-            op_upsample2x(v->be, &upb, &src, sb - sa, wd);
-            in = upb;
-        } else {
-            in = tensor_cols(x, ba * W, (bb - ba) * W);
-        }
+        int64_t sa = ia / 2, sb = (ib + 1) / 2;   /* source rows covering [ia, ib) */
+        int64_t ba = 2 * sa, bb = 2 * sb;
+        tensor upb;
+        if (pool_get(v, x->rows, (bb - ba) * W, &upb)) return -1;
+        tensor src = tensor_cols(x, sa * wd, (sb - sa) * wd);
+        op_upsample2x(v->be, &upb, &src, sb - sa, wd);
         if (ba == 0 && bb == H && r0 == 0 && r1 == H) {   /* one band: straight into y */
-            op_conv2d(v->be, y, &in, w, b, H, W, 3);
+            op_conv2d(v->be, y, &upb, w, b, H, W, 3);
         } else {
             tensor tmp;
             if (pool_get(v, y->rows, (bb - ba) * W, &tmp)) return -1;
-            op_conv2d(v->be, &tmp, &in, w, b, bb - ba, W, 3);
+            op_conv2d(v->be, &tmp, &upb, w, b, bb - ba, W, 3);
             tensor keep = tensor_cols(&tmp, (r0 - ba) * W, (r1 - r0) * W);
             tensor dst = tensor_cols(y, r0 * W, (r1 - r0) * W);
             op_copy(v->be, &dst, &keep);
             pool_put(v, &tmp);
         }
-        if (up) pool_put(v, &upb);
+        pool_put(v, &upb);
     }
+    pool_trim(v);
     return 0;
 }
 
