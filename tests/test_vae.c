@@ -637,3 +637,13 @@ TEST(vae_peak_memory_bounded) {
     free(rgb);
     backend_destroy(be);
 }
+
+/* The same golden decode on the CUDA backend (tpgen_tests --gpu). */
+TEST_GPU(vae_golden_cuda) {
+    backend *be = backend_cuda_create(0);
+    REQUIRE(be, "%s", tp_error_msg());
+    check_golden(be, "cuda f32", DT_F32, 0, 1e-6, 1e-4, 1);
+    check_golden(be, "cuda f32 1-row bands", DT_F32, 1, 1e-6, 1e-4, 1);
+    check_golden(be, "cuda bf16", DT_BF16, 0, 1e-2, 3e-2, 8);
+    backend_destroy(be);
+}

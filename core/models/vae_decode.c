@@ -50,7 +50,7 @@ static int pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out) {
 
 static void pool_put(vae_model *v, const tensor *t) {
     for (int i = 0; i < VAE_POOL_MAX; i++)
-        if (v->pool[i].data == t->data) { v->pool[i].busy = 0; return; }
+        if (v->pool[i].data == t->data && v->pool[i].busy) { v->pool[i].busy = 0; return; }
     tp_fatal("vae: buffer returned to the pool twice or not from it");
 }
 
