@@ -250,13 +250,11 @@ __global__ void __launch_bounds__(128) k_attn_wmma(attn_args a) {
 
 static int aligned16(const void *p, int64_t ld) { return ((uintptr_t)p % 16) == 0 && ld % 8 == 0; }
 
+/* TPGEN_CUDA_ATTENTION=generic forces the generic kernel (benchmarks, and a
+ * fallback should the tensor-core kernel misbehave on some GPU) */
 static int use_wmma(const attn_args &a) {
-    static int forced_generic = -1;
-    if (forced_generic < 0) {
-        const char *e = getenv("TPGEN_CUDA_ATTENTION");
-        forced_generic = e && !strcmp(e, "generic");
-    }
-    if (forced_generic || a.hd != WM_HD) return 0;
+    const char *e = getenv("TPGEN_CUDA_ATTENTION");
+    if ((e && !strcmp(e, "generic")) || a.hd != WM_HD) return 0;
     if (a.qdt != DT_BF16 || a.kdt != DT_BF16 || a.vdt != DT_BF16 || a.odt != DT_BF16) return 0;
     return aligned16(a.q, a.qld) && aligned16(a.k, a.kld) && aligned16(a.v, a.vld);
 }
