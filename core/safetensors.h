@@ -39,6 +39,8 @@ int64_t st_numel(const st_tensor_info *t);
 
 /* Read a tensor's bytes as stored into dst (end - begin bytes). */
 int st_read_raw(const st_file *f, const st_tensor_info *t, void *dst);
+/* Read n bytes at absolute file offset off (a shard's byte range). */
+int st_read_range(const st_file *f, uint64_t off, void *dst, size_t n);
 /* Read a float tensor (F32/BF16/F16/F64) converted to a malloc'ed f32 array. */
 int st_read_f32(const st_file *f, const char *name, float **out, const st_tensor_info **info);
 /* Read an integer tensor (I64/I32/I16/I8/U8/BOOL) converted to malloc'ed int64. */
@@ -55,5 +57,13 @@ typedef struct st_write_tensor {
 /* Write n tensors and optional metadata (meta_kv = {key, value, ..., NULL})
  * to path atomically: a temporary file in the same directory, then rename. */
 int st_write(const char *path, const st_write_tensor *t, int n, const char *const *meta_kv);
+
+/* Streaming variant for checkpoints too large for memory: a tensor whose
+ * data is NULL gets its bytes from fill(ctx, index, buf, offset, n) in
+ * chunks, or, when fill is NULL too, is left as a hole (a sparse file of
+ * zeros: header-only checkpoints with real shapes for tests). */
+typedef int (*st_fill_fn)(void *ctx, int index, void *buf, size_t offset, size_t n);
+int st_write_stream(const char *path, const st_write_tensor *t, int n, const char *const *meta_kv,
+                    st_fill_fn fill, void *ctx);
 
 #endif

@@ -22,7 +22,14 @@ typedef struct load_opts {
     /* optional filter: load only tensors for which want(name, ctx) != 0 */
     int (*want)(const char *name, void *ctx);
     void *want_ctx;
+    int use_mmap;               /* 0: pread (default); 1: copy from an mmap of each file */
+    size_t staging_cap;         /* host staging bound in bytes (0: WEIGHTS_STAGING_CAP) */
 } load_opts;
+
+/* Host staging never exceeds this per rank (CUDA copies go through it, as
+ * do dtype conversions); the CPU backend reads same-dtype tensors straight
+ * into their memory and needs none. */
+#define WEIGHTS_STAGING_CAP ((size_t)64 << 20)
 
 typedef struct load_stats {
     uint64_t bytes_read;        /* bytes read from files by this rank */
@@ -37,6 +44,22 @@ typedef struct load_stats {
 /* Validate (plan_validate) then load. p may be NULL (all replicated). */
 int weights_load(const checkpoint *c, const plan *p, const load_opts *o, weights **out,
                  load_stats *st);
+/* What rank `rank` of tp would hold, without reading any weight byte:
+ * bytes in the checkpoint's dtype, and the largest local tensor (the
+ * staging a device backend needs is min(that, WEIGHTS_STAGING_CAP)).
+ * Validates the plan first. */
+typedef struct load_estimate {
+    uint64_t bytes_replicated, bytes_sharded;
+    uint64_t max_local_tensor;
+    uint64_t max_staging;
+    int n_tensors, n_sharded;
+} load_estimate;
+int weights_estimate(const checkpoint *c, const plan *p, int tp, int rank, load_estimate *out);
+
+/* Number of loaded tensors and the i-th name (sorted), for iteration. */
+int weights_count(const weights *w);
+const char *weights_name(const weights *w, int i);
+
 /* The loaded tensor, or NULL when the checkpoint has no such tensor. */
 const tensor *weights_get(const weights *w, const char *name);
 /* Like weights_get with a printf-style name, but a missing tensor is an

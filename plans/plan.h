@@ -43,9 +43,19 @@ typedef struct plan {
     int64_t div_values[4];
 } plan;
 
+/* Add a symbol / a divisor to a plan (plan_* constructors use these). */
+void plan_add_symbol(plan *p, const char *name, int64_t value);
+void plan_add_divisor(plan *p, const char *name, int64_t value);
+
 /* The FLUX.2 transformer plan (spec flux2-transformer.md §7.2), with its
  * symbols (D, M) and divisors (heads) taken from config.json. */
 int plan_flux2(const json_t *config, plan *out);
+
+/* The plan of a pipeline component ("transformer", "text_encoder", ...),
+ * chosen by a small table in plan.c (add a row for a new component).
+ * Returns 1 with an empty plan when the component has none (everything
+ * replicated), 0 when *out was filled, -1 on a bad config. */
+int plan_for_component(const char *component, const json_t *config, plan *out);
 
 /* How one tensor maps onto a rank. */
 typedef struct shard_info {
@@ -55,7 +65,32 @@ typedef struct shard_info {
     int64_t blocks[8];          /* absolute sizes along the split dim */
     int64_t global_rows, global_cols;   /* 2-D view: rows = shape[0], cols = prod(shape[1:]) */
     int64_t local_rows, local_cols;
+    int rule;                   /* index of the matching rule, -1 when replicated */
+    int64_t split_len;          /* length of the split dim (shape[0] or shape[1]) */
+    int64_t unit;               /* elements per index of the split dim (row-major stride) */
 } shard_info;
+
+/* One piece of a rank's shard as a 2-D copy, in elements of the tensor:
+ * `height` runs of `width` elements; run i starts at element
+ * src_off + i*src_pitch of the stored tensor and goes to element
+ * dst_off + i*dst_pitch of the local (contiguous) tensor. A contiguous
+ * range is height 1. Spec flux2-transformer.md §8.2. */
+typedef struct shard_piece {
+    int64_t src_off, src_pitch, width, height, dst_off, dst_pitch;
+} shard_piece;
+
+#define PLAN_MAX_PIECES 8
+
+/* The pieces rank `rank` of tp reads for shard si (in block order); returns
+ * their number (1 for replicated, colwise and rowwise; one per block for
+ * the packed styles). */
+int plan_shard_pieces(const shard_info *si, int tp, int rank, shard_piece pieces[PLAN_MAX_PIECES]);
+
+/* Elements of a tensor that a rank holds: local_rows * local_cols. */
+static inline int64_t shard_local_numel(const shard_info *si) { return si->local_rows * si->local_cols; }
+
+/* Look a symbol up ("D"); -1 when the plan has none of that name. */
+int64_t plan_symbol(const plan *p, const char *name);
 
 /* Resolve and validate a plan against a checkpoint for degree tp: every
  * glob must match at least one tensor, every divisibility rule must hold.

@@ -1,6 +1,8 @@
 /* The CPU backend: host memory, OpenBLAS + OpenMP compute. Memory blocks
  * carry a small header with their size so that bytes_in_use and peak_bytes
- * stay exact. The compute ops live in the other files of this folder. */
+ * stay exact. The compute ops live in the other files of this folder
+ * (cpu_gemm.c, cpu_attention.c, cpu_norm.c, cpu_eltwise.c, cpu_layout.c,
+ * cpu_conv.c). */
 #include "cpu_ops.h"
 #include "../../core/err.h"
 #include <stdlib.h>
@@ -42,7 +44,21 @@ static const backend_vtable k_cpu_vt = {
     .name = "cpu",
     .alloc = cpu_alloc, .free = cpu_free, .upload = cpu_upload, .download = cpu_download,
     .upload2d = cpu_upload2d, .memset0 = cpu_memset0, .sync = cpu_sync, .destroy = cpu_destroy,
-    /* compute ops: see cpu_ops.h */
+    .gemm = cpu_gemm,
+    .copy = cpu_copy,
+    .layernorm_mod = cpu_layernorm_mod,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .silu = cpu_silu,
+    .add = cpu_add,
+    .gated_add = cpu_gated_add,
+    .gather_rows = cpu_gather_rows,
+    .conv2d = cpu_conv2d,
+    .group_norm = cpu_group_norm,
+    .upsample2x = cpu_upsample2x,
+    .transpose = cpu_transpose,
 };
 
 backend *backend_cpu_create(int threads) {

@@ -1,9 +1,53 @@
-/* CPU implementations of the op interface (kernels/ops.h). */
+/* CPU implementations of the op interface (kernels/ops.h). Each function has
+ * the signature of its vtable entry; cpu_backend.c puts them in the table. */
 #ifndef TPGEN_CPU_OPS_H
 #define TPGEN_CPU_OPS_H
 #include "../ops.h"
 
 /* Set the OpenMP / OpenBLAS thread count for this process (<= 0: leave). */
 void cpu_set_threads(int threads);
+
+/* Testing hook: cap the scratch the tiled ops use (GEMM x chunks, the conv
+ * im2col band) at `bytes` so that small tests cross tile boundaries;
+ * 0 restores the defaults. */
+void cpu_set_tile_budget(size_t bytes);
+size_t cpu_tile_budget(size_t default_bytes);
+
+/* cpu_gemm.c */
+void cpu_gemm(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
+/* 1 when the AVX512-BF16 GEMM kernel is compiled in and the CPU supports it */
+int cpu_has_avx512bf16(void);
+/* Force the portable bf16-weight GEMM path (tile conversion + sgemm) even
+ * when AVX512-BF16 is available: for benchmarks and tests. */
+void cpu_gemm_force_portable(int on);
+
+/* cpu_attention.c */
+void cpu_attention(backend *, tensor *o, const tensor *q, const tensor *k, const tensor *v,
+                   const attn_params *p);
+
+/* cpu_norm.c */
+void cpu_layernorm_mod(backend *, tensor *y, const tensor *x, const tensor *shift,
+                       const tensor *scale, float eps);
+void cpu_rmsnorm(backend *, tensor *y, const tensor *x, const tensor *w, int group, float eps);
+void cpu_group_norm(backend *, tensor *y, const tensor *x, const tensor *gamma,
+                    const tensor *beta, int groups, float eps, int apply_silu);
+
+/* cpu_eltwise.c */
+void cpu_copy(backend *, tensor *y, const tensor *x);
+void cpu_rope(backend *, tensor *x, const tensor *cos, const tensor *sin, int head_dim, rope_mode mode);
+void cpu_swiglu(backend *, tensor *y, const tensor *gate, const tensor *up);
+void cpu_silu(backend *, tensor *y, const tensor *x);
+void cpu_add(backend *, tensor *y, const tensor *a, const tensor *b);
+void cpu_gated_add(backend *, tensor *x, const tensor *gate, const tensor *y);
+
+/* cpu_layout.c */
+void cpu_gather_rows(backend *, tensor *y, const tensor *table, const int32_t *ids, int64_t n,
+                     int64_t row0);
+void cpu_upsample2x(backend *, tensor *y, const tensor *x, int64_t h, int64_t wd);
+void cpu_transpose(backend *, tensor *y, const tensor *x);
+
+/* cpu_conv.c */
+void cpu_conv2d(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
+                int64_t h, int64_t wd, int k);
 
 #endif

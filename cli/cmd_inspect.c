@@ -1,0 +1,167 @@
+/* `tpgen inspect --model DIR [--component transformer] [--tp N] [--json] [--summary]`:
+ * the TP plan of one component without reading any weight byte: per
+ * tensor its style and global/local shape, the validation result, and
+ * per rank the bytes it holds (replicated + sharded, in the checkpoint's
+ * dtype) and the largest host staging buffer it needs. One process
+ * computes every rank of the requested tp. */
+#include "commands.h"
+#include "../core/err.h"
+#include "../core/weights.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct inspect_args {
+    const char *model, *component;
+    int tp, json, summary;
+} inspect_args;
+
+static int usage(FILE *f) {
+    fprintf(f, "usage: tpgen inspect --model DIR [--component NAME] [--tp N] [--json] [--summary]\n\n"
+               "Shows how NAME (default transformer) of the pipeline folder DIR is split over N ranks\n"
+               "(default 1): each tensor's style and global/local shape, whether the split is valid,\n"
+               "and per rank the weight bytes and the largest staging buffer. Reads headers only.\n"
+               "  --json     one JSON object: tp, valid, error, ranks[{rank, weight_bytes, ...}], tensors\n"
+               "  --summary  leave out the per-tensor table\n");
+    return 2;
+}
+
+static int parse(int argc, char **argv, inspect_args *a) {
+    *a = (inspect_args){.component = "transformer", .tp = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(k, "--help") || !strcmp(k, "-h")) return usage(stdout), 1;
+        else if (!strcmp(k, "--json")) a->json = 1;
+        else if (!strcmp(k, "--summary")) a->summary = 1;
+        else if (v && !strcmp(k, "--model")) a->model = v, i++;
+        else if (v && !strcmp(k, "--component")) a->component = v, i++;
+        else if (v && !strcmp(k, "--tp")) {
+            char *end;
+            long t = strtol(v, &end, 10);
+            if (*end || t < 1 || t > 4096) return tp_error("--tp must be a positive integer (got '%s')", v);
+            a->tp = (int)t, i++;
+        } else return tp_error("inspect: unknown or incomplete option '%s' (see tpgen inspect --help)", k);
+    }
+    if (!a->model) return tp_error("inspect needs --model DIR (a diffusers pipeline folder)");
+    return 0;
+}
+
+/* Local shape in the file's dimensions: the split dim divided by tp. */
+static void local_shape(const shard_info *si, int tp, int64_t *out) {
+    const st_tensor_info *t = si->info;
+    for (int d = 0; d < t->ndim; d++) out[d] = t->shape[d];
+    if (si->style == STYLE_REPLICATED) return;
+    int dim = si->style == STYLE_COLWISE || si->style == STYLE_PACKED_COLWISE ? 0 : 1;
+    out[dim] /= tp;
+}
+
+static json_t *shape_json(const int64_t *s, int n) {
+    json_t *a = json_array();
+    for (int d = 0; d < n; d++) json_array_append_new(a, json_integer(s[d]));
+    return a;
+}
+
+static void shape_str(char *buf, size_t n, const int64_t *s, int nd) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < nd && k < n; d++) k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)s[d]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+static json_t *tensor_table(const checkpoint *c, const plan *p, int tp, int print) {
+    json_t *arr = json_array();
+    if (print) printf("%-58s %-26s %-18s %s\n", "tensor", "style", "global", "local");
+    for (int k = 0; k < c->n; k++) {
+        shard_info si;
+        /* a tensor that this tp cannot split gets no local shape */
+        int ok = plan_shard(p, c->infos[k], tp, &si) == 0 || (plan_shard(p, c->infos[k], 1, &si), 0);
+        int64_t loc[ST_MAX_DIMS];
+        local_shape(&si, tp, loc);
+        const st_tensor_info *t = c->infos[k];
+        const char *blocks = si.rule >= 0 ? p->rules[si.rule].blocks : NULL;
+        char style[64], g[64], l[64];
+        snprintf(style, sizeof style, "%s%s%s%s", shard_style_name(si.style), blocks ? "(" : "", blocks ? blocks : "",
+                 blocks ? ")" : "");
+        shape_str(g, sizeof g, t->shape, t->ndim);
+        if (ok) shape_str(l, sizeof l, loc, t->ndim);
+        else snprintf(l, sizeof l, "(not divisible)");
+        if (print) printf("%-58s %-26s %-18s %s %s\n", t->name, style, g, l, dtype_name(t->dtype));
+        json_array_append_new(arr, json_pack("{s:s,s:s,s:s?,s:s,s:o,s:o}", "name", t->name, "style",
+                                             shard_style_name(si.style), "blocks", blocks, "dtype",
+                                             dtype_name(t->dtype), "global", shape_json(t->shape, t->ndim), "local",
+                                             ok ? shape_json(loc, t->ndim) : json_null()));
+    }
+    return arr;
+}
+
+static json_t *rank_table(const checkpoint *c, const plan *p, int tp, int print) {
+    json_t *arr = json_array();
+    if (print) printf("\n%4s %15s %15s %15s %10s %14s\n", "rank", "replicated", "sharded", "weight bytes", "GB",
+                      "staging MB");
+    for (int r = 0; r < tp; r++) {
+        load_estimate e;
+        if (weights_estimate(c, p, tp, r, &e)) break;
+        uint64_t total = e.bytes_replicated + e.bytes_sharded;
+        if (print)
+            printf("%4d %15llu %15llu %15llu %10.2f %14.1f\n", r, (unsigned long long)e.bytes_replicated,
+                   (unsigned long long)e.bytes_sharded, (unsigned long long)total, total / 1e9, e.max_staging / 1e6);
+        json_array_append_new(arr, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I}", "rank", r, "weight_bytes", (json_int_t)total,
+                                             "replicated_bytes", (json_int_t)e.bytes_replicated, "sharded_bytes",
+                                             (json_int_t)e.bytes_sharded, "max_local_tensor_bytes",
+                                             (json_int_t)e.max_local_tensor, "max_staging_bytes",
+                                             (json_int_t)e.max_staging));
+    }
+    return arr;
+}
+
+static int open_component(const inspect_args *a, model_dir **m, json_t **cfg, checkpoint **c, plan *p) {
+    if (model_dir_open(a->model, m)) return -1;
+    if (!model_dir_has(*m, a->component))
+        return tp_error("%s has no '%s' folder (is --model the pipeline folder?)", a->model, a->component);
+    if (!(*cfg = model_dir_config(*m, a->component))) return -1;
+    if (plan_for_component(a->component, *cfg, p) < 0) return -1;
+    char *dir = model_dir_path(*m, a->component);
+    int rc = checkpoint_open(dir, c);
+    free(dir);
+    return rc;
+}
+
+int cmd_inspect(int argc, char **argv) {
+    inspect_args a;
+    int rc = parse(argc, argv, &a);
+    if (rc > 0) return 0;
+    if (rc < 0) {
+        fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
+        return 2;
+    }
+    model_dir *m = NULL;
+    json_t *cfg = NULL, *tensors = NULL, *ranks = NULL;
+    checkpoint *c = NULL;
+    plan p = {0};
+    int opened = open_component(&a, &m, &cfg, &c, &p) == 0;
+    int valid = opened && plan_validate(&p, c, a.tp) == 0;
+    char *err = valid ? NULL : xstrdup(tp_error_msg());
+    if (opened && !a.json)
+        printf("model %s, component %s, plan %s, tp %d, %d tensors in %d file(s)\n\n", a.model, a.component,
+               p.rules ? p.model : "none (all replicated)", a.tp, c->n, c->n_files);
+    if (opened) tensors = tensor_table(c, &p, a.tp, !a.json && !a.summary);
+    if (valid) ranks = rank_table(c, &p, a.tp, !a.json);
+    if (a.json) {
+        json_t *o = json_pack("{s:s,s:s,s:i,s:b,s:s?,s:o,s:o}", "model", a.model, "component", a.component, "tp", a.tp,
+                              "valid", valid, "error", err, "ranks", ranks ? ranks : json_array(), "tensors",
+                              tensors ? tensors : json_array());
+        json_object_set_new(o, "plan", p.rules ? json_string(p.model) : json_null());
+        char *s = json_dumps(o, JSON_INDENT(2));
+        printf("%s\n", s);
+        free(s);
+        json_decref(o);
+    } else {
+        json_decref(tensors), json_decref(ranks);
+        if (valid) printf("\nvalid: tp %d splits %s evenly\n", a.tp, a.component);
+    }
+    if (!valid) fprintf(stderr, "tpgen: error: %s\n", err);
+    free(err);
+    checkpoint_close(c);
+    json_decref(cfg);
+    model_dir_close(m);
+    return valid ? 0 : 1;
+}

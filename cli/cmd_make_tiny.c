@@ -1,0 +1,246 @@
+/* `tpgen make-tiny --out DIR [--seed S]`: a tiny random FLUX.2-klein-style
+ * pipeline folder in the diffusers layout, for the demo, the tests and bug
+ * reports: model_index.json, scheduler/, transformer/ (config.json + BF16
+ * safetensors), and, when those components are linked in, vae/ and
+ * text_encoder/ + tokenizer/ (their writers are weak hooks). Also
+ * DIR/prompt_embeds.safetensors: random prompt embeddings, so that the
+ * folder can be rendered with --prompt-embeds even without a text encoder.
+ * The weights are random: images show structured noise, not pictures. */
+#include "commands.h"
+#include "../core/err.h"
+#include "../core/rng.h"
+#include "../core/safetensors.h"
+#include "../core/tensor.h"
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int vae_write_tiny(const char *vae_dir, unsigned seed) __attribute__((weak));
+int textenc_write_tiny(const char *model_dir, unsigned seed) __attribute__((weak));
+#pragma weak st_write
+
+/* the tiny transformer: D = 4 x 32, M = 3D, text width 96 = 3 x 32 (the
+ * tiny text encoder's hidden size), 32 latent channels (8 VAE channels x 2x2) */
+enum { T_IN = 32, T_HEADS = 4, T_HD = 32, T_D = T_HEADS * T_HD, T_M = 3 * T_D, T_JT = 96, T_CT = 64,
+       T_DOUBLE = 1, T_SINGLE = 2, T_EMBED_LEN = 16 };
+
+typedef struct tensor_list {
+    st_write_tensor t[64];
+    char *names[64];
+    uint16_t *data[64];
+    int n;
+} tensor_list;
+
+/* a BF16 tensor [rows, cols] (rows 0: 1-D [cols]) ~ N(0, 1/cols), or
+ * 1 + N(0, 0.1) for norm weights */
+static void add(tensor_list *l, tp_rng *g, const char *name, int64_t rows, int64_t cols, int norm) {
+    size_t n = (size_t)(rows ? rows : 1) * (size_t)cols;
+    float *f = xmalloc(n * sizeof *f);
+    rng_randn_f32(g, f, n);
+    uint16_t *b = xmalloc(n * sizeof *b);
+    float scale = norm ? 0.1f : 1.0f / sqrtf((float)cols);
+    for (size_t i = 0; i < n; i++) b[i] = f32_to_bf16((norm ? 1.0f : 0.0f) + scale * f[i]);
+    free(f);
+    st_write_tensor *t = &l->t[l->n];
+    l->names[l->n] = xstrdup(name);
+    l->data[l->n] = b;
+    t->name = l->names[l->n];
+    t->dtype = DT_BF16;
+    t->ndim = rows ? 2 : 1;
+    t->shape[0] = rows ? rows : cols;
+    t->shape[1] = cols;
+    t->data = b;
+    l->n++;
+}
+
+static void build_transformer(tensor_list *l, tp_rng *g) {
+    const int D = T_D, M = T_M;
+    add(l, g, "x_embedder.weight", D, T_IN, 0);
+    add(l, g, "context_embedder.weight", D, T_JT, 0);
+    add(l, g, "time_guidance_embed.timestep_embedder.linear_1.weight", D, T_CT, 0);
+    add(l, g, "time_guidance_embed.timestep_embedder.linear_2.weight", D, D, 0);
+    add(l, g, "double_stream_modulation_img.linear.weight", 6 * D, D, 0);
+    add(l, g, "double_stream_modulation_txt.linear.weight", 6 * D, D, 0);
+    add(l, g, "single_stream_modulation.linear.weight", 3 * D, D, 0);
+    add(l, g, "norm_out.linear.weight", 2 * D, D, 0);
+    add(l, g, "proj_out.weight", T_IN, D, 0);
+    char nm[128];
+    static const char *dsq[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj",
+                                "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"};
+    static const char *dnorm[] = {"attn.norm_q", "attn.norm_k", "attn.norm_added_q", "attn.norm_added_k"};
+    for (int i = 0; i < T_DOUBLE; i++) {
+        for (int k = 0; k < 8; k++) {
+            snprintf(nm, sizeof nm, "transformer_blocks.%d.%s.weight", i, dsq[k]);
+            add(l, g, nm, D, D, 0);
+        }
+        for (int k = 0; k < 4; k++) {
+            snprintf(nm, sizeof nm, "transformer_blocks.%d.%s.weight", i, dnorm[k]);
+            add(l, g, nm, 0, T_HD, 1);
+        }
+        static const char *ff[] = {"ff", "ff_context"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(nm, sizeof nm, "transformer_blocks.%d.%s.linear_in.weight", i, ff[k]);
+            add(l, g, nm, 2 * M, D, 0);
+            snprintf(nm, sizeof nm, "transformer_blocks.%d.%s.linear_out.weight", i, ff[k]);
+            add(l, g, nm, D, M, 0);
+        }
+    }
+    for (int j = 0; j < T_SINGLE; j++) {
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj.weight", j);
+        add(l, g, nm, 3 * D + 2 * M, D, 0);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out.weight", j);
+        add(l, g, nm, D, D + M, 0);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", j);
+        add(l, g, nm, 0, T_HD, 1);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k.weight", j);
+        add(l, g, nm, 0, T_HD, 1);
+    }
+}
+
+static void free_list(tensor_list *l) {
+    for (int i = 0; i < l->n; i++) free(l->names[i]), free(l->data[i]);
+}
+
+static int make_dir(const char *path) {
+    if (mkdir(path, 0755) == 0 || errno == EEXIST) {
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
+        return tp_error("%s exists and is not a directory", path);
+    }
+    return tp_error("cannot create %s: %s", path, strerror(errno));
+}
+
+static int write_json(const char *path, json_t *j) {
+    int rc = json_dump_file(j, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
+    json_decref(j);
+    return rc ? tp_error("cannot write %s", path) : 0;
+}
+
+static json_t *transformer_config(void) {
+    return json_pack("{s:s, s:s, s:i, s:i, s:n, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:[i,i,i,i], s:i, s:f, s:b}",
+                     "_class_name", "Flux2Transformer2DModel", "_diffusers_version", "0.40.0",
+                     "patch_size", 1, "in_channels", T_IN, "out_channels", "num_layers", T_DOUBLE,
+                     "num_single_layers", T_SINGLE, "attention_head_dim", T_HD, "num_attention_heads", T_HEADS,
+                     "joint_attention_dim", T_JT, "timestep_guidance_channels", T_CT, "mlp_ratio", 3.0,
+                     "axes_dims_rope", 8, 8, 8, 8, "rope_theta", 2000, "eps", 1e-6, "guidance_embeds", 0);
+}
+
+static json_t *scheduler_config(void) {
+    return json_pack("{s:s, s:i, s:f, s:i, s:f, s:i, s:f, s:b, s:s}", "_class_name",
+                     "FlowMatchEulerDiscreteScheduler", "base_image_seq_len", 256, "base_shift", 0.5,
+                     "max_image_seq_len", 4096, "max_shift", 1.15, "num_train_timesteps", 1000, "shift", 3.0,
+                     "use_dynamic_shifting", 1, "time_shift_type", "exponential");
+}
+
+/* random prompt embeddings [1, 16, 96] for --prompt-embeds */
+static int write_embeds(const char *dir, tp_rng *g) {
+    size_t n = (size_t)T_EMBED_LEN * T_JT;
+    float *e = xmalloc(n * sizeof *e);
+    rng_randn_f32(g, e, n);
+    st_write_tensor t = {.name = "prompt_embeds", .dtype = DT_F32, .ndim = 3, .shape = {1, T_EMBED_LEN, T_JT}, .data = e};
+    const char *meta[] = {"note", "random embeddings written by tpgen make-tiny (no text encoder involved)", NULL};
+    char *path = xasprintf("%s/prompt_embeds.safetensors", dir);
+    int rc = st_write(path, &t, 1, meta);
+    free(path);
+    free(e);
+    return rc;
+}
+
+static int make_tiny(const char *dir, unsigned seed) {
+    if (!st_write) return tp_error("the safetensors writer (core/safetensors.c) is not in this build");
+    if (make_dir(dir)) return -1;
+    char *sub = xasprintf("%s/transformer", dir), *sched = xasprintf("%s/scheduler", dir);
+    int rc = make_dir(sub) || make_dir(sched);
+    tp_rng g;
+    rng_seed(&g, seed);
+    tensor_list l = {.n = 0};
+    if (!rc) {
+        build_transformer(&l, &g);
+        char *p = xasprintf("%s/diffusion_pytorch_model.safetensors", sub);
+        rc = st_write(p, l.t, l.n, NULL);
+        free(p);
+    }
+    if (!rc) {
+        char *p = xasprintf("%s/config.json", sub);
+        rc = write_json(p, transformer_config());
+        free(p);
+    }
+    if (!rc) {
+        char *p = xasprintf("%s/scheduler_config.json", sched);
+        rc = write_json(p, scheduler_config());
+        free(p);
+    }
+    free_list(&l);
+    free(sub);
+    free(sched);
+    if (!rc) rc = write_embeds(dir, &g);
+    int have_vae = 0, have_te = 0;
+    if (!rc && vae_write_tiny) {
+        char *v = xasprintf("%s/vae", dir);
+        rc = vae_write_tiny(v, seed + 1);
+        free(v);
+        have_vae = !rc;
+    }
+    if (!rc && textenc_write_tiny) {
+        rc = textenc_write_tiny(dir, seed + 2);
+        have_te = !rc;
+    }
+    if (rc) return -1;
+    json_t *idx = json_pack("{s:s, s:s, s:b, s:[s,s], s:[s,s]}", "_class_name", "Flux2KleinPipeline",
+                            "_diffusers_version", "0.40.0", "is_distilled", 1, "scheduler", "diffusers",
+                            "FlowMatchEulerDiscreteScheduler", "transformer", "diffusers", "Flux2Transformer2DModel");
+    if (have_vae) json_object_set_new(idx, "vae", json_pack("[s,s]", "diffusers", "AutoencoderKLFlux2"));
+    if (have_te) {
+        json_object_set_new(idx, "text_encoder", json_pack("[s,s]", "transformers", "Qwen3ForCausalLM"));
+        json_object_set_new(idx, "tokenizer", json_pack("[s,s]", "transformers", "Qwen2TokenizerFast"));
+    }
+    char *p = xasprintf("%s/model_index.json", dir);
+    rc = write_json(p, idx);
+    free(p);
+    if (rc) return -1;
+    printf("wrote a tiny random FLUX.2-klein pipeline to %s: transformer (%d double + %d single blocks, "
+           "D %d)%s%s, and prompt_embeds.safetensors [1, %d, %d]\n", dir, T_DOUBLE, T_SINGLE, T_D,
+           have_vae ? ", vae" : " (no VAE in this build)", have_te ? ", text encoder + tokenizer" : " (no text encoder in this build)",
+           T_EMBED_LEN, T_JT);
+    return 0;
+}
+
+int cmd_make_tiny(int argc, char **argv) {
+    const char *out = NULL;
+    unsigned long seed = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: tpgen make-tiny --out DIR [--seed S]\n\n"
+                   "Write a tiny random FLUX.2-klein pipeline folder (diffusers layout) to DIR:\n"
+                   "transformer/, scheduler/, model_index.json, prompt_embeds.safetensors (random),\n"
+                   "and vae/, text_encoder/, tokenizer/ when this build has them. Same seed, same files.\n");
+            return 0;
+        } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+            out = argv[++i];
+        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+            char *end;
+            errno = 0;
+            seed = strtoul(argv[++i], &end, 10);
+            if (errno || *end || seed > 0xffffffffUL) {
+                fprintf(stderr, "tpgen: error: --seed: expected an integer from 0 to 4294967295, got '%s'\n", argv[i]);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "tpgen: error: make-tiny: unexpected argument '%s' (see tpgen make-tiny --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!out) {
+        fprintf(stderr, "tpgen: error: make-tiny needs --out DIR\n");
+        return 2;
+    }
+    if (make_tiny(out, (unsigned)seed)) {
+        fprintf(stderr, "tpgen: error: make-tiny: %s\n", tp_error_msg());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,80 @@
+/* Internals of `tpgen generate`, split by phase:
+ *   generate_setup.c    model defaults, every check that needs no heavy work
+ *   generate_run.c      text encoding, transformer load, noise, denoising,
+ *                       decoding and writing, job by job
+ *   generate_metrics.c  timings, peak RSS per rank, summary and JSON
+ *   cmd_generate.c      the command: MPI, parsing, error agreement */
+#ifndef TPGEN_GENERATE_H
+#define TPGEN_GENERATE_H
+#include "runspec.h"
+#include "../core/dist.h"
+#include "../core/tensor.h"
+#include <stdint.h>
+
+typedef enum { FAMILY_DEV = 0, FAMILY_KLEIN_DISTILLED, FAMILY_KLEIN_BASE } model_family;
+
+typedef struct gen_setup {
+    run_spec *spec;              /* defaults filled in (steps, guidance, size, output) */
+    dist *d;
+    model_family family;
+    const char *family_name;
+    int embedded_guidance;       /* FLUX.2-dev: guidance goes into the model */
+    int use_cfg;                 /* klein base with guidance > 1: two passes per step */
+    int in_channels, joint_dim;
+    int has_vae, has_text_encoder;
+    int write_png;               /* VAE present and not --no-decode */
+    dtype_t precision;
+    char *transformer_dir, *vae_dir;
+    /* --prompt-embeds, read at setup (small) */
+    float *embeds;
+    int64_t embeds_len;
+    char *embeds_desc;           /* "FILE:TENSOR" for the PNG parameters */
+    int n_jobs;
+    int *my_jobs, n_my_jobs;     /* jobs of this rank's TP group */
+} gen_setup;
+
+/* Fill defaults from the model folder and check everything that can be
+ * checked cheaply: the folder and its components, sizes, prompt
+ * embeddings (shape against the transformer), output directories. Runs on
+ * every rank (same answer everywhere); -1 + tp_error on bad input. */
+int gen_setup_init(gen_setup *g, run_spec *spec, dist *d);
+void gen_setup_free(gen_setup *g);
+
+typedef struct gen_metrics {
+    double t_start;
+    double t_encode, t_load, t_denoise, t_decode, t_write;
+    uint64_t bytes_loaded;       /* this rank: transformer + text encoder */
+    double load_seconds;         /* time spent in the loaders (this rank) */
+    int steps_total;
+    double step_seconds;         /* summed over steps */
+    int images, latents;         /* files written by this rank */
+    int jobs_done;               /* jobs of this rank's group */
+} gen_metrics;
+
+/* Run this rank's jobs. Collective within the TP group; returns -1 after
+ * agreeing on the error inside the group. */
+int gen_run(gen_setup *g, gen_metrics *m);
+
+/* Gather the figures of every rank and print the summary on world rank 0
+ * (and write --json-metrics). Collective over the world. */
+int gen_report(const gen_setup *g, const gen_metrics *m, int status);
+
+/* A step's progress line on world rank 0. */
+void gen_progress(const gen_setup *g, int job_pos, int step, int steps, double seconds);
+
+/* The text stored in each PNG's `parameters` chunk (malloc'ed). */
+char *gen_parameters_text(const gen_setup *g, int job);
+
+double gen_now(void);
+
+/* Which model components this build has (1) or lacks (0). */
+int gen_have_transformer(void);
+int gen_have_vae(void);
+int gen_have_text_encoder(void);
+
+/* The initial noise of a job, as the bf16 diffusers pipeline draws it:
+ * torch.randn([1, C, h, w], generator=manual_seed(seed), dtype=bf16),
+ * packed to tokens: x[(y*w + x)*C + c] (malloc'ed, f32 values of bf16). */
+float *gen_noise_packed(uint64_t seed, int C, int h, int w);
+
+#endif

@@ -1,0 +1,109 @@
+/* `tpgen generate`, figures: per-step progress, the final summary (time of
+ * each phase, peak RSS of every rank, bytes loaded and GB/s) on world rank
+ * 0, and the same as JSON for scripts (--json-metrics). Phase times are the
+ * maximum over ranks (the slowest rank is what the user waits for). */
+#include "generate.h"
+#include "commands.h"
+#include "../core/err.h"
+#include "../core/png.h"
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+double gen_now(void) { return MPI_Wtime(); }
+
+void gen_progress(const gen_setup *g, int job_pos, int step, int steps, double seconds) {
+    if (g->d->world_rank != 0) return;
+    fprintf(stderr, "tpgen: image %d/%d  step %d/%d  %.3f s/it\n", job_pos + 1, g->n_my_jobs, step + 1, steps, seconds);
+    fflush(stderr);
+}
+
+static double peak_rss_bytes(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss * 1024.0;   /* Linux reports KiB */
+}
+
+enum { PH_ENCODE, PH_LOAD, PH_DENOISE, PH_DECODE, PH_WRITE, PH_TOTAL, N_PH };
+static const char *k_phase[N_PH] = {"encode", "load", "denoise", "decode", "write", "total"};
+
+typedef struct summary {
+    double phase[N_PH];      /* max over ranks */
+    double bytes_loaded;     /* sum over ranks */
+    double load_seconds;     /* max over ranks */
+    double steps, step_seconds, images, latents;  /* sums (steps: over TP-group leads) */
+    double *rss;             /* per world rank */
+} summary;
+
+static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
+    MPI_Comm w = g->d->world;
+    double ph[N_PH] = {m->t_encode, m->t_load, m->t_denoise, m->t_decode, m->t_write, gen_now() - m->t_start};
+    MPI_Reduce(ph, s->phase, N_PH, MPI_DOUBLE, MPI_MAX, 0, w);
+    int lead = g->d->tp_rank == 0;
+    double sums[6] = {(double)m->bytes_loaded, lead ? m->steps_total : 0, lead ? m->step_seconds : 0,
+                      m->images, m->latents, 0};
+    double tot[6];
+    MPI_Reduce(sums, tot, 6, MPI_DOUBLE, MPI_SUM, 0, w);
+    s->bytes_loaded = tot[0], s->steps = tot[1], s->step_seconds = tot[2], s->images = tot[3], s->latents = tot[4];
+    MPI_Reduce(&m->load_seconds, &s->load_seconds, 1, MPI_DOUBLE, MPI_MAX, 0, w);
+    double rss = peak_rss_bytes();
+    s->rss = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
+    MPI_Gather(&rss, 1, MPI_DOUBLE, s->rss, 1, MPI_DOUBLE, 0, w);
+}
+
+static void print_summary(const gen_setup *g, const summary *s) {
+    const run_spec *sp = g->spec;
+    printf("tpgen: %d job%s (%s, %dx%d, %d steps, %s, tp %d x dp %d) in %.2f s: %.0f PNG, %.0f latents file%s\n",
+           g->n_jobs, g->n_jobs == 1 ? "" : "s", g->family_name, sp->width, sp->height, sp->steps,
+           g->precision == DT_F32 ? "f32" : "bf16", g->d->tp, g->d->dp, s->phase[PH_TOTAL], s->images, s->latents,
+           s->latents == 1 ? "" : "s");
+    for (int i = 0; i < PH_TOTAL; i++) {
+        printf("  %-8s %9.3f s", k_phase[i], s->phase[i]);
+        if (i == PH_LOAD && s->load_seconds > 0)
+            printf("   %.3f GB read by %d ranks, %.2f GB/s", s->bytes_loaded / 1e9, g->d->world_size,
+                   s->bytes_loaded / 1e9 / s->load_seconds);
+        if (i == PH_DENOISE && s->steps > 0) printf("   %.0f steps, %.3f s/it", s->steps, s->step_seconds / s->steps);
+        printf("\n");
+    }
+    printf("  peak RSS per rank:");
+    for (int r = 0; r < g->d->world_size; r++) printf(" r%d %.1f MB", r, s->rss[r] / 1e6);
+    printf("\n");
+    fflush(stdout);
+}
+
+static int write_json(const gen_setup *g, const summary *s) {
+    const run_spec *sp = g->spec;
+    json_t *ph = json_object(), *rss = json_array();
+    for (int i = 0; i < N_PH; i++) json_object_set_new(ph, k_phase[i], json_real(s->phase[i]));
+    for (int r = 0; r < g->d->world_size; r++) json_array_append_new(rss, json_integer((json_int_t)s->rss[r]));
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:o, s:f, s:f, s:f, s:i, s:i, s:o}",
+                          "tpgen", TPGEN_VERSION, "model", sp->model, "family", g->family_name, "world_size",
+                          g->d->world_size, "tp", g->d->tp, "dp", g->d->dp, "precision",
+                          g->precision == DT_F32 ? "f32" : "bf16", "backend", sp->backend ? sp->backend : "auto",
+                          "jobs", g->n_jobs, "width", sp->width, "height", sp->height, "steps", sp->steps,
+                          "guidance", sp->guidance, "seconds", ph,
+                          "seconds_per_step", s->steps > 0 ? s->step_seconds / s->steps : 0.0,
+                          "bytes_loaded", s->bytes_loaded,
+                          "load_gb_per_s", s->load_seconds > 0 ? s->bytes_loaded / 1e9 / s->load_seconds : 0.0,
+                          "images", (int)s->images, "latents_files", (int)s->latents, "peak_rss_bytes", rss);
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    json_decref(j);
+    int rc = file_write_atomic(sp->json_metrics, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+int gen_report(const gen_setup *g, const gen_metrics *m, int status) {
+    summary s = {0};
+    gather(g, m, &s);
+    int rc = 0;
+    if (g->d->world_rank == 0) {
+        print_summary(g, &s);
+        if (g->spec->json_metrics) rc = write_json(g, &s);
+    }
+    free(s.rss);
+    return dist_agree(g->d->world, rc);
+}

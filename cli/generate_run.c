@@ -1,0 +1,335 @@
+/* `tpgen generate`, the work: text encoding (then the encoder is freed),
+ * transformer load (each rank its shard), and per job: seeded noise,
+ * denoising in lockstep across the TP group, then on the group's first
+ * rank the latents file, VAE decode and PNG.
+ *
+ * The transformer, text encoder and VAE are other parts of tpgen; a build
+ * may lack one (their headers are probed, their entry points weak), and a
+ * run that needs a missing part stops with a clear error. */
+#include "generate.h"
+#include "../core/comm.h"
+#include "../core/err.h"
+#include "../core/png.h"
+#include "../core/rng.h"
+#include "../core/safetensors.h"
+#include "../core/schedule.h"
+#include "../kernels/ops.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#pragma weak st_write
+
+#if __has_include("../core/pipeline.h")
+#include "../core/pipeline.h"
+#define HAVE_FLUX2 1
+#pragma weak flux2_load
+#pragma weak flux2_free
+#pragma weak flux2_denoise
+#pragma weak flux2_image_ids
+#pragma weak flux2_text_ids
+#else
+#define HAVE_FLUX2 0
+typedef struct flux2_model flux2_model;
+#endif
+
+#if __has_include("../core/models/textenc.h")
+#include "../core/models/textenc.h"
+#define HAVE_TEXTENC 1
+#pragma weak textenc_load
+#pragma weak textenc_encode
+#pragma weak textenc_embed_dim
+#pragma weak textenc_free
+#else
+#define HAVE_TEXTENC 0
+#endif
+
+#if __has_include("../core/models/vae.h")
+#include "../core/models/vae.h"
+#define HAVE_VAE 1
+#pragma weak vae_load
+#pragma weak vae_decode_packed
+#pragma weak vae_free
+#else
+#define HAVE_VAE 0
+typedef struct vae_model vae_model;
+#endif
+
+int gen_have_transformer(void) {
+#if HAVE_FLUX2
+    return flux2_load != NULL;
+#else
+    return 0;
+#endif
+}
+
+int gen_have_vae(void) {
+#if HAVE_VAE
+    return vae_load != NULL;
+#else
+    return 0;
+#endif
+}
+
+int gen_have_text_encoder(void) {
+#if HAVE_TEXTENC
+    return textenc_load != NULL;
+#else
+    return 0;
+#endif
+}
+
+typedef struct run_state {
+    gen_setup *g;
+    gen_metrics *m;
+    backend *be;
+    comm *c;
+    flux2_model *model;
+    vae_model *vae;
+    float **prompt_embeds;       /* per prompt index (NULL: not this group's) */
+    int64_t L;
+    float *neg_embeds;           /* CFG */
+    int job_pos;                 /* position of the current job in this group's list */
+} run_state;
+
+/* dist_agree, keeping one "rank R: " prefix when agreements nest (a
+ * component that agreed inside the TP group, then the world) */
+static int agree(MPI_Comm c, int status) {
+    if (!dist_agree(c, status)) return 0;
+    const char *m = tp_error_msg();
+    int a, b, n1 = 0, n2 = 0;
+    if (sscanf(m, "rank %d: %n", &a, &n1) == 1 && n1 && sscanf(m + n1, "rank %d: %n", &b, &n2) == 1 && n2) {
+        char *copy = xstrdup(m + n1);
+        tp_error("%s", copy);
+        free(copy);
+    }
+    return -1;
+}
+
+static int agree_tp(run_state *r, int rc) { return agree(r->g->d->tp_comm, rc); }
+
+/* ---- text ---- */
+
+static int encode_prompts(run_state *r) {
+    gen_setup *g = r->g;
+    const run_spec *s = g->spec;
+    if (s->prompt_embeds) {      /* read at setup */
+        r->L = g->embeds_len;
+        return 0;
+    }
+#if HAVE_TEXTENC
+    if (!textenc_load) return tp_error("the text encoder is not in this build; use --prompt-embeds FILE");
+    double t0 = gen_now();
+    textenc *te = NULL;
+    load_stats ls = {0};
+    int rc = agree(g->d->tp_comm, textenc_load(s->model, r->be, r->c, g->precision, &te, &ls));
+    r->m->bytes_loaded += ls.bytes_read;
+    r->m->load_seconds += ls.seconds;
+    if (!rc && textenc_embed_dim(te) != g->joint_dim)
+        rc = tp_error("the text encoder gives %d features per token but the transformer expects %d (joint_attention_dim)",
+                      textenc_embed_dim(te), g->joint_dim);
+    r->L = s->max_sequence_length;
+    size_t sz = (size_t)r->L * (size_t)g->joint_dim;
+    int ns = s->n_seeds ? s->n_seeds : 1;
+    for (int i = 0; i < g->n_my_jobs && !rc; i++) {
+        int p = g->my_jobs[i] / ns;
+        if (r->prompt_embeds[p]) continue;
+        r->prompt_embeds[p] = xmalloc(sz * sizeof(float));
+        rc = textenc_encode(te, s->prompts[p], (int)r->L, r->prompt_embeds[p], NULL, NULL);
+    }
+    if (!rc && g->use_cfg && g->n_my_jobs) {
+        r->neg_embeds = xmalloc(sz * sizeof(float));
+        rc = textenc_encode(te, s->negative_prompt, (int)r->L, r->neg_embeds, NULL, NULL);
+    }
+    textenc_free(te);   /* the denoiser gets the memory back */
+    r->m->t_encode = gen_now() - t0;
+    return rc ? tp_error_context("encoding the prompts") : 0;
+#else
+    return tp_error("the text encoder is not in this build; use --prompt-embeds FILE");
+#endif
+}
+
+/* ---- models ---- */
+
+static int load_models(run_state *r) {
+    gen_setup *g = r->g;
+    int rc = 0;
+    (void)rc;
+#if HAVE_FLUX2
+    if (!flux2_load) return tp_error("the FLUX.2 transformer is not in this build");
+    double t0 = gen_now();
+    load_stats ls = {0};
+    rc = flux2_load(g->transformer_dir, r->be, r->c, g->precision, &r->model, &ls);
+    r->m->bytes_loaded += ls.bytes_read;
+    r->m->load_seconds += ls.seconds;
+    r->m->t_load = gen_now() - t0;
+    if (rc) return tp_error_context("loading %s", g->transformer_dir);
+#else
+    return tp_error("the FLUX.2 transformer is not in this build");
+#endif
+    if (!g->write_png || g->d->tp_rank != 0) return 0;
+#if HAVE_VAE
+    if (!vae_load) return tp_error("the VAE decoder is not in this build; use --no-decode --save-latents FILE");
+    double t1 = gen_now();
+    rc = vae_load(g->vae_dir, r->be, g->precision, &r->vae);
+    r->m->t_load += gen_now() - t1;
+    return rc ? tp_error_context("loading %s", g->vae_dir) : 0;
+#else
+    return tp_error("the VAE decoder is not in this build; use --no-decode --save-latents FILE");
+#endif
+}
+
+/* ---- one job ---- */
+
+float *gen_noise_packed(uint64_t seed, int C, int h, int w) {
+    size_t n = (size_t)C * (size_t)h * (size_t)w;
+    uint16_t *raw = xmalloc(n * sizeof *raw);
+    tp_rng rng;
+    rng_seed(&rng, seed);
+    rng_randn_bf16(&rng, raw, n);
+    float *x = xmalloc(n * sizeof *x);
+    for (int c = 0; c < C; c++)
+        for (int t = 0; t < h * w; t++) x[(size_t)t * C + c] = bf16_to_f32(raw[(size_t)c * h * w + t]);
+    free(raw);
+    return x;
+}
+
+#if HAVE_FLUX2
+static int on_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
+    run_state *r = ctx;
+    r->m->steps_total++;
+    r->m->step_seconds += seconds;
+    gen_progress(r->g, r->job_pos, step, steps, seconds);
+    return 0;
+}
+#endif
+
+static int denoise_job(run_state *r, int job, float *latents) {
+#if HAVE_FLUX2
+    gen_setup *g = r->g;
+    const run_spec *s = g->spec;
+    int h = s->height / 16, w = s->width / 16, C = g->in_channels;
+    int64_t N = (int64_t)h * w;
+    float *noise = gen_noise_packed(runspec_job_seed(s, job), C, h, w);
+    float *sigmas = xmalloc(sizeof(float) * (size_t)(s->steps + 1)), *ts = xmalloc(sizeof(float) * (size_t)s->steps);
+    int32_t *img_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)N), *txt_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)r->L);
+    flux2_image_ids(h, w, 0, img_ids);
+    flux2_text_ids(r->L, txt_ids);
+    int ns = s->n_seeds ? s->n_seeds : 1;
+    float gval = (float)s->guidance;
+    denoise_params p = {
+        .latents = noise, .N = N, .img_ids = img_ids,
+        .prompt_embeds = s->prompt_embeds ? g->embeds : r->prompt_embeds[job / ns], .L = r->L, .txt_ids = txt_ids,
+        .neg_embeds = g->use_cfg ? r->neg_embeds : NULL, .Ln = r->L, .neg_txt_ids = txt_ids, .cfg_scale = gval,
+        .sigmas = sigmas, .steps = s->steps, .guidance = g->embedded_guidance ? &gval : NULL,
+        .on_step = on_step, .ctx = r,
+    };
+    int rc = schedule_flux2(N, s->steps, sigmas, ts);
+    double t0 = gen_now();
+    if (!rc) rc = flux2_denoise(r->model, &p, latents);
+    r->m->t_denoise += gen_now() - t0;
+    free(noise), free(sigmas), free(ts), free(img_ids), free(txt_ids);
+    return rc;
+#else
+    return tp_error("the FLUX.2 transformer is not in this build");
+#endif
+}
+
+static int save_latents(run_state *r, int job, const float *latents) {
+    const run_spec *s = r->g->spec;
+    if (!st_write) return tp_error("--save-latents: the safetensors writer is not in this build");
+    char *path = runspec_output_path(s, s->save_latents, job);
+    if (!path) return -1;
+    int64_t N = (int64_t)(s->height / 16) * (s->width / 16);
+    st_write_tensor t = {.name = "latents", .dtype = DT_F32, .ndim = 3, .shape = {1, N, r->g->in_channels}, .data = latents};
+    char hs[16], ws[16], seed[32], steps[16];
+    snprintf(hs, sizeof hs, "%d", s->height);
+    snprintf(ws, sizeof ws, "%d", s->width);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)runspec_job_seed(s, job));
+    snprintf(steps, sizeof steps, "%d", s->steps);
+    const char *meta[] = {"height", hs, "width", ws, "seed", seed, "steps", steps, "format", "packed [1, (H/16)*(W/16), C], row-major tokens", NULL};
+    double t0 = gen_now();
+    int rc = st_write(path, &t, 1, meta);
+    r->m->t_write += gen_now() - t0;
+    if (!rc) r->m->latents++;
+    free(path);
+    return rc;
+}
+
+static int decode_and_write(run_state *r, int job, const float *latents) {
+#if HAVE_VAE
+    const run_spec *s = r->g->spec;
+    int h = s->height / 16, w = s->width / 16;
+    uint8_t *rgb = xmalloc((size_t)s->width * s->height * 3);
+    double t0 = gen_now();
+    int rc = vae_decode_packed(r->vae, latents, h, w, NULL, rgb);
+    r->m->t_decode += gen_now() - t0;
+    char *path = rc ? NULL : runspec_output_path(s, s->output, job);
+    if (!rc && !path) rc = -1;
+    if (!rc) {
+        char *params = gen_parameters_text(r->g, job);
+        t0 = gen_now();
+        rc = png_write_rgb(path, rgb, s->width, s->height, "parameters", params);
+        r->m->t_write += gen_now() - t0;
+        free(params);
+        if (!rc) r->m->images++;
+    }
+    free(path);
+    free(rgb);
+    return rc;
+#else
+    return tp_error("the VAE decoder is not in this build");
+#endif
+}
+
+static int run_job(run_state *r, int job) {
+    gen_setup *g = r->g;
+    size_t n = (size_t)(g->spec->height / 16) * (g->spec->width / 16) * (size_t)g->in_channels;
+    float *latents = xmalloc(n * sizeof *latents);
+    int rc = agree_tp(r, denoise_job(r, job, latents));
+    if (!rc) {
+        int mine = 0;
+        if (g->d->tp_rank == 0) {   /* the group's first rank writes the files */
+            if (g->spec->save_latents) mine = save_latents(r, job, latents);
+            if (!mine && g->write_png) mine = decode_and_write(r, job, latents);
+        }
+        rc = agree_tp(r, mine);
+    }
+    free(latents);
+    if (!rc) r->m->jobs_done++;
+    return rc ? tp_error_context("job %d (seed %llu)", job, (unsigned long long)runspec_job_seed(g->spec, job)) : 0;
+}
+
+int gen_run(gen_setup *g, gen_metrics *m) {
+    run_state r = {.g = g, .m = m};
+    dist *d = g->d;
+    int rc = agree(d->world, backend_select(g->spec->backend, d->local_rank, d->local_size, &r.be));
+    if (!rc) {
+        r.c = comm_create(d->tp_comm, r.be);
+        rc = agree(d->world, r.c ? 0 : -1);
+    }
+    int np = g->spec->n_prompts ? g->spec->n_prompts : 1;
+    r.prompt_embeds = xcalloc((size_t)np, sizeof *r.prompt_embeds);
+    if (!rc) rc = agree(d->world, encode_prompts(&r));
+    if (!rc) rc = agree(d->world, load_models(&r));
+    /* TP groups may have different numbers of jobs: from here on, errors are
+     * agreed inside the group, and the world agrees once at the end */
+    int job_rc = 0;
+    for (int i = 0; i < g->n_my_jobs && !rc && !job_rc; i++) {
+        r.job_pos = i;
+        job_rc = run_job(&r, g->my_jobs[i]);
+    }
+    if (!rc) rc = agree(d->world, job_rc);
+#if HAVE_VAE
+    if (r.vae) vae_free(r.vae);
+#endif
+#if HAVE_FLUX2
+    if (r.model) flux2_free(r.model);
+#endif
+    for (int i = 0; i < np; i++) free(r.prompt_embeds[i]);
+    free(r.prompt_embeds);
+    free(r.neg_embeds);
+    if (r.c) comm_destroy(r.c);
+    if (r.be) backend_destroy(r.be);
+    return rc;
+}

@@ -1,0 +1,217 @@
+/* `tpgen generate`, setup: the model family and its defaults, and every
+ * check that can fail before heavy work starts (see generate.h). */
+#include "generate.h"
+#include "commands.h"
+#include "../core/err.h"
+#include "../core/safetensors.h"
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#pragma weak st_open
+#pragma weak st_close
+#pragma weak st_find
+#pragma weak st_read_f32
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static json_t *load_json(const char *path, int required) {
+    if (!is_file(path)) {
+        if (required) tp_error("%s is missing", path);
+        return NULL;
+    }
+    json_error_t e;
+    json_t *j = json_load_file(path, 0, &e);
+    if (!j || !json_is_object(j)) {
+        tp_error("%s:%d: not a valid JSON object (%s)", path, e.line, j ? "not an object" : e.text);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+static int json_int(const json_t *o, const char *key, int def, const char *where, int *out) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return *out = def, 0;
+    if (!json_is_integer(v) || json_integer_value(v) <= 0)
+        return tp_error("%s: '%s' must be a positive integer", where, key);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+/* transformer/config.json and model_index.json -> family and sizes */
+static int read_model(gen_setup *g, const char *root) {
+    if (!is_dir(root))
+        return tp_error("model folder %s does not exist (give --model a FLUX.2 pipeline folder in the diffusers layout)", root);
+    g->transformer_dir = xasprintf("%s/transformer", root);
+    char *cfg_path = xasprintf("%s/config.json", g->transformer_dir);
+    json_t *cfg = load_json(cfg_path, 1);
+    int rc = cfg ? 0 : -1;
+    if (!cfg && !is_dir(g->transformer_dir))
+        rc = tp_error("%s has no transformer/ folder: is it a FLUX.2 pipeline folder (diffusers layout)?", root);
+    if (!rc) rc = json_int(cfg, "in_channels", 128, cfg_path, &g->in_channels);
+    if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, cfg_path, &g->joint_dim);
+    json_t *ge = cfg ? json_object_get(cfg, "guidance_embeds") : NULL;
+    g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
+    json_decref(cfg);
+    free(cfg_path);
+    if (rc) return -1;
+
+    char *idx_path = xasprintf("%s/model_index.json", root);
+    json_t *idx = load_json(idx_path, 0);
+    if (!idx && is_file(idx_path)) rc = -1;
+    free(idx_path);
+    int distilled = idx && json_is_true(json_object_get(idx, "is_distilled"));
+    json_decref(idx);
+    if (rc) return -1;
+    g->family = g->embedded_guidance ? FAMILY_DEV : distilled ? FAMILY_KLEIN_DISTILLED : FAMILY_KLEIN_BASE;
+    g->family_name = g->family == FAMILY_DEV ? "FLUX.2-dev" : distilled ? "FLUX.2-klein (distilled)" : "FLUX.2-klein (base)";
+
+    g->vae_dir = xasprintf("%s/vae", root);
+    char *vc = xasprintf("%s/config.json", g->vae_dir), *te = xasprintf("%s/text_encoder", root);
+    g->has_vae = is_file(vc);
+    g->has_text_encoder = is_dir(te);
+    free(vc);
+    free(te);
+    return 0;
+}
+
+static void apply_defaults(gen_setup *g, run_spec *s) {
+    if (!s->steps) s->steps = g->family == FAMILY_KLEIN_DISTILLED ? 4 : 50;
+    if (s->guidance < 0) s->guidance = g->family == FAMILY_KLEIN_DISTILLED ? 1.0 : 4.0;
+    if (!s->width) s->width = 1024;
+    if (!s->height) s->height = 1024;
+    if (!s->max_sequence_length) s->max_sequence_length = 512;
+    if (!s->negative_prompt) s->negative_prompt = xstrdup("");
+    if (!s->output) s->output = xstrdup(runspec_n_jobs(s) > 1 ? "tpgen-{index:04}-{seed}.png" : "tpgen.png");
+    g->use_cfg = g->family == FAMILY_KLEIN_BASE && s->guidance > 1.0;
+    g->precision = s->precision && !strcmp(s->precision, "f32") ? DT_F32 : DT_BF16;
+}
+
+/* FILE[:TENSOR]: the part after the last ':' names a tensor unless the
+ * whole argument is an existing file */
+static int read_embeds(gen_setup *g, const char *arg) {
+    if (!st_open) return tp_error("--prompt-embeds: the safetensors reader is not in this build");
+    char *file = xstrdup(arg);
+    const char *tensor = "prompt_embeds";
+    char *colon = strrchr(file, ':');
+    if (colon && !is_file(arg)) {
+        *colon = 0;
+        tensor = colon + 1;
+    }
+    st_file *f = NULL;
+    int rc = st_open(file, &f);
+    const st_tensor_info *t = rc ? NULL : st_find(f, tensor);
+    if (!rc && !t) rc = tp_error("--prompt-embeds: %s has no tensor '%s' (name it with FILE:TENSOR)", file, tensor);
+    if (!rc) {
+        int ok3 = t->ndim == 3 && t->shape[0] == 1, ok2 = t->ndim == 2;
+        int64_t L = ok3 ? t->shape[1] : ok2 ? t->shape[0] : 0, J = ok3 ? t->shape[2] : ok2 ? t->shape[1] : 0;
+        if ((!ok3 && !ok2) || L < 1)
+            rc = tp_error("--prompt-embeds: %s:%s must have shape [1, L, %d] (or [L, %d])", file, tensor, g->joint_dim,
+                          g->joint_dim);
+        else if (J != g->joint_dim)
+            rc = tp_error("--prompt-embeds: %s:%s has %lld features per token but the transformer's "
+                          "joint_attention_dim is %d (embeddings from another model?)", file, tensor, (long long)J,
+                          g->joint_dim);
+        else g->embeds_len = L;
+    }
+    if (!rc) rc = st_read_f32(f, tensor, &g->embeds, NULL);
+    if (!rc) g->embeds_desc = xasprintf("%s:%s", file, tensor);
+    if (f) st_close(f);
+    free(file);
+    return rc;
+}
+
+static int check_parent_dir(const char *path, const char *what) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return 0;
+    char *dir = slash == path ? xstrdup("/") : xasprintf("%.*s", (int)(slash - path), path);
+    int ok = is_dir(dir);
+    int rc = ok ? 0 : tp_error("%s %s: the directory %s does not exist (create it first)", what, path, dir);
+    free(dir);
+    return rc;
+}
+
+static int check_outputs(gen_setup *g, const run_spec *s) {
+    for (int j = 0; j < g->n_jobs; j++) {
+        if (g->write_png) {
+            char *p = runspec_output_path(s, s->output, j);
+            int rc = p ? check_parent_dir(p, "--output") : -1;
+            free(p);
+            if (rc) return -1;
+        }
+        if (s->save_latents) {
+            char *p = runspec_output_path(s, s->save_latents, j);
+            int rc = p ? check_parent_dir(p, "--save-latents") : -1;
+            free(p);
+            if (rc) return -1;
+        }
+    }
+    if (s->json_metrics && check_parent_dir(s->json_metrics, "--json-metrics")) return -1;
+    return 0;
+}
+
+int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
+    memset(g, 0, sizeof *g);
+    g->spec = s;
+    g->d = d;
+    if (read_model(g, s->model)) return -1;
+    apply_defaults(g, s);
+    g->write_png = g->has_vae && !s->no_decode;
+    if (s->n_prompts && !g->has_text_encoder)
+        return tp_error("%s has no text encoder (text_encoder/), so --prompt cannot be used; pass precomputed "
+                        "embeddings with --prompt-embeds FILE[:TENSOR] (e.g. from 'tpgen encode' on a full model)",
+                        s->model);
+    if (!g->write_png && !s->save_latents)
+        return tp_error("%s has no VAE (vae/config.json), so no PNG can be written; add --save-latents FILE to keep "
+                        "the final latents (tpgen decode can turn them into an image later)", s->model);
+    if (g->use_cfg && s->prompt_embeds)
+        return tp_error("%s is a klein base model: guidance %.3g means CFG, which needs the text encoder for the "
+                        "negative prompt; use --prompt instead of --prompt-embeds, or --guidance 1 to turn CFG off",
+                        s->model, s->guidance);
+    if (s->width % 16 || s->height % 16)
+        return tp_error("the image size %dx%d must be a multiple of 16 in both directions", s->width, s->height);
+    g->n_jobs = runspec_n_jobs(s);
+    if (check_outputs(g, s)) return -1;
+    if (s->prompt_embeds && read_embeds(g, s->prompt_embeds)) return -1;
+    g->my_jobs = xmalloc(sizeof(int) * (size_t)(g->n_jobs ? g->n_jobs : 1));
+    g->n_my_jobs = runspec_group_jobs(g->n_jobs, d->dp, d->dp_rank, g->my_jobs);
+    return 0;
+}
+
+void gen_setup_free(gen_setup *g) {
+    free(g->transformer_dir);
+    free(g->vae_dir);
+    free(g->embeds);
+    free(g->embeds_desc);
+    free(g->my_jobs);
+    memset(g, 0, sizeof *g);
+}
+
+char *gen_parameters_text(const gen_setup *g, int job) {
+    const run_spec *s = g->spec;
+    const char *prompt = runspec_job_prompt(s, job);
+    char guidance[96];
+    if (g->embedded_guidance) snprintf(guidance, sizeof guidance, "%g (embedded)", s->guidance);
+    else if (g->use_cfg) snprintf(guidance, sizeof guidance, "%g (CFG)", s->guidance);
+    else snprintf(guidance, sizeof guidance, "none (distilled)");
+    char *neg = g->use_cfg ? xasprintf("negative_prompt: %s\n", s->negative_prompt) : xstrdup("");
+    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\nseed: %llu\nsteps: %d\nguidance: %s\nsize: %dx%d\n"
+                          "model: %s (%s)\ntp: %d\nprecision: %s\ntpgen: %s\n",
+                          prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
+                          (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, s->width, s->height,
+                          s->model, g->family_name, g->d->tp, g->precision == DT_F32 ? "f32" : "bf16", TPGEN_VERSION);
+    free(neg);
+    return txt;
+}

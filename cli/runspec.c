@@ -1,0 +1,573 @@
+/* Run settings: one table of keys drives the YAML run spec, the flags and
+ * --help, so the three never disagree (see runspec.h). */
+#include "runspec.h"
+#include "../core/err.h"
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+typedef enum { K_STR, K_INT, K_FLOAT, K_BOOL, K_PROMPT, K_PROMPTS, K_SEED, K_SEEDS, K_SPEC } key_kind;
+
+typedef struct key_def {
+    const char *name;            /* spec key; the flag is --name with '_' -> '-' */
+    key_kind kind;
+    size_t off;                  /* field in run_spec */
+    double min, max;             /* K_INT / K_FLOAT range */
+    const char *choices;         /* K_STR: "a|b" or NULL */
+    const char *arg, *help;
+    int spec_only, flag_only;
+} key_def;
+
+#define OFF(f) offsetof(run_spec, f)
+static const key_def k_keys[] = {
+    {"model", K_STR, OFF(model), 0, 0, NULL, "DIR", "pipeline folder (diffusers layout: model_index.json, transformer/, ...)", 0, 0},
+    {"prompt", K_PROMPT, 0, 0, 0, NULL, "TEXT", "the prompt", 0, 0},
+    {"prompts", K_PROMPTS, 0, 0, 0, NULL, "[TEXT, ...]", "several prompts (run spec only): each is rendered with every seed", 1, 0},
+    {"prompt_embeds", K_STR, OFF(prompt_embeds), 0, 0, NULL, "FILE[:TENSOR]",
+     "precomputed prompt embeddings [1, L, joint_attention_dim] from a safetensors file (tensor 'prompt_embeds' by default) instead of a prompt", 0, 0},
+    {"negative_prompt", K_STR, OFF(negative_prompt), 0, 0, NULL, "TEXT", "negative prompt of CFG (klein base; default empty)", 0, 0},
+    {"seed", K_SEED, 0, 0, 0, NULL, "S", "random seed of the initial noise (default 0); same seed -> same image at any --tp", 0, 0},
+    {"seeds", K_SEEDS, 0, 0, 0, NULL, "[S, ...] | {from: S, count: N}", "several seeds (run spec only)", 1, 0},
+    {"steps", K_INT, OFF(steps), 1, 10000, NULL, "N", "denoising steps (default: 50 for FLUX.2-dev and klein base, 4 for klein distilled)", 0, 0},
+    {"guidance", K_FLOAT, OFF(guidance), 0, 100, NULL, "G",
+     "guidance scale (default 4.0; embedded guidance for FLUX.2-dev, CFG for klein base, ignored by klein distilled)", 0, 0},
+    {"width", K_INT, OFF(width), 16, 16384, NULL, "W", "image width in pixels, a multiple of 16 (default 1024)", 0, 0},
+    {"height", K_INT, OFF(height), 16, 16384, NULL, "H", "image height in pixels, a multiple of 16 (default 1024)", 0, 0},
+    {"output", K_STR, OFF(output), 0, 0, NULL, "PATH",
+     "PNG path or pattern, e.g. out/{index:04}-{seed}.png (default tpgen.png; tpgen-{index:04}-{seed}.png for several jobs)", 0, 0},
+    {"precision", K_STR, OFF(precision), 0, 0, "bf16|f32", "bf16|f32", "bf16 (default; weights stay bf16) or f32 (reference mode)", 0, 0},
+    {"backend", K_STR, OFF(backend), 0, 0, "cpu|cuda", "cpu|cuda", "compute backend (default: cuda when a GPU is visible, else cpu)", 0, 0},
+    {"tp", K_INT, OFF(tp), 1, 65536, NULL, "N",
+     "tensor-parallel degree (default: all ranks); smaller than the world size -> data parallel groups share the jobs", 0, 0},
+    {"save_latents", K_STR, OFF(save_latents), 0, 0, NULL, "FILE",
+     "also write the final packed latents [1, N, C] (safetensors tensor 'latents'); a pattern like --output", 0, 0},
+    {"no_decode", K_BOOL, OFF(no_decode), 0, 0, NULL, NULL, "do not run the VAE (no PNG); use with --save-latents", 0, 0},
+    {"json_metrics", K_STR, OFF(json_metrics), 0, 0, NULL, "FILE", "write timings, memory and load figures as JSON", 0, 0},
+    {"max_sequence_length", K_INT, OFF(max_sequence_length), 1, 8192, NULL, "N", "text tokens per prompt (default 512)", 0, 0},
+    {"spec", K_SPEC, 0, 0, 0, NULL, "RUN.yaml", "read settings from a YAML run spec (flags override it)", 0, 1},
+};
+#define N_KEYS ((int)(sizeof k_keys / sizeof k_keys[0]))
+
+void runspec_init(run_spec *s) {
+    memset(s, 0, sizeof *s);
+    s->guidance = -1;
+}
+
+static void free_list(char **l, int n) {
+    for (int i = 0; i < n; i++) free(l[i]);
+    free(l);
+}
+
+void runspec_free(run_spec *s) {
+    char **strs[] = {&s->model, &s->prompt_embeds, &s->negative_prompt, &s->output, &s->precision,
+                     &s->backend, &s->save_latents, &s->json_metrics, &s->spec_path};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
+    free_list(s->prompts, s->n_prompts);
+    free(s->seeds);
+    memset(s, 0, sizeof *s);
+}
+
+static const key_def *find_key(const char *name, int from_flag) {
+    for (int i = 0; i < N_KEYS; i++) {
+        if (from_flag ? k_keys[i].spec_only : k_keys[i].flag_only) continue;
+        if (!strcmp(k_keys[i].name, name)) return &k_keys[i];
+    }
+    return NULL;
+}
+
+/* ---- scalar values ---- */
+
+static int parse_int(const char *v, long long *out) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end) return -1;
+    *out = x;
+    return 0;
+}
+
+static int parse_u64(const char *v, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (!isdigit((unsigned char)v[0])) return -1;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end) return -1;
+    *out = x;
+    return 0;
+}
+
+static int parse_bool(const char *v, int *out) {
+    static const char *t[] = {"true", "yes", "on", "1"}, *f[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcasecmp(v, t[i])) return *out = 1, 0;
+        if (!strcasecmp(v, f[i])) return *out = 0, 0;
+    }
+    return -1;
+}
+
+static void set_prompts(run_spec *s, char **list, int n) {
+    free_list(s->prompts, s->n_prompts);
+    s->prompts = list, s->n_prompts = n;
+}
+
+static void set_seeds(run_spec *s, uint64_t *list, int n) {
+    free(s->seeds);
+    s->seeds = list, s->n_seeds = n;
+}
+
+/* Apply one scalar value; `where` prefixes errors ("run.yaml:3:8: steps" or "--steps"). */
+static int apply_scalar(run_spec *s, const key_def *k, const char *v, const char *where) {
+    char *base = (char *)s;
+    switch (k->kind) {
+    case K_STR: {
+        if (k->choices) {
+            char buf[64];
+            snprintf(buf, sizeof buf, "|%s|", k->choices);
+            char pat[80];
+            snprintf(pat, sizeof pat, "|%s|", v);
+            if (!*v || !strstr(buf, pat))
+                return tp_error("%s: expected one of %s, got '%s'", where, k->choices, v);
+        }
+        char **f = (char **)(base + k->off);
+        free(*f);
+        *f = xstrdup(v);
+        return 0;
+    }
+    case K_INT: {
+        long long x;
+        if (parse_int(v, &x)) return tp_error("%s: expected an integer, got '%s'", where, v);
+        if (x < k->min || x > k->max)
+            return tp_error("%s: %lld is out of range (%.0f to %.0f)", where, x, k->min, k->max);
+        if ((k->off == OFF(width) || k->off == OFF(height)) && x % 16)
+            return tp_error("%s: %lld is not a multiple of 16 (try %lld)", where, x, (x + 8) / 16 * 16);
+        *(int *)(base + k->off) = (int)x;
+        return 0;
+    }
+    case K_FLOAT: {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (errno || end == v || *end || !isfinite(x)) return tp_error("%s: expected a number, got '%s'", where, v);
+        if (x < k->min || x > k->max)
+            return tp_error("%s: %g is out of range (%g to %g)", where, x, k->min, k->max);
+        *(double *)(base + k->off) = x;
+        return 0;
+    }
+    case K_BOOL: {
+        int b;
+        if (parse_bool(v, &b)) return tp_error("%s: expected true or false, got '%s'", where, v);
+        *(int *)(base + k->off) = b;
+        return 0;
+    }
+    case K_PROMPT: {
+        char **l = xmalloc(sizeof *l);
+        l[0] = xstrdup(v);
+        set_prompts(s, l, 1);
+        return 0;
+    }
+    case K_SEED: {
+        uint64_t x;
+        if (parse_u64(v, &x))
+            return tp_error("%s: expected a seed from 0 to 18446744073709551615, got '%s'", where, v);
+        uint64_t *l = xmalloc(sizeof *l);
+        l[0] = x;
+        set_seeds(s, l, 1);
+        return 0;
+    }
+    default:
+        return tp_error("%s: expects a list, not a single value", where);
+    }
+}
+
+/* ---- YAML ---- */
+
+typedef struct yctx {
+    yaml_document_t *doc;
+    const char *file;
+    char where[512];
+} yctx;
+
+static const char *at(yctx *c, const yaml_node_t *n, const char *key) {
+    snprintf(c->where, sizeof c->where, "%s:%zu:%zu: %s", c->file, n->start_mark.line + 1,
+             n->start_mark.column + 1, key);
+    return c->where;
+}
+
+static int is_null_scalar(const yaml_node_t *n) {
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return 0;
+    const char *v = (const char *)n->data.scalar.value;
+    return !*v || !strcmp(v, "~") || !strcmp(v, "null");
+}
+
+static const char *node_kind(const yaml_node_t *n) {
+    return n->type == YAML_SEQUENCE_NODE ? "a list" : n->type == YAML_MAPPING_NODE ? "a mapping" : "a value";
+}
+
+static int y_scalar(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *n) {
+    const char *where = at(c, n, k->name);
+    if (n->type != YAML_SCALAR_NODE)
+        return tp_error("%s: expected a single value, got %s", where, node_kind(n));
+    if (is_null_scalar(n)) return tp_error("%s: has no value", where);
+    const char *v = (const char *)n->data.scalar.value;
+    int quoted = n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE;
+    if (quoted && k->kind != K_STR && k->kind != K_PROMPT)
+        return tp_error("%s: expected %s, got the string \"%s\" (remove the quotes)", where,
+                        k->kind == K_BOOL ? "true or false" : "a number", v);
+    return apply_scalar(s, k, v, where);
+}
+
+static int y_prompts(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *n) {
+    if (n->type == YAML_SCALAR_NODE) return y_scalar(c, s, &k_keys[1] /* prompt */, n);
+    if (n->type != YAML_SEQUENCE_NODE) return tp_error("%s: expected a list of prompts", at(c, n, k->name));
+    int cnt = (int)(n->data.sequence.items.top - n->data.sequence.items.start);
+    if (cnt == 0) return tp_error("%s: the list is empty", at(c, n, k->name));
+    char **l = xcalloc((size_t)cnt, sizeof *l);
+    for (int i = 0; i < cnt; i++) {
+        yaml_node_t *it = yaml_document_get_node(c->doc, n->data.sequence.items.start[i]);
+        if (it->type != YAML_SCALAR_NODE || is_null_scalar(it)) {
+            free_list(l, i);
+            return tp_error("%s: item %d must be a prompt string", at(c, it, k->name), i + 1);
+        }
+        l[i] = xstrdup((const char *)it->data.scalar.value);
+    }
+    set_prompts(s, l, cnt);
+    return 0;
+}
+
+static int y_u64(yctx *c, const yaml_node_t *n, const char *name, uint64_t *out) {
+    const char *where = at(c, n, name);
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE ||
+        parse_u64((const char *)n->data.scalar.value, out))
+        return tp_error("%s: expected a seed (an integer from 0 to 18446744073709551615)%s%s%s", where,
+                        n->type == YAML_SCALAR_NODE ? ", got '" : "",
+                        n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : "",
+                        n->type == YAML_SCALAR_NODE ? "'" : "");
+    return 0;
+}
+
+#define MAX_SEEDS 1000000
+
+static int y_seed_range(yctx *c, run_spec *s, const yaml_node_t *n) {
+    uint64_t from = 0, count = 0;
+    int have_from = 0, have_count = 0;
+    for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = yaml_document_get_node(c->doc, p->key), *vn = yaml_document_get_node(c->doc, p->value);
+        const char *kname = kn->type == YAML_SCALAR_NODE ? (const char *)kn->data.scalar.value : "?";
+        if (!strcmp(kname, "from")) {
+            if (y_u64(c, vn, "seeds.from", &from)) return -1;
+            have_from = 1;
+        } else if (!strcmp(kname, "count")) {
+            if (y_u64(c, vn, "seeds.count", &count)) return -1;
+            if (count < 1 || count > MAX_SEEDS)
+                return tp_error("%s: %llu is out of range (1 to %d)", at(c, vn, "seeds.count"),
+                                (unsigned long long)count, MAX_SEEDS);
+            have_count = 1;
+        } else {
+            return tp_error("%s: unknown key '%s' (a seed range has 'from' and 'count')", at(c, kn, "seeds"), kname);
+        }
+    }
+    if (!have_from || !have_count)
+        return tp_error("%s: a seed range needs both 'from' and 'count', e.g. {from: 0, count: 100}",
+                        at(c, n, "seeds"));
+    if (from + (count - 1) < from) return tp_error("%s: the range passes 2^64", at(c, n, "seeds"));
+    uint64_t *l = xmalloc(count * sizeof *l);
+    for (uint64_t i = 0; i < count; i++) l[i] = from + i;
+    set_seeds(s, l, (int)count);
+    return 0;
+}
+
+static int y_seeds(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *n) {
+    if (n->type == YAML_SCALAR_NODE) return y_scalar(c, s, &k_keys[5] /* seed */, n);
+    if (n->type == YAML_MAPPING_NODE) return y_seed_range(c, s, n);
+    int cnt = (int)(n->data.sequence.items.top - n->data.sequence.items.start);
+    if (cnt == 0) return tp_error("%s: the list is empty", at(c, n, k->name));
+    uint64_t *l = xmalloc((size_t)cnt * sizeof *l);
+    for (int i = 0; i < cnt; i++)
+        if (y_u64(c, yaml_document_get_node(c->doc, n->data.sequence.items.start[i]), "seeds", &l[i])) {
+            free(l);
+            return -1;
+        }
+    set_seeds(s, l, cnt);
+    return 0;
+}
+
+static int y_document(yctx *c, run_spec *s) {
+    yaml_node_t *root = yaml_document_get_root_node(c->doc);
+    if (!root) return tp_error("%s: the run spec is empty", c->file);
+    if (root->type != YAML_MAPPING_NODE)
+        return tp_error("%s: the run spec must be a mapping of keys (e.g. 'steps: 4'), not %s", at(c, root, "top level"),
+                        node_kind(root));
+    int seen[N_KEYS] = {0};
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = yaml_document_get_node(c->doc, p->key), *vn = yaml_document_get_node(c->doc, p->value);
+        if (kn->type != YAML_SCALAR_NODE) return tp_error("%s: keys must be names", at(c, kn, "key"));
+        const char *name = (const char *)kn->data.scalar.value;
+        const key_def *k = find_key(name, 0);
+        if (!k) {
+            const char *hint = strchr(name, '-') ? " (spec keys use underscores: prompt_embeds, not prompt-embeds)" : "";
+            return tp_error("%s: unknown key '%s'%s; see 'tpgen generate --help' for the settings", at(c, kn, name), name, hint);
+        }
+        int idx = (int)(k - k_keys);
+        if (seen[idx]++) return tp_error("%s: the key is given twice", at(c, kn, name));
+        int rc = k->kind == K_PROMPTS ? y_prompts(c, s, k, vn)
+                 : k->kind == K_SEEDS ? y_seeds(c, s, k, vn)
+                                      : y_scalar(c, s, k, vn);
+        if (rc) return -1;
+    }
+    if (seen[1] && seen[2]) return tp_error("%s: give either 'prompt' or 'prompts', not both", c->file);
+    if (seen[5] && seen[6]) return tp_error("%s: give either 'seed' or 'seeds', not both", c->file);
+    return 0;
+}
+
+int runspec_load_string(run_spec *s, const char *yaml, const char *name) {
+    yaml_parser_t p;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&p)) return tp_error("%s: cannot initialise the YAML parser", name);
+    yaml_parser_set_input_string(&p, (const unsigned char *)yaml, strlen(yaml));
+    if (!yaml_parser_load(&p, &doc)) {
+        int rc = tp_error("%s:%zu:%zu: invalid YAML: %s%s%s", name, p.problem_mark.line + 1,
+                          p.problem_mark.column + 1, p.problem ? p.problem : "syntax error",
+                          p.context ? " " : "", p.context ? p.context : "");
+        yaml_parser_delete(&p);
+        return rc;
+    }
+    yctx c = {.doc = &doc, .file = name};
+    int rc = y_document(&c, s);
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&p);
+    return rc;
+}
+
+int runspec_load_file(run_spec *s, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return tp_error("cannot read the run spec %s: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0, k;
+    char *buf = xmalloc(cap);
+    while ((k = fread(buf + n, 1, cap - n - 1, f)) > 0)
+        if ((n += k) == cap - 1) buf = xrealloc(buf, cap *= 2);
+    int bad = ferror(f);
+    fclose(f);
+    buf[n] = 0;
+    if (bad || strlen(buf) != n) {
+        free(buf);
+        return tp_error("cannot read the run spec %s: %s", path, bad ? "read error" : "it contains NUL bytes");
+    }
+    int rc = runspec_load_string(s, buf, path);
+    free(buf);
+    if (!rc) {
+        free(s->spec_path);
+        s->spec_path = xstrdup(path);
+    }
+    return rc;
+}
+
+/* ---- flags ---- */
+
+static void flag_name(const key_def *k, char *buf, size_t n) {
+    snprintf(buf, n, "--%s", k->name);
+    for (char *p = buf; *p; p++)
+        if (*p == '_') *p = '-';
+}
+
+static const key_def *find_flag(const char *arg, const char **inline_val, size_t *len) {
+    const char *eq = strchr(arg, '=');
+    *len = eq ? (size_t)(eq - arg) : strlen(arg);
+    *inline_val = eq ? eq + 1 : NULL;
+    for (int i = 0; i < N_KEYS; i++) {
+        if (k_keys[i].spec_only) continue;
+        char f[64];
+        flag_name(&k_keys[i], f, sizeof f);
+        if (strlen(f) == *len && !strncmp(arg, f, *len)) return &k_keys[i];
+    }
+    return NULL;
+}
+
+void runspec_print_help(void) {
+    printf("usage: mpirun -np N tpgen [generate] --model DIR (--prompt TEXT | --prompt-embeds FILE[:TENSOR]) [OPTIONS]\n\n"
+           "Render images with a FLUX.2 model split across the ranks (tensor parallel).\n\noptions:\n");
+    for (int i = 0; i < N_KEYS; i++) {
+        const key_def *k = &k_keys[i];
+        if (k->spec_only) continue;
+        char f[64], left[128];
+        flag_name(k, f, sizeof f);
+        snprintf(left, sizeof left, "%s%s%s", f, k->arg ? " " : "", k->arg ? k->arg : "");
+        printf("  %-32s %s\n", left, k->help);
+    }
+    printf("  %-32s %s\n", "--help", "show this help");
+    printf("\nrun spec keys (YAML): every option above with '-' turned into '_' (prompt_embeds:),\n"
+           "plus prompts: [TEXT, ...] and seeds: [S, ...] or {from: S, count: N}. The batch is every\n"
+           "prompt x every seed; output/save_latents placeholders: {index} {seed} {prompt_index}\n"
+           "{seed_index} (with a zero-padded width: {index:04}), {prompt} (file-name-safe), {{ }}.\n");
+}
+
+int runspec_parse_args(run_spec *s, int argc, char **argv) {
+    /* --help and --spec first: the spec is the base the other flags override */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            runspec_print_help();
+            return 1;
+        }
+        if (!strncmp(argv[i], "--spec", 6) && (argv[i][6] == 0 || argv[i][6] == '=')) {
+            const char *v = argv[i][6] == '=' ? argv[i] + 7 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) return tp_error("--spec: expects a file name");
+            if (runspec_load_file(s, v)) return -1;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val;
+        size_t len;
+        if (a[0] != '-' || a[1] != '-')
+            return tp_error("unexpected argument '%s' (options start with --; quote a prompt: --prompt \"...\")", a);
+        const key_def *k = find_flag(a, &val, &len);
+        if (!k) return tp_error("unknown option '%.*s'; see 'tpgen generate --help'", (int)len, a);
+        char where[64];
+        flag_name(k, where, sizeof where);
+        if (k->kind == K_BOOL && !val) {
+            *(int *)((char *)s + k->off) = 1;
+            continue;
+        }
+        if (!val) {
+            if (i + 1 >= argc) return tp_error("%s: expects a value (%s)", where, k->arg);
+            val = argv[++i];
+        }
+        if (k->kind == K_SPEC) continue;   /* already read */
+        if (apply_scalar(s, k, val, where)) return -1;
+    }
+    return 0;
+}
+
+/* ---- consistency ---- */
+
+int runspec_check(const run_spec *s) {
+    if (!s->model) return tp_error("no model: give --model DIR (a FLUX.2 pipeline folder) or 'model:' in the run spec");
+    if (s->prompt_embeds && s->n_prompts)
+        return tp_error("give either a prompt or --prompt-embeds, not both");
+    if (!s->prompt_embeds && !s->n_prompts)
+        return tp_error("nothing to render: give --prompt TEXT (or 'prompts:' in a run spec) or --prompt-embeds FILE");
+    if (s->no_decode && !s->save_latents)
+        return tp_error("--no-decode without --save-latents would produce nothing; add --save-latents FILE");
+    int n = runspec_n_jobs(s);
+    const char *pats[2] = {s->output, s->save_latents};
+    const char *names[2] = {"--output", "--save-latents"};
+    for (int i = 0; i < 2; i++) {
+        if (!pats[i]) continue;
+        if (!*pats[i]) return tp_error("%s: the path is empty", names[i]);
+        char *p = runspec_output_path(s, pats[i], 0);
+        if (!p) return tp_error_context("%s", names[i]);
+        free(p);
+        if (n > 1 && !runspec_pattern_varies(pats[i]))
+            return tp_error("%s: %d jobs would all write '%s'; use a pattern such as out/{index:04}-{seed}.png",
+                            names[i], n, pats[i]);
+    }
+    return 0;
+}
+
+int runspec_n_jobs(const run_spec *s) {
+    int np = s->prompt_embeds ? 1 : s->n_prompts;
+    int ns = s->n_seeds ? s->n_seeds : 1;
+    return np * ns;
+}
+
+const char *runspec_job_prompt(const run_spec *s, int job) {
+    if (s->prompt_embeds || !s->n_prompts) return NULL;
+    int ns = s->n_seeds ? s->n_seeds : 1;
+    return s->prompts[job / ns];
+}
+
+uint64_t runspec_job_seed(const run_spec *s, int job) {
+    return s->n_seeds ? s->seeds[job % s->n_seeds] : 0;
+}
+
+/* ---- output patterns ---- */
+
+static const char *k_placeholders[] = {"index", "seed", "prompt_index", "seed_index", "prompt"};
+
+int runspec_pattern_varies(const char *p) {
+    for (; *p; p++) {
+        if (p[0] == '{' && p[1] == '{') { p++; continue; }
+        if (*p == '{') return 1;
+    }
+    return 0;
+}
+
+static void slug(const char *prompt, char *out, size_t cap) {
+    size_t n = 0;
+    int dash = 0;
+    for (const char *p = prompt ? prompt : "embeds"; *p && n + 1 < cap && n < 48; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (isalnum(ch)) {
+            if (dash && n) out[n++] = '-';
+            out[n++] = (char)tolower(ch);
+            dash = 0;
+        } else {
+            dash = 1;
+        }
+    }
+    out[n] = 0;
+    if (!n) snprintf(out, cap, "prompt");
+}
+
+char *runspec_output_path(const run_spec *s, const char *pat, int job) {
+    size_t cap = strlen(pat) + 256, n = 0;
+    char *out = xmalloc(cap);
+    int ns = s->n_seeds ? s->n_seeds : 1;
+    for (const char *p = pat; *p;) {
+        if (n + 128 >= cap) out = xrealloc(out, cap *= 2);
+        if ((p[0] == '{' && p[1] == '{') || (p[0] == '}' && p[1] == '}')) { out[n++] = *p; p += 2; continue; }
+        if (*p == '}') { free(out); tp_error("unmatched '}' in '%s' (write }} for a literal brace)", pat); return NULL; }
+        if (*p != '{') { out[n++] = *p++; continue; }
+        const char *end = strchr(p, '}');
+        if (!end) { free(out); tp_error("unclosed '{' in '%s'", pat); return NULL; }
+        char name[64] = "";
+        size_t len = (size_t)(end - p - 1);
+        if (len >= sizeof name) len = sizeof name - 1;
+        memcpy(name, p + 1, len);
+        name[len] = 0;
+        int width = 0;
+        char *colon = strchr(name, ':');
+        if (colon) {
+            *colon = 0;
+            long long w;
+            if (colon[1] != '0' || parse_int(colon + 1, &w) || w < 1 || w > 20) {
+                free(out);
+                tp_error("bad width in '{%s:%s}' of '%s' (write e.g. {index:04})", name, colon + 1, pat);
+                return NULL;
+            }
+            width = (int)w;
+        }
+        unsigned long long v = 0;
+        int known = 0;
+        for (int i = 0; i < 5; i++) known |= !strcmp(name, k_placeholders[i]);
+        if (!known) {
+            free(out);
+            tp_error("unknown placeholder '{%s}' in '%s' (known: {index} {seed} {prompt_index} {seed_index} {prompt})", name, pat);
+            return NULL;
+        }
+        if (!strcmp(name, "prompt")) {
+            if (width) { free(out); tp_error("{prompt} takes no width in '%s'", pat); return NULL; }
+            char sl[64];
+            slug(runspec_job_prompt(s, job), sl, sizeof sl);
+            n += (size_t)snprintf(out + n, cap - n, "%s", sl);
+        } else {
+            if (!strcmp(name, "index")) v = (unsigned long long)job;
+            else if (!strcmp(name, "seed")) v = runspec_job_seed(s, job);
+            else if (!strcmp(name, "prompt_index")) v = (unsigned long long)(job / ns);
+            else v = (unsigned long long)(job % ns);
+            n += (size_t)snprintf(out + n, cap - n, "%0*llu", width, v);
+        }
+        p = end + 1;
+    }
+    out[n] = 0;
+    return out;
+}
+
+int runspec_group_jobs(int n_jobs, int groups, int group, int *jobs) {
+    int n = 0;
+    for (int j = group; j < n_jobs; j += groups) jobs[n++] = j;
+    return n;
+}

@@ -1,0 +1,75 @@
+/* The settings of a generation run, from a YAML run spec and/or command-line
+ * flags. Each spec key is the flag's name with dashes turned into
+ * underscores (--prompt-embeds -> prompt_embeds:); flags override the spec.
+ *
+ * A run is a batch of jobs: every prompt x every seed, in that order
+ * (job index = prompt_index * n_seeds + seed_index). `output` is a path
+ * pattern with placeholders (runspec_output_path) so that each job gets its
+ * own file. */
+#ifndef TPGEN_RUNSPEC_H
+#define TPGEN_RUNSPEC_H
+#include <stdint.h>
+
+typedef struct run_spec {
+    char *model;                 /* --model DIR */
+    char **prompts;              /* --prompt (one) or prompts: [..] */
+    int n_prompts;
+    char *prompt_embeds;         /* FILE[:TENSOR] instead of prompts */
+    char *negative_prompt;       /* CFG negative prompt ("" by default) */
+    uint64_t *seeds;             /* --seed S, seeds: [..] or {from, count} */
+    int n_seeds;
+    int steps;                   /* 0: the model's default */
+    double guidance;             /* < 0: the model's default */
+    int width, height;           /* pixels, multiples of 16 */
+    char *output;                /* path or pattern; NULL: default */
+    char *precision;             /* "bf16" | "f32"; NULL: default (bf16) */
+    char *backend;               /* "cpu" | "cuda"; NULL: default */
+    int tp;                      /* 0: the whole world */
+    char *save_latents;          /* FILE or pattern */
+    int no_decode;
+    char *json_metrics;          /* FILE */
+    int max_sequence_length;     /* 0: 512 */
+    char *spec_path;             /* the spec file read, if any */
+} run_spec;
+
+void runspec_init(run_spec *s);
+void runspec_free(run_spec *s);
+
+/* Read a YAML run spec into s (keys present in the file replace the values
+ * in s). Errors name the file, the key, line and column:
+ * unknown keys, wrong types, out-of-range values, unreadable/invalid YAML. */
+int runspec_load_file(run_spec *s, const char *path);
+/* The same from a string (name is used in messages). */
+int runspec_load_string(run_spec *s, const char *yaml, const char *name);
+
+/* Parse command-line flags (argv[0] is the command name). --spec FILE is
+ * read first wherever it appears, then the other flags override it.
+ * Returns 0 ok, 1 when --help was given (help printed), -1 on error. */
+int runspec_parse_args(run_spec *s, int argc, char **argv);
+void runspec_print_help(void);
+
+/* Checks that need no files: the settings are consistent (prompt or
+ * embeddings, size, steps, outputs...). Called after parsing. */
+int runspec_check(const run_spec *s);
+
+/* Number of jobs (prompts x seeds; embeddings count as one prompt). */
+int runspec_n_jobs(const run_spec *s);
+/* The job's prompt (NULL with prompt embeddings) and seed. */
+const char *runspec_job_prompt(const run_spec *s, int job);
+uint64_t runspec_job_seed(const run_spec *s, int job);
+
+/* Expand an output pattern for a job: {index}, {seed}, {prompt_index},
+ * {seed_index} (each optionally with a zero-padded width, {index:04}),
+ * {prompt} (a file-name-safe slug of the prompt, at most 48 characters)
+ * and {{ / }} for literal braces. malloc'ed result; NULL + tp_error on a
+ * malformed pattern. */
+char *runspec_output_path(const run_spec *s, const char *pattern, int job);
+/* Whether a pattern varies with the job (has a job placeholder). */
+int runspec_pattern_varies(const char *pattern);
+
+/* Data parallelism: the jobs of TP group `group` out of `groups`
+ * (round-robin: job j belongs to group j % groups). Returns how many were
+ * written to jobs (room for runspec_n_jobs). */
+int runspec_group_jobs(int n_jobs, int groups, int group, int *jobs);
+
+#endif

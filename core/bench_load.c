@@ -1,0 +1,355 @@
+/* `tpgen bench load`: sharded vs naive checkpoint loading, and the
+ * generator of FLUX.2-shaped checkpoints it (and the tests) run on.
+ *
+ *   tpgen bench load --make DIR --shape klein-4b [--sparse] [--shards N] [--seed S]
+ *   mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--json]
+ *
+ * The generated checkpoint has the real tensor names and shapes (spec
+ * flux2-transformer.md §2) with random BF16 data, or holes (--sparse: a
+ * header-only file of the real size that costs no disk). */
+#include "weights.h"
+#include "dist.h"
+#include "err.h"
+#include "../kernels/ops.h"
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct flux2_shape {
+    const char *name;
+    int heads, layers, single, joint_dim, guidance;
+} flux2_shape;
+
+/* spec §1.1; head_dim 128, in_channels 128, timestep channels 256, mlp 3 */
+static const flux2_shape k_shapes[] = {
+    {"dev", 48, 8, 48, 15360, 1},
+    {"klein-4b", 24, 5, 20, 7680, 0},
+    {"klein-9b", 32, 8, 24, 12288, 0},
+    {"small", 4, 2, 3, 256, 1},   /* quick runs: the same structure, 1/12 of klein's width */
+};
+
+typedef struct inventory {
+    int n;
+    st_write_tensor *t;
+    char **names;
+} inventory;
+
+static void add(inventory *v, char *name, int64_t rows, int64_t cols) {
+    v->t = xrealloc(v->t, (size_t)(v->n + 1) * sizeof *v->t);
+    v->names = xrealloc(v->names, (size_t)(v->n + 1) * sizeof *v->names);
+    v->names[v->n] = name;
+    v->t[v->n] = (st_write_tensor){.name = name, .dtype = DT_BF16, .ndim = cols ? 2 : 1, .shape = {rows, cols}};
+    v->n++;
+}
+
+static void build_inventory(const flux2_shape *s, inventory *v) {
+    int64_t hd = 128, D = s->heads * hd, M = 3 * D, Ct = 256, C = 128;
+    memset(v, 0, sizeof *v);
+    add(v, xstrdup("x_embedder.weight"), D, C);
+    add(v, xstrdup("context_embedder.weight"), D, s->joint_dim);
+    add(v, xstrdup("time_guidance_embed.timestep_embedder.linear_1.weight"), D, Ct);
+    add(v, xstrdup("time_guidance_embed.timestep_embedder.linear_2.weight"), D, D);
+    if (s->guidance) {
+        add(v, xstrdup("time_guidance_embed.guidance_embedder.linear_1.weight"), D, Ct);
+        add(v, xstrdup("time_guidance_embed.guidance_embedder.linear_2.weight"), D, D);
+    }
+    add(v, xstrdup("double_stream_modulation_img.linear.weight"), 6 * D, D);
+    add(v, xstrdup("double_stream_modulation_txt.linear.weight"), 6 * D, D);
+    add(v, xstrdup("single_stream_modulation.linear.weight"), 3 * D, D);
+    add(v, xstrdup("norm_out.linear.weight"), 2 * D, D);
+    add(v, xstrdup("proj_out.weight"), C, D);
+    static const char *sq[] = {"to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_out.0", "to_add_out"};
+    static const char *nm[] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
+    for (int i = 0; i < s->layers; i++) {
+        for (int j = 0; j < 8; j++) add(v, xasprintf("transformer_blocks.%d.attn.%s.weight", i, sq[j]), D, D);
+        for (int j = 0; j < 4; j++) add(v, xasprintf("transformer_blocks.%d.attn.%s.weight", i, nm[j]), hd, 0);
+        add(v, xasprintf("transformer_blocks.%d.ff.linear_in.weight", i), 2 * M, D);
+        add(v, xasprintf("transformer_blocks.%d.ff.linear_out.weight", i), D, M);
+        add(v, xasprintf("transformer_blocks.%d.ff_context.linear_in.weight", i), 2 * M, D);
+        add(v, xasprintf("transformer_blocks.%d.ff_context.linear_out.weight", i), D, M);
+    }
+    for (int i = 0; i < s->single; i++) {
+        add(v, xasprintf("single_transformer_blocks.%d.attn.to_qkv_mlp_proj.weight", i), 3 * D + 2 * M, D);
+        add(v, xasprintf("single_transformer_blocks.%d.attn.norm_q.weight", i), hd, 0);
+        add(v, xasprintf("single_transformer_blocks.%d.attn.norm_k.weight", i), hd, 0);
+        add(v, xasprintf("single_transformer_blocks.%d.attn.to_out.weight", i), D, D + M);
+    }
+}
+
+static void free_inventory(inventory *v) {
+    for (int i = 0; i < v->n; i++) free(v->names[i]);
+    free(v->names), free(v->t);
+}
+
+/* Random BF16 in about [-0.05, 0.05]: a fast xorshift per chunk, seeded by
+ * tensor index and offset so the data do not depend on chunking. */
+static int fill_random(void *ctx, int index, void *buf, size_t offset, size_t n) {
+    uint64_t x = *(unsigned *)ctx * 0x9E3779B97F4A7C15ull ^ ((uint64_t)index << 40) ^ (offset + 1);
+    uint16_t *h = buf;
+    for (size_t i = 0; i < n / 2; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        h[i] = (uint16_t)(0x3c00 | (x & 0x7f) | ((x >> 8 & 1) << 15) | ((x >> 9 & 3) << 7)); /* ±2^-7..2^-4 */
+    }
+    return 0;
+}
+
+static int write_json(const char *path, json_t *j) {
+    int rc = json_dump_file(j, path, JSON_INDENT(2)) ? tp_error("cannot write %s", path) : 0;
+    json_decref(j);
+    return rc;
+}
+
+static int write_configs(const char *dir, const flux2_shape *s) {
+    char *tdir = xasprintf("%s/transformer", dir);
+    mkdir(dir, 0755);
+    mkdir(tdir, 0755);
+    json_t *cfg = json_pack("{s:i,s:i,s:n,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:[iiii],s:i,s:f,s:b,s:s}", "patch_size", 1,
+                            "in_channels", 128, "out_channels", "num_layers", s->layers, "num_single_layers",
+                            s->single, "attention_head_dim", 128, "num_attention_heads", s->heads,
+                            "joint_attention_dim", s->joint_dim, "timestep_guidance_channels", 256, "mlp_ratio", 3.0,
+                            "axes_dims_rope", 32, 32, 32, 32, "rope_theta", 2000, "eps", 1e-6, "guidance_embeds",
+                            s->guidance, "_class_name", "Flux2Transformer2DModel");
+    char *p = xasprintf("%s/config.json", tdir);
+    int rc = write_json(p, cfg);
+    free(p);
+    p = xasprintf("%s/model_index.json", dir);
+    if (!rc) rc = write_json(p, json_pack("{s:s,s:[ss]}", "_class_name", s->guidance ? "Flux2Pipeline" : "Flux2KleinPipeline",
+                                          "transformer", "diffusers", "Flux2Transformer2DModel"));
+    free(p), free(tdir);
+    return rc;
+}
+
+/* Write DIR (model_index.json, transformer/config.json and the weights:
+ * one file, or `shards` files + index with tensors dealt out shuffled). */
+int flux2_make_checkpoint(const char *dir, const char *shape, int sparse, int shards, unsigned seed) {
+    const flux2_shape *s = NULL;
+    for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
+        if (!strcmp(shape, k_shapes[i].name)) s = &k_shapes[i];
+    if (!s) return tp_error("unknown --shape '%s' (dev, klein-4b, klein-9b, small)", shape);
+    if (shards < 1) shards = 1;
+    if (write_configs(dir, s)) return -1;
+    inventory v;
+    build_inventory(s, &v);
+    /* a fixed shuffle so shards mix tensors as real checkpoints do */
+    for (int i = v.n - 1; i > 0; i--) {
+        int j = (int)((seed * 2654435761u + (unsigned)i * 40503u) % (unsigned)(i + 1));
+        st_write_tensor t = v.t[i];
+        v.t[i] = v.t[j], v.t[j] = t;
+    }
+    json_t *wm = json_object();
+    uint64_t total = 0;
+    for (int i = 0; i < v.n; i++) total += 2ull * (uint64_t)v.t[i].shape[0] * (uint64_t)(v.t[i].ndim == 2 ? v.t[i].shape[1] : 1);
+    int rc = 0, per = (v.n + shards - 1) / shards;
+    for (int f = 0; f < shards && !rc; f++) {
+        int lo = f * per, hi = lo + per < v.n ? lo + per : v.n;
+        char *fname = shards == 1 ? xstrdup("diffusion_pytorch_model.safetensors")
+                                  : xasprintf("diffusion_pytorch_model-%05d-of-%05d.safetensors", f + 1, shards);
+        char *path = xasprintf("%s/transformer/%s", dir, fname);
+        const char *meta[] = {"format", "pt", NULL};
+        rc = st_write_stream(path, v.t + lo, hi - lo, meta, sparse ? NULL : fill_random, &seed);
+        for (int i = lo; i < hi; i++) json_object_set_new(wm, v.t[i].name, json_string(fname));
+        free(path), free(fname);
+    }
+    if (!rc && shards > 1) {
+        char *p = xasprintf("%s/transformer/diffusion_pytorch_model.safetensors.index.json", dir);
+        rc = write_json(p, json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", wm));
+        free(p);
+    } else {
+        json_decref(wm);
+    }
+    free_inventory(&v);
+    return rc;
+}
+
+/* ---- the benchmark ---- */
+
+static long status_kb(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    size_t n = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n)) v = atol(line + n + 1);
+    if (f) fclose(f);
+    return v;
+}
+
+/* Fraction of the checkpoint's pages already in the page cache: says
+ * whether a measurement was a cold or a warm read. */
+static double cached_fraction(const checkpoint *c) {
+    double in = 0, all = 0;
+    long pg = sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < c->n_files; i++) {
+        const st_file *f = c->files[i];
+        size_t np = (f->file_size + (size_t)pg - 1) / (size_t)pg;
+        void *m = np ? mmap(NULL, f->file_size, PROT_READ, MAP_SHARED, f->fd, 0) : MAP_FAILED;
+        if (m == MAP_FAILED) continue;
+        unsigned char *vec = xmalloc(np);
+        if (mincore(m, f->file_size, vec) == 0)
+            for (size_t k = 0; k < np; k++) in += vec[k] & 1;
+        all += (double)np;
+        free(vec);
+        munmap(m, f->file_size);
+    }
+    return all > 0 ? in / all : 0;
+}
+
+/* The baseline: read each whole tensor into host memory, then copy out
+ * this rank's slice (what a loader does without byte ranges). */
+static int load_naive(const checkpoint *c, const plan *p, const load_opts *o, weights **w_out, load_stats *st,
+                      tensor ***tensors) {
+    memset(st, 0, sizeof *st);
+    *w_out = NULL;
+    double t0 = MPI_Wtime();
+    if (plan_validate(p, c, o->tp)) return -1;
+    tensor **ts = xcalloc((size_t)c->n, sizeof *ts);
+    for (int k = 0; k < c->n; k++) {
+        const st_file *f;
+        const st_tensor_info *ti = checkpoint_find(c, c->infos[k]->name, &f);
+        size_t sz = dtype_size(ti->dtype), nb = (size_t)(ti->end - ti->begin);
+        shard_info si;
+        if (plan_shard(p, ti, o->tp, &si)) return -1;
+        char *full = xmalloc(nb ? nb : 1);
+        if (st_read_raw(f, ti, full)) { free(full); return -1; }
+        st->bytes_read += nb;
+        ts[k] = tensor_new(o->be, ti->dtype, si.local_rows, si.local_cols);
+        if (!ts[k]) { free(full); return -1; }
+        shard_piece pc[PLAN_MAX_PIECES];
+        int np = plan_shard_pieces(&si, o->tp, o->rank, pc);
+        for (int j = 0; j < np; j++)
+            for (int64_t r = 0; r < pc[j].height; r++)
+                memcpy((char *)ts[k]->data + (size_t)(pc[j].dst_off + r * pc[j].dst_pitch) * sz,
+                       full + (size_t)(pc[j].src_off + r * pc[j].src_pitch) * sz, (size_t)pc[j].width * sz);
+        st->bytes_held += tensor_nbytes(ts[k]);
+        free(full);
+    }
+    st->n_tensors = c->n;
+    st->seconds = MPI_Wtime() - t0;
+    *tensors = ts;
+    return 0;
+}
+
+typedef struct bench_row {
+    double seconds, cached;
+    double bytes_read, bytes_held, rss_before_kb, peak_rss_kb;
+} bench_row;
+
+static void print_rows(const bench_row *rows, int n, const char *mode, const char *dir, int json) {
+    if (json) {
+        json_t *a = json_array();
+        for (int r = 0; r < n; r++)
+            json_array_append_new(a, json_pack("{s:i,s:f,s:f,s:f,s:f,s:f,s:f}", "rank", r, "seconds", rows[r].seconds,
+                                               "bytes_read", rows[r].bytes_read, "weight_bytes", rows[r].bytes_held,
+                                               "peak_rss_bytes", rows[r].peak_rss_kb * 1024, "rss_before_bytes",
+                                               rows[r].rss_before_kb * 1024, "page_cache_fraction", rows[r].cached));
+        json_t *o = json_pack("{s:s,s:s,s:i,s:o}", "mode", mode, "model", dir, "tp", n, "ranks", a);
+        char *s = json_dumps(o, JSON_INDENT(1));
+        printf("%s\n", s);
+        free(s);
+        json_decref(o);
+        return;
+    }
+    printf("load %s, tp %d, %s (page cache held %.0f%% of the checkpoint before the load)\n", dir, n, mode,
+           rows[0].cached * 100);
+    printf("%4s %9s %12s %9s %12s %12s %12s %6s\n", "rank", "seconds", "read GB", "GB/s", "weights GB", "peak RSS GB",
+           "target GB", "ok");
+    for (int r = 0; r < n; r++) {
+        double target = rows[r].bytes_held * 1.05 + 64e6;
+        printf("%4d %9.3f %12.3f %9.2f %12.3f %12.3f %12.3f %6s\n", r, rows[r].seconds, rows[r].bytes_read / 1e9,
+               rows[r].bytes_read / 1e9 / rows[r].seconds, rows[r].bytes_held / 1e9, rows[r].peak_rss_kb * 1024 / 1e9,
+               target / 1e9, rows[r].peak_rss_kb * 1024 <= target ? "yes" : "NO");
+    }
+}
+
+static int bench_usage(void) {
+    printf("usage: tpgen bench load --make DIR --shape dev|klein-4b|klein-9b|small [--sparse] [--shards N] [--seed S]\n"
+           "       mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--json]\n\n"
+           "--make writes a FLUX.2-shaped BF16 checkpoint (random data, or holes with --sparse).\n"
+           "--model loads DIR/transformer at tp = number of ranks; every rank reports its load time,\n"
+           "bytes read, weight bytes and peak RSS. One mode per run (peak RSS is per process).\n");
+    return 0;
+}
+
+static int run_load(dist *d, const char *dir, const char *mode, int json) {
+    char *tdir = xasprintf("%s/transformer", dir);
+    model_dir *m = NULL;
+    checkpoint *c = NULL;
+    json_t *cfg = NULL;
+    plan p;
+    int rc = model_dir_open(dir, &m);
+    if (!rc) rc = (cfg = model_dir_config(m, "transformer")) ? 0 : -1;
+    if (!rc) rc = plan_flux2(cfg, &p);
+    if (!rc) rc = checkpoint_open(tdir, &c);
+    bench_row row = {0};
+    if (!rc) row.cached = cached_fraction(c);
+    backend *be = backend_cpu_create(1);
+    load_opts o = {.tp = d->world_size, .rank = d->world_rank, .be = be, .dtype = DT_BF16,
+                   .use_mmap = !strcmp(mode, "mmap")};
+    load_stats st = {0};
+    weights *w = NULL;
+    tensor **naive = NULL;
+    MPI_Barrier(d->world);
+    row.rss_before_kb = (double)status_kb("VmRSS");
+    if (!rc) rc = !strcmp(mode, "naive") ? load_naive(c, &p, &o, &w, &st, &naive) : weights_load(c, &p, &o, &w, &st);
+    row.peak_rss_kb = (double)status_kb("VmHWM");
+    row.seconds = st.seconds, row.bytes_read = (double)st.bytes_read, row.bytes_held = (double)st.bytes_held;
+    rc = dist_agree(d->world, rc);
+    if (!rc) {
+        bench_row *rows = d->world_rank == 0 ? xcalloc((size_t)d->world_size, sizeof *rows) : NULL;
+        MPI_Gather(&row, sizeof row, MPI_BYTE, rows, sizeof row, MPI_BYTE, 0, d->world);
+        if (d->world_rank == 0) print_rows(rows, d->world_size, mode, dir, json);
+        free(rows);
+    } else {
+        dist_report_error(d->world);
+    }
+    for (int k = 0; naive && c && k < c->n; k++) tensor_free(naive[k]);
+    free(naive);
+    weights_free(w);
+    backend_destroy(be);
+    checkpoint_close(c);
+    json_decref(cfg);
+    model_dir_close(m);
+    free(tdir);
+    return rc ? 1 : 0;
+}
+
+int bench_load(int argc, char **argv) {
+    const char *make = NULL, *shape = "klein-4b", *model = NULL, *mode = "sharded";
+    int sparse = 0, shards = 1, json = 0;
+    unsigned seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return bench_usage();
+        else if (!strcmp(a, "--sparse")) sparse = 1;
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (v && !strcmp(a, "--make")) make = v, i++;
+        else if (v && !strcmp(a, "--shape")) shape = v, i++;
+        else if (v && !strcmp(a, "--model")) model = v, i++;
+        else if (v && !strcmp(a, "--mode")) mode = v, i++;
+        else if (v && !strcmp(a, "--shards")) shards = atoi(v), i++;
+        else if (v && !strcmp(a, "--seed")) seed = (unsigned)strtoul(v, NULL, 10), i++;
+        else { fprintf(stderr, "tpgen: error: bench load: unknown or incomplete option '%s'\n", a); return 2; }
+    }
+    if (make) {
+        if (flux2_make_checkpoint(make, shape, sparse, shards, seed)) {
+            fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
+            return 1;
+        }
+        printf("wrote %s (%s%s)\n", make, shape, sparse ? ", sparse" : "");
+        return 0;
+    }
+    if (!model) { bench_usage(); return 2; }
+    if (strcmp(mode, "sharded") && strcmp(mode, "mmap") && strcmp(mode, "naive")) {
+        fprintf(stderr, "tpgen: error: --mode must be sharded, mmap or naive\n");
+        return 2;
+    }
+    dist d;
+    if (dist_init(&argc, &argv, &d)) { fprintf(stderr, "tpgen: error: %s\n", tp_error_msg()); return 1; }
+    int rc = run_load(&d, model, mode, json);
+    dist_finalize(&d);
+    return rc;
+}

@@ -1,0 +1,233 @@
+/* Model folders (diffusers layout) and component checkpoints: one
+ * *.safetensors file, or shards listed by a *.safetensors.index.json. */
+#include "checkpoint.h"
+#include "err.h"
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int is_dir(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static json_t *load_json(const char *path, const char *what) {
+    json_error_t e;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+    if (!j) {
+        if (access(path, F_OK)) tp_error("%s missing: %s (is this a diffusers model folder?)", what, path);
+        else tp_error("%s: malformed JSON at line %d, column %d: %s", path, e.line, e.column, e.text);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        tp_error("%s: expected a JSON object", path);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+int model_dir_open(const char *root, model_dir **out) {
+    *out = NULL;
+    if (!is_dir(root))
+        return tp_error("model folder %s does not exist or is not a folder (pass --model DIR, the folder with "
+                        "model_index.json and transformer/)", root);
+    model_dir *m = xcalloc(1, sizeof *m);
+    m->root = xstrdup(root);
+    char *idx = xasprintf("%s/model_index.json", root);
+    if (access(idx, F_OK) == 0 && !(m->index = load_json(idx, "model_index.json"))) {
+        free(idx);
+        model_dir_close(m);
+        return -1;
+    }
+    free(idx);
+    *out = m;
+    return 0;
+}
+
+void model_dir_close(model_dir *m) {
+    if (!m) return;
+    json_decref(m->index);
+    free(m->root);
+    free(m);
+}
+
+char *model_dir_path(const model_dir *m, const char *component) { return xasprintf("%s/%s", m->root, component); }
+
+int model_dir_has(const model_dir *m, const char *component) {
+    char *p = model_dir_path(m, component);
+    int r = is_dir(p);
+    free(p);
+    return r;
+}
+
+json_t *model_dir_config(const model_dir *m, const char *component) {
+    char *p = xasprintf("%s/%s/config.json", m->root, component);
+    json_t *j = load_json(p, "component config");
+    free(p);
+    return j;
+}
+
+int model_dir_flag(const model_dir *m, const char *key, int def) {
+    json_t *v = m->index ? json_object_get(m->index, key) : NULL;
+    return json_is_boolean(v) ? json_is_true(v) : def;
+}
+
+/* ---- checkpoints ---- */
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* The file of dir ending in `suffix`: the only one, or when there are
+ * several the one named after a known component (diffusers / transformers
+ * names). *name NULL when there is none. */
+static int pick_file(const char *dir, const char *suffix, char **name) {
+    static const char *preferred[] = {"diffusion_pytorch_model", "model"};
+    *name = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return tp_error("cannot open checkpoint folder %s: %s", dir, strerror(errno));
+    int count = 0;
+    char *first = NULL, *pref = NULL;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!ends_with(e->d_name, suffix)) continue;
+        if (!strcmp(suffix, ".safetensors") && strstr(e->d_name, ".tmp.")) continue;
+        count++;
+        if (!first) first = xstrdup(e->d_name);
+        for (int i = 0; i < 2; i++) {
+            char *want = xasprintf("%s%s", preferred[i], suffix);
+            if (!strcmp(want, e->d_name) && (!pref || i == 0)) free(pref), pref = xstrdup(e->d_name);
+            free(want);
+        }
+    }
+    closedir(d);
+    if (count > 1 && !pref) {
+        free(first);
+        return tp_error("%s holds %d *%s files and none is named diffusion_pytorch_model%s or model%s; "
+                        "keep only one checkpoint in the folder", dir, count, suffix, suffix, suffix);
+    }
+    *name = pref ? pref : first;
+    if (pref) free(first);
+    return 0;
+}
+
+static const checkpoint *g_sort_ckpt;   /* qsort has no context argument */
+static int cmp_idx(const void *a, const void *b) {
+    return strcmp(g_sort_ckpt->infos[*(const int *)a]->name, g_sort_ckpt->infos[*(const int *)b]->name);
+}
+
+/* Sort infos (and file_of alongside) by name. */
+static void sort_tensors(checkpoint *c) {
+    int *ord = xmalloc((size_t)c->n * sizeof *ord);
+    for (int i = 0; i < c->n; i++) ord[i] = i;
+    g_sort_ckpt = c;
+    qsort(ord, (size_t)c->n, sizeof *ord, cmp_idx);
+    const st_tensor_info **infos = xmalloc((size_t)c->n * sizeof *infos);
+    int *fo = xmalloc((size_t)c->n * sizeof *fo);
+    for (int i = 0; i < c->n; i++) infos[i] = c->infos[ord[i]], fo[i] = c->file_of[ord[i]];
+    free(c->infos), free(c->file_of), free(ord);
+    c->infos = infos, c->file_of = fo;
+}
+
+static int add_file(checkpoint *c, const char *name) {
+    for (int i = 0; i < c->n_files; i++)
+        if (!strcmp(c->files[i]->path + strlen(c->dir) + 1, name)) return i;
+    if (strchr(name, '/'))
+        return tp_error("%s: shard name '%s' must be a file name inside the folder", c->dir, name);
+    char *p = xasprintf("%s/%s", c->dir, name);
+    st_file *f;
+    int rc = st_open(p, &f);
+    free(p);
+    if (rc) return -1;
+    c->files = xrealloc(c->files, (size_t)(c->n_files + 1) * sizeof *c->files);
+    c->files[c->n_files] = f;
+    return c->n_files++;
+}
+
+static int open_indexed(checkpoint *c, const char *index_name) {
+    char *ip = xasprintf("%s/%s", c->dir, index_name);
+    json_t *j = load_json(ip, "checkpoint index");
+    int rc = 0;
+    json_t *wm = j ? json_object_get(j, "weight_map") : NULL;
+    if (!j) rc = -1;
+    else if (!json_is_object(wm)) rc = tp_error("%s: no \"weight_map\" object", ip);
+    if (!rc) {
+        c->infos = xcalloc(json_object_size(wm), sizeof *c->infos);
+        c->file_of = xcalloc(json_object_size(wm), sizeof *c->file_of);
+    }
+    const char *k;
+    json_t *v;
+    if (!rc) json_object_foreach(wm, k, v) {
+        if (!json_is_string(v)) { rc = tp_error("%s: weight_map entry '%s' is not a file name", ip, k); break; }
+        int fi = add_file(c, json_string_value(v));
+        if (fi < 0) { rc = tp_error_context("%s names shard %s for tensor '%s'", ip, json_string_value(v), k); break; }
+        const st_tensor_info *t = st_find(c->files[fi], k);
+        if (!t) {
+            rc = tp_error("tensor '%s' is listed in %s but missing from %s (incomplete or mismatched download)", k,
+                          ip, c->files[fi]->path);
+            break;
+        }
+        c->infos[c->n] = t;
+        c->file_of[c->n++] = fi;
+    }
+    json_decref(j);
+    free(ip);
+    return rc;
+}
+
+static int open_single(checkpoint *c, const char *name) {
+    int fi = add_file(c, name);
+    if (fi < 0) return -1;
+    st_file *f = c->files[fi];
+    c->infos = xcalloc((size_t)f->n, sizeof *c->infos);
+    c->file_of = xcalloc((size_t)f->n, sizeof *c->file_of);
+    for (int i = 0; i < f->n; i++) c->infos[i] = &f->tensors[i], c->file_of[i] = fi;
+    c->n = f->n;
+    return 0;
+}
+
+int checkpoint_open(const char *dir, checkpoint **out) {
+    *out = NULL;
+    if (!is_dir(dir)) return tp_error("checkpoint folder %s does not exist", dir);
+    checkpoint *c = xcalloc(1, sizeof *c);
+    c->dir = xstrdup(dir);
+    char *idx = NULL, *single = NULL;
+    int rc = pick_file(dir, ".safetensors.index.json", &idx);
+    if (!rc && idx) rc = open_indexed(c, idx);
+    else if (!rc) {
+        rc = pick_file(dir, ".safetensors", &single);
+        if (!rc && !single) rc = tp_error("%s has no *.safetensors file and no *.safetensors.index.json", dir);
+        if (!rc) rc = open_single(c, single);
+    }
+    free(idx), free(single);
+    if (rc) { checkpoint_close(c); return -1; }
+    sort_tensors(c);
+    *out = c;
+    return 0;
+}
+
+void checkpoint_close(checkpoint *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_files; i++) st_close(c->files[i]);
+    free(c->files), free(c->infos), free(c->file_of), free(c->dir);
+    free(c);
+}
+
+const st_tensor_info *checkpoint_find(const checkpoint *c, const char *name, const st_file **file) {
+    int lo = 0, hi = c->n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2, r = strcmp(name, c->infos[mid]->name);
+        if (!r) {
+            if (file) *file = c->files[c->file_of[mid]];
+            return c->infos[mid];
+        }
+        if (r < 0) hi = mid - 1;
+        else lo = mid + 1;
+    }
+    return NULL;
+}

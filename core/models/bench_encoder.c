@@ -1,0 +1,183 @@
+/* `tpgen bench encoder`: (1) text-encoder forward time for a 512-token
+ * prompt on Qwen3-4B shapes with random in-memory weights, sharded over the
+ * ranks of each TP group; (2) per-rank text-encoder bytes for klein-4B
+ * (Qwen3-4B, 27 of 36 layers) and FLUX.2-dev (Mistral Small 24B, 30 of 40
+ * layers) at several TP degrees, computed through the TP plan on
+ * header-only (sparse) checkpoints with the real tensor shapes. */
+#include "llm_internal.h"
+#include "../comm.h"
+#include "../dist.h"
+#include "../err.h"
+#include "../../kernels/ops.h"
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const llm_config k_qwen3_4b = {.arch = LLM_QWEN3, .hidden = 2560, .n_layers = 36, .n_heads = 32,
+                                      .n_kv_heads = 8, .head_dim = 128, .ffn = 9728, .vocab = 151936,
+                                      .eps = 1e-6f, .rope_theta = 1e6, .qk_norm = 1};
+static const llm_config k_mistral_24b = {.arch = LLM_MISTRAL, .hidden = 5120, .n_layers = 40, .n_heads = 32,
+                                         .n_kv_heads = 8, .head_dim = 128, .ffn = 32768, .vocab = 131072,
+                                         .eps = 1e-5f, .rope_theta = 1e9, .qk_norm = 0};
+
+/* ---- (2) bytes through the plan ---- */
+
+static void add_tensor(json_t *hdr, const char *name, int64_t rows, int64_t cols, uint64_t *off) {
+    uint64_t bytes = (uint64_t)rows * (uint64_t)cols * 2;
+    json_t *shape = rows == 1 ? json_pack("[I]", (json_int_t)cols) : json_pack("[I, I]", (json_int_t)rows, (json_int_t)cols);
+    json_object_set_new(hdr, name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", "BF16", "shape", shape,
+                                             "data_offsets", (json_int_t)*off, (json_int_t)(*off + bytes)));
+    *off += bytes;
+}
+
+/* A BF16 checkpoint whose data area is a hole: the header has the real
+ * names and shapes, so the plan and the loader's byte ranges are real. */
+static int write_header_only(const char *path, const llm_config *c, const char *prefix, int extras) {
+    json_t *hdr = json_object();
+    uint64_t off = 0;
+    char name[192];
+    int64_t H = c->hidden, D = c->head_dim, q = (int64_t)c->n_heads * D, kv = (int64_t)c->n_kv_heads * D;
+    snprintf(name, sizeof name, "%sembed_tokens.weight", prefix);
+    add_tensor(hdr, name, c->vocab, H, &off);
+    snprintf(name, sizeof name, "%snorm.weight", prefix);
+    add_tensor(hdr, name, 1, H, &off);
+    struct { const char *w; int64_t r, cols; } lt[] = {
+        {"input_layernorm", 1, H}, {"post_attention_layernorm", 1, H}, {"self_attn.q_proj", q, H},
+        {"self_attn.k_proj", kv, H}, {"self_attn.v_proj", kv, H}, {"self_attn.o_proj", H, q},
+        {"mlp.gate_proj", c->ffn, H}, {"mlp.up_proj", c->ffn, H}, {"mlp.down_proj", H, c->ffn},
+        {"self_attn.q_norm", 1, D}, {"self_attn.k_norm", 1, D}};
+    for (int i = 0; i < c->n_layers; i++)
+        for (int j = 0; j < (c->qk_norm ? 11 : 9); j++) {
+            snprintf(name, sizeof name, "%slayers.%d.%s.weight", prefix, i, lt[j].w);
+            add_tensor(hdr, name, lt[j].r, lt[j].cols, &off);
+        }
+    if (extras) {   /* what a Mistral3 checkpoint also holds and the encoder never reads */
+        add_tensor(hdr, "language_model.lm_head.weight", c->vocab, H, &off);
+        add_tensor(hdr, "vision_tower.transformer.layers.0.attention.q_proj.weight", 1024, 1024, &off);
+    }
+    char *js = json_dumps(hdr, JSON_COMPACT);
+    json_decref(hdr);
+    uint64_t hl = strlen(js);
+    FILE *f = fopen(path, "wb");
+    int rc = f && fwrite(&hl, 8, 1, f) == 1 && fwrite(js, 1, hl, f) == hl ? 0 : -1;
+    if (f) fclose(f);
+    free(js);
+    if (!rc && truncate(path, (off_t)(8 + hl + off))) rc = -1;
+    return rc ? tp_error("cannot write %s", path) : 0;
+}
+
+static int plan_bytes(const char *label, const llm_config *base, const char *prefix, int extras, int n_run) {
+    char dir[] = "/tmp/tpgen-bench-enc-XXXXXX";
+    if (!mkdtemp(dir)) return tp_error("mkdtemp failed");
+    char *path = xasprintf("%s/model.safetensors", dir);
+    checkpoint *ck = NULL;
+    llm_config c = *base;
+    int rc = write_header_only(path, &c, prefix, extras);
+    if (!rc) rc = checkpoint_open(dir, &ck);
+    if (!rc) rc = llm_config_resolve_prefix(&c, ck);
+    uint64_t file_bytes = 0;
+    for (int i = 0; !rc && i < ck->n; i++) file_bytes += ck->infos[i]->end - ck->infos[i]->begin;
+    if (!rc) printf("%s: checkpoint %.2f GB (BF16); encoder uses %d of %d layers\n", label, file_bytes / 1e9, n_run,
+                    c.n_layers);
+    llm_want want = {&c, n_run, 0};
+    for (int tp = 1; !rc && tp <= 8; tp *= 2) {
+        llm_plan p;
+        rc = llm_plan_build(&c, tp, &p);
+        if (!rc) rc = plan_validate(&p.p, ck, tp);
+        uint64_t held = 0, sharded = 0;
+        for (int i = 0; !rc && i < ck->n; i++) {
+            if (!llm_want_tensor(ck->infos[i]->name, &want)) continue;
+            shard_info si;
+            rc = plan_shard(&p.p, ck->infos[i], tp, &si);
+            uint64_t b = (uint64_t)si.local_rows * (uint64_t)si.local_cols * 2;
+            held += b;
+            if (si.style != STYLE_REPLICATED) sharded += b;
+        }
+        if (!rc) printf("  tp %d: %.2f GB per rank (%.2f GB sharded + %.3f GB replicated), freed before denoising\n",
+                        tp, held / 1e9, sharded / 1e9, (held - sharded) / 1e9);
+    }
+    if (ck) checkpoint_close(ck);
+    unlink(path);
+    rmdir(dir);
+    free(path);
+    return rc;
+}
+
+/* ---- (1) forward time ---- */
+
+static int time_forward(dist *d, int n_tokens, int layers, int reps, dtype_t dt) {
+    backend *be = NULL;
+    if (backend_select("cpu", d->local_rank, d->local_size, &be)) return -1;
+    comm *c = comm_create_mpi(d->tp_comm, be);
+    llm_config cfg = k_qwen3_4b;
+    cfg.vocab = 4096;   /* gather cost does not depend on the table size; keeps setup short */
+    strcpy(cfg.prefix, "model.");
+    llm *m = NULL;
+    size_t base = be->bytes_in_use;
+    int rc = dist_agree(d->world, llm_init_random(&cfg, layers, be, c, dt, 1234, &m));
+    int32_t *ids = xmalloc((size_t)n_tokens * sizeof *ids), *mask = xmalloc((size_t)n_tokens * sizeof *mask);
+    for (int i = 0; i < n_tokens; i++) ids[i] = (i * 131 + 7) % cfg.vocab, mask[i] = i < n_tokens * 3 / 4;
+    int idx[1] = {layers};
+    float *out = xmalloc((size_t)n_tokens * cfg.hidden * sizeof *out);
+    double best = 1e30, ar = 0;
+    for (int r = 0; !rc && r < reps; r++) {
+        c->allreduce_seconds = 0;
+        MPI_Barrier(d->world);
+        double t0 = MPI_Wtime();
+        rc = llm_forward(m, ids, mask, n_tokens, idx, 1, out);
+        double t = MPI_Wtime() - t0;
+        MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, d->world);
+        if (t < best) best = t, ar = c->allreduce_seconds;
+    }
+    size_t held = m ? (size_t)llm_bytes(m) : 0, peak = be->peak_bytes;
+    llm_free(m);
+    if (!rc && d->world_rank == 0)
+        printf("qwen3-4B shapes, %s weights, %d tokens, tp %d: %d layers in %.3f s (%.3f s/layer, all-reduce %.1f%%) "
+               "-> 27 layers ~ %.1f s (extrapolated); weights %.2f GB/rank, peak %.2f GB, after free %.3f GB\n",
+               dt == DT_BF16 ? "bf16" : "f32", n_tokens, d->tp, layers, best, best / layers, 100 * ar / best,
+               best / layers * 27, held / 1e9, peak / 1e9, (be->bytes_in_use - base) / 1e9);
+    free(ids), free(mask), free(out);
+    comm_destroy(c);
+    backend_destroy(be);
+    return rc;
+}
+
+int bench_encoder(int argc, char **argv) {
+    int tokens = 512, layers = 2, reps = 2, tp = 0, skip_time = 0;
+    const char *prec = "bf16";
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(argv[i], "--tokens")) tokens = atoi(v), i++;
+        else if (!strcmp(argv[i], "--layers")) layers = atoi(v), i++;
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(v), i++;
+        else if (!strcmp(argv[i], "--tp")) tp = atoi(v), i++;
+        else if (!strcmp(argv[i], "--precision")) prec = v, i++;
+        else if (!strcmp(argv[i], "--bytes-only")) skip_time = 1;
+        else {
+            printf("usage: mpirun -np N tpgen bench encoder [--tokens 512] [--layers 2] [--reps 2] [--tp N]\n"
+                   "                                        [--precision bf16|f32] [--bytes-only]\n"
+                   "Times --layers Qwen3-4B layers (random weights) and extrapolates to the 27 klein runs;\n"
+                   "then prints per-rank text-encoder bytes for klein-4B and FLUX.2-dev through the TP plan.\n");
+            return strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    if (tokens < 1 || layers < 1 || layers > 36 || reps < 1) {
+        fprintf(stderr, "tpgen: error: bench encoder: bad --tokens/--layers/--reps\n");
+        return 2;
+    }
+    dist d;
+    if (dist_init(&argc, &argv, &d)) return fprintf(stderr, "tpgen: error: %s\n", tp_error_msg()), 1;
+    int rc = dist_agree(d.world, dist_set_tp(&d, tp));
+    if (!rc && !skip_time) rc = time_forward(&d, tokens, layers, reps, strcmp(prec, "f32") ? DT_BF16 : DT_F32);
+    if (!rc && d.world_rank == 0) {
+        rc = plan_bytes("klein-4B text encoder (Qwen3-4B)", &k_qwen3_4b, "model.", 0, 27);
+        if (!rc) rc = plan_bytes("FLUX.2-dev text encoder (Mistral Small 3.x 24B)", &k_mistral_24b,
+                                 "language_model.model.", 1, 30);
+    }
+    rc = dist_agree(d.world, rc);
+    if (rc) dist_report_error(d.world);
+    dist_finalize(&d);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,129 @@
+/* The FLUX.2 transformer (Flux2Transformer2DModel, spec flux2-transformer.md
+ * §1-§5) computed tensor-parallel: each rank holds its shard of the weights
+ * (plan_flux2), computes its local heads and MLP columns, and the partial
+ * sums of the row-split projections are joined by comm_allreduce_sum. Every
+ * rank ends a forward with the same full output.
+ *
+ * The forward is written once against kernels/ops.h. Two precisions:
+ *   DT_F32  weights upcast at load, f32 activations (the reference mode);
+ *   DT_BF16 weights stay bf16, activations bf16 between ops, rounded where
+ *           eager PyTorch in bf16 rounds (spec §3).
+ *
+ * Threading: a model is used by one thread at a time. All TP ranks of the
+ * group must call flux2_forward in lockstep with the same inputs. */
+#ifndef TPGEN_FLUX2_H
+#define TPGEN_FLUX2_H
+#include "../tensor.h"
+#include "../weights.h"
+#include <jansson.h>
+#include <stdint.h>
+
+struct backend;
+struct comm;
+
+#define FLUX2_MAX_AXES 4
+
+/* config.json fields (§1.1) and the derived sizes (§1.2). */
+typedef struct flux2_config {
+    int patch_size;
+    int in_channels;
+    int out_channels;          /* null in config.json -> in_channels */
+    int num_layers;            /* double-stream blocks */
+    int num_single_layers;
+    int head_dim;              /* attention_head_dim */
+    int heads;                 /* num_attention_heads */
+    int joint_dim;             /* joint_attention_dim Jt */
+    int time_channels;         /* timestep_guidance_channels Ct */
+    double mlp_ratio;
+    int n_axes;
+    int axes_dims[FLUX2_MAX_AXES];
+    double rope_theta;
+    float eps;
+    int guidance_embeds;
+    /* derived */
+    int64_t D;                 /* heads * head_dim */
+    int64_t M;                 /* int(D * mlp_ratio) */
+    int64_t out_dim;           /* patch_size^2 * out_channels */
+} flux2_config;
+
+/* Parse and check a config.json object. Missing fields take the diffusers
+ * defaults; inconsistent values (axes not summing to head_dim, odd axis
+ * dims, non-positive sizes) are errors naming the field. */
+int flux2_config_parse(const json_t *cfg, const char *where, flux2_config *out);
+
+typedef struct flux2_model flux2_model;
+
+/* Load <transformer_dir>/config.json and the checkpoint in that folder;
+ * this rank reads only its shard (rank c->rank of c->size). precision is
+ * DT_F32 or DT_BF16. Shapes are checked against the config. On failure
+ * returns -1 with tp_error set (the caller agrees on errors with
+ * dist_agree over c->mpi). st may be NULL. */
+int flux2_load(const char *transformer_dir, struct backend *be, struct comm *c, dtype_t precision,
+               flux2_model **out, load_stats *st);
+
+/* A model with random weights of the given config, generated in memory
+ * (benchmarks; no file). Each rank fills its local shard from `seed` and
+ * its rank. Weights ~ N(0, 1/in_features) so activations stay O(1). */
+int flux2_init_random(const flux2_config *cfg, struct backend *be, struct comm *c, dtype_t precision,
+                      uint64_t seed, flux2_model **out);
+
+void flux2_free(flux2_model *m);
+
+const flux2_config *flux2_get_config(const flux2_model *m);
+dtype_t flux2_precision(const flux2_model *m);
+struct comm *flux2_comm(const flux2_model *m);
+struct backend *flux2_backend(const flux2_model *m);
+
+/* One forward pass (batch 1). Host f32 in/out; in bf16 mode inputs are
+ * rounded to bf16 on upload.
+ *   x        [N, in_channels]   packed image tokens (noise, then references)
+ *   img_ids  [N, 4]             (T, H, W, L) per image token
+ *   txt      [L, joint_dim]     prompt embeddings
+ *   txt_ids  [L, 4]
+ *   timestep the value the pipeline passes (sigma-like, t/1000); the model
+ *            multiplies by 1000 itself (bf16-rounded in bf16 mode)
+ *   guidance NULL, or the embedded guidance (models with guidance_embeds;
+ *            ignored by models without it)
+ *   out      [N, out_dim], written on every rank
+ * The context projection of txt is cached (two most recent prompts), so the
+ * same embeddings across steps cost one projection. Collective over the
+ * model's comm. Returns -1 with tp_error on bad arguments or comm failure. */
+int flux2_forward(flux2_model *m, const float *x, int64_t N, const int32_t *img_ids,
+                  const float *txt, int64_t L, const int32_t *txt_ids,
+                  float timestep, const float *guidance, float *out);
+
+/* Fuse the image and text partials of a sub-layer into one all-reduce
+ * (default on): 2 all-reduces per double block instead of 4. */
+void flux2_set_fused_allreduce(flux2_model *m, int on);
+/* Synchronise the backend around attention and all-reduces so that the
+ * timers below measure them (default off on GPUs, where it costs overlap;
+ * on the CPU backend ops are synchronous anyway). */
+void flux2_set_profiling(flux2_model *m, int on);
+
+/* Per-forward counters, accumulated over calls until flux2_reset_stats. */
+typedef struct flux2_stats {
+    long forwards;
+    double seconds;            /* wall time inside flux2_forward */
+    double allreduce_seconds;
+    long allreduces;
+    uint64_t allreduce_bytes;
+    double attention_seconds;  /* valid with profiling on or on the CPU backend */
+    long txt_cache_hits, txt_cache_misses;
+    double gemm_flops;         /* FLOPs of the GEMMs this rank ran */
+    double attention_flops;    /* 4 * S^2 * hd * local heads per attention */
+} flux2_stats;
+
+void flux2_get_stats(const flux2_model *m, flux2_stats *st);
+void flux2_reset_stats(flux2_model *m);
+
+/* ---- host-side pieces, exposed for tests ---- */
+
+/* Sinusoidal embedding of a scalar value (§4.2): width `channels`, cos
+ * first, then sin; max period 10000; fp32 math. */
+void flux2_sinusoid(float value, int channels, float *out);
+/* RoPE tables for n tokens with ids [n, 4] (§4.5): cos/sin [n, head_dim],
+ * float64 angles rounded to f32, each frequency repeated twice. */
+void flux2_rope_table(const flux2_config *cfg, const int32_t *ids, int64_t n, float *cos_out,
+                      float *sin_out);
+
+#endif

@@ -1,0 +1,110 @@
+/* A decoder-only LLM (Qwen3 or Mistral) used as a text encoder: one forward
+ * pass whose model differences are configuration (spec flux2-text-vae.md §3).
+ *
+ *   x = embed(ids)                           hidden state 0
+ *   per layer: x += O(attn(rope(qk_norm?(Q,K)(rms(x))), V))
+ *              x += Down(silu(Gate(rms(x))) * Up(rms(x)))
+ *                                             hidden state i = x after layer i-1
+ *   hidden state N = final RMSNorm of the last layer's output
+ *
+ * Tensor parallelism (Megatron style): Q/K/V/gate/up are split by output
+ * rows (colwise), O/down by input columns (rowwise) with an all-reduce of
+ * their [L, H] partial outputs; RMSNorm weights are replicated. Rules for
+ * counts tp does not divide, in llm_plan_build:
+ * - query heads and intermediate size: tp must divide them (clear error);
+ * - KV heads: sharded when tp divides n_kv_heads; otherwise K/V are
+ *   replicated (every rank projects all KV heads, a small cost next to the
+ *   MLP) and each rank uses the ones its query heads map to;
+ * - embedding table: vocab-sharded (rows split, out-of-range ids gather 0,
+ *   then one all-reduce of [L, H]) when tp divides the vocabulary,
+ *   otherwise replicated. */
+#ifndef TPGEN_LLM_H
+#define TPGEN_LLM_H
+#include "../checkpoint.h"
+#include "../weights.h"
+#include "../../plans/plan.h"
+#include <jansson.h>
+#include <stdint.h>
+
+struct backend;
+struct comm;
+
+typedef enum { LLM_QWEN3 = 0, LLM_MISTRAL = 1 } llm_arch;
+
+typedef struct llm_config {
+    llm_arch arch;
+    int hidden, n_layers, n_heads, n_kv_heads, head_dim, ffn, vocab;
+    float eps;
+    double rope_theta;
+    int qk_norm;            /* per-head q/k RMSNorm before RoPE (Qwen3) */
+    char prefix[64];        /* weight-name prefix, e.g. "model." or "language_model.model." */
+} llm_config;
+
+/* Parse text_encoder/config.json (Qwen3 flat; Mistral3 with a nested
+ * text_config). The prefix is left empty: llm_config_resolve_prefix fills it. */
+int llm_config_parse(const json_t *config, const char *where, llm_config *out);
+/* Find which accepted prefix the checkpoint uses (spec §3.6 for Mistral). */
+int llm_config_resolve_prefix(llm_config *cfg, const checkpoint *ck);
+const char *llm_arch_name(llm_arch a);
+
+/* The TP plan for degree tp (rule tables in plans/qwen3_plan.c and
+ * plans/mistral_plan.c; globs are the table's suffixes behind the
+ * checkpoint's prefix). The plan points into its own llm_plan: do not copy
+ * an llm_plan after filling it. Fails when tp does not divide the query
+ * heads or the MLP size. */
+#define LLM_PLAN_MAX_RULES 12
+typedef struct llm_plan {
+    plan p;
+    plan_rule rules[LLM_PLAN_MAX_RULES];
+    char globs[LLM_PLAN_MAX_RULES][160];
+} llm_plan;
+
+/* One row of a plan table: glob suffix, style, and when the rule applies. */
+typedef enum { LLM_RULE_ALWAYS = 0, LLM_RULE_IF_TP_DIVIDES_KV, LLM_RULE_IF_TP_DIVIDES_VOCAB } llm_rule_when;
+typedef struct llm_rule {
+    const char *suffix;
+    shard_style style;
+    llm_rule_when when;
+} llm_rule;
+
+int plan_qwen3(const llm_config *cfg, int tp, llm_plan *out);
+int plan_mistral(const llm_config *cfg, int tp, llm_plan *out);
+int llm_plan_build(const llm_config *cfg, int tp, llm_plan *out);   /* dispatches on arch */
+/* Shared by both plans: instantiate `table` for cfg's prefix and degree tp. */
+int llm_plan_fill(const llm_config *cfg, int tp, const char *model, const llm_rule *table, int n,
+                  llm_plan *out);
+
+/* Layer-selection filter for weights_load: the embedding table, layers
+ * [0, n_run) and the final norm when with_norm; never lm_head or the
+ * vision tower. */
+typedef struct llm_want {
+    const llm_config *cfg;
+    int n_run, with_norm;
+} llm_want;
+int llm_want_tensor(const char *name, void *ctx);
+
+typedef struct llm llm;
+
+/* Load the weights needed to produce hidden states up to index max_index
+ * (<= n_layers; n_layers means the final norm too). Collective over c when
+ * c is not NULL (tp = c->size, rank = c->rank). */
+int llm_load(const checkpoint *ck, const llm_config *cfg, int max_index, struct backend *be,
+             struct comm *c, dtype_t precision, llm **out, load_stats *st);
+void llm_free(llm *m);
+const llm_config *llm_cfg(const llm *m);
+uint64_t llm_bytes(const llm *m);     /* backend bytes of this rank's weights */
+
+/* Run the encoder on n tokens (positions 0..n-1, causal + key-padding
+ * mask; mask NULL = all real) and write the hidden states with indices
+ * idx[0..n_idx) stacked per token into out[n, n_idx*H] (host, f32):
+ * out[t, k*H + d] = hidden_states[idx[k]][t, d]. Runs only the layers the
+ * largest index needs. Collective over the model's communicator. */
+int llm_forward(llm *m, const int32_t *ids, const int32_t *mask, int n, const int *idx, int n_idx,
+                float *out);
+
+/* RoPE tables as the HF reference computes them (fp32 inv_freq, fp32
+ * angle = pos * inv_freq, cos/sin of the fp32 angle; each frequency twice,
+ * [n, head_dim], the rotate-half layout op_rope ROPE_HALF expects). */
+void llm_rope_tables(int n, int head_dim, double theta, float *cos_out, float *sin_out);
+
+#endif

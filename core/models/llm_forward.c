@@ -1,0 +1,170 @@
+/* The LLM forward pass on the op interface (llm.h). Activations and the
+ * residual stream are f32 whatever the weight dtype: the encoder runs once
+ * per prompt, so the extra bytes are small, and it keeps bf16 runs close to
+ * the reference (spec flux2-text-vae.md §3.7). */
+#include "llm_internal.h"
+#include "../comm.h"
+#include "../dist.h"
+#include "../err.h"
+#include "../../kernels/ops.h"
+#include <math.h>
+#include <stdlib.h>
+
+/* Per-forward scratch, all f32 on the backend. */
+typedef struct fwd_bufs {
+    tensor *x, *xn, *q, *k, *v, *att, *y, *gate, *up, *act, *out, *cos, *sin, *key_valid, *emb;
+} fwd_bufs;
+
+static void bufs_free(fwd_bufs *b) {
+    tensor *all[] = {b->x, b->xn, b->q, b->k, b->v, b->att, b->y, b->gate, b->up, b->act, b->out,
+                     b->cos, b->sin, b->key_valid, b->emb};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
+}
+
+static int bufs_alloc(llm *m, int n, int n_idx, fwd_bufs *b) {
+    const llm_config *c = &m->cfg;
+    backend *be = m->be;
+    int64_t H = c->hidden, D = c->head_dim;
+    struct { tensor **t; dtype_t dt; int64_t r, cols; } want[] = {
+        {&b->x, DT_F32, n, H}, {&b->xn, DT_F32, n, H}, {&b->y, DT_F32, n, H},
+        {&b->q, DT_F32, n, m->nq_local * D}, {&b->att, DT_F32, n, m->nq_local * D},
+        {&b->k, DT_F32, n, m->nkv_held * D}, {&b->v, DT_F32, n, m->nkv_held * D},
+        {&b->gate, DT_F32, n, m->ffn_local}, {&b->up, DT_F32, n, m->ffn_local},
+        {&b->act, DT_F32, n, m->ffn_local}, {&b->out, DT_F32, n, (int64_t)n_idx * H},
+        {&b->cos, DT_F32, n, D}, {&b->sin, DT_F32, n, D}, {&b->key_valid, DT_I32, 1, n},
+        {&b->emb, m->embed->dtype, n, H},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!(*want[i].t = tensor_new(be, want[i].dt, want[i].r, want[i].cols)))
+            return tp_error_context("text encoder activations for %d tokens", n);
+    return 0;
+}
+
+static int upload_inputs(llm *m, const int32_t *mask, int n, fwd_bufs *b) {
+    int D = m->cfg.head_dim, rc = 0;
+    float *cs = xmalloc((size_t)n * D * sizeof *cs), *sn = xmalloc((size_t)n * D * sizeof *sn);
+    int32_t *kv = xmalloc((size_t)n * sizeof *kv);
+    llm_rope_tables(n, D, m->cfg.rope_theta, cs, sn);
+    for (int i = 0; i < n; i++) kv[i] = mask ? (mask[i] != 0) : 1;
+    if (tensor_upload_f32(b->cos, cs) || tensor_upload_f32(b->sin, sn) || tensor_upload_raw(b->key_valid, kv)) rc = -1;
+    free(cs), free(sn), free(kv);
+    return rc;
+}
+
+static int allreduce(llm *m, tensor *t) {
+    return m->comm && m->tp > 1 ? comm_allreduce_sum(m->comm, t) : 0;
+}
+
+/* Hidden state 0: embedding rows (vocab shards gather their rows, zeros
+ * elsewhere, then sum). */
+static int embed(llm *m, const int32_t *ids, int n, fwd_bufs *b) {
+    int64_t row0 = m->vocab_sharded ? (int64_t)m->rank * (m->cfg.vocab / m->tp) : 0;
+    op_gather_rows(m->be, b->emb, m->embed, ids, n, row0);
+    op_copy(m->be, b->x, b->emb);
+    return m->vocab_sharded ? allreduce(m, b->x) : 0;
+}
+
+/* Attention of this rank's query heads. With sharded K/V the local heads
+ * map onto local KV heads like the global ones; with replicated K/V each
+ * KV head gets one call with the local query heads that use it. */
+static void attend(llm *m, fwd_bufs *b) {
+    const llm_config *c = &m->cfg;
+    int D = c->head_dim;
+    attn_params p = {.n_q_heads = m->nq_local, .n_kv_heads = m->nkv_held, .head_dim = D,
+                     .scale = 1.0f / sqrtf((float)D), .causal = 1, .q_pos0 = 0, .key_valid = b->key_valid};
+    if (m->kv_sharded) {
+        op_attention(m->be, b->att, b->q, b->k, b->v, &p);
+        return;
+    }
+    int group = c->n_heads / c->n_kv_heads, h0 = m->rank * m->nq_local, h1 = h0 + m->nq_local;
+    for (int j = h0 / group; j * group < h1; j++) {
+        int a = j * group > h0 ? j * group : h0, e = (j + 1) * group < h1 ? (j + 1) * group : h1;
+        tensor q = tensor_cols(b->q, (int64_t)(a - h0) * D, (int64_t)(e - a) * D);
+        tensor o = tensor_cols(b->att, (int64_t)(a - h0) * D, (int64_t)(e - a) * D);
+        tensor k = tensor_cols(b->k, (int64_t)j * D, D), v = tensor_cols(b->v, (int64_t)j * D, D);
+        p.n_q_heads = e - a;
+        p.n_kv_heads = 1;
+        op_attention(m->be, &o, &q, &k, &v, &p);
+    }
+}
+
+static int layer_forward(llm *m, const llm_layer *L, fwd_bufs *b) {
+    const llm_config *c = &m->cfg;
+    backend *be = m->be;
+    op_rmsnorm(be, b->xn, b->x, L->in_norm, c->hidden, c->eps);
+    op_gemm(be, b->q, b->xn, L->q, NULL);
+    op_gemm(be, b->k, b->xn, L->k, NULL);
+    op_gemm(be, b->v, b->xn, L->v, NULL);
+    if (c->qk_norm) {
+        op_rmsnorm(be, b->q, b->q, L->q_norm, c->head_dim, c->eps);
+        op_rmsnorm(be, b->k, b->k, L->k_norm, c->head_dim, c->eps);
+    }
+    op_rope(be, b->q, b->cos, b->sin, c->head_dim, ROPE_HALF);
+    op_rope(be, b->k, b->cos, b->sin, c->head_dim, ROPE_HALF);
+    attend(m, b);
+    op_gemm(be, b->y, b->att, L->o, NULL);
+    if (allreduce(m, b->y)) return -1;
+    op_add(be, b->x, b->x, b->y);
+
+    op_rmsnorm(be, b->xn, b->x, L->post_norm, c->hidden, c->eps);
+    op_gemm(be, b->gate, b->xn, L->gate, NULL);
+    op_gemm(be, b->up, b->xn, L->up, NULL);
+    op_swiglu(be, b->act, b->gate, b->up);
+    op_gemm(be, b->y, b->act, L->down, NULL);
+    if (allreduce(m, b->y)) return -1;
+    op_add(be, b->x, b->x, b->y);
+    return 0;
+}
+
+/* Copy hidden state `index` (in src) into every output slot that asks for it. */
+static void capture(llm *m, fwd_bufs *b, const tensor *src, int index, const int *idx, int n_idx) {
+    int64_t H = m->cfg.hidden;
+    for (int k = 0; k < n_idx; k++)
+        if (idx[k] == index) {
+            tensor dst = tensor_cols(b->out, k * H, H);
+            op_copy(m->be, &dst, src);
+        }
+}
+
+static int check_request(llm *m, const int32_t *ids, int n, const int *idx, int n_idx, int *max_idx) {
+    const llm_config *c = &m->cfg;
+    if (n <= 0) return tp_error("text encoder: no tokens to encode");
+    if (n_idx <= 0) return tp_error("text encoder: no hidden states requested");
+    *max_idx = 0;
+    for (int k = 0; k < n_idx; k++) {
+        int top = m->with_norm ? c->n_layers : m->n_run;
+        if (idx[k] < 0 || idx[k] > top)
+            return tp_error("text encoder: hidden state %d requested but only 0..%d are loaded (%d layers)",
+                            idx[k], top, c->n_layers);
+        if (idx[k] > *max_idx) *max_idx = idx[k];
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return tp_error("text encoder: token id %d at position %d is outside the vocabulary (0..%d); "
+                            "tokenizer and text encoder do not match", ids[i], i, c->vocab - 1);
+    return 0;
+}
+
+int llm_forward(llm *m, const int32_t *ids, const int32_t *mask, int n, const int *idx, int n_idx,
+                float *out) {
+    fwd_bufs b = {0};
+    int max_idx = 0;
+    int rc = check_request(m, ids, n, idx, n_idx, &max_idx);
+    if (!rc) rc = bufs_alloc(m, n, n_idx, &b);
+    if (!rc) rc = upload_inputs(m, mask, n, &b);
+    if (m->comm && m->tp > 1) rc = dist_agree(m->comm->mpi, rc);   /* before the first collective */
+    if (!rc) rc = embed(m, ids, n, &b);
+    if (!rc) capture(m, &b, b.x, 0, idx, n_idx);
+    int n_layers = max_idx < m->cfg.n_layers ? max_idx : m->cfg.n_layers;
+    for (int i = 0; !rc && i < n_layers; i++) {
+        rc = layer_forward(m, &m->layers[i], &b);
+        if (!rc && i + 1 < m->cfg.n_layers) capture(m, &b, b.x, i + 1, idx, n_idx);
+    }
+    if (!rc && max_idx == m->cfg.n_layers) {   /* the last entry is after the final norm */
+        op_rmsnorm(m->be, b.xn, b.x, m->norm, m->cfg.hidden, m->cfg.eps);
+        capture(m, &b, b.xn, max_idx, idx, n_idx);
+    }
+    if (!rc) rc = tensor_download_f32(b.out, out);
+    bufs_free(&b);
+    return rc;
+}

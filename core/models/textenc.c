@@ -1,0 +1,238 @@
+/* The pipeline's text encoder: model folder -> tokenizer + sharded LLM ->
+ * prompt_embeds (textenc.h). Which LLM and which hidden states come from
+ * text_encoder/config.json, cross-checked with model_index.json. */
+#include "textenc.h"
+#include "llm_internal.h"
+#include "../checkpoint.h"
+#include "../comm.h"
+#include "../dist.h"
+#include "../err.h"
+#include "../../kernels/ops.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tokenizer.h"
+#include "prompt.h"
+
+struct textenc {
+    llm_config cfg;
+    llm *model;
+    checkpoint *ck;
+    comm *comm;
+    int layers[3];      /* hidden-state indices stacked into prompt_embeds */
+    tokenizer *tok;
+};
+
+static int agree(comm *c, int rc) { return c && c->size > 1 ? dist_agree(c->mpi, rc) : rc; }
+
+/* model_index.json names the encoder class; it must agree with config.json. */
+static int check_model_index(const model_dir *md, const llm_config *cfg) {
+    const json_t *te = md->index ? json_object_get(md->index, "text_encoder") : NULL;
+    const char *cls = json_is_array(te) ? json_string_value(json_array_get(te, 1)) : NULL;
+    if (!cls) return 0;
+    int is_qwen = strstr(cls, "Qwen3") != NULL, is_mistral = strstr(cls, "Mistral") != NULL;
+    if (!is_qwen && !is_mistral)
+        return tp_error("%s/model_index.json: text encoder class %s is not supported (Qwen3ForCausalLM for "
+                        "FLUX.2-klein, Mistral3ForConditionalGeneration for FLUX.2-dev)", md->root, cls);
+    if ((cfg->arch == LLM_QWEN3) != is_qwen)
+        return tp_error("%s: model_index.json says the text encoder is %s but text_encoder/config.json is a %s "
+                        "model", md->root, cls, llm_arch_name(cfg->arch));
+    return 0;
+}
+
+/* FLUX.2-klein stacks Qwen3 hidden states 9, 18, 27; FLUX.2-dev Mistral's 10, 20, 30 (spec §1). */
+static int choose_layers(textenc *t, const char *dir) {
+    static const int k_qwen3[3] = {9, 18, 27}, k_mistral[3] = {10, 20, 30};
+    memcpy(t->layers, t->cfg.arch == LLM_QWEN3 ? k_qwen3 : k_mistral, sizeof t->layers);
+    if (t->cfg.n_layers < t->layers[2])
+        return tp_error("%s/text_encoder: the %s encoder has %d layers but FLUX.2 uses hidden state %d; this is "
+                        "not a FLUX.2 text encoder", dir, llm_arch_name(t->cfg.arch), t->cfg.n_layers, t->layers[2]);
+    return 0;
+}
+
+static int open_parts(textenc *t, const char *dir) {
+    model_dir *md = NULL;
+    int rc = model_dir_open(dir, &md);
+    if (!rc && !model_dir_has(md, "text_encoder"))
+        rc = tp_error("%s has no text_encoder/ folder: encoding a prompt needs the pipeline's text encoder "
+                      "(or pass precomputed --prompt-embeds)", dir);
+    char *te_dir = rc ? NULL : model_dir_path(md, "text_encoder");
+    json_t *cfg = rc ? NULL : model_dir_config(md, "text_encoder");
+    if (!rc && !cfg) rc = -1;
+    if (!rc) {
+        char *where = xasprintf("%s/config.json", te_dir);
+        rc = llm_config_parse(cfg, where, &t->cfg);
+        free(where);
+    }
+    if (!rc) rc = check_model_index(md, &t->cfg);
+    if (!rc) rc = choose_layers(t, dir);
+    if (!rc) rc = checkpoint_open(te_dir, &t->ck);
+    if (!rc) rc = llm_config_resolve_prefix(&t->cfg, t->ck);
+    if (!rc) {
+        char *tok_dir = model_dir_path(md, "tokenizer");
+        if (!(t->tok = tokenizer_load(tok_dir))) rc = -1;
+        free(tok_dir);
+    }
+    json_decref(cfg);
+    free(te_dir);
+    if (md) model_dir_close(md);
+    return rc;
+}
+
+int textenc_load(const char *dir, backend *be, comm *c, dtype_t precision, textenc **out,
+                 load_stats *st) {
+    *out = NULL;
+    textenc *t = xcalloc(1, sizeof *t);
+    t->comm = c;
+    int rc = agree(c, open_parts(t, dir));
+    if (!rc) rc = llm_load(t->ck, &t->cfg, t->layers[2], be, c, precision, &t->model, st);  /* collective */
+    if (rc) {
+        tp_error_context("text encoder");
+        textenc_free(t);
+        return -1;
+    }
+    *out = t;
+    return 0;
+}
+
+int textenc_encode_ids(textenc *t, const int32_t *ids, const int32_t *mask, int n, float *embeds) {
+    return llm_forward(t->model, ids, mask, n, t->layers, 3, embeds);
+}
+
+static int tokenize(textenc *t, const char *prompt, int max_len, int32_t *ids, int32_t *mask) {
+    /* the template follows the encoder: klein's chat template for Qwen3, the dev layout for Mistral */
+    prompt_format f = t->cfg.arch == LLM_QWEN3 ? PROMPT_KLEIN : PROMPT_DEV;
+    if (tokenizer_vocab_size(t->tok) > t->cfg.vocab)
+        return tp_error("%s has %d tokens but the text encoder's vocabulary has %d: tokenizer and text encoder "
+                        "do not belong together", tokenizer_source(t->tok), tokenizer_vocab_size(t->tok), t->cfg.vocab);
+    return prompt_encode_ids(t->tok, f, prompt, max_len, ids, mask, NULL);
+}
+
+int textenc_encode(textenc *t, const char *prompt, int max_len, float *embeds, int32_t *ids, int32_t *mask) {
+    if (max_len <= 0) max_len = TEXTENC_DEFAULT_MAX_LEN;
+    int32_t *my_ids = ids ? ids : xmalloc((size_t)max_len * sizeof *my_ids);
+    int32_t *my_mask = mask ? mask : xmalloc((size_t)max_len * sizeof *my_mask);
+    int rc = agree(t->comm, tokenize(t, prompt ? prompt : "", max_len, my_ids, my_mask));
+    if (!rc) rc = textenc_encode_ids(t, my_ids, my_mask, max_len, embeds);
+    if (!ids) free(my_ids);
+    if (!mask) free(my_mask);
+    return rc;
+}
+
+int textenc_hidden(const textenc *t) { return t->cfg.hidden; }
+int textenc_embed_dim(const textenc *t) { return 3 * t->cfg.hidden; }
+const char *textenc_kind(const textenc *t) { return llm_arch_name(t->cfg.arch); }
+uint64_t textenc_bytes(const textenc *t) { return t->model ? llm_bytes(t->model) : 0; }
+
+void textenc_free(textenc *t) {
+    if (!t) return;
+    llm_free(t->model);
+    if (t->ck) checkpoint_close(t->ck);
+    if (t->tok) tokenizer_free(t->tok);
+    free(t);
+}
+
+/* ---- make-tiny ---- */
+
+/* The Qwen3 tokenizer files ship in tests/data/qwen3-tokenizer/ of the
+ * source tree: found through $TPGEN_ROOT, next to the executable
+ * (build/tpgen -> ../tests/data) or from the current directory. */
+static char *find_tokenizer_dir(void) {
+    const char *rel = "tests/data/qwen3-tokenizer";
+    char *cands[3] = {0};
+    const char *root = getenv("TPGEN_ROOT");
+    if (root) cands[0] = xasprintf("%s/%s", root, rel);
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        cands[1] = xasprintf("%s/../%s", exe, rel);
+    }
+    cands[2] = xstrdup(rel);
+    char *found = NULL;
+    for (int i = 0; i < 3; i++) {
+        if (!found && cands[i]) {
+            char *probe = xasprintf("%s/tokenizer.json", cands[i]);
+            if (access(probe, R_OK) == 0) found = cands[i], cands[i] = NULL;
+            free(probe);
+        }
+        free(cands[i]);
+    }
+    return found;
+}
+
+static int copy_file(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb");
+    if (!in) return tp_error("cannot read %s: %s", src, strerror(errno));
+    char *tmp = xasprintf("%s.tmp", dst);
+    FILE *out = fopen(tmp, "wb");
+    int rc = out ? 0 : tp_error("cannot create %s: %s", tmp, strerror(errno));
+    char buf[1 << 16];
+    size_t k;
+    while (!rc && (k = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, k, out) != k) rc = tp_error("writing %s: %s", tmp, strerror(errno));
+    if (!rc && ferror(in)) rc = tp_error("reading %s failed", src);
+    if (out && fclose(out) && !rc) rc = tp_error("writing %s: %s", tmp, strerror(errno));
+    fclose(in);
+    if (!rc && rename(tmp, dst)) rc = tp_error("cannot rename %s to %s: %s", tmp, dst, strerror(errno));
+    if (rc) unlink(tmp);
+    free(tmp);
+    return rc;
+}
+
+static int make_dir(const char *path) {
+    if (mkdir(path, 0755) && errno != EEXIST) return tp_error("cannot create folder %s: %s", path, strerror(errno));
+    return 0;
+}
+
+/* The tiny hidden size: joint_attention_dim / 3 of make-tiny's transformer. */
+static int tiny_hidden(const char *model_dir, int *hidden) {
+    *hidden = TEXTENC_TINY_HIDDEN;
+    char *path = xasprintf("%s/transformer/config.json", model_dir);
+    int rc = 0;
+    if (access(path, F_OK) == 0) {
+        json_error_t je;
+        json_t *cfg = json_load_file(path, 0, &je);
+        json_int_t jd = cfg ? json_integer_value(json_object_get(cfg, "joint_attention_dim")) : 0;
+        if (jd <= 0 || jd % 24)
+            rc = tp_error("%s: joint_attention_dim must be a positive multiple of 24 (3 x a hidden size divisible "
+                          "by 8) for the tiny text encoder", path);
+        else
+            *hidden = (int)(jd / 3);
+        json_decref(cfg);
+    }
+    free(path);
+    return rc;
+}
+
+int textenc_write_tiny(const char *model_dir, unsigned seed) {
+    int H;
+    if (tiny_hidden(model_dir, &H)) return -1;
+    /* the shape of golden/klein-tiny: 28 layers so that (9, 18, 27) apply, real vocabulary */
+    llm_config c = {.arch = LLM_QWEN3, .hidden = H, .n_layers = 28, .n_heads = 4, .n_kv_heads = 2,
+                    .head_dim = H / 4, .ffn = 2 * H, .vocab = 151936, .eps = 1e-6f, .rope_theta = 1e6,
+                    .qk_norm = 1};
+    char *tok_src = find_tokenizer_dir();
+    if (!tok_src)
+        return tp_error("cannot find the Qwen3 tokenizer files (tests/data/qwen3-tokenizer/ of the tpgen source "
+                        "tree); run from the source folder or set TPGEN_ROOT to it");
+    char *te = xasprintf("%s/text_encoder", model_dir), *tk = xasprintf("%s/tokenizer", model_dir);
+    int rc = make_dir(model_dir);
+    if (!rc) rc = make_dir(te);
+    if (!rc) rc = make_dir(tk);
+    if (!rc) rc = llm_write_random_qwen3(te, &c, seed);
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; !rc && i < 2; i++) {
+        char *src = xasprintf("%s/%s", tok_src, files[i]), *dst = xasprintf("%s/%s", tk, files[i]);
+        rc = copy_file(src, dst);
+        free(src), free(dst);
+    }
+    free(te), free(tk), free(tok_src);
+    return rc ? tp_error_context("writing the tiny text encoder into %s", model_dir) : 0;
+}

@@ -1,0 +1,64 @@
+/* The text encoder of a FLUX.2 pipeline folder: prompt -> prompt_embeds.
+ *
+ * FLUX.2-klein uses Qwen3 (hidden states 9, 18, 27), FLUX.2-dev uses the
+ * language model of Mistral Small 3.x (hidden states 10, 20, 30); which one
+ * is read from model_index.json / text_encoder/config.json. The LLM is
+ * sharded over the ranks of `c` by its TP plan (each rank reads only its
+ * shard) and only the layers the embeddings need are loaded and run.
+ *
+ * prompt_embeds[t, k*H + d] = hidden_states[layer_k][t, d] (spec
+ * flux2-text-vae.md §2.3): width 3H, which is the transformer's
+ * joint_attention_dim. Every rank of `c` gets the full embeddings.
+ *
+ * All calls taking a textenc are collective over its communicator and agree
+ * on errors (dist_agree), so a failure returns -1 on every rank.
+ * Free the encoder (textenc_free) before loading the transformer: that is
+ * what gives the denoiser its memory back. */
+#ifndef TPGEN_TEXTENC_H
+#define TPGEN_TEXTENC_H
+#include "../tensor.h"
+#include "../weights.h"
+#include <stdint.h>
+
+struct backend;
+struct comm;
+typedef struct textenc textenc;
+
+/* Default max_sequence_length of both pipelines. */
+#define TEXTENC_DEFAULT_MAX_LEN 512
+
+/* Load <model_dir>/text_encoder (+ tokenizer/) for the ranks of c (NULL:
+ * single process, no sharding). precision: DT_F32 (reference) or DT_BF16
+ * (weights stay bf16; activations and the residual stream are f32).
+ * st (may be NULL) receives this rank's load statistics. */
+int textenc_load(const char *model_dir, struct backend *be, struct comm *c, dtype_t precision,
+                 textenc **out, load_stats *st);
+
+/* Tokenize `prompt` with the pipeline's chat template, truncate/pad to
+ * max_len (<= 0: 512) and run the encoder. Outputs (host, caller-owned):
+ * embeds [max_len, 3H] f32, ids [max_len], mask [max_len] (1 real, 0 pad);
+ * ids and mask may be NULL. */
+int textenc_encode(textenc *t, const char *prompt, int max_len, float *embeds, int32_t *ids,
+                   int32_t *mask);
+
+/* The same from token ids already padded to n (mask: 1 real, 0 pad). */
+int textenc_encode_ids(textenc *t, const int32_t *ids, const int32_t *mask, int n, float *embeds);
+
+int textenc_hidden(const textenc *t);      /* H of the LLM */
+int textenc_embed_dim(const textenc *t);   /* 3H = the transformer's joint_attention_dim */
+const char *textenc_kind(const textenc *t);/* "qwen3" or "mistral" */
+uint64_t textenc_bytes(const textenc *t);  /* backend bytes held by this rank's weights */
+void textenc_free(textenc *t);             /* NULL ok; returns all backend memory */
+
+/* Write a tiny random Qwen3 text encoder into <model_dir>/text_encoder
+ * (config.json + model.safetensors, BF16; the shape of golden/klein-tiny:
+ * 28 layers, 4/2 heads of 8, the real 151936-token vocabulary, so klein's
+ * hidden states (9,18,27) apply unchanged) and copy the real Qwen3 tokenizer files
+ * into <model_dir>/tokenizer. Contract with make-tiny's transformer: the
+ * hidden size is joint_attention_dim / 3 read from
+ * <model_dir>/transformer/config.json when that file exists, else
+ * TEXTENC_TINY_HIDDEN (so joint_attention_dim must be 3 * that). */
+#define TEXTENC_TINY_HIDDEN 32
+int textenc_write_tiny(const char *model_dir, unsigned seed);
+
+#endif

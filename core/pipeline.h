@@ -1,0 +1,46 @@
+/* The FLUX.2 denoising loop (spec flux2-transformer.md §6.4), run by every
+ * rank of a TP group in lockstep: each step is one transformer forward
+ * (two with CFG) and a flow-match Euler step. The schedule itself (sigmas)
+ * comes from core/schedule.c. */
+#ifndef TPGEN_PIPELINE_H
+#define TPGEN_PIPELINE_H
+#include "models/flux2.h"
+#include <stdint.h>
+
+/* Called after each step on every rank: v is the velocity used in this step
+ * [N, C] (after CFG), x the latents after the step [N, C]. Return non-zero
+ * to stop the loop (flux2_denoise then fails with "stopped"). */
+typedef int (*denoise_step_fn)(int step, int steps, double step_seconds, const float *v,
+                               const float *x, void *ctx);
+
+typedef struct denoise_params {
+    const float *latents;          /* [N, C] packed initial latents (noise) */
+    int64_t N;                     /* image tokens */
+    const int32_t *img_ids;        /* [N, 4] */
+    const float *prompt_embeds;    /* [L, Jt] */
+    int64_t L;
+    const int32_t *txt_ids;        /* [L, 4] */
+    /* optional CFG (klein base): two passes per step, v = vn + gs (v - vn) */
+    const float *neg_embeds;       /* [Ln, Jt] or NULL (no CFG) */
+    int64_t Ln;
+    const int32_t *neg_txt_ids;    /* [Ln, 4] */
+    float cfg_scale;
+    const float *sigmas;           /* [steps + 1], ending with 0 */
+    int steps;
+    const float *guidance;         /* embedded guidance (dev) or NULL */
+    denoise_step_fn on_step;       /* NULL ok */
+    void *ctx;
+} denoise_params;
+
+/* Run the loop; out [N, C] receives the final latents (on every rank).
+ * In bf16 mode the rounding of §6.4 is reproduced (timestep quantisation,
+ * bf16 latents, bf16(dt·v)); in f32 mode everything is plain fp32. */
+int flux2_denoise(flux2_model *m, const denoise_params *p, float *out);
+
+/* Position ids of an h x w token grid, row-major: token (y, x) gets
+ * (t, y, x, 0). ids has room for h*w*4 values. */
+void flux2_image_ids(int64_t h, int64_t w, int32_t t, int32_t *ids);
+/* Text ids: token l gets (0, 0, 0, l). */
+void flux2_text_ids(int64_t L, int32_t *ids);
+
+#endif

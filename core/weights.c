@@ -1,0 +1,265 @@
+/* Sharded weight loading: each rank reads the byte ranges of its own shard
+ * (plan_shard_pieces) straight into backend memory. On the CPU backend a
+ * tensor kept in its stored dtype is read directly into place; otherwise
+ * (dtype conversion, device backends) bytes pass through a host staging
+ * buffer bounded by the staging cap, in batches of whole runs, so no rank
+ * ever holds a full-size host copy of a sharded tensor. */
+#include "weights.h"
+#include "err.h"
+#include "../kernels/ops.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+typedef struct wentry {
+    st_tensor_info info;        /* copy: the weights outlive the checkpoint */
+    tensor *t;
+} wentry;
+
+struct weights {
+    char *dir;
+    int n;
+    wentry *e;                  /* sorted by name */
+};
+
+typedef struct loader {
+    const checkpoint *c;
+    const load_opts *o;
+    load_stats *st;
+    size_t cap;
+    char *raw;                  /* staging: bytes as stored */
+    char *conv;                 /* staging: converted to the target dtype */
+    float *f32;                 /* conversion scratch for targets other than f32 */
+    size_t raw_size, conv_size, f32_size;
+    const char **maps;          /* mmap of each file (use_mmap) */
+} loader;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int is_float(dtype_t d) { return d == DT_F32 || d == DT_BF16 || d == DT_F16 || d == DT_F64; }
+
+static void *grow(char **buf, size_t *size, size_t need) {
+    if (need > *size) {
+        free(*buf);
+        *buf = xmalloc(need);
+        *size = need;
+    }
+    return *buf;
+}
+
+/* Read n bytes at absolute offset off of file fi into dst. */
+static int read_bytes(loader *L, int fi, uint64_t off, void *dst, size_t n) {
+    const st_file *f = L->c->files[fi];
+    L->st->bytes_read += n;
+    if (!L->o->use_mmap) return st_read_range(f, off, dst, n);
+    if (!L->maps[fi]) {
+        void *m = mmap(NULL, f->file_size, PROT_READ, MAP_PRIVATE, f->fd, 0);
+        if (m == MAP_FAILED) return tp_error("%s: mmap failed (retry without mmap)", f->path);
+        L->maps[fi] = m;
+    }
+    memcpy(dst, L->maps[fi] + off, n);
+    return 0;
+}
+
+/* Convert n elements from the stored dtype to the target dtype (host). */
+static void convert(loader *L, void *dst, dtype_t to, const void *src, dtype_t from, size_t n) {
+    if (to == from) { memcpy(dst, src, n * dtype_size(to)); return; }
+    if (to == DT_F32) { convert_to_f32(dst, src, from, n); return; }
+    if (to == DT_BF16 && from == DT_F32) { convert_from_f32(dst, to, src, n); return; }
+    float *tmp = (float *)grow((char **)&L->f32, &L->f32_size, n * sizeof(float));
+    convert_to_f32(tmp, src, from, n);
+    convert_from_f32(dst, to, tmp, n);
+}
+
+/* Direct path (CPU backend, stored dtype): every run lands in place. */
+static int piece_direct(loader *L, int fi, const st_tensor_info *ti, const shard_piece *p, tensor *t) {
+    size_t s = dtype_size(ti->dtype);
+    for (int64_t r = 0; r < p->height; r++)
+        if (read_bytes(L, fi, ti->begin + (uint64_t)(p->src_off + r * p->src_pitch) * s,
+                       (char *)t->data + (p->dst_off + r * p->dst_pitch) * s, (size_t)p->width * s))
+            return -1;
+    return 0;
+}
+
+/* Staged path: batches of runs (or chunks of one long run) through the
+ * bounded staging buffers, converted, then uploaded by the backend. */
+static int piece_staged(loader *L, int fi, const st_tensor_info *ti, const shard_piece *p, tensor *t) {
+    size_t ss = dtype_size(ti->dtype), ds = dtype_size(t->dtype);
+    size_t cap_el = L->cap / (ss > ds ? ss : ds);
+    if (cap_el == 0) cap_el = 1;
+    backend *be = t->be;
+    int64_t chunk = (int64_t)cap_el < p->width ? (int64_t)cap_el : p->width;   /* elements per read */
+    int64_t rows = chunk < p->width ? 1 : (int64_t)cap_el / p->width;          /* runs per batch */
+    for (int64_t r0 = 0; r0 < p->height; r0 += rows) {
+        int64_t nr = p->height - r0 < rows ? p->height - r0 : rows;
+        for (int64_t e0 = 0; e0 < p->width; e0 += chunk) {
+            int64_t ne = p->width - e0 < chunk ? p->width - e0 : chunk;
+            char *raw = grow(&L->raw, &L->raw_size, (size_t)(ne * nr) * ss);
+            for (int64_t r = 0; r < nr; r++)
+                if (read_bytes(L, fi, ti->begin + (uint64_t)(p->src_off + (r0 + r) * p->src_pitch + e0) * ss,
+                               raw + (size_t)(r * ne) * ss, (size_t)ne * ss))
+                    return -1;
+            char *src = raw;
+            if (t->dtype != ti->dtype) {
+                src = grow(&L->conv, &L->conv_size, (size_t)(ne * nr) * ds);
+                convert(L, src, t->dtype, raw, ti->dtype, (size_t)(ne * nr));
+            }
+            char *dst = (char *)t->data + (size_t)(p->dst_off + r0 * p->dst_pitch + e0) * ds;
+            int rc = nr == 1 ? be->vt->upload(be, dst, src, (size_t)ne * ds)
+                             : be->vt->upload2d(be, dst, (size_t)p->dst_pitch * ds, src, (size_t)ne * ds,
+                                                (size_t)ne * ds, (size_t)nr);
+            if (rc) return -1;
+        }
+    }
+    /* the staging buffers are reused by the next tensor; CUDA uploads from
+     * them must finish first */
+    return be->vt->sync(be);
+}
+
+static int load_one(loader *L, int k, wentry *e, const plan *p) {
+    const checkpoint *c = L->c;
+    const st_tensor_info *ti = c->infos[k];
+    shard_info si;
+    if (plan_shard(p, ti, p ? L->o->tp : 1, &si)) return -1;
+    dtype_t dt = is_float(ti->dtype) ? L->o->dtype : ti->dtype;
+    e->info = *ti;
+    e->info.name = xstrdup(ti->name);
+    e->t = tensor_new(L->o->be, dt, si.local_rows, si.local_cols);
+    if (!e->t) return tp_error_context("tensor '%s'", ti->name);
+    shard_piece pc[PLAN_MAX_PIECES];
+    int np = plan_shard_pieces(&si, L->o->tp, L->o->rank, pc);
+    int direct = L->o->be->kind == BACKEND_CPU && dt == ti->dtype;
+    uint64_t before = L->st->bytes_read;
+    for (int j = 0; j < np; j++)
+        if ((direct ? piece_direct : piece_staged)(L, c->file_of[k], ti, &pc[j], e->t))
+            return tp_error_context("reading tensor '%s'", ti->name);
+    uint64_t got = L->st->bytes_read - before;
+    if (si.style == STYLE_REPLICATED) L->st->bytes_replicated += got;
+    else L->st->bytes_sharded += got;
+    L->st->bytes_held += tensor_nbytes(e->t);
+    return 0;
+}
+
+static const checkpoint *g_order_ckpt;
+/* file, then offset: reads move forward through each file */
+static int cmp_file_order(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    const checkpoint *c = g_order_ckpt;
+    if (c->file_of[i] != c->file_of[j]) return c->file_of[i] - c->file_of[j];
+    return c->infos[i]->begin < c->infos[j]->begin ? -1 : c->infos[i]->begin > c->infos[j]->begin;
+}
+
+static int cmp_entry(const void *a, const void *b) {
+    return strcmp(((const wentry *)a)->info.name, ((const wentry *)b)->info.name);
+}
+
+static void loader_done(loader *L) {
+    for (int i = 0; L->maps && i < L->c->n_files; i++)
+        if (L->maps[i]) munmap((void *)L->maps[i], L->c->files[i]->file_size);
+    free(L->maps), free(L->raw), free(L->conv), free(L->f32);
+}
+
+int weights_load(const checkpoint *c, const plan *p, const load_opts *o, weights **out, load_stats *st) {
+    *out = NULL;
+    load_stats local;
+    if (!st) st = &local;
+    memset(st, 0, sizeof *st);
+    double t0 = now_s();
+    if (o->tp < 1 || o->rank < 0 || o->rank >= o->tp) return tp_error("bad shard: rank %d of tp %d", o->rank, o->tp);
+    if (o->dtype != DT_F32 && o->dtype != DT_BF16) return tp_error("weights can be loaded as F32 or BF16 only");
+    if (p && plan_validate(p, c, o->tp)) return -1;
+    loader L = {.c = c, .o = o, .st = st, .cap = o->staging_cap ? o->staging_cap : WEIGHTS_STAGING_CAP};
+    L.maps = xcalloc((size_t)c->n_files, sizeof *L.maps);
+    int *order = xmalloc((size_t)(c->n ? c->n : 1) * sizeof *order);
+    for (int k = 0; k < c->n; k++) order[k] = k;
+    g_order_ckpt = c;
+    qsort(order, (size_t)c->n, sizeof *order, cmp_file_order);
+    weights *w = xcalloc(1, sizeof *w);
+    w->dir = xstrdup(c->dir);
+    w->e = xcalloc((size_t)(c->n ? c->n : 1), sizeof *w->e);
+    int rc = 0;
+    for (int i = 0; i < c->n && !rc; i++) {
+        int k = order[i];
+        if (o->want && !o->want(c->infos[k]->name, o->want_ctx)) continue;
+        rc = load_one(&L, k, &w->e[w->n], p);
+        if (w->e[w->n].info.name) w->n++;   /* partly built entries are freed below */
+    }
+    st->max_staging = L.raw_size + L.conv_size + L.f32_size;
+    loader_done(&L);
+    free(order);
+    if (rc) {
+        weights_free(w);
+        return tp_error_context("loading %s (rank %d of tp %d)", c->dir, o->rank, o->tp);
+    }
+    qsort(w->e, (size_t)w->n, sizeof *w->e, cmp_entry);
+    st->n_tensors = w->n;
+    st->seconds = now_s() - t0;
+    *out = w;
+    return 0;
+}
+
+int weights_estimate(const checkpoint *c, const plan *p, int tp, int rank, load_estimate *out) {
+    memset(out, 0, sizeof *out);
+    if (plan_validate(p, c, tp)) return -1;
+    for (int k = 0; k < c->n; k++) {
+        shard_info si;
+        if (plan_shard(p, c->infos[k], tp, &si)) return -1;
+        shard_piece pc[PLAN_MAX_PIECES];
+        int np = plan_shard_pieces(&si, tp, rank, pc);
+        uint64_t bytes = 0;
+        for (int j = 0; j < np; j++) bytes += (uint64_t)(pc[j].width * pc[j].height) * dtype_size(si.info->dtype);
+        if (si.style == STYLE_REPLICATED) out->bytes_replicated += bytes;
+        else out->bytes_sharded += bytes, out->n_sharded++;
+        if (bytes > out->max_local_tensor) out->max_local_tensor = bytes;
+        out->n_tensors++;
+    }
+    out->max_staging = out->max_local_tensor < WEIGHTS_STAGING_CAP ? out->max_local_tensor : WEIGHTS_STAGING_CAP;
+    return 0;
+}
+
+static const wentry *find(const weights *w, const char *name) {
+    st_tensor_info key = {.name = (char *)name};
+    wentry ke = {.info = key};
+    return bsearch(&ke, w->e, (size_t)w->n, sizeof *w->e, cmp_entry);
+}
+
+const tensor *weights_get(const weights *w, const char *name) {
+    const wentry *e = find(w, name);
+    return e ? e->t : NULL;
+}
+
+const st_tensor_info *weights_info(const weights *w, const char *name) {
+    const wentry *e = find(w, name);
+    return e ? &e->info : NULL;
+}
+
+const tensor *weights_req(const weights *w, const char *fmt, ...) {
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const tensor *t = weights_get(w, name);
+    if (!t) tp_error("tensor '%s' missing from %s (wrong model folder, or a filter skipped it)", name, w->dir);
+    return t;
+}
+
+int weights_count(const weights *w) { return w->n; }
+const char *weights_name(const weights *w, int i) { return w->e[i].info.name; }
+
+void weights_free(weights *w) {
+    if (!w) return;
+    for (int i = 0; i < w->n; i++) {
+        tensor_free(w->e[i].t);
+        free(w->e[i].info.name);
+    }
+    free(w->e), free(w->dir);
+    free(w);
+}

@@ -1,0 +1,114 @@
+/* `tpgen bench gemm`: GEMM throughput of the CPU backend's op_gemm on the
+ * FLUX.2 klein-4B linear shapes, against plain cblas_sgemm on the same
+ * shapes. Columns: OpenBLAS sgemm (f32 x, f32 W), op_gemm with f32 weights,
+ * op_gemm with bf16 weights and f32 activations (the f32 reference mode),
+ * and bf16 x bf16 (the bf16 mode) through the portable path (widen panels +
+ * sgemm) and through the AVX512-BF16 kernel when this CPU has it. Each
+ * figure is the best of --reps timed runs after one warm-up. */
+#include "cpu_ops.h"
+#include "../../core/err.h"
+#include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef enum { RUN_SGEMM, RUN_OP } run_kind;
+
+static double best_seconds(backend *be, run_kind kind, tensor *y, const tensor *x, const tensor *w, int reps) {
+    double best = 1e30;
+    for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+        double t0 = now();
+        if (kind == RUN_SGEMM)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->rows, (int)w->rows, (int)x->cols, 1.0f,
+                        x->data, (int)x->ld, w->data, (int)w->ld, 0.0f, y->data, (int)y->ld);
+        else
+            op_gemm(be, y, x, w, NULL);
+        double t = now() - t0;
+        if (r >= 0 && t < best) best = t;
+    }
+    return best;
+}
+
+static tensor *random_tensor(backend *be, dtype_t dt, int64_t rows, int64_t cols) {
+    tensor *t = tensor_new(be, dt, rows, cols);
+    if (!t) return NULL;
+    size_t n = tensor_numel(t);
+    float *v = xmalloc(n * sizeof(float));
+    uint32_t s = 12345u + (uint32_t)rows;
+    for (size_t i = 0; i < n; i++) { s = s * 1664525u + 1013904223u; v[i] = (float)(s >> 8) / 16777216.0f - 0.5f; }
+    tensor_upload_f32(t, v);
+    free(v);
+    return t;
+}
+
+static int usage(int rc) {
+    fprintf(rc ? stderr : stdout,
+            "usage: tpgen bench gemm [--m TOKENS] [--reps N] [--threads T] [--quick]\n"
+            "  GFLOP/s of op_gemm on the klein-4B linear shapes (N x K = out x in) against cblas_sgemm.\n"
+            "  --m TOKENS   rows of x (default 1152)\n"
+            "  --reps N     timed runs per figure, best reported (default 3)\n"
+            "  --threads T  OpenMP/OpenBLAS threads (default: all cores)\n"
+            "  --quick      only the first two shapes\n");
+    return rc;
+}
+
+int bench_gemm(int argc, char **argv) {
+    int64_t M = 1152;
+    int reps = 3, threads = 0, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(0);
+        else if (!strcmp(a, "--quick")) quick = 1;
+        else if (i + 1 < argc && !strcmp(a, "--m")) M = atoll(argv[++i]);
+        else if (i + 1 < argc && !strcmp(a, "--reps")) reps = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(a, "--threads")) threads = atoi(argv[++i]);
+        else { fprintf(stderr, "tpgen: error: bench gemm: unknown or incomplete option '%s'\n", a); return usage(2); }
+    }
+    if (M <= 0 || reps <= 0 || threads < 0) {
+        fprintf(stderr, "tpgen: error: bench gemm: --m and --reps must be positive, --threads >= 0\n");
+        return 2;
+    }
+    static const int64_t shapes[][2] = {{3072, 3072}, {18432, 3072}, {3072, 9216}, {27648, 3072}, {3072, 12288}};
+    int nshape = quick ? 2 : 5, avx = cpu_has_avx512bf16();
+    backend *be = backend_cpu_create(threads);
+    printf("# op_gemm GFLOP/s, M = %lld tokens, %d threads, best of %d; AVX512-BF16 kernel: %s\n", (long long)M,
+           omp_get_max_threads(), reps, avx ? "yes" : "not available on this CPU/build");
+    printf("%-14s %10s %10s %12s %14s %14s\n", "W [N x K]", "sgemm f32", "op f32", "op bf16w/f32x", "op bf16 port.",
+           avx ? "op bf16 avx512" : "op bf16 avx512");
+    int rc = 0;
+    for (int s = 0; s < nshape && !rc; s++) {
+        int64_t N = shapes[s][0], K = shapes[s][1];
+        double flop = 2.0 * (double)M * (double)N * (double)K;
+        tensor *x = random_tensor(be, DT_F32, M, K), *xb = random_tensor(be, DT_BF16, M, K);
+        tensor *w = random_tensor(be, DT_F32, N, K), *wb = random_tensor(be, DT_BF16, N, K);
+        tensor *y = tensor_new(be, DT_F32, M, N), *yb = tensor_new(be, DT_BF16, M, N);
+        if (!x || !xb || !w || !wb || !y || !yb) {
+            fprintf(stderr, "tpgen: error: bench gemm: %s\n", tp_error_msg());
+            rc = 1;
+        } else {
+            double g_sg = flop / best_seconds(be, RUN_SGEMM, y, x, w, reps) * 1e-9;
+            double g_f32 = flop / best_seconds(be, RUN_OP, y, x, w, reps) * 1e-9;
+            double g_wb = flop / best_seconds(be, RUN_OP, y, x, wb, reps) * 1e-9;
+            cpu_gemm_force_portable(1);
+            double g_port = flop / best_seconds(be, RUN_OP, yb, xb, wb, reps) * 1e-9;
+            cpu_gemm_force_portable(0);
+            char avxs[32] = "-";
+            if (avx) snprintf(avxs, sizeof avxs, "%.1f", flop / best_seconds(be, RUN_OP, yb, xb, wb, reps) * 1e-9);
+            char shape[32];
+            snprintf(shape, sizeof shape, "%lldx%lld", (long long)N, (long long)K);
+            printf("%-14s %10.1f %10.1f %12.1f %14.1f %14s\n", shape, g_sg, g_f32, g_wb, g_port, avxs);
+            fflush(stdout);
+        }
+        tensor_free(x); tensor_free(xb); tensor_free(w); tensor_free(wb); tensor_free(y); tensor_free(yb);
+    }
+    backend_destroy(be);
+    return rc;
+}

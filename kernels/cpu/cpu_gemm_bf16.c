@@ -1,0 +1,149 @@
+/* bf16 x bf16 GEMM on AVX512-BF16 (vdpbf16ps): y = x · wᵀ with fp32
+ * accumulation, for the bf16 mode where both operands are already bf16.
+ *
+ * vdpbf16ps multiplies pairs of bf16 values and adds both products to an
+ * fp32 lane, 32 products per zmm instruction, twice the work of an fp32 FMA.
+ * The weight is repacked per panel of NR = 32 output columns so that one
+ * 64-byte load holds, for one pair of k, the two values of 16 columns:
+ *   panel[p][c] = (w[n0+c][2p], w[n0+c][2p+1])  as one 32-bit word,
+ * and a row of x contributes the matching pair (x[m][2p], x[m][2p+1]) as a
+ * 32-bit broadcast, no repacking of x needed. The micro-kernel keeps an
+ * MR x 32 block of y in 2·MR zmm accumulators over the whole K (the panel,
+ * 32·K·2 bytes, stays in L2). Threads share out (panel, row range) items.
+ *
+ * Compiled with a target attribute, so the rest of tpgen keeps its
+ * baseline ISA; cpu_has_avx512bf16() checks the CPU (cpuid) and that the OS
+ * saves zmm state (xgetbv) before the kernel is ever called. */
+#include "cpu_gemm_bf16.h"
+#include "cpu_ops.h"
+#include "cpu_rows.h"
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 10 || defined(__clang__))
+#define HAVE_BF16_KERNEL 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+enum { NR = 32, MR = 8 };
+
+#ifdef HAVE_BF16_KERNEL
+
+int cpu_has_avx512bf16(void) {
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    unsigned a, b, c, d;
+    cached = 0;
+    if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & (1u << 27))) return cached; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0xe6) != 0xe6) return cached; /* XMM, YMM, opmask, ZMM state enabled by the OS */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 16)) || !(b & (1u << 30))) return cached; /* F, BW */
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return cached; /* AVX512_BF16 */
+    cached = 1;
+    return cached;
+}
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+/* pack rows [n0, n0+nn) of w (bf16, K even) into panel[K/2][32] words; columns past nn are 0 */
+static void pack_panel(const tensor *w, int64_t n0, int64_t nn, int64_t kp, uint32_t *panel) {
+    for (int64_t c = 0; c < NR; c++) {
+        if (c >= nn) { for (int64_t p = 0; p < kp; p++) panel[p * NR + c] = 0; continue; }
+        const char *src = row_ptr(w, n0 + c); /* any alignment: views may start at an odd column */
+        for (int64_t p = 0; p < kp; p++) memcpy(panel + p * NR + c, src + 4 * p, 4);
+    }
+}
+
+/* out[i][0..32) = sum_p x_i[2p..2p+1] · panel[p] for the mr rows x_0.. (stride ldx elements) */
+static inline __attribute__((always_inline)) TARGET void micro(const uint16_t *x, int64_t ldx, const uint32_t *panel,
+                                                                 int64_t kp, int mr, float *out) {
+    __m512 acc[MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < kp; p++) {
+        __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + p * NR);
+        __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + p * NR + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) {
+            int pair;
+            memcpy(&pair, x + i * ldx + 2 * p, 4);
+            __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w0, xb);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w1, xb);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) {
+        _mm512_storeu_ps(out + i * NR, acc[i][0]);
+        _mm512_storeu_ps(out + i * NR + 16, acc[i][1]);
+    }
+}
+
+/* one constant mr per call site, so each copy is fully unrolled */
+static TARGET void micro_any(const uint16_t *x, int64_t ldx, const uint32_t *panel, int64_t kp, int mr, float *out) {
+    switch (mr) {
+    case 8: micro(x, ldx, panel, kp, 8, out); break;
+    case 7: micro(x, ldx, panel, kp, 7, out); break;
+    case 6: micro(x, ldx, panel, kp, 6, out); break;
+    case 5: micro(x, ldx, panel, kp, 5, out); break;
+    case 4: micro(x, ldx, panel, kp, 4, out); break;
+    case 3: micro(x, ldx, panel, kp, 3, out); break;
+    case 2: micro(x, ldx, panel, kp, 2, out); break;
+    default: micro(x, ldx, panel, kp, 1, out); break;
+    }
+}
+
+static void gemm_item(tensor *y, const tensor *x, const tensor *w, const float *bias, int64_t n0, int64_t m0,
+                      int64_t m1, uint32_t *panel) {
+    int64_t N = w->rows, kp = x->cols / 2, nn = N - n0 < NR ? N - n0 : NR;
+    float out[MR * NR];
+    pack_panel(w, n0, nn, kp, panel);
+    for (int64_t m = m0; m < m1; m += MR) {
+        int mr = m1 - m < MR ? (int)(m1 - m) : MR;
+        micro_any(row_ptr(x, m), x->ld, panel, kp, mr, out);
+        for (int i = 0; i < mr; i++) {
+            float *o = out + i * NR;
+            if (bias) for (int64_t j = 0; j < nn; j++) o[j] += bias[n0 + j];
+            row_store(y, m + i, n0, nn, o);
+        }
+    }
+}
+
+int cpu_gemm_bf16_usable(int64_t M, int64_t N, int64_t K) {
+    /* k is consumed in pairs */
+    return cpu_has_avx512bf16() && K % 2 == 0 && M >= 1;
+}
+
+void cpu_gemm_bf16(tensor *y, const tensor *x, const tensor *w, const float *bias) {
+    int64_t M = x->rows, N = w->rows, K = x->cols, npanel = (N + NR - 1) / NR;
+    int threads = omp_get_max_threads();
+    /* split rows too when there are fewer than two panels per thread */
+    int64_t mchunks = npanel >= 2 * threads ? 1 : (2 * threads + npanel - 1) / npanel;
+    int64_t mc = (M + mchunks - 1) / mchunks;
+    mc = (mc + MR - 1) / MR * MR;
+    mchunks = (M + mc - 1) / mc;
+#pragma omp parallel if (npanel * mchunks > 1)
+    {
+        uint32_t *panel = xmalloc((size_t)(K / 2) * NR * sizeof(uint32_t));
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int64_t pi = 0; pi < npanel; pi++)
+            for (int64_t mi = 0; mi < mchunks; mi++) {
+                int64_t m0 = mi * mc, m1 = m0 + mc < M ? m0 + mc : M;
+                if (m0 < m1) gemm_item(y, x, w, bias, pi * NR, m0, m1, panel);
+            }
+        free(panel);
+    }
+}
+
+#else /* no compiler support: the portable path is used */
+
+int cpu_has_avx512bf16(void) { return 0; }
+int cpu_gemm_bf16_usable(int64_t M, int64_t N, int64_t K) { return 0; }
+void cpu_gemm_bf16(tensor *y, const tensor *x, const tensor *w, const float *bias) {
+    tp_fatal("cpu_gemm_bf16: this build has no AVX512-BF16 kernel");
+}
+
+#endif

@@ -1,0 +1,142 @@
+/* Normalisations: LayerNorm with AdaLN modulation, grouped RMSNorm and
+ * GroupNorm. Statistics are accumulated in double (rows reach 12288 values,
+ * VAE groups 8 million), the normalisation itself is fp32 as in PyTorch. */
+#include "cpu_ops.h"
+#include "cpu_rows.h"
+#include <math.h>
+#include <stdlib.h>
+
+/* y = LN(x) * (1 + scale) + shift; bf16 output rounds LN, (1+scale),
+ * the product and the sum separately (spec flux2-transformer.md §3.4). */
+void cpu_layernorm_mod(backend *be, tensor *y, const tensor *x, const tensor *shift,
+                       const tensor *scale, float eps) {
+    CPU_REQUIRE(y->rows == x->rows && y->cols == x->cols, "op_layernorm_mod: y and x shapes differ");
+    int64_t R = x->rows, C = x->cols;
+    CPU_REQUIRE(!shift || (shift->rows == 1 && shift->cols == C), "op_layernorm_mod: shift must be [1,%lld]", (long long)C);
+    CPU_REQUIRE(!scale || (scale->rows == 1 && scale->cols == C), "op_layernorm_mod: scale must be [1,%lld]", (long long)C);
+    dtype_t dt = y->dtype;
+    float *a = xmalloc((size_t)C * sizeof(float)), *sh = xmalloc((size_t)C * sizeof(float));
+    if (scale) { /* bf16(1 + scale) once for all rows */
+        const float *s = row_f32(scale, 0, 0, C, a);
+        for (int64_t i = 0; i < C; i++) a[i] = round_to(dt, 1.0f + s[i]);
+    }
+    if (shift) { const float *s = row_f32(shift, 0, 0, C, sh); if (s != sh) memcpy(sh, s, (size_t)C * 4); }
+#pragma omp parallel if (R * C > CPU_PAR_MIN)
+    {
+        float *bx = xmalloc((size_t)C * sizeof(float)), *out = xmalloc((size_t)C * sizeof(float));
+#pragma omp for
+        for (int64_t r = 0; r < R; r++) {
+            const float *v = row_f32(x, r, 0, C, bx);
+            double sum = 0, ss = 0;
+            for (int64_t i = 0; i < C; i++) sum += v[i];
+            float mu = (float)(sum / (double)C);
+            for (int64_t i = 0; i < C; i++) { double d = (double)v[i] - mu; ss += d * d; }
+            float rstd = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
+            for (int64_t i = 0; i < C; i++) {
+                float n = round_to(dt, (v[i] - mu) * rstd);
+                if (scale) n = round_to(dt, a[i] * n);
+                if (shift) n = n + sh[i];
+                out[i] = n;
+            }
+            row_store(y, r, 0, C, out);
+        }
+        free(bx);
+        free(out);
+    }
+    free(a);
+    free(sh);
+}
+
+/* RMSNorm over consecutive groups of `group` columns; bf16 rounds x*r and
+ * then (.)*w (the two-rounding form, spec §3.3). y may be x. */
+void cpu_rmsnorm(backend *be, tensor *y, const tensor *x, const tensor *w, int group, float eps) {
+    CPU_REQUIRE(y->rows == x->rows && y->cols == x->cols, "op_rmsnorm: y and x shapes differ");
+    CPU_REQUIRE(group > 0 && x->cols % group == 0, "op_rmsnorm: group %d does not divide %lld columns", group,
+                (long long)x->cols);
+    CPU_REQUIRE(w && w->rows == 1 && w->cols == group, "op_rmsnorm: w must be [1, %d]", group);
+    int64_t R = x->rows, C = x->cols;
+    dtype_t dt = y->dtype;
+    float *wb = xmalloc((size_t)group * sizeof(float));
+    const float *wv = row_f32(w, 0, 0, group, wb);
+#pragma omp parallel if (R * C > CPU_PAR_MIN)
+    {
+        float *bx = xmalloc((size_t)C * sizeof(float)), *out = xmalloc((size_t)C * sizeof(float));
+#pragma omp for
+        for (int64_t r = 0; r < R; r++) {
+            const float *v = row_f32(x, r, 0, C, bx);
+            for (int64_t g0 = 0; g0 < C; g0 += group) {
+                double ss = 0;
+                for (int64_t i = 0; i < group; i++) ss += (double)v[g0 + i] * v[g0 + i];
+                float rs = (float)(1.0 / sqrt(ss / group + (double)eps));
+                for (int64_t i = 0; i < group; i++) out[g0 + i] = round_to(dt, v[g0 + i] * rs) * wv[i];
+            }
+            row_store(y, r, 0, C, out);
+        }
+        free(bx);
+        free(out);
+    }
+    free(wb);
+}
+
+/* Sum over each channel (row) of x of (x - center[group])^p, p = 1 or 2. */
+static void channel_sums(const tensor *x, int cpg, const double *center, int p, double *out) {
+    int64_t C = x->rows, HW = x->cols;
+#pragma omp parallel if (C * HW > CPU_PAR_MIN)
+    {
+        float *bx = xmalloc((size_t)HW * sizeof(float));
+#pragma omp for schedule(dynamic)
+        for (int64_t c = 0; c < C; c++) {
+            const float *v = row_f32(x, c, 0, HW, bx);
+            double s = 0, m = center ? center[c / cpg] : 0;
+            if (p == 1) for (int64_t i = 0; i < HW; i++) s += v[i];
+            else for (int64_t i = 0; i < HW; i++) { double d = v[i] - m; s += d * d; }
+            out[c] = s;
+        }
+        free(bx);
+    }
+}
+
+void cpu_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma,
+                    const tensor *beta, int groups, float eps, int apply_silu) {
+    int64_t C = x->rows, HW = x->cols;
+    CPU_REQUIRE(y->rows == C && y->cols == HW, "op_group_norm: y and x shapes differ");
+    CPU_REQUIRE(groups > 0 && C % groups == 0, "op_group_norm: %d groups do not divide %lld channels", groups,
+                (long long)C);
+    CPU_REQUIRE(!gamma || (gamma->rows * gamma->cols == C), "op_group_norm: gamma must have %lld values", (long long)C);
+    CPU_REQUIRE(!beta || (beta->rows * beta->cols == C), "op_group_norm: beta must have %lld values", (long long)C);
+    int cpg = (int)(C / groups);
+    double n = (double)cpg * (double)HW;
+    double *cs = xmalloc((size_t)C * sizeof(double)), *mean = xcalloc((size_t)groups, sizeof(double)),
+           *var = xcalloc((size_t)groups, sizeof(double));
+    channel_sums(x, cpg, NULL, 1, cs);
+    for (int64_t c = 0; c < C; c++) mean[c / cpg] += cs[c];
+    for (int g = 0; g < groups; g++) mean[g] /= n;
+    channel_sums(x, cpg, mean, 2, cs); /* two-pass variance: no cancellation */
+    for (int64_t c = 0; c < C; c++) var[c / cpg] += cs[c];
+    float *ga = xmalloc((size_t)C * sizeof(float)), *be_ = xmalloc((size_t)C * sizeof(float));
+    for (int64_t c = 0; c < C; c++) { ga[c] = 1.0f; be_[c] = 0.0f; }
+    if (gamma) convert_to_f32(ga, gamma->data, gamma->dtype, (size_t)C);
+    if (beta) convert_to_f32(be_, beta->data, beta->dtype, (size_t)C);
+    dtype_t dt = y->dtype;
+#pragma omp parallel if (C * HW > CPU_PAR_MIN)
+    {
+        float *bx = xmalloc((size_t)HW * sizeof(float)), *out = xmalloc((size_t)HW * sizeof(float));
+#pragma omp for schedule(dynamic)
+        for (int64_t c = 0; c < C; c++) {
+            int g = (int)(c / cpg);
+            float mu = (float)mean[g], rstd = (float)(1.0 / sqrt(var[g] / n + (double)eps));
+            /* PyTorch's kernel folds the affine: y = x*a + b with a = rstd*gamma, b = beta - mu*a */
+            float a = rstd * ga[c], b = be_[c] - mu * a;
+            const float *v = row_f32(x, c, 0, HW, bx);
+            for (int64_t i = 0; i < HW; i++) {
+                float t = v[i] * a + b;
+                if (apply_silu) { t = round_to(dt, t); t = t / (1.0f + expf(-t)); }
+                out[i] = t;
+            }
+            row_store(y, c, 0, HW, out);
+        }
+        free(bx);
+        free(out);
+    }
+    free(cs); free(mean); free(var); free(ga); free(be_);
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Command-line tests of `tpgen tokenize`: ids against the golden tokens.json
+# (Qwen3, via a pipeline folder and a tokenizer folder), the dev layout and
+# padding, mpirun behaviour, and clear failures on bad input.
+source "$TPGEN_ROOT/tests/lib.sh"
+cd "$TPGEN_ROOT"
+G=$TPGEN_GOLDEN
+KLEIN=$G/klein-tiny/model
+QWEN=tests/data/qwen3-tokenizer
+TEK=tests/data/tekken-mini
+
+# klein chat layout through the pipeline folder: every golden case
+n=$(jq '.cases | length' "$G/klein-tiny/tokens.json")
+for ((i = 0; i < n; i++)); do
+    want=$(jq -c ".cases[$i].chat_ids" "$G/klein-tiny/tokens.json")
+    got=$(jq -j ".cases[$i].prompt" "$G/klein-tiny/tokens.json" | "$TPGEN" tokenize --model "$KLEIN" --prompt - --chat --json | jq -c .ids)
+    [ "$got" = "$want" ] && ok "tokenize_klein_chat_case$i" || fail "tokenize_klein_chat_case$i: got $got, expected $want"
+done
+
+# raw ids, prompt with tabs, CR/LF and trailing spaces from standard input
+want=$(jq -c '.cases[7].ids' "$G/qwen3-tokenizer/tokens.json")
+got=$(jq -j '.cases[7].prompt' "$G/qwen3-tokenizer/tokens.json" | "$TPGEN" tokenize --model "$QWEN" --prompt - --json | jq -c .ids)
+[ "$got" = "$want" ] && ok "tokenize_raw_stdin" || fail "tokenize_raw_stdin: got $got, expected $want"
+
+# --max-length: the chat ids, then right padding with <|endoftext|> (151643), mask 1/0
+chat=$(jq -c '.cases[0].chat_ids' "$G/klein-tiny/tokens.json")
+out=$("$TPGEN" tokenize --model "$KLEIN" --prompt "$(jq -r '.cases[0].prompt' "$G/klein-tiny/tokens.json")" --chat --max-length 32 --json)
+m=$(echo "$chat" | jq length)
+if [ "$(echo "$out" | jq -c ".ids[:$m]")" = "$chat" ] && [ "$(echo "$out" | jq -c "[.ids[$m:][] | select(. != 151643)] | length")" = 0 ] &&
+   [ "$(echo "$out" | jq '.ids | length')" = 32 ] && [ "$(echo "$out" | jq '.mask | add')" = "$m" ] &&
+   [ "$(echo "$out" | jq -c ".mask[$((m - 1)):$((m + 1))]")" = "[1,0]" ]; then
+    ok "tokenize_max_length_right_pad"
+else
+    fail "tokenize_max_length_right_pad: $out"
+fi
+
+# dev layout on the Tekken mini tokenizer, both file forms: BOS [SYSTEM_PROMPT] ... [/SYSTEM_PROMPT] [INST] ... [/INST]
+for form in hf tekken; do
+    out=$("$TPGEN" tokenize --model "$TEK/$form" --prompt "hello[IMG]" --chat --json)
+    if [ "$(echo "$out" | jq -c '.ids[:2]')" = "[1,17]" ] && [ "$(echo "$out" | jq -c '.ids[-4:]')" = "[18,3,1259,4]" ]; then
+        ok "tokenize_dev_layout_$form"
+    else
+        fail "tokenize_dev_layout_$form: $out"
+    fi
+done
+a=$("$TPGEN" tokenize --model "$TEK/hf" --prompt "helloWorld ABc 2024" --json)
+b=$("$TPGEN" tokenize --model "$TEK/tekken" --prompt "helloWorld ABc 2024" --json)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "tokenize_tekken_forms_agree" || fail "tokenize_tekken_forms_agree: '$a' vs '$b'"
+# left padding from the hf config
+out=$("$TPGEN" tokenize --model "$TEK/hf" --prompt "hello" --format raw --max-length 4 --json)
+[ "$out" = '{"ids": [11, 11, 11, 1259], "mask": [0, 0, 0, 1]}' ] && ok "tokenize_left_pad" || fail "tokenize_left_pad: $out"
+
+# under mpirun: one line of output, from rank 0
+out=$($MPIRUN -np 2 "$TPGEN" tokenize --model "$QWEN" --prompt "Hello World" --json 2>&1)
+[ "$out" = '{"ids": [9707, 4337]}' ] && ok "tokenize_mpirun_prints_once" || fail "tokenize_mpirun_prints_once: $out"
+
+# failures
+expect_fail "tokenize_missing_model" "does not exist" "$TPGEN" tokenize --model "$TMP/nothing" --prompt x
+mkdir -p "$TMP/empty"
+expect_fail "tokenize_no_tokenizer_files" "tokenizer.json" "$TPGEN" tokenize --model "$TMP/empty" --prompt x
+mkdir -p "$TMP/wp"
+echo '{"model": {"type": "WordPiece", "vocab": {"a": 0}}}' > "$TMP/wp/tokenizer.json"
+expect_fail "tokenize_wordpiece" "WordPiece.*byte-level BPE" "$TPGEN" tokenize --model "$TMP/wp" --prompt x
+expect_fail "tokenize_invalid_utf8" "not valid UTF-8.*offset 3" "$TPGEN" tokenize --model "$QWEN" --prompt $'abc\xff'
+expect_fail "tokenize_bad_format" "unknown prompt format" "$TPGEN" tokenize --model "$QWEN" --prompt x --format chatml
+expect_fail "tokenize_usage" "required" "$TPGEN" tokenize --model "$QWEN"
+out=$($MPIRUN -np 2 "$TPGEN" tokenize --model "$TMP/nothing" --prompt x 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ "$(echo "$out" | grep -c 'tpgen: error')" = 1 ]; then
+    ok "tokenize_mpirun_error_once"
+else
+    fail "tokenize_mpirun_error_once: rc $rc: $out"
+fi

@@ -1,0 +1,81 @@
+/* comm_allreduce_sum over MPI against an independent computation: every
+ * rank can generate every rank's data from the seed, so each rank computes
+ * the exact (double) sum itself. f32 sums may be associated in any order
+ * (relative error ~1e-6); bf16 rounds after each pairwise addition as NCCL
+ * does, so the result may be off by (ranks-1) roundings. */
+#include "test.h"
+#include "../core/comm.h"
+#include "../kernels/ops.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* value i of rank r, a deterministic function of the test seed */
+static float value_of(unsigned seed, int r, size_t i) {
+    uint64_t z = ((uint64_t)seed << 32) ^ ((uint64_t)r << 48) ^ (uint64_t)i;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 11) / 9007199254740992.0 * 8.0 - 4.0);
+}
+
+static void allreduce_case(comm *c, dtype_t dt, size_t n) {
+    unsigned seed = test_seed();
+    tensor *t = tensor_new(c->be, dt, 1, (int64_t)n);
+    float *mine = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) mine[i] = dt == DT_BF16 ? bf16r(value_of(seed, c->rank, i)) : value_of(seed, c->rank, i);
+    tensor_upload_f32(t, mine);
+    int rc = comm_allreduce_sum(c, t);
+    CHECK(rc == 0, "allreduce %s n=%zu returned %d", dtype_name(dt), n, rc);
+    tensor_download_f32(t, got);
+    size_t bad = 0, first = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double exact = 0, mag = 0;
+        for (int r = 0; r < c->size; r++) {
+            double v = dt == DT_BF16 ? bf16r(value_of(seed, r, i)) : value_of(seed, r, i);
+            exact += v;
+            mag += fabs(v);
+        }
+        /* f32: a few fp32 roundings; bf16: (size-1) pairwise roundings of
+         * partial sums bounded by mag, at most one ulp (2^-8 relative) each */
+        double tol = dt == DT_BF16 ? (c->size - 1) * mag * (1.0 / 256) + 1e-30 : mag * 4e-7 * c->size + 1e-30;
+        double err = fabs(got[i] - exact);
+        if (!(err <= tol)) { if (!bad) first = i; bad++; }
+        if (err > worst) worst = err;
+    }
+    CHECK(bad == 0, "allreduce %s n=%zu ranks=%d: %zu wrong elements, first %zu (worst error %g)", dtype_name(dt), n,
+          c->size, bad, first, worst);
+    free(mine);
+    free(got);
+    tensor_free(t);
+}
+
+TEST_MPI(comm_allreduce_sum_f32_bf16) {
+    backend *be = backend_cpu_create(1);
+    comm *c = comm_create_mpi(MPI_COMM_WORLD, be);
+    const size_t sizes[] = {1, 7, 1000, 65537, 1 << 20};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        allreduce_case(c, DT_F32, sizes[k]);
+        allreduce_case(c, DT_BF16, sizes[k]);
+    }
+    CHECK(c->n_allreduce == (c->size > 1 ? 10 : 0), "n_allreduce %ld", c->n_allreduce);
+    comm_destroy(c);
+    backend_destroy(be);
+}
+
+TEST_MPI(comm_allreduce_sum_subgroup) { /* over a split communicator (tp groups of 2) */
+    int wr, ws;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    MPI_Comm_size(MPI_COMM_WORLD, &ws);
+    MPI_Comm g;
+    MPI_Comm_split(MPI_COMM_WORLD, wr / 2, wr, &g);
+    backend *be = backend_cpu_create(1);
+    comm *c = comm_create_mpi(g, be);
+    CHECK(c->size == (ws - (wr / 2) * 2 >= 2 ? 2 : 1), "subgroup size %d", c->size);
+    allreduce_case(c, DT_F32, 4099);
+    allreduce_case(c, DT_BF16, 4099);
+    comm_destroy(c);
+    backend_destroy(be);
+    MPI_Comm_free(&g);
+}

@@ -1,0 +1,317 @@
+/* Sharded loading of the golden tiny FLUX.2 checkpoint (BF16, two shards,
+ * tensors shuffled): every local tensor must equal the slice of the full
+ * tensor that spec flux2-transformer.md §7.2 assigns to the rank. The
+ * expected slices are cut here from whole tensors read with st_read_raw,
+ * with the spec's row/column ranges written out independently of the
+ * plan engine. */
+#include "test.h"
+#include "../core/dist.h"
+#include "../core/err.h"
+#include "../core/weights.h"
+#include "../kernels/ops.h"
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char *tiny_dir(void) { return xasprintf("%s/flux2-tiny-a/model", test_golden_dir()); }
+
+typedef struct tiny {
+    model_dir *m;
+    json_t *cfg;
+    checkpoint *c;
+    plan p;
+    int64_t D, M;
+} tiny;
+
+static int tiny_open(tiny *t) {
+    memset(t, 0, sizeof *t);
+    char *dir = tiny_dir(), *tdir = xasprintf("%s/transformer", dir);
+    int rc = model_dir_open(dir, &t->m);
+    if (!rc) rc = (t->cfg = model_dir_config(t->m, "transformer")) ? 0 : -1;
+    if (!rc) rc = plan_flux2(t->cfg, &t->p);
+    if (!rc) rc = checkpoint_open(tdir, &t->c);
+    if (!rc) {
+        t->D = json_integer_value(json_object_get(t->cfg, "num_attention_heads")) *
+               json_integer_value(json_object_get(t->cfg, "attention_head_dim"));
+        t->M = 3 * t->D;   /* mlp_ratio 3.0 in this config */
+    }
+    free(dir), free(tdir);
+    return rc;
+}
+
+static void tiny_close(tiny *t) {
+    checkpoint_close(t->c);
+    json_decref(t->cfg);
+    model_dir_close(t->m);
+}
+
+static int ends(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* The spec's partition of a tensor: which dim is split (0 rows, 1 cols,
+ * -1 replicated) and into which blocks. */
+static int spec_partition(const tiny *t, const char *name, int64_t rows, int64_t cols, int64_t *blocks, int *nb) {
+    static const char *col[] = {".attn.to_q.weight", ".attn.to_k.weight", ".attn.to_v.weight",
+                                ".attn.add_q_proj.weight", ".attn.add_k_proj.weight", ".attn.add_v_proj.weight"};
+    static const char *row[] = {".attn.to_out.0.weight", ".attn.to_add_out.weight", ".ff.linear_out.weight",
+                                ".ff_context.linear_out.weight"};
+    int dbl = !strncmp(name, "transformer_blocks.", 19), sgl = !strncmp(name, "single_transformer_blocks.", 26);
+    *nb = 1;
+    for (int i = 0; dbl && i < 6; i++) if (ends(name, col[i])) { blocks[0] = rows; return 0; }
+    for (int i = 0; dbl && i < 4; i++) if (ends(name, row[i])) { blocks[0] = cols; return 1; }
+    if (dbl && (ends(name, ".ff.linear_in.weight") || ends(name, ".ff_context.linear_in.weight"))) {
+        *nb = 2, blocks[0] = blocks[1] = rows / 2;
+        return 0;
+    }
+    if (sgl && ends(name, ".attn.to_qkv_mlp_proj.weight")) {
+        *nb = 5, blocks[0] = blocks[1] = blocks[2] = t->D, blocks[3] = blocks[4] = t->M;
+        return 0;
+    }
+    if (sgl && ends(name, ".attn.to_out.weight")) {
+        *nb = 2, blocks[0] = t->D, blocks[1] = t->M;
+        return 1;
+    }
+    return -1;
+}
+
+/* Cut rank k's slice of the full [rows, cols] tensor (element size es). */
+static char *spec_slice(const char *full, int64_t rows, int64_t cols, size_t es, int dim, const int64_t *b, int nb,
+                        int tp, int k, size_t *nbytes) {
+    char *out = xmalloc((size_t)(rows * cols) * es + 1), *o = out;
+    if (dim < 0) {
+        memcpy(out, full, (size_t)(rows * cols) * es);
+        o += (size_t)(rows * cols) * es;
+    } else if (dim == 0) {
+        int64_t start = 0;
+        for (int j = 0; j < nb; start += b[j++])
+            for (int64_t r = start + k * b[j] / tp; r < start + (k + 1) * b[j] / tp; r++, o += (size_t)cols * es)
+                memcpy(o, full + (size_t)(r * cols) * es, (size_t)cols * es);
+    } else {
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t start = 0;
+            for (int j = 0; j < nb; start += b[j++])
+                for (int64_t cc = start + k * b[j] / tp; cc < start + (k + 1) * b[j] / tp; cc++, o += es)
+                    memcpy(o, full + (size_t)(r * cols + cc) * es, es);
+        }
+    }
+    *nbytes = (size_t)(o - out);
+    return out;
+}
+
+/* Load rank k of tp and compare every tensor bit for bit (BF16) or with
+ * the exact upcast (F32). Also checks the byte accounting. */
+static void check_rank(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t cap) {
+    backend *be = backend_cpu_create(1);
+    load_opts o = {.tp = tp, .rank = k, .be = be, .dtype = dt, .use_mmap = use_mmap, .staging_cap = cap};
+    weights *w;
+    load_stats st;
+    REQUIRE(weights_load(t->c, &t->p, &o, &w, &st) == 0, "weights_load tp %d rank %d: %s", tp, k, tp_error_msg());
+    uint64_t rep = 0, shard = 0;
+    CHECK(weights_count(w) == t->c->n, "loaded %d of %d tensors", weights_count(w), t->c->n);
+    for (int i = 0; i < t->c->n && !test_failed(); i++) {
+        const st_file *f;
+        const st_tensor_info *ti = t->c->infos[i];
+        checkpoint_find(t->c, ti->name, &f);
+        int64_t rows = ti->ndim == 2 ? ti->shape[0] : 1, cols = ti->ndim == 2 ? ti->shape[1] : ti->shape[0];
+        char *full = xmalloc((size_t)(ti->end - ti->begin));
+        REQUIRE(st_read_raw(f, ti, full) == 0, "%s", tp_error_msg());
+        int64_t b[8];
+        int nb, dim = spec_partition(t, ti->name, rows, cols, b, &nb);
+        size_t n;
+        char *want = spec_slice(full, rows, cols, 2, dim, b, nb, tp, k, &n);
+        *(dim < 0 ? &rep : &shard) += (uint64_t)(ti->end - ti->begin);
+        const tensor *x = weights_get(w, ti->name);
+        REQUIRE(x, "%s not loaded", ti->name);
+        int64_t lr = dim == 0 ? rows / tp : rows, lc = dim == 1 ? cols / tp : cols;
+        CHECK(x->rows == lr && x->cols == lc && x->dtype == dt, "%s: local [%lld, %lld] %s, want [%lld, %lld]",
+              ti->name, (long long)x->rows, (long long)x->cols, dtype_name(x->dtype), (long long)lr, (long long)lc);
+        if (dt == DT_BF16) {
+            CHECK(tensor_nbytes(x) == n && !memcmp(x->data, want, n), "%s: tp %d rank %d slice differs", ti->name, tp, k);
+        } else {
+            const uint16_t *h = (const uint16_t *)want;
+            const float *y = x->data;
+            for (size_t e = 0; e < n / 2; e++)
+                if (y[e] != bf16_to_f32(h[e])) { CHECK(0, "%s: element %zu %g != %g", ti->name, e, y[e], bf16_to_f32(h[e])); break; }
+        }
+        free(full), free(want);
+    }
+    CHECK(shard % (uint64_t)tp == 0, "sharded bytes %llu not divisible", (unsigned long long)shard);
+    CHECK(st.bytes_read == rep + shard / (uint64_t)tp, "rank %d read %llu bytes, expected %llu + %llu/%d", k,
+          (unsigned long long)st.bytes_read, (unsigned long long)rep, (unsigned long long)shard, tp);
+    CHECK(st.bytes_replicated == rep && st.bytes_sharded == shard / (uint64_t)tp, "byte split wrong");
+    CHECK(cap == 0 || st.max_staging <= 3 * cap, "staging %llu above cap %zu", (unsigned long long)st.max_staging, cap);
+    weights_free(w);
+    backend_destroy(be);
+}
+
+/* Each MPI rank loads its own shard at tp = world size. */
+TEST_MPI(load_tiny_golden_tp_world) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    tiny t;
+    REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
+    check_rank(&t, size, rank, DT_BF16, 0, 0);
+    check_rank(&t, size, rank, DT_F32, 0, 0);
+    tiny_close(&t);
+}
+
+/* Every rank of tp 1, 2, 4 in one process, through each read path:
+ * direct pread, mmap, and the staged path with a tiny staging bound
+ * (forces chunked runs and row batches). */
+TEST(load_tiny_golden_all_paths) {
+    tiny t;
+    REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
+    for (int tp = 1; tp <= 4; tp *= 2)
+        for (int k = 0; k < tp; k++) {
+            check_rank(&t, tp, k, DT_BF16, 1, 0);
+            check_rank(&t, tp, k, DT_F32, k & 1, 100);
+            check_rank(&t, tp, k, DT_F32, 0, 4096);
+        }
+    tiny_close(&t);
+}
+
+static int only_single(const char *name, void *ctx) { return !strncmp(name, "single_transformer_blocks.", 26); }
+
+TEST(load_filter_and_req) {
+    tiny t;
+    REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
+    backend *be = backend_cpu_create(1);
+    load_opts o = {.tp = 2, .rank = 1, .be = be, .dtype = DT_F32};
+    weights *w;
+    REQUIRE(weights_load(t.c, &t.p, &o, &w, NULL) == 0, "%s", tp_error_msg());
+    CHECK(weights_req(w, "single_transformer_blocks.%d.attn.to_out.weight", 2) != NULL, "req failed");
+    CHECK(weights_req(w, "single_transformer_blocks.%d.attn.to_out.weight", 9) == NULL &&
+              strstr(tp_error_msg(), "single_transformer_blocks.9.attn.to_out.weight"), "missing tensor: %s",
+          tp_error_msg());
+    const st_tensor_info *gi = weights_info(w, "single_transformer_blocks.0.attn.to_out.weight");
+    CHECK(gi && gi->shape[0] == t.D && gi->shape[1] == t.D + t.M, "global info");
+    weights_free(w);
+    /* the filter: only the single-stream blocks */
+    o.want = only_single;
+    load_stats st;
+    REQUIRE(weights_load(t.c, &t.p, &o, &w, &st) == 0, "%s", tp_error_msg());
+    int expect = 0;
+    for (int i = 0; i < t.c->n; i++) expect += only_single(t.c->infos[i]->name, NULL);
+    CHECK(expect == 12 && weights_count(w) == expect && st.n_tensors == expect, "filter kept %d of %d", weights_count(w), expect);
+    CHECK(weights_get(w, "proj_out.weight") == NULL, "filtered tensor loaded");
+    weights_free(w);
+    backend_destroy(be);
+    tiny_close(&t);
+}
+
+/* A failure on one rank (here the last one opens a truncated copy of a
+ * shard) makes every rank fail, with the message naming that rank. */
+TEST_MPI(load_error_agreement) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    char *dir = tiny_dir(), *good = xasprintf("%s/transformer", dir), *bad = xasprintf("%s/bad-tr", test_tmp_dir());
+    char *cmd = xasprintf("rm -rf %s && cp -r %s %s && chmod -R u+w %s && truncate -s 100000 "
+                          "%s/diffusion_pytorch_model-00002-of-00002.safetensors", bad, good, bad, bad, bad);
+    int failing = size - 1, rc = 0;
+    if (rank == failing) rc = system(cmd) == 0 ? 0 : tp_error("could not prepare %s", bad);
+    checkpoint *c = NULL;
+    if (!rc) rc = checkpoint_open(rank == failing ? bad : good, &c);
+    int agreed = dist_agree(MPI_COMM_WORLD, rc);
+    CHECK(agreed == -1, "rank %d: dist_agree returned %d", rank, agreed);
+    char want[32];
+    snprintf(want, sizeof want, "rank %d: ", failing);
+    if (size > 1) CHECK(strstr(tp_error_msg(), want) == tp_error_msg(), "message '%s' lacks '%s'", tp_error_msg(), want);
+    CHECK(strstr(tp_error_msg(), "00002-of-00002") != NULL, "message '%s' does not name the file", tp_error_msg());
+    checkpoint_close(c);
+    free(dir), free(good), free(bad), free(cmd);
+}
+
+/* A tp that does not divide the heads fails on every rank before any
+ * byte is read. */
+TEST(bad_load_tp_not_dividing_heads) {
+    tiny t;
+    REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
+    backend *be = backend_cpu_create(1);
+    load_opts o = {.tp = 3, .rank = 0, .be = be, .dtype = DT_BF16};
+    weights *w = NULL;
+    load_stats st;
+    CHECK(weights_load(t.c, &t.p, &o, &w, &st) == -1 && w == NULL, "tp 3 accepted");
+    CHECK(strstr(tp_error_msg(), "tp 3 does not divide num_attention_heads (4)") &&
+              strstr(tp_error_msg(), "valid tp values: 1, 2, 4"), "message: %s", tp_error_msg());
+    CHECK(st.bytes_read == 0, "read %llu bytes before failing", (unsigned long long)st.bytes_read);
+    backend_destroy(be);
+    tiny_close(&t);
+}
+
+/* ---- checkpoint folders ---- */
+
+/* A writable copy of the golden transformer folder with its index edited:
+ * weight_map[name] = file (file NULL: leave it). */
+static char *edited_copy(const char *tag, const char *name, const char *file) {
+    char *dir = tiny_dir(), *dst = xasprintf("%s/%s", test_tmp_dir(), tag);
+    char *cmd = xasprintf("rm -rf %s && cp -r %s/transformer %s && chmod -R u+w %s", dst, dir, dst, dst);
+    if (system(cmd)) tp_fatal("cannot copy the golden folder");
+    char *idx = xasprintf("%s/diffusion_pytorch_model.safetensors.index.json", dst);
+    json_t *j = json_load_file(idx, 0, NULL);
+    if (name) json_object_set_new(json_object_get(j, "weight_map"), name, json_string(file));
+    json_dump_file(j, idx, 0);
+    json_decref(j);
+    free(dir), free(cmd), free(idx);
+    return dst;
+}
+
+TEST(load_checkpoint_index_vs_single) {
+    char *dst = edited_copy("ckpt-ok", NULL, NULL);
+    checkpoint *c;
+    REQUIRE(checkpoint_open(dst, &c) == 0, "%s", tp_error_msg());
+    CHECK(c->n_files == 2, "files %d", c->n_files);
+    const st_file *f;
+    const st_tensor_info *t = checkpoint_find(c, "proj_out.weight", &f);
+    CHECK(t && strstr(f->path, "00001-of-00002"), "proj_out.weight should be in shard 1 (as the index says)");
+    checkpoint_close(c);
+    /* a single file, written by st_write, found without an index */
+    char *one = xasprintf("%s/single", test_tmp_dir()), *p = xasprintf("%s/model.safetensors", one);
+    char *cmd = xasprintf("mkdir -p %s", one);
+    CHECK(system(cmd) == 0, "mkdir");
+    float v[2] = {1, 2};
+    st_write_tensor w = {"x", DT_F32, 1, {2}, v};
+    REQUIRE(st_write(p, &w, 1, NULL) == 0, "%s", tp_error_msg());
+    REQUIRE(checkpoint_open(one, &c) == 0, "%s", tp_error_msg());
+    CHECK(c->n == 1 && checkpoint_find(c, "x", NULL), "single file");
+    checkpoint_close(c);
+    free(dst), free(one), free(p), free(cmd);
+}
+
+TEST(bad_ckpt_index_names_missing_tensor) {
+    char *dst = edited_copy("ckpt-tensor", "transformer_blocks.0.attn.to_q.weight",
+                            "diffusion_pytorch_model-00002-of-00002.safetensors");
+    checkpoint *c = NULL;
+    CHECK(checkpoint_open(dst, &c) == -1 && c == NULL, "accepted");
+    CHECK(strstr(tp_error_msg(), "tensor 'transformer_blocks.0.attn.to_q.weight' is listed in") &&
+              strstr(tp_error_msg(), "missing from") && strstr(tp_error_msg(), "00002-of-00002"), "%s", tp_error_msg());
+    free(dst);
+}
+
+TEST(bad_ckpt_index_names_missing_file) {
+    char *dst = edited_copy("ckpt-file", "proj_out.weight", "diffusion_pytorch_model-00003-of-00003.safetensors");
+    checkpoint *c = NULL;
+    CHECK(checkpoint_open(dst, &c) == -1 && c == NULL, "accepted");
+    CHECK(strstr(tp_error_msg(), "00003-of-00003.safetensors") && strstr(tp_error_msg(), "proj_out.weight") &&
+              strstr(tp_error_msg(), "No such file"), "%s", tp_error_msg());
+    free(dst);
+}
+
+TEST(bad_ckpt_folder_problems) {
+    checkpoint *c = NULL;
+    CHECK(checkpoint_open("/nonexistent/transformer", &c) == -1 && strstr(tp_error_msg(), "does not exist"), "%s",
+          tp_error_msg());
+    char *empty = xasprintf("%s/empty", test_tmp_dir()), *cmd = xasprintf("mkdir -p %s", empty);
+    CHECK(system(cmd) == 0, "mkdir");
+    CHECK(checkpoint_open(empty, &c) == -1 && strstr(tp_error_msg(), "has no *.safetensors"), "%s", tp_error_msg());
+    model_dir *m = NULL;
+    CHECK(model_dir_open("/nonexistent", &m) == -1 && strstr(tp_error_msg(), "--model"), "%s", tp_error_msg());
+    REQUIRE(model_dir_open(empty, &m) == 0, "%s", tp_error_msg());
+    CHECK(model_dir_config(m, "transformer") == NULL && strstr(tp_error_msg(), "config.json"), "%s", tp_error_msg());
+    model_dir_close(m);
+    free(empty), free(cmd);
+}

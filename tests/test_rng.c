@@ -1,0 +1,142 @@
+/* The torch-compatible generator against golden/randn.safetensors (values
+ * drawn by torch itself): every path (float64 below 16 elements, the
+ * vectorised f32 path, the bf16 path, tails that are not a multiple of 16),
+ * three seeds. The aim is bit equality; the largest difference is reported. */
+#include "test.h"
+#include "../core/rng.h"
+#include "../core/safetensors.h"
+#include "../core/err.h"
+#include <stdlib.h>
+#include <string.h>
+
+/* the reader lives in core/safetensors.c (loader area) */
+#pragma weak st_open
+#pragma weak st_close
+#pragma weak st_find
+#pragma weak st_read_raw
+
+static const char *k_shapes[] = {"7", "2x16x3", "1x3x5x5", "1x128x4x4", "1x128x64x64"};
+static const uint64_t k_seeds[] = {0, 42, 1234567};
+
+static void check_one(st_file *f, uint64_t seed, const char *shape, int bf16, double *worst) {
+    char name[96];
+    snprintf(name, sizeof name, "seed%llu.%s.%s", (unsigned long long)seed, shape, bf16 ? "bf16" : "f32");
+    const st_tensor_info *t = st_find(f, name);
+    REQUIRE(t, "golden tensor %s missing", name);
+    size_t n = 1, es = bf16 ? 2 : 4;
+    for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+    REQUIRE(t->end - t->begin == n * es, "%s: unexpected dtype", name);
+    uint8_t *ref = malloc(n * es), *got = malloc(n * es);
+    memset(got, 0xff, n * es);            /* poison */
+    REQUIRE(st_read_raw(f, t, ref) == 0, "%s: %s", name, tp_error_msg());
+    tp_rng g;
+    rng_seed(&g, seed);
+    if (bf16) rng_randn_bf16(&g, (uint16_t *)got, n);
+    else rng_randn_f32(&g, (float *)got, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (memcmp(got + i * es, ref + i * es, es)) bad++;
+        float a = bf16 ? bf16_to_f32(((uint16_t *)got)[i]) : ((float *)got)[i];
+        float b = bf16 ? bf16_to_f32(((uint16_t *)ref)[i]) : ((float *)ref)[i];
+        double d = fabs((double)a - (double)b);
+        if (!(d <= *worst)) *worst = d;  /* NaN propagates */
+    }
+    CHECK(bad == 0, "%s: %zu of %zu values differ from torch", name, bad, n);
+    free(ref);
+    free(got);
+}
+
+TEST(rng_matches_torch_randn) {
+    REQUIRE(st_open, "the safetensors reader (core/safetensors.c) is not in this build");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/randn.safetensors", test_golden_dir());
+    st_file *f = NULL;
+    REQUIRE(st_open(path, &f) == 0, "%s", tp_error_msg());
+    double worst = 0;
+    for (int s = 0; s < 3; s++)
+        for (int k = 0; k < 5; k++)
+            for (int bf = 0; bf < 2; bf++) check_one(f, k_seeds[s], k_shapes[k], bf, &worst);
+    printf("# rng: largest difference from torch.randn over 30 golden tensors: %g\n", worst);
+    CHECK(worst == 0, "largest difference %g", worst);
+    st_close(f);
+}
+
+/* The generator state carries across draws exactly like torch's: two
+ * consecutive small draws use the cached Box-Muller spare, so drawing 3 + 4
+ * values equals drawing 7 at once. */
+TEST(rng_small_draws_share_the_spare) {
+    tp_rng a, b;
+    float x[7], y[7];
+    rng_seed(&a, 5);
+    rng_seed(&b, 5);
+    rng_randn_f32(&a, x, 7);
+    rng_randn_f32(&b, y, 3);
+    rng_randn_f32(&b, y + 3, 4);
+    CHECK(!memcmp(x, y, sizeof x), "split draws differ from one draw");
+}
+
+/* random64 is two 32-bit draws, the first one the high word */
+TEST(rng_u64_is_two_u32) {
+    tp_rng a, b;
+    rng_seed(&a, 77);
+    rng_seed(&b, 77);
+    for (int i = 0; i < 1000; i++) {
+        uint64_t hi = rng_u32(&b), lo = rng_u32(&b);
+        REQUIRE(rng_u64(&a) == (hi << 32 | lo), "draw %d", i);
+    }
+}
+
+/* The pipeline's initial noise (cli/generate_run.c) is what diffusers drew
+ * for the golden runs: flux2-tiny-a (seed 1) and the three klein-tiny cases. */
+#include "../cli/generate.h"
+#include <jansson.h>
+
+static void check_noise(const char *file, const char *latents_key, const char *seed_key, uint64_t seed_default) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", test_golden_dir(), file);
+    st_file *f = NULL;
+    REQUIRE(st_open(path, &f) == 0, "%s", tp_error_msg());
+    uint64_t seed = seed_default;
+    if (seed_key) {
+        int64_t *sv = NULL;
+        REQUIRE(st_read_i64(f, seed_key, &sv, NULL) == 0, "%s", tp_error_msg());
+        seed = (uint64_t)sv[0];
+        free(sv);
+    }
+    float *ref = NULL;
+    const st_tensor_info *t = NULL;
+    REQUIRE(st_read_f32(f, latents_key, &ref, &t) == 0, "%s", tp_error_msg());
+    REQUIRE(t->ndim == 4 && t->shape[0] == 1, "%s: shape", latents_key);
+    int C = (int)t->shape[1], h = (int)t->shape[2], w = (int)t->shape[3];
+    float *x = gen_noise_packed(seed, C, h, w);
+    size_t bad = 0;
+    for (int c = 0; c < C; c++)
+        for (int y = 0; y < h; y++)
+            for (int xx = 0; xx < w; xx++)
+                bad += x[(size_t)(y * w + xx) * C + c] != ref[((size_t)c * h + y) * w + xx];
+    CHECK(bad == 0, "%s %s (seed %llu): %zu of %d noise values differ", file, latents_key, (unsigned long long)seed, bad,
+          C * h * w);
+    free(x);
+    free(ref);
+    st_close(f);
+}
+
+#pragma weak st_read_f32
+#pragma weak st_read_i64
+
+TEST(rng_pipeline_noise_matches_golden_runs) {
+    REQUIRE(st_open, "the safetensors reader (core/safetensors.c) is not in this build");
+    check_noise("flux2-tiny-a/denoise.safetensors", "initial_latents", "seed", 0);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/klein-tiny/e2e.json", test_golden_dir());
+    json_t *e2e = json_load_file(path, 0, NULL);
+    json_t *cases = json_object_get(e2e, "cases");
+    REQUIRE(json_array_size(cases) > 0, "%s: no cases", path);
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        char key[64];
+        snprintf(key, sizeof key, "case%zu.initial_latents", i);
+        json_int_t seed = json_integer_value(json_object_get(json_array_get(cases, i), "seed"));
+        check_noise("klein-tiny/e2e.safetensors", key, NULL, (uint64_t)seed);
+    }
+    json_decref(e2e);
+}

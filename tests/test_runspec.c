@@ -1,0 +1,180 @@
+/* The run spec: valid specs, every error class with its line and column,
+ * flags overriding the spec, output patterns, and the data-parallel split
+ * of the batch (each job rendered exactly once). */
+#include "test.h"
+#include "../cli/runspec.h"
+#include "../core/dist.h"
+#include "../core/err.h"
+#include <stdlib.h>
+#include <string.h>
+
+static int load(run_spec *s, const char *yaml) {
+    runspec_init(s);
+    return runspec_load_string(s, yaml, "run.yaml");
+}
+
+TEST(runspec_valid_spec) {
+    run_spec s;
+    const char *y =
+        "# a batch\n"
+        "model: /models/klein\n"
+        "prompts:\n  - a red fox\n  - \"1984\"\n"
+        "seeds: {from: 10, count: 3}\n"
+        "steps: 4\nguidance: 3.5\nwidth: 96\nheight: 64\n"
+        "output: out/{index:04}-{seed}.png\nprecision: f32\nbackend: cpu\ntp: 2\n"
+        "save_latents: lat/{prompt_index}_{seed_index}.safetensors\nno_decode: false\n"
+        "json_metrics: m.json\nmax_sequence_length: 32\nnegative_prompt: \"\"\n";
+    REQUIRE(load(&s, y) == 0, "%s", tp_error_msg());
+    CHECK(!strcmp(s.model, "/models/klein"), "model %s", s.model);
+    CHECK(s.n_prompts == 2 && !strcmp(s.prompts[1], "1984"), "prompts");
+    CHECK(s.n_seeds == 3 && s.seeds[0] == 10 && s.seeds[2] == 12, "seeds");
+    CHECK(s.steps == 4 && s.guidance == 3.5 && s.width == 96 && s.height == 64, "numbers");
+    CHECK(!strcmp(s.precision, "f32") && !strcmp(s.backend, "cpu") && s.tp == 2, "choices");
+    CHECK(s.no_decode == 0 && s.max_sequence_length == 32 && s.negative_prompt && !*s.negative_prompt, "misc");
+    CHECK(runspec_check(&s) == 0, "%s", tp_error_msg());
+    CHECK(runspec_n_jobs(&s) == 6, "jobs %d", runspec_n_jobs(&s));
+    /* job 4 = prompt 1, seed index 1 */
+    CHECK(!strcmp(runspec_job_prompt(&s, 4), "1984") && runspec_job_seed(&s, 4) == 11, "job 4");
+    char *p = runspec_output_path(&s, s.output, 4);
+    CHECK(p && !strcmp(p, "out/0004-11.png"), "output %s", p);
+    free(p);
+    p = runspec_output_path(&s, s.save_latents, 5);
+    CHECK(p && !strcmp(p, "lat/1_2.safetensors"), "latents %s", p);
+    free(p);
+    runspec_free(&s);
+    /* seeds as a list and a single seed */
+    REQUIRE(load(&s, "seeds: [5, 18446744073709551615]\n") == 0, "%s", tp_error_msg());
+    CHECK(s.n_seeds == 2 && s.seeds[1] == UINT64_MAX, "seed list");
+    runspec_free(&s);
+    REQUIRE(load(&s, "seed: 3\nprompt: x\n") == 0, "%s", tp_error_msg());
+    CHECK(s.n_seeds == 1 && s.seeds[0] == 3 && s.n_prompts == 1, "single seed");
+    runspec_free(&s);
+}
+
+/* each bad spec must fail with a message containing `want` */
+static void bad(const char *yaml, const char *want) {
+    run_spec s;
+    int rc = load(&s, yaml);
+    CHECK(rc == -1, "accepted: %s", yaml);
+    if (rc == -1) CHECK(strstr(tp_error_msg(), want) != NULL, "for '%s': message '%s' lacks '%s'", yaml, tp_error_msg(), want);
+    runspec_free(&s);
+}
+
+TEST(runspec_errors_name_key_line_column) {
+    bad("steps: 4\nstepz: 4\n", "run.yaml:2:1: stepz: unknown key 'stepz'");
+    bad("prompt-embeds: x\n", "use underscores");
+    bad("steps: four\n", "run.yaml:1:8: steps: expected an integer, got 'four'");
+    bad("steps: \"4\"\n", "run.yaml:1:8: steps: expected a number");
+    bad("steps: [1, 2]\n", "run.yaml:1:8: steps: expected a single value, got a list");
+    bad("steps: 0\n", "run.yaml:1:8: steps: 0 is out of range");
+    bad("model: x\nwidth: 100\n", "run.yaml:2:8: width: 100 is not a multiple of 16");
+    bad("guidance: -1\n", "guidance: -1 is out of range");
+    bad("guidance: nan\n", "guidance: expected a number");
+    bad("precision: fp16\n", "run.yaml:1:12: precision: expected one of bf16|f32, got 'fp16'");
+    bad("no_decode: maybe\n", "no_decode: expected true or false");
+    bad("steps:\n", "run.yaml:1:7: steps: has no value");
+    bad("seeds: {from: 1}\n", "needs both 'from' and 'count'");
+    bad("seeds: {from: 1, count: 0}\n", "seeds.count: 0 is out of range");
+    bad("seeds: {from: 1, cnt: 2}\n", "run.yaml:1:18: seeds: unknown key 'cnt'");
+    bad("seeds: [1, -2]\n", "run.yaml:1:12: seeds: expected a seed");
+    bad("prompts: []\n", "the list is empty");
+    bad("prompts: [a, [b]]\n", "item 2 must be a prompt");
+    bad("prompt: a\nprompts: [b]\n", "either 'prompt' or 'prompts'");
+    bad("steps: 4\nsteps: 5\n", "run.yaml:2:1: steps: the key is given twice");
+    bad("- steps: 4\n", "must be a mapping");
+    bad("steps: 4\n  width: [\n", "run.yaml:2:");   /* invalid YAML: line of the problem */
+    bad("", "empty");
+    run_spec s;
+    runspec_init(&s);
+    CHECK(runspec_load_file(&s, "/nonexistent/run.yaml") == -1 && strstr(tp_error_msg(), "/nonexistent/run.yaml"),
+          "unreadable file: %s", tp_error_msg());
+    runspec_free(&s);
+}
+
+TEST(runspec_flags_override_spec) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/spec.yaml", test_tmp_dir());
+    FILE *f = fopen(path, "w");
+    fprintf(f, "model: m\nsteps: 50\nprompts: [a, b]\nseeds: [1, 2]\noutput: o/{index}.png\n");
+    fclose(f);
+    char *argv[] = {"generate", "--steps", "7", "--spec", path, "--seed=9", "--no-decode", "--save-latents", "l{index}.st", NULL};
+    run_spec s;
+    runspec_init(&s);
+    REQUIRE(runspec_parse_args(&s, 9, argv) == 0, "%s", tp_error_msg());
+    CHECK(s.steps == 7, "flag did not override: steps %d", s.steps);
+    CHECK(s.n_seeds == 1 && s.seeds[0] == 9, "--seed did not replace the seed list");
+    CHECK(s.n_prompts == 2 && !strcmp(s.model, "m") && s.no_decode == 1, "spec values lost");
+    CHECK(runspec_check(&s) == 0, "%s", tp_error_msg());
+    runspec_free(&s);
+    char *bad1[] = {"generate", "--stepz", "3", NULL};
+    runspec_init(&s);
+    CHECK(runspec_parse_args(&s, 3, bad1) == -1 && strstr(tp_error_msg(), "--stepz"), "unknown flag: %s", tp_error_msg());
+    runspec_free(&s);
+    char *bad2[] = {"generate", "--width", "1000", NULL};
+    runspec_init(&s);
+    CHECK(runspec_parse_args(&s, 3, bad2) == -1 && strstr(tp_error_msg(), "--width: 1000 is not a multiple of 16"),
+          "width: %s", tp_error_msg());
+    runspec_free(&s);
+    char *bad3[] = {"generate", "--steps", NULL};
+    runspec_init(&s);
+    CHECK(runspec_parse_args(&s, 2, bad3) == -1 && strstr(tp_error_msg(), "--steps: expects a value"), "%s", tp_error_msg());
+    runspec_free(&s);
+}
+
+TEST(runspec_check_consistency) {
+    run_spec s;
+    REQUIRE(load(&s, "model: m\nprompts: [a, b]\noutput: same.png\n") == 0, "%s", tp_error_msg());
+    CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "2 jobs would all write"), "%s", tp_error_msg());
+    runspec_free(&s);
+    REQUIRE(load(&s, "model: m\nprompt: a\nprompt_embeds: e.st\n") == 0, "%s", tp_error_msg());
+    CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "not both"), "%s", tp_error_msg());
+    runspec_free(&s);
+    REQUIRE(load(&s, "model: m\n") == 0, "%s", tp_error_msg());
+    CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "nothing to render"), "%s", tp_error_msg());
+    runspec_free(&s);
+    REQUIRE(load(&s, "model: m\nprompt: a\nno_decode: true\n") == 0, "%s", tp_error_msg());
+    CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "would produce nothing"), "%s", tp_error_msg());
+    runspec_free(&s);
+    REQUIRE(load(&s, "model: m\nprompt: A Red, fox!\noutput: \"{prompt}-{{x}}-{seed:03}.png\"\n") == 0, "%s", tp_error_msg());
+    char *p = runspec_output_path(&s, s.output, 0);
+    CHECK(p && !strcmp(p, "a-red-fox-{x}-000.png"), "pattern gave %s", p);
+    free(p);
+    CHECK(runspec_output_path(&s, "{nope}.png", 0) == NULL && strstr(tp_error_msg(), "unknown placeholder"), "%s", tp_error_msg());
+    CHECK(runspec_output_path(&s, "{index:4}.png", 0) == NULL, "width without 0 accepted");
+    CHECK(runspec_output_path(&s, "{index.png", 0) == NULL, "unclosed brace accepted");
+    runspec_free(&s);
+}
+
+TEST(runspec_group_split_covers_every_job_once) {
+    for (int groups = 1; groups <= 7; groups++)
+        for (int n = 0; n <= 23; n++) {
+            int seen[32] = {0}, jobs[32];
+            for (int g = 0; g < groups; g++) {
+                int k = runspec_group_jobs(n, groups, g, jobs);
+                for (int i = 0; i < k; i++) {
+                    REQUIRE(jobs[i] >= 0 && jobs[i] < n, "job %d out of range", jobs[i]);
+                    seen[jobs[i]]++;
+                }
+            }
+            for (int j = 0; j < n; j++) CHECK(seen[j] == 1, "groups %d, %d jobs: job %d done %d times", groups, n, j, seen[j]);
+        }
+}
+
+/* Across real MPI ranks with tp 2 (tp 1 on one rank): the lead rank of each
+ * TP group counts its jobs; the sum over the world shows each job once. */
+TEST_MPI(runspec_dp_groups_render_each_job_once) {
+    dist d;
+    REQUIRE(dist_init(NULL, NULL, &d) == 0, "%s", tp_error_msg());
+    int tp = d.world_size % 2 == 0 ? 2 : 1;
+    REQUIRE(dist_set_tp(&d, tp) == 0, "%s", tp_error_msg());
+    enum { NJ = 11 };
+    int count[NJ] = {0}, jobs[NJ];
+    int k = runspec_group_jobs(NJ, d.dp, d.dp_rank, jobs);
+    if (d.tp_rank == 0)
+        for (int i = 0; i < k; i++) count[jobs[i]]++;
+    MPI_Allreduce(MPI_IN_PLACE, count, NJ, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    for (int j = 0; j < NJ; j++) CHECK(count[j] == 1, "world %d tp %d: job %d rendered %d times", d.world_size, tp, j, count[j]);
+    MPI_Comm_free(&d.tp_comm);
+    MPI_Comm_free(&d.dp_comm);
+    MPI_Comm_free(&d.local_comm);
+}
