@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA backend's one-shot check on a GPU machine (one H200: under 8 minutes,
 # unattended). Builds for sm_90, runs the TEST_GPU op tests (every CUDA op
-# against the CPU backend), the golden checks on flux2-tiny-a with --backend
-# cuda (transformer cases f32 and bf16, the denoising loop), GEMM and attention
-# throughput, one klein-4B-shaped forward, and prints a short table last.
+# against the CPU backend), the golden checks with --backend cuda (flux2-tiny-a
+# transformer cases f32 and bf16, its denoising loop, klein-tiny end to end),
+# GEMM and attention throughput (with PyTorch on the same shapes as a
+# yardstick), one klein-4B-shaped forward, and prints a short table last.
 # Full logs go to $OUT (the device tool's folder) or ./gpu-out.
 #
 # usage
@@ -15,8 +16,9 @@
 #   scripts/gpu-check.sh --prepare [--golden DIR]
 #       on the build host: builds for sm_90 with the non-MPI libraries linked
 #       statically, and packs binaries, the Open MPI runtime, the shared
-#       libraries a bare CUDA image lacks, and the flux2-tiny-a golden data
-#       into out/gpu-bundle.tar.xz (out/ is git-ignored; carry it).
+#       libraries a bare CUDA image lacks, and the golden data it uses
+#       (flux2-tiny-a, klein-tiny) into out/gpu-bundle.tar.xz (out/ is
+#       git-ignored; carry it).
 #
 # With the device tool (see docs/cuda.md):
 #   scripts/gpu-check.sh --prepare
@@ -34,7 +36,7 @@ while [ $# -gt 0 ]; do
         --golden) golden=$2; shift ;;
         --bundle) bundle=$2; shift ;;
         --out) outdir=$2; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -66,7 +68,7 @@ if [ $mode = prepare ]; then
 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++"
     build_into "$B/build" LDLIBS="$static" || { echo "gpu-check --prepare: build failed" >&2; exit 1; }
     find "$B/build" \( -name '*.o' -o -name '*.d' \) -delete
-    cp -r "$golden/flux2-tiny-a" "$B/golden/"
+    cp -r "$golden/flux2-tiny-a" "$golden/klein-tiny" "$B/golden/"
     # shared libraries outside glibc and CUDA (MPI and its helpers, libgomp)
     ldd "$B/build/tpgen_tests" "$B/build/tpgen" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
         case "$(basename "$lib")" in
@@ -159,32 +161,40 @@ for prec in f32 bf16; do
     row "golden transformer cases ($prec)" "${line:-no result (see golden.log)}"
 done
 W=$(mktemp -d)
-compare() { # compare latents FILE with golden final_packed_latents (PyTorch is on the H200 image)
-    python3 - "$1" "$G/denoise.safetensors" "$2" <<'PY' 2>&1
+compare() { # compare FILE's (only) tensor with GOLDEN_FILE's KEY: rel L2 error against TOL (PyTorch is on the H200 image)
+    python3 - "$@" <<'PY' 2>&1
 import sys
 from safetensors.torch import load_file
-a = list(load_file(sys.argv[1]).values())[0].double().flatten()
-b = load_file(sys.argv[2])["final_packed_latents"].double().flatten()
-tol = float(sys.argv[3])
+got, gold, key, tol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+a = list(load_file(got).values())[0].double().flatten()
+b = load_file(gold)[key].double().flatten()
 if a.numel() != b.numel():
     print(f"size mismatch {a.numel()} vs {b.numel()}"); sys.exit(1)
 e = float((a - b).norm() / b.norm())
 print(f"rel_err={e:.3e} tol={tol:g} {'PASS' if e <= tol else 'FAIL'}")
 PY
 }
+# golden_run NAME LATENTS GOLDEN_FILE KEY TOL -- generate args...
+golden_run() {
+    local name=$1 lat=$2 gold=$3 key=$4 tol=$5; shift 6
+    { log "$name"; timeout 180 "$TPGEN" generate "$@" --backend cuda --save-latents "$lat"; echo "exit=$?"; } >>"$OUTDIR/golden.log" 2>&1
+    local r="no latents (see golden.log)"
+    [ -s "$lat" ] && r=$(compare "$lat" "$gold" "$key" "$tol" | tail -1)
+    echo "compare $name: $r" >>"$OUTDIR/golden.log"
+    row "$name" "$r"
+}
 for prec in f32 bf16; do
     tol=1e-4; [ $prec = bf16 ] && tol=3e-2
-    {
-        log "denoise $prec"
-        timeout 120 "$TPGEN" generate --model "$G/model" --prompt-embeds "$G/denoise.safetensors:prompt_embeds" \
-            --seed 1 --steps 4 --guidance 4 --width 96 --height 64 --precision $prec --backend cuda \
-            --save-latents "$W/lat_$prec.safetensors" --no-decode
-        echo "exit=$?"
-    } >>"$OUTDIR/golden.log" 2>&1
-    if [ -s "$W/lat_$prec.safetensors" ]; then r=$(compare "$W/lat_$prec.safetensors" $tol | tail -1); else r="no latents (see golden.log)"; fi
-    echo "compare $prec: $r" >>"$OUTDIR/golden.log"
-    row "golden denoise final latents ($prec)" "$r"
+    golden_run "golden denoise flux2-tiny-a ($prec)" "$W/den_$prec.safetensors" "$G/denoise.safetensors" \
+        final_packed_latents $tol -- --model "$G/model" --prompt-embeds "$G/denoise.safetensors:prompt_embeds" \
+        --seed 1 --steps 4 --guidance 4 --width 96 --height 64 --precision $prec --no-decode
 done
+K=$golden/klein-tiny
+if [ -d "$K/model" ]; then  # end to end: Qwen3 text encoder + transformer on the GPU
+    golden_run "golden e2e klein-tiny case0 (f32)" "$W/e2e.safetensors" "$K/e2e.safetensors" case0.final_packed_latents 1e-4 \
+        -- --model "$K/model" --prompt "a cat holding a sign that says hello" --seed 42 --steps 4 --width 96 --height 64 \
+        --max-sequence-length 32 --precision f32 --output "$W/e2e.png"
+fi
 
 # ---- throughput
 {

@@ -11,8 +11,10 @@
 #include "../core/comm.h"
 #include "../core/dist.h"
 #include "../core/err.h"
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 TEST_MPI(cuda_select_fails_cleanly_or_works) {
     int rank, size;
@@ -140,6 +142,45 @@ TEST_GPU(gpu_memory_and_transfers) {
     tp_error_clear();
     free(h);
     free(r);
+}
+
+/* the proposed upload_file path: strided rows from a file straight into a
+ * device matrix (a rowwise shard: every row's slice of columns) */
+int cuda_upload_file(backend *, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch, size_t width,
+                     size_t height);
+
+TEST_GPU(gpu_upload_file_rowwise) {
+    NEED_GPU();
+    const size_t rows = 3000, cols = 5000, c0 = 1234, w = 1111, hdr = 77;  /* ~60 MB file: several staging runs */
+    char path[512];
+    snprintf(path, sizeof path, "%s/cuda_upload_file.bin", test_tmp_dir());
+    float *full = xmalloc(rows * cols * 4);
+    for (size_t i = 0; i < rows * cols; i++) full[i] = (float)(i % 100003) * 0.25f;
+    int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+    REQUIRE(fd >= 0, "cannot create %s", path);
+    char pad[77] = {0};
+    CHECK(write(fd, pad, hdr) == (ssize_t)hdr && write(fd, full, rows * cols * 4) == (ssize_t)(rows * cols * 4),
+          "short write");
+    tensor *t = tensor_new(g_gpu, DT_F32, (int64_t)rows, (int64_t)w);
+    REQUIRE(t, "alloc: %s", tp_error_msg());
+    CHECK(cuda_upload_file(g_gpu, t->data, w * 4, fd, hdr + c0 * 4, cols * 4, w * 4, rows) == 0, "upload_file: %s",
+          tp_error_msg());
+    float *got = xmalloc(rows * w * 4);
+    CHECK(be_sync(g_gpu) == 0 && tensor_download_f32(t, got) == 0, "download: %s", tp_error_msg());
+    size_t bad = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < w; c++) bad += got[r * w + c] != full[r * cols + c0 + c];
+    CHECK(bad == 0, "%zu elements differ from the file's rowwise slice", bad);
+    /* reading past the end of the file is an error, not a crash */
+    tp_error_clear();
+    CHECK(cuda_upload_file(g_gpu, t->data, w * 4, fd, hdr + (rows * cols - 10) * 4, cols * 4, w * 4, 2) == -1 &&
+              strstr(tp_error_msg(), "file ends"), "short file: %s", tp_error_msg());
+    tp_error_clear();
+    close(fd);
+    unlink(path);
+    tensor_free(t);
+    free(full);
+    free(got);
 }
 
 TEST_GPU(gpu_nccl_single_rank) {

@@ -43,7 +43,7 @@ else
     if available check; then per_rank "cuda: check --backend cuda fails cleanly on every rank" "$TPGEN" check --model "$model" --backend cuda; ran=1; fi
     if available generate; then
         per_rank "cuda: generate --backend cuda fails cleanly on every rank" "$TPGEN" --model "$TPGEN_GOLDEN/klein-tiny/model" \
-            --prompt "a cat" --backend cuda --out "$TMP/x.png"
+            --prompt "a cat" --backend cuda --output "$TMP/x.png"
         [ -e "$TMP/x.png" ] && fail "cuda: a failed generate left an image behind"
         ran=1
     fi
