@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
         --golden) golden=$2; shift ;;
         --bundle) bundle=$2; shift ;;
         --out) outdir=$2; shift ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift

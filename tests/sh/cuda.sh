@@ -47,6 +47,12 @@ else
         [ -e "$TMP/x.png" ] && fail "cuda: a failed generate left an image behind"
         ran=1
     fi
+    if available encode; then
+        per_rank "cuda: encode --backend cuda fails cleanly on every rank" "$TPGEN" encode --model "$TPGEN_GOLDEN/klein-tiny/model" \
+            --prompt "a cat" --backend cuda --save-embeds "$TMP/e.safetensors"
+        [ -e "$TMP/e.safetensors" ] && fail "cuda: a failed encode left a file behind"
+        ran=1
+    fi
 fi
 if [ $ran -eq 0 ]; then
     # no command with --backend in this build yet: the same property through the test binary
