@@ -328,31 +328,45 @@ static void attn_case(const char *name, dtype_t dt, int sq, int sk, int hq, int 
     pair_poison(&o);
     op_attention(g_gpu, &o.g, &qv.g, &k.g, &v.g, &pg);
     op_attention(g_cpu, &o.c, &qv.c, &k.c, &v.c, &pc);
-    pair_check(&o, name, dt == DT_F32 ? 1e-5 : 1.5e-2);
+    char full[160];
+    const char *kern = getenv("TPGEN_CUDA_ATTENTION");
+    snprintf(full, sizeof full, "%s [%s]", name, kern ? kern : "default");
+    pair_check(&o, full, dt == DT_F32 ? 1e-5 : 1.5e-2);
     tensor_free(mg); tensor_free(mc);
     pair_free(&q); pair_free(&k); pair_free(&v); pair_free(&o);
 }
 
-TEST_GPU(gpu_attention) {
-    NEED_GPU(); NEED_CPU(attention);
+static void attn_cases(dtype_t dt) {
     int32_t valid[300];
     for (int i = 0; i < 300; i++) valid[i] = (i % 7) != 3 && i < 250;
-    for (int d = 0; d < 2; d++) {
-        dtype_t dt = k_dts[d];
-        attn_case("attention hd128", dt, 200, 200, 3, 3, 128, 0, 0, NULL, 0);
-        attn_case("attention hd128 generic", dt, 100, 150, 2, 2, 128, 0, 0, NULL, 1);
-        attn_case("attention hd128 GQA+causal", dt, 130, 130, 4, 2, 128, 1, 0, NULL, 0);
-        attn_case("attention causal q_pos0", dt, 37, 300, 2, 1, 128, 1, 263, NULL, 0);
-        attn_case("attention key_valid", dt, 90, 300, 2, 2, 128, 0, 0, valid, 0);
-        /* left padding as in Mistral: the first rows see nothing (causal) -> 0 */
-        int32_t left[80];
-        for (int i = 0; i < 80; i++) left[i] = i >= 20;
-        attn_case("attention fully masked rows", dt, 80, 80, 2, 2, 128, 1, 0, left, 0);
-        attn_case("attention fully masked (generic)", dt, 80, 80, 2, 2, 64, 1, 0, left, 0);
-        attn_case("attention hd64", dt, 70, 90, 3, 1, 64, 0, 0, NULL, 0);
-        attn_case("attention hd512 (VAE)", dt, 96, 96, 1, 1, 512, 0, 0, NULL, 0);
-        attn_case("attention hd16", dt, 33, 47, 2, 2, 16, 1, 5, NULL, 0);
+    attn_case("attention hd128", dt, 200, 200, 3, 3, 128, 0, 0, NULL, 0);
+    attn_case("attention hd128 misaligned (generic)", dt, 100, 150, 2, 2, 128, 0, 0, NULL, 1);
+    attn_case("attention hd128 GQA+causal", dt, 130, 130, 4, 2, 128, 1, 0, NULL, 0);
+    attn_case("attention causal q_pos0", dt, 37, 300, 2, 1, 128, 1, 263, NULL, 0);
+    attn_case("attention key_valid", dt, 90, 300, 2, 2, 128, 0, 0, valid, 0);
+    /* left padding as in Mistral: the first rows see nothing (causal) -> 0 */
+    int32_t left[80];
+    for (int i = 0; i < 80; i++) left[i] = i >= 20;
+    attn_case("attention fully masked rows", dt, 80, 80, 2, 2, 128, 1, 0, left, 0);
+    attn_case("attention fully masked (generic)", dt, 80, 80, 2, 2, 64, 1, 0, left, 0);
+    attn_case("attention hd64", dt, 70, 90, 3, 1, 64, 0, 0, NULL, 0);
+    attn_case("attention hd512 (VAE)", dt, 96, 96, 1, 1, 512, 0, 0, NULL, 0);
+    attn_case("attention hd16", dt, 33, 47, 2, 2, 16, 1, 5, NULL, 0);
+}
+
+/* every kernel: the default, then each one forced (bf16 hd 128 cases pick
+ * the tensor-core kernels; the rest stay generic whatever the setting) */
+TEST_GPU(gpu_attention) {
+    NEED_GPU(); NEED_CPU(attention);
+    static const char *kernels[] = {NULL, "generic", "wmma", "mma"};
+    for (int k = 0; k < 4; k++) {
+        if (kernels[k]) setenv("TPGEN_CUDA_ATTENTION", kernels[k], 1);
+        else unsetenv("TPGEN_CUDA_ATTENTION");
+        printf("# attention kernel: %s\n", kernels[k] ? kernels[k] : "default");
+        attn_cases(DT_BF16);
+        if (k < 2) attn_cases(DT_F32);  /* f32 always runs the generic kernel */
     }
+    unsetenv("TPGEN_CUDA_ATTENTION");
 }
 
 TEST_GPU(gpu_image_ops) {

@@ -4,7 +4,7 @@
  * tpgen itself (it links the same objects).
  *
  *   cuda_bench gemm [M]          klein-4B linear shapes, M tokens (default 4608)
- *   cuda_bench attention [S]     hd 128, 24 and 48 heads, S tokens (default 4608)
+ *   cuda_bench attention [S]     hd 128, 24 and 48 heads, S tokens (default 4608); each kernel
  * Output: one line per case "bench KIND SHAPE ... TFLOP/s". */
 #include "../cuda_internal.h"
 #include "../../../core/err.h"
@@ -93,11 +93,12 @@ static int bench_attention(backend *be, int64_t S) {
                       make(be, DT_BF16, S, (int64_t)H * hd, 6), make(be, DT_BF16, S, (int64_t)H * hd, 7),
                       {H, H, hd, 0.08838834764831845f, 0, 0, NULL}};
         double flop = 4.0 * S * S * hd * H;
-        for (int g = 0; g < 2; g++) {
-            setenv("TPGEN_CUDA_ATTENTION", g ? "generic" : "auto", 1);
-            double t = time_ms(be, run_attn, &c, g ? 2 : 10);
+        static const char *kinds[] = {"wmma", "mma", "generic"};
+        for (int g = 0; g < 3; g++) {
+            setenv("TPGEN_CUDA_ATTENTION", kinds[g], 1);
+            double t = time_ms(be, run_attn, &c, g == 2 ? 2 : 10);
             printf("bench attention bf16 S=%lld heads=%d hd=%d %-7s %.3f ms %.1f TFLOP/s\n", (long long)S, H, hd,
-                   g ? "generic" : "wmma", t, flop / t / 1e9);
+                   kinds[g], t, flop / t / 1e9);
         }
         unsetenv("TPGEN_CUDA_ATTENTION");
         tensor_free(c.o); tensor_free(c.q); tensor_free(c.k); tensor_free(c.v);
