@@ -23,9 +23,10 @@
 # With the device tool (see docs/cuda.md):
 #   scripts/gpu-check.sh --prepare
 #   run(command="scripts/gpu-check.sh --bundle out/gpu-bundle.tar.xz", carry=["out/gpu-bundle.tar.xz"], timeout_s=600)
-# Environment: BENCH_FORWARD_ARGS (default "--backend cuda --precision bf16")
-# is passed to `tpgen bench forward`; GPU_CHECK_BACKEND=cpu runs the golden
-# steps on the CPU backend instead (a dry run of this script without a GPU).
+# Environment: BENCH_FORWARD_ARGS is passed to `tpgen bench forward` (default:
+# klein-4B at 1024x1024, all 5 + 20 blocks, bf16, random weights);
+# GPU_CHECK_BACKEND=cpu runs the golden steps on the CPU backend instead (a
+# dry run of this script's golden part without a GPU).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -138,6 +139,7 @@ TPGEN=$BUILD_DIR/tpgen
 TESTS=$BUILD_DIR/tpgen_tests
 export TPGEN_GOLDEN=$golden
 BK=${GPU_CHECK_BACKEND:-cuda}
+FWD=${BENCH_FORWARD_ARGS:---backend cuda --precision bf16 --image-tokens 4096 --text-tokens 512 --double 5 --single 20 --iters 3 --warmup 1}
 
 # ---- op tests against the CPU backend
 log "TEST_GPU op tests" >"$OUTDIR/tests.log"
@@ -235,9 +237,9 @@ for h in (24, 48):
     ms = t(lambda: F.scaled_dot_product_attention(q, k, v))
     print(f"torch sdpa bf16 S={M} heads={h} {ms:.3f} ms {4*M*M*128*h/ms/1e9:.1f} TFLOP/s")
 PY
-    log "tpgen bench forward"
+    log "tpgen bench forward $FWD"
     # shellcheck disable=SC2086
-    timeout 180 "$TPGEN" bench forward ${BENCH_FORWARD_ARGS:---backend cuda --precision bf16}
+    timeout 300 "$TPGEN" bench forward $FWD
     echo "exit=$?"
 } >"$OUTDIR/bench.log" 2>&1
 awk '/^bench gemm BF16/{print $4, $5, $6, $10, $(NF-1)}' "$OUTDIR/bench.log" | while read -r m n k tf raw; do
@@ -249,7 +251,7 @@ done
 awk '/^torch sdpa/{print $4, $5, $(NF-1)}' "$OUTDIR/bench.log" | while read -r s h tf; do row "  PyTorch SDPA $s $h" "$tf TFLOP/s"; done
 awk '/^torch gemm/{print $4, $5, $6, $(NF-1)}' "$OUTDIR/bench.log" | while read -r m n k tf; do row "  PyTorch matmul $m $n $k" "$tf TFLOP/s"; done
 fw=$(awk '/^== tpgen bench forward/{on=1;next} on' "$OUTDIR/bench.log" | grep -vE '^exit=' | tail -3 | tr '\n' ' ')
-row "bench forward (${BENCH_FORWARD_ARGS:---backend cuda --precision bf16})" "${fw:-no output}"
+row "bench forward (tp 1, args in bench.log)" "${fw:-no output}"
 row "wall time" "$(( $(date +%s) - t0 )) s"
 rm -rf "$W"
 
