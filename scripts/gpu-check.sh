@@ -212,7 +212,7 @@ K=$golden/klein-tiny
 if [ -d "$K/model" ]; then  # end to end: Qwen3 text encoder + transformer on the GPU
     golden_run "golden e2e klein-tiny case0 (f32)" "$W/e2e.safetensors" "$K/e2e.safetensors" case0.final_packed_latents 1e-4 \
         -- --model "$K/model" --prompt "a cat holding a sign that says hello" --seed 42 --steps 4 --width 96 --height 64 \
-        --max-sequence-length 32 --precision f32 --output "$W/e2e.png"
+        --max-sequence-length 32 --precision f32 --no-decode
 fi
 
 # ---- throughput
