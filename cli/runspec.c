@@ -443,6 +443,31 @@ int runspec_parse_args(run_spec *s, int argc, char **argv) {
 
 /* ---- consistency ---- */
 
+typedef struct job_path { char *path; int job; } job_path;
+
+static int cmp_job_path(const void *a, const void *b) {
+    return strcmp(((const job_path *)a)->path, ((const job_path *)b)->path);
+}
+
+/* two jobs must never write the same file (e.g. {prompt} alone with several seeds) */
+static int check_unique_paths(const run_spec *s, const char *pat, const char *name, int n) {
+    job_path *p = xmalloc(sizeof *p * (size_t)n);
+    int rc = 0, k = 0;
+    for (; k < n; k++)
+        if (!(p[k].path = runspec_output_path(s, pat, k))) { rc = -1; break; } else p[k].job = k;
+    if (!rc) {
+        qsort(p, (size_t)n, sizeof *p, cmp_job_path);
+        for (int i = 1; i < n && !rc; i++)
+            if (!strcmp(p[i].path, p[i - 1].path))
+                rc = tp_error("%s: jobs %d and %d would both write '%s'; add {index} or {seed} to the pattern", name,
+                              p[i - 1].job < p[i].job ? p[i - 1].job : p[i].job,
+                              p[i - 1].job < p[i].job ? p[i].job : p[i - 1].job, p[i].path);
+    }
+    for (int i = 0; i < k; i++) free(p[i].path);
+    free(p);
+    return rc;
+}
+
 int runspec_check(const run_spec *s) {
     if (!s->model) return tp_error("no model: give --model DIR (a FLUX.2 pipeline folder) or 'model:' in the run spec");
     if (s->prompt_embeds && s->n_prompts)
@@ -463,6 +488,7 @@ int runspec_check(const run_spec *s) {
         if (n > 1 && !runspec_pattern_varies(pats[i]))
             return tp_error("%s: %d jobs would all write '%s'; use a pattern such as out/{index:04}-{seed}.png",
                             names[i], n, pats[i]);
+        if (n > 1 && check_unique_paths(s, pats[i], names[i], n)) return -1;
     }
     return 0;
 }
