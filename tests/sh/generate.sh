@@ -113,6 +113,15 @@ if [ -d "$TMP/tiny/vae" ] && [ -d "$TMP/tiny/text_encoder" ] && [ -s "$TMP/t.png
     else
         fail "klein base CFG (rc $rc): $(echo "$out" | tail -3)"
     fi
+    # a batch whose prompt embeddings exceed the budget runs in chunks (text encoder, then transformer,
+    # per chunk): same latents as one chunk
+    printf 'prompts: [one, two, three]\nseeds: [4, 5]\nwidth: 32\nheight: 32\nsteps: 1\nmax_sequence_length: 8\nbackend: cpu\nno_decode: true\n' > "$TMP/chunk.yaml"
+    $RUN2 --model "$TMP/tiny" --spec "$TMP/chunk.yaml" --save-latents "$TMP/c1-{index}.st" >/dev/null 2>&1; rc1=$?
+    $MPIRUN -np 2 -x TPGEN_EMBED_BUDGET_MB=0 $TPGEN --model "$TMP/tiny" --spec "$TMP/chunk.yaml" --save-latents "$TMP/c2-{index}.st" >/dev/null 2>&1; rc2=$?
+    same=0
+    for i in 0 1 2 3 4 5; do cmp -s "$TMP/c1-$i.st" "$TMP/c2-$i.st" && same=$((same + 1)); done
+    [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $same -eq 6 ] && ok "a batch split into chunks gives the same latents" \
+        || fail "chunked batch: rc $rc1/$rc2, $same of 6 files equal"
     printf 'prompts: [a small test, a lighthouse]\nseeds: [1, 2]\nwidth: 64\nheight: 48\nsteps: 2\nmax_sequence_length: 16\nbackend: cpu\n' > "$TMP/reg.yaml"
     R="$TPGEN_ROOT/scripts/regress.sh --model $TMP/tiny --spec $TMP/reg.yaml --ref $TMP/refs --np 2"
     if $R --update --out "$TMP/r0" >/dev/null 2>&1 && [ "$(ls "$TMP/refs" | wc -l)" -eq 4 ]; then
