@@ -221,7 +221,14 @@ static int load_vae(run_state *r) {
     double t0 = gen_now();
     int rc = vae_load(g->vae_dir, r->be, g->precision, &r->vae);
     r->m->t_load += gen_now() - t0;
-    return rc ? tp_error_context("loading %s", g->vae_dir) : 0;
+    if (rc) return tp_error_context("loading %s", g->vae_dir);
+    /* the image is (H/16) x (W/16) tokens of in_channels = 4 x latent channels */
+    const vae_config *vc = vae_get_config(r->vae);
+    if (vae_pixels_per_token(vc) != 16 || 4 * vc->latent_channels != g->in_channels)
+        return tp_error("%s does not fit the transformer: %d latent channels and %d pixels per token, the transformer "
+                        "needs %d channels (4 x latent channels) and 16 pixels per token", g->vae_dir,
+                        vc->latent_channels, vae_pixels_per_token(vc), g->in_channels);
+    return 0;
 #else
     return tp_error("the VAE decoder is not in this build; use --no-decode --save-latents FILE");
 #endif
