@@ -293,3 +293,44 @@ TEST_MPI(pipeline_klein_tiny_loop_f32) {
     comm_destroy(c);
     backend_destroy(be);
 }
+
+/* Reference-image tokens: one step with R extra tokens (ids T = 10) equals
+ * x + dt · forward([x; ref])[:N], the forward run here directly. */
+TEST_MPI(pipeline_reference_tokens_step) {
+    denoise_golden g;
+    int ok = read_golden(&g) == 0;
+    backend *be = backend_cpu_create(1);
+    comm *c = comm_create_mpi(MPI_COMM_WORLD, be);
+    flux2_model *m = ok ? load_tiny(be, c, DT_F32) : NULL;
+    if (all_ok(m != NULL)) {
+        int64_t R = 6, N = g.N, rows = N + R;
+        float *ref = malloc((size_t)(R * 32) * 4), *xin = malloc((size_t)(rows * 32) * 4);
+        float *vfull = malloc((size_t)(rows * 32) * 4), *out = malloc((size_t)(N * 32) * 4);
+        int32_t *rid = malloc((size_t)R * 16), *ids = malloc((size_t)rows * 16);
+        flux2_image_ids(2, 3, 10, rid);
+        for (int64_t i = 0; i < R * 32; i++) ref[i] = g.latents[(i * 7) % (N * 32)] * 0.5f;
+        memcpy(xin, g.latents, (size_t)(N * 32) * 4);
+        memcpy(xin + N * 32, ref, (size_t)(R * 32) * 4);
+        memcpy(ids, g.img_ids, (size_t)N * 16);
+        memcpy(ids + N * 4, rid, (size_t)R * 16);
+        for (int64_t i = 0; i < N * 32; i++) out[i] = NAN;
+        denoise_params p = params_of(&g);
+        p.steps = 1, p.ref_tokens = ref, p.R = R, p.ref_ids = rid;
+        float tin = (g.sigmas[0] * 1000.0f) / 1000.0f;
+        int rc = flux2_forward(m, xin, rows, ids, g.embeds, g.L, g.txt_ids, tin, g.guidance, vfull);
+        rc |= flux2_denoise(m, &p, out);
+        CHECK(rc == 0, "forward/denoise: %s", tp_error_msg());
+        float dt = g.sigmas[1] - g.sigmas[0];
+        double worst = 0;
+        for (int64_t i = 0; i < N * 32; i++) {
+            double d = fabs(out[i] - (g.latents[i] + dt * vfull[i]));
+            worst = d == d ? fmax(worst, d) : INFINITY;
+        }
+        CHECK(worst <= 1e-6, "reference-token step differs by %.3g", worst);
+        free(ref), free(xin), free(vfull), free(out), free(rid), free(ids);
+    }
+    flux2_free(m);
+    comm_destroy(c);
+    backend_destroy(be);
+    if (ok) free_golden(&g);
+}
