@@ -209,7 +209,8 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
     for (int fused = 1; fused >= (d->tp > 1 ? 0 : 1) && !rc; fused--) {
         flux2_set_fused_allreduce(m, fused);
         rc = timed_forwards(o, d, m, &in, fused ? &shapes : NULL, &s);
-        if (!rc) report(d, prec, fused, &s, fused ? &shapes : NULL);
+        /* the sgemm baseline is host OpenBLAS: meaningful for the CPU backend only */
+        if (!rc) report(d, prec, fused, &s, fused && be->kind == BACKEND_CPU ? &shapes : NULL);
     }
     double mem[2] = {weights_mb, (double)(be->peak_bytes - before) / 1e6}, mx[2];
     MPI_Reduce(mem, mx, 2, MPI_DOUBLE, MPI_MAX, 0, d->tp_comm);
