@@ -95,13 +95,19 @@ static denoise_params params_of(const denoise_golden *g) {
                             .guidance = g->guidance};
 }
 
-TEST_MPI(pipeline_denoise_golden_f32) {
+static void denoise_golden_run(dtype_t prec, double tol);
+TEST_MPI(pipeline_denoise_golden_f32) { denoise_golden_run(DT_F32, 1e-4); }
+/* bf16 with the full eager rounding (quantised timesteps, bf16 latents and
+ * Euler step) against the f32 reference: about 2e-2 after 4 steps */
+TEST_MPI(pipeline_denoise_golden_bf16) { denoise_golden_run(DT_BF16, 3e-2); }
+
+static void denoise_golden_run(dtype_t prec, double tol) {
     denoise_golden g;
     int ok = read_golden(&g) == 0;
     CHECK(ok, "golden: %s", tp_error_msg());
     backend *be = backend_cpu_create(1);
     comm *c = comm_create_mpi(MPI_COMM_WORLD, be);
-    flux2_model *m = ok ? load_tiny(be, c, DT_F32) : NULL;
+    flux2_model *m = ok ? load_tiny(be, c, prec) : NULL;
     if (all_ok(m != NULL)) {
         /* the scheduler's timesteps are fl32(sigma * 1000) */
         int ts_ok = 1;
@@ -117,8 +123,8 @@ TEST_MPI(pipeline_denoise_golden_f32) {
         CHECK(rc == 0, "denoise: %s", tp_error_msg());
         CHECK(log.calls == g.steps, "callback ran %d times for %lld steps", log.calls, (long long)g.steps);
         double e0 = rel_l2(log.v0, g.noise0, n), e = rel_l2(out, g.final, n);
-        CHECK(e0 <= 1e-4, "noise_pred_step0 rel_err %.3g", e0);
-        CHECK(e <= 1e-4, "final_packed_latents rel_err %.3g", e);
+        CHECK(e0 <= tol, "noise_pred_step0 rel_err %.3g > %.3g", e0, tol);
+        CHECK(e <= tol, "final_packed_latents rel_err %.3g > %.3g", e, tol);
         free(out), free(log.v0);
     }
     flux2_free(m);
