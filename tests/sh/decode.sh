@@ -85,6 +85,11 @@ expect_fail "decode: bad precision" "f32 or bf16" \
     "${DEC[@]}" --model "$MODEL" --latents "$TMP/lat.safetensors" --output "$TMP/e.png" --precision fp8
 expect_fail "decode: output folder missing" "(cannot|could not) write" \
     "${DEC[@]}" --model "$MODEL" --latents "$TMP/lat.safetensors" --output "$TMP/nodir/e.png"
+mkdir -p "$TMP/badcfg/vae"
+cp "$MODEL/vae/diffusion_pytorch_model.safetensors" "$TMP/badcfg/vae/"
+sed 's/"out_channels": 3/"out_channels": 4/' "$MODEL/vae/config.json" > "$TMP/badcfg/vae/config.json"
+expect_fail "decode: a VAE config the decoder cannot serve" "out_channels is 4" \
+    "${DEC[@]}" --model "$TMP/badcfg" --latents "$TMP/lat.safetensors" --output "$TMP/e.png"
 expect_fail "decode: mpirun -np 2 error on every rank" "rank 0: .*has no vae/ folder" \
     $MPIRUN -np 2 "${DEC[@]}" --model "$TMP/empty" --latents "$TMP/lat.safetensors" --output "$TMP/e.png"
 
