@@ -143,13 +143,13 @@ BK=${GPU_CHECK_BACKEND:-cuda}
 FWD=${BENCH_FORWARD_ARGS:---backend cuda --precision bf16 --image-tokens 4096 --text-tokens 512 --double 5 --single 20 --iters 3 --warmup 1}
 
 # ---- op tests against the CPU backend
-log "TEST_GPU op tests" >"$OUTDIR/tests.log"
+log "TEST_GPU tests (CUDA op tests and other areas' GPU tests)" >"$OUTDIR/tests.log"
 timeout 240 "$TESTS" --gpu >>"$OUTDIR/tests.log" 2>&1
 rc=$?
 timeout 60 "$TESTS" cuda_ >>"$OUTDIR/tests.log" 2>&1
 pass=$(grep -c '^ok - ' "$OUTDIR/tests.log"); failn=$(grep -c '^FAIL - ' "$OUTDIR/tests.log")
 verdict=PASS; { [ "$failn" -gt 0 ] || [ "$pass" -eq 0 ] || [ $rc -ge 124 ]; } && verdict=FAIL
-row "op tests (tpgen_tests --gpu, cuda_)" "$pass passed, $failn failed$([ $rc -ge 124 ] && echo ", exit $rc") $verdict"
+row "GPU tests (tpgen_tests --gpu; cuda_ unit)" "$pass passed, $failn failed$([ $rc -ge 124 ] && echo ", exit $rc") $verdict"
 worst=$(grep '^# op ' "$OUTDIR/tests.log" | sed -E 's/.*rel_l2=([^ ]+).*/\1 &/' | sort -g | tail -1 | cut -d' ' -f2-)
 [ -n "$worst" ] && row "  largest op rel_l2" "$(echo "$worst" | sed -E 's/^# op +//; s/ +/ /g')"
 
