@@ -144,12 +144,22 @@ FWD=${BENCH_FORWARD_ARGS:---backend cuda --precision bf16 --image-tokens 4096 --
 
 # ---- op tests against the CPU backend
 log "TEST_GPU tests (CUDA op tests and other areas' GPU tests)" >"$OUTDIR/tests.log"
-timeout 240 "$TESTS" --gpu >>"$OUTDIR/tests.log" 2>&1
-rc=$?
+# one process per test: a kernel fault poisons the CUDA context, and must not hide the other tests' results
+rc=0
+for t in $("$TESTS" --gpu --list 2>/dev/null); do
+    out=$(timeout 120 "$TESTS" --gpu "$t" 2>&1); r=$?
+    echo "$out" >>"$OUTDIR/tests.log"
+    if ! echo "$out" | grep -qE "^(ok|FAIL) - $t( |$)"; then
+        echo "FAIL - $t: the test process died (exit $r): $(echo "$out" | tail -2 | tr '\n' ' ')" >>"$OUTDIR/tests.log"
+    fi
+    [ $r -ge 124 ] && rc=$r
+done
 timeout 60 "$TESTS" cuda_ >>"$OUTDIR/tests.log" 2>&1
 pass=$(grep -c '^ok - ' "$OUTDIR/tests.log"); failn=$(grep -c '^FAIL - ' "$OUTDIR/tests.log")
 verdict=PASS; { [ "$failn" -gt 0 ] || [ "$pass" -eq 0 ] || [ $rc -ge 124 ]; } && verdict=FAIL
 row "GPU tests (tpgen_tests --gpu; cuda_ unit)" "$pass passed, $failn failed$([ $rc -ge 124 ] && echo ", exit $rc") $verdict"
+fails=$(grep '^FAIL - ' "$OUTDIR/tests.log" | cut -d' ' -f3 | sort -u | head -8 | tr '\n' ' ')
+[ -n "$fails" ] && row "  failing tests" "$fails"
 worst=$(grep '^# op ' "$OUTDIR/tests.log" | sed -E 's/.*rel_l2=([^ ]+).*/\1 &/' | sort -g | tail -1 | cut -d' ' -f2-)
 [ -n "$worst" ] && row "  largest op rel_l2" "$(echo "$worst" | sed -E 's/^# op +//; s/ +/ /g')"
 
