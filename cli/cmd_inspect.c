@@ -7,7 +7,6 @@
 #include "commands.h"
 #include "../core/err.h"
 #include "../core/weights.h"
-#include "../core/models/textenc.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,10 +125,6 @@ static int open_component(const inspect_args *a, model_dir **m, json_t **cfg, ch
     char *dir = model_dir_path(*m, a->component);
     int rc = checkpoint_open(dir, c);
     free(dir);
-    /* the text encoder's plan depends on the checkpoint's name prefix and on tp (core/models/llm.h);
-     * a tp it cannot take gets the tp 1 rules, and plan_validate says why */
-    if (!rc && !strcmp(a->component, "text_encoder") && textenc_plan(*cfg, *c, a->tp, p))
-        rc = textenc_plan(*cfg, *c, 1, p);
     return rc;
 }
 
