@@ -72,10 +72,11 @@ if [ $mode = prepare ]; then
     build_into "$B/build" LDLIBS="$static" || { echo "gpu-check --prepare: build failed" >&2; exit 1; }
     find "$B/build" \( -name '*.o' -o -name '*.d' \) -delete
     cp -r "$golden/flux2-tiny-a" "$golden/klein-tiny" "$golden/vae-tiny" "$B/golden/"
-    # shared libraries outside glibc and CUDA (MPI and its helpers, libgomp)
+    # shared libraries outside glibc, the C++ runtime and CUDA (MPI and its helpers, libgomp); they need glibc >= 2.36
     ldd "$B/build/tpgen_tests" "$B/build/tpgen" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
         case "$(basename "$lib")" in
-            libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda*|libcublas*|libcudart*|libnccl*) ;;
+            libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++*|libgcc_s*) ;;  # the machine's own
+            libcuda*|libcublas*|libcudart*|libnccl*) ;;  # the machine's CUDA
             *) cp -L "$lib" "$B/lib/" ;;
         esac
     done
