@@ -18,8 +18,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: tpgen tokenize --model DIR --prompt TEXT [--chat] [--format klein|dev|raw]\n"
             "                      [--max-length N] [--json]\n\n"
-            "  --model DIR       a pipeline folder (uses DIR/tokenizer/) or a folder holding\n"
-            "                    tokenizer.json (+ tokenizer_config.json) or tekken.json\n"
+            "  --model DIR       a pipeline folder (uses DIR/tokenizer/), a folder holding\n"
+            "                    tokenizer.json (+ tokenizer_config.json) or tekken.json, or that file\n"
             "  --prompt TEXT     UTF-8 text ('-' reads it from standard input)\n"
             "  --chat            wrap the prompt in the model's layout: the klein chat template\n"
             "                    for Qwen tokenizers, the dev system/[INST] layout for Mistral\n"

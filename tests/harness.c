@@ -38,13 +38,22 @@ const char *test_golden_dir(void) {
     return e ? e : "../shared/golden";
 }
 
+static char g_tmp[256];
+
+static void remove_tmp_dir(void) {
+    if (!g_tmp[0]) return;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
+}
+
 const char *test_tmp_dir(void) {
-    static char dir[256];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/tpgen-test-XXXXXX");
-        if (!mkdtemp(dir)) { perror("mkdtemp"); exit(2); }
+    if (!g_tmp[0]) {
+        snprintf(g_tmp, sizeof g_tmp, "/tmp/tpgen-test-XXXXXX");
+        if (!mkdtemp(g_tmp)) { perror("mkdtemp"); exit(2); }
+        atexit(remove_tmp_dir);
     }
-    return dir;
+    return g_tmp;
 }
 
 double rel_l2(const float *a, const float *b, size_t n) {

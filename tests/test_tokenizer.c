@@ -13,6 +13,17 @@
 
 #define QWEN_DIR "tests/data/qwen3-tokenizer"
 
+/* Write DIR/NAME under the test folder; returns DIR's path (caller frees). */
+static char *write_file(const char *dir, const char *name, const char *text) {
+    char *d = xasprintf("%s/%s", test_tmp_dir(), dir);
+    mkdir(d, 0755);
+    char *p = xasprintf("%s/%s", d, name);
+    FILE *f = fopen(p, "w");
+    if (f) fputs(text, f), fclose(f);
+    free(p);
+    return d;
+}
+
 static tokenizer *qwen(void) {
     static tokenizer *t;
     if (!t) t = tokenizer_load(QWEN_DIR);
@@ -172,42 +183,56 @@ TEST(tokenizer_dev_layout) {
     free(want);
 }
 
-/* Padding side from tokenizer_config.json (hf: left), right when there is no
- * config (tekken-only folder); truncation keeps the first ids. */
+/* Padding side: left from the tokenizer class (the hf config names
+ * LlamaTokenizerFast and no padding_side) and for a lone tekken.json
+ * (mistral-common pads left); an explicit padding_side "right" wins.
+ * Truncation keeps the first ids. */
+static void check_padding(const tokenizer *t, int left, const int32_t *want, int ne, const char *what) {
+    int32_t ids[400], mask[400];
+    int n_real = -1, L = ne + 3;
+    for (int i = 0; i < L; i++) ids[i] = mask[i] = -7; /* poison */
+    REQUIRE(prompt_encode_ids(t, PROMPT_DEV, "helloWorld [IMG]ABc", L, ids, mask, &n_real) == 0, "%s", tp_error_msg());
+    CHECK(n_real == ne, "%s: n_real %d, expected %d", what, n_real, ne);
+    for (int i = 0; i < L; i++) {
+        int real = left ? i >= 3 : i < ne;
+        int32_t wid = real ? want[left ? i - 3 : i] : 11;
+        CHECK(ids[i] == wid && mask[i] == real, "%s: position %d is (%d, %d), expected (%d, %d)", what, i, ids[i],
+              mask[i], wid, real);
+        if (test_failed()) break;
+    }
+}
+
 TEST(tokenizer_dev_padding_and_truncation) {
     int ne;
     int32_t *want = dev_expected("", &ne);
-    int32_t ids[400], mask[400];
+    int32_t ids[8], mask[8];
     int n_real;
+    char *cfg = write_file("right", "tokenizer_config.json", "{\"tokenizer_class\": \"LlamaTokenizerFast\", "
+                                                               "\"padding_side\": \"right\", \"pad_token\": \"<pad>\"}");
+    char *cfg_path = xasprintf("%s/tokenizer_config.json", cfg);
     tokenizer *hf = tokenizer_load(TEKKEN_HF), *tj = tokenizer_load(TEKKEN_TJ);
-    REQUIRE(hf && tj, "load: %s", tp_error_msg());
-    CHECK(tokenizer_padding_side(hf) == TOKENIZER_PAD_LEFT, "hf config says padding_side left");
-    CHECK(tokenizer_padding_side(tj) == TOKENIZER_PAD_RIGHT, "no config: right");
-    int L = ne + 3;
-    for (int i = 0; i < L; i++) ids[i] = mask[i] = -7; /* poison */
-    REQUIRE(prompt_encode_ids(hf, PROMPT_DEV, "helloWorld [IMG]ABc", L, ids, mask, &n_real) == 0, "%s", tp_error_msg());
-    CHECK(n_real == ne, "n_real %d, expected %d", n_real, ne);
-    for (int i = 0; i < L; i++) {
-        int32_t wid = i < 3 ? 11 : want[i - 3], wm = i >= 3;
-        CHECK(ids[i] == wid && mask[i] == wm, "left pad: position %d is (%d, %d), expected (%d, %d)", i, ids[i], mask[i], wid, wm);
-        if (test_failed()) break;
+    tokenizer *right = tokenizer_load_files(TEKKEN_HF "/tokenizer.json", cfg_path);
+    if (!hf || !tj || !right) {
+        CHECK(0, "load: %s", tp_error_msg());
+        goto done;
     }
-    for (int i = 0; i < L; i++) ids[i] = mask[i] = -7;
-    REQUIRE(prompt_encode_ids(tj, PROMPT_DEV, "helloWorld [IMG]ABc", L, ids, mask, &n_real) == 0, "%s", tp_error_msg());
-    for (int i = 0; i < L; i++) {
-        int32_t wid = i < ne ? want[i] : 11, wm = i < ne;
-        CHECK(ids[i] == wid && mask[i] == wm, "right pad: position %d is (%d, %d), expected (%d, %d)", i, ids[i], mask[i], wid, wm);
-        if (test_failed()) break;
-    }
+    CHECK(tokenizer_padding_side(hf) == TOKENIZER_PAD_LEFT, "LlamaTokenizerFast without padding_side pads left");
+    CHECK(tokenizer_padding_side(tj) == TOKENIZER_PAD_LEFT, "a lone tekken.json pads left");
+    CHECK(tokenizer_padding_side(right) == TOKENIZER_PAD_RIGHT, "explicit padding_side right");
+    check_padding(hf, 1, want, ne, "hf");
+    check_padding(tj, 1, want, ne, "tekken");
+    check_padding(right, 0, want, ne, "right");
     /* truncation to 4: BOS, [SYSTEM_PROMPT], 'Y', 'o' and no padding */
     for (int i = 0; i < 8; i++) ids[i] = mask[i] = -7;
     REQUIRE(prompt_encode_ids(hf, PROMPT_DEV, "helloWorld", 4, ids, mask, &n_real) == 0, "%s", tp_error_msg());
     CHECK(n_real == 4 && ids[0] == 1 && ids[1] == 17 && ids[2] == B('Y') && ids[3] == B('o') && ids[4] == -7,
           "truncated ids %d %d %d %d (n_real %d)", ids[0], ids[1], ids[2], ids[3], n_real);
     CHECK(mask[0] == 1 && mask[3] == 1 && mask[4] == -7, "truncated mask");
+done:
     tokenizer_free(hf);
     tokenizer_free(tj);
-    free(want);
+    tokenizer_free(right);
+    free(want), free(cfg), free(cfg_path);
 }
 
 /* ---- the pipeline's padded ids: klein-tiny end-to-end golden ---- */
@@ -356,15 +381,6 @@ TEST(tokenizer_bpe_matches_naive_reference) {
 
 /* ---- bad input ---- */
 
-static char *write_file(const char *dir, const char *name, const char *text) {
-    char *d = xasprintf("%s/%s", test_tmp_dir(), dir);
-    mkdir(d, 0755);
-    char *p = xasprintf("%s/%s", d, name);
-    FILE *f = fopen(p, "w");
-    if (f) fputs(text, f), fclose(f);
-    free(p);
-    return d;
-}
 
 /* A minimal byte-level BPE tokenizer.json: the 256 byte tokens (skipping
  * byte `skip` when >= 0), no merges, with the given normalizer and
@@ -412,6 +428,11 @@ TEST(tokenizer_rejects_bad_files) {
     free(d);
     d = write_file("broken", "tokenizer.json", "{\"model\": {\"type\": \"BPE\",\n \"vocab\": {\"a\": 0,,}}}");
     expect_load_error(d, "malformed JSON", "tokenizer.json:2:");
+    free(d);
+    /* an error after the fast-scanned members: the line number still points at it */
+    d = write_file("broken_late", "tokenizer.json",
+                   "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,\n \"b\": 1},\n \"merges\": [\"a b\"]},\n \"added_tokens\": [,]}");
+    expect_load_error(d, "malformed JSON after the vocabulary", "tokenizer.json:4:");
     free(d);
     d = write_file("neither", "tokenizer.json", "[1, 2, 3]");
     expect_load_error(d, "not a tokenizer", "neither");
@@ -487,4 +508,122 @@ TEST(tokenizer_rejects_invalid_utf8) {
     }
     int32_t ids[4], mask[4];
     CHECK(prompt_encode_ids(t, PROMPT_KLEIN, "\xfe", 4, ids, mask, NULL) == -1, "prompt_encode_ids accepted bad UTF-8");
+}
+
+/* ---- the fast vocabulary/merges scanner against a full jansson parse ---- */
+#include "core/models/tokenizer_int.h"
+
+static void compare_load_paths(const char *path, const char *config) {
+    tokenizer *a = tok_load_json_ex(path, config, 1), *b = tok_load_json_ex(path, config, 0);
+    REQUIRE(a && b, "load %s: %s", path, tp_error_msg());
+    CHECK(a->n_ids == b->n_ids && a->n_vocab == b->n_vocab && a->n_pairs == b->n_pairs && a->n_added == b->n_added,
+          "%s: sizes differ (ids %d/%d, vocab %d/%d, merges %d/%d)", path, a->n_ids, b->n_ids, a->n_vocab, b->n_vocab,
+          a->n_pairs, b->n_pairs);
+    int bad_tok = 0, bad_pair = 0;
+    for (int id = 0; id < a->n_ids && id < b->n_ids; id++) {
+        int la, lb;
+        const char *sa = tokenizer_token_bytes(a, id, &la), *sb = tokenizer_token_bytes(b, id, &lb);
+        if (!sa != !sb || (sa && (la != lb || memcmp(sa, sb, (size_t)la)))) bad_tok++;
+        else if (sa && tok_vocab_find(a, sa, la) != tok_vocab_find(b, sb, lb)) bad_tok++;
+    }
+    /* same hash, same insertion order (merge rank): the tables must be identical slot by slot */
+    if (a->pair_mask != b->pair_mask) bad_pair = 1;
+    for (uint32_t h = 0; !bad_pair && h <= a->pair_mask; h++)
+        bad_pair = a->pair_keys[h] != b->pair_keys[h] ||
+                   (a->pair_keys[h] != UINT64_MAX && (a->pair_rank[h] != b->pair_rank[h] || a->pair_merged[h] != b->pair_merged[h]));
+    CHECK(!bad_tok, "%s: %d tokens differ between the fast scan and jansson", path, bad_tok);
+    CHECK(!bad_pair, "%s: merges differ between the fast scan and jansson", path);
+    tokenizer_free(a);
+    tokenizer_free(b);
+}
+
+TEST(tokenizer_fast_scan_matches_jansson) {
+    compare_load_paths(QWEN_DIR "/tokenizer.json", QWEN_DIR "/tokenizer_config.json");
+    compare_load_paths(TEKKEN_HF "/tokenizer.json", TEKKEN_HF "/tokenizer_config.json");
+    /* escapes in keys, merges as "A B" strings, members in another order */
+    char *d = write_file("escapes", "tokenizer.json", "");
+    char *p = xasprintf("%s/tokenizer.json", d);
+    FILE *f = fopen(p, "w");
+    REQUIRE(f, "write %s", p);
+    fputs("{\"added_tokens\": [{\"id\": 300, \"content\": \"<x>\"}], \"pre_tokenizer\": " BYTE_LEVEL ",\n"
+          " \"model\": {\"merges\": [\"\\u0041 B\", \"AB \\\"\", \"\\u0120 \\u0120\"], \"type\": \"BPE\", \"vocab\": {", f);
+    uint32_t b2u[256];
+    int16_t u2b[0x144];
+    byte_unicode_tables(b2u, u2b);
+    for (int b = 0; b < 256; b++) fprintf(f, "\"\\u%04x\": %d, ", b2u[b], b); /* every key escaped */
+    fputs("\"AB\": 256, \"AB\\\"\": 257, \"\\u0120\\u0120\": 258}, \"ignore_merges\": false}}", f);
+    fclose(f);
+    compare_load_paths(p, NULL);
+    tokenizer *t = tokenizer_load(d);
+    REQUIRE(t, "load escapes: %s", tp_error_msg());
+    int32_t *ids;
+    int n;
+    /* GPT-2 pieces "AB", "\"", then <x>, then "  " (U+0120 U+0120 = two spaces, merged) */
+    CHECK(tokenizer_encode(t, "AB\"<x>  ", 8, &ids, &n) == 0 && n == 4 && ids[0] == 256 && ids[1] == '"' &&
+              ids[2] == 300 && ids[3] == 258,
+          "escaped keys and merges: %d ids, first %d", n, n ? ids[0] : -1);
+    free(ids);
+    tokenizer_free(t);
+    free(p), free(d);
+}
+
+/* ---- round trip: the bytes of the tokens give back the (normalised) text ----
+ * Random texts mixing ASCII, whitespace runs, multi-byte letters, emoji,
+ * decomposed accents and special-token text; for Qwen the expected bytes are
+ * the NFC form of each text between special tokens, computed with utf8proc. */
+#include <utf8proc.h>
+
+static void roundtrip(const tokenizer *t, int nfc, const char *const *specials, int n_specials) {
+    static const char *const parts[] = {"a", "Z", "hello", "World", " ", "  ", "\t", "\n", "\r\n", "7", "42", "'s", "'LL",
+                                        "!", "...", "/", "://", "_", "\xc3\xa9", "e\xcc\x81", "\xd0\x96", "\xe4\xb8\xad",
+                                        "\xf0\x9f\x90\xb1", "\xe2\x80\x8d", "\xc2\xa0", "\xe3\x80\x80", "<", "[", "|>"};
+    char text[4096], want[8192];
+    for (int c = 0; c < 200; c++) {
+        int n = 0, w = 0, seg = 0, k = 1 + rand() % 40;
+        for (int j = 0; j < k; j++) {
+            int is_special = rand() % 8 == 0;
+            const char *p = is_special ? specials[rand() % n_specials] : parts[rand() % (int)(sizeof parts / sizeof *parts)];
+            if (is_special || j == k - 1) { /* flush the ordinary text before it (NFC per segment) */
+                if (!is_special) { memcpy(text + n, p, strlen(p)); n += (int)strlen(p); }
+                utf8proc_uint8_t *norm = NULL;
+                utf8proc_ssize_t m = nfc ? utf8proc_map((const utf8proc_uint8_t *)text + seg, n - seg, &norm,
+                                                        UTF8PROC_STABLE | UTF8PROC_COMPOSE)
+                                         : n - seg;
+                memcpy(want + w, nfc ? (const char *)norm : text + seg, (size_t)m);
+                w += (int)m;
+                free(norm);
+                if (is_special) { memcpy(text + n, p, strlen(p)); n += (int)strlen(p); memcpy(want + w, p, strlen(p)); w += (int)strlen(p); }
+                seg = n;
+            } else {
+                memcpy(text + n, p, strlen(p));
+                n += (int)strlen(p);
+            }
+        }
+        int32_t *ids;
+        int nid;
+        REQUIRE(tokenizer_encode(t, text, (size_t)n, &ids, &nid) == 0, "%s", tp_error_msg());
+        char got[8192];
+        int g = 0;
+        for (int i = 0; i < nid; i++) {
+            int len;
+            const char *b = tokenizer_token_bytes(t, ids[i], &len);
+            if (!b || g + len > (int)sizeof got) { g = -1; break; }
+            memcpy(got + g, b, (size_t)len);
+            g += len;
+        }
+        free(ids);
+        CHECK(g == w && !memcmp(got, want, (size_t)w), "text %d ('%.*s'): the tokens spell %d bytes, expected %d", c, n, text, g, w);
+        if (test_failed()) return;
+    }
+}
+
+TEST(tokenizer_roundtrip_bytes) {
+    static const char *const qwen_specials[] = {"<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>"};
+    static const char *const tek_specials[] = {"<s>", "[INST]", "[/INST]", "<pad>", "[IMG]", "<SPECIAL_500>"};
+    REQUIRE(qwen(), "load: %s", tp_error_msg());
+    roundtrip(qwen(), 1, qwen_specials, 5);
+    tokenizer *t = tokenizer_load(TEKKEN_TJ);
+    REQUIRE(t, "load: %s", tp_error_msg());
+    roundtrip(t, 0, tek_specials, 6);
+    tokenizer_free(t);
 }

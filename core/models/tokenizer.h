@@ -30,7 +30,9 @@ typedef enum {
 
 typedef enum { TOKENIZER_PAD_RIGHT = 0, TOKENIZER_PAD_LEFT = 1 } tokenizer_side;
 
-/* Load from a pipeline folder or a tokenizer folder. Returns NULL after
+/* Load from a pipeline folder, a tokenizer folder, or a tokenizer.json /
+ * tekken.json path (its folder's tokenizer_config.json is read if present).
+ * Returns NULL after
  * tp_error() (missing files named with their paths, unsupported model types,
  * malformed JSON with file and line). Free with tokenizer_free. */
 tokenizer *tokenizer_load(const char *dir);
@@ -48,7 +50,11 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int32_t *
 tokenizer_family tokenizer_get_family(const tokenizer *t);
 int tokenizer_vocab_size(const tokenizer *t);      /* 1 + largest id */
 int tokenizer_pad_id(const tokenizer *t);          /* -1 when the files name none */
-tokenizer_side tokenizer_padding_side(const tokenizer *t);   /* default right */
+/* tokenizer_config.json padding_side; without it: left for tokenizer classes
+ * that pad left by default (LlamaTokenizerFast, as converted Mistral
+ * tokenizers are, and mistral-common's, which a lone tekken.json is), else
+ * right */
+tokenizer_side tokenizer_padding_side(const tokenizer *t);
 tokenizer_side tokenizer_truncation_side(const tokenizer *t); /* default right */
 /* Id of an exact token string (added token or vocabulary entry in raw
  * bytes), -1 if absent. */

@@ -4,30 +4,66 @@
  * Split(regex, Isolated) pre-tokenizer. Anything else is rejected with a
  * message rather than tokenised differently from the reference. */
 #include "tokenizer_int.h"
+#include "tokenizer_scan.h"
 #include "core/err.h"
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 
 /* GPT-2's pattern, used by a ByteLevel pre-tokenizer with use_regex = true */
 static const char *k_gpt2_pattern =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-tokenizer *tok_load_json(const char *path, const char *config_path) {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_ALLOW_NUL, &jerr);
-    if (!root) {
-        tp_error("%s:%d:%d: cannot read the tokenizer file: %s", path, jerr.line, jerr.column, jerr.text);
+/* The whole file in memory: jansson's own file reader goes through getc. */
+static char *read_whole(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        tp_error("cannot open %s: %s", path, strerror(errno));
         return NULL;
     }
+    size_t cap = 1 << 20, n = 0, k;
+    char *buf = xmalloc(cap);
+    while ((k = fread(buf + n, 1, cap - n, f)) > 0)
+        if ((n += k) == cap) buf = xrealloc(buf, cap *= 2);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        tp_error("cannot read %s", path);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+tokenizer *tok_load_json(const char *path, const char *config_path) { return tok_load_json_ex(path, config_path, 1); }
+
+tokenizer *tok_load_json_ex(const char *path, const char *config_path, int fast_scan) {
+    json_error_t jerr;
+    size_t len;
+    char *text = read_whole(path, &len);
+    if (!text) return NULL;
+    /* fast path: vocab and merges read directly, jansson parses the rest */
+    uint32_t byte_to_cp[256];
+    int16_t cp_to_byte[0x144];
+    byte_unicode_tables(byte_to_cp, cp_to_byte);
+    hf_fast fast = {0};
+    int have_fast = fast_scan && hf_fast_scan(text, &len, cp_to_byte, &fast) == 0;
+    if (fast_scan && !have_fast) hf_fast_free(&fast);
+    json_t *root = json_loadb(text, len, JSON_ALLOW_NUL, &jerr);
+    free(text);
     tokenizer *t = NULL;
-    if (json_is_object(root) && json_object_get(root, "model"))
-        t = tok_from_hf_json(root, path, config_path);
+    if (!root)
+        tp_error("%s:%d:%d: cannot read the tokenizer file: %s", path, jerr.line, jerr.column, jerr.text);
+    else if (json_is_object(root) && json_object_get(root, "model"))
+        t = tok_from_hf_json(root, path, config_path, have_fast ? &fast : NULL);
     else if (json_is_object(root) && json_is_array(json_object_get(root, "vocab")) && json_object_get(root, "config"))
         t = tok_from_tekken_json(root, path, config_path);
     else
         tp_error("%s is neither a Hugging Face tokenizer.json (no \"model\" key) nor a mistral-common "
                  "tekken.json (no \"config\" and \"vocab\")", path);
     json_decref(root);
+    if (have_fast) hf_fast_free(&fast);
     return t;
 }
 
@@ -40,15 +76,28 @@ static int side_of(json_t *v, tokenizer_side *side, const char *key, const char 
     return 0;
 }
 
-int tok_read_config(tokenizer *t, const char *config_path, char **pad_token) {
+/* transformers tokenizer classes whose class attribute padding_side is
+ * "left" (used when the config does not say): the Llama fast tokenizer that
+ * converted Mistral/Tekken tokenizers load as, and the mistral-common one */
+static int class_pads_left(const char *cls) {
+    static const char *const left[] = {"LlamaTokenizer", "LlamaTokenizerFast", "MistralCommonTokenizer",
+                                       "MistralCommonBackend"};
+    for (size_t i = 0; cls && i < sizeof left / sizeof *left; i++)
+        if (!strcmp(cls, left[i])) return 1;
+    return 0;
+}
+
+int tok_read_config(tokenizer *t, const char *config_path, char **pad_token, tokenizer_side default_side) {
     *pad_token = NULL;
-    t->padding_side = t->truncation_side = TOKENIZER_PAD_RIGHT; /* the transformers defaults */
+    t->padding_side = default_side;
+    t->truncation_side = TOKENIZER_PAD_RIGHT; /* the transformers default */
     if (!config_path) return 0;
     json_error_t jerr;
     /* configs carry huge integers (model_max_length 1e30) that only fit a double */
     json_t *root = json_load_file(config_path, JSON_DECODE_INT_AS_REAL, &jerr);
     if (!root) return tp_error("%s:%d:%d: cannot read the tokenizer config: %s", config_path, jerr.line, jerr.column, jerr.text);
     int rc = 0;
+    if (class_pads_left(json_string_value(json_object_get(root, "tokenizer_class")))) t->padding_side = TOKENIZER_PAD_LEFT;
     if (side_of(json_object_get(root, "padding_side"), &t->padding_side, "padding_side", config_path) ||
         side_of(json_object_get(root, "truncation_side"), &t->truncation_side, "truncation_side", config_path))
         rc = -1;
@@ -243,7 +292,41 @@ static int read_added(tokenizer *t, json_t *added, const char *path) {
     return 0;
 }
 
-tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_path) {
+/* The same as max_id_of / read_vocab / read_merge, from the scanned arrays. */
+static int fast_max_id(const hf_fast *f, json_t *vocab, json_t *added, const char *path, int *max_id) {
+    if (max_id_of(vocab, added, path, max_id)) return -1; /* vocab was cut to {}: checks the added tokens */
+    for (int i = 0; i < f->n_vocab; i++)
+        if (f->vocab[i].id > *max_id) *max_id = f->vocab[i].id;
+    return 0;
+}
+
+static int fast_vocab(tokenizer *t, const hf_fast *f, const char *path) {
+    for (int i = 0; i < f->n_vocab; i++) {
+        const hf_fast_entry *e = &f->vocab[i];
+        if (t->tok_len[e->id] >= 0) continue; /* an added token, see read_vocab */
+        if (e->len < 0)
+            return tp_error("%s: vocabulary entry %d is not in the byte-level alphabet; tpgen supports "
+                            "byte-level BPE tokenizers only", path, e->id);
+        if (tok_set(t, e->id, f->bytes + e->off, e->len, 1)) return tp_error_context("%s", path);
+    }
+    return 0;
+}
+
+static int fast_merges(tokenizer *t, const hf_fast *f, const char *path) {
+    for (int i = 0; i < f->n_merges; i++) {
+        const hf_fast_merge *m = &f->merges[i];
+        const char *a = f->bytes + m->off;
+        int ia = tok_vocab_find(t, a, m->len_a), ib = tok_vocab_find(t, a + m->len_a, m->len - m->len_a);
+        int im = tok_vocab_find(t, a, m->len);
+        if (ia < 0 || ib < 0 || im < 0)
+            return tp_error("%s: merges[%d] ('%.*s' + '%.*s', raw bytes) uses a token that is not in the vocabulary",
+                            path, i, m->len_a, a, m->len - m->len_a, a + m->len_a);
+        tok_add_pair(t, ia, ib, i, im);
+    }
+    return 0;
+}
+
+tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_path, const hf_fast *fast) {
     json_t *model = json_object_get(root, "model");
     json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
     json_t *added = json_object_get(root, "added_tokens");
@@ -256,17 +339,22 @@ tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_p
     int max_id;
     if (read_normalizer(t, json_object_get(root, "normalizer"), path) ||
         read_pretokenizer(t, json_object_get(root, "pre_tokenizer"), path) ||
-        max_id_of(vocab, added, path, &max_id))
+        (fast ? fast_max_id(fast, vocab, added, path, &max_id) : max_id_of(vocab, added, path, &max_id)))
         goto fail;
-    tok_reserve(t, max_id + 1, (int)json_object_size(vocab));
-    tok_reserve_pairs(t, (int)json_array_size(merges));
-    if (read_added(t, added, path) || read_vocab(t, vocab, cp_to_byte, path)) goto fail;
-    size_t i;
-    json_t *m;
-    json_array_foreach(merges, i, m)
-        if (read_merge(t, m, (int)i, cp_to_byte, path)) goto fail;
+    tok_reserve(t, max_id + 1, fast ? fast->n_vocab : (int)json_object_size(vocab));
+    tok_reserve_pairs(t, fast ? fast->n_merges : (int)json_array_size(merges));
+    if (read_added(t, added, path)) goto fail;
+    if (fast) {
+        if (fast_vocab(t, fast, path) || fast_merges(t, fast, path)) goto fail;
+    } else {
+        if (read_vocab(t, vocab, cp_to_byte, path)) goto fail;
+        size_t i;
+        json_t *m;
+        json_array_foreach(merges, i, m)
+            if (read_merge(t, m, (int)i, cp_to_byte, path)) goto fail;
+    }
     t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
-    if (tok_read_config(t, config_path, &pad) || tok_finish(t, pad)) goto fail;
+    if (tok_read_config(t, config_path, &pad, TOKENIZER_PAD_RIGHT) || tok_finish(t, pad)) goto fail;
     free(pad);
     return t;
 fail:

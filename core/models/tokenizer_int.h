@@ -69,14 +69,21 @@ int tok_set_pattern(tokenizer *t, const char *pattern, int literal, const char *
 int tok_finish(tokenizer *t, const char *pad_token);
 
 /* Read padding_side / truncation_side / pad_token from a
- * tokenizer_config.json (missing file: defaults). *pad_token is malloc'ed or
+ * tokenizer_config.json (missing file: defaults). Without padding_side the
+ * side is default_side, or left for tokenizer classes that pad left
+ * (LlamaTokenizerFast, MistralCommonTokenizer). *pad_token is malloc'ed or
  * NULL. */
-int tok_read_config(tokenizer *t, const char *config_path, char **pad_token);
+int tok_read_config(tokenizer *t, const char *config_path, char **pad_token, tokenizer_side default_side);
 
 /* Parse a tokenizer file and build from it: HF tokenizer.json or
  * mistral-common tekken.json, told apart by content. */
 tokenizer *tok_load_json(const char *path, const char *config_path);
-tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_path);
+/* fast_scan 0: parse everything with jansson (the tests compare both paths) */
+tokenizer *tok_load_json_ex(const char *path, const char *config_path, int fast_scan);
+struct hf_fast_s;
+/* fast: the vocabulary and merges already scanned (tokenizer_scan.h), or
+ * NULL to read them from root */
+tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_path, const struct hf_fast_s *fast);
 tokenizer *tok_from_tekken_json(json_t *root, const char *path, const char *config_path);
 
 #endif

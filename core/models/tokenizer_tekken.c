@@ -144,7 +144,8 @@ tokenizer *tok_from_tekken_json(json_t *root, const char *path, const char *conf
     tok_reserve_pairs(t, derive_merges(t, n_special, n_inner, 0));
     derive_merges(t, n_special, n_inner, 1);
     t->ignore_merges = 1; /* tiktoken emits a piece that is a whole token directly */
-    if (tok_read_config(t, config_path, &pad) || tok_finish(t, pad)) goto fail;
+    /* transformers loads a lone tekken.json as MistralCommonTokenizer, which pads left */
+    if (tok_read_config(t, config_path, &pad, TOKENIZER_PAD_LEFT) || tok_finish(t, pad)) goto fail;
     free(pad);
     return t;
 fail:

@@ -119,9 +119,8 @@ void tok_add_pair(tokenizer *t, int left, int right, int rank, int merged) {
     t->n_pairs++;
 }
 
-static const tokenizer *g_sort_tok;
-static int cmp_added(const void *a, const void *b) {
-    const tokenizer *t = g_sort_tok;
+static int cmp_added(const void *a, const void *b, void *ctx) {
+    const tokenizer *t = ctx;
     int ia = *(const int32_t *)a, ib = *(const int32_t *)b;
     int fa = t->tok_len[ia] ? (uint8_t)t->arena[t->tok_off[ia]] : -1;
     int fb = t->tok_len[ib] ? (uint8_t)t->arena[t->tok_off[ib]] : -1;
@@ -137,8 +136,7 @@ void tok_set_added(tokenizer *t, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++)
         if (t->tok_len[ids[i]] > 0) t->added_ids[k++] = ids[i]; /* an empty added token can never match */
     t->n_added = k;
-    g_sort_tok = t;
-    qsort(t->added_ids, (size_t)k, sizeof *t->added_ids, cmp_added);
+    qsort_r(t->added_ids, (size_t)k, sizeof *t->added_ids, cmp_added, t);
     int j = 0;
     for (int b = 0; b <= 256; b++) {
         while (j < k && (uint8_t)t->arena[t->tok_off[t->added_ids[j]]] < b) j++;
@@ -216,6 +214,13 @@ static int dir_exists(const char *p) {
 }
 
 tokenizer *tokenizer_load(const char *dir) {
+    if (file_exists(dir)) { /* a tokenizer.json or tekken.json named directly */
+        char *slash = strrchr(dir, '/');
+        char *cfg = xasprintf("%.*stokenizer_config.json", slash ? (int)(slash - dir + 1) : 0, dir);
+        tokenizer *t = tokenizer_load_files(dir, file_exists(cfg) ? cfg : NULL);
+        free(cfg);
+        return t;
+    }
     if (!dir_exists(dir)) {
         tp_error("tokenizer folder '%s' does not exist; pass --model with a pipeline folder (containing "
                  "tokenizer/) or a folder holding tokenizer.json or tekken.json", dir);

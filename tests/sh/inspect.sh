@@ -71,6 +71,24 @@ if [ $rc -ne 0 ] && grep -q '"valid": false' "$TMP/tp3.json" && grep -q '"error"
     && grep -q '"ranks": \[\]' "$TMP/tp3.json"; then ok "inspect_json_invalid_tp"
 else fail "inspect_json_invalid_tp: rc $rc $(head -c 300 "$TMP/tp3.json")"; fi
 
+# under mpirun every process computes the same answer; the error is printed once
+out=$($MPIRUN -np 2 "$TPGEN" inspect --model "$GOLD" --tp 3 --summary 2>&1); rc=$?
+n=$(echo "$out" | grep -c 'tpgen: error: tp 3 does not divide')
+[ $rc -ne 0 ] && [ "$n" -eq 1 ] && ok "inspect_under_mpirun_prints_once" || fail "inspect_under_mpirun_prints_once: rc $rc, $n messages"
+
+# ---- other components: the Qwen3 text encoder (plan + layer filter) and a component without a plan ----
+K=$TPGEN_GOLDEN/klein-tiny/model
+"$TPGEN" inspect --model "$K" --component text_encoder --tp 2 --json >"$TMP/te.json" 2>"$TMP/te.err"; rc=$?
+if [ $rc -eq 0 ] && grep -q '"plan": "qwen3"' "$TMP/te.json" && grep -q '"valid": true' "$TMP/te.json" \
+    && grep -q '"loaded": false' "$TMP/te.json" && [ "$(json_field "$TMP/te.json" weight_bytes | wc -l)" -eq 2 ]; then
+    ok "inspect_text_encoder_plan"
+else fail "inspect_text_encoder_plan: rc $rc $(head -c 300 "$TMP/te.err")"; fi
+"$TPGEN" inspect --model "$K" --component vae --tp 4 --json >"$TMP/vae.json" 2>&1; rc=$?
+if [ $rc -eq 0 ] && grep -q '"plan": null' "$TMP/vae.json" && ! grep -q '"style": "colwise"' "$TMP/vae.json"; then
+    ok "inspect_component_without_plan_is_replicated"
+else fail "inspect_component_without_plan_is_replicated: rc $rc"; fi
+expect_fail "inspect_bad_component" "has no 'unet' folder" "$TPGEN" inspect --model "$K" --component unet
+
 # ---- bad input: each case is a model folder and the message it must produce ----
 B=$TMP/bad
 mkdir -p "$B"

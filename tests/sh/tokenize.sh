@@ -50,6 +50,10 @@ b=$("$TPGEN" tokenize --model "$TEK/tekken" --prompt "helloWorld ABc 2024" --jso
 out=$("$TPGEN" tokenize --model "$TEK/hf" --prompt "hello" --format raw --max-length 4 --json)
 [ "$out" = '{"ids": [11, 11, 11, 1259], "mask": [0, 0, 0, 1]}' ] && ok "tokenize_left_pad" || fail "tokenize_left_pad: $out"
 
+# --model naming the file itself (its folder's config still applies: left padding)
+out=$("$TPGEN" tokenize --model "$TEK/hf/tokenizer.json" --prompt "hello" --max-length 2 --json)
+[ "$out" = '{"ids": [11, 1259], "mask": [0, 1]}' ] && ok "tokenize_model_file_path" || fail "tokenize_model_file_path: $out"
+
 # under mpirun: one line of output, from rank 0
 out=$($MPIRUN -np 2 "$TPGEN" tokenize --model "$QWEN" --prompt "Hello World" --json 2>&1)
 [ "$out" = '{"ids": [9707, 4337]}' ] && ok "tokenize_mpirun_prints_once" || fail "tokenize_mpirun_prints_once: $out"

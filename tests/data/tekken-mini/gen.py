@@ -6,7 +6,8 @@
                               produces from a tekken.json (specials in the vocabulary
                               under their own text, byte-level keys, merges derived
                               from the ranks, ignore_merges)
-  hf/tokenizer_config.json    pad token <pad>, padding_side left (as FLUX.2-dev)
+  hf/tokenizer_config.json    pad token <pad>, tokenizer_class LlamaTokenizerFast and no
+                              padding_side: the class's default (left) applies
 
 Ids: 0..999 specials, 1000 + rank for vocabulary ranks. Ranks 0..255 are the single
 bytes, then the few merged tokens in MERGED (rank 256, 257, ...). The expected ids in
@@ -90,6 +91,6 @@ write("hf/tokenizer.json", {
               "ignore_merges": True, "vocab": vocab, "merges": [m for _, m in merges]},
 })
 write("hf/tokenizer_config.json", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                                   "pad_token": "<pad>", "padding_side": "left",
+                                   "pad_token": "<pad>",
                                    "model_max_length": 1000000000000000019884624838656,
                                    "tokenizer_class": "LlamaTokenizerFast"})
