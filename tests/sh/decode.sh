@@ -68,6 +68,8 @@ expect_fail "decode: missing vae/ folder" "has no vae/ folder" \
     "${DEC[@]}" --model "$TMP/empty" --latents "$TMP/lat.safetensors" --output "$TMP/e.png"
 expect_fail "decode: latents of the wrong rank" "must be packed latents \[1, N, 32\]" \
     "${DEC[@]}" --model "$MODEL" --latents "$CASES:case0.after_unpack" --width 80 --height 48 --output "$TMP/e.png"
+expect_fail "decode: a 1-D tensor is not latents" "must be packed latents" \
+    "${DEC[@]}" --model "$MODEL" --latents "$MODEL/vae/diffusion_pytorch_model.safetensors:bn.running_mean" --width 80 --height 48 --output "$TMP/e.png"
 expect_fail "decode: token count does not match the size" "holds 15 tokens" \
     "${DEC[@]}" --model "$MODEL" --latents "$TMP/lat.safetensors" --width 96 --output "$TMP/e.png"
 expect_fail "decode: size not a multiple of 16" "not a multiple of 16" \
