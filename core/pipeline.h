@@ -9,7 +9,9 @@
 
 /* Called after each step on every rank: v is the velocity used in this step
  * [N, C] (after CFG), x the latents after the step [N, C]. Return non-zero
- * to stop the loop (flux2_denoise then fails with "stopped"). */
+ * to stop the loop (flux2_denoise then fails with "stopped"); the return
+ * value must be the same on every rank of the group (the ranks must stay in
+ * lockstep), so decide on rank-independent data or agree first. */
 typedef int (*denoise_step_fn)(int step, int steps, double step_seconds, const float *v,
                                const float *x, void *ctx);
 

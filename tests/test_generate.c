@@ -8,7 +8,16 @@
 #include "../core/safetensors.h"
 #include <stdlib.h>
 #include <string.h>
+#include <jansson.h>
 
+#define STB_IMAGE_STATIC
+#define STB_IMAGE_IMPLEMENTATION
+#define STBI_ONLY_PNG
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#include <stb/stb_image.h>
+
+#pragma weak st_read_raw
 #pragma weak st_open
 #pragma weak st_close
 #pragma weak st_read_f32
@@ -24,6 +33,27 @@ static int setup_and_run(run_spec *s, dist *d, int argc, char **argv) {
     gen_metrics m = {.t_start = gen_now()};
     rc = gen_run(&g, &m);
     gen_setup_free(&g);
+    return rc;
+}
+
+static void shared_tmp(char *tmp, size_t n) {
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) snprintf(tmp, n, "%s", test_tmp_dir());
+    MPI_Bcast(tmp, (int)n, MPI_CHAR, 0, MPI_COMM_WORLD);
+}
+
+static int run_generate(int argc, char **argv, int *world_size) {
+    dist d;
+    if (dist_init(NULL, NULL, &d)) return -1;
+    run_spec s;
+    runspec_init(&s);
+    int rc = setup_and_run(&s, &d, argc, argv);
+    *world_size = d.world_size;
+    runspec_free(&s);
+    MPI_Comm_free(&d.tp_comm);
+    MPI_Comm_free(&d.dp_comm);
+    MPI_Comm_free(&d.local_comm);
     return rc;
 }
 
@@ -51,7 +81,7 @@ TEST_MPI(generate_reproduces_golden_denoise_loop) {
     REQUIRE(dist_init(NULL, NULL, &d) == 0, "%s", tp_error_msg());
     run_spec s;
     runspec_init(&s);
-    int rc = setup_and_run(&s, &d, 21, argv);
+    int rc = setup_and_run(&s, &d, (int)(sizeof argv / sizeof *argv) - 1, argv);
     runspec_free(&s);
     MPI_Comm_free(&d.tp_comm);
     MPI_Comm_free(&d.dp_comm);
@@ -70,6 +100,77 @@ TEST_MPI(generate_reproduces_golden_denoise_loop) {
     double e = rel_l2(a, b, 24 * 32);
     printf("# generate golden flux2-tiny-a, f32, world %d: final latents rel L2 %.3g\n", d.world_size, e);
     CHECK(e < 1e-4, "final latents differ from diffusers: rel L2 %g", e);
+    free(a);
+    free(b);
+    st_close(ref);
+    st_close(got);
+}
+
+/* The whole klein pipeline from a text prompt: tokenizer, Qwen3 text
+ * encoder, transformer, VAE, PNG, against diffusers' Flux2KleinPipeline run
+ * (golden/klein-tiny case 0): latents within 1e-4, 8-bit image within one
+ * level. */
+TEST_MPI(generate_reproduces_golden_klein_pipeline) {
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (!gen_have_transformer() || !gen_have_vae() || !gen_have_text_encoder() || !st_open) {
+        if (rank == 0) printf("# skip generate_reproduces_golden_klein_pipeline: a model part is not in this build\n");
+        return;
+    }
+    char model[1024], golden[1024], e2e[1024], tmp[512], lat[700], png[700];
+    snprintf(model, sizeof model, "%s/klein-tiny/model", test_golden_dir());
+    snprintf(golden, sizeof golden, "%s/klein-tiny/e2e.safetensors", test_golden_dir());
+    snprintf(e2e, sizeof e2e, "%s/klein-tiny/e2e.json", test_golden_dir());
+    json_t *j = json_load_file(e2e, 0, NULL);
+    json_t *c0 = json_array_get(json_object_get(j, "cases"), 0);
+    REQUIRE(c0, "%s: no case 0", e2e);
+    char prompt[512], seed[32], width[16], height[16], maxlen[16];
+    snprintf(prompt, sizeof prompt, "%s", json_string_value(json_object_get(c0, "prompt")));
+    snprintf(seed, sizeof seed, "%lld", (long long)json_integer_value(json_object_get(c0, "seed")));
+    snprintf(width, sizeof width, "%lld", (long long)json_integer_value(json_object_get(c0, "width")));
+    snprintf(height, sizeof height, "%lld", (long long)json_integer_value(json_object_get(c0, "height")));
+    snprintf(maxlen, sizeof maxlen, "%lld", (long long)json_integer_value(json_object_get(j, "max_sequence_length")));
+    json_decref(j);
+    shared_tmp(tmp, sizeof tmp);
+    snprintf(lat, sizeof lat, "%s/klein.safetensors", tmp);
+    snprintf(png, sizeof png, "%s/klein.png", tmp);
+    char *argv[] = {"generate", "--model", model, "--prompt", prompt, "--seed", seed, "--width", width, "--height", height,
+                    "--max-sequence-length", maxlen, "--precision", "f32", "--save-latents", lat, "--output", png,
+                    "--backend", "cpu", NULL};
+    int world = 0;
+    REQUIRE(run_generate((int)(sizeof argv / sizeof *argv) - 1, argv, &world) == 0, "generate failed: %s", tp_error_msg());
+    if (rank != 0) return;
+    st_file *ref = NULL, *got = NULL;
+    REQUIRE(st_open(golden, &ref) == 0 && st_open(lat, &got) == 0, "%s", tp_error_msg());
+    float *a = NULL, *b = NULL;
+    const st_tensor_info *ta = NULL, *tb = NULL;
+    REQUIRE(st_read_f32(got, "latents", &a, &ta) == 0 && st_read_f32(ref, "case0.final_packed_latents", &b, &tb) == 0,
+            "%s", tp_error_msg());
+    size_t n = (size_t)tb->shape[1] * (size_t)tb->shape[2];
+    REQUIRE(ta->ndim == 3 && ta->shape[1] == tb->shape[1] && ta->shape[2] == tb->shape[2], "latents shape");
+    double e = rel_l2(a, b, n);
+    CHECK(e < 1e-4, "final latents differ from diffusers: rel L2 %g", e);
+    const st_tensor_info *tu = st_find(ref, "case0.image_u8");
+    REQUIRE(tu && tu->ndim == 3, "case0.image_u8 missing");
+    size_t np = (size_t)tu->shape[0] * (size_t)tu->shape[1] * 3;
+    uint8_t *want = malloc(np);
+    REQUIRE(st_read_raw(ref, tu, want) == 0, "%s", tp_error_msg());
+    int w, h, ch;
+    uint8_t *px = stbi_load(png, &w, &h, &ch, 3);
+    REQUIRE(px, "cannot decode %s", png);
+    REQUIRE(h == tu->shape[0] && w == tu->shape[1], "image %dx%d", w, h);
+    int worst = 0;
+    size_t off = 0;
+    for (size_t i = 0; i < np; i++) {
+        int d = abs((int)px[i] - (int)want[i]);
+        if (d > worst) worst = d;
+        off += d != 0;
+    }
+    printf("# generate golden klein-tiny case 0, f32, world %d: latents rel L2 %.3g, image max diff %d (%zu of %zu samples differ)\n",
+           world, e, worst, off, np);
+    CHECK(worst <= 1, "the 8-bit image differs from diffusers by up to %d levels", worst);
+    stbi_image_free(px);
+    free(want);
     free(a);
     free(b);
     st_close(ref);

@@ -261,6 +261,18 @@ TEST(ops_attention_masks) {
     }
 }
 
+TEST(ops_attention_many_key_tiles) { /* Sk over several key tiles of the online softmax */
+    const dtype_t dts[] = {DT_F32, DT_BF16};
+    for (int d = 0; d < 2; d++) {
+        attention_case(&(attn_case){.Sq = 70, .Sk = 1100, .Hq = 2, .Hkv = 1, .hd = 16, .dt = dts[d]});
+        attention_case(&(attn_case){.Sq = 70, .Sk = 1100, .Hq = 2, .Hkv = 2, .hd = 16, .causal = 1, .q_pos0 = 1030, .dt = dts[d]});
+        /* the first key tile is entirely masked: the running max starts at -inf */
+        attention_case(&(attn_case){.Sq = 40, .Sk = 1300, .Hq = 2, .Hkv = 2, .hd = 8, .masked_keys = 700, .dt = dts[d]});
+        attention_case(&(attn_case){.Sq = 40, .Sk = 1300, .Hq = 2, .Hkv = 2, .hd = 8, .causal = 1, .q_pos0 = 1260,
+                                    .masked_keys = 600, .dt = dts[d]});
+    }
+}
+
 TEST(ops_attention_all_masked) { /* every key invalid: every output row is 0 */
     tbuf q = tb_new(DT_F32, 10, 16, 0), k = tb_new(DT_F32, 20, 16, 0), v = tb_new(DT_F32, 20, 16, 0), o = tb_out(DT_F32, 10, 16);
     free(tb_rand(&q, -1, 1)); free(tb_rand(&k, -1, 1)); free(tb_rand(&v, -1, 1));
@@ -588,4 +600,30 @@ TEST(ops_conv2d) {
     cpu_set_tile_budget(1); /* one row per band */
     conv_case(4, 8, 5, 3, 3, DT_F32, DT_BF16, 0);
     cpu_set_tile_budget(0);
+}
+
+TEST(ops_copy_bf16_rounding_special) { /* the vectorised f32->bf16 rounding on ties, NaN, inf, overflow, denormals */
+    const float special[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 1.0f + 0x1p-8f + 0x1p-20f, NAN, -NAN,
+                             INFINITY, -INFINITY, 3.4028235e38f, -3.4028235e38f, 1e-40f, -1e-40f, 0.0f, -0.0f,
+                             0x1.fffffep-127f, 65504.0f, 1.00390625f, 2.00781250f};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    const uint16_t want[] = {0x3f80, 0x3f82, 0xbf80, 0x3f81, 0, 0, 0x7f80, 0xff80, 0x7f80, 0xff80, 0, 0, 0x0000, 0x8000,
+                             0, 0x4780, 0x3f80, 0x4000};
+    int64_t n = 3 * ns + 5; /* several AVX2 blocks and a scalar tail */
+    float *v = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = special[i % ns];
+    tensor *x = tensor_new(cpu(), DT_F32, 1, n), *y = tensor_new(cpu(), DT_BF16, 1, n);
+    tensor_upload_f32(x, v);
+    op_copy(cpu(), y, x);
+    const uint16_t *got = y->data;
+    for (int64_t i = 0; i < n; i++) {
+        int k = (int)(i % ns);
+        uint16_t ref = f32_to_bf16(v[i]);
+        if (isnan(v[i])) CHECK((got[i] & 0x7f80) == 0x7f80 && (got[i] & 0x7f), "element %lld: NaN became 0x%04x", (long long)i, got[i]);
+        else if (want[k] || v[i] == 0.0f) CHECK(got[i] == want[k], "element %lld (%a): 0x%04x, expected 0x%04x", (long long)i, v[i], got[i], want[k]);
+        else CHECK(got[i] == ref, "element %lld (%a): 0x%04x, expected 0x%04x", (long long)i, v[i], got[i], ref);
+    }
+    free(v);
+    tensor_free(x);
+    tensor_free(y);
 }

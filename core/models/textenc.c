@@ -136,6 +136,16 @@ void textenc_free(textenc *t) {
     free(t);
 }
 
+int textenc_plan(const json_t *config, const checkpoint *ck, int tp, plan *out) {
+    static llm_plan storage;
+    llm_config cfg;
+    int rc = llm_config_parse(config, "text_encoder/config.json", &cfg);
+    if (!rc) rc = llm_config_resolve_prefix(&cfg, ck);
+    if (!rc) rc = llm_plan_build(&cfg, tp, &storage);
+    if (!rc) *out = storage.p;
+    return rc;
+}
+
 /* ---- make-tiny ---- */
 
 /* The Qwen3 tokenizer files ship in tests/data/qwen3-tokenizer/ of the
@@ -226,7 +236,7 @@ int textenc_write_tiny(const char *model_dir, unsigned seed) {
     int rc = make_dir(model_dir);
     if (!rc) rc = make_dir(te);
     if (!rc) rc = make_dir(tk);
-    if (!rc) rc = llm_write_random_qwen3(te, &c, seed);
+    if (!rc) rc = llm_write_random(te, &c, seed);
     static const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
     for (int i = 0; !rc && i < 2; i++) {
         char *src = xasprintf("%s/%s", tok_src, files[i]), *dst = xasprintf("%s/%s", tk, files[i]);

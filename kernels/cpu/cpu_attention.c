@@ -7,11 +7,12 @@
  * rounded once. */
 #include "cpu_ops.h"
 #include "cpu_rows.h"
+#include "cpu_vecmath.h"
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 
-enum { BQ = 64, BK = 128 };
+enum { BQ = 64, BK = 512 };
 
 typedef struct {
     float *q, *o, *s, *k, *v, *m, *l;  /* q,o [BQ,hd]; s [BQ,BK]; k,v [BK,hd]; m,l [BQ] */
@@ -45,23 +46,25 @@ static const float *tile_f32(const tensor *t, int64_t r0, int64_t n, int64_t c0,
 static void softmax_tile(attn_scratch *w, int64_t nq, int64_t nk, int hd, int64_t i0, int64_t j0,
                          const attn_params *p, const int32_t *valid) {
     for (int64_t i = 0; i < nq; i++) {
-        float *s = w->s + i * BK, mx = -INFINITY;
+        float *s = w->s + i * BK;
+        float mx = scale_max(s, nk, p->scale);
         int64_t last = p->causal ? i0 + i + p->q_pos0 : INT64_MAX; /* last visible key */
-        for (int64_t j = 0; j < nk; j++) {
-            int vis = j0 + j <= last && (!valid || valid[j0 + j]);
-            s[j] = vis ? s[j] * p->scale : -INFINITY;
-            if (s[j] > mx) mx = s[j];
+        if (valid || j0 + nk - 1 > last) { /* masked keys in this tile */
+            mx = -INFINITY;
+            for (int64_t j = 0; j < nk; j++) {
+                if (j0 + j > last || (valid && !valid[j0 + j])) s[j] = -INFINITY;
+                if (s[j] > mx) mx = s[j];
+            }
         }
         float m_new = w->m[i] > mx ? w->m[i] : mx;
         if (m_new == -INFINITY) { /* nothing visible yet: p = 0 */
             for (int64_t j = 0; j < nk; j++) s[j] = 0.0f;
             continue;
         }
-        float corr = expf(w->m[i] - m_new), sum = 0.0f; /* exp(-inf) = 0 on the first visible tile */
-        for (int64_t j = 0; j < nk; j++) { s[j] = expf(s[j] - m_new); sum += s[j]; }
-        w->l[i] = w->l[i] * corr + sum;
+        float corr = expf(w->m[i] - m_new); /* exp(-inf) = 0 on the first visible tile */
+        w->l[i] = w->l[i] * corr + exp_sum(s, nk, m_new);
         w->m[i] = m_new;
-        if (corr != 1.0f) for (int d = 0; d < hd; d++) w->o[i * hd + d] *= corr;
+        if (corr != 1.0f) scale_row(w->o + i * hd, hd, corr);
     }
 }
 

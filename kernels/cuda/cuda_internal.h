@@ -25,9 +25,10 @@ typedef struct cuda_impl {
     size_t blas_workspace_bytes;
     void *scratch[3];                  /* op temporaries (im2col, dtype casts, ids); grow */
     size_t scratch_bytes[3];
-    void *staging[CUDA_STAGING_BUFFERS]; /* pinned host buffers */
+    void *staging[CUDA_STAGING_BUFFERS]; /* pinned host buffers (NULL: pinning unavailable) */
     cudaEvent_t staging_done[CUDA_STAGING_BUFFERS];
     int staging_next;
+    int use_pool;                      /* 1: cudaMallocAsync (stream-ordered pool); 0: cudaMalloc */
     alloc_table *allocs;               /* device pointer -> size, for bytes_in_use */
     size_t total_mem;
 } cuda_impl;
