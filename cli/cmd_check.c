@@ -228,18 +228,29 @@ static int open_cases(const check_opts *o, const dist *d, st_file **f, int *n_ca
     return dist_agree(d->tp_comm, rc);
 }
 
+/* what each rank read and holds: the shard, not the whole model */
+static void print_load(const dist *d, const load_stats *ls) {
+    double mine[3] = {(double)ls->bytes_read, (double)ls->bytes_held, ls->seconds}, mx[3];
+    MPI_Reduce(mine, mx, 3, MPI_DOUBLE, MPI_MAX, 0, d->tp_comm);
+    if (d->tp_rank == 0)
+        printf("# load: largest rank read %.2f MB and holds %.2f MB of weights (%d tensors, %.2f s)\n", mx[0] / 1e6,
+               mx[1] / 1e6, ls->n_tensors, mx[2]);
+}
+
 static int run_checks(const check_opts *o, const dist *d, backend *be, comm *c) {
     char *dir = transformer_dir(o->model);
     flux2_model *m = NULL, *ref = NULL;
     comm *self = NULL;
     st_file *cases = NULL;
-    int rc = flux2_load(dir, be, c, o->precision, &m, NULL), n_cases = 2, failed = 0;
+    load_stats ls = {0};
+    int rc = flux2_load(dir, be, c, o->precision, &m, &ls), n_cases = 2, failed = 0;
     if (!rc && !o->cases && d->tp_rank == 0) {
         self = comm_create(MPI_COMM_SELF, be);
         rc = self ? flux2_load(dir, be, self, o->precision, &ref, NULL) : -1;
         if (rc) tp_error_context("unsharded reference on rank 0");
     }
     if (dist_agree(d->tp_comm, rc)) goto done;
+    print_load(d, &ls);
     if (o->unfused) flux2_set_fused_allreduce(m, 0);
     /* golden outputs are f32 math on unrounded timesteps: compare the bf16
      * compute path on the same inputs (see flux2_set_exact_timestep) */

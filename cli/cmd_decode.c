@@ -121,8 +121,10 @@ static int read_latents(const decode_opts *o, const vae_config *cfg, float **lat
     int64_t n = 0, c = 0;
     if (!rc) {
         int ok = ti->ndim == 3 ? ti->shape[0] == 1 : ti->ndim == 2;
-        n = ti->shape[ti->ndim - 2];
-        c = ti->shape[ti->ndim - 1];
+        if (ok) {
+            n = ti->shape[ti->ndim - 2];
+            c = ti->shape[ti->ndim - 1];
+        }
         if (!ok || c != C)
             rc = tp_error("%s: tensor '%s' must be packed latents [1, N, %d] (4 x latent_channels %d of this VAE), "
                           "but has %d dims with last dim %lld", file, name, C, cfg->latent_channels, ti->ndim,

@@ -297,7 +297,8 @@ static int bench_usage(void) {
            "--model loads DIR/transformer at tp = number of ranks; every rank reports its load time,\n"
            "bytes read, weight bytes and peak RSS. One mode per run (peak RSS is per process).\n"
            "--cold first evicts the checkpoint's pages from the page cache (posix_fadvise DONTNEED).\n"
-           "--threads T reads with T threads per rank (load_opts.io_threads; sharded and mmap modes).\n");
+           "--threads T reads with T threads per rank (load_opts.io_threads, default %d; sharded and mmap modes).\n",
+           WEIGHTS_IO_THREADS);
     return 0;
 }
 
@@ -350,7 +351,7 @@ static int run_load(dist *d, const char *dir, const char *mode, int json, int co
 
 int bench_load(int argc, char **argv) {
     const char *make = NULL, *shape = "klein-4b", *model = NULL, *mode = "sharded";
-    int sparse = 0, shards = 1, json = 0, cold = 0, threads = 1;
+    int sparse = 0, shards = 1, json = 0, cold = 0, threads = WEIGHTS_IO_THREADS;
     unsigned seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;

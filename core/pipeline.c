@@ -39,6 +39,8 @@ static int check_params(const flux2_model *m, const denoise_params *p) {
                         "step needs them equal", (long long)c->out_dim, c->in_channels);
     if (p->neg_embeds && (!p->neg_txt_ids || p->Ln < 1))
         return tp_error("denoise: CFG needs the negative prompt's text ids and length");
+    if (p->ref_tokens && (!p->ref_ids || p->R < 1))
+        return tp_error("denoise: reference tokens need their ids and count");
     for (int i = 0; i <= p->steps; i++)
         if (!(p->sigmas[i] == p->sigmas[i])) return tp_error("denoise: sigma[%d] is NaN", i);
     return 0;
@@ -67,21 +69,54 @@ static void euler_step(float *x, const float *v, size_t n, float dt, int bf16) {
     }
 }
 
+/* The model input: the latents, then the reference tokens (if any). */
+typedef struct step_input {
+    float *x;          /* [N + R, C]: rows [0, N) are the latents being denoised */
+    int32_t *ids;      /* [N + R, 4] */
+    float *v_full;     /* [N + R, C] model output */
+    int64_t rows;
+} step_input;
+
+static void step_input_init(step_input *in, const denoise_params *p, size_t C) {
+    in->rows = p->N + (p->ref_tokens ? p->R : 0);
+    in->x = xmalloc((size_t)in->rows * C * sizeof *in->x);
+    in->v_full = xmalloc((size_t)in->rows * C * sizeof *in->v_full);
+    in->ids = xmalloc((size_t)in->rows * 4 * sizeof *in->ids);
+    memcpy(in->ids, p->img_ids, (size_t)p->N * 4 * sizeof *in->ids);
+    if (p->ref_tokens) {
+        memcpy(in->x + (size_t)p->N * C, p->ref_tokens, (size_t)p->R * C * sizeof *in->x);
+        memcpy(in->ids + p->N * 4, p->ref_ids, (size_t)p->R * 4 * sizeof *in->ids);
+    }
+}
+
+static void step_input_free(step_input *in) { free(in->x), free(in->ids), free(in->v_full); }
+
+/* one velocity prediction for the current latents (rows [0, N) of in->x) */
+static int predict(flux2_model *m, const denoise_params *p, step_input *in, const float *txt, int64_t L,
+                   const int32_t *txt_ids, float tin, float *v, size_t n) {
+    int rc = flux2_forward(m, in->x, in->rows, in->ids, txt, L, txt_ids, tin, p->guidance, in->v_full);
+    if (!rc) memcpy(v, in->v_full, n * sizeof *v);
+    return rc;
+}
+
 int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
     if (check_params(m, p)) return -1;
     int bf16 = flux2_precision(m) == DT_BF16;
-    size_t n = (size_t)p->N * (size_t)flux2_get_config(m)->in_channels;
-    float *x = out, *v = xmalloc(n * sizeof *v), *vn = p->neg_embeds ? xmalloc(n * sizeof *vn) : NULL;
+    size_t C = (size_t)flux2_get_config(m)->in_channels, n = (size_t)p->N * C;
+    float *v = xmalloc(n * sizeof *v), *vn = p->neg_embeds ? xmalloc(n * sizeof *vn) : NULL;
+    step_input in;
+    step_input_init(&in, p, C);
+    float *x = in.x;
     memmove(x, p->latents, n * sizeof *x);
     if (bf16)
-        for (size_t i = 0; i < n; i++) x[i] = bf16r(x[i]);
+        for (size_t i = 0; i < (size_t)in.rows * C; i++) x[i] = bf16r(x[i]);
     int rc = 0;
     for (int i = 0; i < p->steps && !rc; i++) {
         double t0 = MPI_Wtime();
         float tin = model_timestep(p->sigmas[i], bf16);
-        rc = flux2_forward(m, x, p->N, p->img_ids, p->prompt_embeds, p->L, p->txt_ids, tin, p->guidance, v);
+        rc = predict(m, p, &in, p->prompt_embeds, p->L, p->txt_ids, tin, v, n);
         if (!rc && vn) {
-            rc = flux2_forward(m, x, p->N, p->img_ids, p->neg_embeds, p->Ln, p->neg_txt_ids, tin, p->guidance, vn);
+            rc = predict(m, p, &in, p->neg_embeds, p->Ln, p->neg_txt_ids, tin, vn, n);
             if (!rc) apply_cfg(v, vn, n, p->cfg_scale, bf16);
         }
         if (rc) {
@@ -92,6 +127,8 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
         if (p->on_step && p->on_step(i, p->steps, MPI_Wtime() - t0, v, x, p->ctx))
             rc = tp_error("denoising stopped at step %d of %d", i + 1, p->steps);
     }
+    if (!rc) memcpy(out, x, n * sizeof *out);
+    step_input_free(&in);
     free(v);
     free(vn);
     return rc;

@@ -180,7 +180,7 @@ static int read_all(loader *L, const job *jobs, int n) {
         if (!jobs[i].direct && read_job(L, &jobs[i], &b)) return -1;
         if (!jobs[i].direct) count(L->st, &jobs[i], b);
     }
-    int nt = L->o->io_threads > 0 ? L->o->io_threads : 1, failed = 0;
+    int nt = L->o->io_threads > 0 ? L->o->io_threads : WEIGHTS_IO_THREADS, failed = 0;
     uint64_t *got = xcalloc((size_t)(n ? n : 1), sizeof *got);
     char msg[4096] = "";
     /* tp_error's message is per thread: the first failure is carried out */

@@ -2,9 +2,10 @@
 # The CUDA backend's one-shot check on a GPU machine (one H200: under 8 minutes,
 # unattended). Builds for sm_90, runs the TEST_GPU op tests (every CUDA op
 # against the CPU backend), the golden checks with --backend cuda (flux2-tiny-a
-# transformer cases f32 and bf16, its denoising loop, klein-tiny end to end),
-# GEMM and attention throughput (with PyTorch on the same shapes as a
-# yardstick), one klein-4B-shaped forward, and prints a short table last.
+# transformer cases f32 and bf16, its denoising loop, klein-tiny end to end,
+# the vae-tiny decoder), GEMM and attention throughput (with PyTorch on the
+# same shapes as a yardstick), one klein-4B-shaped forward, and prints a
+# short table last.
 # Full logs go to $OUT (the device tool's folder) or ./gpu-out.
 #
 # usage
@@ -17,7 +18,7 @@
 #       on the build host: builds for sm_90 with the non-MPI libraries linked
 #       statically, and packs binaries, the Open MPI runtime, the shared
 #       libraries a bare CUDA image lacks, and the golden data it uses
-#       (flux2-tiny-a, klein-tiny) into out/gpu-bundle.tar.xz (out/ is
+#       (flux2-tiny-a, klein-tiny, vae-tiny) into out/gpu-bundle.tar.xz (out/ is
 #       git-ignored; carry it).
 #
 # With the device tool (see docs/cuda.md):
@@ -70,11 +71,12 @@ if [ $mode = prepare ]; then
 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++"
     build_into "$B/build" LDLIBS="$static" || { echo "gpu-check --prepare: build failed" >&2; exit 1; }
     find "$B/build" \( -name '*.o' -o -name '*.d' \) -delete
-    cp -r "$golden/flux2-tiny-a" "$golden/klein-tiny" "$B/golden/"
-    # shared libraries outside glibc and CUDA (MPI and its helpers, libgomp)
+    cp -r "$golden/flux2-tiny-a" "$golden/klein-tiny" "$golden/vae-tiny" "$B/golden/"
+    # shared libraries outside glibc, the C++ runtime and CUDA (MPI and its helpers, libgomp); they need glibc >= 2.36
     ldd "$B/build/tpgen_tests" "$B/build/tpgen" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
         case "$(basename "$lib")" in
-            libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda*|libcublas*|libcudart*|libnccl*) ;;
+            libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++*|libgcc_s*) ;;  # the machine's own
+            libcuda*|libcublas*|libcudart*|libnccl*) ;;  # the machine's CUDA
             *) cp -L "$lib" "$B/lib/" ;;
         esac
     done
@@ -142,13 +144,23 @@ BK=${GPU_CHECK_BACKEND:-cuda}
 FWD=${BENCH_FORWARD_ARGS:---backend cuda --precision bf16 --image-tokens 4096 --text-tokens 512 --double 5 --single 20 --iters 3 --warmup 1}
 
 # ---- op tests against the CPU backend
-log "TEST_GPU op tests" >"$OUTDIR/tests.log"
-timeout 240 "$TESTS" --gpu >>"$OUTDIR/tests.log" 2>&1
-rc=$?
+log "TEST_GPU tests (CUDA op tests and other areas' GPU tests)" >"$OUTDIR/tests.log"
+# one process per test: a kernel fault poisons the CUDA context, and must not hide the other tests' results
+rc=0
+for t in $("$TESTS" --gpu --list 2>/dev/null); do
+    out=$(timeout 120 "$TESTS" --gpu "$t" 2>&1); r=$?
+    echo "$out" >>"$OUTDIR/tests.log"
+    if ! echo "$out" | grep -qE "^(ok|FAIL) - $t( |$)"; then
+        echo "FAIL - $t: the test process died (exit $r): $(echo "$out" | tail -2 | tr '\n' ' ')" >>"$OUTDIR/tests.log"
+    fi
+    [ $r -ge 124 ] && rc=$r
+done
 timeout 60 "$TESTS" cuda_ >>"$OUTDIR/tests.log" 2>&1
 pass=$(grep -c '^ok - ' "$OUTDIR/tests.log"); failn=$(grep -c '^FAIL - ' "$OUTDIR/tests.log")
 verdict=PASS; { [ "$failn" -gt 0 ] || [ "$pass" -eq 0 ] || [ $rc -ge 124 ]; } && verdict=FAIL
-row "op tests (tpgen_tests --gpu, cuda_)" "$pass passed, $failn failed$([ $rc -ge 124 ] && echo ", exit $rc") $verdict"
+row "GPU tests (tpgen_tests --gpu; cuda_ unit)" "$pass passed, $failn failed$([ $rc -ge 124 ] && echo ", exit $rc") $verdict"
+fails=$(grep '^FAIL - ' "$OUTDIR/tests.log" | cut -d' ' -f3 | sort -u | head -8 | tr '\n' ' ')
+[ -n "$fails" ] && row "  failing tests" "$fails"
 worst=$(grep '^# op ' "$OUTDIR/tests.log" | sed -E 's/.*rel_l2=([^ ]+).*/\1 &/' | sort -g | tail -1 | cut -d' ' -f2-)
 [ -n "$worst" ] && row "  largest op rel_l2" "$(echo "$worst" | sed -E 's/^# op +//; s/ +/ /g')"
 
@@ -213,6 +225,58 @@ if [ -d "$K/model" ]; then  # end to end: Qwen3 text encoder + transformer on th
     golden_run "golden e2e klein-tiny case0 (f32)" "$W/e2e.safetensors" "$K/e2e.safetensors" case0.final_packed_latents 1e-4 \
         -- --model "$K/model" --prompt "a cat holding a sign that says hello" --seed 42 --steps 4 --width 96 --height 64 \
         --max-sequence-length 32 --precision f32 --no-decode
+fi
+
+V=$golden/vae-tiny
+compare_png() { # PNG (8-bit RGB, as tpgen writes) against GOLDEN_FILE's KEY [H,W,3] u8: max and mean |diff| (plain python3)
+    python3 - "$@" <<'PY' 2>&1
+import json, struct, sys, zlib
+png, gold, key = sys.argv[1], sys.argv[2], sys.argv[3]
+data = open(png, "rb").read()
+pos, idat, w, h = 8, b"", 0, 0
+while pos < len(data):
+    n, typ = struct.unpack(">I4s", data[pos:pos + 8])
+    body = data[pos + 8:pos + 8 + n]
+    if typ == b"IHDR":
+        w, h, depth, ctype = struct.unpack(">IIBB", body[:10])
+        if depth != 8 or ctype != 2: raise SystemExit(f"unexpected PNG format depth {depth} colour {ctype}")
+    elif typ == b"IDAT": idat += body
+    pos += 12 + n
+raw, stride, prev, img = zlib.decompress(idat), w * 3, bytearray(w * 3), bytearray()
+for y in range(h):
+    f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+    for i in range(stride):
+        a = line[i - 3] if i >= 3 else 0
+        b, c = prev[i], prev[i - 3] if i >= 3 else 0
+        if f == 1: line[i] = (line[i] + a) & 255
+        elif f == 2: line[i] = (line[i] + b) & 255
+        elif f == 3: line[i] = (line[i] + (a + b) // 2) & 255
+        elif f == 4:
+            p = a + b - c; pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+    img += line
+    prev = line
+with open(gold, "rb") as fh:
+    n = struct.unpack("<Q", fh.read(8))[0]
+    t = json.loads(fh.read(n))[key]
+    fh.seek(8 + n + t["data_offsets"][0]); ref = fh.read(t["data_offsets"][1] - t["data_offsets"][0])
+if len(ref) != len(img): raise SystemExit(f"size mismatch: png {w}x{h}, golden {t['shape']}")
+d = [abs(x - y) for x, y in zip(img, ref)]
+mx, mean = max(d), sum(d) / len(d)
+print(f"max_abs={mx} mean_abs={mean:.4f} (u8 levels) {'PASS' if mx <= 2 and mean <= 0.05 else 'FAIL'}")
+PY
+}
+if [ -d "$V/model" ]; then  # the VAE decoder: conv, GroupNorm, upsample, the 512-wide attention head
+    for c in 0 1; do
+        hw=$(python3 -c "import json; c=json.load(open('$V/vae_golden.json'))['cases'][$c]['image_hw']; print(c[0], c[1])")
+        { log "vae decode case$c ($hw)"; timeout 120 "$TPGEN" decode --model "$V/model" --backend $BK --precision f32 \
+            --latents "$V/vae_cases.safetensors:case$c.packed_latents" --height ${hw% *} --width ${hw#* } \
+            --output "$W/vae$c.png"; echo "exit=$?"; } >>"$OUTDIR/golden.log" 2>&1
+        r="FAIL: no image (see golden.log)"
+        [ -s "$W/vae$c.png" ] && r=$(compare_png "$W/vae$c.png" "$V/vae_cases.safetensors" "case$c.image_u8" | tail -1)
+        echo "compare vae case$c: $r" >>"$OUTDIR/golden.log"
+        row "golden VAE decode vae-tiny case$c (f32)" "$r"
+    done
 fi
 
 # ---- throughput

@@ -308,3 +308,44 @@ TEST(flux2_load_rejects_mismatched_config) {
     comm_destroy(c);
     backend_destroy(be);
 }
+
+/* The caches follow their inputs: after a forward with one prompt and one id
+ * set, a forward with another prompt and other ids gives the same bits as a
+ * fresh model (no stale context projection or RoPE table). */
+TEST_MPI(flux2_caches_follow_inputs) {
+    tp_env e;
+    st_file *f = NULL;
+    golden_case a = {0}, b = {0};
+    char *path = golden_path("flux2-tiny-a/transformer_cases.safetensors");
+    int ok = st_open(path, &f) == 0 && read_golden_case(f, 0, &a) == 0 && read_golden_case(f, 2, &b) == 0;
+    free(path);
+    CHECK(ok, "cases: %s", tp_error_msg());
+    if (!env_open(&e, DT_F32) || !all_ok(ok)) goto out;
+    size_t n = (size_t)b.N * 32;
+    float *o1 = malloc(n * 4), *o2 = malloc(n * 4);
+    for (int64_t i = 0; i < b.N; i++) b.img_ids[4 * i] = 10;   /* a reference-image time offset */
+    b.txt[5] += 0.25f;                                          /* a prompt never seen before */
+    int rc = flux2_forward(e.m, a.x, a.N, a.img_ids, a.txt, a.L, a.txt_ids, a.ts, &a.g, o1);
+    rc |= flux2_forward(e.m, a.x, b.N, b.img_ids, b.txt, b.L, b.txt_ids, a.ts, &a.g, o1);
+    flux2_stats s;
+    flux2_get_stats(e.m, &s);
+    flux2_model *fresh = NULL;
+    char *dir = golden_path("flux2-tiny-a/model/transformer");
+    rc |= flux2_load(dir, e.be, e.c, DT_F32, &fresh, NULL);
+    free(dir);
+    if (all_ok(rc == 0)) {
+        rc = flux2_forward(fresh, a.x, b.N, b.img_ids, b.txt, b.L, b.txt_ids, a.ts, &a.g, o2);
+        CHECK(all_ok(rc == 0) && max_abs_diff(o1, o2, n) == 0, "stale cache: outputs differ by %.3g",
+              max_abs_diff(o1, o2, n));
+        CHECK(s.txt_cache_misses == 2 && s.txt_cache_hits == 0, "hits %ld misses %ld", s.txt_cache_hits,
+              s.txt_cache_misses);
+    } else {
+        CHECK(0, "forward/load: %s", tp_error_msg());
+    }
+    flux2_free(fresh);
+    free(o1), free(o2);
+out:
+    free_golden_case(&a), free_golden_case(&b);
+    if (f) st_close(f);
+    env_close(&e);
+}

@@ -7,6 +7,7 @@
 #include "../core/err.h"
 #include "../core/pipeline.h"
 #include "../core/safetensors.h"
+#include "../core/schedule.h"
 #include "../kernels/ops.h"
 #include <mpi.h>
 #include <stdlib.h>
@@ -94,13 +95,19 @@ static denoise_params params_of(const denoise_golden *g) {
                             .guidance = g->guidance};
 }
 
-TEST_MPI(pipeline_denoise_golden_f32) {
+static void denoise_golden_run(dtype_t prec, double tol);
+TEST_MPI(pipeline_denoise_golden_f32) { denoise_golden_run(DT_F32, 1e-4); }
+/* bf16 with the full eager rounding (quantised timesteps, bf16 latents and
+ * Euler step) against the f32 reference: about 2e-2 after 4 steps */
+TEST_MPI(pipeline_denoise_golden_bf16) { denoise_golden_run(DT_BF16, 3e-2); }
+
+static void denoise_golden_run(dtype_t prec, double tol) {
     denoise_golden g;
     int ok = read_golden(&g) == 0;
     CHECK(ok, "golden: %s", tp_error_msg());
     backend *be = backend_cpu_create(1);
     comm *c = comm_create_mpi(MPI_COMM_WORLD, be);
-    flux2_model *m = ok ? load_tiny(be, c, DT_F32) : NULL;
+    flux2_model *m = ok ? load_tiny(be, c, prec) : NULL;
     if (all_ok(m != NULL)) {
         /* the scheduler's timesteps are fl32(sigma * 1000) */
         int ts_ok = 1;
@@ -116,8 +123,8 @@ TEST_MPI(pipeline_denoise_golden_f32) {
         CHECK(rc == 0, "denoise: %s", tp_error_msg());
         CHECK(log.calls == g.steps, "callback ran %d times for %lld steps", log.calls, (long long)g.steps);
         double e0 = rel_l2(log.v0, g.noise0, n), e = rel_l2(out, g.final, n);
-        CHECK(e0 <= 1e-4, "noise_pred_step0 rel_err %.3g", e0);
-        CHECK(e <= 1e-4, "final_packed_latents rel_err %.3g", e);
+        CHECK(e0 <= tol, "noise_pred_step0 rel_err %.3g > %.3g", e0, tol);
+        CHECK(e <= tol, "final_packed_latents rel_err %.3g > %.3g", e, tol);
         free(out), free(log.v0);
     }
     flux2_free(m);
@@ -213,4 +220,123 @@ TEST(pipeline_rejects_bad_params) {
     free_golden(&g);
     comm_destroy(c);
     backend_destroy(be);
+}
+
+/* klein-tiny (no guidance embedder, 32 padded text tokens): the diffusers
+ * Flux2KleinPipeline loop, with its per-step latents, from the packed
+ * initial noise and the schedule of core/schedule.c. */
+typedef struct klein_log { const float *want[4]; double worst; int calls; float *v0; } klein_log;
+
+static int klein_step(int step, int steps, double sec, const float *v, const float *x, void *ctx) {
+    klein_log *l = ctx;
+    if (step == 0) memcpy(l->v0, v, sizeof(float) * 24 * 32);
+    if (step < 3) {
+        double e = rel_l2(x, l->want[step], 24 * 32);
+        if (!(e <= l->worst)) l->worst = e;
+    }
+    l->calls++;
+    return 0;
+}
+
+static int32_t *ids_of(const st_file *f, const char *name, int64_t n) {
+    int64_t *v;
+    const st_tensor_info *info;
+    if (st_read_i64(f, name, &v, &info)) return NULL;
+    if (st_numel(info) != n * 4) { free(v); return NULL; }
+    int32_t *r = malloc((size_t)n * 16);
+    for (int64_t i = 0; i < n * 4; i++) r[i] = (int32_t)v[i];
+    free(v);
+    return r;
+}
+
+TEST_MPI(pipeline_klein_tiny_loop_f32) {
+    char path[1024], key[64];
+    snprintf(path, sizeof path, "%s/klein-tiny/e2e.safetensors", test_golden_dir());
+    st_file *f = NULL;
+    int ok = st_open(path, &f) == 0;
+    CHECK(ok, "%s", tp_error_msg());
+    backend *be = backend_cpu_create(1);
+    comm *c = comm_create_mpi(MPI_COMM_WORLD, be);
+    flux2_model *m = NULL;
+    snprintf(path, sizeof path, "%s/klein-tiny/model/transformer", test_golden_dir());
+    if (ok && flux2_load(path, be, c, DT_F32, &m, NULL)) test_fail(__FILE__, __LINE__, "load: %s", tp_error_msg());
+    float sigmas[5], ts[4];
+    if (all_ok(m != NULL && schedule_flux2(24, 4, sigmas, ts) == 0)) {
+        for (int k = 0; k < 2; k++) {
+            float *init = NULL, *emb = NULL, *v0 = NULL, *fin = NULL, *gts = NULL, *steps[3] = {0};
+            int32_t *img = NULL, *txt = NULL;
+#define K(s) (snprintf(key, sizeof key, "case%d.%s", k, s), key)
+            int rd = st_read_f32(f, K("initial_latents"), &init, NULL) || st_read_f32(f, K("prompt_embeds"), &emb, NULL) ||
+                     st_read_f32(f, K("noise_pred_step0"), &v0, NULL) || st_read_f32(f, K("final_packed_latents"), &fin, NULL) ||
+                     st_read_f32(f, K("timesteps"), &gts, NULL) || st_read_f32(f, K("latents_step0"), &steps[0], NULL) ||
+                     st_read_f32(f, K("latents_step1"), &steps[1], NULL) || st_read_f32(f, K("latents_step2"), &steps[2], NULL) ||
+                     !(img = ids_of(f, K("latent_ids"), 24)) || !(txt = ids_of(f, K("text_ids"), 32));
+#undef K
+            CHECK(!rd, "case%d: %s", k, tp_error_msg());
+            if (!all_ok(!rd)) break;
+            /* this file stores the timesteps as the model receives them (t / 1000) */
+            int ts_ok = 1;
+            for (int i = 0; i < 4; i++) ts_ok &= fabsf(ts[i] / 1000.0f - gts[i]) <= 1e-6f;
+            CHECK(ts_ok, "case%d: schedule timesteps differ from the pipeline's", k);
+            /* pack [C, h, w] -> [h*w, C] */
+            float packed[24 * 32], out[24 * 32];
+            for (int ch = 0; ch < 32; ch++)
+                for (int t = 0; t < 24; t++) packed[t * 32 + ch] = init[ch * 24 + t];
+            klein_log log = {{steps[0], steps[1], steps[2]}, 0, 0, malloc(sizeof(float) * 24 * 32)};
+            denoise_params p = {.latents = packed, .N = 24, .img_ids = img, .prompt_embeds = emb, .L = 32,
+                                .txt_ids = txt, .sigmas = sigmas, .steps = 4, .on_step = klein_step, .ctx = &log};
+            int rc = flux2_denoise(m, &p, out);
+            CHECK(rc == 0 && log.calls == 4, "case%d denoise: %s", k, tp_error_msg());
+            double e0 = rel_l2(log.v0, v0, 24 * 32), ef = rel_l2(out, fin, 24 * 32);
+            CHECK(e0 <= 1e-4 && log.worst <= 1e-4 && ef <= 1e-4,
+                  "case%d: noise_pred_step0 %.3g, steps 0-2 worst %.3g, final %.3g (tol 1e-4)", k, e0, log.worst, ef);
+            free(log.v0), free(init), free(emb), free(v0), free(fin), free(gts), free(img), free(txt);
+            for (int i = 0; i < 3; i++) free(steps[i]);
+        }
+    }
+    flux2_free(m);
+    if (f) st_close(f);
+    comm_destroy(c);
+    backend_destroy(be);
+}
+
+/* Reference-image tokens: one step with R extra tokens (ids T = 10) equals
+ * x + dt · forward([x; ref])[:N], the forward run here directly. */
+TEST_MPI(pipeline_reference_tokens_step) {
+    denoise_golden g;
+    int ok = read_golden(&g) == 0;
+    backend *be = backend_cpu_create(1);
+    comm *c = comm_create_mpi(MPI_COMM_WORLD, be);
+    flux2_model *m = ok ? load_tiny(be, c, DT_F32) : NULL;
+    if (all_ok(m != NULL)) {
+        int64_t R = 6, N = g.N, rows = N + R;
+        float *ref = malloc((size_t)(R * 32) * 4), *xin = malloc((size_t)(rows * 32) * 4);
+        float *vfull = malloc((size_t)(rows * 32) * 4), *out = malloc((size_t)(N * 32) * 4);
+        int32_t *rid = malloc((size_t)R * 16), *ids = malloc((size_t)rows * 16);
+        flux2_image_ids(2, 3, 10, rid);
+        for (int64_t i = 0; i < R * 32; i++) ref[i] = g.latents[(i * 7) % (N * 32)] * 0.5f;
+        memcpy(xin, g.latents, (size_t)(N * 32) * 4);
+        memcpy(xin + N * 32, ref, (size_t)(R * 32) * 4);
+        memcpy(ids, g.img_ids, (size_t)N * 16);
+        memcpy(ids + N * 4, rid, (size_t)R * 16);
+        for (int64_t i = 0; i < N * 32; i++) out[i] = NAN;
+        denoise_params p = params_of(&g);
+        p.steps = 1, p.ref_tokens = ref, p.R = R, p.ref_ids = rid;
+        float tin = (g.sigmas[0] * 1000.0f) / 1000.0f;
+        int rc = flux2_forward(m, xin, rows, ids, g.embeds, g.L, g.txt_ids, tin, g.guidance, vfull);
+        rc |= flux2_denoise(m, &p, out);
+        CHECK(rc == 0, "forward/denoise: %s", tp_error_msg());
+        float dt = g.sigmas[1] - g.sigmas[0];
+        double worst = 0;
+        for (int64_t i = 0; i < N * 32; i++) {
+            double d = fabs(out[i] - (g.latents[i] + dt * vfull[i]));
+            worst = d == d ? fmax(worst, d) : INFINITY;
+        }
+        CHECK(worst <= 1e-6, "reference-token step differs by %.3g", worst);
+        free(ref), free(xin), free(vfull), free(out), free(rid), free(ids);
+    }
+    flux2_free(m);
+    comm_destroy(c);
+    backend_destroy(be);
+    if (ok) free_golden(&g);
 }

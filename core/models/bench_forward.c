@@ -196,7 +196,10 @@ static int allreduce_pattern(const dist *d, backend *be, comm *c, dtype_t dt, in
 static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dtype_t prec) {
     flux2_config cfg = klein4b_widths(o);
     flux2_model *m;
+    size_t before = be->bytes_in_use;
+    be->peak_bytes = be->bytes_in_use;
     if (dist_agree(d->tp_comm, flux2_init_random(&cfg, be, c, prec, 1234, &m))) return -1;
+    double weights_mb = (double)(be->bytes_in_use - before) / 1e6;
     flux2_set_profiling(m, 1);
     bench_inputs in;
     inputs_make(o, &in);
@@ -206,8 +209,13 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
     for (int fused = 1; fused >= (d->tp > 1 ? 0 : 1) && !rc; fused--) {
         flux2_set_fused_allreduce(m, fused);
         rc = timed_forwards(o, d, m, &in, fused ? &shapes : NULL, &s);
-        if (!rc) report(d, prec, fused, &s, fused ? &shapes : NULL);
+        /* the sgemm baseline is host OpenBLAS: meaningful for the CPU backend only */
+        if (!rc) report(d, prec, fused, &s, fused && be->kind == BACKEND_CPU ? &shapes : NULL);
     }
+    double mem[2] = {weights_mb, (double)(be->peak_bytes - before) / 1e6}, mx[2];
+    MPI_Reduce(mem, mx, 2, MPI_DOUBLE, MPI_MAX, 0, d->tp_comm);
+    if (!rc && d->tp_rank == 0)
+        printf("     memory per rank (largest): weights %.0f MB, peak with activations %.0f MB\n", mx[0], mx[1]);
     double fu, un;
     if (!rc && d->tp > 1 && !allreduce_pattern(d, be, c, prec, in.N, in.L, cfg.D, &fu, &un) && d->tp_rank == 0)
         printf("     all-reduce of one sub-layer's partials alone (best of 10): fused %.3f ms (1 call, [%lld, %lld]) "

@@ -39,7 +39,7 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
         if (!t) return NULL;
         m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *m->owned);
         m->owned[m->n_owned++] = t;
-        int is_norm = strstr(name, "norm_") != NULL;
+        int is_norm = grows == 1;   /* the QK-RMSNorm weights [hd]: around 1 */
         uint64_t h = b->seed * 0x9E3779B97F4A7C15ull + (uint64_t)m->rank * 0x632BE59BD9B4E019ull;
         for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001B3ull;
         fill_random(t, h, is_norm ? 0.1f : sqrtf(3.0f / (float)gcols), is_norm ? 1.0f : 0.0f);

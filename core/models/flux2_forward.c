@@ -82,13 +82,15 @@ void flux2_release_caches(flux2_model *m) {
     m->ws = NULL;
     for (int i = 0; i < FLUX2_TXT_CACHE; i++) {
         tensor_free(m->txt_cache[i].proj);
+        free(m->txt_cache[i].embeds);
         memset(&m->txt_cache[i], 0, sizeof m->txt_cache[i]);
     }
     tensor_free(m->rope_cos);
     tensor_free(m->rope_sin);
     m->rope_cos = m->rope_sin = NULL;
-    m->rope_key = 0;
-    m->rope_rows = 0;
+    free(m->rope_ids);
+    m->rope_ids = NULL;
+    m->rope_rows = m->rope_L = 0;
 }
 
 /* ---- cached inputs ---- */
@@ -108,12 +110,13 @@ static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
 
 /* The context projection txt·Wᵀ [L, D], computed once per prompt. */
 static const tensor *text_projection(flux2_model *m, const float *txt, int64_t L) {
-    uint64_t key = hash_bytes(0xcbf29ce484222325ull ^ (uint64_t)L, txt, (size_t)(L * m->cfg.joint_dim) * sizeof(float));
+    size_t bytes = (size_t)(L * m->cfg.joint_dim) * sizeof(float);
+    uint64_t key = hash_bytes(0xcbf29ce484222325ull ^ (uint64_t)L, txt, bytes);
     flux2_txt_cache *slot = NULL;
     m->use_clock++;
     for (int i = 0; i < FLUX2_TXT_CACHE; i++) {
         flux2_txt_cache *e = &m->txt_cache[i];
-        if (e->proj && e->key == key && e->L == L) {
+        if (e->proj && e->key == key && e->L == L && !memcmp(e->embeds, txt, bytes)) {
             e->last_use = m->use_clock;
             m->stats.txt_cache_hits++;
             return e->proj;
@@ -123,6 +126,7 @@ static const tensor *text_projection(flux2_model *m, const float *txt, int64_t L
     }
     m->stats.txt_cache_misses++;
     tensor_free(slot->proj);
+    free(slot->embeds);
     memset(slot, 0, sizeof *slot);
     tensor *in = tensor_new(m->be, m->act, L, m->cfg.joint_dim);
     tensor *proj = in ? tensor_new(m->be, m->act, L, m->cfg.D) : NULL;
@@ -134,31 +138,40 @@ static const tensor *text_projection(flux2_model *m, const float *txt, int64_t L
     flux2_gemm(m, proj, in, m->ctx_emb);
     be_sync(m->be);
     tensor_free(in);
-    *slot = (flux2_txt_cache){.key = key, .L = L, .proj = proj, .last_use = m->use_clock};
+    float *copy = xmalloc(bytes);
+    memcpy(copy, txt, bytes);
+    *slot = (flux2_txt_cache){.key = key, .L = L, .embeds = copy, .proj = proj, .last_use = m->use_clock};
     return proj;
 }
 
-/* RoPE tables [S, hd] for the joint sequence (text ids, then image ids). */
+/* RoPE tables [S, hd] for the joint sequence (text ids, then image ids),
+ * rebuilt only when the ids change (they do not across denoising steps). */
 static int rope_tables(flux2_model *m, const int32_t *txt_ids, int64_t L, const int32_t *img_ids, int64_t N) {
-    uint64_t key = hash_bytes(0x84222325cbf29ce4ull ^ (uint64_t)L, txt_ids, (size_t)L * 4 * sizeof(int32_t));
-    key = hash_bytes(key ^ (uint64_t)N, img_ids, (size_t)N * 4 * sizeof(int32_t));
     int64_t S = L + N, hd = m->cfg.head_dim;
-    if (m->rope_cos && m->rope_key == key && m->rope_rows == S) return 0;
+    if (m->rope_cos && m->rope_rows == S && m->rope_L == L && !memcmp(m->rope_ids, txt_ids, (size_t)L * 16) &&
+        !memcmp(m->rope_ids + L * 4, img_ids, (size_t)N * 16))
+        return 0;
     tensor_free(m->rope_cos);
     tensor_free(m->rope_sin);
+    m->rope_rows = m->rope_L = 0;
     m->rope_cos = tensor_new(m->be, DT_F32, S, hd);
     m->rope_sin = m->rope_cos ? tensor_new(m->be, DT_F32, S, hd) : NULL;
-    if (!m->rope_sin) return -1;
     float *c = xmalloc((size_t)(S * hd) * sizeof *c), *s = xmalloc((size_t)(S * hd) * sizeof *s);
     flux2_rope_table(&m->cfg, txt_ids, L, c, s);
     flux2_rope_table(&m->cfg, img_ids, N, c + L * hd, s + L * hd);
-    int rc = tensor_upload_f32(m->rope_cos, c) || tensor_upload_f32(m->rope_sin, s);
-    be_sync(m->be);
+    int rc = !m->rope_sin || tensor_upload_f32(m->rope_cos, c) || tensor_upload_f32(m->rope_sin, s) || be_sync(m->be);
     free(c);
     free(s);
-    m->rope_key = key;
-    m->rope_rows = S;
-    return rc ? -1 : 0;
+    if (rc) {
+        tensor_free(m->rope_cos), tensor_free(m->rope_sin);
+        m->rope_cos = m->rope_sin = NULL;
+        return -1;
+    }
+    m->rope_rows = S, m->rope_L = L;
+    m->rope_ids = xrealloc(m->rope_ids, (size_t)S * 16);
+    memcpy(m->rope_ids, txt_ids, (size_t)L * 16);
+    memcpy(m->rope_ids + L * 4, img_ids, (size_t)N * 16);
+    return 0;
 }
 
 /* ---- embeddings and modulation ---- */

@@ -22,8 +22,9 @@ typedef struct flux2_single_w {
 
 /* The context projection of one prompt, kept across denoising steps. */
 typedef struct flux2_txt_cache {
-    uint64_t key;              /* hash of (L, embeddings) */
+    uint64_t key;              /* hash of (L, embeddings): a quick filter */
     int64_t L;
+    float *embeds;             /* host copy [L, Jt]: a hit needs equal bytes */
     tensor *proj;              /* [L, D] in the activation dtype */
     long last_use;
 } flux2_txt_cache;
@@ -52,8 +53,8 @@ struct flux2_model {
     flux2_txt_cache txt_cache[FLUX2_TXT_CACHE];
     long use_clock;
     /* RoPE tables of the last id set (usually constant across steps) */
-    uint64_t rope_key;
-    int64_t rope_rows;
+    int64_t rope_rows, rope_L;
+    int32_t *rope_ids;         /* [rope_rows, 4]: text ids, then image ids */
     tensor *rope_cos, *rope_sin;
 
     /* optional: called with (rows, out, in) of every GEMM (benchmarks) */

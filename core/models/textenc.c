@@ -136,16 +136,6 @@ void textenc_free(textenc *t) {
     free(t);
 }
 
-int textenc_plan(const json_t *config, const checkpoint *ck, int tp, plan *out) {
-    static llm_plan storage;
-    llm_config cfg;
-    int rc = llm_config_parse(config, "text_encoder/config.json", &cfg);
-    if (!rc) rc = llm_config_resolve_prefix(&cfg, ck);
-    if (!rc) rc = llm_plan_build(&cfg, tp, &storage);
-    if (!rc) *out = storage.p;
-    return rc;
-}
-
 /* ---- make-tiny ---- */
 
 /* The Qwen3 tokenizer files ship in tests/data/qwen3-tokenizer/ of the

@@ -50,12 +50,6 @@ const char *textenc_kind(const textenc *t);/* "qwen3" or "mistral" */
 uint64_t textenc_bytes(const textenc *t);  /* backend bytes held by this rank's weights */
 void textenc_free(textenc *t);             /* NULL ok; returns all backend memory */
 
-/* The text encoder's TP plan at degree tp for `tpgen inspect` (the prefix
- * comes from the checkpoint, the KV/vocabulary rules from tp; see
- * core/models/llm.h). `out` points into storage owned by this function
- * and stays valid until the next call. */
-int textenc_plan(const json_t *config, const checkpoint *ck, int tp, plan *out);
-
 /* Write a tiny random Qwen3 text encoder into <model_dir>/text_encoder
  * (config.json + model.safetensors, BF16; the shape of golden/klein-tiny:
  * 28 layers, 4/2 heads of 8, the real 151936-token vocabulary, so klein's

@@ -107,7 +107,11 @@ static void *device_alloc(backend *be, size_t bytes) {
     }
     if (e != cudaSuccess) {
         cudaGetLastError();
-        if (e == cudaErrorMemoryAllocation) oom_error(be, bytes);
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        cudaGetLastError();
+        /* some drivers answer "invalid argument" to sizes beyond the device */
+        if (e == cudaErrorMemoryAllocation || bytes > free_b) oom_error(be, bytes);
         else tp_error("CUDA allocation of %zu bytes on device %d failed: %s", bytes, be->device, cudaGetErrorString(e));
         return NULL;
     }

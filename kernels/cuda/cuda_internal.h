@@ -11,8 +11,8 @@ extern "C" {
 #include "../ops.h"
 
 /* Number of pinned staging buffers for host->device uploads, and their size:
- * while one buffer's DMA runs the CPU fills the next. 2 x 32 MB of pinned
- * memory keeps the host footprint far below the 512 MB-per-rank budget. */
+ * while one buffer's DMA runs the CPU fills the next. 3 x 32 MB of pinned
+ * memory keeps the host footprint bounded whatever the model size. */
 #define CUDA_STAGING_BUFFERS 3
 #define CUDA_STAGING_BYTES ((size_t)32 << 20)
 

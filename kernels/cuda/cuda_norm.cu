@@ -1,7 +1,8 @@
 /* Normalisation kernels: LayerNorm + modulation (one block per row),
- * grouped RMSNorm (one warp per group), GroupNorm (double-precision
- * statistics in a first pass, normalise + affine + optional SiLU in a
- * second). Statistics are fp32 (GroupNorm: double) whatever the dtype. */
+ * grouped RMSNorm (one warp per group), GroupNorm (statistics in a first
+ * pass, normalise + affine + optional SiLU in a second). Statistics are
+ * accumulated in double whatever the dtype, like the CPU twin; the
+ * normalisation itself is fp32. */
 #include "cuda_dtype.cuh"
 
 static const int k_ln_threads = 256;

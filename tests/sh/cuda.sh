@@ -53,6 +53,13 @@ else
         [ -e "$TMP/e.safetensors" ] && fail "cuda: a failed encode left a file behind"
         ran=1
     fi
+    if available decode; then
+        per_rank "cuda: decode --backend cuda fails cleanly on every rank" "$TPGEN" decode --model "$TPGEN_GOLDEN/vae-tiny/model" \
+            --latents "$TPGEN_GOLDEN/vae-tiny/vae_cases.safetensors:case0.packed_latents" --height 48 --width 80 \
+            --backend cuda --output "$TMP/d.png"
+        [ -e "$TMP/d.png" ] && fail "cuda: a failed decode left an image behind"
+        ran=1
+    fi
 fi
 if [ $ran -eq 0 ]; then
     # no command with --backend in this build yet: the same property through the test binary

@@ -59,6 +59,17 @@ check_shape() { # NAME H L S JT GUIDANCE SHARDS GB1 GB2 GB4 GB8
 check_shape dev 48 8 48 15360 1 7 64.45 33.04 17.34 9.48
 check_shape klein-4b 24 5 20 7680 0 1 7.75 4.07 2.23 1.31
 
+# ---- bench load stays usable: a small random checkpoint, 2 ranks, bytes read = each rank's share ----
+"$TPGEN" bench load --make "$TMP/small" --shape small --shards 2 >/dev/null \
+    && $MPIRUN -np 2 "$TPGEN" bench load --model "$TMP/small" --json >"$TMP/bl.json" 2>"$TMP/bl.err"; rc=$?
+rd=$(json_field "$TMP/bl.json" bytes_read | sort -u); wb=$(json_field "$TMP/bl.json" weight_bytes | sort -u)
+"$TPGEN" inspect --model "$TMP/small" --tp 2 --json >"$TMP/bl-inspect.json" 2>/dev/null
+want=$(json_field "$TMP/bl-inspect.json" weight_bytes | sort -u)
+if [ $rc -eq 0 ] && [ -n "$rd" ] && [ "$(echo "$rd" | wc -l)" -eq 1 ] && awk -v a="$rd" -v b="$wb" -v c="$want" 'BEGIN { exit !(a == b && a == c) }'; then
+    ok "bench_load_reads_rank_share"
+else fail "bench_load_reads_rank_share: rc $rc read '$rd' held '$wb' inspect '$want' $(head -c 200 "$TMP/bl.err")"; fi
+rm -rf "$TMP/small"
+
 # ---- the golden tiny model ----
 out=$("$TPGEN" inspect --model "$GOLD" --tp 2)
 if [ $? -eq 0 ] && echo "$out" | grep -qE 'to_qkv_mlp_proj.weight +packed_colwise\(D,D,D,M,M\) +\[1152, 128\] +\[576, 128\]' \
