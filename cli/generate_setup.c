@@ -88,6 +88,8 @@ static int read_model(gen_setup *g, const char *root) {
 }
 
 static void apply_defaults(gen_setup *g, run_spec *s) {
+    if (g->family == FAMILY_KLEIN_DISTILLED && s->guidance >= 0 && g->d->world_rank == 0)
+        fprintf(stderr, "tpgen: note: %s is a guidance-distilled model; --guidance %g is ignored\n", s->model, s->guidance);
     if (!s->steps) s->steps = g->family == FAMILY_KLEIN_DISTILLED ? 4 : 50;
     if (s->guidance < 0) s->guidance = g->family == FAMILY_KLEIN_DISTILLED ? 1.0 : 4.0;
     if (!s->width) s->width = 1024;

@@ -35,7 +35,7 @@ PY
 prompt_of() { python3 -c "import json,sys; print(json.load(open('$G/e2e.json'))['cases'][$1]['prompt'])"; }
 
 if ! command -v python3 >/dev/null; then
-    ok "encode: golden comparisons skipped (no python3 to read the files)"
+    fail "encode: python3 is needed to read the golden files (scripts/install-deps.sh installs it)"
 else
     for c in 0 1 2; do
         p=$(prompt_of $c)

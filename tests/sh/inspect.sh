@@ -159,5 +159,5 @@ if [ -x "$ASAN/tpgen" ] && [ -x "$ASAN/tpgen_tests" ]; then
         ok "asan_unit_bad_tests ($n passed)"
     else fail "asan_unit_bad_tests: rc $rc: $(echo "$out" | grep -E 'FAIL|ERROR|runtime error' | head -3)"; fi
 else
-    echo "# build-asan not found: sanitizer runs skipped (make asan)"
+    fail "sanitizer runs: build-asan/ not found (the test command 'make test' builds it; or run 'make asan')"
 fi
