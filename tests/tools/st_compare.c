@@ -71,7 +71,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     f32_tensor t[2] = {0};
-    if (read_f32(argv[1], argv[3], &t[0]) || read_f32(argv[2], argv[3], &t[1])) return 2;
+    if (read_f32(argv[1], argv[3], &t[0]) || read_f32(argv[2], argv[3], &t[1])) {
+        free(t[0].v), free(t[1].v);
+        return 2;
+    }
     int rc = 0;
     if (t[0].ndim != t[1].ndim || memcmp(t[0].shape, t[1].shape, sizeof t[0].shape)) {
         printf("shapes differ (%d vs %d dims, %zu vs %zu values)\n", t[0].ndim, t[1].ndim, t[0].n, t[1].n);
