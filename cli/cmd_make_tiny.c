@@ -1,8 +1,13 @@
-/* `tpgen make-tiny --out DIR [--seed S]`: a tiny random FLUX.2-klein-style
- * pipeline folder in the diffusers layout, for the demo, the tests and bug
- * reports: model_index.json, scheduler/, transformer/ (config.json + BF16
+/* `tpgen make-tiny --out DIR [--seed S] [--family klein|dev]`: a tiny random
+ * FLUX.2-klein-style (default) or FLUX.2-dev-style pipeline folder in the
+ * diffusers layout, for the demo, the tests and bug reports:
+ * model_index.json, scheduler/, transformer/ (config.json + BF16
  * safetensors), and, when those components are linked in, vae/ and
- * text_encoder/ + tokenizer/ (their writers are weak hooks). Also
+ * text_encoder/ + tokenizer/ (their writers are weak hooks). The dev folder
+ * differs in three places, as the real ones do: the transformer has a
+ * guidance embedder (guidance_embeds true), the text encoder is a Mistral3
+ * (31 layers, mini Tekken tokenizer) instead of a Qwen3, and
+ * model_index.json names Flux2Pipeline without is_distilled. Also
  * DIR/prompt_embeds.safetensors: random prompt embeddings, so that the
  * folder can be rendered with --prompt-embeds even without a text encoder.
  * The weights are random: images show structured noise, not pictures. */
@@ -21,6 +26,7 @@
 
 int vae_write_tiny(const char *vae_dir, unsigned seed) __attribute__((weak));
 int textenc_write_tiny(const char *model_dir, unsigned seed) __attribute__((weak));
+int textenc_write_tiny_mistral(const char *model_dir, unsigned seed) __attribute__((weak));
 #pragma weak st_write
 
 /* the tiny transformer: D = 4 x 32, M = 3D, text width 96 = 3 x 32 (the
@@ -57,7 +63,10 @@ static void add(tensor_list *l, tp_rng *g, const char *name, int64_t rows, int64
     l->n++;
 }
 
-static void build_transformer(tensor_list *l, tp_rng *g) {
+/* guidance: FLUX.2-dev's guidance embedder (same shapes as the timestep
+ * embedder), written after every other tensor so that the klein tensors of a
+ * seed stay the same in both families */
+static void build_transformer(tensor_list *l, tp_rng *g, int guidance) {
     const int D = T_D, M = T_M;
     add(l, g, "x_embedder.weight", D, T_IN, 0);
     add(l, g, "context_embedder.weight", D, T_JT, 0);
@@ -99,6 +108,10 @@ static void build_transformer(tensor_list *l, tp_rng *g) {
         snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k.weight", j);
         add(l, g, nm, 0, T_HD, 1);
     }
+    if (guidance) {
+        add(l, g, "time_guidance_embed.guidance_embedder.linear_1.weight", D, T_CT, 0);
+        add(l, g, "time_guidance_embed.guidance_embedder.linear_2.weight", D, D, 0);
+    }
 }
 
 static void free_list(tensor_list *l) {
@@ -120,13 +133,13 @@ static int write_json(const char *path, json_t *j) {
     return rc ? tp_error("cannot write %s", path) : 0;
 }
 
-static json_t *transformer_config(void) {
+static json_t *transformer_config(int guidance) {
     return json_pack("{s:s, s:s, s:i, s:i, s:n, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:[i,i,i,i], s:i, s:f, s:b}",
                      "_class_name", "Flux2Transformer2DModel", "_diffusers_version", "0.40.0",
                      "patch_size", 1, "in_channels", T_IN, "out_channels", "num_layers", T_DOUBLE,
                      "num_single_layers", T_SINGLE, "attention_head_dim", T_HD, "num_attention_heads", T_HEADS,
                      "joint_attention_dim", T_JT, "timestep_guidance_channels", T_CT, "mlp_ratio", 3.0,
-                     "axes_dims_rope", 8, 8, 8, 8, "rope_theta", 2000, "eps", 1e-6, "guidance_embeds", 0);
+                     "axes_dims_rope", 8, 8, 8, 8, "rope_theta", 2000, "eps", 1e-6, "guidance_embeds", guidance);
 }
 
 static json_t *scheduler_config(void) {
@@ -150,23 +163,38 @@ static int write_embeds(const char *dir, tp_rng *g) {
     return rc;
 }
 
-static int make_tiny(const char *dir, unsigned seed) {
-    if (!st_write) return tp_error("the safetensors writer (core/safetensors.c) is not in this build");
-    if (make_dir(dir)) return -1;
+/* What differs between the two families of tiny folders. */
+typedef struct tiny_family {
+    const char *name;            /* --family value */
+    const char *title;           /* for the summary line */
+    const char *pipeline_class;  /* model_index.json _class_name */
+    int distilled;               /* model_index.json is_distilled: true (klein) or absent (dev) */
+    int guidance_embeds;         /* the transformer embeds the guidance scale (dev) */
+    int (*write_text_encoder)(const char *model_dir, unsigned seed);
+    const char *te_class, *tok_class;
+} tiny_family;
+
+static tiny_family family_by_name(const char *name) {
+    if (!strcmp(name, "dev"))
+        return (tiny_family){"dev", "FLUX.2-dev", "Flux2Pipeline", 0, 1, textenc_write_tiny_mistral,
+                             "Mistral3ForConditionalGeneration", "PixtralProcessor"};
+    return (tiny_family){"klein", "FLUX.2-klein", "Flux2KleinPipeline", 1, 0, textenc_write_tiny,
+                         "Qwen3ForCausalLM", "Qwen2TokenizerFast"};
+}
+
+static int write_transformer_and_scheduler(const char *dir, const tiny_family *fam, tp_rng *g) {
     char *sub = xasprintf("%s/transformer", dir), *sched = xasprintf("%s/scheduler", dir);
     int rc = make_dir(sub) || make_dir(sched);
-    tp_rng g;
-    rng_seed(&g, seed);
     tensor_list l = {.n = 0};
     if (!rc) {
-        build_transformer(&l, &g);
+        build_transformer(&l, g, fam->guidance_embeds);
         char *p = xasprintf("%s/diffusion_pytorch_model.safetensors", sub);
         rc = st_write(p, l.t, l.n, NULL);
         free(p);
     }
     if (!rc) {
         char *p = xasprintf("%s/config.json", sub);
-        rc = write_json(p, transformer_config());
+        rc = write_json(p, transformer_config(fam->guidance_embeds));
         free(p);
     }
     if (!rc) {
@@ -177,50 +205,75 @@ static int make_tiny(const char *dir, unsigned seed) {
     free_list(&l);
     free(sub);
     free(sched);
-    if (!rc) rc = write_embeds(dir, &g);
-    int have_vae = 0, have_te = 0;
-    if (!rc && vae_write_tiny) {
-        char *v = xasprintf("%s/vae", dir);
-        rc = vae_write_tiny(v, seed + 1);
-        free(v);
-        have_vae = !rc;
-    }
-    if (!rc && textenc_write_tiny) {
-        rc = textenc_write_tiny(dir, seed + 2);
-        have_te = !rc;
-    }
-    if (rc) return -1;
-    json_t *idx = json_pack("{s:s, s:s, s:b, s:[s,s], s:[s,s]}", "_class_name", "Flux2KleinPipeline",
-                            "_diffusers_version", "0.40.0", "is_distilled", 1, "scheduler", "diffusers",
-                            "FlowMatchEulerDiscreteScheduler", "transformer", "diffusers", "Flux2Transformer2DModel");
+    return rc ? -1 : 0;
+}
+
+static int write_model_index(const char *dir, const tiny_family *fam, int have_vae, int have_te) {
+    json_t *idx = json_pack("{s:s, s:s}", "_class_name", fam->pipeline_class, "_diffusers_version", "0.40.0");
+    if (fam->distilled) json_object_set_new(idx, "is_distilled", json_true());
+    json_object_set_new(idx, "scheduler", json_pack("[s,s]", "diffusers", "FlowMatchEulerDiscreteScheduler"));
+    json_object_set_new(idx, "transformer", json_pack("[s,s]", "diffusers", "Flux2Transformer2DModel"));
     if (have_vae) json_object_set_new(idx, "vae", json_pack("[s,s]", "diffusers", "AutoencoderKLFlux2"));
     if (have_te) {
-        json_object_set_new(idx, "text_encoder", json_pack("[s,s]", "transformers", "Qwen3ForCausalLM"));
-        json_object_set_new(idx, "tokenizer", json_pack("[s,s]", "transformers", "Qwen2TokenizerFast"));
+        json_object_set_new(idx, "text_encoder", json_pack("[s,s]", "transformers", fam->te_class));
+        json_object_set_new(idx, "tokenizer", json_pack("[s,s]", "transformers", fam->tok_class));
     }
     char *p = xasprintf("%s/model_index.json", dir);
-    rc = write_json(p, idx);
+    int rc = write_json(p, idx);
     free(p);
-    if (rc) return -1;
-    printf("wrote a tiny random FLUX.2-klein pipeline to %s: transformer (%d double + %d single blocks, "
-           "D %d)%s%s, and prompt_embeds.safetensors [1, %d, %d]\n", dir, T_DOUBLE, T_SINGLE, T_D,
-           have_vae ? ", vae" : " (no VAE in this build)", have_te ? ", text encoder + tokenizer" : " (no text encoder in this build)",
+    return rc;
+}
+
+static int make_tiny(const char *dir, unsigned seed, const tiny_family *fam) {
+    if (!st_write) return tp_error("the safetensors writer (core/safetensors.c) is not in this build");
+    if (make_dir(dir)) return -1;
+    tp_rng g;
+    rng_seed(&g, seed);
+    if (write_transformer_and_scheduler(dir, fam, &g) || write_embeds(dir, &g)) return -1;
+    int have_vae = 0, have_te = 0;
+    if (vae_write_tiny) {
+        char *v = xasprintf("%s/vae", dir);
+        int rc = vae_write_tiny(v, seed + 1);
+        free(v);
+        if (rc) return -1;
+        have_vae = 1;
+    }
+    if (fam->write_text_encoder) {
+        if (fam->write_text_encoder(dir, seed + 2)) return -1;
+        have_te = 1;
+    }
+    if (write_model_index(dir, fam, have_vae, have_te)) return -1;
+    printf("wrote a tiny random %s pipeline to %s: transformer (%d double + %d single blocks, D %d%s)%s%s, and "
+           "prompt_embeds.safetensors [1, %d, %d]\n", fam->title, dir, T_DOUBLE, T_SINGLE, T_D,
+           fam->guidance_embeds ? ", guidance embeds" : "", have_vae ? ", vae" : " (no VAE in this build)",
+           have_te ? (fam->guidance_embeds ? ", Mistral3 text encoder + Tekken tokenizer"
+                                           : ", Qwen3 text encoder + tokenizer")
+                   : " (no text encoder in this build)",
            T_EMBED_LEN, T_JT);
     return 0;
 }
 
 int cmd_make_tiny(int argc, char **argv) {
-    const char *out = NULL;
+    const char *out = NULL, *family = "klein";
     unsigned long seed = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: tpgen make-tiny --out DIR [--seed S]\n\n"
-                   "Write a tiny random FLUX.2-klein pipeline folder (diffusers layout) to DIR:\n"
+            printf("usage: tpgen make-tiny --out DIR [--seed S] [--family klein|dev]\n\n"
+                   "Write a tiny random FLUX.2 pipeline folder (diffusers layout) to DIR:\n"
                    "transformer/, scheduler/, model_index.json, prompt_embeds.safetensors (random),\n"
-                   "and vae/, text_encoder/, tokenizer/ when this build has them. Same seed, same files.\n");
+                   "and vae/, text_encoder/, tokenizer/ when this build has them. Same seed, same files.\n\n"
+                   "  --family klein   FLUX.2-klein (distilled, default): Qwen3 text encoder, no guidance input\n"
+                   "  --family dev     FLUX.2-dev: transformer with guidance embeds, Mistral3 text encoder\n"
+                   "                   (31 layers) with a mini Tekken tokenizer\n");
             return 0;
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
+        } else if (!strcmp(argv[i], "--family") && i + 1 < argc) {
+            family = argv[++i];
+            if (strcmp(family, "klein") && strcmp(family, "dev")) {
+                fprintf(stderr, "tpgen: error: --family: expected klein or dev, got '%s'\n", family);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
             char *end;
             errno = 0;
@@ -238,7 +291,8 @@ int cmd_make_tiny(int argc, char **argv) {
         fprintf(stderr, "tpgen: error: make-tiny needs --out DIR\n");
         return 2;
     }
-    if (make_tiny(out, (unsigned)seed)) {
+    tiny_family fam = family_by_name(family);
+    if (make_tiny(out, (unsigned)seed, &fam)) {
         fprintf(stderr, "tpgen: error: make-tiny: %s\n", tp_error_msg());
         return 1;
     }

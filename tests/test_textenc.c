@@ -185,35 +185,15 @@ TEST(textenc_bad_too_few_layers) {
 
 /* ---- the FLUX.2-dev path end to end on a tiny random Mistral ---- */
 
-static int copy_to(const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb"), *out = in ? fopen(dst, "wb") : NULL;
-    char buf[1 << 16];
-    size_t k;
-    while (out && (k = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, k, out);
-    if (in) fclose(in);
-    return out && !fclose(out) ? 0 : -1;
-}
-
-/* A FLUX.2-dev-style folder: Mistral3 text encoder (legacy names, nested
- * text_config, lm_head and a vision tensor) with the Tekken mini tokenizer
- * of tests/data (left padding, <pad> = 11). */
+/* A FLUX.2-dev-style folder: make-tiny's Mistral3 text encoder (legacy
+ * names, nested text_config, lm_head and a vision tensor) with the Tekken
+ * mini tokenizer of tests/data (left padding, <pad> = 11). */
 static int write_dev_tiny(const char *dir) {
-    const char *root = getenv("TPGEN_ROOT") ? getenv("TPGEN_ROOT") : ".";
-    char *te = xasprintf("%s/text_encoder", dir), *tk = xasprintf("%s/tokenizer", dir);
-    mkdir(dir, 0755), mkdir(te, 0755), mkdir(tk, 0755);
-    llm_config c = {.arch = LLM_MISTRAL, .hidden = 32, .n_layers = 31, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
-                    .ffn = 64, .vocab = 1280, .eps = 1e-5f, .rope_theta = 1e9};
-    int rc = llm_write_random(te, &c, 11);
-    const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
-    for (int i = 0; !rc && i < 2; i++) {
-        char *s = xasprintf("%s/tests/data/tekken-mini/hf/%s", root, files[i]), *d = xasprintf("%s/%s", tk, files[i]);
-        if (copy_to(s, d)) rc = tp_error("cannot copy %s", s);
-        free(s), free(d);
-    }
+    int rc = textenc_write_tiny_mistral(dir, 11);
     char *mi = xasprintf("%s/model_index.json", dir);
     write_text(mi, "{\"_class_name\": \"Flux2Pipeline\", \"text_encoder\": [\"transformers\", "
                    "\"Mistral3ForConditionalGeneration\"], \"tokenizer\": [\"transformers\", \"PixtralProcessor\"]}");
-    free(te), free(tk), free(mi);
+    free(mi);
     return rc;
 }
 

@@ -8,12 +8,9 @@
 #include "../dist.h"
 #include "../err.h"
 #include "../../kernels/ops.h"
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "tokenizer.h"
 #include "prompt.h"
@@ -134,105 +131,4 @@ void textenc_free(textenc *t) {
     if (t->ck) checkpoint_close(t->ck);
     if (t->tok) tokenizer_free(t->tok);
     free(t);
-}
-
-/* ---- make-tiny ---- */
-
-/* The Qwen3 tokenizer files ship in tests/data/qwen3-tokenizer/ of the
- * source tree: found through $TPGEN_ROOT, next to the executable
- * (build/tpgen -> ../tests/data) or from the current directory. */
-static char *find_tokenizer_dir(void) {
-    const char *rel = "tests/data/qwen3-tokenizer";
-    char *cands[3] = {0};
-    const char *root = getenv("TPGEN_ROOT");
-    if (root) cands[0] = xasprintf("%s/%s", root, rel);
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash) *slash = 0;
-        cands[1] = xasprintf("%s/../%s", exe, rel);
-    }
-    cands[2] = xstrdup(rel);
-    char *found = NULL;
-    for (int i = 0; i < 3; i++) {
-        if (!found && cands[i]) {
-            char *probe = xasprintf("%s/tokenizer.json", cands[i]);
-            if (access(probe, R_OK) == 0) found = cands[i], cands[i] = NULL;
-            free(probe);
-        }
-        free(cands[i]);
-    }
-    return found;
-}
-
-static int copy_file(const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb");
-    if (!in) return tp_error("cannot read %s: %s", src, strerror(errno));
-    char *tmp = xasprintf("%s.tmp", dst);
-    FILE *out = fopen(tmp, "wb");
-    int rc = out ? 0 : tp_error("cannot create %s: %s", tmp, strerror(errno));
-    char buf[1 << 16];
-    size_t k;
-    while (!rc && (k = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, k, out) != k) rc = tp_error("writing %s: %s", tmp, strerror(errno));
-    if (!rc && ferror(in)) rc = tp_error("reading %s failed", src);
-    if (out && fclose(out) && !rc) rc = tp_error("writing %s: %s", tmp, strerror(errno));
-    fclose(in);
-    if (!rc && rename(tmp, dst)) rc = tp_error("cannot rename %s to %s: %s", tmp, dst, strerror(errno));
-    if (rc) unlink(tmp);
-    free(tmp);
-    return rc;
-}
-
-static int make_dir(const char *path) {
-    if (mkdir(path, 0755) && errno != EEXIST) return tp_error("cannot create folder %s: %s", path, strerror(errno));
-    return 0;
-}
-
-/* The tiny hidden size: joint_attention_dim / 3 of make-tiny's transformer. */
-static int tiny_hidden(const char *model_dir, int *hidden) {
-    *hidden = TEXTENC_TINY_HIDDEN;
-    char *path = xasprintf("%s/transformer/config.json", model_dir);
-    int rc = 0;
-    if (access(path, F_OK) == 0) {
-        json_error_t je;
-        json_t *cfg = json_load_file(path, 0, &je);
-        json_int_t jd = cfg ? json_integer_value(json_object_get(cfg, "joint_attention_dim")) : 0;
-        if (jd <= 0 || jd % 24)
-            rc = tp_error("%s: joint_attention_dim must be a positive multiple of 24 (3 x a hidden size divisible "
-                          "by 8) for the tiny text encoder", path);
-        else
-            *hidden = (int)(jd / 3);
-        json_decref(cfg);
-    }
-    free(path);
-    return rc;
-}
-
-int textenc_write_tiny(const char *model_dir, unsigned seed) {
-    int H;
-    if (tiny_hidden(model_dir, &H)) return -1;
-    /* the shape of golden/klein-tiny: 28 layers so that (9, 18, 27) apply, real vocabulary */
-    llm_config c = {.arch = LLM_QWEN3, .hidden = H, .n_layers = 28, .n_heads = 4, .n_kv_heads = 2,
-                    .head_dim = H / 4, .ffn = 2 * H, .vocab = 151936, .eps = 1e-6f, .rope_theta = 1e6,
-                    .qk_norm = 1};
-    char *tok_src = find_tokenizer_dir();
-    if (!tok_src)
-        return tp_error("cannot find the Qwen3 tokenizer files (tests/data/qwen3-tokenizer/ of the tpgen source "
-                        "tree); run from the source folder or set TPGEN_ROOT to it");
-    char *te = xasprintf("%s/text_encoder", model_dir), *tk = xasprintf("%s/tokenizer", model_dir);
-    int rc = make_dir(model_dir);
-    if (!rc) rc = make_dir(te);
-    if (!rc) rc = make_dir(tk);
-    if (!rc) rc = llm_write_random(te, &c, seed);
-    static const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
-    for (int i = 0; !rc && i < 2; i++) {
-        char *src = xasprintf("%s/%s", tok_src, files[i]), *dst = xasprintf("%s/%s", tk, files[i]);
-        rc = copy_file(src, dst);
-        free(src), free(dst);
-    }
-    free(te), free(tk), free(tok_src);
-    return rc ? tp_error_context("writing the tiny text encoder into %s", model_dir) : 0;
 }

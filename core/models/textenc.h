@@ -61,4 +61,15 @@ void textenc_free(textenc *t);             /* NULL ok; returns all backend memor
 #define TEXTENC_TINY_HIDDEN 32
 int textenc_write_tiny(const char *model_dir, unsigned seed);
 
+/* The same for FLUX.2-dev: a tiny random Mistral3ForConditionalGeneration
+ * (nested text_config, legacy `language_model.model.` weight names, plus the
+ * lm_head and a vision tensor the encoder skips; 31 layers so that hidden
+ * states 10, 20, 30 exist; 4/2 heads of hidden/4; a vocabulary of
+ * TEXTENC_TINY_MISTRAL_VOCAB) and the mini Tekken tokenizer of
+ * tests/data/tekken-mini/hf (tokenizer.json form, left padding, <pad> 11)
+ * into <model_dir>/tokenizer. Same hidden-size contract as above. Writes no
+ * model_index.json (the caller names the pipeline). */
+#define TEXTENC_TINY_MISTRAL_VOCAB 1280
+int textenc_write_tiny_mistral(const char *model_dir, unsigned seed);
+
 #endif
