@@ -273,6 +273,13 @@ TEST(ops_attention_many_key_tiles) { /* Sk over several key tiles of the online 
     }
 }
 
+TEST(ops_attention_bf16_portable) { /* bf16 scores through widening + sgemm (the path of CPUs without AVX512-BF16) */
+    cpu_gemm_force_portable(1);
+    attention_case(&(attn_case){.Sq = 70, .Sk = 600, .Hq = 4, .Hkv = 2, .hd = 16, .causal = 1, .q_pos0 = 530, .dt = DT_BF16});
+    attention_case(&(attn_case){.Sq = 33, .Sk = 40, .Hq = 2, .Hkv = 2, .hd = 24, .masked_keys = 5, .dt = DT_BF16});
+    cpu_gemm_force_portable(0);
+}
+
 TEST(ops_attention_all_masked) { /* every key invalid: every output row is 0 */
     tbuf q = tb_new(DT_F32, 10, 16, 0), k = tb_new(DT_F32, 20, 16, 0), v = tb_new(DT_F32, 20, 16, 0), o = tb_out(DT_F32, 10, 16);
     free(tb_rand(&q, -1, 1)); free(tb_rand(&k, -1, 1)); free(tb_rand(&v, -1, 1));

@@ -19,6 +19,7 @@
 
 static int g_force_portable;
 void cpu_gemm_force_portable(int on) { g_force_portable = on; }
+int cpu_bf16_kernels_enabled(void) { return !g_force_portable && cpu_has_avx512bf16(); }
 
 /* bias as f32 (NULL when absent); *owned set when it was converted */
 static float *bias_f32(const tensor *bias, int64_t N, int *owned) {
@@ -120,7 +121,7 @@ void cpu_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const te
         free(zero);
     } else if (x->dtype == DT_F32 && w->dtype == DT_F32 && y->dtype == DT_F32) {
         gemm_f32_direct(y, x, w, b);
-    } else if (!g_force_portable && x->dtype == DT_BF16 && w->dtype == DT_BF16 && cpu_gemm_bf16_usable(M, N, K)) {
+    } else if (cpu_bf16_kernels_enabled() && x->dtype == DT_BF16 && w->dtype == DT_BF16 && cpu_gemm_bf16_usable(M, N, K)) {
         cpu_gemm_bf16(y, x, w, b);
     } else {
         gemm_tiled(y, x, w, b);

@@ -48,12 +48,13 @@ int cpu_has_avx512bf16(void) {
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-/* pack rows [n0, n0+nn) of w (bf16, K even) into panel[K/2][32] words; columns past nn are 0 */
-static void pack_panel(const tensor *w, int64_t n0, int64_t nn, int64_t kp, uint32_t *panel) {
+/* pack nn (<= 32) rows of a bf16 matrix (row r at base + r*ld, K = 2*kp
+ * columns) into panel[kp][32] words; columns past nn are 0 */
+void bf16_pack_panel(const uint16_t *base, int64_t ld, int64_t nn, int64_t kp, uint32_t *panel) {
     for (int64_t c = 0; c < NR; c++) {
         if (c >= nn) { for (int64_t p = 0; p < kp; p++) panel[p * NR + c] = 0; continue; }
-        const char *src = row_ptr(w, n0 + c); /* any alignment: views may start at an odd column */
-        for (int64_t p = 0; p < kp; p++) memcpy(panel + p * NR + c, src + 4 * p, 4);
+        const uint16_t *src = base + c * ld; /* any alignment: views may start at an odd column */
+        for (int64_t p = 0; p < kp; p++) memcpy(panel + p * NR + c, src + 2 * p, 4);
     }
 }
 
@@ -96,14 +97,24 @@ static TARGET void micro_any(const uint16_t *x, int64_t ldx, const uint32_t *pan
     }
 }
 
+void bf16_panel_gemm(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t *panel, int64_t kp, float *c,
+                     int64_t ldc, int64_t ncols) {
+    float out[MR * NR];
+    for (int64_t i0 = 0; i0 < m; i0 += MR) {
+        int mr = m - i0 < MR ? (int)(m - i0) : MR;
+        micro_any(x + i0 * ldx, ldx, panel, kp, mr, out);
+        for (int i = 0; i < mr; i++) memcpy(c + (i0 + i) * ldc, out + i * NR, (size_t)ncols * sizeof(float));
+    }
+}
+
 static void gemm_item(tensor *y, const tensor *x, const tensor *w, const float *bias, int64_t n0, int64_t m0,
                       int64_t m1, uint32_t *panel) {
     int64_t N = w->rows, kp = x->cols / 2, nn = N - n0 < NR ? N - n0 : NR;
     float out[MR * NR];
-    pack_panel(w, n0, nn, kp, panel);
+    bf16_pack_panel(row_ptr(w, n0), w->ld, nn, kp, panel);
     for (int64_t m = m0; m < m1; m += MR) {
         int mr = m1 - m < MR ? (int)(m1 - m) : MR;
-        micro_any(row_ptr(x, m), x->ld, panel, kp, mr, out);
+        micro_any((const uint16_t *)row_ptr(x, m), x->ld, panel, kp, mr, out);
         for (int i = 0; i < mr; i++) {
             float *o = out + i * NR;
             if (bias) for (int64_t j = 0; j < nn; j++) o[j] += bias[n0 + j];
@@ -141,6 +152,13 @@ void cpu_gemm_bf16(tensor *y, const tensor *x, const tensor *w, const float *bia
 #else /* no compiler support: the portable path is used */
 
 int cpu_has_avx512bf16(void) { return 0; }
+void bf16_pack_panel(const uint16_t *base, int64_t ld, int64_t nn, int64_t kp, uint32_t *panel) {
+    tp_fatal("bf16_pack_panel: this build has no AVX512-BF16 kernel");
+}
+void bf16_panel_gemm(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t *panel, int64_t kp, float *c,
+                     int64_t ldc, int64_t ncols) {
+    tp_fatal("bf16_panel_gemm: this build has no AVX512-BF16 kernel");
+}
 int cpu_gemm_bf16_usable(int64_t M, int64_t N, int64_t K) { return 0; }
 void cpu_gemm_bf16(tensor *y, const tensor *x, const tensor *w, const float *bias) {
     tp_fatal("cpu_gemm_bf16: this build has no AVX512-BF16 kernel");
