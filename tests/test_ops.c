@@ -601,6 +601,17 @@ TEST(ops_conv2d) {
         conv_case(9, 13, 5, 6, 1, xd, DT_BF16, 1);
         conv_case(9, 13, 5, 6, 1, xd, DT_F32, 0);
     }
+    /* even Cin·k·k with bf16 x and w: the vdpbf16ps route (when the CPU has it) and the forced sgemm route */
+    for (int portable = 0; portable < 2; portable++) {
+        cpu_gemm_force_portable(portable);
+        conv_case(4, 70, 7, 9, 3, DT_BF16, DT_BF16, 1);
+        conv_case(10, 19, 5, 40, 1, DT_BF16, DT_BF16, 1);
+        conv_case(2, 5, 3, 2, 3, DT_BF16, DT_BF16, 0);   /* narrower than the 3x3 window */
+        conv_case(8, 9, 1, 33, 3, DT_BF16, DT_BF16, 1);  /* one row */
+    }
+    cpu_gemm_force_portable(0);
+    cpu_set_tile_budget(4 * 9 * 9 * 2 * 2); /* bf16 route: bands of two output rows */
+    conv_case(4, 70, 7, 9, 3, DT_BF16, DT_BF16, 1);
     cpu_set_tile_budget(5 * 9 * 9 * 4 * 2); /* bands of two output rows */
     conv_case(5, 70, 7, 9, 3, DT_BF16, DT_BF16, 1);
     conv_case(5, 70, 7, 9, 3, DT_F32, DT_F32, 1);

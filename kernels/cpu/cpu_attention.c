@@ -33,7 +33,7 @@ static void scores_bf16(const tensor *q, const tensor *k, int64_t i0, int64_t nq
     for (int64_t p0 = 0; p0 < nk; p0 += BF16_PANEL_ROWS) {
         int64_t np = nk - p0 < BF16_PANEL_ROWS ? nk - p0 : BF16_PANEL_ROWS;
         bf16_pack_panel((const uint16_t *)row_ptr(k, j0 + p0) + kc, k->ld, np, hd / 2, w->kpanel);
-        bf16_panel_gemm(qrow, q->ld, nq, w->kpanel, hd / 2, w->s + p0, BK, np);
+        bf16_panel_gemm(qrow, q->ld, nq, w->kpanel, BF16_PANEL_ROWS, hd / 2, w->s + p0, BK, np);
     }
 }
 

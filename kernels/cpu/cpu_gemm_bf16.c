@@ -58,15 +58,16 @@ void bf16_pack_panel(const uint16_t *base, int64_t ld, int64_t nn, int64_t kp, u
     }
 }
 
-/* out[i][0..32) = sum_p x_i[2p..2p+1] · panel[p] for the mr rows x_0.. (stride ldx elements) */
+/* out[i][0..32) = sum_p x_i[2p..2p+1] · panel[p] for the mr rows x_0.. (stride ldx elements);
+ * the 32 words of pair p are at panel + p*ldp */
 static inline __attribute__((always_inline)) TARGET void micro(const uint16_t *x, int64_t ldx, const uint32_t *panel,
-                                                                 int64_t kp, int mr, float *out) {
+                                                                 int64_t ldp, int64_t kp, int mr, float *out) {
     __m512 acc[MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < kp; p++) {
-        __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + p * NR);
-        __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + p * NR + 16);
+        __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + p * ldp);
+        __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + p * ldp + 16);
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
             int pair;
@@ -84,25 +85,26 @@ static inline __attribute__((always_inline)) TARGET void micro(const uint16_t *x
 }
 
 /* one constant mr per call site, so each copy is fully unrolled */
-static TARGET void micro_any(const uint16_t *x, int64_t ldx, const uint32_t *panel, int64_t kp, int mr, float *out) {
+static TARGET void micro_any(const uint16_t *x, int64_t ldx, const uint32_t *panel, int64_t ldp, int64_t kp, int mr,
+                             float *out) {
     switch (mr) {
-    case 8: micro(x, ldx, panel, kp, 8, out); break;
-    case 7: micro(x, ldx, panel, kp, 7, out); break;
-    case 6: micro(x, ldx, panel, kp, 6, out); break;
-    case 5: micro(x, ldx, panel, kp, 5, out); break;
-    case 4: micro(x, ldx, panel, kp, 4, out); break;
-    case 3: micro(x, ldx, panel, kp, 3, out); break;
-    case 2: micro(x, ldx, panel, kp, 2, out); break;
-    default: micro(x, ldx, panel, kp, 1, out); break;
+    case 8: micro(x, ldx, panel, ldp, kp, 8, out); break;
+    case 7: micro(x, ldx, panel, ldp, kp, 7, out); break;
+    case 6: micro(x, ldx, panel, ldp, kp, 6, out); break;
+    case 5: micro(x, ldx, panel, ldp, kp, 5, out); break;
+    case 4: micro(x, ldx, panel, ldp, kp, 4, out); break;
+    case 3: micro(x, ldx, panel, ldp, kp, 3, out); break;
+    case 2: micro(x, ldx, panel, ldp, kp, 2, out); break;
+    default: micro(x, ldx, panel, ldp, kp, 1, out); break;
     }
 }
 
-void bf16_panel_gemm(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t *panel, int64_t kp, float *c,
-                     int64_t ldc, int64_t ncols) {
+void bf16_panel_gemm(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t *panel, int64_t ldp, int64_t kp,
+                     float *c, int64_t ldc, int64_t ncols) {
     float out[MR * NR];
     for (int64_t i0 = 0; i0 < m; i0 += MR) {
         int mr = m - i0 < MR ? (int)(m - i0) : MR;
-        micro_any(x + i0 * ldx, ldx, panel, kp, mr, out);
+        micro_any(x + i0 * ldx, ldx, panel, ldp, kp, mr, out);
         for (int i = 0; i < mr; i++) memcpy(c + (i0 + i) * ldc, out + i * NR, (size_t)ncols * sizeof(float));
     }
 }
@@ -114,7 +116,7 @@ static void gemm_item(tensor *y, const tensor *x, const tensor *w, const float *
     bf16_pack_panel(row_ptr(w, n0), w->ld, nn, kp, panel);
     for (int64_t m = m0; m < m1; m += MR) {
         int mr = m1 - m < MR ? (int)(m1 - m) : MR;
-        micro_any((const uint16_t *)row_ptr(x, m), x->ld, panel, kp, mr, out);
+        micro_any((const uint16_t *)row_ptr(x, m), x->ld, panel, NR, kp, mr, out);
         for (int i = 0; i < mr; i++) {
             float *o = out + i * NR;
             if (bias) for (int64_t j = 0; j < nn; j++) o[j] += bias[n0 + j];
@@ -155,8 +157,8 @@ int cpu_has_avx512bf16(void) { return 0; }
 void bf16_pack_panel(const uint16_t *base, int64_t ld, int64_t nn, int64_t kp, uint32_t *panel) {
     tp_fatal("bf16_pack_panel: this build has no AVX512-BF16 kernel");
 }
-void bf16_panel_gemm(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t *panel, int64_t kp, float *c,
-                     int64_t ldc, int64_t ncols) {
+void bf16_panel_gemm(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t *panel, int64_t ldp, int64_t kp,
+                     float *c, int64_t ldc, int64_t ncols) {
     tp_fatal("bf16_panel_gemm: this build has no AVX512-BF16 kernel");
 }
 int cpu_gemm_bf16_usable(int64_t M, int64_t N, int64_t K) { return 0; }
