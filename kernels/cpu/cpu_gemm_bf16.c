@@ -49,11 +49,33 @@ int cpu_has_avx512bf16(void) {
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* pack nn (<= 32) rows of a bf16 matrix (row r at base + r*ld, K = 2*kp
- * columns) into panel[kp][32] words; columns past nn are 0 */
+ * columns) into panel[kp][32] words; columns past nn are 0. Each output
+ * line of 16 words is one masked gather of the same pair from 16 rows
+ * (a scalar transpose cost as much as the arithmetic for M below ~256). */
+static TARGET void pack_gather(const uint16_t *base, int64_t ld, int64_t nn, int64_t kp, uint32_t *panel) {
+    __m512i off[2];
+    __mmask16 valid[2];
+    for (int h = 0; h < 2; h++) {
+        int32_t o[16];
+        for (int i = 0; i < 16; i++) o[i] = (int32_t)((h * 16 + i) * ld * 2); /* byte offsets of the rows */
+        off[h] = _mm512_loadu_si512(o);
+        int64_t left = nn - h * 16;
+        valid[h] = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+    }
+    const char *b = (const char *)base;
+    for (int64_t p = 0; p < kp; p++, b += 4) {
+        __m512i lo = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid[0], off[0], b, 1);
+        __m512i hi = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid[1], off[1], b, 1);
+        _mm512_storeu_si512(panel + p * NR, lo);
+        _mm512_storeu_si512(panel + p * NR + 16, hi);
+    }
+}
+
 void bf16_pack_panel(const uint16_t *base, int64_t ld, int64_t nn, int64_t kp, uint32_t *panel) {
-    for (int64_t c = 0; c < NR; c++) {
+    if ((int64_t)NR * ld * 2 < INT32_MAX) { pack_gather(base, ld, nn, kp, panel); return; }
+    for (int64_t c = 0; c < NR; c++) { /* rows too far apart for 32-bit gather offsets */
         if (c >= nn) { for (int64_t p = 0; p < kp; p++) panel[p * NR + c] = 0; continue; }
-        const uint16_t *src = base + c * ld; /* any alignment: views may start at an odd column */
+        const uint16_t *src = base + c * ld;
         for (int64_t p = 0; p < kp; p++) memcpy(panel + p * NR + c, src + 2 * p, 4);
     }
 }
