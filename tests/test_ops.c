@@ -167,6 +167,7 @@ TEST(ops_gemm_bf16_paths) { /* the AVX512-BF16 kernel (when present) and the por
         gemm_case(67, 131, 96, DT_BF16, DT_BF16, DT_BF16, 1);
         gemm_case(200, 64, 258, DT_BF16, DT_BF16, DT_F32, 0);
         gemm_case(5, 33, 7, DT_BF16, DT_BF16, DT_BF16, 0);
+        gemm_case(20, 40, 8200, DT_BF16, DT_BF16, DT_F32, 1); /* K over two blocks of the AVX512 kernel, plus a tail */
     }
     cpu_gemm_force_portable(0);
 }

@@ -8,8 +8,8 @@
  *   panel[p][c] = (w[n0+c][2p], w[n0+c][2p+1])  as one 32-bit word,
  * and a row of x contributes the matching pair (x[m][2p], x[m][2p+1]) as a
  * 32-bit broadcast, no repacking of x needed. The micro-kernel keeps an
- * MR x 32 block of y in 2·MR zmm accumulators over the whole K (the panel,
- * 32·K·2 bytes, stays in L2). Threads share out (panel, row range) items.
+ * MR x 32 block of y in 2·MR zmm accumulators over a block of K (the
+ * panel block stays in L2). Threads share out (panel, row range) items.
  *
  * Compiled with a target attribute, so the rest of tpgen keeps its
  * baseline ISA; cpu_has_avx512bf16() checks the CPU (cpuid) and that the OS
@@ -83,10 +83,14 @@ void bf16_pack_panel(const uint16_t *base, int64_t ld, int64_t nn, int64_t kp, u
 /* out[i][0..32) = sum_p x_i[2p..2p+1] · panel[p] for the mr rows x_0.. (stride ldx elements);
  * the 32 words of pair p are at panel + p*ldp */
 static inline __attribute__((always_inline)) TARGET void micro(const uint16_t *x, int64_t ldx, const uint32_t *panel,
-                                                                 int64_t ldp, int64_t kp, int mr, float *out) {
+                                                                 int64_t ldp, int64_t kp, int mr, int accumulate,
+                                                                 float *out) {
     __m512 acc[MR][2];
 #pragma GCC unroll 8
-    for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int i = 0; i < mr; i++) {
+        acc[i][0] = accumulate ? _mm512_loadu_ps(out + i * NR) : _mm512_setzero_ps();
+        acc[i][1] = accumulate ? _mm512_loadu_ps(out + i * NR + 16) : _mm512_setzero_ps();
+    }
     for (int64_t p = 0; p < kp; p++) {
         __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + p * ldp);
         __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + p * ldp + 16);
@@ -108,16 +112,16 @@ static inline __attribute__((always_inline)) TARGET void micro(const uint16_t *x
 
 /* one constant mr per call site, so each copy is fully unrolled */
 static TARGET void micro_any(const uint16_t *x, int64_t ldx, const uint32_t *panel, int64_t ldp, int64_t kp, int mr,
-                             float *out) {
+                             int accumulate, float *out) {
     switch (mr) {
-    case 8: micro(x, ldx, panel, ldp, kp, 8, out); break;
-    case 7: micro(x, ldx, panel, ldp, kp, 7, out); break;
-    case 6: micro(x, ldx, panel, ldp, kp, 6, out); break;
-    case 5: micro(x, ldx, panel, ldp, kp, 5, out); break;
-    case 4: micro(x, ldx, panel, ldp, kp, 4, out); break;
-    case 3: micro(x, ldx, panel, ldp, kp, 3, out); break;
-    case 2: micro(x, ldx, panel, ldp, kp, 2, out); break;
-    default: micro(x, ldx, panel, ldp, kp, 1, out); break;
+    case 8: micro(x, ldx, panel, ldp, kp, 8, accumulate, out); break;
+    case 7: micro(x, ldx, panel, ldp, kp, 7, accumulate, out); break;
+    case 6: micro(x, ldx, panel, ldp, kp, 6, accumulate, out); break;
+    case 5: micro(x, ldx, panel, ldp, kp, 5, accumulate, out); break;
+    case 4: micro(x, ldx, panel, ldp, kp, 4, accumulate, out); break;
+    case 3: micro(x, ldx, panel, ldp, kp, 3, accumulate, out); break;
+    case 2: micro(x, ldx, panel, ldp, kp, 2, accumulate, out); break;
+    default: micro(x, ldx, panel, ldp, kp, 1, accumulate, out); break;
     }
 }
 
@@ -126,24 +130,32 @@ void bf16_panel_gemm(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t *
     float out[MR * NR];
     for (int64_t i0 = 0; i0 < m; i0 += MR) {
         int mr = m - i0 < MR ? (int)(m - i0) : MR;
-        micro_any(x + i0 * ldx, ldx, panel, ldp, kp, mr, out);
+        micro_any(x + i0 * ldx, ldx, panel, ldp, kp, mr, 0, out);
         for (int i = 0; i < mr; i++) memcpy(c + (i0 + i) * ldc, out + i * NR, (size_t)ncols * sizeof(float));
     }
 }
 
+/* K is cut into blocks of KPB pairs so that a packed panel (KPB·128 bytes)
+ * and the MR rows of x it meets stay in L2 (1-2 MB): at K = 12288 a whole
+ * panel alone is 786 KB. Partial sums of the item's rows wait in acc. */
+enum { KPB = 2048 };
+
 static void gemm_item(tensor *y, const tensor *x, const tensor *w, const float *bias, int64_t n0, int64_t m0,
-                      int64_t m1, uint32_t *panel) {
+                      int64_t m1, uint32_t *panel, float *acc) {
     int64_t N = w->rows, kp = x->cols / 2, nn = N - n0 < NR ? N - n0 : NR;
-    float out[MR * NR];
-    bf16_pack_panel(row_ptr(w, n0), w->ld, nn, kp, panel);
-    for (int64_t m = m0; m < m1; m += MR) {
-        int mr = m1 - m < MR ? (int)(m1 - m) : MR;
-        micro_any((const uint16_t *)row_ptr(x, m), x->ld, panel, NR, kp, mr, out);
-        for (int i = 0; i < mr; i++) {
-            float *o = out + i * NR;
-            if (bias) for (int64_t j = 0; j < nn; j++) o[j] += bias[n0 + j];
-            row_store(y, m + i, n0, nn, o);
+    const uint16_t *wrow = row_ptr(w, n0);
+    for (int64_t k0 = 0; k0 < kp; k0 += KPB) {
+        int64_t kn = kp - k0 < KPB ? kp - k0 : KPB;
+        bf16_pack_panel(wrow + 2 * k0, w->ld, nn, kn, panel);
+        for (int64_t m = m0; m < m1; m += MR) {
+            int mr = m1 - m < MR ? (int)(m1 - m) : MR;
+            micro_any((const uint16_t *)row_ptr(x, m) + 2 * k0, x->ld, panel, NR, kn, mr, k0 > 0, acc + (m - m0) * NR);
         }
+    }
+    for (int64_t m = m0; m < m1; m++) {
+        float *o = acc + (m - m0) * NR;
+        if (bias) for (int64_t j = 0; j < nn; j++) o[j] += bias[n0 + j];
+        row_store(y, m, n0, nn, o);
     }
 }
 
@@ -162,14 +174,17 @@ void cpu_gemm_bf16(tensor *y, const tensor *x, const tensor *w, const float *bia
     mchunks = (M + mc - 1) / mc;
 #pragma omp parallel if (npanel * mchunks > 1)
     {
-        uint32_t *panel = xmalloc((size_t)(K / 2) * NR * sizeof(uint32_t));
+        int64_t kpb = K / 2 < KPB ? K / 2 : KPB;
+        uint32_t *panel = xmalloc((size_t)kpb * NR * sizeof(uint32_t));
+        float *acc = xmalloc((size_t)mc * NR * sizeof(float));
 #pragma omp for collapse(2) schedule(dynamic)
         for (int64_t pi = 0; pi < npanel; pi++)
             for (int64_t mi = 0; mi < mchunks; mi++) {
                 int64_t m0 = mi * mc, m1 = m0 + mc < M ? m0 + mc : M;
-                if (m0 < m1) gemm_item(y, x, w, bias, pi * NR, m0, m1, panel);
+                if (m0 < m1) gemm_item(y, x, w, bias, pi * NR, m0, m1, panel, acc);
             }
         free(panel);
+        free(acc);
     }
 }
 
