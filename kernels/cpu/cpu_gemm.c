@@ -50,10 +50,7 @@ static const float *x_chunk_f32(const tensor *x, int64_t m0, int64_t mc, float *
     if (x->dtype == DT_F32) { *ld = x->ld; return (const float *)row_ptr(x, m0); }
     int64_t K = x->cols;
 #pragma omp parallel for if (mc * K > CPU_PAR_MIN)
-    for (int64_t r = 0; r < mc; r++) {
-        const float *v = row_f32(x, m0 + r, 0, K, buf + r * K);
-        (void)v; /* bf16/f16 rows are widened into buf */
-    }
+    for (int64_t r = 0; r < mc; r++) row_f32(x, m0 + r, 0, K, buf + r * K); /* non-f32 rows land in buf */
     *ld = K;
     return buf;
 }
