@@ -26,10 +26,11 @@ static void encode_usage(FILE *f) {
                "--max-sequence-length (default 512). Rank 0 writes the file.\n");
 }
 
-static int parse_int(const char *flag, const char *v, int lo, int *out) {
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
     char *end;
     long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || *end || x < lo || x > 1 << 20) return tp_error("%s needs an integer >= %d (got '%s')", flag, lo, v ? v : "");
+    if (!v || *end || x < lo || x > hi)
+        return tp_error("%s needs an integer from %d to %d (got '%s')", flag, lo, hi, v ? v : "");
     *out = (int)x;
     return 0;
 }
@@ -46,8 +47,8 @@ static int parse_args(int argc, char **argv, encode_args *a) {
         else if (!strcmp(f, "--save-embeds")) a->out = v;
         else if (!strcmp(f, "--precision")) a->precision = v;
         else if (!strcmp(f, "--backend")) a->backend = v;
-        else if (!strcmp(f, "--max-sequence-length")) { if (parse_int(f, v, 1, &a->max_len)) return -1; }
-        else if (!strcmp(f, "--tp")) { if (parse_int(f, v, 1, &a->tp)) return -1; }
+        else if (!strcmp(f, "--max-sequence-length")) { if (parse_int(f, v, 1, 8192, &a->max_len)) return -1; }
+        else if (!strcmp(f, "--tp")) { if (parse_int(f, v, 1, 4096, &a->tp)) return -1; }
         else return tp_error("tpgen encode: unknown option '%s' (see tpgen encode --help)", f);
         if (takes && !v) return tp_error("tpgen encode: %s needs a value", f);
         i += takes;
@@ -104,9 +105,9 @@ static int run_encode(const encode_args *a, dist *d) {
         int n_real = 0;
         for (int i = 0; i < a->max_len; i++) n_real += mask[i] != 0;
         printf("encoded %d tokens (%d real) with the %s text encoder (hidden %d, tp %d, %s): load %.2f s "
-               "(%.1f MB held per rank), encode %.2f s -> %s [1, %d, %d]\n",
+               "(rank 0 read %.1f MB of the checkpoint, holds %.1f MB), encode %.2f s -> %s [1, %d, %d]\n",
                a->max_len, n_real, textenc_kind(t), textenc_hidden(t), d->tp, a->precision, t1 - t0,
-               textenc_bytes(t) / 1e6, t2 - t1, a->out, a->max_len, textenc_embed_dim(t));
+               st.bytes_read / 1e6, textenc_bytes(t) / 1e6, t2 - t1, a->out, a->max_len, textenc_embed_dim(t));
     }
     free(embeds), free(ids), free(mask);
     textenc_free(t);

@@ -67,7 +67,8 @@ static void shape_str(char *buf, size_t n, const int64_t *s, int nd) {
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
-static json_t *tensor_table(const checkpoint *c, const plan *p, int tp, int print) {
+static json_t *tensor_table(const checkpoint *c, const component_plan *cp, int tp, int print) {
+    const plan *p = &cp->p;
     json_t *arr = json_array();
     if (print) printf("%-58s %-26s %-18s %s\n", "tensor", "style", "global", "local");
     for (int k = 0; k < c->n; k++) {
@@ -78,28 +79,31 @@ static json_t *tensor_table(const checkpoint *c, const plan *p, int tp, int prin
         local_shape(&si, tp, loc);
         const st_tensor_info *t = c->infos[k];
         const char *blocks = si.rule >= 0 ? p->rules[si.rule].blocks : NULL;
+        int loaded = !cp->want || cp->want(t->name, cp->want_ctx);
         char style[64], g[64], l[64];
-        snprintf(style, sizeof style, "%s%s%s%s", shard_style_name(si.style), blocks ? "(" : "", blocks ? blocks : "",
-                 blocks ? ")" : "");
+        snprintf(style, sizeof style, "%s%s%s%s", loaded ? shard_style_name(si.style) : "not loaded",
+                 blocks ? "(" : "", blocks ? blocks : "", blocks ? ")" : "");
         shape_str(g, sizeof g, t->shape, t->ndim);
-        if (ok) shape_str(l, sizeof l, loc, t->ndim);
+        if (!loaded) snprintf(l, sizeof l, "-");
+        else if (ok) shape_str(l, sizeof l, loc, t->ndim);
         else snprintf(l, sizeof l, "(not divisible)");
         if (print) printf("%-58s %-26s %-18s %s %s\n", t->name, style, g, l, dtype_name(t->dtype));
-        json_array_append_new(arr, json_pack("{s:s,s:s,s:s?,s:s,s:o,s:o}", "name", t->name, "style",
+        json_array_append_new(arr, json_pack("{s:s,s:s,s:s?,s:s,s:b,s:o,s:o}", "name", t->name, "style",
                                              shard_style_name(si.style), "blocks", blocks, "dtype",
-                                             dtype_name(t->dtype), "global", shape_json(t->shape, t->ndim), "local",
-                                             ok ? shape_json(loc, t->ndim) : json_null()));
+                                             dtype_name(t->dtype), "loaded", loaded, "global",
+                                             shape_json(t->shape, t->ndim), "local",
+                                             ok && loaded ? shape_json(loc, t->ndim) : json_null()));
     }
     return arr;
 }
 
-static json_t *rank_table(const checkpoint *c, const plan *p, int tp, int print) {
+static json_t *rank_table(const checkpoint *c, const component_plan *cp, int tp, int print) {
     json_t *arr = json_array();
     if (print) printf("\n%4s %15s %15s %15s %10s %14s\n", "rank", "replicated", "sharded", "weight bytes", "GB",
                       "staging MB");
     for (int r = 0; r < tp; r++) {
         load_estimate e;
-        if (weights_estimate(c, p, tp, r, &e)) break;
+        if (weights_estimate_want(c, &cp->p, tp, r, cp->want, cp->want_ctx, &e)) break;
         uint64_t total = e.bytes_replicated + e.bytes_sharded;
         if (print)
             printf("%4d %15llu %15llu %15llu %10.2f %14.1f\n", r, (unsigned long long)e.bytes_replicated,
@@ -113,19 +117,33 @@ static json_t *rank_table(const checkpoint *c, const plan *p, int tp, int print)
     return arr;
 }
 
-static int open_component(const inspect_args *a, model_dir **m, json_t **cfg, checkpoint **c, plan *p) {
+static int open_component(const inspect_args *a, model_dir **m, json_t **cfg, checkpoint **c) {
     if (model_dir_open(a->model, m)) return -1;
     if (!model_dir_has(*m, a->component))
         return tp_error("%s has no '%s' folder (is --model the pipeline folder?)", a->model, a->component);
     if (!(*cfg = model_dir_config(*m, a->component))) return -1;
-    if (plan_for_component(a->component, *cfg, p) < 0) return -1;
     char *dir = model_dir_path(*m, a->component);
     int rc = checkpoint_open(dir, c);
     free(dir);
     return rc;
 }
 
+/* inspect is one process; started under mpirun/srun anyway, every process
+ * computes the same answer and only the first one prints it. */
+static void quiet_unless_first_process(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
+    for (int i = 0; i < 4; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) != 0) {
+            (void)!freopen("/dev/null", "w", stdout);
+            (void)!freopen("/dev/null", "w", stderr);
+            return;
+        }
+    }
+}
+
 int cmd_inspect(int argc, char **argv) {
+    quiet_unless_first_process();
     inspect_args a;
     int rc = parse(argc, argv, &a);
     if (rc > 0) return 0;
@@ -136,20 +154,22 @@ int cmd_inspect(int argc, char **argv) {
     model_dir *m = NULL;
     json_t *cfg = NULL, *tensors = NULL, *ranks = NULL;
     checkpoint *c = NULL;
-    plan p = {0};
-    int opened = open_component(&a, &m, &cfg, &c, &p) == 0;
-    int valid = opened && plan_validate(&p, c, a.tp) == 0;
+    component_plan cp = {0};
+    int opened = open_component(&a, &m, &cfg, &c) == 0;
+    int planned = opened && plan_for_component(a.component, cfg, c, a.tp, &cp) >= 0;
+    int valid = planned && plan_validate(&cp.p, c, a.tp) == 0;
     char *err = valid ? NULL : xstrdup(tp_error_msg());
+    const plan *p = &cp.p;
     if (opened && !a.json)
         printf("model %s, component %s, plan %s, tp %d, %d tensors in %d file(s)\n\n", a.model, a.component,
-               p.rules ? p.model : "none (all replicated)", a.tp, c->n, c->n_files);
-    if (opened) tensors = tensor_table(c, &p, a.tp, !a.json && !a.summary);
-    if (valid) ranks = rank_table(c, &p, a.tp, !a.json);
+               p->rules ? p->model : "none (all replicated)", a.tp, c->n, c->n_files);
+    if (planned) tensors = tensor_table(c, &cp, a.tp, !a.json && !a.summary);
+    if (valid) ranks = rank_table(c, &cp, a.tp, !a.json);
     if (a.json) {
         json_t *o = json_pack("{s:s,s:s,s:i,s:b,s:s?,s:o,s:o}", "model", a.model, "component", a.component, "tp", a.tp,
                               "valid", valid, "error", err, "ranks", ranks ? ranks : json_array(), "tensors",
                               tensors ? tensors : json_array());
-        json_object_set_new(o, "plan", p.rules ? json_string(p.model) : json_null());
+        json_object_set_new(o, "plan", p->rules ? json_string(p->model) : json_null());
         char *s = json_dumps(o, JSON_INDENT(2));
         printf("%s\n", s);
         free(s);
@@ -160,6 +180,7 @@ int cmd_inspect(int argc, char **argv) {
     }
     if (!valid) fprintf(stderr, "tpgen: error: %s\n", err);
     free(err);
+    component_plan_free(&cp);
     checkpoint_close(c);
     json_decref(cfg);
     model_dir_close(m);

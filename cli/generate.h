@@ -3,6 +3,7 @@
  *   generate_run.c      text encoding, transformer load, noise, denoising,
  *                       decoding and writing, job by job
  *   generate_metrics.c  timings, peak RSS per rank, summary and JSON
+ *   generate_jobs.c     the batch: jobs, output patterns, DP split (runspec.h)
  *   cmd_generate.c      the command: MPI, parsing, error agreement */
 #ifndef TPGEN_GENERATE_H
 #define TPGEN_GENERATE_H

@@ -79,14 +79,14 @@ static int write_json(const gen_setup *g, const summary *s) {
     json_t *ph = json_object(), *rss = json_array();
     for (int i = 0; i < N_PH; i++) json_object_set_new(ph, k_phase[i], json_real(s->phase[i]));
     for (int r = 0; r < g->d->world_size; r++) json_array_append_new(rss, json_integer((json_int_t)s->rss[r]));
-    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:o, s:f, s:f, s:f, s:i, s:i, s:o}",
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:o, s:f, s:I, s:f, s:i, s:i, s:o}",
                           "tpgen", TPGEN_VERSION, "model", sp->model, "family", g->family_name, "world_size",
                           g->d->world_size, "tp", g->d->tp, "dp", g->d->dp, "precision",
                           g->precision == DT_F32 ? "f32" : "bf16", "backend", sp->backend ? sp->backend : "auto",
                           "jobs", g->n_jobs, "width", sp->width, "height", sp->height, "steps", sp->steps,
                           "guidance", sp->guidance, "seconds", ph,
                           "seconds_per_step", s->steps > 0 ? s->step_seconds / s->steps : 0.0,
-                          "bytes_loaded", s->bytes_loaded,
+                          "bytes_loaded", (json_int_t)s->bytes_loaded,
                           "load_gb_per_s", s->load_seconds > 0 ? s->bytes_loaded / 1e9 / s->load_seconds : 0.0,
                           "images", (int)s->images, "latents_files", (int)s->latents, "peak_rss_bytes", rss);
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));

@@ -110,7 +110,10 @@ static int agree_tp(run_state *r, int rc) { return agree(r->g->d->tp_comm, rc); 
 
 /* ---- text ---- */
 
-static int encode_prompts(run_state *r) {
+/* Encode the prompts of this group's jobs at positions [first, last) (and
+ * the CFG negative prompt once); the text encoder is loaded for the call
+ * and freed again, so the transformer gets its memory back. */
+static int encode_prompts(run_state *r, int first, int last) {
     gen_setup *g = r->g;
     const run_spec *s = g->spec;
     if (s->prompt_embeds) {      /* read at setup */
@@ -131,49 +134,101 @@ static int encode_prompts(run_state *r) {
     r->L = s->max_sequence_length;
     size_t sz = (size_t)r->L * (size_t)g->joint_dim;
     int ns = s->n_seeds ? s->n_seeds : 1;
-    for (int i = 0; i < g->n_my_jobs && !rc; i++) {
+    for (int i = first; i < last && !rc; i++) {
         int p = g->my_jobs[i] / ns;
         if (r->prompt_embeds[p]) continue;
         r->prompt_embeds[p] = xmalloc(sz * sizeof(float));
         rc = textenc_encode(te, s->prompts[p], (int)r->L, r->prompt_embeds[p], NULL, NULL);
     }
-    if (!rc && g->use_cfg && g->n_my_jobs) {
+    if (!rc && g->use_cfg && !r->neg_embeds && last > first) {
         r->neg_embeds = xmalloc(sz * sizeof(float));
         rc = textenc_encode(te, s->negative_prompt, (int)r->L, r->neg_embeds, NULL, NULL);
     }
-    textenc_free(te);   /* the denoiser gets the memory back */
-    r->m->t_encode = gen_now() - t0;
+    if (te) textenc_free(te);
+    r->m->t_encode += gen_now() - t0;
     return rc ? tp_error_context("encoding the prompts") : 0;
 #else
+    (void)first, (void)last;
     return tp_error("the text encoder is not in this build; use --prompt-embeds FILE");
 #endif
 }
 
+/* Prompt embeddings of a whole batch may not fit in memory (FLUX.2-dev: 31 MB
+ * per prompt in f32), so a batch with many prompts runs in chunks: encode a
+ * chunk's prompts, load the transformer, render, free, repeat. The budget
+ * is TPGEN_EMBED_BUDGET_MB (default 2048 MB) per rank. */
+static int chunk_end(const run_state *r, int first) {
+    const gen_setup *g = r->g;
+    const run_spec *s = g->spec;
+    if (s->prompt_embeds) return g->n_my_jobs;
+    const char *env = getenv("TPGEN_EMBED_BUDGET_MB");
+    double budget = (env && *env ? atof(env) : 2048.0) * 1048576.0;
+    double per_prompt = (double)s->max_sequence_length * g->joint_dim * sizeof(float);
+    long max_prompts = (long)(budget / per_prompt);
+    if (max_prompts < 1) max_prompts = 1;
+    int ns = s->n_seeds ? s->n_seeds : 1, prev = -1;
+    long distinct = 0;
+    int i = first;
+    for (; i < g->n_my_jobs; i++) {
+        int p = g->my_jobs[i] / ns;
+        if (p != prev && ++distinct > max_prompts) break;
+        prev = p;
+    }
+    return i;
+}
+
+static void free_chunk_embeds(run_state *r, int first, int last) {
+    int ns = r->g->spec->n_seeds ? r->g->spec->n_seeds : 1;
+    for (int i = first; i < last; i++) {
+        int p = r->g->my_jobs[i] / ns;
+        free(r->prompt_embeds[p]);
+        r->prompt_embeds[p] = NULL;
+    }
+}
+
 /* ---- models ---- */
 
-static int load_models(run_state *r) {
+static int load_transformer(run_state *r) {
     gen_setup *g = r->g;
-    int rc = 0;
-    (void)rc;
 #if HAVE_FLUX2
     if (!flux2_load) return tp_error("the FLUX.2 transformer is not in this build");
     double t0 = gen_now();
     load_stats ls = {0};
-    rc = flux2_load(g->transformer_dir, r->be, r->c, g->precision, &r->model, &ls);
+    int rc = flux2_load(g->transformer_dir, r->be, r->c, g->precision, &r->model, &ls);
     r->m->bytes_loaded += ls.bytes_read;
     r->m->load_seconds += ls.seconds;
-    r->m->t_load = gen_now() - t0;
-    if (rc) return tp_error_context("loading %s", g->transformer_dir);
+    r->m->t_load += gen_now() - t0;
+    return rc ? tp_error_context("loading %s", g->transformer_dir) : 0;
 #else
+    (void)g;
     return tp_error("the FLUX.2 transformer is not in this build");
 #endif
+}
+
+static void free_transformer(run_state *r) {
+#if HAVE_FLUX2
+    if (r->model) flux2_free(r->model);
+#endif
+    r->model = NULL;
+}
+
+/* the VAE lives on the first rank of each TP group, which writes the PNGs */
+static int load_vae(run_state *r) {
+    gen_setup *g = r->g;
     if (!g->write_png || g->d->tp_rank != 0) return 0;
 #if HAVE_VAE
     if (!vae_load) return tp_error("the VAE decoder is not in this build; use --no-decode --save-latents FILE");
-    double t1 = gen_now();
-    rc = vae_load(g->vae_dir, r->be, g->precision, &r->vae);
-    r->m->t_load += gen_now() - t1;
-    return rc ? tp_error_context("loading %s", g->vae_dir) : 0;
+    double t0 = gen_now();
+    int rc = vae_load(g->vae_dir, r->be, g->precision, &r->vae);
+    r->m->t_load += gen_now() - t0;
+    if (rc) return tp_error_context("loading %s", g->vae_dir);
+    /* the image is (H/16) x (W/16) tokens of in_channels = 4 x latent channels */
+    const vae_config *vc = vae_get_config(r->vae);
+    if (vae_pixels_per_token(vc) != 16 || 4 * vc->latent_channels != g->in_channels)
+        return tp_error("%s does not fit the transformer: %d latent channels and %d pixels per token, the transformer "
+                        "needs %d channels (4 x latent channels) and 16 pixels per token", g->vae_dir,
+                        vc->latent_channels, vae_pixels_per_token(vc), g->in_channels);
+    return 0;
 #else
     return tp_error("the VAE decoder is not in this build; use --no-decode --save-latents FILE");
 #endif
@@ -300,6 +355,17 @@ static int run_job(run_state *r, int job) {
     return rc ? tp_error_context("job %d (seed %llu)", job, (unsigned long long)runspec_job_seed(g->spec, job)) : 0;
 }
 
+/* One chunk of this group's jobs, positions [first, last). */
+static int run_chunk(run_state *r, int first, int last) {
+    int rc = 0;
+    for (int i = first; i < last && !rc; i++) {
+        r->job_pos = i;
+        rc = run_job(r, r->g->my_jobs[i]);
+    }
+    free_chunk_embeds(r, first, last);
+    return rc;
+}
+
 int gen_run(gen_setup *g, gen_metrics *m) {
     run_state r = {.g = g, .m = m};
     dist *d = g->d;
@@ -310,22 +376,27 @@ int gen_run(gen_setup *g, gen_metrics *m) {
     }
     int np = g->spec->n_prompts ? g->spec->n_prompts : 1;
     r.prompt_embeds = xcalloc((size_t)np, sizeof *r.prompt_embeds);
-    if (!rc) rc = agree(d->world, encode_prompts(&r));
-    if (!rc) rc = agree(d->world, load_models(&r));
-    /* TP groups may have different numbers of jobs: from here on, errors are
-     * agreed inside the group, and the world agrees once at the end */
-    int job_rc = 0;
-    for (int i = 0; i < g->n_my_jobs && !rc && !job_rc; i++) {
-        r.job_pos = i;
-        job_rc = run_job(&r, g->my_jobs[i]);
+    /* the first chunk runs on every group (maybe empty), so that loading
+     * errors are agreed by the whole world before any image is rendered */
+    int last = chunk_end(&r, 0);
+    if (!rc) rc = agree(d->world, encode_prompts(&r, 0, last));
+    if (!rc) rc = agree(d->world, load_transformer(&r));
+    if (!rc) rc = agree(d->world, load_vae(&r));
+    /* TP groups may have different numbers of jobs and chunks: from here on
+     * errors are agreed inside the group, and the world agrees at the end */
+    int job_rc = rc ? 0 : run_chunk(&r, 0, last);
+    for (int first = last; !rc && !job_rc && first < g->n_my_jobs; first = last) {
+        last = chunk_end(&r, first);
+        free_transformer(&r);
+        job_rc = agree_tp(&r, encode_prompts(&r, first, last));
+        if (!job_rc) job_rc = agree_tp(&r, load_transformer(&r));
+        if (!job_rc) job_rc = run_chunk(&r, first, last);
     }
     if (!rc) rc = agree(d->world, job_rc);
 #if HAVE_VAE
     if (r.vae) vae_free(r.vae);
 #endif
-#if HAVE_FLUX2
-    if (r.model) flux2_free(r.model);
-#endif
+    free_transformer(&r);
     for (int i = 0; i < np; i++) free(r.prompt_embeds[i]);
     free(r.prompt_embeds);
     free(r.neg_embeds);

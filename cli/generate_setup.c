@@ -88,6 +88,8 @@ static int read_model(gen_setup *g, const char *root) {
 }
 
 static void apply_defaults(gen_setup *g, run_spec *s) {
+    if (g->family == FAMILY_KLEIN_DISTILLED && s->guidance >= 0 && g->d->world_rank == 0)
+        fprintf(stderr, "tpgen: note: %s is a guidance-distilled model; --guidance %g is ignored\n", s->model, s->guidance);
     if (!s->steps) s->steps = g->family == FAMILY_KLEIN_DISTILLED ? 4 : 50;
     if (s->guidance < 0) s->guidance = g->family == FAMILY_KLEIN_DISTILLED ? 1.0 : 4.0;
     if (!s->width) s->width = 1024;
@@ -185,6 +187,12 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     g->n_jobs = runspec_n_jobs(s);
     if (check_outputs(g, s)) return -1;
     if (s->prompt_embeds && read_embeds(g, s->prompt_embeds)) return -1;
+    /* parts of tpgen this build may lack: say so before any heavy work */
+    if (!gen_have_transformer()) return tp_error("the FLUX.2 transformer is not in this build of tpgen");
+    if (s->n_prompts && !gen_have_text_encoder())
+        return tp_error("the text encoder is not in this build of tpgen; use --prompt-embeds FILE");
+    if (g->write_png && !gen_have_vae())
+        return tp_error("the VAE decoder is not in this build of tpgen; use --no-decode --save-latents FILE");
     g->my_jobs = xmalloc(sizeof(int) * (size_t)(g->n_jobs ? g->n_jobs : 1));
     g->n_my_jobs = runspec_group_jobs(g->n_jobs, d->dp, d->dp_rank, g->my_jobs);
     return 0;

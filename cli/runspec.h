@@ -64,6 +64,9 @@ uint64_t runspec_job_seed(const run_spec *s, int job);
  * and {{ / }} for literal braces. malloc'ed result; NULL + tp_error on a
  * malformed pattern. */
 char *runspec_output_path(const run_spec *s, const char *pattern, int job);
+/* Error unless the pattern gives each of the n jobs its own path
+ * (name: the flag, for the message). */
+int runspec_check_unique_paths(const run_spec *s, const char *pattern, const char *name, int n);
 /* Whether a pattern varies with the job (has a job placeholder). */
 int runspec_pattern_varies(const char *pattern);
 

@@ -2,7 +2,7 @@
  * generator of FLUX.2-shaped checkpoints it (and the tests) run on.
  *
  *   tpgen bench load --make DIR --shape klein-4b [--sparse] [--shards N] [--seed S]
- *   mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--json]
+ *   mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--cold] [--threads T] [--json]
  *
  * The generated checkpoint has the real tensor names and shapes (spec
  * flux2-transformer.md §2) with random BF16 data, or holes (--sparse: a
@@ -11,11 +11,13 @@
 #include "dist.h"
 #include "err.h"
 #include "../kernels/ops.h"
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -103,10 +105,18 @@ static int write_json(const char *path, json_t *j) {
     return rc;
 }
 
+/* mkdir -p */
+static void make_dirs(const char *path) {
+    char *p = xstrdup(path);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') *s = 0, mkdir(p, 0755), *s = '/';
+    mkdir(p, 0755);
+    free(p);
+}
+
 static int write_configs(const char *dir, const flux2_shape *s) {
     char *tdir = xasprintf("%s/transformer", dir);
-    mkdir(dir, 0755);
-    mkdir(tdir, 0755);
+    make_dirs(tdir);
     json_t *cfg = json_pack("{s:i,s:i,s:n,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:[iiii],s:i,s:f,s:b,s:s}", "patch_size", 1,
                             "in_channels", 128, "out_channels", "num_layers", s->layers, "num_single_layers",
                             s->single, "attention_head_dim", 128, "num_attention_heads", s->heads,
@@ -167,6 +177,12 @@ int flux2_make_checkpoint(const char *dir, const char *shape, int sparse, int sh
 
 /* ---- the benchmark ---- */
 
+static double cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
 static long status_kb(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
@@ -196,6 +212,13 @@ static double cached_fraction(const checkpoint *c) {
         munmap(m, f->file_size);
     }
     return all > 0 ? in / all : 0;
+}
+
+/* Ask the kernel to drop this checkpoint's clean pages from the page cache
+ * (only these files; dropping the whole cache needs root and is not done),
+ * so that the next load reads from the disk. */
+static void evict(const checkpoint *c) {
+    for (int i = 0; i < c->n_files; i++) posix_fadvise(c->files[i]->fd, 0, 0, POSIX_FADV_DONTNEED);
 }
 
 /* The baseline: read each whole tensor into host memory, then copy out
@@ -234,32 +257,34 @@ static int load_naive(const checkpoint *c, const plan *p, const load_opts *o, we
 }
 
 typedef struct bench_row {
-    double seconds, cached;
+    double seconds, cpu_seconds, cached;
     double bytes_read, bytes_held, rss_before_kb, peak_rss_kb;
 } bench_row;
 
-static void print_rows(const bench_row *rows, int n, const char *mode, const char *dir, int json) {
+static void print_rows(const bench_row *rows, int n, const char *mode, int threads, const char *dir, int json) {
     if (json) {
         json_t *a = json_array();
         for (int r = 0; r < n; r++)
-            json_array_append_new(a, json_pack("{s:i,s:f,s:f,s:f,s:f,s:f,s:f}", "rank", r, "seconds", rows[r].seconds,
+            json_array_append_new(a, json_pack("{s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "rank", r, "seconds", rows[r].seconds,
+                                               "cpu_seconds", rows[r].cpu_seconds,
                                                "bytes_read", rows[r].bytes_read, "weight_bytes", rows[r].bytes_held,
                                                "peak_rss_bytes", rows[r].peak_rss_kb * 1024, "rss_before_bytes",
                                                rows[r].rss_before_kb * 1024, "page_cache_fraction", rows[r].cached));
-        json_t *o = json_pack("{s:s,s:s,s:i,s:o}", "mode", mode, "model", dir, "tp", n, "ranks", a);
+        json_t *o = json_pack("{s:s,s:s,s:i,s:i,s:o}", "mode", mode, "model", dir, "tp", n, "threads", threads, "ranks", a);
         char *s = json_dumps(o, JSON_INDENT(1));
         printf("%s\n", s);
         free(s);
         json_decref(o);
         return;
     }
-    printf("load %s, tp %d, %s (page cache held %.0f%% of the checkpoint before the load)\n", dir, n, mode,
-           rows[0].cached * 100);
-    printf("%4s %9s %12s %9s %12s %12s %12s %6s\n", "rank", "seconds", "read GB", "GB/s", "weights GB", "peak RSS GB",
-           "target GB", "ok");
+    printf("load %s, tp %d, %s, %d reader thread(s) per rank (page cache held %.0f%% of the checkpoint before the load)\n",
+           dir, n, mode, threads, rows[0].cached * 100);
+    printf("%4s %9s %9s %12s %9s %12s %12s %12s %6s\n", "rank", "seconds", "cpu s", "read GB", "GB/s", "weights GB",
+           "peak RSS GB", "target GB", "ok");
     for (int r = 0; r < n; r++) {
         double target = rows[r].bytes_held * 1.05 + 64e6;
-        printf("%4d %9.3f %12.3f %9.2f %12.3f %12.3f %12.3f %6s\n", r, rows[r].seconds, rows[r].bytes_read / 1e9,
+        printf("%4d %9.3f %9.3f %12.3f %9.2f %12.3f %12.3f %12.3f %6s\n", r, rows[r].seconds, rows[r].cpu_seconds,
+               rows[r].bytes_read / 1e9,
                rows[r].bytes_read / 1e9 / rows[r].seconds, rows[r].bytes_held / 1e9, rows[r].peak_rss_kb * 1024 / 1e9,
                target / 1e9, rows[r].peak_rss_kb * 1024 <= target ? "yes" : "NO");
     }
@@ -267,14 +292,17 @@ static void print_rows(const bench_row *rows, int n, const char *mode, const cha
 
 static int bench_usage(void) {
     printf("usage: tpgen bench load --make DIR --shape dev|klein-4b|klein-9b|small [--sparse] [--shards N] [--seed S]\n"
-           "       mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--json]\n\n"
+           "       mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--cold] [--threads T] [--json]\n\n"
            "--make writes a FLUX.2-shaped BF16 checkpoint (random data, or holes with --sparse).\n"
            "--model loads DIR/transformer at tp = number of ranks; every rank reports its load time,\n"
-           "bytes read, weight bytes and peak RSS. One mode per run (peak RSS is per process).\n");
+           "bytes read, weight bytes and peak RSS. One mode per run (peak RSS is per process).\n"
+           "--cold first evicts the checkpoint's pages from the page cache (posix_fadvise DONTNEED).\n"
+           "--threads T reads with T threads per rank (load_opts.io_threads, default %d; sharded and mmap modes).\n",
+           WEIGHTS_IO_THREADS);
     return 0;
 }
 
-static int run_load(dist *d, const char *dir, const char *mode, int json) {
+static int run_load(dist *d, const char *dir, const char *mode, int json, int cold, int threads) {
     char *tdir = xasprintf("%s/transformer", dir);
     model_dir *m = NULL;
     checkpoint *c = NULL;
@@ -285,23 +313,27 @@ static int run_load(dist *d, const char *dir, const char *mode, int json) {
     if (!rc) rc = plan_flux2(cfg, &p);
     if (!rc) rc = checkpoint_open(tdir, &c);
     bench_row row = {0};
+    if (!rc && cold && d->world_rank == 0) evict(c);
+    MPI_Barrier(d->world);
     if (!rc) row.cached = cached_fraction(c);
     backend *be = backend_cpu_create(1);
     load_opts o = {.tp = d->world_size, .rank = d->world_rank, .be = be, .dtype = DT_BF16,
-                   .use_mmap = !strcmp(mode, "mmap")};
+                   .use_mmap = !strcmp(mode, "mmap"), .io_threads = threads};
     load_stats st = {0};
     weights *w = NULL;
     tensor **naive = NULL;
     MPI_Barrier(d->world);
     row.rss_before_kb = (double)status_kb("VmRSS");
+    double cpu0 = cpu_seconds();
     if (!rc) rc = !strcmp(mode, "naive") ? load_naive(c, &p, &o, &w, &st, &naive) : weights_load(c, &p, &o, &w, &st);
     row.peak_rss_kb = (double)status_kb("VmHWM");
+    row.cpu_seconds = cpu_seconds() - cpu0;
     row.seconds = st.seconds, row.bytes_read = (double)st.bytes_read, row.bytes_held = (double)st.bytes_held;
     rc = dist_agree(d->world, rc);
     if (!rc) {
         bench_row *rows = d->world_rank == 0 ? xcalloc((size_t)d->world_size, sizeof *rows) : NULL;
         MPI_Gather(&row, sizeof row, MPI_BYTE, rows, sizeof row, MPI_BYTE, 0, d->world);
-        if (d->world_rank == 0) print_rows(rows, d->world_size, mode, dir, json);
+        if (d->world_rank == 0) print_rows(rows, d->world_size, mode, threads, dir, json);
         free(rows);
     } else {
         dist_report_error(d->world);
@@ -319,18 +351,20 @@ static int run_load(dist *d, const char *dir, const char *mode, int json) {
 
 int bench_load(int argc, char **argv) {
     const char *make = NULL, *shape = "klein-4b", *model = NULL, *mode = "sharded";
-    int sparse = 0, shards = 1, json = 0;
+    int sparse = 0, shards = 1, json = 0, cold = 0, threads = WEIGHTS_IO_THREADS;
     unsigned seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return bench_usage();
         else if (!strcmp(a, "--sparse")) sparse = 1;
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--cold")) cold = 1;
         else if (v && !strcmp(a, "--make")) make = v, i++;
         else if (v && !strcmp(a, "--shape")) shape = v, i++;
         else if (v && !strcmp(a, "--model")) model = v, i++;
         else if (v && !strcmp(a, "--mode")) mode = v, i++;
         else if (v && !strcmp(a, "--shards")) shards = atoi(v), i++;
+        else if (v && !strcmp(a, "--threads")) threads = atoi(v), i++;
         else if (v && !strcmp(a, "--seed")) seed = (unsigned)strtoul(v, NULL, 10), i++;
         else { fprintf(stderr, "tpgen: error: bench load: unknown or incomplete option '%s'\n", a); return 2; }
     }
@@ -349,7 +383,7 @@ int bench_load(int argc, char **argv) {
     }
     dist d;
     if (dist_init(&argc, &argv, &d)) { fprintf(stderr, "tpgen: error: %s\n", tp_error_msg()); return 1; }
-    int rc = run_load(&d, model, mode, json);
+    int rc = run_load(&d, model, mode, json, cold, threads);
     dist_finalize(&d);
     return rc;
 }

@@ -9,7 +9,9 @@
 
 /* Called after each step on every rank: v is the velocity used in this step
  * [N, C] (after CFG), x the latents after the step [N, C]. Return non-zero
- * to stop the loop (flux2_denoise then fails with "stopped"). */
+ * to stop the loop (flux2_denoise then fails with "stopped"); the return
+ * value must be the same on every rank of the group (the ranks must stay in
+ * lockstep), so decide on rank-independent data or agree first. */
 typedef int (*denoise_step_fn)(int step, int steps, double step_seconds, const float *v,
                                const float *x, void *ctx);
 
@@ -25,6 +27,12 @@ typedef struct denoise_params {
     int64_t Ln;
     const int32_t *neg_txt_ids;    /* [Ln, 4] */
     float cfg_scale;
+    /* optional reference-image tokens (editing): appended after the noise
+     * tokens in every forward, with their own ids (T = 10, 20, ...); only
+     * the first N outputs are the velocity */
+    const float *ref_tokens;       /* [R, C] or NULL */
+    int64_t R;
+    const int32_t *ref_ids;        /* [R, 4] */
     const float *sigmas;           /* [steps + 1], ending with 0 */
     int steps;
     const float *guidance;         /* embedded guidance (dev) or NULL */

@@ -1,10 +1,16 @@
 /* PyTorch-compatible CPU generator: MT19937 and torch's normal sampling
  * (see rng.h). Every floating-point step below is a separate, rounded
- * operation in the order torch's kernels perform it: the file relies on
- * -std=c17 (GCC then does not contract a*b+c into an FMA) and never uses
- * -ffast-math. Written from a reading of PyTorch's CPU generator and
- * distribution kernels; no code was copied. */
+ * operation in the order torch's kernels perform it (contraction into
+ * FMAs is turned off below; never build this file with -ffast-math).
+ * Written from a reading of PyTorch's CPU generator and distribution
+ * kernels; no code was copied. */
 #include "rng.h"
+/* no automatic a*b+c -> fma: the fused steps are spelled out with fmaf() */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 #include "tensor.h"
 #include "err.h"
 #include <stdlib.h>

@@ -98,6 +98,30 @@ static int parse_metadata(st_file *f, json_t *m) {
     return 0;
 }
 
+static int cmp_begin(const void *a, const void *b) {
+    const st_tensor_info *x = *(const st_tensor_info *const *)a, *y = *(const st_tensor_info *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Two tensors sharing bytes means a corrupt header (writes to one would
+ * change the other); gaps are allowed. */
+static int check_overlaps(const st_file *f) {
+    const st_tensor_info **by = xmalloc((size_t)(f->n ? f->n : 1) * sizeof *by);
+    for (int i = 0; i < f->n; i++) by[i] = &f->tensors[i];
+    qsort(by, (size_t)f->n, sizeof *by, cmp_begin);
+    int rc = 0;
+    const st_tensor_info *last = NULL;   /* the non-empty tensor reaching furthest so far */
+    for (int i = 0; i < f->n && !rc; i++) {
+        if (by[i]->end == by[i]->begin) continue;   /* empty tensors own no bytes */
+        if (last && by[i]->begin < last->end)
+            rc = tp_error("%s: tensors '%s' and '%s' overlap in the data area (corrupt header)", f->path,
+                          last->name, by[i]->name);
+        if (!last || by[i]->end > last->end) last = by[i];
+    }
+    free(by);
+    return rc;
+}
+
 static int parse_header(st_file *f, const char *text, size_t len) {
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -118,6 +142,7 @@ static int parse_header(st_file *f, const char *text, size_t len) {
         if (rc) goto out;
     }
     qsort(f->tensors, (size_t)f->n, sizeof *f->tensors, cmp_info);
+    rc = check_overlaps(f);
 out:
     json_decref(root);
     return rc;

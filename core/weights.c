@@ -54,17 +54,22 @@ static void *grow(char **buf, size_t *size, size_t need) {
     return *buf;
 }
 
-/* Read n bytes at absolute offset off of file fi into dst. */
+/* Read n bytes at absolute offset off of file fi into dst. Thread-safe
+ * (pread, or a copy from a mapping made before any read). */
 static int read_bytes(loader *L, int fi, uint64_t off, void *dst, size_t n) {
     const st_file *f = L->c->files[fi];
-    L->st->bytes_read += n;
     if (!L->o->use_mmap) return st_read_range(f, off, dst, n);
-    if (!L->maps[fi]) {
-        void *m = mmap(NULL, f->file_size, PROT_READ, MAP_PRIVATE, f->fd, 0);
-        if (m == MAP_FAILED) return tp_error("%s: mmap failed (retry without mmap)", f->path);
-        L->maps[fi] = m;
-    }
     memcpy(dst, L->maps[fi] + off, n);
+    return 0;
+}
+
+static int map_files(loader *L) {
+    for (int i = 0; L->o->use_mmap && i < L->c->n_files; i++) {
+        const st_file *f = L->c->files[i];
+        void *m = mmap(NULL, f->file_size, PROT_READ, MAP_PRIVATE, f->fd, 0);
+        if (m == MAP_FAILED) return tp_error("%s: mmap failed (load without mmap)", f->path);
+        L->maps[i] = m;
+    }
     return 0;
 }
 
@@ -123,28 +128,79 @@ static int piece_staged(loader *L, int fi, const st_tensor_info *ti, const shard
     return be->vt->sync(be);
 }
 
-static int load_one(loader *L, int k, wentry *e, const plan *p) {
-    const checkpoint *c = L->c;
-    const st_tensor_info *ti = c->infos[k];
+/* One tensor to load: its shard and where it goes. */
+typedef struct job {
+    int k;                      /* index in the checkpoint */
+    wentry *e;
     shard_info si;
-    if (plan_shard(p, ti, p ? L->o->tp : 1, &si)) return -1;
+    int direct;                 /* CPU backend, stored dtype: read in place */
+} job;
+
+/* Plan the shard and allocate the local tensor (serial: backends count
+ * their bytes without locks). */
+static int prepare(loader *L, int k, wentry *e, const plan *p, job *j) {
+    const st_tensor_info *ti = L->c->infos[k];
+    if (plan_shard(p, ti, p ? L->o->tp : 1, &j->si)) return -1;
     dtype_t dt = is_float(ti->dtype) ? L->o->dtype : ti->dtype;
     e->info = *ti;
     e->info.name = xstrdup(ti->name);
-    e->t = tensor_new(L->o->be, dt, si.local_rows, si.local_cols);
+    e->t = tensor_new(L->o->be, dt, j->si.local_rows, j->si.local_cols);
     if (!e->t) return tp_error_context("tensor '%s'", ti->name);
-    shard_piece pc[PLAN_MAX_PIECES];
-    int np = plan_shard_pieces(&si, L->o->tp, L->o->rank, pc);
-    int direct = L->o->be->kind == BACKEND_CPU && dt == ti->dtype;
-    uint64_t before = L->st->bytes_read;
-    for (int j = 0; j < np; j++)
-        if ((direct ? piece_direct : piece_staged)(L, c->file_of[k], ti, &pc[j], e->t))
-            return tp_error_context("reading tensor '%s'", ti->name);
-    uint64_t got = L->st->bytes_read - before;
-    if (si.style == STYLE_REPLICATED) L->st->bytes_replicated += got;
-    else L->st->bytes_sharded += got;
+    j->k = k, j->e = e;
+    j->direct = L->o->be->kind == BACKEND_CPU && dt == ti->dtype;
     L->st->bytes_held += tensor_nbytes(e->t);
     return 0;
+}
+
+/* Read a job's pieces; *bytes = bytes read from the file. */
+static int read_job(loader *L, const job *j, uint64_t *bytes) {
+    const st_tensor_info *ti = L->c->infos[j->k];
+    shard_piece pc[PLAN_MAX_PIECES];
+    int np = plan_shard_pieces(&j->si, L->o->tp, L->o->rank, pc);
+    *bytes = 0;
+    for (int i = 0; i < np; i++) {
+        if ((j->direct ? piece_direct : piece_staged)(L, L->c->file_of[j->k], ti, &pc[i], j->e->t))
+            return tp_error_context("reading tensor '%s'", ti->name);
+        *bytes += (uint64_t)(pc[i].width * pc[i].height) * dtype_size(ti->dtype);
+    }
+    return 0;
+}
+
+static void count(load_stats *st, const job *j, uint64_t bytes) {
+    st->bytes_read += bytes;
+    if (j->si.style == STYLE_REPLICATED) st->bytes_replicated += bytes;
+    else st->bytes_sharded += bytes;
+}
+
+/* Staged jobs one after the other (they share the staging buffers and
+ * the backend's copy engine); direct jobs on io_threads threads. */
+static int read_all(loader *L, const job *jobs, int n) {
+    for (int i = 0; i < n; i++) {
+        uint64_t b;
+        if (!jobs[i].direct && read_job(L, &jobs[i], &b)) return -1;
+        if (!jobs[i].direct) count(L->st, &jobs[i], b);
+    }
+    int nt = L->o->io_threads > 0 ? L->o->io_threads : WEIGHTS_IO_THREADS, failed = 0;
+    uint64_t *got = xcalloc((size_t)(n ? n : 1), sizeof *got);
+    char msg[4096] = "";
+    /* tp_error's message is per thread: the first failure is carried out */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+    for (int i = 0; i < n; i++) {
+        int stop;
+#pragma omp atomic read
+        stop = failed;
+        if (stop || !jobs[i].direct || read_job(L, &jobs[i], &got[i]) == 0) continue;
+#pragma omp critical(weights_read_error)
+        if (!failed) {
+            snprintf(msg, sizeof msg, "%s", tp_error_msg());
+#pragma omp atomic write
+            failed = 1;
+        }
+    }
+    for (int i = 0; i < n && !failed; i++)
+        if (jobs[i].direct) count(L->st, &jobs[i], got[i]);
+    free(got);
+    return failed ? tp_error("%s", msg) : 0;
 }
 
 static const checkpoint *g_order_ckpt;
@@ -184,16 +240,18 @@ int weights_load(const checkpoint *c, const plan *p, const load_opts *o, weights
     weights *w = xcalloc(1, sizeof *w);
     w->dir = xstrdup(c->dir);
     w->e = xcalloc((size_t)(c->n ? c->n : 1), sizeof *w->e);
-    int rc = 0;
+    job *jobs = xcalloc((size_t)(c->n ? c->n : 1), sizeof *jobs);
+    int rc = map_files(&L);
     for (int i = 0; i < c->n && !rc; i++) {
         int k = order[i];
         if (o->want && !o->want(c->infos[k]->name, o->want_ctx)) continue;
-        rc = load_one(&L, k, &w->e[w->n], p);
+        rc = prepare(&L, k, &w->e[w->n], p, &jobs[w->n]);
         if (w->e[w->n].info.name) w->n++;   /* partly built entries are freed below */
     }
+    if (!rc) rc = read_all(&L, jobs, w->n);
     st->max_staging = L.raw_size + L.conv_size + L.f32_size;
     loader_done(&L);
-    free(order);
+    free(order), free(jobs);
     if (rc) {
         weights_free(w);
         return tp_error_context("loading %s (rank %d of tp %d)", c->dir, o->rank, o->tp);
@@ -206,9 +264,15 @@ int weights_load(const checkpoint *c, const plan *p, const load_opts *o, weights
 }
 
 int weights_estimate(const checkpoint *c, const plan *p, int tp, int rank, load_estimate *out) {
+    return weights_estimate_want(c, p, tp, rank, NULL, NULL, out);
+}
+
+int weights_estimate_want(const checkpoint *c, const plan *p, int tp, int rank,
+                          int (*want)(const char *name, void *ctx), void *want_ctx, load_estimate *out) {
     memset(out, 0, sizeof *out);
     if (plan_validate(p, c, tp)) return -1;
     for (int k = 0; k < c->n; k++) {
+        if (want && !want(c->infos[k]->name, want_ctx)) continue;
         shard_info si;
         if (plan_shard(p, c->infos[k], tp, &si)) return -1;
         shard_piece pc[PLAN_MAX_PIECES];

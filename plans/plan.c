@@ -3,6 +3,7 @@
  * themselves are data (plans/<model>_plan.c). */
 #include "plan.h"
 #include "../core/err.h"
+#include "../core/models/llm.h"
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,19 +198,56 @@ int plan_validate(const plan *p, const checkpoint *c, int tp) {
     return 0;
 }
 
-/* Which plan each pipeline component uses. The text-encoder plans (Qwen3
- * for klein, Mistral for dev) go here as {"text_encoder", plan_...}; a
- * constructor may look at the config to pick between architectures. */
+/* ---- which plan each pipeline component uses ---- */
+
+static int transformer_plan(const json_t *config, const checkpoint *c, int tp, component_plan *out) {
+    return plan_flux2(config, &out->p);
+}
+
+/* The LLM text encoder (Qwen3 for klein, Mistral for dev): its plan
+ * depends on tp (K/V and the embedding are split only when tp divides
+ * them) and on the checkpoint's name prefix; only the layers that produce
+ * the prompt embeddings are loaded (hidden states 9/18/27 for Qwen3,
+ * 10/20/30 for Mistral, as core/models/textenc.c chooses). */
+typedef struct text_encoder_storage {
+    llm_config cfg;
+    llm_plan lp;
+    llm_want want;
+} text_encoder_storage;
+
+static int text_encoder_plan(const json_t *config, const checkpoint *c, int tp, component_plan *out) {
+    text_encoder_storage *s = xcalloc(1, sizeof *s);
+    out->storage = s;
+    if (llm_config_parse(config, "text_encoder/config.json", &s->cfg) || llm_config_resolve_prefix(&s->cfg, c) ||
+        llm_plan_build(&s->cfg, tp, &s->lp))
+        return -1;
+    int top = s->cfg.arch == LLM_QWEN3 ? 27 : 30;
+    s->want = (llm_want){&s->cfg, top < s->cfg.n_layers ? top : s->cfg.n_layers, top >= s->cfg.n_layers};
+    out->p = s->lp.p;
+    out->want = llm_want_tensor;
+    out->want_ctx = &s->want;
+    return 0;
+}
+
 static const struct {
     const char *component;
-    int (*make)(const json_t *config, plan *out);
+    int (*make)(const json_t *config, const checkpoint *c, int tp, component_plan *out);
 } k_component_plans[] = {
-    {"transformer", plan_flux2},
+    {"transformer", transformer_plan},
+    {"text_encoder", text_encoder_plan},
 };
 
-int plan_for_component(const char *component, const json_t *config, plan *out) {
+int plan_for_component(const char *component, const json_t *config, const checkpoint *c, int tp,
+                       component_plan *out) {
+    memset(out, 0, sizeof *out);
     for (size_t i = 0; i < sizeof k_component_plans / sizeof k_component_plans[0]; i++)
-        if (!strcmp(component, k_component_plans[i].component)) return k_component_plans[i].make(config, out);
-    *out = (plan){.model = component};
+        if (!strcmp(component, k_component_plans[i].component)) return k_component_plans[i].make(config, c, tp, out);
+    out->p.model = component;
     return 1;
+}
+
+void component_plan_free(component_plan *cp) {
+    if (!cp) return;
+    free(cp->storage);
+    memset(cp, 0, sizeof *cp);
 }

@@ -51,11 +51,22 @@ void plan_add_divisor(plan *p, const char *name, int64_t value);
  * symbols (D, M) and divisors (heads) taken from config.json. */
 int plan_flux2(const json_t *config, plan *out);
 
-/* The plan of a pipeline component ("transformer", "text_encoder", ...),
- * chosen by a small table in plan.c (add a row for a new component).
- * Returns 1 with an empty plan when the component has none (everything
- * replicated), 0 when *out was filled, -1 on a bad config. */
-int plan_for_component(const char *component, const json_t *config, plan *out);
+/* The plan of a pipeline component ("transformer", "text_encoder", ...)
+ * at degree tp, chosen by a small table in plan.c (add a row for a new
+ * component). Some plans depend on tp and on the checkpoint's tensor
+ * names (the LLM text encoders), and a component may load only some of
+ * its tensors (want). Returns 1 with an empty plan when the component has
+ * none (everything replicated), 0 when *out was filled, -1 on a bad config
+ * or a tp the plan cannot take. Free with component_plan_free. */
+typedef struct component_plan {
+    plan p;
+    int (*want)(const char *name, void *ctx);   /* tensors the component loads; NULL: all */
+    void *want_ctx;
+    void *storage;                              /* owned by the plan (rules, globs, want_ctx) */
+} component_plan;
+int plan_for_component(const char *component, const json_t *config, const checkpoint *c, int tp,
+                       component_plan *out);
+void component_plan_free(component_plan *cp);
 
 /* How one tensor maps onto a rank. */
 typedef struct shard_info {

@@ -11,8 +11,10 @@
 #include "../core/comm.h"
 #include "../core/dist.h"
 #include "../core/err.h"
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 TEST_MPI(cuda_select_fails_cleanly_or_works) {
     int rank, size;
@@ -140,6 +142,45 @@ TEST_GPU(gpu_memory_and_transfers) {
     tp_error_clear();
     free(h);
     free(r);
+}
+
+/* the proposed upload_file path: strided rows from a file straight into a
+ * device matrix (a rowwise shard: every row's slice of columns) */
+int cuda_upload_file(backend *, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch, size_t width,
+                     size_t height);
+
+TEST_GPU(gpu_upload_file_rowwise) {
+    NEED_GPU();
+    const size_t rows = 3000, cols = 5000, c0 = 1234, w = 1111, hdr = 77;  /* ~60 MB file: several staging runs */
+    char path[512];
+    snprintf(path, sizeof path, "%s/cuda_upload_file.bin", test_tmp_dir());
+    float *full = xmalloc(rows * cols * 4);
+    for (size_t i = 0; i < rows * cols; i++) full[i] = (float)(i % 100003) * 0.25f;
+    int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+    REQUIRE(fd >= 0, "cannot create %s", path);
+    char pad[77] = {0};
+    CHECK(write(fd, pad, hdr) == (ssize_t)hdr && write(fd, full, rows * cols * 4) == (ssize_t)(rows * cols * 4),
+          "short write");
+    tensor *t = tensor_new(g_gpu, DT_F32, (int64_t)rows, (int64_t)w);
+    REQUIRE(t, "alloc: %s", tp_error_msg());
+    CHECK(cuda_upload_file(g_gpu, t->data, w * 4, fd, hdr + c0 * 4, cols * 4, w * 4, rows) == 0, "upload_file: %s",
+          tp_error_msg());
+    float *got = xmalloc(rows * w * 4);
+    CHECK(be_sync(g_gpu) == 0 && tensor_download_f32(t, got) == 0, "download: %s", tp_error_msg());
+    size_t bad = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < w; c++) bad += got[r * w + c] != full[r * cols + c0 + c];
+    CHECK(bad == 0, "%zu elements differ from the file's rowwise slice", bad);
+    /* reading past the end of the file is an error, not a crash */
+    tp_error_clear();
+    CHECK(cuda_upload_file(g_gpu, t->data, w * 4, fd, hdr + (rows * cols - 10) * 4, cols * 4, w * 4, 2) == -1 &&
+              strstr(tp_error_msg(), "file ends"), "short file: %s", tp_error_msg());
+    tp_error_clear();
+    close(fd);
+    unlink(path);
+    tensor_free(t);
+    free(full);
+    free(got);
 }
 
 TEST_GPU(gpu_nccl_single_rank) {
@@ -287,31 +328,45 @@ static void attn_case(const char *name, dtype_t dt, int sq, int sk, int hq, int 
     pair_poison(&o);
     op_attention(g_gpu, &o.g, &qv.g, &k.g, &v.g, &pg);
     op_attention(g_cpu, &o.c, &qv.c, &k.c, &v.c, &pc);
-    pair_check(&o, name, dt == DT_F32 ? 1e-5 : 1.5e-2);
+    char full[160];
+    const char *kern = getenv("TPGEN_CUDA_ATTENTION");
+    snprintf(full, sizeof full, "%s [%s]", name, kern ? kern : "default");
+    pair_check(&o, full, dt == DT_F32 ? 1e-5 : 1.5e-2);
     tensor_free(mg); tensor_free(mc);
     pair_free(&q); pair_free(&k); pair_free(&v); pair_free(&o);
 }
 
-TEST_GPU(gpu_attention) {
-    NEED_GPU(); NEED_CPU(attention);
+static void attn_cases(dtype_t dt) {
     int32_t valid[300];
     for (int i = 0; i < 300; i++) valid[i] = (i % 7) != 3 && i < 250;
-    for (int d = 0; d < 2; d++) {
-        dtype_t dt = k_dts[d];
-        attn_case("attention hd128", dt, 200, 200, 3, 3, 128, 0, 0, NULL, 0);
-        attn_case("attention hd128 generic", dt, 100, 150, 2, 2, 128, 0, 0, NULL, 1);
-        attn_case("attention hd128 GQA+causal", dt, 130, 130, 4, 2, 128, 1, 0, NULL, 0);
-        attn_case("attention causal q_pos0", dt, 37, 300, 2, 1, 128, 1, 263, NULL, 0);
-        attn_case("attention key_valid", dt, 90, 300, 2, 2, 128, 0, 0, valid, 0);
-        /* left padding as in Mistral: the first rows see nothing (causal) -> 0 */
-        int32_t left[80];
-        for (int i = 0; i < 80; i++) left[i] = i >= 20;
-        attn_case("attention fully masked rows", dt, 80, 80, 2, 2, 128, 1, 0, left, 0);
-        attn_case("attention fully masked (generic)", dt, 80, 80, 2, 2, 64, 1, 0, left, 0);
-        attn_case("attention hd64", dt, 70, 90, 3, 1, 64, 0, 0, NULL, 0);
-        attn_case("attention hd512 (VAE)", dt, 96, 96, 1, 1, 512, 0, 0, NULL, 0);
-        attn_case("attention hd16", dt, 33, 47, 2, 2, 16, 1, 5, NULL, 0);
+    attn_case("attention hd128", dt, 200, 200, 3, 3, 128, 0, 0, NULL, 0);
+    attn_case("attention hd128 misaligned (generic)", dt, 100, 150, 2, 2, 128, 0, 0, NULL, 1);
+    attn_case("attention hd128 GQA+causal", dt, 130, 130, 4, 2, 128, 1, 0, NULL, 0);
+    attn_case("attention causal q_pos0", dt, 37, 300, 2, 1, 128, 1, 263, NULL, 0);
+    attn_case("attention key_valid", dt, 90, 300, 2, 2, 128, 0, 0, valid, 0);
+    /* left padding as in Mistral: the first rows see nothing (causal) -> 0 */
+    int32_t left[80];
+    for (int i = 0; i < 80; i++) left[i] = i >= 20;
+    attn_case("attention fully masked rows", dt, 80, 80, 2, 2, 128, 1, 0, left, 0);
+    attn_case("attention fully masked (generic)", dt, 80, 80, 2, 2, 64, 1, 0, left, 0);
+    attn_case("attention hd64", dt, 70, 90, 3, 1, 64, 0, 0, NULL, 0);
+    attn_case("attention hd512 (VAE)", dt, 96, 96, 1, 1, 512, 0, 0, NULL, 0);
+    attn_case("attention hd16", dt, 33, 47, 2, 2, 16, 1, 5, NULL, 0);
+}
+
+/* every kernel: the default, then each one forced (bf16 hd 128 cases pick
+ * the tensor-core kernels; the rest stay generic whatever the setting) */
+TEST_GPU(gpu_attention) {
+    NEED_GPU(); NEED_CPU(attention);
+    static const char *kernels[] = {NULL, "generic", "wmma", "mma"};
+    for (int k = 0; k < 4; k++) {
+        if (kernels[k]) setenv("TPGEN_CUDA_ATTENTION", kernels[k], 1);
+        else unsetenv("TPGEN_CUDA_ATTENTION");
+        printf("# attention kernel: %s\n", kernels[k] ? kernels[k] : "default");
+        attn_cases(DT_BF16);
+        if (k < 2) attn_cases(DT_F32);  /* f32 always runs the generic kernel */
     }
+    unsetenv("TPGEN_CUDA_ATTENTION");
 }
 
 TEST_GPU(gpu_image_ops) {

@@ -103,9 +103,10 @@ static char *spec_slice(const char *full, int64_t rows, int64_t cols, size_t es,
 
 /* Load rank k of tp and compare every tensor bit for bit (BF16) or with
  * the exact upcast (F32). Also checks the byte accounting. */
-static void check_rank(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t cap) {
+static void check_rank_t(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t cap, int threads) {
     backend *be = backend_cpu_create(1);
-    load_opts o = {.tp = tp, .rank = k, .be = be, .dtype = dt, .use_mmap = use_mmap, .staging_cap = cap};
+    load_opts o = {.tp = tp, .rank = k, .be = be, .dtype = dt, .use_mmap = use_mmap, .staging_cap = cap,
+                   .io_threads = threads};
     weights *w;
     load_stats st;
     REQUIRE(weights_load(t->c, &t->p, &o, &w, &st) == 0, "weights_load tp %d rank %d: %s", tp, k, tp_error_msg());
@@ -147,6 +148,10 @@ static void check_rank(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t 
     backend_destroy(be);
 }
 
+static void check_rank(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t cap) {
+    check_rank_t(t, tp, k, dt, use_mmap, cap, 1);
+}
+
 /* Each MPI rank loads its own shard at tp = world size. */
 TEST_MPI(load_tiny_golden_tp_world) {
     int rank, size;
@@ -170,6 +175,7 @@ TEST(load_tiny_golden_all_paths) {
             check_rank(&t, tp, k, DT_BF16, 1, 0);
             check_rank(&t, tp, k, DT_F32, k & 1, 100);
             check_rank(&t, tp, k, DT_F32, 0, 4096);
+            check_rank_t(&t, tp, k, DT_BF16, k & 1, 0, 3);   /* parallel in-place reads */
         }
     tiny_close(&t);
 }
@@ -314,4 +320,127 @@ TEST(bad_ckpt_folder_problems) {
     CHECK(model_dir_config(m, "transformer") == NULL && strstr(tp_error_msg(), "config.json"), "%s", tp_error_msg());
     model_dir_close(m);
     free(empty), free(cmd);
+}
+
+/* GPU (run by `tpgen_tests --gpu` on a CUDA build): the staged path into
+ * device memory (upload / upload2d from bounded host staging) gives the
+ * same bytes as the CPU backend, for every rank of tp 2 and 4, both
+ * dtypes, with a small staging cap so long runs are chunked. */
+TEST_GPU(gpu_load_tiny_golden_matches_cpu) {
+    tiny t;
+    REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
+    backend *gpu = backend_cuda_create(0), *cpu = backend_cpu_create(1);
+    REQUIRE(gpu, "no CUDA backend: %s", tp_error_msg());
+    for (int tp = 2; tp <= 4; tp *= 2)
+        for (int k = 0; k < tp; k++)
+            for (int d = 0; d < 2; d++) {
+                dtype_t dt = d ? DT_F32 : DT_BF16;
+                load_opts oc = {.tp = tp, .rank = k, .be = cpu, .dtype = dt};
+                load_opts og = {.tp = tp, .rank = k, .be = gpu, .dtype = dt, .staging_cap = 3000};
+                weights *wc, *wg;
+                REQUIRE(weights_load(t.c, &t.p, &oc, &wc, NULL) == 0, "%s", tp_error_msg());
+                REQUIRE(weights_load(t.c, &t.p, &og, &wg, NULL) == 0, "%s", tp_error_msg());
+                for (int i = 0; i < weights_count(wc); i++) {
+                    const tensor *a = weights_get(wc, weights_name(wc, i)), *b = weights_get(wg, weights_name(wc, i));
+                    REQUIRE(b && b->rows == a->rows && b->cols == a->cols, "%s shape", weights_name(wc, i));
+                    char *h = xmalloc(tensor_nbytes(b));
+                    memset(h, 0xff, tensor_nbytes(b));
+                    CHECK(tensor_download_raw(b, h) == 0 && !memcmp(h, a->data, tensor_nbytes(a)),
+                          "%s tp %d rank %d %s: GPU copy differs", weights_name(wc, i), tp, k, dtype_name(dt));
+                    free(h);
+                }
+                weights_free(wc);
+                weights_free(wg);
+            }
+    backend_destroy(gpu);
+    backend_destroy(cpu);
+    tiny_close(&t);
+}
+
+/* Stored dtypes other than BF16: F32/F16/F64 tensors loaded as F32 (exact
+ * for F32/F16; F64 rounded to f32) and as BF16 (rounded to nearest even
+ * from the f32 value), integer tensors kept as they are; sharded through
+ * the staged path with a default and a tiny staging cap. */
+TEST(load_converts_dtypes) {
+    enum { R = 8, C = 6 };
+    float cw[R * C];
+    uint16_t rw[4 * 8];
+    double pw[8 * 4];
+    int64_t ids[3] = {-5, 7, 1LL << 40};
+    for (int i = 0; i < R * C; i++) cw[i] = (float)rand() / RAND_MAX * 3 - 1.5f;
+    for (int i = 0; i < 32; i++) rw[i] = f32_to_f16((float)rand() / RAND_MAX - 0.5f), pw[i] = (double)rand() / RAND_MAX - 0.3;
+    st_write_tensor wt[] = {{"c.w", DT_F32, 2, {R, C}, cw}, {"r.w", DT_F16, 2, {4, 8}, rw},
+                            {"p.w", DT_F64, 2, {8, 4}, pw}, {"ids", DT_I64, 1, {3}, ids}};
+    char *dir = xasprintf("%s/dtypes", test_tmp_dir()), *cmd = xasprintf("mkdir -p %s", dir);
+    char *path = xasprintf("%s/model.safetensors", dir);
+    REQUIRE(system(cmd) == 0 && st_write(path, wt, 4, NULL) == 0, "%s", tp_error_msg());
+    static const plan_rule rules[] = {{"c.w", STYLE_COLWISE, NULL}, {"r.w", STYLE_ROWWISE, NULL},
+                                      {"p.w", STYLE_PACKED_COLWISE, "1,3"}};
+    plan p = {.model = "test", .rules = rules, .n_rules = 3};
+    checkpoint *c;
+    REQUIRE(checkpoint_open(dir, &c) == 0, "%s", tp_error_msg());
+    /* rank 1 of tp 2, by hand: c rows 4..7; r cols 4..7 of each row; p rows 1 and 2+3..5 */
+    float want_c[24], want_r[16], want_p[16];
+    for (int i = 0; i < 24; i++) want_c[i] = cw[4 * C + i];
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 4; j++) want_r[r * 4 + j] = f16_to_f32(rw[r * 8 + 4 + j]);
+    int prow[4] = {1, 5, 6, 7};
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 4; j++) want_p[r * 4 + j] = (float)pw[prow[r] * 4 + j];
+    backend *be = backend_cpu_create(1);
+    for (int d = 0; d < 2; d++)
+        for (size_t cap = 0; cap <= 16; cap += 16) {
+            dtype_t dt = d ? DT_BF16 : DT_F32;
+            load_opts o = {.tp = 2, .rank = 1, .be = be, .dtype = dt, .staging_cap = cap};
+            weights *w;
+            REQUIRE(weights_load(c, &p, &o, &w, NULL) == 0, "%s", tp_error_msg());
+            const char *names[3] = {"c.w", "r.w", "p.w"};
+            const float *want[3] = {want_c, want_r, want_p};
+            size_t n[3] = {24, 16, 16};
+            for (int k = 0; k < 3; k++) {
+                const tensor *x = weights_get(w, names[k]);
+                REQUIRE(x && x->dtype == dt && tensor_numel(x) == n[k], "%s", names[k]);
+                for (size_t e = 0; e < n[k]; e++) {
+                    float got = dt == DT_F32 ? ((const float *)x->data)[e] : bf16_to_f32(((const uint16_t *)x->data)[e]);
+                    float exp = dt == DT_F32 ? want[k][e] : bf16r(want[k][e]);
+                    if (got != exp) { CHECK(0, "%s %s cap %zu element %zu: %g != %g", names[k], dtype_name(dt), cap, e, got, exp); break; }
+                }
+            }
+            const tensor *iv = weights_get(w, "ids");
+            CHECK(iv && iv->dtype == DT_I64 && !memcmp(iv->data, ids, sizeof ids), "integer tensor changed");
+            weights_free(w);
+        }
+    backend_destroy(be);
+    checkpoint_close(c);
+    free(dir), free(cmd), free(path);
+}
+
+/* A shard that shrinks after its header was read (a download being
+ * replaced, a full disk): the read fails cleanly, also when the failing
+ * read runs on a reader thread, and no tensor is handed out. */
+TEST(bad_load_file_shrinks_during_load) {
+    char *dir = tiny_dir(), *dst = xasprintf("%s/shrink", test_tmp_dir());
+    char *cmd = xasprintf("rm -rf %s && cp -r %s/transformer %s && chmod -R u+w %s", dst, dir, dst, dst);
+    REQUIRE(system(cmd) == 0, "copy");
+    tiny t;
+    REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
+    checkpoint *c;
+    REQUIRE(checkpoint_open(dst, &c) == 0, "%s", tp_error_msg());
+    char *shard = xasprintf("%s/diffusion_pytorch_model-00001-of-00002.safetensors", dst);
+    REQUIRE(truncate(shard, 200000) == 0, "truncate");
+    backend *be = backend_cpu_create(1);
+    for (int threads = 1; threads <= 4; threads += 3)
+        for (int d = 0; d < 2; d++) {
+            load_opts o = {.tp = 2, .rank = 1, .be = be, .dtype = d ? DT_F32 : DT_BF16, .io_threads = threads};
+            weights *w = (weights *)1;
+            tp_error_clear();
+            CHECK(weights_load(c, &t.p, &o, &w, NULL) == -1 && w == NULL, "load of a shrunk file succeeded");
+            CHECK(strstr(tp_error_msg(), "unexpected end of file") && strstr(tp_error_msg(), "00001-of-00002") &&
+                      strstr(tp_error_msg(), "rank 1 of tp 2"), "threads %d: %s", threads, tp_error_msg());
+            CHECK(be->bytes_in_use == 0, "%zu backend bytes leaked", be->bytes_in_use);
+        }
+    backend_destroy(be);
+    checkpoint_close(c);
+    tiny_close(&t);
+    free(dir), free(dst), free(cmd), free(shard);
 }

@@ -4,6 +4,8 @@
 #include "test.h"
 #include "../core/err.h"
 #include "../core/weights.h"
+#include "../core/models/textenc.h"
+#include "../kernels/ops.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -227,4 +229,54 @@ TEST(bad_plan_flux2_config) {
     json_t *cfg = json_pack("{s:i}", "attention_head_dim", 128);
     CHECK(plan_flux2(cfg, &p) == -1 && strstr(tp_error_msg(), "num_attention_heads"), "%s", tp_error_msg());
     json_decref(cfg);
+}
+
+/* The per-component plan table: inspect's estimate for klein-tiny's
+ * transformer and Qwen3 text encoder equals what weights_load then holds
+ * with the same plan and filter, at tp 1 and 2; at tp 1 the text
+ * encoder's estimate also equals what textenc_load (the real consumer)
+ * holds. */
+TEST(plan_component_table_matches_loads) {
+    char *root = xasprintf("%s/klein-tiny/model", test_golden_dir());
+    const char *comps[2] = {"transformer", "text_encoder"};
+    model_dir *m;
+    REQUIRE(model_dir_open(root, &m) == 0, "%s", tp_error_msg());
+    backend *be = backend_cpu_create(1);
+    uint64_t te_tp1 = 0;
+    for (int i = 0; i < 2; i++) {
+        char *dir = model_dir_path(m, comps[i]);
+        json_t *cfg = model_dir_config(m, comps[i]);
+        checkpoint *c;
+        REQUIRE(cfg && checkpoint_open(dir, &c) == 0, "%s", tp_error_msg());
+        for (int tp = 1; tp <= 2; tp++) {
+            component_plan cp;
+            REQUIRE(plan_for_component(comps[i], cfg, c, tp, &cp) == 0, "%s tp %d: %s", comps[i], tp, tp_error_msg());
+            CHECK(!strcmp(cp.p.model, i ? "qwen3" : "flux2"), "plan %s", cp.p.model);
+            CHECK((cp.want != NULL) == (i == 1), "want filter");
+            load_estimate e;
+            REQUIRE(weights_estimate_want(c, &cp.p, tp, tp - 1, cp.want, cp.want_ctx, &e) == 0, "%s", tp_error_msg());
+            load_opts o = {.tp = tp, .rank = tp - 1, .be = be, .dtype = DT_BF16, .want = cp.want, .want_ctx = cp.want_ctx};
+            weights *w;
+            load_stats st;
+            REQUIRE(weights_load(c, &cp.p, &o, &w, &st) == 0, "%s", tp_error_msg());
+            CHECK(st.bytes_held == e.bytes_replicated + e.bytes_sharded && st.bytes_read == st.bytes_held &&
+                      st.n_tensors == e.n_tensors, "%s tp %d: estimate %llu, loaded %llu", comps[i], tp,
+                  (unsigned long long)(e.bytes_replicated + e.bytes_sharded), (unsigned long long)st.bytes_held);
+            CHECK(i == 0 || st.n_tensors < c->n, "the text encoder filter skipped nothing");
+            if (i == 1 && tp == 1) te_tp1 = e.bytes_replicated + e.bytes_sharded;
+            weights_free(w);
+            component_plan_free(&cp);
+        }
+        checkpoint_close(c);
+        json_decref(cfg);
+        free(dir);
+    }
+    textenc *te;
+    REQUIRE(textenc_load(root, be, NULL, DT_BF16, &te, NULL) == 0, "%s", tp_error_msg());
+    CHECK(textenc_bytes(te) == te_tp1, "textenc holds %llu bytes, inspect says %llu",
+          (unsigned long long)textenc_bytes(te), (unsigned long long)te_tp1);
+    textenc_free(te);
+    backend_destroy(be);
+    model_dir_close(m);
+    free(root);
 }

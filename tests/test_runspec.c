@@ -126,6 +126,9 @@ TEST(runspec_check_consistency) {
     REQUIRE(load(&s, "model: m\nprompts: [a, b]\noutput: same.png\n") == 0, "%s", tp_error_msg());
     CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "2 jobs would all write"), "%s", tp_error_msg());
     runspec_free(&s);
+    REQUIRE(load(&s, "model: m\nprompts: [a, b]\nseeds: [1, 2]\noutput: o/{prompt}.png\n") == 0, "%s", tp_error_msg());
+    CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "jobs 0 and 1 would both write 'o/a.png'"), "%s", tp_error_msg());
+    runspec_free(&s);
     REQUIRE(load(&s, "model: m\nprompt: a\nprompt_embeds: e.st\n") == 0, "%s", tp_error_msg());
     CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "not both"), "%s", tp_error_msg());
     runspec_free(&s);

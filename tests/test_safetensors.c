@@ -218,6 +218,15 @@ TEST(bad_st_shape_offset_mismatch) {
     free(path);
 }
 
+TEST(bad_st_overlapping_tensors) {
+    char *path = tmp_path("overlap.safetensors");
+    const char *h = "{\"a\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]},"
+                    "\"b\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[6,10]}}";
+    write_raw(path, strlen(h), h, "0123456789ab", 12);
+    expect_open_fails(path, "tensors 'a' and 'b' overlap");
+    free(path);
+}
+
 TEST(bad_st_unknown_dtype) {
     char *path = tmp_path("dtype.safetensors");
     const char *h = "{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[12],\"data_offsets\":[0,12]}}";

@@ -5,6 +5,7 @@
 #include "../core/comm.h"
 #include "../core/err.h"
 #include "../core/models/textenc.h"
+#include "../core/models/llm_internal.h"
 #include "../core/safetensors.h"
 #include "../kernels/ops.h"
 #include <jansson.h>
@@ -180,4 +181,92 @@ TEST(textenc_bad_too_few_layers) {
     CHECK(strstr(tp_error_msg(), "27"), "message: %s", tp_error_msg());
     backend_destroy(be);
     free(dir);
+}
+
+/* ---- the FLUX.2-dev path end to end on a tiny random Mistral ---- */
+
+static int copy_to(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb"), *out = in ? fopen(dst, "wb") : NULL;
+    char buf[1 << 16];
+    size_t k;
+    while (out && (k = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, k, out);
+    if (in) fclose(in);
+    return out && !fclose(out) ? 0 : -1;
+}
+
+/* A FLUX.2-dev-style folder: Mistral3 text encoder (legacy names, nested
+ * text_config, lm_head and a vision tensor) with the Tekken mini tokenizer
+ * of tests/data (left padding, <pad> = 11). */
+static int write_dev_tiny(const char *dir) {
+    const char *root = getenv("TPGEN_ROOT") ? getenv("TPGEN_ROOT") : ".";
+    char *te = xasprintf("%s/text_encoder", dir), *tk = xasprintf("%s/tokenizer", dir);
+    mkdir(dir, 0755), mkdir(te, 0755), mkdir(tk, 0755);
+    llm_config c = {.arch = LLM_MISTRAL, .hidden = 32, .n_layers = 31, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
+                    .ffn = 64, .vocab = 1280, .eps = 1e-5f, .rope_theta = 1e9};
+    int rc = llm_write_random(te, &c, 11);
+    const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; !rc && i < 2; i++) {
+        char *s = xasprintf("%s/tests/data/tekken-mini/hf/%s", root, files[i]), *d = xasprintf("%s/%s", tk, files[i]);
+        if (copy_to(s, d)) rc = tp_error("cannot copy %s", s);
+        free(s), free(d);
+    }
+    char *mi = xasprintf("%s/model_index.json", dir);
+    write_text(mi, "{\"_class_name\": \"Flux2Pipeline\", \"text_encoder\": [\"transformers\", "
+                   "\"Mistral3ForConditionalGeneration\"], \"tokenizer\": [\"transformers\", \"PixtralProcessor\"]}");
+    free(te), free(tk), free(mi);
+    return rc;
+}
+
+TEST_MPI(textenc_dev_tiny_end_to_end) {
+    int rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    char dir[512] = {0};
+    int rc = 0;
+    if (rank == 0) {
+        snprintf(dir, sizeof dir, "%s/dev", test_tmp_dir());
+        rc = write_dev_tiny(dir);
+    }
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    REQUIRE(!rc, "writing the dev folder: %s", rank == 0 ? tp_error_msg() : "(rank 0)");
+    backend *be = backend_cpu_create(1);
+    enum { L = 224 };   /* the dev layout is 193 tokens with this mini vocabulary */
+    int32_t ids[2][L], mask[2][L];
+    float *out[2] = {0};
+    int tps[2] = {1, world};
+    for (int k = 0; k < 2 && !test_failed(); k++) {
+        MPI_Comm group;
+        comm *c = group_comm(tps[k], be, &group);
+        textenc *t = NULL;
+        int lrc = textenc_load(dir, be, c, DT_F32, &t, NULL);
+        CHECK(!lrc, "tp %d load: %s", tps[k], tp_error_msg());
+        if (!lrc) {
+            CHECK(!strcmp(textenc_kind(t), "mistral") && textenc_embed_dim(t) == 96, "kind %s", textenc_kind(t));
+            out[k] = malloc((size_t)L * 96 * sizeof(float));
+            for (int i = 0; i < L * 96; i++) out[k][i] = NAN;
+            CHECK(!textenc_encode(t, "a red fox [IMG]in the snow", L, out[k], ids[k], mask[k]), "tp %d encode: %s",
+                  tps[k], tp_error_msg());
+        }
+        textenc_free(t);
+        comm_destroy(c);
+        MPI_Comm_free(&group);
+    }
+    if (out[0] && out[1] && !test_failed()) {
+        /* the dev layout (spec §2.1): left pads of 11, then BOS 1, [SYSTEM_PROMPT] 17 ... 18, [INST] 3 ... [/INST] 4 */
+        int p = 0, has_img = 0, n18 = 0;
+        while (p < L && ids[0][p] == 11 && mask[0][p] == 0) p++;
+        for (int i = p; i < L; i++) {
+            has_img |= ids[0][i] == 10, n18 += ids[0][i] == 18;
+            CHECK(mask[0][i] == 1, "mask 0 at real position %d", i);
+        }
+        CHECK(p > 0 && p < L - 4, "expected left padding, got %d pads", p);
+        CHECK(ids[0][p] == 1 && ids[0][p + 1] == 17 && ids[0][L - 1] == 4 && n18 == 1 && !has_img,
+              "layout: %d %d ... %d (pads %d, [IMG] %d)", ids[0][p], ids[0][p + 1], ids[0][L - 1], p, has_img);
+        CHECK(!memcmp(ids[0], ids[1], sizeof ids[0]), "tp %d tokenised differently", world);
+        double e = rel_l2(out[1], out[0], (size_t)L * 96);
+        CHECK(e < 1e-5, "tp %d vs tp 1: rel L2 %.3g", world, e);
+    }
+    free(out[0]), free(out[1]);
+    backend_destroy(be);
 }

@@ -100,6 +100,14 @@ void flux2_set_fused_allreduce(flux2_model *m, int on);
  * on the CPU backend ops are synchronous anyway). */
 void flux2_set_profiling(flux2_model *m, int on);
 
+/* bf16 mode only: embed timestep·1000 and guidance·1000 unrounded instead
+ * of the bf16-rounded values eager PyTorch embeds (default off). The
+ * rounding moves e.g. 613.7 to 614, which a random tiny model amplifies;
+ * `tpgen check` turns this on when it compares a bf16 run with f32
+ * reference outputs, so that it measures the compute path, not the input
+ * quantisation. Generation keeps the rounding (parity with diffusers). */
+void flux2_set_exact_timestep(flux2_model *m, int on);
+
 /* Per-forward counters, accumulated over calls until flux2_reset_stats. */
 typedef struct flux2_stats {
     long forwards;
@@ -109,6 +117,7 @@ typedef struct flux2_stats {
     uint64_t allreduce_bytes;
     double attention_seconds;  /* valid with profiling on or on the CPU backend */
     long txt_cache_hits, txt_cache_misses;
+    double gemm_seconds;       /* valid with profiling on or on the CPU backend */
     double gemm_flops;         /* FLOPs of the GEMMs this rank ran */
     double attention_flops;    /* 4 * S^2 * hd * local heads per attention */
 } flux2_stats;

@@ -95,6 +95,11 @@ int llm_config_parse(const json_t *config, const char *where, llm_config *out) {
     const char *act = json_string_value(json_object_get(tc, "hidden_act"));
     if (act && strcmp(act, "silu"))
         return tp_error("%s: hidden_act \"%s\" is not supported (only silu)", where, act);
+    /* a sliding window only matters beyond its length; the forward refuses longer sequences */
+    const json_t *sw = json_object_get(tc, "sliding_window");
+    const json_t *use_sw = json_object_get(tc, "use_sliding_window");
+    if (json_is_integer(sw) && json_integer_value(sw) > 0 && (out->arch == LLM_MISTRAL || json_is_true(use_sw)))
+        out->sliding_window = (int)json_integer_value(sw);
     const json_t *bias = json_object_get(tc, "attention_bias");
     if (bias && json_is_true(bias)) return tp_error("%s: attention_bias true is not supported", where);
     return 0;

@@ -37,6 +37,7 @@ typedef struct llm_config {
     float eps;
     double rope_theta;
     int qk_norm;            /* per-head q/k RMSNorm before RoPE (Qwen3) */
+    int sliding_window;     /* 0: plain causal; else sequences longer than it are refused */
     char prefix[64];        /* weight-name prefix, e.g. "model." or "language_model.model." */
 } llm_config;
 

@@ -1,7 +1,9 @@
-/* The LLM forward pass on the op interface (llm.h). Activations and the
- * residual stream are f32 whatever the weight dtype: the encoder runs once
- * per prompt, so the extra bytes are small, and it keeps bf16 runs close to
- * the reference (spec flux2-text-vae.md §3.7). */
+/* The LLM forward pass on the op interface (llm.h). The residual stream and
+ * the GEMM outputs are f32 in both precisions. With bf16 weights the GEMM
+ * inputs (normed hidden states, attention output, SwiGLU output) are bf16,
+ * as in the bf16 reference: that is where the reference rounds too, and
+ * bf16 x bf16 GEMMs run on the CPU's bf16 dot-product units (about 3x the
+ * f32-activation path on AVX512-BF16; docs/text-encoder.md). */
 #include "llm_internal.h"
 #include "../comm.h"
 #include "../dist.h"
@@ -25,12 +27,13 @@ static int bufs_alloc(llm *m, int n, int n_idx, fwd_bufs *b) {
     const llm_config *c = &m->cfg;
     backend *be = m->be;
     int64_t H = c->hidden, D = c->head_dim;
+    dtype_t in_dt = m->embed->dtype == DT_BF16 ? DT_BF16 : DT_F32;   /* GEMM inputs */
     struct { tensor **t; dtype_t dt; int64_t r, cols; } want[] = {
-        {&b->x, DT_F32, n, H}, {&b->xn, DT_F32, n, H}, {&b->y, DT_F32, n, H},
-        {&b->q, DT_F32, n, m->nq_local * D}, {&b->att, DT_F32, n, m->nq_local * D},
+        {&b->x, DT_F32, n, H}, {&b->xn, in_dt, n, H}, {&b->y, DT_F32, n, H},
+        {&b->q, DT_F32, n, m->nq_local * D}, {&b->att, in_dt, n, m->nq_local * D},
         {&b->k, DT_F32, n, m->nkv_held * D}, {&b->v, DT_F32, n, m->nkv_held * D},
         {&b->gate, DT_F32, n, m->ffn_local}, {&b->up, DT_F32, n, m->ffn_local},
-        {&b->act, DT_F32, n, m->ffn_local}, {&b->out, DT_F32, n, (int64_t)n_idx * H},
+        {&b->act, in_dt, n, m->ffn_local}, {&b->out, DT_F32, n, (int64_t)n_idx * H},
         {&b->cos, DT_F32, n, D}, {&b->sin, DT_F32, n, D}, {&b->key_valid, DT_I32, 1, n},
         {&b->emb, m->embed->dtype, n, H},
     };
@@ -130,6 +133,9 @@ static int check_request(llm *m, const int32_t *ids, int n, const int *idx, int 
     const llm_config *c = &m->cfg;
     if (n <= 0) return tp_error("text encoder: no tokens to encode");
     if (n_idx <= 0) return tp_error("text encoder: no hidden states requested");
+    if (c->sliding_window > 0 && n > c->sliding_window)
+        return tp_error("text encoder: %d tokens exceed the model's sliding_window %d, which is not implemented; "
+                        "use a --max-sequence-length <= %d", n, c->sliding_window, c->sliding_window);
     *max_idx = 0;
     for (int k = 0; k < n_idx; k++) {
         int top = m->with_norm ? c->n_layers : m->n_run;

@@ -34,10 +34,12 @@ struct llm {
 void llm_shard_layout(const llm_config *c, int tp, int rank, int *nq_local, int *nkv_held,
                       int *kv_sharded, int *ffn_local, int *vocab_sharded);
 
-/* Random weights (llm_random.c): a BF16 Qwen3 checkpoint (config.json +
- * model.safetensors) in te_dir, and this rank's shards of layers [0, n_run)
+/* Random weights (llm_random.c): a BF16 checkpoint (config.json +
+ * model.safetensors) in te_dir, Qwen3 as klein stores it or Mistral3 as
+ * FLUX.2-dev does (nested text_config, language_model.model.* names, plus
+ * lm_head and a vision-tower tensor), and this rank's shards of layers [0, n_run)
  * built directly in memory (benchmarks; no final norm). */
-int llm_write_random_qwen3(const char *te_dir, const llm_config *cfg, unsigned seed);
+int llm_write_random(const char *te_dir, const llm_config *cfg, unsigned seed);
 int llm_init_random(const llm_config *cfg, int n_run, struct backend *be, struct comm *c, dtype_t dt,
                     unsigned seed, llm **out);
 

@@ -73,41 +73,63 @@ static json_t *qwen3_config_json(const llm_config *c) {
                      "eos_token_id", 151645);
 }
 
-int llm_write_random_qwen3(const char *te_dir, const llm_config *c, unsigned seed) {
-    if (c->arch != LLM_QWEN3) return tp_error("llm_write_random_qwen3: config is not qwen3");
+/* Mistral3 as FLUX.2-dev stores it: nested text_config, legacy names. */
+static json_t *mistral_config_json(const llm_config *c) {
+    return json_pack("{s:[s], s:s, s:{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:n, s:b}, "
+                     "s:{s:s, s:i}, s:b}",
+                     "architectures", "Mistral3ForConditionalGeneration", "model_type", "mistral3", "text_config",
+                     "model_type", "mistral", "vocab_size", c->vocab, "hidden_size", c->hidden, "intermediate_size",
+                     c->ffn, "num_hidden_layers", c->n_layers, "num_attention_heads", c->n_heads,
+                     "num_key_value_heads", c->n_kv_heads, "head_dim", c->head_dim, "max_position_embeddings", 131072,
+                     "hidden_act", "silu", "rms_norm_eps", (double)c->eps, "rope_theta", c->rope_theta,
+                     "sliding_window", "tie_word_embeddings", 0, "vision_config", "model_type", "pixtral",
+                     "hidden_size", 16, "tie_word_embeddings", 0);
+}
+
+/* One tensor of the random checkpoint (1-D when rows == 1). */
+static st_write_tensor random_entry(char *name, int64_t rows, int64_t cols, int64_t fan_in, init_kind k, int n_layers,
+                                    rng64 *r) {
+    size_t cnt = (size_t)rows * cols;
+    uint16_t *d = xmalloc(cnt * 2);
+    fill_bf16(d, cnt, fan_in, k, n_layers, r);
+    return rows == 1 ? (st_write_tensor){name, DT_BF16, 1, {cols}, d}
+                     : (st_write_tensor){name, DT_BF16, 2, {rows, cols}, d};
+}
+
+int llm_write_random(const char *te_dir, const llm_config *c, unsigned seed) {
+    int mistral = c->arch == LLM_MISTRAL;
+    const char *pre = mistral ? "language_model.model." : "model.";
     layer_tensor lt[11];
     int nl = layer_tensors(c, lt);
-    int n = 1 + c->n_layers * nl;
+    /* Mistral also stores lm_head, the final norm and a vision tower the encoder never reads */
+    int n = 1 + c->n_layers * nl + (mistral ? 3 : 0), k = 0;
     st_write_tensor *ts = xcalloc((size_t)n, sizeof *ts);
-    char **names = xcalloc((size_t)n, sizeof *names);
     rng64 r = {seed * 0x2545f4914f6cdd1dull + 1};
-    names[0] = xstrdup("model.embed_tokens.weight");
-    ts[0] = (st_write_tensor){names[0], DT_BF16, 2, {c->vocab, c->hidden}, NULL};
-    uint16_t *data0 = xmalloc((size_t)c->vocab * c->hidden * 2);
-    fill_bf16(data0, (size_t)c->vocab * c->hidden, c->hidden, INIT_EMBED, c->n_layers, &r);
-    ts[0].data = data0;
-    for (int i = 0, k = 1; i < c->n_layers; i++)
-        for (int j = 0; j < nl; j++, k++) {
-            names[k] = xasprintf("model.layers.%d.%s.weight", i, lt[j].what);
-            size_t cnt = (size_t)lt[j].rows * lt[j].cols;
-            uint16_t *d = xmalloc(cnt * 2);
-            fill_bf16(d, cnt, lt[j].cols, lt[j].init, c->n_layers, &r);
-            ts[k] = lt[j].rows == 1 ? (st_write_tensor){names[k], DT_BF16, 1, {lt[j].cols}, d}
-                                    : (st_write_tensor){names[k], DT_BF16, 2, {lt[j].rows, lt[j].cols}, d};
-        }
+    ts[k++] = random_entry(xasprintf("%sembed_tokens.weight", pre), c->vocab, c->hidden, c->hidden, INIT_EMBED,
+                           c->n_layers, &r);
+    for (int i = 0; i < c->n_layers; i++)
+        for (int j = 0; j < nl; j++)
+            ts[k++] = random_entry(xasprintf("%slayers.%d.%s.weight", pre, i, lt[j].what), lt[j].rows, lt[j].cols,
+                                   lt[j].cols, lt[j].init, c->n_layers, &r);
+    if (mistral) {
+        ts[k++] = random_entry(xasprintf("%snorm.weight", pre), 1, c->hidden, c->hidden, INIT_NORM, 1, &r);
+        ts[k++] = random_entry(xstrdup("language_model.lm_head.weight"), c->vocab, c->hidden, c->hidden, INIT_LINEAR,
+                               1, &r);
+        ts[k++] = random_entry(xstrdup("vision_tower.ln_pre.weight"), 1, 16, 16, INIT_NORM, 1, &r);
+    }
     char *path = xasprintf("%s/model.safetensors", te_dir);
     static const char *meta[] = {"format", "pt", NULL};
     int rc = st_write(path, ts, n, meta);
     free(path);
     if (!rc) {
-        json_t *cfg = qwen3_config_json(c);
+        json_t *cfg = mistral ? mistral_config_json(c) : qwen3_config_json(c);
         char *cpath = xasprintf("%s/config.json", te_dir);
         if (!cfg || json_dump_file(cfg, cpath, JSON_INDENT(2))) rc = tp_error("could not write %s", cpath);
         free(cpath);
         json_decref(cfg);
     }
-    for (int i = 0; i < n; i++) free((void *)ts[i].data), free(names[i]);
-    free(ts), free(names);
+    for (int i = 0; i < n; i++) free((void *)ts[i].data), free((void *)ts[i].name);
+    free(ts);
     return rc;
 }
 

@@ -226,7 +226,7 @@ int textenc_write_tiny(const char *model_dir, unsigned seed) {
     int rc = make_dir(model_dir);
     if (!rc) rc = make_dir(te);
     if (!rc) rc = make_dir(tk);
-    if (!rc) rc = llm_write_random_qwen3(te, &c, seed);
+    if (!rc) rc = llm_write_random(te, &c, seed);
     static const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
     for (int i = 0; !rc && i < 2; i++) {
         char *src = xasprintf("%s/%s", tok_src, files[i]), *dst = xasprintf("%s/%s", tk, files[i]);

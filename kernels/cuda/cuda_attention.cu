@@ -10,36 +10,10 @@
  *   inputs; plain fp32 FMA from shared memory.
  * Masks (both): causal with q_pos0, key_valid, GQA; rows that see no key
  * get 0 (PyTorch SDPA behaviour). */
-#include "cuda_dtype.cuh"
+#include "cuda_attention.cuh"
 #include <mma.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct attn_args {
-    const void *q, *k, *v;
-    void *o;
-    int64_t qld, kld, vld, old;
-    int qdt, kdt, vdt, odt;
-    int64_t sq, sk;
-    int hq, hkv, hd;
-    float scale;
-    int causal;
-    int64_t q_pos0;
-    const int32_t *key_valid;
-};
-
-__device__ __forceinline__ bool key_visible(const attn_args &a, int64_t qi, int64_t kj) {
-    if (kj >= a.sk) return false;
-    if (a.causal && kj > a.q_pos0 + qi) return false;
-    return !a.key_valid || a.key_valid[kj] != 0;
-}
-
-/* one past the last key any query row of [q0, q0+rows) may see */
-__device__ __forceinline__ int64_t key_end(const attn_args &a, int64_t q0, int rows) {
-    int64_t last = q0 + rows - 1 < a.sq - 1 ? q0 + rows - 1 : a.sq - 1;
-    int64_t e = a.causal ? a.q_pos0 + last + 1 : a.sk;
-    return e < a.sk ? (e > 0 ? e : 0) : a.sk;
-}
 
 /* Online-softmax update of one row held by a warp: s[0..n) are raw scores
  * (already scaled; -inf when masked). Writes p = exp(s - m_new) through
@@ -250,15 +224,21 @@ __global__ void __launch_bounds__(128) k_attn_wmma(attn_args a) {
 
 static int aligned16(const void *p, int64_t ld) { return ((uintptr_t)p % 16) == 0 && ld % 8 == 0; }
 
-static int use_wmma(const attn_args &a) {
-    static int forced_generic = -1;
-    if (forced_generic < 0) {
-        const char *e = getenv("TPGEN_CUDA_ATTENTION");
-        forced_generic = e && !strcmp(e, "generic");
-    }
-    if (forced_generic || a.hd != WM_HD) return 0;
-    if (a.qdt != DT_BF16 || a.kdt != DT_BF16 || a.vdt != DT_BF16 || a.odt != DT_BF16) return 0;
-    return aligned16(a.q, a.qld) && aligned16(a.k, a.kld) && aligned16(a.v, a.vld);
+/* Which kernel: the tensor-core ones need bf16 q/k/v/o, head_dim 128 and
+ * 16-byte aligned rows. TPGEN_CUDA_ATTENTION=generic|wmma|mma overrides the
+ * default (wmma) where the inputs allow it: benchmarks, and the switch to the
+ * faster mma kernel once a GPU run has validated it (docs/cuda.md). */
+enum attn_kernel { ATTN_GENERIC, ATTN_WMMA, ATTN_MMA };
+
+static attn_kernel pick_kernel(const attn_args &a) {
+    if (a.hd != WM_HD || a.qdt != DT_BF16 || a.kdt != DT_BF16 || a.vdt != DT_BF16 || a.odt != DT_BF16)
+        return ATTN_GENERIC;
+    if (!aligned16(a.q, a.qld) || !aligned16(a.k, a.kld) || !aligned16(a.v, a.vld) || !aligned16(a.o, a.old))
+        return ATTN_GENERIC;
+    const char *e = getenv("TPGEN_CUDA_ATTENTION");
+    if (e && !strcmp(e, "generic")) return ATTN_GENERIC;
+    if (e && !strcmp(e, "mma")) return ATTN_MMA;
+    return ATTN_WMMA;
 }
 
 void cuda_attention(backend *be, tensor *o, const tensor *q, const tensor *k, const tensor *v,
@@ -283,7 +263,12 @@ void cuda_attention(backend *be, tensor *o, const tensor *q, const tensor *k, co
                    hq, hkv, hd, p->scale, p->causal, p->q_pos0,
                    p->key_valid ? (const int32_t *)p->key_valid->data : nullptr};
     if (hq > 65535) tp_fatal("cuda attention: too many heads (%d)", hq);
-    if (use_wmma(a)) {
+    attn_kernel kind = pick_kernel(a);
+    if (kind == ATTN_MMA) {
+        launch_attention_mma(a, cuda_stream(be));
+        return;
+    }
+    if (kind == ATTN_WMMA) {
         static int configured;
         size_t smem = wmma_smem();
         if (!configured) {

@@ -8,7 +8,9 @@
  * cudaFree synchronises the whole device, which would stall the forward
  * every time a block frees its temporaries. The pool keeps freed memory for
  * reuse; when an allocation fails the pool is trimmed and the allocation
- * retried once before reporting out-of-memory. */
+ * retried once before reporting out-of-memory. Where the device has no
+ * memory pools (or TPGEN_CUDA_ALLOC=plain) plain cudaMalloc/cudaFree are
+ * used instead. */
 #include "cuda_internal.h"
 #include "../../core/err.h"
 #include <stdint.h>
@@ -95,8 +97,8 @@ static void *device_alloc(backend *be, size_t bytes) {
     cuda_impl *c = cuda_of(be);
     void *p = NULL;
     if (bytes == 0) bytes = 1;
-    cudaError_t e = cudaMallocAsync(&p, bytes, c->stream);
-    if (e == cudaErrorMemoryAllocation) {  /* give cached pool memory back and retry once */
+    cudaError_t e = c->use_pool ? cudaMallocAsync(&p, bytes, c->stream) : cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation && c->use_pool) {  /* give cached pool memory back and retry once */
         cudaGetLastError();
         cudaMemPool_t pool;
         if (cudaStreamSynchronize(c->stream) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, be->device) == cudaSuccess)
@@ -105,7 +107,11 @@ static void *device_alloc(backend *be, size_t bytes) {
     }
     if (e != cudaSuccess) {
         cudaGetLastError();
-        if (e == cudaErrorMemoryAllocation) oom_error(be, bytes);
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        cudaGetLastError();
+        /* some drivers answer "invalid argument" to sizes beyond the device */
+        if (e == cudaErrorMemoryAllocation || bytes > free_b) oom_error(be, bytes);
         else tp_error("CUDA allocation of %zu bytes on device %d failed: %s", bytes, be->device, cudaGetErrorString(e));
         return NULL;
     }
@@ -120,7 +126,8 @@ static void device_free(backend *be, void *p) {
     size_t bytes = table_take(cuda_of(be)->allocs, (uintptr_t)p);
     if (bytes == (size_t)-1) tp_fatal("cuda free: %p was not allocated by this backend", p);
     be->bytes_in_use -= bytes;
-    CUDA_CHECK(cudaFreeAsync(p, cuda_of(be)->stream));
+    if (cuda_of(be)->use_pool) CUDA_CHECK(cudaFreeAsync(p, cuda_of(be)->stream));
+    else CUDA_CHECK(cudaFree(p));  /* waits for the device: queued work may still use p */
 }
 
 void *cuda_scratch(backend *be, int slot, size_t bytes) {
@@ -216,16 +223,35 @@ static int setup(backend *be, cuda_impl *c) {
     }
     TRY(cudaSetDevice(be->device), "selecting the device");
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "creating a stream");
-    cudaMemPool_t pool;
-    TRY(cudaDeviceGetDefaultMemPool(&pool, be->device), "getting the memory pool");
-    uint64_t keep = UINT64_MAX;  /* keep freed blocks cached between syncs */
-    TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "configuring the memory pool");
+    int pools = 0;
+    const char *alloc = getenv("TPGEN_CUDA_ALLOC");
+    cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, be->device);
+    cudaGetLastError();
+    c->use_pool = pools && !(alloc && !strcmp(alloc, "plain"));
+    if (c->use_pool) {
+        cudaMemPool_t pool;
+        TRY(cudaDeviceGetDefaultMemPool(&pool, be->device), "getting the memory pool");
+        uint64_t keep = UINT64_MAX;  /* keep freed blocks cached between syncs */
+        TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "configuring the memory pool");
+    }
     c->blas_workspace_bytes = (size_t)32 << 20;  /* what cuBLAS recommends for Hopper */
     TRY(cudaMalloc(&c->blas_workspace, c->blas_workspace_bytes), "allocating the cuBLAS workspace");
     for (int i = 0; i < CUDA_STAGING_BUFFERS; i++) {
-        TRY(cudaHostAlloc(&c->staging[i], CUDA_STAGING_BYTES, cudaHostAllocDefault), "allocating pinned staging memory");
         TRY(cudaEventCreateWithFlags(&c->staging_done[i], cudaEventDisableTiming), "creating an event");
+        if (cudaHostAlloc(&c->staging[i], CUDA_STAGING_BYTES, cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError();
+            c->staging[i] = NULL;
+        }
     }
+    /* all or none: without pinned memory uploads still work, from pageable memory (slower) */
+    for (int i = 0; i < CUDA_STAGING_BUFFERS; i++)
+        if (!c->staging[i]) {
+            for (int j = 0; j < CUDA_STAGING_BUFFERS; j++) {
+                if (c->staging[j]) cudaFreeHost(c->staging[j]);
+                c->staging[j] = NULL;
+            }
+            break;
+        }
 #undef TRY
     cublasStatus_t s = cublasCreate(&c->blas);
     if (s != CUBLAS_STATUS_SUCCESS) return tp_error("cuBLAS initialisation on device %d failed: %s", be->device, cublasGetStatusString(s));

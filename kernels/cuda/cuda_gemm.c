@@ -58,8 +58,13 @@ void cuda_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const t
                  (long long)y->cols, (long long)x->rows, (long long)x->cols, (long long)w->rows, (long long)w->cols);
     if (bias) need_float(bias, "gemm bias");
     int64_t M = x->rows, N = w->rows, K = x->cols;
-    if (K == 0) tp_fatal("cuda gemm: inner dimension is 0");
     if (M == 0 || N == 0) return;
+    if (K == 0) {  /* an empty sum: y = bias, or 0 */
+        if (bias) cuda_fill_rows(be, y->data, y->dtype, y->ld, M, N, bias->data, bias->dtype);
+        else CUDA_CHECK(cudaMemset2DAsync(y->data, (size_t)y->ld * dtype_size(y->dtype), 0,
+                                          (size_t)N * dtype_size(y->dtype), (size_t)M, cuda_stream(be)));
+        return;
+    }
     const void *X = x->data, *W = w->data;
     int64_t xld = x->ld, wld = w->ld;
     dtype_t in_dt = x->dtype;

@@ -11,8 +11,8 @@ extern "C" {
 #include "../ops.h"
 
 /* Number of pinned staging buffers for host->device uploads, and their size:
- * while one buffer's DMA runs the CPU fills the next. 2 x 32 MB of pinned
- * memory keeps the host footprint far below the 512 MB-per-rank budget. */
+ * while one buffer's DMA runs the CPU fills the next. 3 x 32 MB of pinned
+ * memory keeps the host footprint bounded whatever the model size. */
 #define CUDA_STAGING_BUFFERS 3
 #define CUDA_STAGING_BYTES ((size_t)32 << 20)
 
@@ -25,9 +25,10 @@ typedef struct cuda_impl {
     size_t blas_workspace_bytes;
     void *scratch[3];                  /* op temporaries (im2col, dtype casts, ids); grow */
     size_t scratch_bytes[3];
-    void *staging[CUDA_STAGING_BUFFERS]; /* pinned host buffers */
+    void *staging[CUDA_STAGING_BUFFERS]; /* pinned host buffers (NULL: pinning unavailable) */
     cudaEvent_t staging_done[CUDA_STAGING_BUFFERS];
     int staging_next;
+    int use_pool;                      /* 1: cudaMallocAsync (stream-ordered pool); 0: cudaMalloc */
     alloc_table *allocs;               /* device pointer -> size, for bytes_in_use */
     size_t total_mem;
 } cuda_impl;

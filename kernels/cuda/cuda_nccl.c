@@ -13,6 +13,8 @@
 #include "../../core/err.h"
 #include <nccl.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #define TIMING_PAIRS 64
 
@@ -82,6 +84,26 @@ static void nccl_destroy(comm *c) {
 
 static const comm_vtable k_nccl_vt = {"nccl", nccl_allreduce, nccl_bcast, nccl_destroy};
 
+/* NCCL needs one GPU per rank; two ranks of a group on the same GPU would
+ * fail inside ncclCommInitRank (or hang). Every rank sees the same gathered
+ * table, so all of them reach the same verdict. */
+static int check_distinct_gpus(MPI_Comm group, int rank, int size, int device) {
+    typedef struct { char host[64]; int device; } where;
+    where me = {{0}, device}, *all = xcalloc((size_t)size, sizeof *all);
+    gethostname(me.host, sizeof me.host - 1);
+    MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, group);
+    int rc = 0;
+    for (int i = 0; i < size && !rc; i++)
+        for (int j = i + 1; j < size && !rc; j++)
+            if (all[i].device == all[j].device && !strcmp(all[i].host, all[j].host))
+                rc = tp_error("ranks %d and %d of the tensor-parallel group both use GPU %d on %s: NCCL needs one GPU "
+                              "per rank; start at most as many ranks per node as it has GPUs (or use --backend cpu)",
+                              i, j, all[i].device, all[i].host);
+    free(all);
+    (void)rank;
+    return rc;
+}
+
 comm *comm_create_nccl(MPI_Comm group, struct backend *be) {
     if (!be || be->kind != BACKEND_CUDA) {
         tp_error("NCCL needs tensors on the CUDA backend; use the MPI communicator for --backend cpu");
@@ -90,6 +112,7 @@ comm *comm_create_nccl(MPI_Comm group, struct backend *be) {
     int rank, size;
     MPI_Comm_rank(group, &rank);
     MPI_Comm_size(group, &size);
+    if (check_distinct_gpus(group, rank, size, be->device)) return NULL;
     struct { int status; ncclUniqueId id; } msg = {0};
     if (rank == 0) {
         ncclResult_t r = ncclGetUniqueId(&msg.id);

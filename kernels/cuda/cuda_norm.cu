@@ -1,40 +1,43 @@
 /* Normalisation kernels: LayerNorm + modulation (one block per row),
- * grouped RMSNorm (one warp per group), GroupNorm (double-precision
- * statistics in a first pass, normalise + affine + optional SiLU in a
- * second). Statistics are fp32 (GroupNorm: double) whatever the dtype. */
+ * grouped RMSNorm (one warp per group), GroupNorm (statistics in a first
+ * pass, normalise + affine + optional SiLU in a second). Statistics are
+ * accumulated in double whatever the dtype, like the CPU twin; the
+ * normalisation itself is fp32. */
 #include "cuda_dtype.cuh"
 
 static const int k_ln_threads = 256;
 
-/* block-wide sum; every thread gets the total */
-__device__ float block_sum(float v, float *red) {
-    v = warp_sum(v);
+/* block-wide double sum; every thread gets the total. Statistics are
+ * accumulated in double like the CPU twin (rows reach 12288 values). */
+__device__ double block_sum(double v, double *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
     __syncthreads();  /* red may still be read by a previous call */
     if (l == 0) red[w] = v;
     __syncthreads();
-    float t = l < nw ? red[l] : 0.0f;
-    return warp_sum(t);
+    double t = l < nw ? red[l] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
 }
 
 /* y = LN(x) * (1 + scale) + shift, bf16 rounding points as in ops.h */
 __global__ void k_layernorm_mod(void *y, int ydt, int64_t yld, const void *x, int xdt, int64_t xld, int64_t cols,
                                 const void *shift, int shdt, const void *scale, int scdt, float eps) {
-    __shared__ float red[32];
+    __shared__ double red[32];
     const int64_t r = blockIdx.x;
     const int64_t xo = r * xld, yo = r * yld;
-    float s = 0;
+    double s = 0;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += ld_el(x, xdt, xo + c);
-    float mean = block_sum(s, red) / (float)cols;
-    float v = 0;
+    float mean = (float)(block_sum(s, red) / (double)cols);
+    double v = 0;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        float d = ld_el(x, xdt, xo + c) - mean;
+        double d = (double)ld_el(x, xdt, xo + c) - mean;
         v += d * d;
     }
-    float rstd = 1.0f / sqrtf(block_sum(v, red) / (float)cols + eps);
+    float rstd = (float)(1.0 / sqrt(block_sum(v, red) / (double)cols + (double)eps));
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        float n = rnd_el((ld_el(x, xdt, xo + c) - mean) * rstd, ydt);
-        if (scale) n = rnd_el(rnd_el(1.0f + ld_el(scale, scdt, c), ydt) * n, ydt);
+        float n = rnd_el(__fmul_rn(ld_el(x, xdt, xo + c) - mean, rstd), ydt);
+        if (scale) n = rnd_el(__fmul_rn(rnd_el(1.0f + ld_el(scale, scdt, c), ydt), n), ydt);
         if (shift) n = n + ld_el(shift, shdt, c);
         st_el(y, ydt, yo + c, n);
     }
@@ -49,15 +52,16 @@ __global__ void k_rmsnorm(void *y, int ydt, int64_t yld, const void *x, int xdt,
     if (gi >= rows * groups_per_row) return;
     int64_t r = gi / groups_per_row, g = gi % groups_per_row;
     int64_t xo = r * xld + g * group, yo = r * yld + g * group;
-    float ss = 0;
+    double ss = 0;
     for (int c = lane; c < group; c += 32) {
-        float v = ld_el(x, xdt, xo + c);
+        double v = ld_el(x, xdt, xo + c);
         ss += v * v;
     }
-    float rs = 1.0f / sqrtf(warp_sum(ss) / (float)group + eps);
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float rs = (float)(1.0 / sqrt(ss / group + (double)eps));
     for (int c = lane; c < group; c += 32) {
-        float n = rnd_el(ld_el(x, xdt, xo + c) * rs, ydt);
-        if (w) n *= ld_el(w, wdt, c);
+        float n = rnd_el(__fmul_rn(ld_el(x, xdt, xo + c), rs), ydt);
+        if (w) n = __fmul_rn(n, ld_el(w, wdt, c));
         st_el(y, ydt, yo + c, n);
     }
 }
@@ -84,8 +88,10 @@ __global__ void k_group_stats(const void *x, int xdt, int64_t xld, int64_t hw, i
     }
 }
 
-/* GroupNorm pass 2: normalise, affine in fp32, round once; SiLU on the
- * rounded value, rounded again (PyTorch runs SiLU as a separate op). */
+/* GroupNorm pass 2: the affine folded as PyTorch's kernel does,
+ * y = x*a + b with a = rstd*gamma, b = beta - mean*a (fp32, no fused
+ * multiply-add, like the CPU twin), rounded once; SiLU on the rounded value,
+ * rounded again (PyTorch runs SiLU as a separate op). */
 __global__ void k_group_apply(void *y, int ydt, int64_t yld, const void *x, int xdt, int64_t xld, int64_t C,
                               int64_t hw, int ch_per_group, const double *stats, const void *gamma, int gdt,
                               const void *beta, int bdt, float eps, int apply_silu) {
@@ -94,10 +100,10 @@ __global__ void k_group_apply(void *y, int ydt, int64_t yld, const void *x, int 
         int g = (int)(c / ch_per_group);
         double n = (double)ch_per_group * hw;
         double mean = stats[2 * g] / n, var = stats[2 * g + 1] / n - mean * mean;
-        float rstd = 1.0f / sqrtf((float)(var > 0 ? var : 0) + eps);
-        float v = (ld_el(x, xdt, c * xld + p) - (float)mean) * rstd;
-        if (gamma) v *= ld_el(gamma, gdt, c);
-        if (beta) v += ld_el(beta, bdt, c);
+        float rstd = (float)(1.0 / sqrt((var > 0 ? var : 0) + (double)eps));
+        float a = gamma ? __fmul_rn(rstd, ld_el(gamma, gdt, c)) : rstd;
+        float b = __fsub_rn(beta ? ld_el(beta, bdt, c) : 0.0f, __fmul_rn((float)mean, a));
+        float v = __fadd_rn(__fmul_rn(ld_el(x, xdt, c * xld + p), a), b);
         if (apply_silu) v = silu_f(rnd_el(v, ydt));
         st_el(y, ydt, c * yld + p, v);
     }

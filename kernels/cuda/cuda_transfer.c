@@ -47,6 +47,8 @@ static int send_rows(backend *be, void *dst, size_t dpitch, const void *stage, s
 int cuda_upload2d(backend *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                   size_t height) {
     if (width == 0 || height == 0) return 0;
+    if (!cuda_of(be)->staging[0])  /* no pinned memory: the driver stages pageable copies itself */
+        return send_rows(be, dst, dpitch, src, spitch, width, height);
     if (width > CUDA_STAGING_BYTES) {  /* rows wider than a staging buffer: row by row, in pieces */
         for (size_t r = 0; r < height; r++)
             for (size_t off = 0; off < width; off += CUDA_STAGING_BYTES) {
@@ -115,6 +117,7 @@ static int read_full(int fd, void *buf, size_t n, uint64_t off) {
 int cuda_upload_file(backend *be, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch, size_t width,
                      size_t height) {
     if (width == 0 || height == 0) return 0;
+    if (!cuda_of(be)->staging[0]) return tp_error("cuda upload_file: no pinned staging memory on this machine");
     if (spitch > CUDA_STAGING_BYTES) {  /* very long rows: one row (its width only) at a time */
         for (size_t r = 0; r < height; r++)
             for (size_t o = 0; o < width; o += CUDA_STAGING_BYTES) {

@@ -43,8 +43,21 @@ else
     if available check; then per_rank "cuda: check --backend cuda fails cleanly on every rank" "$TPGEN" check --model "$model" --backend cuda; ran=1; fi
     if available generate; then
         per_rank "cuda: generate --backend cuda fails cleanly on every rank" "$TPGEN" --model "$TPGEN_GOLDEN/klein-tiny/model" \
-            --prompt "a cat" --backend cuda --out "$TMP/x.png"
+            --prompt "a cat" --backend cuda --output "$TMP/x.png"
         [ -e "$TMP/x.png" ] && fail "cuda: a failed generate left an image behind"
+        ran=1
+    fi
+    if available encode; then
+        per_rank "cuda: encode --backend cuda fails cleanly on every rank" "$TPGEN" encode --model "$TPGEN_GOLDEN/klein-tiny/model" \
+            --prompt "a cat" --backend cuda --save-embeds "$TMP/e.safetensors"
+        [ -e "$TMP/e.safetensors" ] && fail "cuda: a failed encode left a file behind"
+        ran=1
+    fi
+    if available decode; then
+        per_rank "cuda: decode --backend cuda fails cleanly on every rank" "$TPGEN" decode --model "$TPGEN_GOLDEN/vae-tiny/model" \
+            --latents "$TPGEN_GOLDEN/vae-tiny/vae_cases.safetensors:case0.packed_latents" --height 48 --width 80 \
+            --backend cuda --output "$TMP/d.png"
+        [ -e "$TMP/d.png" ] && fail "cuda: a failed decode left an image behind"
         ran=1
     fi
 fi

@@ -35,7 +35,7 @@ PY
 prompt_of() { python3 -c "import json,sys; print(json.load(open('$G/e2e.json'))['cases'][$1]['prompt'])"; }
 
 if ! command -v python3 >/dev/null; then
-    ok "encode: golden comparisons skipped (no python3 to read the files)"
+    fail "encode: python3 is needed to read the golden files (scripts/install-deps.sh installs it)"
 else
     for c in 0 1 2; do
         p=$(prompt_of $c)
@@ -75,3 +75,24 @@ expect_fail "encode: tp not dividing the ranks" "does not divide" \
 expect_fail "encode: output folder missing" "$TMP/nodir" \
     $TPGEN encode --model "$MODEL" --prompt x --save-embeds "$TMP/nodir/x.st" --max-sequence-length 8
 [ -e "$TMP/x.st" ] && fail "encode: a failed run left an output file" || ok "encode: failed runs leave no file"
+
+# inspect knows the text-encoder plans: Mistral (legacy prefix) at tp 2 shards K/V and the vocabulary;
+# Qwen3 with 2 KV heads at tp 4 replicates K/V (the documented rule); tp 3 is refused with the reason
+if command -v python3 >/dev/null; then
+    style_of() { # JSON FILE, tensor name -> style
+        python3 -c "import json,sys; t={x['name']: x['style'] for x in json.load(open('$1'))['tensors']}; print(t.get('$2'))"
+    }
+    $TPGEN inspect --model $TPGEN_GOLDEN/mistral-tiny/model --component text_encoder --tp 2 --json > "$TMP/i1.json" 2>&1
+    s1=$(style_of "$TMP/i1.json" language_model.model.layers.3.self_attn.k_proj.weight)
+    s2=$(style_of "$TMP/i1.json" language_model.model.embed_tokens.weight)
+    s3=$(style_of "$TMP/i1.json" language_model.model.layers.3.mlp.down_proj.weight)
+    [ "$s1 $s2 $s3" = "colwise colwise rowwise" ] && ok "inspect: mistral text-encoder plan at tp 2" \
+        || fail "inspect: mistral plan at tp 2: k_proj=$s1 embed=$s2 down=$s3"
+    $TPGEN inspect --model $TPGEN_GOLDEN/klein-tiny/model --component text_encoder --tp 4 --json > "$TMP/i2.json" 2>&1
+    s1=$(style_of "$TMP/i2.json" model.layers.0.self_attn.k_proj.weight)
+    s2=$(style_of "$TMP/i2.json" model.layers.0.self_attn.q_proj.weight)
+    [ "$s1 $s2" = "replicated colwise" ] && ok "inspect: qwen3 K/V replicated when tp exceeds the KV heads" \
+        || fail "inspect: qwen3 at tp 4: k_proj=$s1 q_proj=$s2"
+fi
+expect_fail "inspect: text encoder at tp 3" "does not divide num_attention_heads" \
+    $TPGEN inspect --model $TPGEN_GOLDEN/klein-tiny/model --component text_encoder --tp 3

@@ -59,6 +59,17 @@ check_shape() { # NAME H L S JT GUIDANCE SHARDS GB1 GB2 GB4 GB8
 check_shape dev 48 8 48 15360 1 7 64.45 33.04 17.34 9.48
 check_shape klein-4b 24 5 20 7680 0 1 7.75 4.07 2.23 1.31
 
+# ---- bench load stays usable: a small random checkpoint, 2 ranks, bytes read = each rank's share ----
+"$TPGEN" bench load --make "$TMP/small" --shape small --shards 2 >/dev/null \
+    && $MPIRUN -np 2 "$TPGEN" bench load --model "$TMP/small" --json >"$TMP/bl.json" 2>"$TMP/bl.err"; rc=$?
+rd=$(json_field "$TMP/bl.json" bytes_read | sort -u); wb=$(json_field "$TMP/bl.json" weight_bytes | sort -u)
+"$TPGEN" inspect --model "$TMP/small" --tp 2 --json >"$TMP/bl-inspect.json" 2>/dev/null
+want=$(json_field "$TMP/bl-inspect.json" weight_bytes | sort -u)
+if [ $rc -eq 0 ] && [ -n "$rd" ] && [ "$(echo "$rd" | wc -l)" -eq 1 ] && awk -v a="$rd" -v b="$wb" -v c="$want" 'BEGIN { exit !(a == b && a == c) }'; then
+    ok "bench_load_reads_rank_share"
+else fail "bench_load_reads_rank_share: rc $rc read '$rd' held '$wb' inspect '$want' $(head -c 200 "$TMP/bl.err")"; fi
+rm -rf "$TMP/small"
+
 # ---- the golden tiny model ----
 out=$("$TPGEN" inspect --model "$GOLD" --tp 2)
 if [ $? -eq 0 ] && echo "$out" | grep -qE 'to_qkv_mlp_proj.weight +packed_colwise\(D,D,D,M,M\) +\[1152, 128\] +\[576, 128\]' \
@@ -70,6 +81,24 @@ else fail "inspect_tiny_table: $(echo "$out" | head -5)"; fi
 if [ $rc -ne 0 ] && grep -q '"valid": false' "$TMP/tp3.json" && grep -q '"error": "tp 3 does not divide num_attention_heads (4)' "$TMP/tp3.json" \
     && grep -q '"ranks": \[\]' "$TMP/tp3.json"; then ok "inspect_json_invalid_tp"
 else fail "inspect_json_invalid_tp: rc $rc $(head -c 300 "$TMP/tp3.json")"; fi
+
+# under mpirun every process computes the same answer; the error is printed once
+out=$($MPIRUN -np 2 "$TPGEN" inspect --model "$GOLD" --tp 3 --summary 2>&1); rc=$?
+n=$(echo "$out" | grep -c 'tpgen: error: tp 3 does not divide')
+[ $rc -ne 0 ] && [ "$n" -eq 1 ] && ok "inspect_under_mpirun_prints_once" || fail "inspect_under_mpirun_prints_once: rc $rc, $n messages"
+
+# ---- other components: the Qwen3 text encoder (plan + layer filter) and a component without a plan ----
+K=$TPGEN_GOLDEN/klein-tiny/model
+"$TPGEN" inspect --model "$K" --component text_encoder --tp 2 --json >"$TMP/te.json" 2>"$TMP/te.err"; rc=$?
+if [ $rc -eq 0 ] && grep -q '"plan": "qwen3"' "$TMP/te.json" && grep -q '"valid": true' "$TMP/te.json" \
+    && grep -q '"loaded": false' "$TMP/te.json" && [ "$(json_field "$TMP/te.json" weight_bytes | wc -l)" -eq 2 ]; then
+    ok "inspect_text_encoder_plan"
+else fail "inspect_text_encoder_plan: rc $rc $(head -c 300 "$TMP/te.err")"; fi
+"$TPGEN" inspect --model "$K" --component vae --tp 4 --json >"$TMP/vae.json" 2>&1; rc=$?
+if [ $rc -eq 0 ] && grep -q '"plan": null' "$TMP/vae.json" && ! grep -q '"style": "colwise"' "$TMP/vae.json"; then
+    ok "inspect_component_without_plan_is_replicated"
+else fail "inspect_component_without_plan_is_replicated: rc $rc"; fi
+expect_fail "inspect_bad_component" "has no 'unet' folder" "$TPGEN" inspect --model "$K" --component unet
 
 # ---- bad input: each case is a model folder and the message it must produce ----
 B=$TMP/bad
@@ -130,5 +159,5 @@ if [ -x "$ASAN/tpgen" ] && [ -x "$ASAN/tpgen_tests" ]; then
         ok "asan_unit_bad_tests ($n passed)"
     else fail "asan_unit_bad_tests: rc $rc: $(echo "$out" | grep -E 'FAIL|ERROR|runtime error' | head -3)"; fi
 else
-    echo "# build-asan not found: sanitizer runs skipped (make asan)"
+    fail "sanitizer runs: build-asan/ not found (the test command 'make test' builds it; or run 'make asan')"
 fi

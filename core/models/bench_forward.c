@@ -1,0 +1,260 @@
+/* `tpgen bench forward`: one FLUX.2 transformer forward with klein-4B widths
+ * (D 3072, 24 heads x 128, Jt 7680) but few blocks, random weights made in
+ * memory, under mpirun for tp > 1. Reports per precision: time per forward,
+ * achieved GFLOP/s, GEMM time against plain OpenBLAS sgemm of exactly the
+ * same shapes, and the share of time in all-reduce and attention, with
+ * fused (one all-reduce per sub-layer) and unfused all-reduces. */
+#include "flux2_impl.h"
+#include "../comm.h"
+#include "../dist.h"
+#include "../err.h"
+#include <cblas.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct bench_opts {
+    int n_img, n_txt, n_double, n_single, iters, warmup, prec_mask;
+    const char *backend;
+} bench_opts;
+
+typedef struct gemm_shapes { int64_t (*s)[3]; int n, cap; } gemm_shapes;
+
+static void log_shape(void *ctx, int64_t m, int64_t n, int64_t k) {
+    gemm_shapes *g = ctx;
+    if (g->n == g->cap) g->s = xrealloc(g->s, (size_t)(g->cap = g->cap ? 2 * g->cap : 64) * sizeof *g->s);
+    g->s[g->n][0] = m, g->s[g->n][1] = n, g->s[g->n][2] = k;
+    g->n++;
+}
+
+static int parse(int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){.n_img = 1024, .n_txt = 128, .n_double = 2, .n_single = 2, .iters = 2, .warmup = 1,
+                      .prec_mask = 3};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        if (!v) return tp_error("bench forward: option %s needs a value", a);
+        i++;
+        if (!strcmp(a, "--image-tokens")) o->n_img = atoi(v);
+        else if (!strcmp(a, "--text-tokens")) o->n_txt = atoi(v);
+        else if (!strcmp(a, "--double")) o->n_double = atoi(v);
+        else if (!strcmp(a, "--single")) o->n_single = atoi(v);
+        else if (!strcmp(a, "--iters")) o->iters = atoi(v);
+        else if (!strcmp(a, "--warmup")) o->warmup = atoi(v);
+        else if (!strcmp(a, "--backend")) o->backend = v;
+        else if (!strcmp(a, "--precision"))
+            o->prec_mask = !strcmp(v, "f32") ? 1 : !strcmp(v, "bf16") ? 2 : !strcmp(v, "both") ? 3 : 0;
+        else return tp_error("bench forward: unknown option '%s'", a);
+    }
+    if (o->n_img < 1 || o->n_txt < 1 || o->n_double < 0 || o->n_single < 0 || o->iters < 1 || o->warmup < 0 ||
+        !o->prec_mask)
+        return tp_error("bench forward: token counts and --iters must be positive, --precision f32|bf16|both");
+    return 0;
+}
+
+static flux2_config klein4b_widths(const bench_opts *o) {
+    flux2_config c = {.patch_size = 1, .in_channels = 128, .out_channels = 128, .num_layers = o->n_double,
+                      .num_single_layers = o->n_single, .head_dim = 128, .heads = 24, .joint_dim = 7680,
+                      .time_channels = 256, .mlp_ratio = 3.0, .n_axes = 4, .axes_dims = {32, 32, 32, 32},
+                      .rope_theta = 2000, .eps = 1e-6f, .guidance_embeds = 0};
+    c.D = 3072, c.M = 9216, c.out_dim = 128;
+    return c;
+}
+
+/* Seconds for plain sgemm (row-major y = x wᵀ) over the logged shapes. */
+static double sgemm_seconds(const gemm_shapes *g) {
+    size_t mx = 0, wx = 0, yx = 0;
+    for (int i = 0; i < g->n; i++) {
+        size_t m = (size_t)g->s[i][0], n = (size_t)g->s[i][1], k = (size_t)g->s[i][2];
+        if (m * k > mx) mx = m * k;
+        if (n * k > wx) wx = n * k;
+        if (m * n > yx) yx = m * n;
+    }
+    float *x = xmalloc(mx * 4), *w = xmalloc(wx * 4), *y = xmalloc(yx * 4);
+    for (size_t i = 0; i < mx; i++) x[i] = (float)(i % 7) * 0.1f;
+    for (size_t i = 0; i < wx; i++) w[i] = (float)(i % 5) * 0.1f;
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < g->n; i++) {
+        int m = (int)g->s[i][0], n = (int)g->s[i][1], k = (int)g->s[i][2];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+    }
+    double t = MPI_Wtime() - t0;
+    free(x), free(w), free(y);
+    return t;
+}
+
+/* max over ranks of a per-rank value */
+static double max_all(const dist *d, double v) {
+    double r;
+    MPI_Allreduce(&v, &r, 1, MPI_DOUBLE, MPI_MAX, d->tp_comm);
+    return r;
+}
+
+/* mean over ranks of a per-rank value */
+static double mean_all(const dist *d, double v) {
+    double r;
+    MPI_Allreduce(&v, &r, 1, MPI_DOUBLE, MPI_SUM, d->tp_comm);
+    return r / d->tp;
+}
+
+typedef struct bench_inputs { float *x, *txt, *out; int32_t *img_ids, *txt_ids; int64_t N, L; } bench_inputs;
+
+static void inputs_make(const bench_opts *o, bench_inputs *in) {
+    int64_t N = in->N = o->n_img, L = in->L = o->n_txt;
+    in->x = xmalloc((size_t)(N * 128) * 4), in->txt = xmalloc((size_t)(L * 7680) * 4);
+    in->out = xmalloc((size_t)(N * 128) * 4);
+    in->img_ids = xcalloc((size_t)N * 4, 4), in->txt_ids = xcalloc((size_t)L * 4, 4);
+    for (int64_t i = 0; i < N * 128; i++) in->x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    for (int64_t i = 0; i < L * 7680; i++) in->txt[i] = (float)((i * 13) % 97) / 48.0f - 1.0f;
+    int side = 1;
+    while ((side + 1) * (side + 1) <= N) side++;
+    for (int64_t i = 0; i < N; i++) in->img_ids[i * 4 + 1] = (int32_t)(i / side), in->img_ids[i * 4 + 2] = (int32_t)(i % side);
+    for (int64_t l = 0; l < L; l++) in->txt_ids[l * 4 + 3] = (int32_t)l;
+}
+
+static void inputs_free(bench_inputs *in) {
+    free(in->x), free(in->txt), free(in->out), free(in->img_ids), free(in->txt_ids);
+}
+
+/* Run warmup + iters forwards; *best gets the counters of the fastest
+ * iteration (max time over ranks decides), which is the least disturbed
+ * by other load on a shared machine. */
+static int timed_forwards(const bench_opts *o, const dist *d, flux2_model *m, bench_inputs *in, gemm_shapes *shapes,
+                          flux2_stats *best) {
+    double best_t = 1e300;
+    for (int it = 0; it < o->warmup + o->iters; it++) {
+        flux2_reset_stats(m);
+        m->gemm_log = (shapes && it == o->warmup) ? log_shape : NULL;
+        m->gemm_log_ctx = shapes;
+        MPI_Barrier(d->tp_comm);
+        int rc = flux2_forward(m, in->x, in->N, in->img_ids, in->txt, in->L, in->txt_ids, 0.5f, NULL, in->out);
+        if (dist_agree(d->tp_comm, rc)) return -1;
+        flux2_stats s;
+        flux2_get_stats(m, &s);
+        double t = max_all(d, s.seconds);
+        if (it >= o->warmup && t < best_t) best_t = t, *best = s;
+    }
+    m->gemm_log = NULL;
+    return 0;
+}
+
+static void report(const dist *d, dtype_t prec, int fused, const flux2_stats *s, const gemm_shapes *shapes) {
+    double t = max_all(d, s->seconds), ar = mean_all(d, s->allreduce_seconds);
+    double at = mean_all(d, s->attention_seconds), gt = mean_all(d, s->gemm_seconds);
+    double flops = s->gemm_flops + s->attention_flops, all_flops;
+    MPI_Allreduce(&flops, &all_flops, 1, MPI_DOUBLE, MPI_SUM, d->tp_comm);
+    /* baseline: the fastest of two passes of plain sgemm over the same shapes */
+    double sg = 0;
+    if (shapes) {
+        double a = sgemm_seconds(shapes), b = sgemm_seconds(shapes);
+        sg = mean_all(d, a < b ? a : b);
+    }
+    if (d->tp_rank) return;
+    printf("%-4s tp=%d %-7s %8.3f s/forward %8.1f GFLOP/s (all ranks)  all-reduce %5.1f%% (%ld calls, %.1f MB)"
+           "  attention %5.1f%%  gemm %5.1f%%\n",
+           prec == DT_F32 ? "f32" : "bf16", d->tp, fused ? "fused" : "unfused", t, all_flops / t * 1e-9, 100 * ar / t,
+           s->allreduces, s->allreduce_bytes / 1e6, 100 * at / t, 100 * gt / t);
+    if (shapes)
+        printf("     gemm: %.3f s in the forward (%.1f GFLOP/s per rank) vs %.3f s plain OpenBLAS sgemm of the same %d "
+               "shapes (%.1f GFLOP/s): efficiency %.0f%%\n",
+               gt, s->gemm_flops / gt * 1e-9, sg, shapes->n, s->gemm_flops / sg * 1e-9, 100 * sg / gt);
+    fflush(stdout);
+}
+
+/* The all-reduce pattern of one double-block sub-layer alone: one call on
+ * the joint [S, D] partial (fused) against two calls on the text [L, D] and
+ * image [N, D] row ranges (unfused); best of `reps` each, in seconds. */
+static int allreduce_pattern(const dist *d, backend *be, comm *c, dtype_t dt, int64_t N, int64_t L, int64_t D,
+                             double *fused, double *unfused) {
+    tensor *t = tensor_new(be, dt, N + L, D);
+    if (dist_agree(d->tp_comm, t ? 0 : -1)) return -1;
+    be->vt->memset0(be, t->data, tensor_nbytes(t));
+    tensor txt = tensor_rows(t, 0, L), img = tensor_rows(t, L, N);
+    *fused = *unfused = 1e300;
+    int rc = 0;
+    for (int rep = 0; rep < 10 && !rc; rep++) {
+        MPI_Barrier(d->tp_comm);
+        double t0 = MPI_Wtime();
+        rc |= comm_allreduce_sum(c, t);
+        be_sync(be);
+        double t1 = MPI_Wtime();
+        MPI_Barrier(d->tp_comm);
+        double t2 = MPI_Wtime();
+        rc |= comm_allreduce_sum(c, &img);
+        rc |= comm_allreduce_sum(c, &txt);
+        be_sync(be);
+        double t3 = MPI_Wtime();
+        if (t1 - t0 < *fused) *fused = t1 - t0;
+        if (t3 - t2 < *unfused) *unfused = t3 - t2;
+    }
+    tensor_free(t);
+    *fused = max_all(d, *fused), *unfused = max_all(d, *unfused);
+    return dist_agree(d->tp_comm, rc);
+}
+
+static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dtype_t prec) {
+    flux2_config cfg = klein4b_widths(o);
+    flux2_model *m;
+    size_t before = be->bytes_in_use;
+    be->peak_bytes = be->bytes_in_use;
+    if (dist_agree(d->tp_comm, flux2_init_random(&cfg, be, c, prec, 1234, &m))) return -1;
+    double weights_mb = (double)(be->bytes_in_use - before) / 1e6;
+    flux2_set_profiling(m, 1);
+    bench_inputs in;
+    inputs_make(o, &in);
+    gemm_shapes shapes = {0};
+    flux2_stats s = {0};
+    int rc = 0;
+    for (int fused = 1; fused >= (d->tp > 1 ? 0 : 1) && !rc; fused--) {
+        flux2_set_fused_allreduce(m, fused);
+        rc = timed_forwards(o, d, m, &in, fused ? &shapes : NULL, &s);
+        /* the sgemm baseline is host OpenBLAS: meaningful for the CPU backend only */
+        if (!rc) report(d, prec, fused, &s, fused && be->kind == BACKEND_CPU ? &shapes : NULL);
+    }
+    double mem[2] = {weights_mb, (double)(be->peak_bytes - before) / 1e6}, mx[2];
+    MPI_Reduce(mem, mx, 2, MPI_DOUBLE, MPI_MAX, 0, d->tp_comm);
+    if (!rc && d->tp_rank == 0)
+        printf("     memory per rank (largest): weights %.0f MB, peak with activations %.0f MB\n", mx[0], mx[1]);
+    double fu, un;
+    if (!rc && d->tp > 1 && !allreduce_pattern(d, be, c, prec, in.N, in.L, cfg.D, &fu, &un) && d->tp_rank == 0)
+        printf("     all-reduce of one sub-layer's partials alone (best of 10): fused %.3f ms (1 call, [%lld, %lld]) "
+               "vs unfused %.3f ms (2 calls)\n", fu * 1e3, (long long)(in.N + in.L), (long long)cfg.D, un * 1e3);
+    free(shapes.s);
+    inputs_free(&in);
+    flux2_free(m);
+    return rc;
+}
+
+int bench_forward(int argc, char **argv) {
+    dist d;
+    if (dist_init(&argc, &argv, &d)) return fprintf(stderr, "tpgen: error: %s\n", tp_error_msg()), 1;
+    bench_opts o;
+    backend *be = NULL;
+    int rc = parse(argc, argv, &o);
+    if (rc == 1) {
+        if (d.world_rank == 0)
+            printf("usage: mpirun -np TP tpgen bench forward [--precision f32|bf16|both] [--image-tokens 1024]\n"
+                   "       [--text-tokens 128] [--double 2] [--single 2] [--iters 2] [--warmup 1] [--backend cpu|cuda]\n");
+        dist_finalize(&d);
+        return 0;
+    }
+    if (!rc) rc = backend_select(o.backend, d.local_rank, d.local_size, &be);
+    comm *c = rc ? NULL : comm_create(d.tp_comm, be);
+    if (dist_agree(d.world, rc || !c ? -1 : 0)) {
+        dist_report_error(d.world);
+        rc = 1;
+    } else {
+        if (d.world_rank == 0)
+            printf("# bench forward: klein-4B widths (D 3072, 24 heads x 128, Jt 7680), %d double + %d single blocks, "
+                   "%d image + %d text tokens, random weights, backend %s (%d threads/rank), tp %d\n",
+                   o.n_double, o.n_single, o.n_img, o.n_txt, be->vt->name, be->threads, d.tp);
+        for (int p = 0; p < 2 && !rc; p++)
+            if (o.prec_mask & (1 << p)) rc = run_one(&o, &d, be, c, p ? DT_BF16 : DT_F32) ? 1 : 0;
+        if (rc) dist_report_error(d.tp_comm);
+    }
+    comm_destroy(c);
+    backend_destroy(be);
+    dist_finalize(&d);
+    return rc;
+}

@@ -1,0 +1,146 @@
+/* `tpgen bench vae`: decoder time, arithmetic rate and peak memory on the
+ * real FLUX.2 VAE shapes (block_out_channels [128,256,512,512], 32 latent
+ * channels, 2 layers per block, 32 groups, mid attention) with random
+ * weights in memory: no checkpoint is needed. */
+#include "vae.h"
+#include "../err.h"
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void flux2_vae_config(vae_config *c) {
+    memset(c, 0, sizeof *c);
+    c->latent_channels = 32;
+    c->n_blocks = 4;
+    int b[4] = {128, 256, 512, 512};
+    memcpy(c->block_out, b, sizeof b);
+    c->layers_per_block = 2;
+    c->norm_groups = 32;
+    c->out_channels = 3;
+    c->mid_attention = 1;
+    c->post_quant_conv = 1;
+    c->bn_eps = 1e-4f;
+    c->norm_eps = 1e-6f;
+}
+
+/* Multiply-adds x2 of the convolutions, projections and attention. */
+static double resnet_flops(int cin, int cout, double hw) {
+    return 2.0 * hw * (9.0 * cin * cout + 9.0 * cout * cout + (cin != cout ? (double)cin * cout : 0));
+}
+
+static double decoder_flops(const vae_config *c, int h, int w) {
+    double hw = (double)h * w, f = 0;
+    int top = c->block_out[c->n_blocks - 1], lc = c->latent_channels;
+    if (c->post_quant_conv) f += 2.0 * hw * lc * lc;
+    f += 2.0 * hw * 9.0 * lc * top;
+    f += 2 * resnet_flops(top, top, hw);
+    if (c->mid_attention) f += 8.0 * hw * top * top + 4.0 * hw * hw * top;
+    int prev = top;
+    for (int i = 0; i < c->n_blocks; i++) {
+        int co = c->block_out[c->n_blocks - 1 - i];
+        for (int j = 0; j <= c->layers_per_block; j++) f += resnet_flops(j ? co : prev, co, hw);
+        if (i < c->n_blocks - 1) {
+            hw *= 4;
+            f += 2.0 * hw * 9.0 * co * co;
+        }
+        prev = co;
+    }
+    return f + 2.0 * hw * 9.0 * c->block_out[0] * c->out_channels;
+}
+
+static void usage(void) {
+    printf("usage: tpgen bench vae [--sizes 512,1024] [--precision f32,bf16] [--backend cpu|cuda|auto]\n"
+           "                      [--repeat N] [--band-mb MB]\n"
+           "Decodes random latents with a randomly initialised FLUX.2-shaped VAE decoder and reports time,\n"
+           "GFLOP/s and peak backend memory (weights + activations).\n");
+}
+
+static int parse_list(const char *s, int *out, int max) {
+    int n = 0;
+    char *copy = xstrdup(s), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t && n < max; t = strtok_r(NULL, ",", &save)) out[n++] = atoi(t);
+    free(copy);
+    return n;
+}
+
+static int bench_one(backend *be, const vae_config *cfg, dtype_t dt, int size, int repeat, size_t band) {
+    int ppt = vae_pixels_per_token(cfg);
+    if (size <= 0 || size % ppt) return tp_error("bench vae: size %d is not a positive multiple of %d", size, ppt);
+    size_t base = be->bytes_in_use;
+    vae_model *v = NULL;
+    if (vae_create_random(cfg, be, dt, 1, &v)) return -1;
+    if (band) vae_set_band_bytes(v, band);
+    int hl = size / ppt;
+    size_t n = (size_t)hl * hl * 4 * (size_t)cfg->latent_channels;
+    float *lat = xmalloc(n * sizeof(float));
+    uint64_t s = 12345;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        lat[i] = (float)((s >> 40) * (1.0 / 16777216.0)) * 4.0f - 2.0f;
+    }
+    uint8_t *rgb = xmalloc((size_t)size * size * 3);
+    double best = 1e30;
+    int rc = 0;
+    size_t weights = be->bytes_in_use - base;
+    be->peak_bytes = be->bytes_in_use;
+    for (int r = 0; r < repeat && !rc; r++) {
+        double t0 = omp_get_wtime();
+        rc = vae_decode_packed(v, lat, hl, hl, NULL, rgb);
+        be_sync(be);
+        double t = omp_get_wtime() - t0;
+        if (t < best) best = t;
+    }
+    if (!rc) {
+        double gf = decoder_flops(cfg, 2 * hl, 2 * hl) / 1e9;
+        printf("%6d  %-5s %9.2f %9.0f %9.1f %12.0f %10.0f\n", size, dt == DT_F32 ? "f32" : "bf16", best, gf, gf / best,
+               (be->peak_bytes - base - weights) / 1e6, weights / 1e6);
+        fflush(stdout);
+    }
+    free(lat);
+    free(rgb);
+    vae_free(v);
+    return rc;
+}
+
+int bench_vae(int argc, char **argv) {
+    const char *sizes_s = "512,1024", *prec_s = "f32,bf16", *backend_s = "cpu";
+    int repeat = 1;
+    size_t band = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
+        if (!val) { fprintf(stderr, "tpgen: error: %s needs a value\n", a); return 2; }
+        if (!strcmp(a, "--sizes")) sizes_s = val;
+        else if (!strcmp(a, "--precision")) prec_s = val;
+        else if (!strcmp(a, "--backend")) backend_s = val;
+        else if (!strcmp(a, "--repeat")) repeat = atoi(val) > 0 ? atoi(val) : 1;
+        else if (!strcmp(a, "--band-mb")) band = (size_t)atoi(val) << 20;
+        else { fprintf(stderr, "tpgen: error: unknown option %s (see tpgen bench vae --help)\n", a); return 2; }
+        i++;
+    }
+    int sizes[8], ns = parse_list(sizes_s, sizes, 8);
+    backend *be = NULL;
+    if (backend_select(backend_s, 0, 1, &be)) {
+        fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
+        return 1;
+    }
+    vae_config cfg;
+    flux2_vae_config(&cfg);
+    printf("# VAE decoder, FLUX.2 shapes [128,256,512,512], random weights, backend %s, %d threads, best of %d\n",
+           be->vt->name, be->threads, repeat);
+    printf("%6s  %-5s %9s %9s %9s %12s %10s\n", "size", "prec", "time_s", "GFLOP", "GFLOP/s", "peak_act_MB", "weights_MB");
+    int rc = 0;
+    for (int i = 0; i < ns && !rc; i++) {
+        char *copy = xstrdup(prec_s), *save = NULL;
+        for (char *p = strtok_r(copy, ",", &save); p && !rc; p = strtok_r(NULL, ",", &save)) {
+            dtype_t dt = !strcmp(p, "bf16") ? DT_BF16 : DT_F32;
+            if (strcmp(p, "bf16") && strcmp(p, "f32")) rc = tp_error("--precision: '%s' is not f32 or bf16", p);
+            else rc = bench_one(be, &cfg, dt, sizes[i], repeat, band);
+        }
+        free(copy);
+    }
+    if (rc) fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
+    backend_destroy(be);
+    return rc ? 1 : 0;
+}

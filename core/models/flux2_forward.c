@@ -1,0 +1,262 @@
+/* The FLUX.2 forward pass (spec §4): timestep/guidance embedding, global
+ * modulation, embedders, RoPE tables, the blocks (flux2_blocks.c) and the
+ * output layer. Activation buffers are kept for the last (N, L) so that a
+ * denoising loop allocates once; the context projection and the RoPE tables
+ * are cached because they do not change across steps. */
+#include "flux2_impl.h"
+#include "../err.h"
+#include <math.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- shared helpers ---- */
+
+void flux2_gemm(flux2_model *m, tensor *y, const tensor *x, const tensor *w) {
+    double t0 = MPI_Wtime();
+    op_gemm(m->be, y, x, w, NULL);
+    if (m->profiling) be_sync(m->be);
+    m->stats.gemm_seconds += MPI_Wtime() - t0;
+    m->stats.gemm_flops += 2.0 * (double)x->rows * (double)x->cols * (double)w->rows;
+    if (m->gemm_log) m->gemm_log(m->gemm_log_ctx, x->rows, w->rows, x->cols);
+}
+
+int flux2_allreduce(flux2_model *m, tensor *t) {
+    if (m->tp == 1) return 0;
+    if (m->profiling) be_sync(m->be);
+    double t0 = MPI_Wtime();
+    int rc = comm_allreduce_sum(m->comm, t);
+    if (m->profiling) be_sync(m->be);
+    m->stats.allreduce_seconds += MPI_Wtime() - t0;
+    m->stats.allreduces++;
+    m->stats.allreduce_bytes += tensor_nbytes(t);
+    return rc ? tp_error_context("flux2 forward: all-reduce of a [%lld, %lld] partial", (long long)t->rows,
+                                 (long long)t->cols) : 0;
+}
+
+void flux2_attention(flux2_model *m, tensor *o, const tensor *q, const tensor *k, const tensor *v) {
+    attn_params p = {.n_q_heads = m->heads_local, .n_kv_heads = m->heads_local, .head_dim = m->cfg.head_dim,
+                     .scale = 1.0f / sqrtf((float)m->cfg.head_dim)};
+    if (m->profiling) be_sync(m->be);
+    double t0 = MPI_Wtime();
+    op_attention(m->be, o, q, k, v, &p);
+    if (m->profiling) be_sync(m->be);
+    m->stats.attention_seconds += MPI_Wtime() - t0;
+    m->stats.attention_flops += 4.0 * (double)q->rows * (double)k->rows * m->cfg.head_dim * m->heads_local;
+}
+
+/* ---- workspace ---- */
+
+static void ws_free(flux2_ws *ws) {
+    if (!ws) return;
+    tensor *all[] = {ws->x, ws->nrm, ws->proj, ws->cat, ws->part, ws->xin, ws->out, ws->temb, ws->silu_temb,
+                     ws->hid, ws->sinus, ws->mod_img, ws->mod_txt, ws->mod_single, ws->mod_out};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
+    free(ws);
+}
+
+static flux2_ws *ws_get(flux2_model *m, int64_t N, int64_t L) {
+    if (m->ws && m->ws->N == N && m->ws->L == L) return m->ws;
+    ws_free(m->ws);
+    m->ws = NULL;
+    const flux2_config *c = &m->cfg;
+    int64_t S = N + L, D = c->D;
+    flux2_ws *ws = xcalloc(1, sizeof *ws);
+    ws->N = N, ws->L = L, ws->S = S;
+    struct { tensor **t; int64_t r, c; } spec[] = {
+        {&ws->x, S, D}, {&ws->nrm, S, D}, {&ws->proj, S, 3 * m->Dl + 2 * m->Ml}, {&ws->cat, S, m->Dl + m->Ml},
+        {&ws->part, S, D}, {&ws->xin, N, c->in_channels}, {&ws->out, N, c->out_dim}, {&ws->temb, 1, D},
+        {&ws->silu_temb, 1, D}, {&ws->hid, 1, D}, {&ws->sinus, 1, c->time_channels}, {&ws->mod_img, 1, 6 * D},
+        {&ws->mod_txt, 1, 6 * D}, {&ws->mod_single, 1, 3 * D}, {&ws->mod_out, 1, 2 * D}};
+    for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++)
+        if (!(*spec[i].t = tensor_new(m->be, m->act, spec[i].r, spec[i].c))) {
+            tp_error_context("flux2: activations for %lld image + %lld text tokens", (long long)N, (long long)L);
+            ws_free(ws);
+            return NULL;
+        }
+    return m->ws = ws;
+}
+
+void flux2_release_caches(flux2_model *m) {
+    ws_free(m->ws);
+    m->ws = NULL;
+    for (int i = 0; i < FLUX2_TXT_CACHE; i++) {
+        tensor_free(m->txt_cache[i].proj);
+        free(m->txt_cache[i].embeds);
+        memset(&m->txt_cache[i], 0, sizeof m->txt_cache[i]);
+    }
+    tensor_free(m->rope_cos);
+    tensor_free(m->rope_sin);
+    m->rope_cos = m->rope_sin = NULL;
+    free(m->rope_ids);
+    m->rope_ids = NULL;
+    m->rope_rows = m->rope_L = 0;
+}
+
+/* ---- cached inputs ---- */
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x100000001B3ull;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ b[i]) * 0x100000001B3ull;
+    return h;
+}
+
+/* The context projection txt·Wᵀ [L, D], computed once per prompt. */
+static const tensor *text_projection(flux2_model *m, const float *txt, int64_t L) {
+    size_t bytes = (size_t)(L * m->cfg.joint_dim) * sizeof(float);
+    uint64_t key = hash_bytes(0xcbf29ce484222325ull ^ (uint64_t)L, txt, bytes);
+    flux2_txt_cache *slot = NULL;
+    m->use_clock++;
+    for (int i = 0; i < FLUX2_TXT_CACHE; i++) {
+        flux2_txt_cache *e = &m->txt_cache[i];
+        if (e->proj && e->key == key && e->L == L && !memcmp(e->embeds, txt, bytes)) {
+            e->last_use = m->use_clock;
+            m->stats.txt_cache_hits++;
+            return e->proj;
+        }
+        /* replace an empty slot, else the least recently used one */
+        if (!slot || (slot->proj && (!e->proj || e->last_use < slot->last_use))) slot = e;
+    }
+    m->stats.txt_cache_misses++;
+    tensor_free(slot->proj);
+    free(slot->embeds);
+    memset(slot, 0, sizeof *slot);
+    tensor *in = tensor_new(m->be, m->act, L, m->cfg.joint_dim);
+    tensor *proj = in ? tensor_new(m->be, m->act, L, m->cfg.D) : NULL;
+    if (!proj || tensor_upload_f32(in, txt)) {
+        tensor_free(in);
+        tensor_free(proj);
+        return NULL;
+    }
+    flux2_gemm(m, proj, in, m->ctx_emb);
+    be_sync(m->be);
+    tensor_free(in);
+    float *copy = xmalloc(bytes);
+    memcpy(copy, txt, bytes);
+    *slot = (flux2_txt_cache){.key = key, .L = L, .embeds = copy, .proj = proj, .last_use = m->use_clock};
+    return proj;
+}
+
+/* RoPE tables [S, hd] for the joint sequence (text ids, then image ids),
+ * rebuilt only when the ids change (they do not across denoising steps). */
+static int rope_tables(flux2_model *m, const int32_t *txt_ids, int64_t L, const int32_t *img_ids, int64_t N) {
+    int64_t S = L + N, hd = m->cfg.head_dim;
+    if (m->rope_cos && m->rope_rows == S && m->rope_L == L && !memcmp(m->rope_ids, txt_ids, (size_t)L * 16) &&
+        !memcmp(m->rope_ids + L * 4, img_ids, (size_t)N * 16))
+        return 0;
+    tensor_free(m->rope_cos);
+    tensor_free(m->rope_sin);
+    m->rope_rows = m->rope_L = 0;
+    m->rope_cos = tensor_new(m->be, DT_F32, S, hd);
+    m->rope_sin = m->rope_cos ? tensor_new(m->be, DT_F32, S, hd) : NULL;
+    float *c = xmalloc((size_t)(S * hd) * sizeof *c), *s = xmalloc((size_t)(S * hd) * sizeof *s);
+    flux2_rope_table(&m->cfg, txt_ids, L, c, s);
+    flux2_rope_table(&m->cfg, img_ids, N, c + L * hd, s + L * hd);
+    int rc = !m->rope_sin || tensor_upload_f32(m->rope_cos, c) || tensor_upload_f32(m->rope_sin, s) || be_sync(m->be);
+    free(c);
+    free(s);
+    if (rc) {
+        tensor_free(m->rope_cos), tensor_free(m->rope_sin);
+        m->rope_cos = m->rope_sin = NULL;
+        return -1;
+    }
+    m->rope_rows = S, m->rope_L = L;
+    m->rope_ids = xrealloc(m->rope_ids, (size_t)S * 16);
+    memcpy(m->rope_ids, txt_ids, (size_t)L * 16);
+    memcpy(m->rope_ids + L * 4, img_ids, (size_t)N * 16);
+    return 0;
+}
+
+/* ---- embeddings and modulation ---- */
+
+/* The value the model embeds: value * 1000, with the bf16 roundings of the
+ * eager reference in bf16 mode (the input tensor is bf16, so is the product). */
+static float scaled_time(const flux2_model *m, float v) {
+    if (m->act == DT_BF16 && !m->exact_time) return bf16r(bf16r(v) * 1000.0f);
+    return v * 1000.0f;
+}
+
+/* y = linear_2(silu(linear_1(sinusoid(value)))) into y [1, D] */
+static int embed_scalar(flux2_model *m, flux2_ws *ws, float value, const tensor *l1, const tensor *l2, tensor *y) {
+    float *e = xmalloc((size_t)m->cfg.time_channels * sizeof *e);
+    flux2_sinusoid(value, m->cfg.time_channels, e);
+    int rc = tensor_upload_f32(ws->sinus, e);
+    free(e);
+    if (rc) return -1;
+    flux2_gemm(m, ws->hid, ws->sinus, l1);
+    op_silu(m->be, ws->hid, ws->hid);
+    flux2_gemm(m, y, ws->hid, l2);
+    return 0;
+}
+
+static int time_embedding(flux2_model *m, flux2_ws *ws, float timestep, const float *guidance) {
+    if (embed_scalar(m, ws, scaled_time(m, timestep), m->t_lin1, m->t_lin2, ws->temb)) return -1;
+    if (guidance && m->g_lin1) {
+        /* silu_temb is free until modulation: hold the guidance embedding there */
+        if (embed_scalar(m, ws, scaled_time(m, *guidance), m->g_lin1, m->g_lin2, ws->silu_temb)) return -1;
+        op_add(m->be, ws->temb, ws->temb, ws->silu_temb);
+    }
+    op_silu(m->be, ws->silu_temb, ws->temb);
+    flux2_gemm(m, ws->mod_img, ws->silu_temb, m->mod_img);
+    flux2_gemm(m, ws->mod_txt, ws->silu_temb, m->mod_txt);
+    flux2_gemm(m, ws->mod_single, ws->silu_temb, m->mod_single);
+    flux2_gemm(m, ws->mod_out, ws->silu_temb, m->norm_out);
+    return 0;
+}
+
+/* ---- the forward ---- */
+
+static int check_args(const flux2_model *m, const float *x, int64_t N, const int32_t *img_ids, const float *txt,
+                      int64_t L, const int32_t *txt_ids, float timestep, const float *out) {
+    if (!x || !img_ids || !txt || !txt_ids || !out)
+        return tp_error("flux2 forward: a required input (latents, ids, text embeddings or output) is NULL");
+    if (N < 1 || L < 1)
+        return tp_error("flux2 forward: need at least one image and one text token (got N=%lld, L=%lld)",
+                        (long long)N, (long long)L);
+    if (!(timestep == timestep)) return tp_error("flux2 forward: timestep is NaN");
+    return 0;
+}
+
+static int forward_body(flux2_model *m, flux2_ws *ws, const float *x, const int32_t *img_ids, const float *txt,
+                        const int32_t *txt_ids, float timestep, const float *guidance) {
+    int64_t N = ws->N, L = ws->L, D = m->cfg.D;
+    if (time_embedding(m, ws, timestep, guidance)) return -1;
+    const tensor *tp = text_projection(m, txt, L);
+    if (!tp || rope_tables(m, txt_ids, L, img_ids, N)) return -1;
+    tensor x_txt = tensor_rows(ws->x, 0, L), x_img = tensor_rows(ws->x, L, N);
+    op_copy(m->be, &x_txt, tp);
+    if (tensor_upload_f32(ws->xin, x)) return -1;
+    flux2_gemm(m, &x_img, ws->xin, m->x_emb);
+    for (int i = 0; i < m->cfg.num_layers; i++)
+        if (flux2_double_block(m, &m->dbl[i], ws)) return tp_error_context("double block %d", i);
+    for (int j = 0; j < m->cfg.num_single_layers; j++)
+        if (flux2_single_block(m, &m->sgl[j], ws)) return tp_error_context("single block %d", j);
+    /* output layer on the image rows; norm_out chunks are (scale, shift) */
+    tensor scale = tensor_cols(ws->mod_out, 0, D), shift = tensor_cols(ws->mod_out, D, D);
+    tensor n_img = tensor_rows(ws->nrm, L, N);
+    x_img = tensor_rows(ws->x, L, N);
+    op_layernorm_mod(m->be, &n_img, &x_img, &shift, &scale, m->cfg.eps);
+    flux2_gemm(m, ws->out, &n_img, m->proj_out);
+    return 0;
+}
+
+int flux2_forward(flux2_model *m, const float *x, int64_t N, const int32_t *img_ids, const float *txt, int64_t L,
+                  const int32_t *txt_ids, float timestep, const float *guidance, float *out) {
+    if (check_args(m, x, N, img_ids, txt, L, txt_ids, timestep, out)) return -1;
+    double t0 = MPI_Wtime();
+    flux2_ws *ws = ws_get(m, N, L);
+    if (!ws) return -1;
+    if (forward_body(m, ws, x, img_ids, txt, txt_ids, timestep, guidance) || tensor_download_f32(ws->out, out) ||
+        be_sync(m->be))
+        return tp_error_context("flux2 forward");
+    m->stats.forwards++;
+    m->stats.seconds += MPI_Wtime() - t0;
+    return 0;
+}

@@ -1,0 +1,129 @@
+/* Host-side pieces of the FLUX.2 transformer: config.json parsing, the
+ * timestep sinusoid (§4.2) and the RoPE tables (§4.5). These are tiny next
+ * to the GEMMs, so they run on the host in exactly the precision the
+ * reference uses and are uploaded. */
+#include "flux2.h"
+#include "../err.h"
+#include <math.h>
+#include <string.h>
+
+static int get_int(const json_t *cfg, const char *key, int def, const char *where, int *out) {
+    json_t *v = json_object_get(cfg, key);
+    if (!v || json_is_null(v)) { *out = def; return 0; }
+    if (json_is_integer(v)) { *out = (int)json_integer_value(v); return 0; }
+    if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) {
+        *out = (int)json_real_value(v);
+        return 0;
+    }
+    return tp_error("%s: field '%s' must be an integer", where, key);
+}
+
+static int get_num(const json_t *cfg, const char *key, double def, const char *where, double *out) {
+    json_t *v = json_object_get(cfg, key);
+    if (!v || json_is_null(v)) { *out = def; return 0; }
+    if (!json_is_number(v)) return tp_error("%s: field '%s' must be a number", where, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int parse_axes(const json_t *cfg, const char *where, flux2_config *c) {
+    json_t *a = json_object_get(cfg, "axes_dims_rope");
+    if (!a || json_is_null(a)) {
+        c->n_axes = 4;
+        for (int i = 0; i < 4; i++) c->axes_dims[i] = 32;
+        return 0;
+    }
+    if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > FLUX2_MAX_AXES)
+        return tp_error("%s: 'axes_dims_rope' must be a list of 1 to %d integers", where, FLUX2_MAX_AXES);
+    c->n_axes = (int)json_array_size(a);
+    for (int i = 0; i < c->n_axes; i++) {
+        json_t *e = json_array_get(a, (size_t)i);
+        if (!json_is_integer(e) || json_integer_value(e) <= 0 || json_integer_value(e) % 2)
+            return tp_error("%s: axes_dims_rope[%d] must be a positive even integer", where, i);
+        c->axes_dims[i] = (int)json_integer_value(e);
+    }
+    return 0;
+}
+
+/* Defaults are those of the diffusers class (the FLUX.2-dev values). */
+int flux2_config_parse(const json_t *cfg, const char *where, flux2_config *c) {
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(cfg)) return tp_error("%s: config is not a JSON object", where);
+    double eps = 1e-6;
+    if (get_int(cfg, "patch_size", 1, where, &c->patch_size) ||
+        get_int(cfg, "in_channels", 128, where, &c->in_channels) ||
+        get_int(cfg, "out_channels", c->in_channels, where, &c->out_channels) ||
+        get_int(cfg, "num_layers", 8, where, &c->num_layers) ||
+        get_int(cfg, "num_single_layers", 48, where, &c->num_single_layers) ||
+        get_int(cfg, "attention_head_dim", 128, where, &c->head_dim) ||
+        get_int(cfg, "num_attention_heads", 48, where, &c->heads) ||
+        get_int(cfg, "joint_attention_dim", 15360, where, &c->joint_dim) ||
+        get_int(cfg, "timestep_guidance_channels", 256, where, &c->time_channels) ||
+        get_num(cfg, "mlp_ratio", 3.0, where, &c->mlp_ratio) ||
+        get_num(cfg, "rope_theta", 2000, where, &c->rope_theta) ||
+        get_num(cfg, "eps", 1e-6, where, &eps) || parse_axes(cfg, where, c))
+        return -1;
+    c->eps = (float)eps;
+    json_t *g = json_object_get(cfg, "guidance_embeds");
+    if (g && !json_is_boolean(g)) return tp_error("%s: 'guidance_embeds' must be true or false", where);
+    c->guidance_embeds = g ? json_is_true(g) : 1;
+
+    struct { const char *name; int v; } pos[] = {
+        {"patch_size", c->patch_size}, {"in_channels", c->in_channels}, {"out_channels", c->out_channels},
+        {"attention_head_dim", c->head_dim}, {"num_attention_heads", c->heads},
+        {"joint_attention_dim", c->joint_dim}, {"timestep_guidance_channels", c->time_channels}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v <= 0) return tp_error("%s: '%s' must be positive (got %d)", where, pos[i].name, pos[i].v);
+    if (c->num_layers < 0 || c->num_single_layers < 0)
+        return tp_error("%s: num_layers and num_single_layers must not be negative", where);
+    if (c->time_channels % 2) return tp_error("%s: timestep_guidance_channels must be even", where);
+    if (c->head_dim % 2) return tp_error("%s: attention_head_dim must be even (RoPE pairs)", where);
+    int sum = 0;
+    for (int i = 0; i < c->n_axes; i++) sum += c->axes_dims[i];
+    if (sum != c->head_dim)
+        return tp_error("%s: axes_dims_rope sum to %d but attention_head_dim is %d; they must be equal", where, sum,
+                        c->head_dim);
+    if (!(c->mlp_ratio > 0) || !(c->rope_theta > 0) || !(c->eps > 0))
+        return tp_error("%s: mlp_ratio, rope_theta and eps must be positive", where);
+    c->D = (int64_t)c->heads * c->head_dim;
+    c->M = (int64_t)((double)c->D * c->mlp_ratio);   /* Python int() truncation */
+    c->out_dim = (int64_t)c->patch_size * c->patch_size * c->out_channels;
+    return 0;
+}
+
+/* diffusers get_timestep_embedding with flip_sin_to_cos, shift 0, scale 1:
+ * the exponent -ln(10000)·k is formed in fp32 (a Python float times an fp32
+ * arange), divided by half, exponentiated in fp32. */
+void flux2_sinusoid(float value, int channels, float *out) {
+    int half = channels / 2;
+    const float neg_log = (float)-log(10000.0);
+    for (int k = 0; k < half; k++) {
+        float expo = (neg_log * (float)k) / (float)half;
+        float arg = value * expf(expo);
+        out[k] = cosf(arg);
+        out[half + k] = sinf(arg);
+    }
+}
+
+/* Per axis a of width da: omega_k = 1 / theta^(2k/da) in float64; the id is
+ * an fp32 integer promoted to float64; cos/sin in float64, rounded to f32
+ * and repeated for both members of the pair (2k, 2k+1). */
+void flux2_rope_table(const flux2_config *cfg, const int32_t *ids, int64_t n, float *cos_out, float *sin_out) {
+    int hd = cfg->head_dim;
+    for (int64_t t = 0; t < n; t++) {
+        float *co = cos_out + t * hd, *si = sin_out + t * hd;
+        int d0 = 0;
+        for (int a = 0; a < cfg->n_axes; a++) {
+            int da = cfg->axes_dims[a];
+            double pos = (double)(float)ids[t * 4 + (a < 4 ? a : 3)];
+            for (int k = 0; k < da / 2; k++) {
+                double omega = 1.0 / pow(cfg->rope_theta, (double)(2 * k) / (double)da);
+                double theta = pos * omega;
+                float c = (float)cos(theta), s = (float)sin(theta);
+                co[d0 + 2 * k] = co[d0 + 2 * k + 1] = c;
+                si[d0 + 2 * k] = si[d0 + 2 * k + 1] = s;
+            }
+            d0 += da;
+        }
+    }
+}

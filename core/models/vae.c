@@ -1,0 +1,293 @@
+/* Building the VAE decoder: binding the diffusers tensor names (spec
+ * flux2-text-vae.md §6.4) to the model, from a checkpoint or from random
+ * values, and the latent BatchNorm statistics. */
+#include "vae_internal.h"
+#include "../err.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAME_MAX_LEN 160
+
+static const tensor *get_vec(vae_getter get, void *ctx, const char *name, int n) {
+    return get(ctx, name, 1, n, 0);
+}
+
+static int bind_resnet(vae_resnet *r, const char *prefix, int cin, int cout, vae_getter get, void *ctx) {
+    char n[NAME_MAX_LEN];
+    r->cin = cin;
+    r->cout = cout;
+#define VEC(field, suffix, len) \
+    (snprintf(n, sizeof n, "%s.%s", prefix, suffix), (r->field = get_vec(get, ctx, n, len)) != NULL)
+#define CONV(field, suffix, co, ci, k) \
+    (snprintf(n, sizeof n, "%s.%s", prefix, suffix), (r->field = get(ctx, n, co, (int64_t)(ci) * (k) * (k), k)) != NULL)
+    int ok = VEC(norm1_w, "norm1.weight", cin) && VEC(norm1_b, "norm1.bias", cin) &&
+             CONV(conv1_w, "conv1.weight", cout, cin, 3) && VEC(conv1_b, "conv1.bias", cout) &&
+             VEC(norm2_w, "norm2.weight", cout) && VEC(norm2_b, "norm2.bias", cout) &&
+             CONV(conv2_w, "conv2.weight", cout, cout, 3) && VEC(conv2_b, "conv2.bias", cout);
+    if (ok && cin != cout)
+        ok = CONV(short_w, "conv_shortcut.weight", cout, cin, 1) && VEC(short_b, "conv_shortcut.bias", cout);
+#undef VEC
+#undef CONV
+    return ok ? 0 : -1;
+}
+
+static int bind_attn(vae_attn *a, const char *prefix, int c, vae_getter get, void *ctx) {
+    char n[NAME_MAX_LEN];
+    a->c = c;
+#define VEC(field, suffix) (snprintf(n, sizeof n, "%s.%s", prefix, suffix), (a->field = get_vec(get, ctx, n, c)) != NULL)
+#define MAT(field, suffix) (snprintf(n, sizeof n, "%s.%s", prefix, suffix), (a->field = get(ctx, n, c, c, 0)) != NULL)
+    int ok = VEC(norm_w, "group_norm.weight") && VEC(norm_b, "group_norm.bias") &&
+             MAT(q_w, "to_q.weight") && VEC(q_b, "to_q.bias") && MAT(k_w, "to_k.weight") && VEC(k_b, "to_k.bias") &&
+             MAT(v_w, "to_v.weight") && VEC(v_b, "to_v.bias") && MAT(o_w, "to_out.0.weight") &&
+             VEC(o_b, "to_out.0.bias");
+#undef VEC
+#undef MAT
+    return ok ? 0 : -1;
+}
+
+/* Up block i uses reversed(block_out)[i] channels; its first resnet takes
+ * the previous block's channels; all but the last block upsample. */
+static int bind_up_blocks(vae_model *v, vae_getter get, void *ctx) {
+    const vae_config *c = &v->cfg;
+    int prev = c->block_out[c->n_blocks - 1];
+    char n[NAME_MAX_LEN];
+    for (int i = 0; i < c->n_blocks; i++) {
+        vae_up_block *u = &v->up[i];
+        u->cin = prev;
+        u->cout = c->block_out[c->n_blocks - 1 - i];
+        u->n_res = c->layers_per_block + 1;
+        for (int j = 0; j < u->n_res; j++) {
+            snprintf(n, sizeof n, "decoder.up_blocks.%d.resnets.%d", i, j);
+            if (bind_resnet(&u->res[j], n, j == 0 ? u->cin : u->cout, u->cout, get, ctx)) return -1;
+        }
+        if (i < c->n_blocks - 1) {
+            snprintf(n, sizeof n, "decoder.up_blocks.%d.upsamplers.0.conv.weight", i);
+            if (!(u->up_w = get(ctx, n, u->cout, (int64_t)u->cout * 9, 3))) return -1;
+            snprintf(n, sizeof n, "decoder.up_blocks.%d.upsamplers.0.conv.bias", i);
+            if (!(u->up_b = get_vec(get, ctx, n, u->cout))) return -1;
+        }
+        prev = u->cout;
+    }
+    return 0;
+}
+
+int vae_bind(vae_model *v, vae_getter get, void *ctx) {
+    const vae_config *c = &v->cfg;
+    int lc = c->latent_channels, top = c->block_out[c->n_blocks - 1];
+    if (c->post_quant_conv &&
+        (!(v->pq_w = get(ctx, "post_quant_conv.weight", lc, lc, 1)) ||
+         !(v->pq_b = get_vec(get, ctx, "post_quant_conv.bias", lc))))
+        return -1;
+    if (!(v->in_w = get(ctx, "decoder.conv_in.weight", top, (int64_t)lc * 9, 3)) ||
+        !(v->in_b = get_vec(get, ctx, "decoder.conv_in.bias", top)))
+        return -1;
+    if (bind_resnet(&v->mid_res[0], "decoder.mid_block.resnets.0", top, top, get, ctx) ||
+        bind_resnet(&v->mid_res[1], "decoder.mid_block.resnets.1", top, top, get, ctx))
+        return -1;
+    if (c->mid_attention && bind_attn(&v->mid_attn, "decoder.mid_block.attentions.0", top, get, ctx)) return -1;
+    if (bind_up_blocks(v, get, ctx)) return -1;
+    int last = c->block_out[0];
+    if (!(v->out_norm_w = get_vec(get, ctx, "decoder.conv_norm_out.weight", last)) ||
+        !(v->out_norm_b = get_vec(get, ctx, "decoder.conv_norm_out.bias", last)) ||
+        !(v->out_w = get(ctx, "decoder.conv_out.weight", c->out_channels, (int64_t)last * 9, 3)) ||
+        !(v->out_b = get_vec(get, ctx, "decoder.conv_out.bias", c->out_channels)))
+        return -1;
+    return 0;
+}
+
+/* mean and std = sqrt(var + eps) on the host. The bf16 reference pipeline
+ * holds the statistics in bf16, adds eps and takes the root in bf16. */
+static int bn_prepare(vae_model *v, const tensor *mean_t, const tensor *var_t) {
+    int n = vae_bn_channels(&v->cfg), bf = v->dt == DT_BF16;
+    v->bn_mean = xmalloc((size_t)n * sizeof(float));
+    v->bn_std = xmalloc((size_t)n * sizeof(float));
+    float *var = xmalloc((size_t)n * sizeof(float));
+    int rc = tensor_download_f32(mean_t, v->bn_mean) || tensor_download_f32(var_t, var) ? -1 : 0;
+    for (int i = 0; !rc && i < n; i++) {
+        if (!(var[i] >= 0) || !isfinite(v->bn_mean[i])) {
+            rc = tp_error("VAE BatchNorm statistics are invalid at channel %d (mean %g, var %g); the checkpoint is damaged",
+                          i, v->bn_mean[i], var[i]);
+            break;
+        }
+        if (bf) {
+            float s = bf16r(bf16r(var[i]) + bf16r(v->cfg.bn_eps));
+            v->bn_std[i] = bf16r(sqrtf(s));
+            v->bn_mean[i] = bf16r(v->bn_mean[i]);
+        } else {
+            v->bn_std[i] = sqrtf(var[i] + v->cfg.bn_eps);
+        }
+    }
+    free(var);
+    return rc;
+}
+
+static int bind_all(vae_model *v, vae_getter get, void *ctx) {
+    int n = vae_bn_channels(&v->cfg);
+    const tensor *mean = get_vec(get, ctx, "bn.running_mean", n);
+    const tensor *var = mean ? get_vec(get, ctx, "bn.running_var", n) : NULL;
+    if (!var || vae_bind(v, get, ctx)) return -1;
+    return bn_prepare(v, mean, var);
+}
+
+static vae_model *model_new(const vae_config *cfg, backend *be, dtype_t dt) {
+    vae_model *v = xcalloc(1, sizeof *v);
+    v->cfg = *cfg;
+    v->be = be;
+    v->dt = dt;
+    v->band_bytes = (size_t)64 << 20;
+    return v;
+}
+
+/* ---- from a checkpoint ---- */
+
+typedef struct load_ctx {
+    const weights *w;
+    const char *dir;
+} load_ctx;
+
+static const tensor *load_get(void *vctx, const char *name, int64_t rows, int64_t cols, int k) {
+    load_ctx *lc = vctx;
+    const tensor *t = weights_get(lc->w, name);
+    if (!t)
+        return tp_error("%s: tensor %s is missing; the decoder needs the diffusers AutoencoderKLFlux2 names "
+                        "(spec §6.4) and a checkpoint that matches config.json", lc->dir, name), NULL;
+    if (t->rows != rows || t->cols != cols)
+        return tp_error("%s: tensor %s is [%lld, %lld] as a matrix, config.json implies [%lld, %lld]; "
+                        "config.json and the weights do not match", lc->dir, name, (long long)t->rows,
+                        (long long)t->cols, (long long)rows, (long long)cols), NULL;
+    (void)k;
+    return t;
+}
+
+static int want_decoder(const char *name, void *ctx) {
+    (void)ctx;
+    return !strncmp(name, "decoder.", 8) || !strncmp(name, "post_quant_conv.", 16) ||
+           !strcmp(name, "bn.running_mean") || !strcmp(name, "bn.running_var");
+}
+
+static int read_config(const char *vae_dir, vae_config *cfg) {
+    char *path = xasprintf("%s/config.json", vae_dir);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    int rc;
+    if (!j) rc = tp_error("%s: %s (line %d); the VAE folder needs a valid config.json", path, je.text, je.line);
+    else rc = vae_config_parse(j, path, cfg);
+    json_decref(j);
+    free(path);
+    return rc;
+}
+
+int vae_load(const char *vae_dir, backend *be, dtype_t precision, vae_model **out) {
+    *out = NULL;
+    if (precision != DT_F32 && precision != DT_BF16)
+        return tp_error("VAE precision must be f32 or bf16, not %s", dtype_name(precision));
+    vae_config cfg;
+    if (read_config(vae_dir, &cfg)) return -1;
+    checkpoint *ck = NULL;
+    if (checkpoint_open(vae_dir, &ck)) return tp_error_context("loading the VAE from %s", vae_dir);
+    if (checkpoint_find(ck, "decoder.mid.attn_1.q.weight", NULL)) {
+        checkpoint_close(ck);
+        return tp_error("%s holds a VAE in the original BFL layout (decoder.mid.attn_1...); convert it to the "
+                        "diffusers layout (diffusers scripts/convert_flux2_to_diffusers.py)", vae_dir);
+    }
+    vae_model *v = model_new(&cfg, be, precision);
+    load_opts o = {.tp = 1, .rank = 0, .be = be, .dtype = precision, .want = want_decoder};
+    load_stats st;
+    int rc = weights_load(ck, NULL, &o, &v->w, &st);
+    checkpoint_close(ck);
+    if (!rc) v->held_bytes = st.bytes_held;
+    load_ctx lc = {v->w, vae_dir};
+    if (!rc) rc = bind_all(v, load_get, &lc);
+    if (rc) {
+        vae_free(v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* ---- random weights (benchmarks) ---- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float uniform(uint64_t *s, float lo, float hi) {
+    return lo + (hi - lo) * (float)((splitmix(s) >> 40) * (1.0 / 16777216.0));
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+void vae_random_values(const char *name, int64_t rows, int64_t cols, uint64_t *rng, float *out) {
+    size_t n = (size_t)rows * (size_t)cols;
+    int is_norm = strstr(name, "norm") != NULL, is_bias = ends_with(name, ".bias");
+    float a = sqrtf(3.0f / (float)cols);
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(name, "bn.running_var")) out[i] = uniform(rng, 0.5f, 2.0f);
+        else if (!strcmp(name, "bn.running_mean")) out[i] = uniform(rng, -0.5f, 0.5f);
+        else if (is_norm && !is_bias) out[i] = uniform(rng, 0.8f, 1.2f);
+        else if (is_bias) out[i] = uniform(rng, -0.1f, 0.1f);
+        else out[i] = uniform(rng, -a, a);
+    }
+}
+
+typedef struct random_ctx {
+    vae_model *v;
+    uint64_t rng;
+} random_ctx;
+
+static const tensor *random_get(void *vctx, const char *name, int64_t rows, int64_t cols, int k) {
+    random_ctx *rc = vctx;
+    vae_model *v = rc->v;
+    (void)k;
+    tensor *t = tensor_new(v->be, v->dt, rows, cols);
+    if (!t) return NULL;
+    v->owned = xrealloc(v->owned, (size_t)(v->n_owned + 1) * sizeof *v->owned);
+    v->owned[v->n_owned++] = t;
+    float *host = xmalloc((size_t)rows * (size_t)cols * sizeof(float));
+    vae_random_values(name, rows, cols, &rc->rng, host);
+    int err = tensor_upload_f32(t, host);
+    free(host);
+    return err ? NULL : t;
+}
+
+int vae_create_random(const vae_config *cfg, backend *be, dtype_t precision, unsigned seed, vae_model **out) {
+    *out = NULL;
+    vae_model *v = model_new(cfg, be, precision);
+    random_ctx rc = {v, 0x5eedull ^ ((uint64_t)seed << 20)};
+    if (bind_all(v, random_get, &rc)) {
+        vae_free(v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* ---- accessors ---- */
+
+void vae_free(vae_model *v) {
+    if (!v) return;
+    for (int i = 0; i < VAE_POOL_MAX; i++) be_free(v->be, v->pool[i].data);
+    for (int i = 0; i < v->n_owned; i++) tensor_free(v->owned[i]);
+    free(v->owned);
+    weights_free(v->w);
+    free(v->bn_mean);
+    free(v->bn_std);
+    free(v);
+}
+
+const vae_config *vae_get_config(const vae_model *v) { return &v->cfg; }
+void vae_set_band_bytes(vae_model *v, size_t bytes) { v->band_bytes = bytes; }
+
+size_t vae_weight_bytes(const vae_model *v) {
+    size_t n = 0;
+    for (int i = 0; i < v->n_owned; i++) n += tensor_nbytes(v->owned[i]);
+    return n + v->held_bytes;   /* loaded weights: the loader's count */
+}

@@ -1,0 +1,78 @@
+/* The FLUX.2 VAE decoder (diffusers AutoencoderKLFlux2, decode path) and the
+ * pipeline tail that feeds it (spec flux2-text-vae.md §6, flux2-transformer.md
+ * §6.5): packed latents [N, 4·lc] -> unpack to the token grid -> undo the
+ * latent BatchNorm -> unpatchify 2x2 -> post_quant_conv -> decoder -> 8-bit RGB.
+ *
+ * Every size comes from vae/config.json; the decoder runs on rank 0 only,
+ * through the op interface (kernels/ops.h), so any backend can run it.
+ * Activations are [channels, height*width] matrices. */
+#ifndef TPGEN_VAE_H
+#define TPGEN_VAE_H
+#include "../tensor.h"
+#include "../../kernels/ops.h"
+#include <jansson.h>
+#include <stdint.h>
+
+#define VAE_MAX_BLOCKS 8
+
+typedef struct vae_config {
+    int latent_channels;          /* lc: channels of the decoder input */
+    int n_blocks;                 /* len(block_out_channels) */
+    int block_out[VAE_MAX_BLOCKS];/* decoder_block_out_channels when given, else block_out_channels */
+    int layers_per_block;         /* the decoder runs layers_per_block + 1 resnets per up block */
+    int norm_groups;              /* norm_num_groups */
+    int out_channels;             /* must be 3 (RGB) */
+    int mid_attention;            /* mid_block_add_attention */
+    int post_quant_conv;          /* use_post_quant_conv */
+    float bn_eps;                 /* batch_norm_eps (latent BatchNorm) */
+    float norm_eps;               /* GroupNorm eps inside the decoder: 1e-6 in diffusers */
+} vae_config;
+
+/* Parse and check a vae/config.json object; `where` names the file in errors. */
+int vae_config_parse(const json_t *j, const char *where, vae_config *out);
+/* Spatial factor of the decoder alone: 2^(n_blocks-1) (8 for FLUX.2). */
+static inline int vae_upscale(const vae_config *c) { return 1 << (c->n_blocks - 1); }
+/* Pixels per latent token: the 2x2 patch times the decoder factor (16 for FLUX.2). */
+static inline int vae_pixels_per_token(const vae_config *c) { return 2 * vae_upscale(c); }
+
+typedef struct vae_model vae_model;
+
+/* Load the decoder from a vae/ folder (config.json + safetensors) onto be,
+ * weights held in `precision` (DT_F32 or DT_BF16; activations use the same
+ * dtype). Only decoder.*, post_quant_conv.* and bn.running_* are read. */
+int vae_load(const char *vae_dir, backend *be, dtype_t precision, vae_model **out);
+/* A decoder with random weights in backend memory (benchmarks): no file is read. */
+int vae_create_random(const vae_config *cfg, backend *be, dtype_t precision, unsigned seed,
+                      vae_model **out);
+void vae_free(vae_model *v);
+const vae_config *vae_get_config(const vae_model *v);
+/* Bytes of backend memory the weights occupy. */
+size_t vae_weight_bytes(const vae_model *v);
+/* Cap on the per-band buffers of the banded upsampling convolutions (bytes;
+ * default 64 MB). Smaller caps mean more, thinner row bands. */
+void vae_set_band_bytes(vae_model *v, size_t bytes);
+
+/* The host-side pipeline tail. packed [hl*wl, 4·lc] tokens in row-major grid
+ * order -> x [lc, 2hl, 2wl]. The optional outputs receive the intermediates
+ * [4·lc, hl, wl] after unpacking and after the BatchNorm inverse. In bf16
+ * precision the BatchNorm inverse rounds as the bf16 reference pipeline does. */
+void vae_unpack_bn_unpatchify(const vae_model *v, const float *packed, int hl, int wl,
+                              float *after_unpack, float *after_bn, float *x);
+/* Decoder: x [lc, h, w] (host f32) -> image [3, h·s, w·s] (host f32, s =
+ * vae_upscale) and/or 8-bit RGB [h·s, w·s, 3]; either output may be NULL. */
+int vae_decode_latent(vae_model *v, const float *x, int h, int w, float *image_chw, uint8_t *rgb);
+/* The whole tail: packed latents of a hl x wl token grid -> image of
+ * (hl·16) x (wl·16) pixels (for FLUX.2). */
+int vae_decode_packed(vae_model *v, const float *packed, int hl, int wl, float *image_chw, uint8_t *rgb);
+/* Map decoded values to 8-bit as diffusers' postprocess does:
+ * clamp(x/2 + 0.5, 0, 1) (in bf16 when bf16 != 0), x255, round half to even;
+ * chw [3, h, w] -> rgb [h, w, 3]. */
+void vae_to_rgb8(const float *chw, int h, int w, int bf16, uint8_t *rgb);
+
+/* Write a tiny random VAE folder (config.json + diffusion_pytorch_model.safetensors,
+ * BF16, blocks [32,32,64,64], 8 latent channels, 8 groups, mid attention,
+ * non-trivial BatchNorm statistics) for `tpgen make-tiny` and the tests.
+ * The folder is created when missing. Decoder tensors only (no encoder). */
+int vae_write_tiny(const char *vae_dir, unsigned seed);
+
+#endif

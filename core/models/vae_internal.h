@@ -1,0 +1,77 @@
+/* Private layout of the VAE decoder, shared by the vae_*.c files. */
+#ifndef TPGEN_VAE_INTERNAL_H
+#define TPGEN_VAE_INTERNAL_H
+#include "vae.h"
+#include "../weights.h"
+
+/* ResNet block: GN1+SiLU -> conv3 -> GN2+SiLU -> conv3, plus a 1x1
+ * shortcut when the channel count changes. */
+typedef struct vae_resnet {
+    int cin, cout;
+    const tensor *norm1_w, *norm1_b, *conv1_w, *conv1_b;
+    const tensor *norm2_w, *norm2_b, *conv2_w, *conv2_b;
+    const tensor *short_w, *short_b;   /* NULL when cin == cout */
+} vae_resnet;
+
+/* Single-head self-attention over the h*w tokens of the mid block. */
+typedef struct vae_attn {
+    int c;
+    const tensor *norm_w, *norm_b;
+    const tensor *q_w, *q_b, *k_w, *k_b, *v_w, *v_b, *o_w, *o_b;
+} vae_attn;
+
+typedef struct vae_up_block {
+    int cin, cout, n_res;
+    vae_resnet res[VAE_MAX_BLOCKS];
+    const tensor *up_w, *up_b;         /* NULL on the last block (no upsampler) */
+} vae_up_block;
+
+/* One reusable activation buffer of the decode pool. */
+typedef struct vae_buf {
+    void *data;
+    size_t cap;
+    int busy;
+} vae_buf;
+
+#define VAE_POOL_MAX 16
+
+struct vae_model {
+    vae_config cfg;
+    backend *be;
+    dtype_t dt;                        /* weights and activations */
+    weights *w;                        /* loaded weights (vae_load), or NULL */
+    size_t held_bytes;                 /* backend bytes of w */
+    tensor **owned;                    /* tensors made by vae_create_random */
+    int n_owned;
+    float *bn_mean, *bn_std;           /* host [4·lc]: running_mean, sqrt(running_var + eps) */
+    const tensor *pq_w, *pq_b;         /* post_quant_conv, NULL when unused */
+    const tensor *in_w, *in_b;         /* decoder.conv_in */
+    vae_resnet mid_res[2];
+    vae_attn mid_attn;                 /* norm_w NULL when the config has no mid attention */
+    vae_up_block up[VAE_MAX_BLOCKS];
+    const tensor *out_norm_w, *out_norm_b, *out_w, *out_b;
+    size_t band_bytes;
+    vae_buf pool[VAE_POOL_MAX];
+};
+
+/* Fetch the tensor `name`, which must be a [rows, cols] matrix (weights.h
+ * 2-D view); NULL + tp_error when it is missing or has another shape.
+ * k > 0: a conv weight, [rows, cols/(k*k), k, k] in the file; k == 0 and
+ * rows == 1: a vector [cols]; otherwise a matrix [rows, cols]. */
+typedef const tensor *(*vae_getter)(void *ctx, const char *name, int64_t rows, int64_t cols, int k);
+
+/* Deterministic random values for tensor `name` (weights ~ U(+-sqrt(3/fan_in)),
+ * norm scales near 1, small biases, BatchNorm statistics with mean near 0 and
+ * variance in [0.5, 2]): used by vae_create_random and vae_write_tiny. */
+void vae_random_values(const char *name, int64_t rows, int64_t cols, uint64_t *rng, float *out);
+
+/* Point every decoder field of v at the tensors that get returns (v->cfg set). */
+int vae_bind(vae_model *v, vae_getter get, void *ctx);
+
+/* Shape of the BatchNorm statistics: 4·lc values (the 2x2 patch channels). */
+static inline int vae_bn_channels(const vae_config *c) { return 4 * c->latent_channels; }
+
+/* Write a config.json for cfg (used by vae_write_tiny). */
+int vae_config_write(const vae_config *cfg, const char *path);
+
+#endif
