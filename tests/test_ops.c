@@ -646,3 +646,20 @@ TEST(ops_copy_bf16_rounding_special) { /* the vectorised f32->bf16 rounding on t
     tensor_free(x);
     tensor_free(y);
 }
+
+TEST(ops_empty_shapes) { /* zero rows or zero keys: no crash, no write outside, keyless rows are 0 */
+    tbuf x = tb_new(DT_BF16, 0, 16, 0), w = tb_new(DT_BF16, 8, 16, 0), y = tb_new(DT_BF16, 0, 8, 0);
+    op_gemm(cpu(), &y.t, &x.t, &w.t, NULL);
+    op_layernorm_mod(cpu(), &x.t, &x.t, NULL, NULL, 1e-6f);
+    op_silu(cpu(), &x.t, &x.t);
+    tb_free(&x); tb_free(&w); tb_free(&y);
+    tbuf q = tb_new(DT_F32, 5, 16, 0), k = tb_new(DT_F32, 0, 16, 0), v = tb_new(DT_F32, 0, 16, 0), o = tb_out(DT_F32, 5, 16);
+    free(tb_rand(&q, -1, 1));
+    attn_params p = {.n_q_heads = 2, .n_kv_heads = 2, .head_dim = 8, .scale = 0.35f};
+    op_attention(cpu(), &o.t, &q.t, &k.t, &v.t, &p);
+    float *got = tb_get(&o);
+    for (int i = 0; i < 80; i++) CHECK(got[i] == 0.0f, "no keys: element %d is %g, expected 0", i, got[i]);
+    CHECK(pads_untouched(&o), "attention wrote outside the view");
+    free(got);
+    tb_free(&q); tb_free(&k); tb_free(&v); tb_free(&o);
+}
