@@ -167,6 +167,7 @@ TEST(ops_gemm_bf16_paths) { /* the AVX512-BF16 kernel (when present) and the por
         gemm_case(67, 131, 96, DT_BF16, DT_BF16, DT_BF16, 1);
         gemm_case(200, 64, 258, DT_BF16, DT_BF16, DT_F32, 0);
         gemm_case(5, 33, 7, DT_BF16, DT_BF16, DT_BF16, 0);
+        gemm_case(20, 40, 8200, DT_BF16, DT_BF16, DT_F32, 1); /* K over two blocks of the AVX512 kernel, plus a tail */
     }
     cpu_gemm_force_portable(0);
 }
@@ -271,6 +272,13 @@ TEST(ops_attention_many_key_tiles) { /* Sk over several key tiles of the online 
         attention_case(&(attn_case){.Sq = 40, .Sk = 1300, .Hq = 2, .Hkv = 2, .hd = 8, .causal = 1, .q_pos0 = 1260,
                                     .masked_keys = 600, .dt = dts[d]});
     }
+}
+
+TEST(ops_attention_bf16_portable) { /* bf16 scores through widening + sgemm (the path of CPUs without AVX512-BF16) */
+    cpu_gemm_force_portable(1);
+    attention_case(&(attn_case){.Sq = 70, .Sk = 600, .Hq = 4, .Hkv = 2, .hd = 16, .causal = 1, .q_pos0 = 530, .dt = DT_BF16});
+    attention_case(&(attn_case){.Sq = 33, .Sk = 40, .Hq = 2, .Hkv = 2, .hd = 24, .masked_keys = 5, .dt = DT_BF16});
+    cpu_gemm_force_portable(0);
 }
 
 TEST(ops_attention_all_masked) { /* every key invalid: every output row is 0 */
@@ -594,6 +602,17 @@ TEST(ops_conv2d) {
         conv_case(9, 13, 5, 6, 1, xd, DT_BF16, 1);
         conv_case(9, 13, 5, 6, 1, xd, DT_F32, 0);
     }
+    /* even Cin·k·k with bf16 x and w: the vdpbf16ps route (when the CPU has it) and the forced sgemm route */
+    for (int portable = 0; portable < 2; portable++) {
+        cpu_gemm_force_portable(portable);
+        conv_case(4, 70, 7, 9, 3, DT_BF16, DT_BF16, 1);
+        conv_case(10, 19, 5, 40, 1, DT_BF16, DT_BF16, 1);
+        conv_case(2, 5, 3, 2, 3, DT_BF16, DT_BF16, 0);   /* narrower than the 3x3 window */
+        conv_case(8, 9, 1, 33, 3, DT_BF16, DT_BF16, 1);  /* one row */
+    }
+    cpu_gemm_force_portable(0);
+    cpu_set_tile_budget(4 * 9 * 9 * 2 * 2); /* bf16 route: bands of two output rows */
+    conv_case(4, 70, 7, 9, 3, DT_BF16, DT_BF16, 1);
     cpu_set_tile_budget(5 * 9 * 9 * 4 * 2); /* bands of two output rows */
     conv_case(5, 70, 7, 9, 3, DT_BF16, DT_BF16, 1);
     conv_case(5, 70, 7, 9, 3, DT_F32, DT_F32, 1);
@@ -626,4 +645,21 @@ TEST(ops_copy_bf16_rounding_special) { /* the vectorised f32->bf16 rounding on t
     free(v);
     tensor_free(x);
     tensor_free(y);
+}
+
+TEST(ops_empty_shapes) { /* zero rows or zero keys: no crash, no write outside, keyless rows are 0 */
+    tbuf x = tb_new(DT_BF16, 0, 16, 0), w = tb_new(DT_BF16, 8, 16, 0), y = tb_new(DT_BF16, 0, 8, 0);
+    op_gemm(cpu(), &y.t, &x.t, &w.t, NULL);
+    op_layernorm_mod(cpu(), &x.t, &x.t, NULL, NULL, 1e-6f);
+    op_silu(cpu(), &x.t, &x.t);
+    tb_free(&x); tb_free(&w); tb_free(&y);
+    tbuf q = tb_new(DT_F32, 5, 16, 0), k = tb_new(DT_F32, 0, 16, 0), v = tb_new(DT_F32, 0, 16, 0), o = tb_out(DT_F32, 5, 16);
+    free(tb_rand(&q, -1, 1));
+    attn_params p = {.n_q_heads = 2, .n_kv_heads = 2, .head_dim = 8, .scale = 0.35f};
+    op_attention(cpu(), &o.t, &q.t, &k.t, &v.t, &p);
+    float *got = tb_get(&o);
+    for (int i = 0; i < 80; i++) CHECK(got[i] == 0.0f, "no keys: element %d is %g, expected 0", i, got[i]);
+    CHECK(pads_untouched(&o), "attention wrote outside the view");
+    free(got);
+    tb_free(&q); tb_free(&k); tb_free(&v); tb_free(&o);
 }

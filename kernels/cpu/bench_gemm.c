@@ -4,10 +4,13 @@
  * op_gemm with bf16 weights and f32 activations (the f32 reference mode),
  * and bf16 x bf16 (the bf16 mode) through the portable path (widen panels +
  * sgemm) and through the AVX512-BF16 kernel when this CPU has it. Each
- * figure is the best of --reps timed runs after one warm-up. */
+ * figure is the best of --reps timed runs after one warm-up. With --ops it
+ * also times op_attention and op_conv2d (the other sgemm / vdpbf16ps users)
+ * on transformer and VAE shapes. */
 #include "cpu_ops.h"
 #include "../../core/err.h"
 #include <cblas.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,27 +54,101 @@ static tensor *random_tensor(backend *be, dtype_t dt, int64_t rows, int64_t cols
     return t;
 }
 
+/* ---- --ops: attention and convolution ---- */
+
+typedef struct {
+    const char *name;
+    int conv;                  /* 0 attention, 1 conv2d */
+    int64_t a, b, c, d;        /* attention: S, heads, head_dim; conv: Cin, Cout, side, k */
+} op_case;
+
+static double op_flop(const op_case *oc) {
+    if (!oc->conv) return 4.0 * oc->a * oc->a * oc->b * oc->c;
+    return 2.0 * oc->b * oc->a * oc->d * oc->d * oc->c * oc->c;
+}
+
+/* best seconds of one op case in dtype dt; -1 on allocation failure */
+static double op_seconds(backend *be, const op_case *oc, dtype_t dt, int reps) {
+    tensor *t[4] = {0};
+    double best = -1;
+    if (!oc->conv) {
+        int64_t S = oc->a, C = oc->b * oc->c;
+        for (int i = 0; i < 4; i++) t[i] = random_tensor(be, dt, S, C);
+    } else {
+        int64_t P = oc->c * oc->c;
+        t[0] = random_tensor(be, dt, oc->a, P);
+        t[1] = random_tensor(be, dt, oc->b, oc->a * oc->d * oc->d);
+        t[2] = random_tensor(be, dt, 1, oc->b);
+        t[3] = tensor_new(be, dt, oc->b, P);
+    }
+    if (t[0] && t[1] && t[2] && t[3]) {
+        attn_params p = {.n_q_heads = (int)oc->b, .n_kv_heads = (int)oc->b, .head_dim = (int)oc->c,
+                         .scale = 1.0f / sqrtf((float)oc->c)};
+        best = 1e30;
+        for (int r = -1; r < reps; r++) {
+            double t0 = now();
+            if (!oc->conv) op_attention(be, t[3], t[0], t[1], t[2], &p);
+            else op_conv2d(be, t[3], t[0], t[1], t[2], oc->c, oc->c, (int)oc->d);
+            double el = now() - t0;
+            if (r >= 0 && el < best) best = el;
+        }
+    }
+    for (int i = 0; i < 4; i++) tensor_free(t[i]);
+    return best;
+}
+
+static int ops_table(backend *be, int reps, int avx) {
+    static const op_case cases[] = {
+        {"attn S2048 4x128", 0, 2048, 4, 128, 0},
+        {"attn S4096 1x512", 0, 4096, 1, 512, 0},
+        {"conv3 512 64x64", 1, 512, 512, 64, 3},
+        {"conv3 128 256x256", 1, 128, 128, 256, 3},
+        {"conv1 256>128 128x128", 1, 256, 128, 128, 1},
+    };
+    printf("\n# op_attention / op_conv2d GFLOP/s, best of %d (%s time)\n", reps, g_cpu_time ? "CPU" : "wall");
+    printf("%-22s %10s %14s %14s\n", "op", "f32", "bf16 portable", "bf16 avx512");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const op_case *oc = &cases[i];
+        double f = op_flop(oc), t32 = op_seconds(be, oc, DT_F32, reps);
+        cpu_gemm_force_portable(1);
+        double tport = op_seconds(be, oc, DT_BF16, reps);
+        cpu_gemm_force_portable(0);
+        double tavx = avx ? op_seconds(be, oc, DT_BF16, reps) : 0;
+        if (t32 < 0 || tport < 0 || tavx < 0) {
+            fprintf(stderr, "tpgen: error: bench gemm --ops: %s\n", tp_error_msg());
+            return 1;
+        }
+        char avxs[32] = "-";
+        if (avx) snprintf(avxs, sizeof avxs, "%.1f", f / tavx * 1e-9);
+        printf("%-22s %10.1f %14.1f %14s\n", oc->name, f / t32 * 1e-9, f / tport * 1e-9, avxs);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 static int usage(int rc) {
     fprintf(rc ? stderr : stdout,
-            "usage: tpgen bench gemm [--m TOKENS] [--reps N] [--threads T] [--quick] [--cpu-time]\n"
+            "usage: tpgen bench gemm [--m TOKENS] [--reps N] [--threads T] [--quick] [--cpu-time] [--ops]\n"
             "  GFLOP/s of op_gemm on the klein-4B linear shapes (N x K = out x in) against cblas_sgemm.\n"
             "  --m TOKENS   rows of x (default 1152)\n"
             "  --reps N     timed runs per figure, best reported (default 3)\n"
             "  --threads T  OpenMP/OpenBLAS threads (default: all cores)\n"
             "  --quick      only the first two shapes\n"
             "  --cpu-time   time with the process CPU clock (with --threads 1: per-core throughput that\n"
-            "               other processes on a shared machine do not distort)\n");
+            "               other processes on a shared machine do not distort)\n"
+            "  --ops        also time op_attention and op_conv2d (f32, bf16 portable, bf16 AVX512-BF16)\n");
     return rc;
 }
 
 int bench_gemm(int argc, char **argv) {
     int64_t M = 1152;
-    int reps = 3, threads = 0, quick = 0;
+    int reps = 3, threads = 0, quick = 0, ops = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(0);
         else if (!strcmp(a, "--quick")) quick = 1;
         else if (!strcmp(a, "--cpu-time")) g_cpu_time = 1;
+        else if (!strcmp(a, "--ops")) ops = 1;
         else if (i + 1 < argc && !strcmp(a, "--m")) M = atoll(argv[++i]);
         else if (i + 1 < argc && !strcmp(a, "--reps")) reps = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(a, "--threads")) threads = atoi(argv[++i]);
@@ -115,6 +192,7 @@ int bench_gemm(int argc, char **argv) {
         }
         tensor_free(x); tensor_free(xb); tensor_free(w); tensor_free(wb); tensor_free(y); tensor_free(yb);
     }
+    if (!rc && ops) rc = ops_table(be, reps, avx);
     backend_destroy(be);
     return rc;
 }

@@ -8,6 +8,7 @@
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include "cpu_vecmath.h"
+#include "cpu_gemm_bf16.h"
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -16,7 +17,25 @@ enum { BQ = 64, BK = 512 };
 
 typedef struct {
     float *q, *o, *s, *k, *v, *m, *l;  /* q,o [BQ,hd]; s [BQ,BK]; k,v [BK,hd]; m,l [BQ] */
+    uint32_t *kpanel;                  /* bf16 path: a key tile packed as panels [BK/32][hd/2][32] */
 } attn_scratch;
+
+/* bf16 q and k on an AVX512-BF16 CPU: the scores run on vdpbf16ps (exact
+ * products, fp32 sums); P·V stays an fp32 sgemm so the softmax is fp32. */
+static int use_bf16_scores(const tensor *q, const tensor *k, int hd) {
+    return q->dtype == DT_BF16 && k->dtype == DT_BF16 && hd % 2 == 0 && cpu_bf16_kernels_enabled();
+}
+
+/* s[i][j] = q_i · k_j for the nq query rows at qrow and the nk keys at krow (bf16) */
+static void scores_bf16(const tensor *q, const tensor *k, int64_t i0, int64_t nq, int64_t j0, int64_t nk,
+                        int64_t qc, int64_t kc, int hd, attn_scratch *w) {
+    const uint16_t *qrow = (const uint16_t *)row_ptr(q, i0) + qc;
+    for (int64_t p0 = 0; p0 < nk; p0 += BF16_PANEL_ROWS) {
+        int64_t np = nk - p0 < BF16_PANEL_ROWS ? nk - p0 : BF16_PANEL_ROWS;
+        bf16_pack_panel((const uint16_t *)row_ptr(k, j0 + p0) + kc, k->ld, np, hd / 2, w->kpanel);
+        bf16_panel_gemm(qrow, q->ld, nq, w->kpanel, BF16_PANEL_ROWS, hd / 2, w->s + p0, BK, np);
+    }
+}
 
 static void scratch_init(attn_scratch *w, int hd) {
     w->q = xmalloc(sizeof(float) * BQ * hd);
@@ -26,10 +45,11 @@ static void scratch_init(attn_scratch *w, int hd) {
     w->v = xmalloc(sizeof(float) * BK * hd);
     w->m = xmalloc(sizeof(float) * BQ);
     w->l = xmalloc(sizeof(float) * BQ);
+    w->kpanel = xmalloc(sizeof(uint32_t) * BF16_PANEL_ROWS * (size_t)(hd / 2 + 1));
 }
 
 static void scratch_free(attn_scratch *w) {
-    free(w->q); free(w->o); free(w->s); free(w->k); free(w->v); free(w->m); free(w->l);
+    free(w->q); free(w->o); free(w->s); free(w->k); free(w->v); free(w->m); free(w->l); free(w->kpanel);
 }
 
 /* n rows from r0 of columns [c0, c0+hd) of t as f32: direct for f32 tensors. */
@@ -73,16 +93,21 @@ static void attend_tile(tensor *o, const tensor *q, const tensor *k, const tenso
     int hd = p->head_dim;
     int64_t Sq = q->rows, Sk = k->rows, nq = Sq - i0 < BQ ? Sq - i0 : BQ, ldq, ldk, ldv;
     int kvh = h / (p->n_q_heads / p->n_kv_heads);
-    const float *qt = tile_f32(q, i0, nq, (int64_t)h * hd, hd, w->q, &ldq);
+    int bf16_scores = use_bf16_scores(q, k, hd);
+    const float *qt = bf16_scores ? NULL : tile_f32(q, i0, nq, (int64_t)h * hd, hd, w->q, &ldq);
     for (int64_t i = 0; i < nq; i++) { w->m[i] = -INFINITY; w->l[i] = 0.0f; }
     memset(w->o, 0, sizeof(float) * (size_t)nq * hd);
     int64_t kend = Sk;
     if (p->causal && i0 + nq - 1 + p->q_pos0 + 1 < kend) kend = i0 + nq - 1 + p->q_pos0 + 1;
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         int64_t nk = kend - j0 < BK ? kend - j0 : BK;
-        const float *kt = tile_f32(k, j0, nk, (int64_t)kvh * hd, hd, w->k, &ldk);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, hd, 1.0f, qt, (int)ldq, kt, (int)ldk,
-                    0.0f, w->s, BK);
+        if (bf16_scores) {
+            scores_bf16(q, k, i0, nq, j0, nk, (int64_t)h * hd, (int64_t)kvh * hd, hd, w);
+        } else {
+            const float *kt = tile_f32(k, j0, nk, (int64_t)kvh * hd, hd, w->k, &ldk);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, hd, 1.0f, qt, (int)ldq, kt,
+                        (int)ldk, 0.0f, w->s, BK);
+        }
         softmax_tile(w, nq, nk, hd, i0, j0, p, valid);
         const float *vt = tile_f32(v, j0, nk, (int64_t)kvh * hd, hd, w->v, &ldv);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, hd, (int)nk, 1.0f, w->s, BK, vt, (int)ldv,

@@ -19,6 +19,7 @@
 
 static int g_force_portable;
 void cpu_gemm_force_portable(int on) { g_force_portable = on; }
+int cpu_bf16_kernels_enabled(void) { return !g_force_portable && cpu_has_avx512bf16(); }
 
 /* bias as f32 (NULL when absent); *owned set when it was converted */
 static float *bias_f32(const tensor *bias, int64_t N, int *owned) {
@@ -49,10 +50,7 @@ static const float *x_chunk_f32(const tensor *x, int64_t m0, int64_t mc, float *
     if (x->dtype == DT_F32) { *ld = x->ld; return (const float *)row_ptr(x, m0); }
     int64_t K = x->cols;
 #pragma omp parallel for if (mc * K > CPU_PAR_MIN)
-    for (int64_t r = 0; r < mc; r++) {
-        const float *v = row_f32(x, m0 + r, 0, K, buf + r * K);
-        (void)v; /* bf16/f16 rows are widened into buf */
-    }
+    for (int64_t r = 0; r < mc; r++) row_f32(x, m0 + r, 0, K, buf + r * K); /* non-f32 rows land in buf */
     *ld = K;
     return buf;
 }
@@ -120,7 +118,7 @@ void cpu_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const te
         free(zero);
     } else if (x->dtype == DT_F32 && w->dtype == DT_F32 && y->dtype == DT_F32) {
         gemm_f32_direct(y, x, w, b);
-    } else if (!g_force_portable && x->dtype == DT_BF16 && w->dtype == DT_BF16 && cpu_gemm_bf16_usable(M, N, K)) {
+    } else if (cpu_bf16_kernels_enabled() && x->dtype == DT_BF16 && w->dtype == DT_BF16 && cpu_gemm_bf16_usable(M, N, K)) {
         cpu_gemm_bf16(y, x, w, b);
     } else {
         gemm_tiled(y, x, w, b);
