@@ -156,8 +156,8 @@ typedef struct job {
 static load_path pick_path(const loader *L, dtype_t stored, dtype_t target) {
     backend *be = L->o->be;
     if (stored != target) return PATH_STAGED;
-    if (L->o->use_mmap && be->kind == BACKEND_CPU) return PATH_MAPPED;
-    return be->vt->upload_file && !L->o->use_mmap ? PATH_FILE : PATH_STAGED;
+    if (L->o->use_mmap) return be->kind == BACKEND_CPU ? PATH_MAPPED : PATH_STAGED;
+    return be->vt->upload_file ? PATH_FILE : PATH_STAGED;
 }
 
 /* Plan the shard and allocate the local tensor (serial: backends count
