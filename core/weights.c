@@ -1,8 +1,9 @@
 /* Sharded weight loading: each rank reads the byte ranges of its own shard
- * (plan_shard_pieces) straight into backend memory. On the CPU backend a
- * tensor kept in its stored dtype is read directly into place; otherwise
- * (dtype conversion, device backends) bytes pass through a host staging
- * buffer bounded by the staging cap, in batches of whole runs, so no rank
+ * (plan_shard_pieces) straight into backend memory. A tensor kept in its
+ * stored dtype goes through the backend's upload_file (CPU: pread into
+ * place; CUDA: pread into its pinned ring, overlapped with the DMA);
+ * tensors that need a dtype conversion pass through a host staging buffer
+ * bounded by the staging cap, in batches of whole runs. Either way no rank
  * ever holds a full-size host copy of a sharded tensor. */
 #include "weights.h"
 #include "err.h"
@@ -83,8 +84,19 @@ static void convert(loader *L, void *dst, dtype_t to, const void *src, dtype_t f
     convert_from_f32(dst, to, tmp, n);
 }
 
-/* Direct path (CPU backend, stored dtype): every run lands in place. */
-static int piece_direct(loader *L, int fi, const st_tensor_info *ti, const shard_piece *p, tensor *t) {
+/* File path (stored dtype): the backend reads the piece's runs itself. */
+static int piece_file(loader *L, int fi, const st_tensor_info *ti, const shard_piece *p, tensor *t) {
+    const st_file *f = L->c->files[fi];
+    size_t s = dtype_size(ti->dtype);
+    if (t->be->vt->upload_file(t->be, (char *)t->data + (size_t)p->dst_off * s, (size_t)p->dst_pitch * s, f->fd,
+                               ti->begin + (uint64_t)p->src_off * s, (size_t)p->src_pitch * s, (size_t)p->width * s,
+                               (size_t)p->height))
+        return tp_error_context("%s", f->path);
+    return 0;
+}
+
+/* Mapped path (CPU backend, stored dtype, use_mmap): runs copied in place. */
+static int piece_mapped(loader *L, int fi, const st_tensor_info *ti, const shard_piece *p, tensor *t) {
     size_t s = dtype_size(ti->dtype);
     for (int64_t r = 0; r < p->height; r++)
         if (read_bytes(L, fi, ti->begin + (uint64_t)(p->src_off + r * p->src_pitch) * s,
@@ -128,13 +140,25 @@ static int piece_staged(loader *L, int fi, const st_tensor_info *ti, const shard
     return be->vt->sync(be);
 }
 
+typedef enum { PATH_STAGED, PATH_FILE, PATH_MAPPED } load_path;
+
 /* One tensor to load: its shard and where it goes. */
 typedef struct job {
     int k;                      /* index in the checkpoint */
     wentry *e;
     shard_info si;
-    int direct;                 /* CPU backend, stored dtype: read in place */
+    load_path path;
+    int threaded;               /* CPU backend, no staging: on the reader threads */
 } job;
+
+/* Stored dtype: the backend reads the file itself (or, on the CPU with
+ * use_mmap, copies from the mapping); a conversion needs staging. */
+static load_path pick_path(const loader *L, dtype_t stored, dtype_t target) {
+    backend *be = L->o->be;
+    if (stored != target) return PATH_STAGED;
+    if (L->o->use_mmap) return be->kind == BACKEND_CPU ? PATH_MAPPED : PATH_STAGED;
+    return be->vt->upload_file ? PATH_FILE : PATH_STAGED;
+}
 
 /* Plan the shard and allocate the local tensor (serial: backends count
  * their bytes without locks). */
@@ -147,7 +171,8 @@ static int prepare(loader *L, int k, wentry *e, const plan *p, job *j) {
     e->t = tensor_new(L->o->be, dt, j->si.local_rows, j->si.local_cols);
     if (!e->t) return tp_error_context("tensor '%s'", ti->name);
     j->k = k, j->e = e;
-    j->direct = L->o->be->kind == BACKEND_CPU && dt == ti->dtype;
+    j->path = pick_path(L, ti->dtype, dt);
+    j->threaded = L->o->be->kind == BACKEND_CPU && j->path != PATH_STAGED;
     L->st->bytes_held += tensor_nbytes(e->t);
     return 0;
 }
@@ -158,8 +183,10 @@ static int read_job(loader *L, const job *j, uint64_t *bytes) {
     shard_piece pc[PLAN_MAX_PIECES];
     int np = plan_shard_pieces(&j->si, L->o->tp, L->o->rank, pc);
     *bytes = 0;
+    static int (*const piece_fn[])(loader *, int, const st_tensor_info *, const shard_piece *, tensor *) = {
+        [PATH_STAGED] = piece_staged, [PATH_FILE] = piece_file, [PATH_MAPPED] = piece_mapped};
     for (int i = 0; i < np; i++) {
-        if ((j->direct ? piece_direct : piece_staged)(L, L->c->file_of[j->k], ti, &pc[i], j->e->t))
+        if (piece_fn[j->path](L, L->c->file_of[j->k], ti, &pc[i], j->e->t))
             return tp_error_context("reading tensor '%s'", ti->name);
         *bytes += (uint64_t)(pc[i].width * pc[i].height) * dtype_size(ti->dtype);
     }
@@ -172,14 +199,17 @@ static void count(load_stats *st, const job *j, uint64_t bytes) {
     else st->bytes_sharded += bytes;
 }
 
-/* Staged jobs one after the other (they share the staging buffers and
- * the backend's copy engine); direct jobs on io_threads threads. */
+/* Jobs that share the staging buffers or a device's copy engine run one
+ * after the other on the calling thread (CUDA calls come from the thread
+ * that made the backend); CPU-backend reads in place run on io_threads
+ * threads. A final sync makes the backend's last copies complete. */
 static int read_all(loader *L, const job *jobs, int n) {
     for (int i = 0; i < n; i++) {
         uint64_t b;
-        if (!jobs[i].direct && read_job(L, &jobs[i], &b)) return -1;
-        if (!jobs[i].direct) count(L->st, &jobs[i], b);
+        if (!jobs[i].threaded && read_job(L, &jobs[i], &b)) return -1;
+        if (!jobs[i].threaded) count(L->st, &jobs[i], b);
     }
+    if (L->o->be->vt->sync(L->o->be)) return -1;
     int nt = L->o->io_threads > 0 ? L->o->io_threads : WEIGHTS_IO_THREADS, failed = 0;
     uint64_t *got = xcalloc((size_t)(n ? n : 1), sizeof *got);
     char msg[4096] = "";
@@ -189,7 +219,7 @@ static int read_all(loader *L, const job *jobs, int n) {
         int stop;
 #pragma omp atomic read
         stop = failed;
-        if (stop || !jobs[i].direct || read_job(L, &jobs[i], &got[i]) == 0) continue;
+        if (stop || !jobs[i].threaded || read_job(L, &jobs[i], &got[i]) == 0) continue;
 #pragma omp critical(weights_read_error)
         if (!failed) {
             snprintf(msg, sizeof msg, "%s", tp_error_msg());
@@ -198,7 +228,7 @@ static int read_all(loader *L, const job *jobs, int n) {
         }
     }
     for (int i = 0; i < n && !failed; i++)
-        if (jobs[i].direct) count(L->st, &jobs[i], got[i]);
+        if (jobs[i].threaded) count(L->st, &jobs[i], got[i]);
     free(got);
     return failed ? tp_error("%s", msg) : 0;
 }

@@ -19,6 +19,11 @@ void be_free(backend *be, void *p) {
 int be_upload(backend *be, void *dst, const void *src, size_t n) { return be->vt->upload(be, dst, src, n); }
 int be_download(backend *be, void *dst, const void *src, size_t n) { return be->vt->download(be, dst, src, n); }
 int be_sync(backend *be) { return be->vt->sync(be); }
+int be_upload_file(backend *be, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch, size_t width,
+                   size_t height) {
+    if (!be->vt->upload_file) return tp_error("backend %s cannot read files directly (no upload_file)", be->vt->name);
+    return be->vt->upload_file(be, dst, dpitch, fd, off, spitch, width, height);
+}
 
 int tensor_upload_raw(tensor *t, const void *host) {
     size_t es = dtype_size(t->dtype), w = (size_t)t->cols * es;

@@ -70,6 +70,14 @@ typedef struct backend_vtable {
                        const tensor *beta, int groups, float eps, int apply_silu);
     void (*upsample2x)(backend *, tensor *y, const tensor *x, int64_t h, int64_t wd);
     void (*transpose)(backend *, tensor *y, const tensor *x);
+    /* file -> backend, no host copy of the caller's (the loader's direct
+     * path): height rows of width bytes, row r read from file offset
+     * off + r*spitch of fd, to dst + r*dpitch. Thread-safe on the CPU
+     * backend (pread); NULL: the loader stages through upload2d instead.
+     * Returns -1 + tp_error on a short or failed read (the caller adds the
+     * file name). */
+    int (*upload_file)(backend *, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch,
+                       size_t width, size_t height);
 } backend_vtable;
 
 struct backend {
@@ -97,6 +105,9 @@ void be_free(backend *be, void *p);
 int be_upload(backend *be, void *dst, const void *host_src, size_t bytes);
 int be_download(backend *be, void *host_dst, const void *src, size_t bytes);
 int be_sync(backend *be);
+/* vt->upload_file, or a tp_error when the backend has none */
+int be_upload_file(backend *be, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch, size_t width,
+                   size_t height);
 
 /* Host <-> tensor helpers that convert dtypes: upload n = numel f32 values
  * into t (any float dtype, view allowed) and download t as f32. */

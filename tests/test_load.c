@@ -9,6 +9,7 @@
 #include "../core/err.h"
 #include "../core/weights.h"
 #include "../kernels/ops.h"
+#include <fcntl.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,10 +102,9 @@ static char *spec_slice(const char *full, int64_t rows, int64_t cols, size_t es,
     return out;
 }
 
-/* Load rank k of tp and compare every tensor bit for bit (BF16) or with
- * the exact upcast (F32). Also checks the byte accounting. */
-static void check_rank_t(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t cap, int threads) {
-    backend *be = backend_cpu_create(1);
+/* Load rank k of tp onto backend be and compare every tensor bit for bit
+ * (BF16) or with the exact upcast (F32). Also checks the byte accounting. */
+static void check_rank_be(tiny *t, backend *be, int tp, int k, dtype_t dt, int use_mmap, size_t cap, int threads) {
     load_opts o = {.tp = tp, .rank = k, .be = be, .dtype = dt, .use_mmap = use_mmap, .staging_cap = cap,
                    .io_threads = threads};
     weights *w;
@@ -145,6 +145,11 @@ static void check_rank_t(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_
     CHECK(st.bytes_replicated == rep && st.bytes_sharded == shard / (uint64_t)tp, "byte split wrong");
     CHECK(cap == 0 || st.max_staging <= 3 * cap, "staging %llu above cap %zu", (unsigned long long)st.max_staging, cap);
     weights_free(w);
+}
+
+static void check_rank_t(tiny *t, int tp, int k, dtype_t dt, int use_mmap, size_t cap, int threads) {
+    backend *be = backend_cpu_create(1);
+    check_rank_be(t, be, tp, k, dt, use_mmap, cap, threads);
     backend_destroy(be);
 }
 
@@ -322,31 +327,37 @@ TEST(bad_ckpt_folder_problems) {
     free(empty), free(cmd);
 }
 
-/* GPU (run by `tpgen_tests --gpu` on a CUDA build): the staged path into
- * device memory (upload / upload2d from bounded host staging) gives the
- * same bytes as the CPU backend, for every rank of tp 2 and 4, both
- * dtypes, with a small staging cap so long runs are chunked. */
+/* GPU (run by `tpgen_tests --gpu` on a CUDA build): both load paths into
+ * device memory give the same bytes as the CPU backend, for every rank of
+ * tp 1, 2 and 4: BF16 goes through the backend's upload_file (pread into
+ * the pinned ring + cudaMemcpy2DAsync; no loader staging at all), F32
+ * (conversion) and BF16 with use_mmap through the staged upload/upload2d
+ * path, with a small staging cap so long runs are chunked. */
 TEST_GPU(gpu_load_tiny_golden_matches_cpu) {
     tiny t;
     REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
     backend *gpu = backend_cuda_create(0), *cpu = backend_cpu_create(1);
     REQUIRE(gpu, "no CUDA backend: %s", tp_error_msg());
-    for (int tp = 2; tp <= 4; tp *= 2)
+    REQUIRE(gpu->vt->upload_file, "the CUDA backend has no upload_file");
+    for (int tp = 1; tp <= 4; tp *= 2)
         for (int k = 0; k < tp; k++)
-            for (int d = 0; d < 2; d++) {
-                dtype_t dt = d ? DT_F32 : DT_BF16;
+            for (int d = 0; d < 3; d++) {
+                dtype_t dt = d == 1 ? DT_F32 : DT_BF16;
                 load_opts oc = {.tp = tp, .rank = k, .be = cpu, .dtype = dt};
-                load_opts og = {.tp = tp, .rank = k, .be = gpu, .dtype = dt, .staging_cap = 3000};
+                load_opts og = {.tp = tp, .rank = k, .be = gpu, .dtype = dt, .staging_cap = 3000, .use_mmap = d == 2};
                 weights *wc, *wg;
+                load_stats sg;
                 REQUIRE(weights_load(t.c, &t.p, &oc, &wc, NULL) == 0, "%s", tp_error_msg());
-                REQUIRE(weights_load(t.c, &t.p, &og, &wg, NULL) == 0, "%s", tp_error_msg());
+                REQUIRE(weights_load(t.c, &t.p, &og, &wg, &sg) == 0, "%s", tp_error_msg());
+                CHECK((sg.max_staging == 0) == (d == 0), "tp %d rank %d path %d: loader staging %llu", tp, k, d,
+                      (unsigned long long)sg.max_staging);
                 for (int i = 0; i < weights_count(wc); i++) {
                     const tensor *a = weights_get(wc, weights_name(wc, i)), *b = weights_get(wg, weights_name(wc, i));
                     REQUIRE(b && b->rows == a->rows && b->cols == a->cols, "%s shape", weights_name(wc, i));
                     char *h = xmalloc(tensor_nbytes(b));
                     memset(h, 0xff, tensor_nbytes(b));
                     CHECK(tensor_download_raw(b, h) == 0 && !memcmp(h, a->data, tensor_nbytes(a)),
-                          "%s tp %d rank %d %s: GPU copy differs", weights_name(wc, i), tp, k, dtype_name(dt));
+                          "%s tp %d rank %d path %d: GPU copy differs", weights_name(wc, i), tp, k, d);
                     free(h);
                 }
                 weights_free(wc);
@@ -443,4 +454,111 @@ TEST(bad_load_file_shrinks_during_load) {
     checkpoint_close(c);
     tiny_close(&t);
     free(dir), free(dst), free(cmd), free(shard);
+}
+
+/* ---- upload_file on the CPU backend ---- */
+
+enum { UF_FILE_BYTES = 100003 };
+
+typedef struct uf_case {
+    uint64_t off;
+    size_t spitch, width, height, dpitch;
+} uf_case;
+
+/* One call against the plain (fread) copy: rows land at their pitch, the
+ * bytes between and after them keep their poison. */
+static void uf_check(backend *be, int fd, const unsigned char *plain, uf_case c) {
+    size_t n = c.height ? (c.height - 1) * c.dpitch + c.width + 64 : 64;
+    unsigned char *got = be_alloc(be, n), *want = xmalloc(n);
+    memset(got, 0xa5, n), memset(want, 0xa5, n);
+    for (size_t r = 0; r < c.height; r++) memcpy(want + r * c.dpitch, plain + c.off + r * c.spitch, c.width);
+    CHECK(be_upload_file(be, got, c.dpitch, fd, c.off, c.spitch, c.width, c.height) == 0, "off %llu: %s",
+          (unsigned long long)c.off, tp_error_msg());
+    CHECK(!memcmp(got, want, n), "off %llu spitch %zu width %zu height %zu dpitch %zu: bytes differ",
+          (unsigned long long)c.off, c.spitch, c.width, c.height, c.dpitch);
+    be_free(be, got);
+    free(want);
+}
+
+TEST(upload_file_cpu_matches_plain_read) {
+    char *path = xasprintf("%s/upload_file.bin", test_tmp_dir());
+    unsigned char *file = xmalloc(UF_FILE_BYTES), *plain = xmalloc(UF_FILE_BYTES);
+    for (int i = 0; i < UF_FILE_BYTES; i++) file[i] = (unsigned char)(rand() >> 7);
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f && fwrite(file, 1, UF_FILE_BYTES, f) == UF_FILE_BYTES && fclose(f) == 0, "writing %s", path);
+    f = fopen(path, "rb");
+    REQUIRE(f && fread(plain, 1, UF_FILE_BYTES, f) == UF_FILE_BYTES, "reading %s", path);
+    fclose(f);
+    int fd = open(path, O_RDONLY);
+    REQUIRE(fd >= 0, "open %s", path);
+    backend *be = backend_cpu_create(1);
+    const uf_case cases[] = {
+        {0, 4096, 4096, 16, 4096},          /* contiguous on both sides: one read */
+        {7, 1001, 1001, 3, 1001},           /* contiguous at an odd offset */
+        {13, 997, 333, 77, 335},            /* rowwise: odd pitches, gaps on both sides */
+        {1, 12345, 5, 8, 7},                /* tiny runs far apart */
+        {3, 999, 999, 4, 1000},             /* whole source rows, padded destination rows */
+        {UF_FILE_BYTES - 1003, 1, 1003, 1, 1003},   /* one run up to the last byte */
+        {5, 50, 50, 0, 50},                 /* nothing to copy */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) uf_check(be, fd, plain, cases[i]);
+    /* the same through the reader threads at once (pread is thread-safe) */
+#pragma omp parallel for num_threads(4)
+    for (int i = 0; i < 16; i++) uf_check(be, fd, plain, (uf_case){(uint64_t)i * 101, 2000 + i, 777 + i, 40, 800 + i});
+    /* a run past the end of the file, a strided one too, a bad descriptor */
+    char *buf = xmalloc(256);
+    tp_error_clear();
+    CHECK(be_upload_file(be, buf, 20, fd, UF_FILE_BYTES - 10, 20, 20, 1) == -1 &&
+              strstr(tp_error_msg(), "unexpected end of file"), "short read: %s", tp_error_msg());
+    tp_error_clear();
+    CHECK(be_upload_file(be, buf, 50, fd, UF_FILE_BYTES - 100, 60, 50, 2) == -1 &&
+              strstr(tp_error_msg(), "unexpected end of file"), "short strided read: %s", tp_error_msg());
+    tp_error_clear();
+    CHECK(be_upload_file(be, buf, 20, -1, 0, 20, 20, 1) == -1 && strstr(tp_error_msg(), "read failed"), "bad fd: %s",
+          tp_error_msg());
+    /* a backend without the entry says so instead of crashing */
+    static backend_vtable bare;
+    bare = *be->vt;
+    bare.upload_file = NULL;
+    const backend_vtable *cpu_vt = be->vt;
+    be->vt = &bare;
+    tp_error_clear();
+    CHECK(be_upload_file(be, buf, 20, fd, 0, 20, 20, 1) == -1 && strstr(tp_error_msg(), "upload_file"), "%s",
+          tp_error_msg());
+    be->vt = cpu_vt;
+    tp_error_clear();
+    CHECK(be->bytes_in_use == 0, "%zu bytes leaked", be->bytes_in_use);
+    backend_destroy(be);
+    close(fd);
+    unlink(path);
+    free(buf), free(file), free(plain), free(path);
+}
+
+/* Which path the loader takes: on the CPU backend a tensor in its stored
+ * dtype is read in place by upload_file (no staging at all); a backend
+ * without upload_file stages the same bytes through upload/upload2d
+ * (bounded by the cap) and must give bit-identical shards for every rank. */
+TEST(load_paths_file_and_staged_agree) {
+    tiny t;
+    REQUIRE(tiny_open(&t) == 0, "%s", tp_error_msg());
+    backend *be = backend_cpu_create(1);
+    load_opts o = {.tp = 2, .rank = 1, .be = be, .dtype = DT_BF16};
+    weights *w;
+    load_stats st;
+    REQUIRE(weights_load(t.c, &t.p, &o, &w, &st) == 0, "%s", tp_error_msg());
+    CHECK(st.max_staging == 0, "the file path used %llu bytes of staging", (unsigned long long)st.max_staging);
+    weights_free(w);
+    static backend_vtable staged;
+    staged = *be->vt;
+    staged.upload_file = NULL;
+    be->vt = &staged;
+    o.staging_cap = 1000;
+    REQUIRE(weights_load(t.c, &t.p, &o, &w, &st) == 0, "%s", tp_error_msg());
+    CHECK(st.max_staging > 0 && st.max_staging <= 1000, "staged path: staging %llu", (unsigned long long)st.max_staging);
+    weights_free(w);
+    for (int tp = 1; tp <= 4; tp *= 2)
+        for (int k = 0; k < tp; k++) check_rank_be(&t, be, tp, k, DT_BF16, 0, k & 1 ? 1000 : 0, 1);
+    CHECK(be->bytes_in_use == 0, "%zu backend bytes leaked", be->bytes_in_use);
+    backend_destroy(be);
+    tiny_close(&t);
 }

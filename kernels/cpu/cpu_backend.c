@@ -5,8 +5,10 @@
  * cpu_conv.c). */
 #include "cpu_ops.h"
 #include "../../core/err.h"
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CPU_ALIGN 64
 
@@ -36,6 +38,33 @@ static int cpu_upload2d(backend *be, void *dst, size_t dpitch, const void *src, 
     for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return 0;
 }
+/* pread until n bytes are in (pread may return less, e.g. past 2 GiB) */
+static int cpu_pread_full(int fd, char *dst, size_t n, uint64_t off) {
+    while (n > 0) {
+        ssize_t r = pread(fd, dst, n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return tp_error("read failed at byte %llu: %s", (unsigned long long)off, strerror(errno));
+        if (r == 0)
+            return tp_error("unexpected end of file at byte %llu (the file is truncated; download it again)",
+                            (unsigned long long)off);
+        dst += r, n -= (size_t)r, off += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Host memory is the destination: each row is read straight into place
+ * (one pread for the whole block when rows are contiguous on both sides),
+ * so the loader's direct path has no staging at all on the CPU. */
+static int cpu_upload_file(backend *be, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch, size_t width,
+                           size_t height) {
+    (void)be;
+    if (width == 0 || height == 0) return 0;
+    if (height == 1 || (spitch == width && dpitch == width)) return cpu_pread_full(fd, dst, width * height, off);
+    for (size_t r = 0; r < height; r++)
+        if (cpu_pread_full(fd, (char *)dst + r * dpitch, width, off + r * spitch)) return -1;
+    return 0;
+}
+
 static int cpu_memset0(backend *be, void *dst, size_t n) { memset(dst, 0, n); return 0; }
 static int cpu_sync(backend *be) { return 0; }
 static void cpu_destroy(backend *be) { free(be); }
@@ -59,6 +88,7 @@ static const backend_vtable k_cpu_vt = {
     .group_norm = cpu_group_norm,
     .upsample2x = cpu_upsample2x,
     .transpose = cpu_transpose,
+    .upload_file = cpu_upload_file,
 };
 
 backend *backend_cpu_create(int threads) {

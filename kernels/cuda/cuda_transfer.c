@@ -6,12 +6,14 @@
  * Host memory stays at CUDA_STAGING_BUFFERS x CUDA_STAGING_BYTES whatever
  * the model size.
  *
- * cuda_upload_file() is the proposed zero-extra-copy loader path: pread()
- * straight into the pinned ring, then cudaMemcpy2DAsync (rowwise shards
- * pick their columns on the GPU side of the copy). */
+ * cuda_upload_file() is the vtable's upload_file, the loader's path for
+ * tensors kept in their stored dtype: pread() straight into the pinned
+ * ring, then cudaMemcpy2DAsync (rowwise shards pick their columns on the
+ * GPU side of the copy), so no other host copy exists. */
 #include "cuda_internal.h"
 #include "../../core/err.h"
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -101,42 +103,72 @@ static int read_full(int fd, void *buf, size_t n, uint64_t off) {
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return tp_error("reading %zu bytes at offset %llu failed: %s", n, (unsigned long long)off,
                                    strerror(errno));
-        if (r == 0) return tp_error("file ends before offset %llu (wanted %zu bytes)", (unsigned long long)(off + done),
-                                    n - done);
+        if (r == 0)
+            return tp_error("unexpected end of file: the file ends before byte %llu (wanted %zu more bytes; the file "
+                            "is truncated, download it again)", (unsigned long long)(off + done), n - done);
         done += (size_t)r;
     }
     return 0;
 }
 
-/* Proposed vtable extension `upload_file` (see docs/cuda.md): copy `height`
- * rows of `width` bytes, row r starting at file offset off + r*spitch, to
- * dst + r*dpitch. Rows are read in runs that fill a staging buffer (for
- * rowwise shards the run includes the other ranks' columns, which the 2-D
- * copy skips: the tp-fold read amplification the spec accepts for those
- * tensors). The pread of run i overlaps the DMA of run i-1. */
+/* Without pinned memory: the same reads into one pageable buffer, each
+ * copy waited for before the buffer is refilled (slow, but bounded). */
+static int upload_file_pageable(backend *be, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch,
+                                size_t width, size_t height) {
+    char *buf = xmalloc(CUDA_STAGING_BYTES);
+    int rc = 0;
+    for (size_t r = 0; r < height && !rc; r++)
+        for (size_t o = 0; o < width && !rc; o += CUDA_STAGING_BYTES) {
+            size_t n = width - o < CUDA_STAGING_BYTES ? width - o : CUDA_STAGING_BYTES;
+            rc = read_full(fd, buf, n, off + r * spitch + o) ||
+                 send_rows(be, (char *)dst + r * dpitch + o, n, buf, n, n, 1);
+            cudaError_t e = rc ? cudaSuccess : cudaStreamSynchronize(cuda_stream(be));
+            if (e != cudaSuccess) rc = copy_error(be, "host-to-device copy", e);
+        }
+    free(buf);
+    return rc ? -1 : 0;
+}
+
+/* one row (or a piece of one) per staging buffer: rows too long to batch */
+static int upload_file_rows(backend *be, char *dst, size_t dpitch, int fd, uint64_t off, size_t spitch,
+                            size_t width, size_t height) {
+    for (size_t r = 0; r < height; r++)
+        for (size_t o = 0; o < width; o += CUDA_STAGING_BYTES) {
+            size_t n = width - o < CUDA_STAGING_BYTES ? width - o : CUDA_STAGING_BYTES;
+            int idx;
+            void *st = staging_take(be, &idx);
+            if (!st || read_full(fd, st, n, off + r * spitch + o)) return -1;
+            if (send_rows(be, dst + r * dpitch + o, n, st, n, n, 1) || staging_sent(be, idx)) return -1;
+        }
+    return 0;
+}
+
+/* The vtable's `upload_file` (see docs/cuda.md): copy `height` rows of
+ * `width` bytes, row r starting at file offset off + r*spitch, to
+ * dst + r*dpitch. Rows are batched so that each batch fills a pinned
+ * staging buffer, and the pread of batch i overlaps the DMA of batch i-1.
+ * A batch is read either as one span (the other ranks' columns included,
+ * skipped by the 2-D copy: few large reads) when the gaps are at most as
+ * wide as the rows, or else row by row, packed, so a rank never reads more
+ * than twice its shard (rowwise at tp 4 and 8 would otherwise read tp x). */
 int cuda_upload_file(backend *be, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch, size_t width,
                      size_t height) {
     if (width == 0 || height == 0) return 0;
-    if (!cuda_of(be)->staging[0]) return tp_error("cuda upload_file: no pinned staging memory on this machine");
-    if (spitch > CUDA_STAGING_BYTES) {  /* very long rows: one row (its width only) at a time */
-        for (size_t r = 0; r < height; r++)
-            for (size_t o = 0; o < width; o += CUDA_STAGING_BYTES) {
-                size_t n = width - o < CUDA_STAGING_BYTES ? width - o : CUDA_STAGING_BYTES;
-                int idx;
-                void *st = staging_take(be, &idx);
-                if (!st || read_full(fd, st, n, off + r * spitch + o)) return -1;
-                if (send_rows(be, (char *)dst + r * dpitch + o, n, st, n, n, 1) || staging_sent(be, idx)) return -1;
-            }
-        return 0;
-    }
-    size_t rows_per = CUDA_STAGING_BYTES / spitch;
+    if (!cuda_of(be)->staging[0]) return upload_file_pageable(be, dst, dpitch, fd, off, spitch, width, height);
+    int packed = height > 1 && (spitch > 2 * width || spitch < width);
+    size_t step = packed || height == 1 ? width : spitch;   /* bytes per row in the staging buffer */
+    if (step > CUDA_STAGING_BYTES) return upload_file_rows(be, dst, dpitch, fd, off, spitch, width, height);
+    size_t rows_per = CUDA_STAGING_BYTES / step;
     for (size_t r0 = 0; r0 < height; r0 += rows_per) {
         size_t nr = height - r0 < rows_per ? height - r0 : rows_per;
         int idx;
-        void *st = staging_take(be, &idx);
-        /* the run ends with the last row's width: no bytes past the tensor are read */
-        if (!st || read_full(fd, st, (nr - 1) * spitch + width, off + r0 * spitch)) return -1;
-        if (send_rows(be, (char *)dst + r0 * dpitch, dpitch, st, spitch, width, nr) || staging_sent(be, idx)) return -1;
+        char *st = staging_take(be, &idx);
+        if (!st) return -1;
+        for (size_t r = 0; packed && r < nr; r++)
+            if (read_full(fd, st + r * width, width, off + (r0 + r) * spitch)) return -1;
+        /* a span ends with the last row's width: no bytes past the tensor are read */
+        if (!packed && read_full(fd, st, (nr - 1) * step + width, off + r0 * spitch)) return -1;
+        if (send_rows(be, (char *)dst + r0 * dpitch, dpitch, st, step, width, nr) || staging_sent(be, idx)) return -1;
     }
     return 0;
 }
