@@ -1,7 +1,8 @@
 # tpgen build. `make` builds build/tpgen and build/tpgen_tests with the CPU
-# backend, plus the CUDA backend when nvcc is found (force with CUDA=1,
-# disable with CUDA=0). `make asan` builds sanitized copies in build-asan/.
-# `make test` runs the test suite.
+# backend, plus the CUDA backend plugin build/libtpgen-cuda.so when nvcc is
+# found (force with CUDA=1, disable with CUDA=0; the binaries dlopen it when
+# a GPU is asked for, see kernels/cuda_plugin.c). `make asan` builds
+# sanitized copies in build-asan/. `make test` runs the test suite.
 
 BUILD   ?= build
 CC      ?= gcc
@@ -19,7 +20,7 @@ OPT     ?= -O2 -march=x86-64-v3
 CFLAGS  += -std=c17 -D_GNU_SOURCE $(OPT) -g -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_CFLAGS) \
            -I/usr/include/x86_64-linux-gnu/openblas-openmp
 LDLIBS  += $(if $(BLAS_DIR),-L$(BLAS_DIR) -Wl$(comma)-rpath$(comma)$(BLAS_DIR)) -lopenblas \
-           -lyaml -ljansson -lpcre2-8 -lutf8proc -lz -lm -fopenmp $(MPI_LIBS)
+           -lyaml -ljansson -lpcre2-8 -lutf8proc -lz -lm -fopenmp $(MPI_LIBS) -ldl -rdynamic
 comma := ,
 
 LIB_SRC  := $(wildcard core/*.c core/models/*.c plans/*.c kernels/*.c kernels/cpu/*.c) \
@@ -32,13 +33,20 @@ ifeq ($(CUDA),1)
   NVFLAGS  ?= -O2 -std=c++17 -I. $(MPI_CFLAGS) -Xcompiler -Wall \
               -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
   CFLAGS   += -DTPGEN_CUDA -I$(CUDA_HOME)/include
-  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++ $(MPI_LIBS)
+  PLUGIN   := $(BUILD)/libtpgen-cuda.so
 endif
 
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_C:%.c=$(BUILD)/%.o) $(CUDA_CU:%.cu=$(BUILD)/%.cu.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CUDA_OBJ := $(CUDA_C:%.c=$(BUILD)/%.o) $(CUDA_CU:%.cu=$(BUILD)/%.cu.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-all: $(BUILD)/tpgen $(BUILD)/tpgen_tests
+all: $(BUILD)/tpgen $(BUILD)/tpgen_tests $(PLUGIN)
+
+# the CUDA backend plugin: position-independent objects + the CUDA libraries
+$(CUDA_OBJ): CFLAGS += -fPIC
+$(PLUGIN): $(CUDA_OBJ)
+	$(CC) -shared -o $@ $^ $(CUDA_LIBS)
 
 $(BUILD)/tpgen: $(BUILD)/cli/main.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -52,7 +60,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
+	$(NVCC) $(NVFLAGS) -Xcompiler -fPIC -MMD -MP -c -o $@ $<
 
 asan:
 	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \

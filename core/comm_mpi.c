@@ -58,13 +58,6 @@ comm *comm_create_mpi(MPI_Comm group, struct backend *be) {
     return c;
 }
 
-/* Weak default so a build without CUDA links; kernels/cuda provides the real one. */
-__attribute__((weak)) comm *comm_create_nccl(MPI_Comm group, struct backend *be) {
-    (void)group; (void)be;
-    tp_error("this tpgen was built without NCCL (rebuild with CUDA=1)");
-    return NULL;
-}
-
 comm *comm_create(MPI_Comm group, struct backend *be) {
     if (be && be->kind == BACKEND_CUDA) return comm_create_nccl(group, be);
     return comm_create_mpi(group, be);

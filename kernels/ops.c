@@ -79,16 +79,6 @@ void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma,
 void op_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd) { DISPATCH(upsample2x, y, x, h, wd); }
 void op_transpose(backend *be, tensor *y, const tensor *x) { DISPATCH(transpose, y, x); }
 
-/* Weak defaults for a build without the CUDA backend; kernels/cuda defines
- * the real ones when built with nvcc. */
-__attribute__((weak)) int tpgen_has_cuda(void) { return 0; }
-__attribute__((weak)) int backend_cuda_device_count(void) { return 0; }
-__attribute__((weak)) backend *backend_cuda_create(int device) {
-    (void)device;
-    tp_error("this tpgen was built without the CUDA backend; use --backend cpu or rebuild with CUDA=1");
-    return NULL;
-}
-
 int backend_select(const char *name, int local_rank, int local_size, backend **out) {
     *out = NULL;
     if (!name || !strcmp(name, "auto")) name = backend_cuda_device_count() > 0 ? "cuda" : "cpu";

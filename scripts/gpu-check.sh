@@ -56,6 +56,7 @@ build_into() {
     local cflags libs objs
     cflags=$(make -s --no-print-directory BUILD="$dir" CUDA=1 "$@" --eval 'tpgen-print-%: ; @echo $($*)' tpgen-print-CFLAGS)
     libs=$(make -s --no-print-directory BUILD="$dir" CUDA=1 "$@" --eval 'tpgen-print-%: ; @echo $($*)' tpgen-print-LDLIBS)
+    libs="$libs $(make -s --no-print-directory BUILD="$dir" CUDA=1 "$@" --eval 'tpgen-print-%: ; @echo $($*)' tpgen-print-CUDA_LIBS)"
     objs=$(find "$dir" -name '*.o' ! -path "$dir/tests/*" ! -path "$dir/cli/main.o")
     # shellcheck disable=SC2086
     ${CC:-gcc} $cflags -o "$dir/cuda_bench" kernels/cuda/tools/cuda_bench.c $objs $libs
@@ -73,7 +74,7 @@ if [ $mode = prepare ]; then
     find "$B/build" \( -name '*.o' -o -name '*.d' \) -delete
     cp -r "$golden/flux2-tiny-a" "$golden/klein-tiny" "$golden/vae-tiny" "$B/golden/"
     # shared libraries outside glibc, the C++ runtime and CUDA (MPI and its helpers, libgomp); they need glibc >= 2.36
-    ldd "$B/build/tpgen_tests" "$B/build/tpgen" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+    ldd "$B/build/tpgen_tests" "$B/build/tpgen" "$B/build/libtpgen-cuda.so" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
         case "$(basename "$lib")" in
             libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++*|libgcc_s*) ;;  # the machine's own
             libcuda*|libcublas*|libcudart*|libnccl*) ;;  # the machine's CUDA

@@ -144,11 +144,8 @@ TEST_GPU(gpu_memory_and_transfers) {
     free(r);
 }
 
-/* the proposed upload_file path: strided rows from a file straight into a
+/* the upload_file path: strided rows from a file straight into a
  * device matrix (a rowwise shard: every row's slice of columns) */
-int cuda_upload_file(backend *, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch, size_t width,
-                     size_t height);
-
 TEST_GPU(gpu_upload_file_rowwise) {
     NEED_GPU();
     const size_t rows = 3000, cols = 5000, c0 = 1234, w = 1111, hdr = 77;  /* ~60 MB file: several staging runs */
@@ -163,7 +160,7 @@ TEST_GPU(gpu_upload_file_rowwise) {
           "short write");
     tensor *t = tensor_new(g_gpu, DT_F32, (int64_t)rows, (int64_t)w);
     REQUIRE(t, "alloc: %s", tp_error_msg());
-    CHECK(cuda_upload_file(g_gpu, t->data, w * 4, fd, hdr + c0 * 4, cols * 4, w * 4, rows) == 0, "upload_file: %s",
+    CHECK(be_upload_file(g_gpu, t->data, w * 4, fd, hdr + c0 * 4, cols * 4, w * 4, rows) == 0, "upload_file: %s",
           tp_error_msg());
     float *got = xmalloc(rows * w * 4);
     CHECK(be_sync(g_gpu) == 0 && tensor_download_f32(t, got) == 0, "download: %s", tp_error_msg());
@@ -173,7 +170,7 @@ TEST_GPU(gpu_upload_file_rowwise) {
     CHECK(bad == 0, "%zu elements differ from the file's rowwise slice", bad);
     /* reading past the end of the file is an error, not a crash */
     tp_error_clear();
-    CHECK(cuda_upload_file(g_gpu, t->data, w * 4, fd, hdr + (rows * cols - 10) * 4, cols * 4, w * 4, 2) == -1 &&
+    CHECK(be_upload_file(g_gpu, t->data, w * 4, fd, hdr + (rows * cols - 10) * 4, cols * 4, w * 4, 2) == -1 &&
               strstr(tp_error_msg(), "file ends"), "short file: %s", tp_error_msg());
     tp_error_clear();
     close(fd);

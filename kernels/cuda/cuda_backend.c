@@ -197,12 +197,12 @@ static const backend_vtable k_cuda_vt = {
 
 /* ---- creation ---- */
 
-int tpgen_has_cuda(void) { return 1; }
+int cudaplug_has_cuda(void) { return 1; }
 
 /* 0 when there is no driver, no device, or the driver is too old: the
  * runtime reports those as errors, which are cleared here so that later
  * calls start clean. */
-int backend_cuda_device_count(void) {
+int cudaplug_device_count(void) {
     static int cached = -1;
     if (cached >= 0) return cached;
     int n = 0;
@@ -265,8 +265,8 @@ static int setup(backend *be, cuda_impl *c) {
     return 0;
 }
 
-backend *backend_cuda_create(int device) {
-    int n = backend_cuda_device_count();
+backend *cudaplug_backend_create(int device) {
+    int n = cudaplug_device_count();
     if (n <= 0) {
         tp_error("no usable CUDA GPU is visible (no device, or no/too old NVIDIA driver); use --backend cpu");
         return NULL;

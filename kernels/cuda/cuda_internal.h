@@ -96,4 +96,11 @@ int cuda_upload_file(backend *, void *dst, size_t dpitch, int fd, uint64_t off, 
 #ifdef __cplusplus
 }
 #endif
+/* The plugin's entry points (libtpgen-cuda.so), reached from the main
+ * program through kernels/cuda_plugin.c (dlopen). */
+int cudaplug_has_cuda(void);
+int cudaplug_device_count(void);
+backend *cudaplug_backend_create(int device);
+/* and cudaplug_comm_create_nccl (cuda_nccl.c) */
+
 #endif

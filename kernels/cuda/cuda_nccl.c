@@ -104,7 +104,7 @@ static int check_distinct_gpus(MPI_Comm group, int rank, int size, int device) {
     return rc;
 }
 
-comm *comm_create_nccl(MPI_Comm group, struct backend *be) {
+comm *cudaplug_comm_create_nccl(MPI_Comm group, struct backend *be) {
     if (!be || be->kind != BACKEND_CUDA) {
         tp_error("NCCL needs tensors on the CUDA backend; use the MPI communicator for --backend cpu");
         return NULL;

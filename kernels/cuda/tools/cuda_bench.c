@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: cuda_bench gemm [M] | attention [S]\n");
         return 2;
     }
-    backend *be = backend_cuda_create(0);
+    backend *be = cudaplug_backend_create(0);
     if (!be) {
         fprintf(stderr, "cuda_bench: error: %s\n", tp_error_msg());
         return 1;
