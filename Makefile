@@ -20,7 +20,9 @@ OPT     ?= -O2 -march=x86-64-v3
 CFLAGS  += -std=c17 -D_GNU_SOURCE $(OPT) -g -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_CFLAGS) \
            -I/usr/include/x86_64-linux-gnu/openblas-openmp
 LDLIBS  += $(if $(BLAS_DIR),-L$(BLAS_DIR) -Wl$(comma)-rpath$(comma)$(BLAS_DIR)) -lopenblas \
-           -lyaml -ljansson -lpcre2-8 -lutf8proc -lz -lm -fopenmp $(MPI_LIBS) -ldl -rdynamic
+           -lyaml -ljansson -lpcre2-8 -lutf8proc -lz -lm -fopenmp $(MPI_LIBS)
+# the CUDA plugin is dlopen'ed and calls back into the binary (kept apart from LDLIBS, which scripts override)
+HOST_LDLIBS := -ldl -rdynamic
 comma := ,
 
 LIB_SRC  := $(wildcard core/*.c core/models/*.c plans/*.c kernels/*.c kernels/cpu/*.c) \
@@ -49,10 +51,10 @@ $(PLUGIN): $(CUDA_OBJ)
 	$(CC) -shared -o $@ $^ $(CUDA_LIBS)
 
 $(BUILD)/tpgen: $(BUILD)/cli/main.o $(LIB_OBJ)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(HOST_LDLIBS)
 
 $(BUILD)/tpgen_tests: $(TEST_OBJ) $(LIB_OBJ)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(HOST_LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
