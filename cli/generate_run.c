@@ -92,21 +92,7 @@ typedef struct run_state {
     int job_pos;                 /* position of the current job in this group's list */
 } run_state;
 
-/* dist_agree, keeping one "rank R: " prefix when agreements nest (a
- * component that agreed inside the TP group, then the world) */
-static int agree(MPI_Comm c, int status) {
-    if (!dist_agree(c, status)) return 0;
-    const char *m = tp_error_msg();
-    int a, b, n1 = 0, n2 = 0;
-    if (sscanf(m, "rank %d: %n", &a, &n1) == 1 && n1 && sscanf(m + n1, "rank %d: %n", &b, &n2) == 1 && n2) {
-        char *copy = xstrdup(m + n1);
-        tp_error("%s", copy);
-        free(copy);
-    }
-    return -1;
-}
-
-static int agree_tp(run_state *r, int rc) { return agree(r->g->d->tp_comm, rc); }
+static int agree_tp(run_state *r, int rc) { return dist_agree(r->g->d->tp_comm, rc); }
 
 /* ---- text ---- */
 
@@ -125,7 +111,7 @@ static int encode_prompts(run_state *r, int first, int last) {
     double t0 = gen_now();
     textenc *te = NULL;
     load_stats ls = {0};
-    int rc = agree(g->d->tp_comm, textenc_load(s->model, r->be, r->c, g->precision, &te, &ls));
+    int rc = dist_agree(g->d->tp_comm, textenc_load(s->model, r->be, r->c, g->precision, &te, &ls));
     r->m->bytes_loaded += ls.bytes_read;
     r->m->load_seconds += ls.seconds;
     if (!rc && textenc_embed_dim(te) != g->joint_dim)
@@ -369,19 +355,19 @@ static int run_chunk(run_state *r, int first, int last) {
 int gen_run(gen_setup *g, gen_metrics *m) {
     run_state r = {.g = g, .m = m};
     dist *d = g->d;
-    int rc = agree(d->world, backend_select(g->spec->backend, d->local_rank, d->local_size, &r.be));
+    int rc = dist_agree(d->world, backend_select(g->spec->backend, d->local_rank, d->local_size, &r.be));
     if (!rc) {
         r.c = comm_create(d->tp_comm, r.be);
-        rc = agree(d->world, r.c ? 0 : -1);
+        rc = dist_agree(d->world, r.c ? 0 : -1);
     }
     int np = g->spec->n_prompts ? g->spec->n_prompts : 1;
     r.prompt_embeds = xcalloc((size_t)np, sizeof *r.prompt_embeds);
     /* the first chunk runs on every group (maybe empty), so that loading
      * errors are agreed by the whole world before any image is rendered */
     int last = chunk_end(&r, 0);
-    if (!rc) rc = agree(d->world, encode_prompts(&r, 0, last));
-    if (!rc) rc = agree(d->world, load_transformer(&r));
-    if (!rc) rc = agree(d->world, load_vae(&r));
+    if (!rc) rc = dist_agree(d->world, encode_prompts(&r, 0, last));
+    if (!rc) rc = dist_agree(d->world, load_transformer(&r));
+    if (!rc) rc = dist_agree(d->world, load_vae(&r));
     /* TP groups may have different numbers of jobs and chunks: from here on
      * errors are agreed inside the group, and the world agrees at the end */
     int job_rc = rc ? 0 : run_chunk(&r, 0, last);
@@ -392,7 +378,7 @@ int gen_run(gen_setup *g, gen_metrics *m) {
         if (!job_rc) job_rc = agree_tp(&r, load_transformer(&r));
         if (!job_rc) job_rc = run_chunk(&r, first, last);
     }
-    if (!rc) rc = agree(d->world, job_rc);
+    if (!rc) rc = dist_agree(d->world, job_rc);
 #if HAVE_VAE
     if (r.vae) vae_free(r.vae);
 #endif

@@ -60,7 +60,9 @@ int dist_agree(MPI_Comm c, int status) {
     if (rank == first) snprintf(msg, sizeof msg, "%s", tp_error_msg());
     MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, c);
     msg[sizeof msg - 1] = 0;
-    if (size > 1) {
+    int prev, n = 0;
+    int already = sscanf(msg, "rank %d: %n", &prev, &n) == 1 && n > 0; /* agreed before (nested agreements) */
+    if (size > 1 && !already) {
         int wr = first;
         MPI_Group g, wg;
         MPI_Comm_group(c, &g);

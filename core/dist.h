@@ -27,8 +27,9 @@ void dist_finalize(dist *d);
 /* Error agreement, collective over `c`: every rank passes its status (0 or
  * -1 with tp_error() set). Returns 0 when every rank succeeded. Otherwise
  * returns -1 on every rank, with tp_error() set everywhere to the message of
- * the lowest failing rank, prefixed by "rank R: " when the group has more
- * than one rank. */
+ * the lowest failing rank, prefixed by "rank R: " (its world rank) when the
+ * group has more than one rank and the message does not name a rank yet
+ * (an error agreed inside a TP group keeps its prefix when the world agrees). */
 int dist_agree(MPI_Comm c, int status);
 
 /* Print the current error once, by rank 0 of `c`, as "tpgen: error: ..."
