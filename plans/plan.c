@@ -201,7 +201,7 @@ int plan_validate(const plan *p, const checkpoint *c, int tp) {
 /* ---- which plan each pipeline component uses ---- */
 
 static int transformer_plan(const json_t *config, const checkpoint *c, int tp, component_plan *out) {
-    return plan_flux2(config, &out->p);
+    return plan_flux2_is_bfl(c) ? plan_flux2_bfl(config, &out->p) : plan_flux2(config, &out->p);
 }
 
 /* The LLM text encoder (Qwen3 for klein, Mistral for dev): its plan

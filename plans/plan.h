@@ -50,6 +50,11 @@ void plan_add_divisor(plan *p, const char *name, int64_t value);
 /* The FLUX.2 transformer plan (spec flux2-transformer.md §7.2), with its
  * symbols (D, M) and divisors (heads) taken from config.json. */
 int plan_flux2(const json_t *config, plan *out);
+/* The same plan under the names of a Black Forest Labs single-file
+ * checkpoint (spec Appendix A; plans/flux2_bfl_plan.c), and the test that
+ * picks it: 1 when the checkpoint has BFL names (img_in.weight). */
+int plan_flux2_bfl(const json_t *config, plan *out);
+int plan_flux2_is_bfl(const checkpoint *c);
 
 /* The plan of a pipeline component ("transformer", "text_encoder", ...)
  * at degree tp, chosen by a small table in plan.c (add a row for a new

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- shape checking and binding ---- */
 
@@ -19,7 +20,13 @@ typedef struct binder {
     const char *dir;           /* for messages */
     uint64_t seed;             /* random init */
     int random;
+    int bfl;                   /* BFL single-file names (spec Appendix A) */
+    int dry;                   /* only check names and global shapes in ck (no weights) */
+    const checkpoint *ck;
 } binder;
+
+/* what a dry-run bind returns for a tensor that exists with the right shape */
+static const tensor k_dry_run;
 
 static void fill_random(tensor *t, uint64_t seed, float scale, float offset);
 
@@ -45,9 +52,15 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
         fill_random(t, h, is_norm ? 0.1f : sqrtf(3.0f / (float)gcols), is_norm ? 1.0f : 0.0f);
         return t;
     }
-    const tensor *t = weights_req(m->w, "%s", name);
-    if (!t) return NULL;
-    const st_tensor_info *info = weights_info(m->w, name);
+    const tensor *t = NULL;
+    const st_tensor_info *info;
+    if (b->dry) {
+        if (!(info = checkpoint_find(b->ck, name, NULL)))
+            return tp_error("%s: tensor %s missing from the checkpoint", b->dir, name), NULL;
+    } else {
+        if (!(t = weights_req(m->w, "%s", name))) return NULL;
+        info = weights_info(m->w, name);
+    }
     int64_t rows = info->ndim >= 1 ? info->shape[0] : 1, cols = 1;
     for (int d = 1; d < info->ndim; d++) cols *= info->shape[d];
     if (info->ndim == 1) { cols = rows; rows = 1; }
@@ -55,6 +68,7 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
         return tp_error("%s: tensor %s has shape [%lld, %lld] but config.json implies [%lld, %lld]; "
                         "the config does not belong to this checkpoint", b->dir, name, (long long)rows,
                         (long long)cols, (long long)grows, (long long)gcols), NULL;
+    if (b->dry) return &k_dry_run;
     if (t->rows != lrows || t->cols != lcols)
         return tp_error("%s: shard of %s on rank %d is [%lld, %lld], expected [%lld, %lld] (plan mismatch)",
                         b->dir, name, m->rank, (long long)t->rows, (long long)t->cols, (long long)lrows,
@@ -63,29 +77,102 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
 }
 
 #define BIND(dst, gr, gc, lr, lc, ...) do { if (!((dst) = bind(b, gr, gc, lr, lc, __VA_ARGS__))) return -1; } while (0)
+/* the tensor's name in the checkpoint's layout: diffusers or BFL (Appendix A) */
+#define NAME(diffusers_name, bfl_name) (b->bfl ? (bfl_name) : (diffusers_name))
+
+/* A tensor struct for a view into a loaded weight, owned by the model (its
+ * data is not: tensor_free releases only the struct). */
+static const tensor *keep_view(flux2_model *m, tensor v) {
+    tensor *t = xmalloc(sizeof *t);
+    *t = v;
+    t->owner = 0;
+    m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *m->owned);
+    m->owned[m->n_owned++] = t;
+    return t;
+}
+
+/* BFL's final layer emits (shift, scale), diffusers' norm_out (scale,
+ * shift): swap the two [D, D] row halves once, in place, through a
+ * temporary of one half. The weights object owns the memory and nothing
+ * else reads it, so the const is cast away deliberately. */
+static int swap_halves(flux2_model *m, const tensor *w, int64_t D) {
+    tensor *tmp = tensor_new(m->be, w->dtype, D, w->cols);
+    if (!tmp) return tp_error_context("swapping the halves of final_layer.adaLN_modulation.1.weight");
+    tensor *mw = (tensor *)w;
+    tensor top = tensor_rows(mw, 0, D), bottom = tensor_rows(mw, D, D);
+    op_copy(m->be, tmp, &top);
+    op_copy(m->be, &top, &bottom);
+    op_copy(m->be, &bottom, tmp);
+    int rc = be_sync(m->be);
+    tensor_free(tmp);
+    return rc;
+}
 
 static int bind_top(binder *b) {
     flux2_model *m = b->m;
     const flux2_config *c = &m->cfg;
     int64_t D = c->D;
-    const char *te = "time_guidance_embed.timestep_embedder", *ge = "time_guidance_embed.guidance_embedder";
-    BIND(m->x_emb, D, c->in_channels, D, c->in_channels, "x_embedder.weight");
-    BIND(m->ctx_emb, D, c->joint_dim, D, c->joint_dim, "context_embedder.weight");
-    BIND(m->t_lin1, D, c->time_channels, D, c->time_channels, "%s.linear_1.weight", te);
-    BIND(m->t_lin2, D, D, D, D, "%s.linear_2.weight", te);
+    BIND(m->x_emb, D, c->in_channels, D, c->in_channels, "%s", NAME("x_embedder.weight", "img_in.weight"));
+    BIND(m->ctx_emb, D, c->joint_dim, D, c->joint_dim, "%s", NAME("context_embedder.weight", "txt_in.weight"));
+    BIND(m->t_lin1, D, c->time_channels, D, c->time_channels, "%s",
+         NAME("time_guidance_embed.timestep_embedder.linear_1.weight", "time_in.in_layer.weight"));
+    BIND(m->t_lin2, D, D, D, D, "%s",
+         NAME("time_guidance_embed.timestep_embedder.linear_2.weight", "time_in.out_layer.weight"));
     if (c->guidance_embeds) {
-        BIND(m->g_lin1, D, c->time_channels, D, c->time_channels, "%s.linear_1.weight", ge);
-        BIND(m->g_lin2, D, D, D, D, "%s.linear_2.weight", ge);
+        BIND(m->g_lin1, D, c->time_channels, D, c->time_channels, "%s",
+             NAME("time_guidance_embed.guidance_embedder.linear_1.weight", "guidance_in.in_layer.weight"));
+        BIND(m->g_lin2, D, D, D, D, "%s",
+             NAME("time_guidance_embed.guidance_embedder.linear_2.weight", "guidance_in.out_layer.weight"));
     }
-    BIND(m->mod_img, 6 * D, D, 6 * D, D, "double_stream_modulation_img.linear.weight");
-    BIND(m->mod_txt, 6 * D, D, 6 * D, D, "double_stream_modulation_txt.linear.weight");
-    BIND(m->mod_single, 3 * D, D, 3 * D, D, "single_stream_modulation.linear.weight");
-    BIND(m->norm_out, 2 * D, D, 2 * D, D, "norm_out.linear.weight");
-    BIND(m->proj_out, c->out_dim, D, c->out_dim, D, "proj_out.weight");
+    BIND(m->mod_img, 6 * D, D, 6 * D, D, "%s",
+         NAME("double_stream_modulation_img.linear.weight", "double_stream_modulation_img.lin.weight"));
+    BIND(m->mod_txt, 6 * D, D, 6 * D, D, "%s",
+         NAME("double_stream_modulation_txt.linear.weight", "double_stream_modulation_txt.lin.weight"));
+    BIND(m->mod_single, 3 * D, D, 3 * D, D, "%s",
+         NAME("single_stream_modulation.linear.weight", "single_stream_modulation.lin.weight"));
+    BIND(m->norm_out, 2 * D, D, 2 * D, D, "%s", NAME("norm_out.linear.weight", "final_layer.adaLN_modulation.1.weight"));
+    if (b->bfl && !b->random && !b->dry && swap_halves(m, m->norm_out, D)) return -1;
+    BIND(m->proj_out, c->out_dim, D, c->out_dim, D, "%s", NAME("proj_out.weight", "final_layer.linear.weight"));
+    return 0;
+}
+
+/* BFL fuses each stream's Q, K, V into one qkv [3D, D], loaded packed
+ * colwise as [Q_k; K_k; V_k] = [3D/tp, D]: the three local blocks are row
+ * views, no copy. */
+static int bind_fused_qkv(binder *b, const tensor **q, const tensor **k, const tensor **v, const char *fmt, int i) {
+    flux2_model *m = b->m;
+    int64_t D = m->cfg.D, Dl = m->Dl;
+    const tensor *qkv = bind(b, 3 * D, D, 3 * Dl, D, fmt, i);
+    if (!qkv) return -1;
+    if (b->dry) return 0;
+    *q = keep_view(m, tensor_rows(qkv, 0, Dl));
+    *k = keep_view(m, tensor_rows(qkv, Dl, Dl));
+    *v = keep_view(m, tensor_rows(qkv, 2 * Dl, Dl));
+    return 0;
+}
+
+static int bind_double_bfl(binder *b, int i) {
+    flux2_model *m = b->m;
+    int64_t D = m->cfg.D, M = m->cfg.M, Dl = m->Dl, Ml = m->Ml, hd = m->cfg.head_dim;
+    flux2_double_w *w = &m->dbl[i];
+    if (bind_fused_qkv(b, &w->to_q, &w->to_k, &w->to_v, "double_blocks.%d.img_attn.qkv.weight", i) ||
+        bind_fused_qkv(b, &w->add_q, &w->add_k, &w->add_v, "double_blocks.%d.txt_attn.qkv.weight", i))
+        return -1;
+    BIND(w->norm_q, 1, hd, 1, hd, "double_blocks.%d.img_attn.norm.query_norm.scale", i);
+    BIND(w->norm_k, 1, hd, 1, hd, "double_blocks.%d.img_attn.norm.key_norm.scale", i);
+    BIND(w->to_out, D, D, D, Dl, "double_blocks.%d.img_attn.proj.weight", i);
+    BIND(w->norm_added_q, 1, hd, 1, hd, "double_blocks.%d.txt_attn.norm.query_norm.scale", i);
+    BIND(w->norm_added_k, 1, hd, 1, hd, "double_blocks.%d.txt_attn.norm.key_norm.scale", i);
+    BIND(w->to_add_out, D, D, D, Dl, "double_blocks.%d.txt_attn.proj.weight", i);
+    BIND(w->ff_in, 2 * M, D, 2 * Ml, D, "double_blocks.%d.img_mlp.0.weight", i);
+    BIND(w->ff_out, D, M, D, Ml, "double_blocks.%d.img_mlp.2.weight", i);
+    BIND(w->ffc_in, 2 * M, D, 2 * Ml, D, "double_blocks.%d.txt_mlp.0.weight", i);
+    BIND(w->ffc_out, D, M, D, Ml, "double_blocks.%d.txt_mlp.2.weight", i);
     return 0;
 }
 
 static int bind_double(binder *b, int i) {
+    if (b->bfl) return bind_double_bfl(b, i);
     flux2_model *m = b->m;
     int64_t D = m->cfg.D, M = m->cfg.M, Dl = m->Dl, Ml = m->Ml, hd = m->cfg.head_dim;
     flux2_double_w *w = &m->dbl[i];
@@ -113,18 +200,21 @@ static int bind_single(binder *b, int j) {
     flux2_model *m = b->m;
     int64_t D = m->cfg.D, M = m->cfg.M, Dl = m->Dl, Ml = m->Ml, hd = m->cfg.head_dim;
     flux2_single_w *w = &m->sgl[j];
-    const char *p = "single_transformer_blocks";
-    BIND(w->qkv_mlp, 3 * D + 2 * M, D, 3 * Dl + 2 * Ml, D, "%s.%d.attn.to_qkv_mlp_proj.weight", p, j);
-    BIND(w->norm_q, 1, hd, 1, hd, "%s.%d.attn.norm_q.weight", p, j);
-    BIND(w->norm_k, 1, hd, 1, hd, "%s.%d.attn.norm_k.weight", p, j);
-    BIND(w->to_out, D, D + M, D, Dl + Ml, "%s.%d.attn.to_out.weight", p, j);
+    BIND(w->qkv_mlp, 3 * D + 2 * M, D, 3 * Dl + 2 * Ml, D,
+         NAME("single_transformer_blocks.%d.attn.to_qkv_mlp_proj.weight", "single_blocks.%d.linear1.weight"), j);
+    BIND(w->norm_q, 1, hd, 1, hd,
+         NAME("single_transformer_blocks.%d.attn.norm_q.weight", "single_blocks.%d.norm.query_norm.scale"), j);
+    BIND(w->norm_k, 1, hd, 1, hd,
+         NAME("single_transformer_blocks.%d.attn.norm_k.weight", "single_blocks.%d.norm.key_norm.scale"), j);
+    BIND(w->to_out, D, D + M, D, Dl + Ml,
+         NAME("single_transformer_blocks.%d.attn.to_out.weight", "single_blocks.%d.linear2.weight"), j);
     return 0;
 }
 
 static int bind_all(binder *b) {
     flux2_model *m = b->m;
-    m->dbl = xcalloc((size_t)m->cfg.num_layers + 1, sizeof *m->dbl);
-    m->sgl = xcalloc((size_t)m->cfg.num_single_layers + 1, sizeof *m->sgl);
+    if (!m->dbl) m->dbl = xcalloc((size_t)m->cfg.num_layers + 1, sizeof *m->dbl);
+    if (!m->sgl) m->sgl = xcalloc((size_t)m->cfg.num_single_layers + 1, sizeof *m->sgl);
     if (bind_top(b)) return -1;
     for (int i = 0; i < m->cfg.num_layers; i++)
         if (bind_double(b, i)) return -1;
@@ -162,37 +252,65 @@ static int model_new(const flux2_config *cfg, backend *be, comm *c, dtype_t prec
     return 0;
 }
 
-static int expected_tensor_count(const flux2_config *c) {
-    return 9 + (c->guidance_embeds ? 2 : 0) + 16 * c->num_layers + 4 * c->num_single_layers;
+static int expected_tensor_count(const flux2_config *c, int bfl) {
+    /* BFL: one fused qkv per stream instead of three projections */
+    return 9 + (c->guidance_embeds ? 2 : 0) + (bfl ? 12 : 16) * c->num_layers + 4 * c->num_single_layers;
+}
+
+/* <dir>/config.json, or for a BFL single-file checkpoint without one the
+ * config derived from its tensor shapes. Opens the checkpoint (*ck). */
+static json_t *load_config(const char *dir, checkpoint **ck, char **where) {
+    *where = xasprintf("%s/config.json", dir);
+    json_error_t jerr;
+    json_t *cfg = json_load_file(*where, 0, &jerr);
+    if (!cfg && access(*where, F_OK) == 0) {
+        tp_error("%s: cannot read the transformer config (%s, line %d)", *where, jerr.text, jerr.line);
+        return NULL;
+    }
+    if (!cfg && access(dir, F_OK) == 0 && checkpoint_open(dir, ck) == 0 && plan_flux2_is_bfl(*ck)) {
+        free(*where);
+        *where = xasprintf("%s (config derived from the BFL checkpoint's tensor shapes)", dir);
+        return flux2_config_from_bfl(*ck);
+    }
+    if (!cfg) {
+        tp_error("%s: cannot read the transformer config (%s); pass the model folder's transformer/ directory "
+                 "(a BFL single-file checkpoint needs no config.json)", *where, jerr.text);
+        return NULL;
+    }
+    if (checkpoint_open(dir, ck)) {
+        json_decref(cfg);
+        return NULL;
+    }
+    return cfg;
 }
 
 int flux2_load(const char *dir, backend *be, comm *c, dtype_t precision, flux2_model **out, load_stats *st) {
     *out = NULL;
-    char *cfg_path = xasprintf("%s/config.json", dir);
-    json_error_t jerr;
-    json_t *cfg_json = json_load_file(cfg_path, 0, &jerr);
+    char *cfg_path = NULL;
     int rc = -1;
     flux2_config cfg;
     checkpoint *ck = NULL;
     flux2_model *m = NULL;
-    if (!cfg_json) {
-        tp_error("%s: cannot read the transformer config (%s, line %d); pass the model folder's transformer/ "
-                 "directory", cfg_path, jerr.text, jerr.line);
-        goto done;
-    }
+    json_t *cfg_json = load_config(dir, &ck, &cfg_path);
+    if (!cfg_json) goto done;
     if (flux2_config_parse(cfg_json, cfg_path, &cfg) || model_new(&cfg, be, c, precision, &m)) goto done;
-    if (checkpoint_open(dir, &ck)) goto done;
-    if (ck->n != expected_tensor_count(&cfg)) {
-        tp_error("%s: the checkpoint has %d tensors but config.json (%d double, %d single blocks%s) implies %d; "
-                 "the config does not match the weights", dir, ck->n, cfg.num_layers, cfg.num_single_layers,
-                 cfg.guidance_embeds ? ", guidance embedder" : "", expected_tensor_count(&cfg));
+    int bfl = plan_flux2_is_bfl(ck);
+    if (ck->n != expected_tensor_count(&cfg, bfl)) {
+        /* name the first tensor the config expects and the file lacks */
+        binder dry = {.m = m, .dir = dir, .bfl = bfl, .dry = 1, .ck = ck};
+        char *why = bind_all(&dry) ? xstrdup(tp_error_msg()) : xstrdup("no expected tensor is missing");
+        tp_error("%s: the checkpoint has %d tensors but its config (%d double, %d single blocks%s%s) implies %d; "
+                 "the config does not match the weights (%s)", dir, ck->n, cfg.num_layers, cfg.num_single_layers,
+                 cfg.guidance_embeds ? ", guidance embedder" : "", bfl ? ", BFL names" : "",
+                 expected_tensor_count(&cfg, bfl), why);
+        free(why);
         goto done;
     }
     plan p;
-    if (plan_flux2(cfg_json, &p)) goto done;
+    if (bfl ? plan_flux2_bfl(cfg_json, &p) : plan_flux2(cfg_json, &p)) goto done;
     load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision};
     if (weights_load(ck, &p, &o, &m->w, st)) goto done;
-    binder b = {.m = m, .dir = dir};
+    binder b = {.m = m, .dir = dir, .bfl = bfl};
     if (bind_all(&b)) goto done;
     rc = 0;
 done:

@@ -51,6 +51,17 @@ typedef struct flux2_config {
  * dims, non-positive sizes) are errors naming the field. */
 int flux2_config_parse(const json_t *cfg, const char *where, flux2_config *out);
 
+/* The config of a Black Forest Labs single-file checkpoint (BFL names, no
+ * config.json), derived from tensor shapes as a diffusers-style config.json
+ * object: D and in_channels from img_in, joint_attention_dim from txt_in,
+ * timestep channels from time_in, head_dim from the QK-norm scale (heads =
+ * D / head_dim), block counts, the MLP ratio from the MLP input,
+ * guidance_embeds from guidance_in; patch 1, four equal RoPE axes, theta
+ * 2000 and eps 1e-6 as every FLUX.2 model has. NULL + tp_error when a
+ * tensor it needs is missing or the shapes disagree. Free with json_decref. */
+struct checkpoint;
+json_t *flux2_config_from_bfl(const struct checkpoint *c);
+
 typedef struct flux2_model flux2_model;
 
 /* Load <transformer_dir>/config.json and the checkpoint in that folder;

@@ -4,6 +4,8 @@
  * reference uses and are uploaded. */
 #include "flux2.h"
 #include "../err.h"
+#include "../checkpoint.h"
+#include <stdio.h>
 #include <math.h>
 #include <string.h>
 
@@ -126,4 +128,71 @@ void flux2_rope_table(const flux2_config *cfg, const int32_t *ids, int64_t n, fl
             d0 += da;
         }
     }
+}
+
+/* ---- the config of a BFL single-file checkpoint, from tensor shapes ---- */
+
+/* Shape of a tensor as [rows, cols] (a 1-D [n] is [n, 1]); -1 when absent. */
+static int bfl_shape(const checkpoint *c, const char *name, int64_t *rows, int64_t *cols) {
+    const st_tensor_info *t = checkpoint_find(c, name, NULL);
+    if (!t) return -1;
+    *rows = t->ndim >= 1 ? t->shape[0] : 1;
+    *cols = 1;
+    for (int d = 1; d < t->ndim; d++) *cols *= t->shape[d];
+    return 0;
+}
+
+static int bfl_req(const checkpoint *c, const char *name, int64_t *rows, int64_t *cols) {
+    if (!bfl_shape(c, name, rows, cols)) return 0;
+    return tp_error("%s: BFL checkpoint has no tensor %s (needed to derive the config; the file is incomplete, "
+                    "or put the model's diffusers config.json next to it)", c->dir, name);
+}
+
+/* Blocks are numbered 0..n-1 without gaps; count them by one tensor each. */
+static int bfl_count(const checkpoint *c, const char *fmt) {
+    char name[128];
+    int n = 0;
+    for (;; n++) {
+        snprintf(name, sizeof name, fmt, n);
+        if (!checkpoint_find(c, name, NULL)) return n;
+    }
+}
+
+json_t *flux2_config_from_bfl(const checkpoint *c) {
+    int64_t D, cin, Dt, Jt, Dc, Ct, out_dim, Dp, hd, one, M2, Dm;
+    if (bfl_req(c, "img_in.weight", &D, &cin) || bfl_req(c, "txt_in.weight", &Dt, &Jt) ||
+        bfl_req(c, "time_in.in_layer.weight", &Dc, &Ct) || bfl_req(c, "final_layer.linear.weight", &out_dim, &Dp))
+        return NULL;
+    int layers = bfl_count(c, "double_blocks.%d.img_attn.qkv.weight");
+    int singles = bfl_count(c, "single_blocks.%d.linear1.weight");
+    if (layers + singles == 0)
+        return tp_error("%s: BFL checkpoint has neither double_blocks.0 nor single_blocks.0", c->dir), NULL;
+    /* head_dim from the QK-norm scale [hd], the MLP width from a fused MLP input [2M, D] */
+    if (bfl_req(c, layers ? "double_blocks.0.img_attn.norm.query_norm.scale" : "single_blocks.0.norm.query_norm.scale",
+                &hd, &one))
+        return NULL;
+    if (layers ? bfl_req(c, "double_blocks.0.img_mlp.0.weight", &M2, &Dm)
+               : bfl_req(c, "single_blocks.0.linear1.weight", &M2, &Dm))
+        return NULL;
+    if (!layers) M2 -= 3 * D;   /* linear1 is [3D + 2M, D] */
+    if (Dt != D || Dc != D || Dp != D || Dm != D || one != 1 || hd <= 0 || D % hd || hd % 8 || M2 <= 0 || M2 % 2)
+        return tp_error("%s: BFL checkpoint shapes are inconsistent (img_in [%lld, %lld], txt_in [%lld, %lld], "
+                        "time_in [%lld, %lld], head_dim %lld, MLP in [%lld, %lld]); supply a config.json",
+                        c->dir, (long long)D, (long long)cin, (long long)Dt, (long long)Jt, (long long)Dc,
+                        (long long)Ct, (long long)hd, (long long)M2, (long long)Dm), NULL;
+    int64_t M = M2 / 2, ax = hd / 4;
+    double ratio = (double)M / (double)D;
+    if ((int64_t)((double)D * ratio) != M)
+        return tp_error("%s: MLP width %lld is not int(D * ratio) for any ratio; supply a config.json", c->dir,
+                        (long long)M), NULL;
+    /* Not in the shapes: FLUX.2 uses patch 1 (latents are already 2x2
+     * packed), four equal RoPE axes ([32,32,32,32] at head_dim 128),
+     * theta 2000 and eps 1e-6, the diffusers defaults. */
+    return json_pack("{s:i, s:I, s:I, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:[I,I,I,I], s:i, s:f, s:b}",
+                     "patch_size", 1, "in_channels", (json_int_t)cin, "out_channels", (json_int_t)out_dim,
+                     "num_layers", layers, "num_single_layers", singles, "attention_head_dim", (json_int_t)hd,
+                     "num_attention_heads", (json_int_t)(D / hd), "joint_attention_dim", (json_int_t)Jt,
+                     "timestep_guidance_channels", (json_int_t)Ct, "mlp_ratio", ratio, "axes_dims_rope",
+                     (json_int_t)ax, (json_int_t)ax, (json_int_t)ax, (json_int_t)ax, "rope_theta", 2000, "eps", 1e-6,
+                     "guidance_embeds", checkpoint_find(c, "guidance_in.in_layer.weight", NULL) != NULL);
 }
