@@ -86,9 +86,9 @@ static int parse_args(int argc, char **argv, check_opts *o) {
 
 /* DIR/transformer when DIR is a pipeline folder, else DIR itself */
 static char *transformer_dir(const char *model) {
-    char *sub = xasprintf("%s/transformer/config.json", model);
+    char *sub = xasprintf("%s/transformer", model);   /* a BFL transformer/ may have no config.json */
     struct stat s;
-    int is_pipeline = stat(sub, &s) == 0;
+    int is_pipeline = stat(sub, &s) == 0 && S_ISDIR(s.st_mode);
     free(sub);
     return is_pipeline ? xasprintf("%s/transformer", model) : xstrdup(model);
 }

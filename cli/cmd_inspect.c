@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "../core/err.h"
 #include "../core/weights.h"
+#include "../core/models/flux2.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,8 +122,10 @@ static int open_component(const inspect_args *a, model_dir **m, json_t **cfg, ch
     if (model_dir_open(a->model, m)) return -1;
     if (!model_dir_has(*m, a->component))
         return tp_error("%s has no '%s' folder (is --model the pipeline folder?)", a->model, a->component);
-    if (!(*cfg = model_dir_config(*m, a->component))) return -1;
     char *dir = model_dir_path(*m, a->component);
+    /* the transformer of a BFL single-file checkpoint may have no config.json */
+    *cfg = strcmp(a->component, "transformer") ? model_dir_config(*m, a->component) : flux2_transformer_config(dir, NULL);
+    if (!*cfg) return free(dir), -1;
     int rc = checkpoint_open(dir, c);
     free(dir);
     return rc;

@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "../core/err.h"
 #include "../core/safetensors.h"
+#include "../core/models/flux2.h"
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #pragma weak st_close
 #pragma weak st_find
 #pragma weak st_read_f32
+#pragma weak flux2_transformer_config
 
 static int is_dir(const char *p) {
     struct stat st;
@@ -56,7 +58,9 @@ static int read_model(gen_setup *g, const char *root) {
         return tp_error("model folder %s does not exist (give --model a FLUX.2 pipeline folder in the diffusers layout)", root);
     g->transformer_dir = xasprintf("%s/transformer", root);
     char *cfg_path = xasprintf("%s/config.json", g->transformer_dir);
-    json_t *cfg = load_json(cfg_path, 1);
+    /* a BFL single-file checkpoint may come without config.json: derived from its shapes */
+    json_t *cfg = is_dir(g->transformer_dir) && !is_file(cfg_path) && flux2_transformer_config
+                      ? flux2_transformer_config(g->transformer_dir, NULL) : load_json(cfg_path, 1);
     int rc = cfg ? 0 : -1;
     if (!cfg && !is_dir(g->transformer_dir))
         rc = tp_error("%s has no transformer/ folder: is it a FLUX.2 pipeline folder (diffusers layout)?", root);

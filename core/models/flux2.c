@@ -257,30 +257,25 @@ static int expected_tensor_count(const flux2_config *c, int bfl) {
     return 9 + (c->guidance_embeds ? 2 : 0) + (bfl ? 12 : 16) * c->num_layers + 4 * c->num_single_layers;
 }
 
-/* <dir>/config.json, or for a BFL single-file checkpoint without one the
- * config derived from its tensor shapes. Opens the checkpoint (*ck). */
-static json_t *load_config(const char *dir, checkpoint **ck, char **where) {
-    *where = xasprintf("%s/config.json", dir);
+json_t *flux2_transformer_config(const char *dir, char **where) {
+    char *path = xasprintf("%s/config.json", dir);
     json_error_t jerr;
-    json_t *cfg = json_load_file(*where, 0, &jerr);
-    if (!cfg && access(*where, F_OK) == 0) {
-        tp_error("%s: cannot read the transformer config (%s, line %d)", *where, jerr.text, jerr.line);
-        return NULL;
+    json_t *cfg = NULL;
+    checkpoint *ck = NULL;
+    if (access(path, F_OK) == 0) {
+        if (!(cfg = json_load_file(path, 0, &jerr)))
+            tp_error("%s: cannot read the transformer config (%s, line %d)", path, jerr.text, jerr.line);
+    } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 && plan_flux2_is_bfl(ck)) {
+        free(path);
+        path = xasprintf("%s (config derived from the BFL checkpoint's tensor shapes)", dir);
+        cfg = flux2_config_from_bfl(ck);
+    } else {
+        tp_error("%s is missing: pass the pipeline's transformer/ folder (diffusers layout, with config.json) "
+                 "or a folder holding a BFL single-file checkpoint (needs no config.json)", path);
     }
-    if (!cfg && access(dir, F_OK) == 0 && checkpoint_open(dir, ck) == 0 && plan_flux2_is_bfl(*ck)) {
-        free(*where);
-        *where = xasprintf("%s (config derived from the BFL checkpoint's tensor shapes)", dir);
-        return flux2_config_from_bfl(*ck);
-    }
-    if (!cfg) {
-        tp_error("%s: cannot read the transformer config (%s); pass the model folder's transformer/ directory "
-                 "(a BFL single-file checkpoint needs no config.json)", *where, jerr.text);
-        return NULL;
-    }
-    if (checkpoint_open(dir, ck)) {
-        json_decref(cfg);
-        return NULL;
-    }
+    checkpoint_close(ck);
+    if (cfg && where) *where = path;
+    else free(path);
     return cfg;
 }
 
@@ -291,9 +286,10 @@ int flux2_load(const char *dir, backend *be, comm *c, dtype_t precision, flux2_m
     flux2_config cfg;
     checkpoint *ck = NULL;
     flux2_model *m = NULL;
-    json_t *cfg_json = load_config(dir, &ck, &cfg_path);
+    json_t *cfg_json = flux2_transformer_config(dir, &cfg_path);
     if (!cfg_json) goto done;
     if (flux2_config_parse(cfg_json, cfg_path, &cfg) || model_new(&cfg, be, c, precision, &m)) goto done;
+    if (checkpoint_open(dir, &ck)) goto done;
     int bfl = plan_flux2_is_bfl(ck);
     if (ck->n != expected_tensor_count(&cfg, bfl)) {
         /* name the first tensor the config expects and the file lacks */

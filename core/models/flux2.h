@@ -61,10 +61,16 @@ int flux2_config_parse(const json_t *cfg, const char *where, flux2_config *out);
  * tensor it needs is missing or the shapes disagree. Free with json_decref. */
 struct checkpoint;
 json_t *flux2_config_from_bfl(const struct checkpoint *c);
+/* The config of a transformer folder: <dir>/config.json when present, else
+ * for a BFL single-file checkpoint the derived one. NULL + tp_error when
+ * neither; *where (optional, malloc'ed) says where it came from. */
+json_t *flux2_transformer_config(const char *dir, char **where);
 
 typedef struct flux2_model flux2_model;
 
-/* Load <transformer_dir>/config.json and the checkpoint in that folder;
+/* Load <transformer_dir>/config.json and the checkpoint in that folder
+ * (diffusers names, or a BFL single file whose config may be derived:
+ * flux2_transformer_config);
  * this rank reads only its shard (rank c->rank of c->size). precision is
  * DT_F32 or DT_BF16. Shapes are checked against the config. On failure
  * returns -1 with tp_error set (the caller agrees on errors with
