@@ -49,3 +49,13 @@ expect_fail "bfl: missing tensor named" "double_blocks\.1\.img_mlp\.2\.weight mi
 make_bfl "$TMP/noimg" img_in.weight
 expect_fail "bfl: unrecognised file asks for config.json" "config.json is missing" \
     timeout 120 $MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$TMP/noimg" --cases "$CASES"
+
+# generate from a pipeline folder whose transformer/ is the BFL file (no
+# config.json): the same latents, bit for bit, as from the diffusers folder
+cp "$G/model/model_index.json" "$TMP/bfl/" && cp -r "$G/model/scheduler" "$TMP/bfl/" && chmod -R u+w "$TMP/bfl"
+gen() { $MPIRUN -np 2 "$TPGEN" generate --model "$1" --prompt-embeds "$G/denoise.safetensors:prompt_embeds" \
+        --width 96 --height 64 --precision f32 --seed 1 --steps 4 --guidance 4 --backend cpu --save-latents "$2" 2>&1; }
+gb=$(gen "$TMP/bfl" "$TMP/bfl.st"); rb=$?
+gd=$(gen "$G/model" "$TMP/diffusers.st"); rd=$?
+if [ $rb -eq 0 ] && [ $rd -eq 0 ] && cmp -s "$TMP/bfl.st" "$TMP/diffusers.st"; then ok "bfl: generate gives the diffusers layout's latents"
+else fail "bfl: generate: rc=$rb/$rd $(echo "$gb" | tail -2 | tr '\n' ' ')"; fi
