@@ -19,7 +19,8 @@ static int setup(run_spec *s, gen_setup *g, dist *d, int argc, char **argv) {
     if (!rc) rc = runspec_check(s);
     if (dist_agree(d->world, rc)) return -1;
     if (dist_agree(d->world, dist_set_tp(d, s->tp))) return -1;
-    return dist_agree(d->world, gen_setup_init(g, s, d));
+    if (dist_agree(d->world, gen_setup_init(g, s, d))) return -1;
+    return gen_skip_existing(g);
 }
 
 int cmd_generate(int argc, char **argv) {

@@ -31,7 +31,9 @@ typedef struct gen_setup {
     int64_t embeds_len;
     char *embeds_desc;           /* "FILE:TENSOR" for the PNG parameters */
     int n_jobs;
-    int *my_jobs, n_my_jobs;     /* jobs of this rank's TP group */
+    int *my_jobs, n_my_jobs;     /* jobs of this rank's TP group (to render) */
+    int n_skipped;               /* --skip-existing: this group's jobs left out */
+    int n_todo_world;            /* jobs to render, all groups */
 } gen_setup;
 
 /* Fill defaults from the model folder and check everything that can be
@@ -40,6 +42,14 @@ typedef struct gen_setup {
  * every rank (same answer everywhere); -1 + tp_error on bad input. */
 int gen_setup_init(gen_setup *g, run_spec *spec, dist *d);
 void gen_setup_free(gen_setup *g);
+
+/* --skip-existing: drop from this group's jobs those whose outputs all
+ * exist (outputs are written atomically, so an existing file is complete).
+ * The group's first rank looks, the group follows its answer (no two ranks
+ * of a group can disagree and hang a collective); then the world learns how
+ * many jobs are left (n_todo_world). Collective over the world; call after
+ * gen_setup_init succeeded everywhere. */
+int gen_skip_existing(gen_setup *g);
 
 typedef struct gen_metrics {
     double t_start;

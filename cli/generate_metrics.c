@@ -35,6 +35,7 @@ typedef struct summary {
     double bytes_loaded;     /* sum over ranks */
     double load_seconds;     /* max over ranks */
     double steps, step_seconds, images, latents;  /* sums (steps: over TP-group leads) */
+    double rendered, skipped;    /* jobs, summed over TP-group leads */
     double *rss;             /* per world rank */
 } summary;
 
@@ -43,11 +44,12 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     double ph[N_PH] = {m->t_encode, m->t_load, m->t_denoise, m->t_decode, m->t_write, gen_now() - m->t_start};
     MPI_Reduce(ph, s->phase, N_PH, MPI_DOUBLE, MPI_MAX, 0, w);
     int lead = g->d->tp_rank == 0;
-    double sums[6] = {(double)m->bytes_loaded, lead ? m->steps_total : 0, lead ? m->step_seconds : 0,
-                      m->images, m->latents, 0};
-    double tot[6];
-    MPI_Reduce(sums, tot, 6, MPI_DOUBLE, MPI_SUM, 0, w);
+    double sums[7] = {(double)m->bytes_loaded, lead ? m->steps_total : 0, lead ? m->step_seconds : 0,
+                      m->images, m->latents, lead ? m->jobs_done : 0, lead ? g->n_skipped : 0};
+    double tot[7];
+    MPI_Reduce(sums, tot, 7, MPI_DOUBLE, MPI_SUM, 0, w);
     s->bytes_loaded = tot[0], s->steps = tot[1], s->step_seconds = tot[2], s->images = tot[3], s->latents = tot[4];
+    s->rendered = tot[5], s->skipped = tot[6];
     MPI_Reduce(&m->load_seconds, &s->load_seconds, 1, MPI_DOUBLE, MPI_MAX, 0, w);
     double rss = peak_rss_bytes();
     s->rss = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
@@ -60,6 +62,9 @@ static void print_summary(const gen_setup *g, const summary *s) {
            g->n_jobs, g->n_jobs == 1 ? "" : "s", g->family_name, sp->width, sp->height, sp->steps,
            g->precision == DT_F32 ? "f32" : "bf16", g->d->tp, g->d->dp, s->phase[PH_TOTAL], s->images, s->latents,
            s->latents == 1 ? "" : "s");
+    if (sp->skip_existing)
+        printf("  --skip-existing: %.0f job%s rendered, %.0f skipped (outputs exist)\n", s->rendered,
+               s->rendered == 1 ? "" : "s", s->skipped);
     for (int i = 0; i < PH_TOTAL; i++) {
         printf("  %-8s %9.3f s", k_phase[i], s->phase[i]);
         if (i == PH_LOAD && s->load_seconds > 0)
@@ -79,7 +84,7 @@ static int write_json(const gen_setup *g, const summary *s) {
     json_t *ph = json_object(), *rss = json_array();
     for (int i = 0; i < N_PH; i++) json_object_set_new(ph, k_phase[i], json_real(s->phase[i]));
     for (int r = 0; r < g->d->world_size; r++) json_array_append_new(rss, json_integer((json_int_t)s->rss[r]));
-    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:o, s:f, s:I, s:f, s:i, s:i, s:o}",
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:o, s:f, s:I, s:f, s:i, s:i, s:i, s:i, s:o}",
                           "tpgen", TPGEN_VERSION, "model", sp->model, "family", g->family_name, "world_size",
                           g->d->world_size, "tp", g->d->tp, "dp", g->d->dp, "precision",
                           g->precision == DT_F32 ? "f32" : "bf16", "backend", sp->backend ? sp->backend : "auto",
@@ -88,7 +93,8 @@ static int write_json(const gen_setup *g, const summary *s) {
                           "seconds_per_step", s->steps > 0 ? s->step_seconds / s->steps : 0.0,
                           "bytes_loaded", (json_int_t)s->bytes_loaded,
                           "load_gb_per_s", s->load_seconds > 0 ? s->bytes_loaded / 1e9 / s->load_seconds : 0.0,
-                          "images", (int)s->images, "latents_files", (int)s->latents, "peak_rss_bytes", rss);
+                          "images", (int)s->images, "latents_files", (int)s->latents, "jobs_rendered",
+                          (int)s->rendered, "jobs_skipped", (int)s->skipped, "peak_rss_bytes", rss);
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(j);
     int rc = file_write_atomic(sp->json_metrics, text, strlen(text));

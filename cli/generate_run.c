@@ -355,6 +355,7 @@ static int run_chunk(run_state *r, int first, int last) {
 int gen_run(gen_setup *g, gen_metrics *m) {
     run_state r = {.g = g, .m = m};
     dist *d = g->d;
+    if (g->n_todo_world == 0) return 0;   /* --skip-existing: all there, load nothing */
     int rc = dist_agree(d->world, backend_select(g->spec->backend, d->local_rank, d->local_size, &r.be));
     if (!rc) {
         r.c = comm_create(d->tp_comm, r.be);

@@ -199,6 +199,41 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
         return tp_error("the VAE decoder is not in this build of tpgen; use --no-decode --save-latents FILE");
     g->my_jobs = xmalloc(sizeof(int) * (size_t)(g->n_jobs ? g->n_jobs : 1));
     g->n_my_jobs = runspec_group_jobs(g->n_jobs, d->dp, d->dp_rank, g->my_jobs);
+    g->n_todo_world = g->n_jobs;
+    return 0;
+}
+
+/* every output of the job is there (a directory of that name is not) */
+static int job_outputs_exist(const gen_setup *g, int job) {
+    const run_spec *s = g->spec;
+    const char *pats[2] = {g->write_png ? s->output : NULL, s->save_latents};
+    for (int i = 0; i < 2; i++) {
+        if (!pats[i]) continue;
+        char *p = runspec_output_path(s, pats[i], job);   /* checked at setup: cannot fail */
+        int there = p && is_file(p);
+        free(p);
+        if (!there) return 0;
+    }
+    return 1;
+}
+
+int gen_skip_existing(gen_setup *g) {
+    dist *d = g->d;
+    if (g->spec->skip_existing) {
+        char *done = xcalloc((size_t)(g->n_my_jobs ? g->n_my_jobs : 1), 1);
+        if (d->tp_rank == 0)
+            for (int i = 0; i < g->n_my_jobs; i++) done[i] = (char)job_outputs_exist(g, g->my_jobs[i]);
+        if (g->n_my_jobs) MPI_Bcast(done, g->n_my_jobs, MPI_CHAR, 0, d->tp_comm);
+        int k = 0;
+        for (int i = 0; i < g->n_my_jobs; i++)
+            if (!done[i]) g->my_jobs[k++] = g->my_jobs[i];
+        g->n_skipped = g->n_my_jobs - k;
+        g->n_my_jobs = k;
+        free(done);
+    }
+    /* each group counted once, by its first rank */
+    int todo = d->tp_rank == 0 ? g->n_my_jobs : 0;
+    MPI_Allreduce(&todo, &g->n_todo_world, 1, MPI_INT, MPI_SUM, d->world);
     return 0;
 }
 

@@ -49,6 +49,11 @@ static const key_def k_keys[] = {
     {"no_decode", K_BOOL, OFF(no_decode), 0, 0, NULL, NULL, "do not run the VAE (no PNG); use with --save-latents", 0, 0},
     {"json_metrics", K_STR, OFF(json_metrics), 0, 0, NULL, "FILE", "write timings, memory and load figures as JSON", 0, 0},
     {"max_sequence_length", K_INT, OFF(max_sequence_length), 1, 8192, NULL, "N", "text tokens per prompt (default 512)", 0, 0},
+    {"prompts_file", K_STR, OFF(prompts_file), 0, 0, NULL, "FILE",
+     "prompts, one per line (UTF-8; blank lines skipped), instead of --prompt / prompts:", 0, 0},
+    {"skip_existing", K_BOOL, OFF(skip_existing), 0, 0, NULL, NULL,
+     "do not render jobs whose outputs (PNG, and latents file with --save-latents) exist already: a re-queued batch "
+     "renders only what is missing", 0, 0},
     {"spec", K_SPEC, 0, 0, 0, NULL, "RUN.yaml", "read settings from a YAML run spec (flags override it)", 0, 1},
 };
 #define N_KEYS ((int)(sizeof k_keys / sizeof k_keys[0]))
@@ -65,7 +70,7 @@ static void free_list(char **l, int n) {
 
 void runspec_free(run_spec *s) {
     char **strs[] = {&s->model, &s->prompt_embeds, &s->negative_prompt, &s->output, &s->precision,
-                     &s->backend, &s->save_latents, &s->json_metrics, &s->spec_path};
+                     &s->backend, &s->save_latents, &s->json_metrics, &s->prompts_file, &s->spec_path};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
     free_list(s->prompts, s->n_prompts);
     free(s->seeds);
@@ -321,6 +326,9 @@ static int y_document(yctx *c, run_spec *s) {
     }
     if (seen[1] && seen[2]) return tp_error("%s: give either 'prompt' or 'prompts', not both", c->file);
     if (seen[5] && seen[6]) return tp_error("%s: give either 'seed' or 'seeds', not both", c->file);
+    const key_def *pf = find_key("prompts_file", 0);
+    if (seen[pf - k_keys] && (seen[1] || seen[2]))
+        return tp_error("%s: give either 'prompts_file' or '%s', not both", c->file, seen[1] ? "prompt" : "prompts");
     return 0;
 }
 
@@ -400,7 +408,7 @@ void runspec_print_help(void) {
     }
     printf("  %-32s %s\n", "--help", "show this help");
     printf("\nrun spec keys (YAML): every option above with '-' turned into '_' (prompt_embeds:),\n"
-           "plus prompts: [TEXT, ...] and seeds: [S, ...] or {from: S, count: N}. The batch is every\n"
+           "plus prompts: [TEXT, ...] (or prompts_file: FILE) and seeds: [S, ...] or {from: S, count: N}. The batch is every\n"
            "prompt x every seed; output/save_latents placeholders: {index} {seed} {prompt_index}\n"
            "{seed_index} (with a zero-padded width: {index:04}), {prompt} (file-name-safe), {{ }}.\n");
 }
@@ -438,17 +446,24 @@ int runspec_parse_args(run_spec *s, int argc, char **argv) {
         if (k->kind == K_SPEC) continue;   /* already read */
         if (apply_scalar(s, k, val, where)) return -1;
     }
-    return 0;
+    return runspec_read_prompts_file(s);
 }
 
 /* ---- consistency ---- */
 
+/* job indices are ints and every job's paths are checked up front */
+#define MAX_JOBS 10000000
+
 int runspec_check(const run_spec *s) {
     if (!s->model) return tp_error("no model: give --model DIR (a FLUX.2 pipeline folder) or 'model:' in the run spec");
     if (s->prompt_embeds && s->n_prompts)
-        return tp_error("give either a prompt or --prompt-embeds, not both");
+        return tp_error("give either a prompt (--prompt, --prompts-file, prompts:) or --prompt-embeds, not both");
     if (!s->prompt_embeds && !s->n_prompts)
-        return tp_error("nothing to render: give --prompt TEXT (or 'prompts:' in a run spec) or --prompt-embeds FILE");
+        return tp_error("nothing to render: give --prompt TEXT, --prompts-file FILE (or 'prompts:' in a run spec) or "
+                        "--prompt-embeds FILE");
+    long long jobs = (long long)(s->prompt_embeds ? 1 : s->n_prompts) * (s->n_seeds ? s->n_seeds : 1);
+    if (jobs > MAX_JOBS)
+        return tp_error("%lld jobs (prompts x seeds) is more than one run takes (%d); split the batch", jobs, MAX_JOBS);
     if (s->no_decode && !s->save_latents)
         return tp_error("--no-decode without --save-latents would produce nothing; add --save-latents FILE");
     int n = runspec_n_jobs(s);

@@ -8,6 +8,7 @@
  * own file. */
 #ifndef TPGEN_RUNSPEC_H
 #define TPGEN_RUNSPEC_H
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct run_spec {
@@ -29,6 +30,8 @@ typedef struct run_spec {
     int no_decode;
     char *json_metrics;          /* FILE */
     int max_sequence_length;     /* 0: 512 */
+    char *prompts_file;          /* one prompt per line, instead of prompts: */
+    int skip_existing;           /* do not render jobs whose outputs all exist */
     char *spec_path;             /* the spec file read, if any */
 } run_spec;
 
@@ -47,6 +50,17 @@ int runspec_load_string(run_spec *s, const char *yaml, const char *name);
  * Returns 0 ok, 1 when --help was given (help printed), -1 on error. */
 int runspec_parse_args(run_spec *s, int argc, char **argv);
 void runspec_print_help(void);
+
+/* --prompts-file: read the file named by s->prompts_file (if any) into
+ * s->prompts. An error if prompts were also given (--prompt, prompts:), if
+ * the file cannot be read or has no prompts. runspec_parse_args calls it
+ * after the flags. */
+int runspec_read_prompts_file(run_spec *s);
+/* The parser behind it, on a buffer: one prompt per line, blank lines
+ * skipped, CRLF and a UTF-8 byte-order mark accepted; errors (invalid
+ * UTF-8, NUL bytes, lines over 64 KiB, no prompts) name `name`:LINE.
+ * On success *prompts (malloc'ed, count entries) belongs to the caller. */
+int runspec_parse_prompt_lines(const char *text, size_t len, const char *name, char ***prompts, int *count);
 
 /* Checks that need no files: the settings are consistent (prompt or
  * embeddings, size, steps, outputs...). Called after parsing. */

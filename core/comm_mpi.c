@@ -5,12 +5,27 @@
 #include "err.h"
 #include "../kernels/ops.h"
 #include <stdlib.h>
+#include <string.h>
 
-static void bf16_sum_op(void *in, void *inout, int *len, MPI_Datatype *dt) {
+/* Branch-free so that the compiler vectorises it (a scalar loop reached a
+ * quarter of MPI's f32 sum): widen, add in fp32, round to nearest even;
+ * a NaN sum stays a quiet NaN. */
+__attribute__((optimize("O3"))) static void bf16_sum_op(void *in, void *inout, int *len, MPI_Datatype *dt) {
     (void)dt;
     const uint16_t *a = in;
     uint16_t *b = inout;
-    for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+    int n = *len;
+    for (int i = 0; i < n; i++) {
+        uint32_t ua = (uint32_t)a[i] << 16, ub = (uint32_t)b[i] << 16, u;
+        float fa, fb, f;
+        memcpy(&fa, &ua, 4);
+        memcpy(&fb, &ub, 4);
+        f = fa + fb;
+        memcpy(&u, &f, 4);
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        uint32_t q = (u >> 16) | 0x40u;
+        b[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+    }
 }
 
 typedef struct { MPI_Op bf16_sum; } mpi_impl;

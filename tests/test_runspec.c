@@ -181,3 +181,122 @@ TEST_MPI(runspec_dp_groups_render_each_job_once) {
     MPI_Comm_free(&d.dp_comm);
     MPI_Comm_free(&d.local_comm);
 }
+
+/* --prompts-file: the line parser on buffers (one prompt per line, blank
+ * lines skipped, CRLF and a byte-order mark accepted), its errors with line
+ * numbers, and the file as a flag and a spec key (conflicts with prompts). */
+static int lines(const char *text, size_t len, char ***l, int *n) {
+    return runspec_parse_prompt_lines(text, len, "p.txt", l, n);
+}
+
+static void free_lines(char **l, int n) {
+    for (int i = 0; i < n; i++) free(l[i]);
+    free(l);
+}
+
+static void bad_lines(const char *text, size_t len, const char *want) {
+    char **l = (char **)1;
+    int n = -1;
+    int rc = lines(text, len, &l, &n);
+    CHECK(rc == -1 && l == NULL && n == 0, "accepted %zu bytes starting '%.20s'", len, text);
+    if (rc == -1) CHECK(strstr(tp_error_msg(), want) != NULL, "message '%s' lacks '%s'", tp_error_msg(), want);
+}
+
+TEST(runspec_prompt_lines_parse) {
+    const char t[] = "\xEF\xBB\xBF" "a red fox\r\n\r\n  \n\xC3\xA9t\xC3\xA9 \xE2\x80\x94 \xF0\x9F\xA6\x8A\n# kept\nlast";
+    char **l = NULL;
+    int n = 0;
+    REQUIRE(lines(t, sizeof t - 1, &l, &n) == 0, "%s", tp_error_msg());
+    const char *want[] = {"a red fox", "\xC3\xA9t\xC3\xA9 \xE2\x80\x94 \xF0\x9F\xA6\x8A", "# kept", "last"};
+    REQUIRE(n == 4, "%d prompts", n);
+    for (int i = 0; i < 4; i++) CHECK(!strcmp(l[i], want[i]), "prompt %d: '%s' (want '%s')", i, l[i], want[i]);
+    free_lines(l, n);
+    /* a line of exactly the limit is accepted, one byte more is not */
+    size_t lim = 64 * 1024;
+    char *big = malloc(lim + 8);
+    memset(big, 'x', lim + 1);
+    memcpy(big + lim + 1, "\nok\n", 4);
+    big[0] = 'y', big[lim] = '\n';   /* line 1: lim bytes; line 2: empty; line 3: "ok" */
+    REQUIRE(lines(big, lim + 5, &l, &n) == 0, "%s", tp_error_msg());
+    CHECK(n == 2 && strlen(l[0]) == lim && l[0][0] == 'y' && !strcmp(l[1], "ok"), "limit line");
+    free_lines(l, n);
+    memset(big, 'x', lim + 1);   /* line 1: lim + 1 bytes */
+    bad_lines(big, lim + 5, "p.txt:1: the line is 65537 bytes long");
+    free(big);
+}
+
+TEST(runspec_prompt_lines_errors_name_the_line) {
+    bad_lines("ok\nfine\n\xC3(\n", 10, "p.txt:3:1: invalid UTF-8 (byte 0xc3)");
+    bad_lines("ok\n\nab\xFF\n", 7, "p.txt:3:3: invalid UTF-8 (byte 0xff)");
+    bad_lines("a\xED\xA0\x80\n", 5, "p.txt:1:2: invalid UTF-8");          /* a UTF-16 surrogate */
+    bad_lines("a\xC0\xAF\n", 4, "p.txt:1:2: invalid UTF-8");              /* overlong '/' */
+    bad_lines("one\ntw\0o\n", 8, "p.txt:2:3: a NUL byte");
+    bad_lines("", 0, "p.txt: the prompts file has no prompts");
+    bad_lines("\n \r\n\t\n", 6, "has no prompts");
+    bad_lines("\xEF\xBB\xBF", 3, "has no prompts");
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f != NULL, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+TEST(runspec_prompts_file_flag_and_key) {
+    char pf[512], sp[512], sp2[512];
+    snprintf(pf, sizeof pf, "%s/prompts.txt", test_tmp_dir());
+    snprintf(sp, sizeof sp, "%s/pf.yaml", test_tmp_dir());
+    snprintf(sp2, sizeof sp2, "%s/pf2.yaml", test_tmp_dir());
+    write_text(pf, "first\r\nsecond\n\nthird\n");
+    /* as a flag, with seeds from a spec: 3 prompts x 2 seeds */
+    write_text(sp, "model: m\nseeds: [7, 8]\noutput: o/{index}.png\nskip_existing: true\n");
+    char *a1[] = {"generate", "--spec", sp, "--prompts-file", pf, NULL};
+    run_spec s;
+    runspec_init(&s);
+    REQUIRE(runspec_parse_args(&s, 5, a1) == 0, "%s", tp_error_msg());
+    CHECK(s.n_prompts == 3 && !strcmp(s.prompts[0], "first") && !strcmp(s.prompts[2], "third"), "prompts from the file");
+    CHECK(s.skip_existing == 1, "skip_existing from the spec");
+    CHECK(runspec_check(&s) == 0 && runspec_n_jobs(&s) == 6, "%s", tp_error_msg());
+    CHECK(!strcmp(runspec_job_prompt(&s, 3), "second") && runspec_job_seed(&s, 3) == 8, "job 3");
+    runspec_free(&s);
+    /* as a spec key, and --skip-existing as a flag */
+    char yaml[1200];
+    snprintf(yaml, sizeof yaml, "model: m\nprompts_file: %s\noutput: o/{index}.png\n", pf);
+    write_text(sp2, yaml);
+    char *a2[] = {"generate", "--spec", sp2, "--skip-existing", NULL};
+    runspec_init(&s);
+    REQUIRE(runspec_parse_args(&s, 4, a2) == 0, "%s", tp_error_msg());
+    CHECK(s.n_prompts == 3 && s.skip_existing == 1 && !strcmp(s.prompts_file, pf), "spec key");
+    runspec_free(&s);
+    /* a prompt flag with a prompts file in the spec: error, not a silent choice */
+    char *a3[] = {"generate", "--spec", sp2, "--prompt", "x", NULL};
+    runspec_init(&s);
+    CHECK(runspec_parse_args(&s, 5, a3) == -1 && strstr(tp_error_msg(), "not both"), "%s", tp_error_msg());
+    runspec_free(&s);
+    /* both in one spec: the file is named */
+    snprintf(yaml, sizeof yaml, "prompts: [a]\nprompts_file: %s\n", pf);
+    CHECK(load(&s, yaml) == -1 && strstr(tp_error_msg(), "run.yaml: give either 'prompts_file' or 'prompts'"), "%s",
+          tp_error_msg());
+    runspec_free(&s);
+    /* a missing file names the flag and the path */
+    char *a4[] = {"generate", "--model", "m", "--prompts-file", "/nonexistent/p.txt", NULL};
+    runspec_init(&s);
+    CHECK(runspec_parse_args(&s, 5, a4) == -1 && strstr(tp_error_msg(), "--prompts-file /nonexistent/p.txt: cannot open"),
+          "%s", tp_error_msg());
+    runspec_free(&s);
+    /* errors in the file carry its name and the line */
+    write_text(pf, "good\n\nbad \xFE\n");
+    char *a5[] = {"generate", "--prompts-file", pf, NULL};
+    runspec_init(&s);
+    CHECK(runspec_parse_args(&s, 3, a5) == -1 && strstr(tp_error_msg(), "prompts.txt:3:5: invalid UTF-8"), "%s",
+          tp_error_msg());
+    runspec_free(&s);
+    /* with prompt embeddings: one or the other */
+    write_text(pf, "a\n");
+    char *a6[] = {"generate", "--model", "m", "--prompts-file", pf, "--prompt-embeds", "e.st", NULL};
+    runspec_init(&s);
+    REQUIRE(runspec_parse_args(&s, 7, a6) == 0, "%s", tp_error_msg());
+    CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "--prompt-embeds, not both"), "%s", tp_error_msg());
+    runspec_free(&s);
+}
