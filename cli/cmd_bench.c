@@ -1,16 +1,16 @@
 /* `tpgen bench WHAT [OPTIONS]`: benchmarks, never tests. Each benchmark
- * lives beside the code it measures and is linked in weakly here. */
+ * lives beside the code it measures. */
 #include "commands.h"
 #include <stdio.h>
 #include <string.h>
 
-int bench_load(int argc, char **argv) __attribute__((weak));
-int bench_gemm(int argc, char **argv) __attribute__((weak));
-int bench_forward(int argc, char **argv) __attribute__((weak));
-int bench_allreduce(int argc, char **argv) __attribute__((weak));
-int bench_vae(int argc, char **argv) __attribute__((weak));
-int bench_encoder(int argc, char **argv) __attribute__((weak));
-int bench_tokenizer(int argc, char **argv) __attribute__((weak));
+int bench_load(int argc, char **argv);
+int bench_gemm(int argc, char **argv);
+int bench_forward(int argc, char **argv);
+int bench_allreduce(int argc, char **argv);
+int bench_vae(int argc, char **argv);
+int bench_encoder(int argc, char **argv);
+int bench_tokenizer(int argc, char **argv);
 
 static const struct { const char *name; command_fn fn; const char *help; } k_bench[] = {
     {"load", bench_load, "sharded vs naive checkpoint loading: time, bytes read, peak RSS per rank"},
@@ -27,15 +27,11 @@ int cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         printf("usage: tpgen bench WHAT [OPTIONS]   ('tpgen bench WHAT --help' for its options)\n\n");
         for (size_t i = 0; i < n; i++)
-            printf("  %-10s %s%s\n", k_bench[i].name, k_bench[i].help, k_bench[i].fn ? "" : " [not in this build]");
+            printf("  %-10s %s\n", k_bench[i].name, k_bench[i].help);
         return argc < 2 ? 2 : 0;
     }
     for (size_t i = 0; i < n; i++)
         if (!strcmp(argv[1], k_bench[i].name)) {
-            if (!k_bench[i].fn) {
-                fprintf(stderr, "tpgen: error: benchmark '%s' is not in this build\n", argv[1]);
-                return 2;
-            }
             return k_bench[i].fn(argc - 1, argv + 1);
         }
     fprintf(stderr, "tpgen: error: unknown benchmark '%s' (see 'tpgen bench --help')\n", argv[1]);

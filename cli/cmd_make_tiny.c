@@ -2,17 +2,18 @@
  * FLUX.2-klein-style (default) or FLUX.2-dev-style pipeline folder in the
  * diffusers layout, for the demo, the tests and bug reports:
  * model_index.json, scheduler/, transformer/ (config.json + BF16
- * safetensors), and, when those components are linked in, vae/ and
- * text_encoder/ + tokenizer/ (their writers are weak hooks). The dev folder
+ * safetensors), vae/ and text_encoder/ + tokenizer/. The dev folder
  * differs in three places, as the real ones do: the transformer has a
  * guidance embedder (guidance_embeds true), the text encoder is a Mistral3
  * (31 layers, mini Tekken tokenizer) instead of a Qwen3, and
  * model_index.json names Flux2Pipeline without is_distilled. Also
  * DIR/prompt_embeds.safetensors: random prompt embeddings, so that the
- * folder can be rendered with --prompt-embeds even without a text encoder.
+ * folder can also be rendered with --prompt-embeds.
  * The weights are random: images show structured noise, not pictures. */
 #include "commands.h"
 #include "../core/err.h"
+#include "../core/models/textenc.h"
+#include "../core/models/vae.h"
 #include "../core/rng.h"
 #include "../core/safetensors.h"
 #include "../core/tensor.h"
@@ -24,10 +25,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int vae_write_tiny(const char *vae_dir, unsigned seed) __attribute__((weak));
-int textenc_write_tiny(const char *model_dir, unsigned seed) __attribute__((weak));
-int textenc_write_tiny_mistral(const char *model_dir, unsigned seed) __attribute__((weak));
-#pragma weak st_write
 
 /* the tiny transformer: D = 4 x 32, M = 3D, text width 96 = 3 x 32 (the
  * tiny text encoder's hidden size), 32 latent channels (8 VAE channels x 2x2) */
@@ -208,16 +205,14 @@ static int write_transformer_and_scheduler(const char *dir, const tiny_family *f
     return rc ? -1 : 0;
 }
 
-static int write_model_index(const char *dir, const tiny_family *fam, int have_vae, int have_te) {
+static int write_model_index(const char *dir, const tiny_family *fam) {
     json_t *idx = json_pack("{s:s, s:s}", "_class_name", fam->pipeline_class, "_diffusers_version", "0.40.0");
     if (fam->distilled) json_object_set_new(idx, "is_distilled", json_true());
     json_object_set_new(idx, "scheduler", json_pack("[s,s]", "diffusers", "FlowMatchEulerDiscreteScheduler"));
     json_object_set_new(idx, "transformer", json_pack("[s,s]", "diffusers", "Flux2Transformer2DModel"));
-    if (have_vae) json_object_set_new(idx, "vae", json_pack("[s,s]", "diffusers", "AutoencoderKLFlux2"));
-    if (have_te) {
-        json_object_set_new(idx, "text_encoder", json_pack("[s,s]", "transformers", fam->te_class));
-        json_object_set_new(idx, "tokenizer", json_pack("[s,s]", "transformers", fam->tok_class));
-    }
+    json_object_set_new(idx, "vae", json_pack("[s,s]", "diffusers", "AutoencoderKLFlux2"));
+    json_object_set_new(idx, "text_encoder", json_pack("[s,s]", "transformers", fam->te_class));
+    json_object_set_new(idx, "tokenizer", json_pack("[s,s]", "transformers", fam->tok_class));
     char *p = xasprintf("%s/model_index.json", dir);
     int rc = write_json(p, idx);
     free(p);
@@ -225,30 +220,18 @@ static int write_model_index(const char *dir, const tiny_family *fam, int have_v
 }
 
 static int make_tiny(const char *dir, unsigned seed, const tiny_family *fam) {
-    if (!st_write) return tp_error("the safetensors writer (core/safetensors.c) is not in this build");
     if (make_dir(dir)) return -1;
     tp_rng g;
     rng_seed(&g, seed);
     if (write_transformer_and_scheduler(dir, fam, &g) || write_embeds(dir, &g)) return -1;
-    int have_vae = 0, have_te = 0;
-    if (vae_write_tiny) {
-        char *v = xasprintf("%s/vae", dir);
-        int rc = vae_write_tiny(v, seed + 1);
-        free(v);
-        if (rc) return -1;
-        have_vae = 1;
-    }
-    if (fam->write_text_encoder) {
-        if (fam->write_text_encoder(dir, seed + 2)) return -1;
-        have_te = 1;
-    }
-    if (write_model_index(dir, fam, have_vae, have_te)) return -1;
-    printf("wrote a tiny random %s pipeline to %s: transformer (%d double + %d single blocks, D %d%s)%s%s, and "
+    char *v = xasprintf("%s/vae", dir);
+    int rc = vae_write_tiny(v, seed + 1);
+    free(v);
+    if (rc || fam->write_text_encoder(dir, seed + 2) || write_model_index(dir, fam)) return -1;
+    printf("wrote a tiny random %s pipeline to %s: transformer (%d double + %d single blocks, D %d%s), vae, %s, and "
            "prompt_embeds.safetensors [1, %d, %d]\n", fam->title, dir, T_DOUBLE, T_SINGLE, T_D,
-           fam->guidance_embeds ? ", guidance embeds" : "", have_vae ? ", vae" : " (no VAE in this build)",
-           have_te ? (fam->guidance_embeds ? ", Mistral3 text encoder + Tekken tokenizer"
-                                           : ", Qwen3 text encoder + tokenizer")
-                   : " (no text encoder in this build)",
+           fam->guidance_embeds ? ", guidance embeds" : "",
+           fam->guidance_embeds ? "Mistral3 text encoder + Tekken tokenizer" : "Qwen3 text encoder + tokenizer",
            T_EMBED_LEN, T_JT);
     return 0;
 }

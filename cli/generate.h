@@ -78,11 +78,6 @@ char *gen_parameters_text(const gen_setup *g, int job);
 
 double gen_now(void);
 
-/* Which model components this build has (1) or lacks (0). */
-int gen_have_transformer(void);
-int gen_have_vae(void);
-int gen_have_text_encoder(void);
-
 /* The initial noise of a job, as the bf16 diffusers pipeline draws it:
  * torch.randn([1, C, h, w], generator=manual_seed(seed), dtype=bf16),
  * packed to tokens: x[(y*w + x)*C + c] (malloc'ed, f32 values of bf16). */

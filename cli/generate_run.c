@@ -1,14 +1,13 @@
 /* `tpgen generate`, the work: text encoding (then the encoder is freed),
  * transformer load (each rank its shard), and per job: seeded noise,
  * denoising in lockstep across the TP group, then on the group's first
- * rank the latents file, VAE decode and PNG.
- *
- * The transformer, text encoder and VAE are other parts of tpgen; a build
- * may lack one (their headers are probed, their entry points weak), and a
- * run that needs a missing part stops with a clear error. */
+ * rank the latents file, VAE decode and PNG. */
 #include "generate.h"
 #include "../core/comm.h"
 #include "../core/err.h"
+#include "../core/models/textenc.h"
+#include "../core/models/vae.h"
+#include "../core/pipeline.h"
 #include "../core/png.h"
 #include "../core/rng.h"
 #include "../core/safetensors.h"
@@ -17,67 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#pragma weak st_write
-
-#if __has_include("../core/pipeline.h")
-#include "../core/pipeline.h"
-#define HAVE_FLUX2 1
-#pragma weak flux2_load
-#pragma weak flux2_free
-#pragma weak flux2_denoise
-#pragma weak flux2_image_ids
-#pragma weak flux2_text_ids
-#else
-#define HAVE_FLUX2 0
-typedef struct flux2_model flux2_model;
-#endif
-
-#if __has_include("../core/models/textenc.h")
-#include "../core/models/textenc.h"
-#define HAVE_TEXTENC 1
-#pragma weak textenc_load
-#pragma weak textenc_encode
-#pragma weak textenc_embed_dim
-#pragma weak textenc_free
-#else
-#define HAVE_TEXTENC 0
-#endif
-
-#if __has_include("../core/models/vae.h")
-#include "../core/models/vae.h"
-#define HAVE_VAE 1
-#pragma weak vae_load
-#pragma weak vae_decode_packed
-#pragma weak vae_free
-#else
-#define HAVE_VAE 0
-typedef struct vae_model vae_model;
-#endif
-
-int gen_have_transformer(void) {
-#if HAVE_FLUX2
-    return flux2_load != NULL;
-#else
-    return 0;
-#endif
-}
-
-int gen_have_vae(void) {
-#if HAVE_VAE
-    return vae_load != NULL;
-#else
-    return 0;
-#endif
-}
-
-int gen_have_text_encoder(void) {
-#if HAVE_TEXTENC
-    return textenc_load != NULL;
-#else
-    return 0;
-#endif
-}
 
 typedef struct run_state {
     gen_setup *g;
@@ -106,8 +44,6 @@ static int encode_prompts(run_state *r, int first, int last) {
         r->L = g->embeds_len;
         return 0;
     }
-#if HAVE_TEXTENC
-    if (!textenc_load) return tp_error("the text encoder is not in this build; use --prompt-embeds FILE");
     double t0 = gen_now();
     textenc *te = NULL;
     load_stats ls = {0};
@@ -133,10 +69,6 @@ static int encode_prompts(run_state *r, int first, int last) {
     if (te) textenc_free(te);
     r->m->t_encode += gen_now() - t0;
     return rc ? tp_error_context("encoding the prompts") : 0;
-#else
-    (void)first, (void)last;
-    return tp_error("the text encoder is not in this build; use --prompt-embeds FILE");
-#endif
 }
 
 /* Prompt embeddings of a whole batch may not fit in memory (FLUX.2-dev: 31 MB
@@ -176,8 +108,6 @@ static void free_chunk_embeds(run_state *r, int first, int last) {
 
 static int load_transformer(run_state *r) {
     gen_setup *g = r->g;
-#if HAVE_FLUX2
-    if (!flux2_load) return tp_error("the FLUX.2 transformer is not in this build");
     double t0 = gen_now();
     load_stats ls = {0};
     int rc = flux2_load(g->transformer_dir, r->be, r->c, g->precision, &r->model, &ls);
@@ -185,16 +115,10 @@ static int load_transformer(run_state *r) {
     r->m->load_seconds += ls.seconds;
     r->m->t_load += gen_now() - t0;
     return rc ? tp_error_context("loading %s", g->transformer_dir) : 0;
-#else
-    (void)g;
-    return tp_error("the FLUX.2 transformer is not in this build");
-#endif
 }
 
 static void free_transformer(run_state *r) {
-#if HAVE_FLUX2
     if (r->model) flux2_free(r->model);
-#endif
     r->model = NULL;
 }
 
@@ -202,8 +126,6 @@ static void free_transformer(run_state *r) {
 static int load_vae(run_state *r) {
     gen_setup *g = r->g;
     if (!g->write_png || g->d->tp_rank != 0) return 0;
-#if HAVE_VAE
-    if (!vae_load) return tp_error("the VAE decoder is not in this build; use --no-decode --save-latents FILE");
     double t0 = gen_now();
     int rc = vae_load(g->vae_dir, r->be, g->precision, &r->vae);
     r->m->t_load += gen_now() - t0;
@@ -215,9 +137,6 @@ static int load_vae(run_state *r) {
                         "needs %d channels (4 x latent channels) and 16 pixels per token", g->vae_dir,
                         vc->latent_channels, vae_pixels_per_token(vc), g->in_channels);
     return 0;
-#else
-    return tp_error("the VAE decoder is not in this build; use --no-decode --save-latents FILE");
-#endif
 }
 
 /* ---- one job ---- */
@@ -235,7 +154,6 @@ float *gen_noise_packed(uint64_t seed, int C, int h, int w) {
     return x;
 }
 
-#if HAVE_FLUX2
 static int on_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
     run_state *r = ctx;
     r->m->steps_total++;
@@ -243,10 +161,8 @@ static int on_step(int step, int steps, double seconds, const float *v, const fl
     gen_progress(r->g, r->job_pos, step, steps, seconds);
     return 0;
 }
-#endif
 
 static int denoise_job(run_state *r, int job, float *latents) {
-#if HAVE_FLUX2
     gen_setup *g = r->g;
     const run_spec *s = g->spec;
     int h = s->height / 16, w = s->width / 16, C = g->in_channels;
@@ -271,14 +187,10 @@ static int denoise_job(run_state *r, int job, float *latents) {
     r->m->t_denoise += gen_now() - t0;
     free(noise), free(sigmas), free(ts), free(img_ids), free(txt_ids);
     return rc;
-#else
-    return tp_error("the FLUX.2 transformer is not in this build");
-#endif
 }
 
 static int save_latents(run_state *r, int job, const float *latents) {
     const run_spec *s = r->g->spec;
-    if (!st_write) return tp_error("--save-latents: the safetensors writer is not in this build");
     char *path = runspec_output_path(s, s->save_latents, job);
     if (!path) return -1;
     int64_t N = (int64_t)(s->height / 16) * (s->width / 16);
@@ -298,7 +210,6 @@ static int save_latents(run_state *r, int job, const float *latents) {
 }
 
 static int decode_and_write(run_state *r, int job, const float *latents) {
-#if HAVE_VAE
     const run_spec *s = r->g->spec;
     int h = s->height / 16, w = s->width / 16;
     uint8_t *rgb = xmalloc((size_t)s->width * s->height * 3);
@@ -318,9 +229,6 @@ static int decode_and_write(run_state *r, int job, const float *latents) {
     free(path);
     free(rgb);
     return rc;
-#else
-    return tp_error("the VAE decoder is not in this build");
-#endif
 }
 
 static int run_job(run_state *r, int job) {
@@ -380,9 +288,7 @@ int gen_run(gen_setup *g, gen_metrics *m) {
         if (!job_rc) job_rc = run_chunk(&r, first, last);
     }
     if (!rc) rc = dist_agree(d->world, job_rc);
-#if HAVE_VAE
     if (r.vae) vae_free(r.vae);
-#endif
     free_transformer(&r);
     for (int i = 0; i < np; i++) free(r.prompt_embeds[i]);
     free(r.prompt_embeds);

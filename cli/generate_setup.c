@@ -12,12 +12,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#pragma weak st_open
-#pragma weak st_close
-#pragma weak st_find
-#pragma weak st_read_f32
-#pragma weak flux2_transformer_config
-
 static int is_dir(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
@@ -59,7 +53,7 @@ static int read_model(gen_setup *g, const char *root) {
     g->transformer_dir = xasprintf("%s/transformer", root);
     char *cfg_path = xasprintf("%s/config.json", g->transformer_dir);
     /* a BFL single-file checkpoint may come without config.json: derived from its shapes */
-    json_t *cfg = is_dir(g->transformer_dir) && !is_file(cfg_path) && flux2_transformer_config
+    json_t *cfg = is_dir(g->transformer_dir) && !is_file(cfg_path)
                       ? flux2_transformer_config(g->transformer_dir, NULL) : load_json(cfg_path, 1);
     int rc = cfg ? 0 : -1;
     if (!cfg && !is_dir(g->transformer_dir))
@@ -108,7 +102,6 @@ static void apply_defaults(gen_setup *g, run_spec *s) {
 /* FILE[:TENSOR]: the part after the last ':' names a tensor unless the
  * whole argument is an existing file */
 static int read_embeds(gen_setup *g, const char *arg) {
-    if (!st_open) return tp_error("--prompt-embeds: the safetensors reader is not in this build");
     char *file = xstrdup(arg);
     const char *tensor = "prompt_embeds";
     char *colon = strrchr(file, ':');
@@ -191,12 +184,6 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     g->n_jobs = runspec_n_jobs(s);
     if (check_outputs(g, s)) return -1;
     if (s->prompt_embeds && read_embeds(g, s->prompt_embeds)) return -1;
-    /* parts of tpgen this build may lack: say so before any heavy work */
-    if (!gen_have_transformer()) return tp_error("the FLUX.2 transformer is not in this build of tpgen");
-    if (s->n_prompts && !gen_have_text_encoder())
-        return tp_error("the text encoder is not in this build of tpgen; use --prompt-embeds FILE");
-    if (g->write_png && !gen_have_vae())
-        return tp_error("the VAE decoder is not in this build of tpgen; use --no-decode --save-latents FILE");
     g->my_jobs = xmalloc(sizeof(int) * (size_t)(g->n_jobs ? g->n_jobs : 1));
     g->n_my_jobs = runspec_group_jobs(g->n_jobs, d->dp, d->dp_rank, g->my_jobs);
     g->n_todo_world = g->n_jobs;

@@ -31,25 +31,13 @@ build/tpgen make-tiny --out demo --seed 0
 
 MPIRUN=(mpirun -np 2 --oversubscribe)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
-args=(--model demo --width 256 --height 256 --seed 42 --backend cpu --tp 2 --json-metrics demo/metrics.json
-      --save-latents demo/latents.safetensors)
-if [ -d demo/text_encoder ]; then
-    args+=(--prompt "a lighthouse on a cliff at dusk")
-else
-    # no text encoder in this build: the random embeddings make-tiny wrote
-    echo "   (this build has no text encoder: using demo/prompt_embeds.safetensors)"
-    args+=(--prompt-embeds demo/prompt_embeds.safetensors)
-fi
-if [ -d demo/vae ]; then
-    args+=(--output demo/demo.png)
-else
-    echo "   (this build has no VAE: only the final latents are written)"
-fi
+args=(--model demo --prompt "a lighthouse on a cliff at dusk" --width 256 --height 256 --seed 42 --backend cpu
+      --tp 2 --output demo/demo.png --save-latents demo/latents.safetensors --json-metrics demo/metrics.json)
 
 echo "== rendering on 2 CPU ranks: ${MPIRUN[*]} build/tpgen ${args[*]}"
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "${MPIRUN[@]}" build/tpgen "${args[@]}"
 
 echo "== done"
-[ -f demo/demo.png ] && echo "   image:   demo/demo.png (its generation parameters are in the PNG's 'parameters' text chunk)"
+echo "   image:   demo/demo.png (its generation parameters are in the PNG's 'parameters' text chunk)"
 echo "   latents: demo/latents.safetensors"
 echo "   figures: demo/metrics.json"

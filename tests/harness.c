@@ -97,8 +97,11 @@ int main(int argc, char **argv) {
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
+    /* fresh random data on every local run (the seed is printed with any
+     * failure; TPGEN_TEST_SEED replays it); CI runs with a fixed seed so that
+     * its verdict does not depend on the draw */
     const char *s = getenv("TPGEN_TEST_SEED");
-    g_seed = s ? (unsigned)strtoul(s, NULL, 10) : (unsigned)time(NULL);
+    g_seed = s ? (unsigned)strtoul(s, NULL, 10) : getenv("CI") ? 20261129u : (unsigned)time(NULL);
     MPI_Bcast(&g_seed, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);
     int passed = 0, failed = 0;
     for (int i = 0; i < g_n; i++) {

@@ -94,7 +94,7 @@ static double bf16_ulp(double v) {
 /* got vs ref: f32 -> relative L2 <= tol; bf16 -> every element within one
  * ulp of the rounded reference (+ atol for values that cancel to ~0). */
 static void check_close_(const char *file, int line, const char *what, dtype_t dt, const float *got,
-                         const float *ref, size_t n, double tol) {
+                         const float *ref, size_t n, double tol, int max_ulps) {
     double rms = 0;
     for (size_t i = 0; i < n; i++) rms += (double)ref[i] * ref[i];
     rms = sqrt(rms / (n ? n : 1));
@@ -112,8 +112,9 @@ static void check_close_(const char *file, int line, const char *what, dtype_t d
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)got[i] - ref[i]);
         inexact += d != 0;
-        if (!(d <= bf16_ulp(ref[i]) * 1.001 + 1e-3 * rms)) {
-            test_fail(file, line, "%s: element %zu is %.8g, reference %.8g (more than one bf16 ulp)", what, i, got[i], ref[i]);
+        if (!(d <= bf16_ulp(ref[i]) * max_ulps * 1.001 + 1e-3 * rms)) {
+            test_fail(file, line, "%s: element %zu is %.8g, reference %.8g (more than %d bf16 ulp)", what, i, got[i],
+                      ref[i], max_ulps);
             return;
         }
     }
@@ -123,7 +124,10 @@ static void check_close_(const char *file, int line, const char *what, dtype_t d
         test_fail(file, line, "%s: %zu of %zu elements differ from the reference by one bf16 ulp (max %zu)", what,
                   inexact, n, n / 50 + 1);
 }
-#define check_close(what, dt, got, ref, n, tol) check_close_(__FILE__, __LINE__, what, dt, got, ref, n, tol)
+#define check_close(what, dt, got, ref, n, tol) check_close_(__FILE__, __LINE__, what, dt, got, ref, n, tol, 1)
+/* two chained bf16 roundings (e.g. GroupNorm, then SiLU): an fp32-vs-double
+ * difference at the first rounding boundary can become 2 ulps after the second */
+#define check_close2(what, dt, got, ref, n, tol) check_close_(__FILE__, __LINE__, what, dt, got, ref, n, tol, 2)
 #define F32_TOL 1e-5
 
 /* ------------------------------------------------------------------- GEMM */
@@ -318,7 +322,8 @@ static void layernorm_case(int64_t R, int64_t C, dtype_t dt, int with_shift, int
             ref[r * C + c] = rnd_to(dt, n);
         }
     }
-    check_close(what, dt, got, ref, (size_t)(R * C), F32_TOL);
+    if (with_shift || with_scale) check_close2(what, dt, got, ref, (size_t)(R * C), F32_TOL);  /* chained roundings */
+    else check_close(what, dt, got, ref, (size_t)(R * C), F32_TOL);
     CHECK(pads_untouched(&y), "%s: wrote outside the output view", what);
     free(hx); free(hs); free(hc); free(got); free(ref);
     tb_free(&x); tb_free(&sh); tb_free(&sc); tb_free(&y);
@@ -390,7 +395,8 @@ static void group_norm_case(int64_t C, int64_t HW, int groups, dtype_t dt, int s
                 ref[c * HW + i] = rnd_to(dt, t);
             }
     }
-    check_close(what, dt, got, ref, (size_t)(C * HW), F32_TOL);
+    if (silu) check_close2(what, dt, got, ref, (size_t)(C * HW), F32_TOL);
+    else check_close(what, dt, got, ref, (size_t)(C * HW), F32_TOL);
     if (!in_place) CHECK(pads_untouched(&y), "%s: wrote outside the output view", what);
     free(hx); free(hg); free(hb); free(got); free(ref);
     tb_free(&x); tb_free(&g); tb_free(&b); tb_free(&y);

@@ -20,15 +20,18 @@ static void *cpu_alloc(backend *be, size_t bytes) {
         return NULL;
     }
     *(size_t *)p = bytes;
-    be->bytes_in_use += bytes;
-    if (be->bytes_in_use > be->peak_bytes) be->peak_bytes = be->bytes_in_use;
+    /* atomic: the loader's reader threads and OpenMP regions may allocate concurrently */
+    size_t now = __atomic_add_fetch(&be->bytes_in_use, bytes, __ATOMIC_RELAXED);
+    size_t peak = __atomic_load_n(&be->peak_bytes, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&be->peak_bytes, &peak, now, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
     return (char *)p + CPU_ALIGN;
 }
 
 static void cpu_free(backend *be, void *p) {
     if (!p) return;
     char *base = (char *)p - CPU_ALIGN;
-    be->bytes_in_use -= *(size_t *)base;
+    __atomic_sub_fetch(&be->bytes_in_use, *(size_t *)base, __ATOMIC_RELAXED);
     free(base);
 }
 

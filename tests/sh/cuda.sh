@@ -29,42 +29,21 @@ per_rank() {
     else ok "$name"; fi
 }
 
-available() { ! "$TPGEN" --help | grep -E "^  $1 " | grep -q 'not in this build'; }
-
 model=$TPGEN_GOLDEN/flux2-tiny-a/model
-ran=0
 if gpu_visible && has_cuda_build; then
     # a GPU is here: selection must succeed (the real checks are in scripts/gpu-check.sh)
-    if available check; then
-        out=$("$TPGEN" check --model "$model" --backend cuda 2>&1)
-        if echo "$out" | grep -q 'no usable GPU'; then fail "cuda: GPU visible but --backend cuda refused"; else ok "cuda: --backend cuda selected on a GPU machine"; fi
-        ran=1
-    fi
+    out=$("$TPGEN" check --model "$model" --backend cuda 2>&1)
+    if echo "$out" | grep -q 'no usable GPU'; then fail "cuda: GPU visible but --backend cuda refused"; else ok "cuda: --backend cuda selected on a GPU machine"; fi
 else
-    if available check; then per_rank "cuda: check --backend cuda fails cleanly on every rank" "$TPGEN" check --model "$model" --backend cuda; ran=1; fi
-    if available generate; then
-        per_rank "cuda: generate --backend cuda fails cleanly on every rank" "$TPGEN" --model "$TPGEN_GOLDEN/klein-tiny/model" \
-            --prompt "a cat" --backend cuda --output "$TMP/x.png"
-        [ -e "$TMP/x.png" ] && fail "cuda: a failed generate left an image behind"
-        ran=1
-    fi
-    if available encode; then
-        per_rank "cuda: encode --backend cuda fails cleanly on every rank" "$TPGEN" encode --model "$TPGEN_GOLDEN/klein-tiny/model" \
-            --prompt "a cat" --backend cuda --save-embeds "$TMP/e.safetensors"
-        [ -e "$TMP/e.safetensors" ] && fail "cuda: a failed encode left a file behind"
-        ran=1
-    fi
-    if available decode; then
-        per_rank "cuda: decode --backend cuda fails cleanly on every rank" "$TPGEN" decode --model "$TPGEN_GOLDEN/vae-tiny/model" \
-            --latents "$TPGEN_GOLDEN/vae-tiny/vae_cases.safetensors:case0.packed_latents" --height 48 --width 80 \
-            --backend cuda --output "$TMP/d.png"
-        [ -e "$TMP/d.png" ] && fail "cuda: a failed decode left an image behind"
-        ran=1
-    fi
-fi
-if [ $ran -eq 0 ]; then
-    # no command with --backend in this build yet: the same property through the test binary
-    out=$($MPIRUN -np 2 "$TPGEN_TESTS" --mpi cuda_select 2>&1)
-    if echo "$out" | grep -q '^ok - cuda_select_fails_cleanly_or_works'; then ok "cuda: backend selection fails cleanly on every rank (tpgen_tests)"
-    else fail "cuda: backend selection: $(echo "$out" | tail -3)"; fi
+    per_rank "cuda: check --backend cuda fails cleanly on every rank" "$TPGEN" check --model "$model" --backend cuda
+    per_rank "cuda: generate --backend cuda fails cleanly on every rank" "$TPGEN" --model "$TPGEN_GOLDEN/klein-tiny/model" \
+        --prompt "a cat" --backend cuda --output "$TMP/x.png"
+    [ -e "$TMP/x.png" ] && fail "cuda: a failed generate left an image behind"
+    per_rank "cuda: encode --backend cuda fails cleanly on every rank" "$TPGEN" encode --model "$TPGEN_GOLDEN/klein-tiny/model" \
+        --prompt "a cat" --backend cuda --save-embeds "$TMP/e.safetensors"
+    [ -e "$TMP/e.safetensors" ] && fail "cuda: a failed encode left a file behind"
+    per_rank "cuda: decode --backend cuda fails cleanly on every rank" "$TPGEN" decode --model "$TPGEN_GOLDEN/vae-tiny/model" \
+        --latents "$TPGEN_GOLDEN/vae-tiny/vae_cases.safetensors:case0.packed_latents" --height 48 --width 80 \
+        --backend cuda --output "$TMP/d.png"
+    [ -e "$TMP/d.png" ] && fail "cuda: a failed decode left an image behind"
 fi
