@@ -14,7 +14,7 @@
  *    with bf16 rounding after each operation.
  * When the size is not a multiple of 16 the last 16 values are redrawn
  * (overlapping the previous block), as torch does. Matches
- * ../shared/golden/randn.safetensors bit for bit (tests/test_rng.c). */
+ * the golden randn.safetensors (tests/data/golden) bit for bit (tests/test_rng.c). */
 #ifndef TPGEN_RNG_H
 #define TPGEN_RNG_H
 #include <stddef.h>

@@ -10,16 +10,17 @@
 #
 # usage
 #   scripts/gpu-check.sh [--golden DIR] [--bundle FILE] [--out DIR]
-#       on the GPU machine. DIR is the golden folder (default: out/golden,
-#       then ../shared/golden). Without --bundle it builds there (needs the
+#       on the GPU machine. DIR is the golden folder (default: the
+#       repository's tests/data/golden, unpacked by tests/unpack-golden.sh
+#       into build/golden). Without --bundle it builds there (needs the
 #       same Debian packages as the build host); with --bundle it uses the
 #       binaries and libraries made by --prepare.
-#   scripts/gpu-check.sh --prepare [--golden DIR]
+#   scripts/gpu-check.sh --prepare
 #       on the build host: builds for sm_90 with the non-MPI libraries linked
 #       statically, and packs binaries, the Open MPI runtime, the shared
-#       libraries a bare CUDA image lacks, and the golden data it uses
-#       (flux2-tiny-a, klein-tiny, vae-tiny) into out/gpu-bundle.tar.xz (out/ is
-#       git-ignored; carry it).
+#       libraries a bare CUDA image lacks into out/gpu-bundle.tar.xz (out/ is
+#       git-ignored; carry it). The golden data is not bundled: the device
+#       tool sends the working tree, tests/data/golden included.
 #
 # With the device tool (see docs/cuda.md):
 #   scripts/gpu-check.sh --prepare
@@ -44,9 +45,6 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-if [ -z "$golden" ]; then
-    for g in out/golden ../shared/golden; do [ -d "$g/flux2-tiny-a" ] && { golden=$g; break; }; done
-fi
 SM90="-O2 -std=c++17 -I. $(mpicc --showme:compile 2>/dev/null) -Xcompiler -Wall -gencode arch=compute_90,code=sm_90"
 
 # build the CUDA binaries into $1 with extra make arguments; then the bench tool
@@ -63,15 +61,13 @@ build_into() {
 }
 
 if [ $mode = prepare ]; then
-    [ -n "$golden" ] || { echo "gpu-check --prepare: no golden folder (use --golden DIR)" >&2; exit 2; }
     B=out/gpu-bundle
-    rm -rf "$B" && mkdir -p "$B/lib" "$B/golden" "$B/usr/bin" "$B/usr/share" "$B/usr/lib/x86_64-linux-gnu"
+    rm -rf "$B" && mkdir -p "$B/lib" "$B/usr/bin" "$B/usr/share" "$B/usr/lib/x86_64-linux-gnu"
     # everything but MPI, CUDA and the C/C++ runtimes linked statically
     static="-Wl,-Bstatic -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -lgfortran -lquadmath -lyaml -ljansson \
 -lpcre2-8 -lutf8proc -lz -Wl,-Bdynamic -lm -fopenmp $(mpicc --showme:link)"   # CUDA: only the plugin links it
     build_into "$B/build" LDLIBS="$static" || { echo "gpu-check --prepare: build failed" >&2; exit 1; }
     find "$B/build" \( -name '*.o' -o -name '*.d' \) -delete
-    cp -r "$golden/flux2-tiny-a" "$golden/klein-tiny" "$golden/vae-tiny" "$B/golden/"
     # shared libraries outside glibc, the C++ runtime and CUDA (MPI and its helpers, libgomp); they need glibc >= 2.36
     ldd "$B/build/tpgen_tests" "$B/build/tpgen" "$B/build/libtpgen-cuda.so" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
         case "$(basename "$lib")" in
@@ -120,7 +116,6 @@ if [ -n "$bundle" ]; then
     rm -rf /tmp/tpgen-bundle && mkdir -p /tmp/tpgen-bundle && tar -C /tmp/tpgen-bundle -xJf "$bundle" || { row build "FAIL (bundle unpack)"; cat "$S"; exit 1; }
     BB=/tmp/tpgen-bundle/gpu-bundle
     BUILD_DIR=$BB/build
-    [ -z "$golden" ] && golden=$BB/golden
     export OPAL_PREFIX=$BB/usr PATH=$BB/usr/bin:$PATH
     export LD_LIBRARY_PATH=$BB/lib:$BB/usr/lib/x86_64-linux-gnu/openmpi/lib${cudalibs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export OMPI_MCA_mca_base_component_show_load_errors=0
@@ -139,6 +134,10 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 TPGEN=$BUILD_DIR/tpgen
 TESTS=$BUILD_DIR/tpgen_tests
+if [ -z "$golden" ]; then
+    golden=$ROOT/build/golden
+    tests/unpack-golden.sh "$golden" >>"$OUTDIR/env.log" 2>&1 || { row golden "FAIL (tests/unpack-golden.sh, see env.log)"; cat "$S"; exit 1; }
+fi
 export TPGEN_GOLDEN=$golden
 BK=${GPU_CHECK_BACKEND:-cuda}
 FWD=${BENCH_FORWARD_ARGS:---backend cuda --precision bf16 --image-tokens 4096 --text-tokens 512 --double 5 --single 20 --iters 3 --warmup 1}

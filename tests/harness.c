@@ -35,7 +35,7 @@ unsigned test_seed(void) { return g_seed; }
 
 const char *test_golden_dir(void) {
     const char *e = getenv("TPGEN_GOLDEN");
-    return e ? e : "../shared/golden";
+    return e ? e : "build/golden";
 }
 
 static char g_tmp[256];

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 export TPGEN_ROOT=$PWD
 export TPGEN=${TPGEN:-$PWD/build/tpgen}
 export TPGEN_TESTS=${TPGEN_TESTS:-$PWD/build/tpgen_tests}
-export TPGEN_GOLDEN=${TPGEN_GOLDEN:-$(cd .. && pwd)/shared/golden}
+# golden data: the repository's own (tests/data/golden), unpacked into build/golden
+export TPGEN_GOLDEN=${TPGEN_GOLDEN:-$PWD/build/golden}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Open MPI itself leaks at exit; sanitizer runs check memory errors, not leaks
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
@@ -21,6 +22,10 @@ run() { # run a command, echo its output, keep it for counting
     "$@" 2>&1 | tee -a "$log" | grep -E '^(ok|FAIL) - |^# ' || true
 }
 
+echo "# golden data"
+if [ "$TPGEN_GOLDEN" = "$PWD/build/golden" ]; then
+    run tests/unpack-golden.sh "$TPGEN_GOLDEN"
+fi
 echo "# unit tests"
 run "$TPGEN_TESTS" $filter
 for np in 1 2 4; do

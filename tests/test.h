@@ -12,7 +12,7 @@ typedef void (*test_fn)(void);
 void test_register(const char *name, test_fn fn, int kind);
 void test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int test_failed(void);               /* has the current test failed so far */
-const char *test_golden_dir(void);   /* ../shared/golden (or $TPGEN_GOLDEN) */
+const char *test_golden_dir(void);   /* $TPGEN_GOLDEN, else build/golden (tests/unpack-golden.sh) */
 const char *test_tmp_dir(void);      /* a fresh per-process temporary folder */
 unsigned test_seed(void);            /* per-run random seed (printed on failure) */
 

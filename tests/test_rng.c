@@ -1,7 +1,8 @@
 /* The torch-compatible generator against golden/randn.safetensors (values
  * drawn by torch itself): every path (float64 below 16 elements, the
  * vectorised f32 path, the bf16 path, tails that are not a multiple of 16),
- * three seeds. The aim is bit equality; the largest difference is reported. */
+ * three seeds. The aim is bit equality; the largest difference is reported.
+ * The repository keeps the 64x64 shape of seed 0 only (tests/data/golden/README.md). */
 #include "test.h"
 #include "../core/rng.h"
 #include "../core/safetensors.h"
@@ -48,10 +49,13 @@ TEST(rng_matches_torch_randn) {
     st_file *f = NULL;
     REQUIRE(st_open(path, &f) == 0, "%s", tp_error_msg());
     double worst = 0;
+    int checked = 0;
     for (int s = 0; s < 3; s++)
-        for (int k = 0; k < 5; k++)
-            for (int bf = 0; bf < 2; bf++) check_one(f, k_seeds[s], k_shapes[k], bf, &worst);
-    printf("# rng: largest difference from torch.randn over 30 golden tensors: %g\n", worst);
+        for (int k = 0; k < 5; k++) {
+            if (k == 4 && s > 0) continue;    /* the large shape is kept for seed 0 only */
+            for (int bf = 0; bf < 2; bf++, checked++) check_one(f, k_seeds[s], k_shapes[k], bf, &worst);
+        }
+    printf("# rng: largest difference from torch.randn over %d golden tensors: %g\n", checked, worst);
     CHECK(worst == 0, "largest difference %g", worst);
     st_close(f);
 }

@@ -1,6 +1,6 @@
 /* VAE decoder tests: each decoder op against a naive C reference on
  * decoder-shaped random data, the whole pipeline tail against the golden
- * data computed by diffusers (../shared/golden/vae-tiny), the same decode
+ * data computed by diffusers (golden vae-tiny, tests/data/golden), the same decode
  * through a naive reference backend, banded convolutions, configs and
  * load errors. */
 #include "test.h"
