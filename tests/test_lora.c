@@ -16,6 +16,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static char *gpath(const char *rel) { return xasprintf("%s/%s", test_golden_dir(), rel); }
 
@@ -630,4 +631,125 @@ TEST(lora_spec_parsing) {
     lora_specs_free(&s, 1);
     CHECK(lora_spec_parse("e.safetensors:inf", &s) != 0, "inf weight accepted");
     CHECK(lora_spec_parse("", &s) != 0, "empty accepted");
+}
+
+/* ---- an offline merge, for the end-to-end test (tests/sh/lora.sh) ----
+ * A PEFT adapter (lora_alpha 8, r 4: scale 2) on a colwise, a rowwise and
+ * a packed module of each kind of klein-tiny's transformer, and a copy of
+ * that transformer with W + 0.8 * 2 * B A computed here in double and
+ * stored F32. With TPGEN_LORA_E2E=DIR both go to DIR (lora.safetensors,
+ * merged/transformer/); either way the loader's f32 merge must equal the
+ * offline one. */
+static const char *k_e2e_modules[] = {
+    "transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.add_v_proj", "transformer_blocks.0.attn.to_out.0",
+    "transformer_blocks.1.ff.linear_in", "transformer_blocks.0.ff_context.linear_out",
+    "single_transformer_blocks.0.attn.to_qkv_mlp_proj", "single_transformer_blocks.1.attn.to_out", "proj_out"};
+#define N_E2E ((int)(sizeof k_e2e_modules / sizeof *k_e2e_modules))
+
+TEST(lora_offline_merge_e2e_files) {
+    const char *env = getenv("TPGEN_LORA_E2E");
+    char *out = xstrdup(env ? env : test_tmp_dir());
+    char *src = gpath("klein-tiny/model/transformer");
+    checkpoint *ck;
+    REQUIRE(checkpoint_open(src, &ck) == 0, "%s", tp_error_msg());
+    const int64_t r = 4;
+    const double coef = 0.8 * 2.0;
+    st_write_tensor ad[2 * N_E2E];
+    float *A[N_E2E], *B[N_E2E];
+    for (int m = 0; m < N_E2E; m++) {
+        char *tn = xasprintf("%s.weight", k_e2e_modules[m]);
+        const st_tensor_info *ti = checkpoint_find(ck, tn, NULL);
+        REQUIRE(ti, "%s missing", tn);
+        int64_t rows = ti->shape[0], cols = ti->shape[1];
+        A[m] = xmalloc((size_t)(r * cols) * sizeof(float));
+        B[m] = xmalloc((size_t)(rows * r) * sizeof(float));
+        for (int64_t i = 0; i < r * cols; i++) A[m][i] = frand();
+        for (int64_t i = 0; i < rows * r; i++) B[m][i] = frand();
+        ad[2 * m] = (st_write_tensor){.name = xasprintf("transformer.%s.lora_A.weight", k_e2e_modules[m]),
+                                      .dtype = DT_F32, .ndim = 2, .shape = {r, cols}, .data = A[m]};
+        ad[2 * m + 1] = (st_write_tensor){.name = xasprintf("transformer.%s.lora_B.weight", k_e2e_modules[m]),
+                                          .dtype = DT_F32, .ndim = 2, .shape = {rows, r}, .data = B[m]};
+        free(tn);
+    }
+    const char *meta[] = {"lora_adapter_metadata", "{\"transformer.r\": 4, \"transformer.lora_alpha\": 8}", NULL};
+    char *lpath = xasprintf("%s/lora.safetensors", out);
+    CHECK(st_write(lpath, ad, 2 * N_E2E, meta) == 0, "%s", tp_error_msg());
+    /* the merged copy: every tensor as stored, the targets F32 */
+    st_write_tensor *wt_ = xcalloc((size_t)ck->n, sizeof *wt_);
+    for (int k = 0; k < ck->n; k++) {
+        const st_tensor_info *ti = ck->infos[k];
+        int m = -1;
+        for (int q = 0; q < N_E2E; q++) {
+            char *tn = xasprintf("%s.weight", k_e2e_modules[q]);
+            if (!strcmp(tn, ti->name)) m = q;
+            free(tn);
+        }
+        wt_[k] = (st_write_tensor){.name = ti->name, .dtype = ti->dtype, .ndim = ti->ndim};
+        memcpy(wt_[k].shape, ti->shape, sizeof wt_[k].shape);
+        if (m < 0) {
+            void *d = xmalloc(ti->end - ti->begin);
+            st_read_raw(ck->files[0], ti, d);
+            wt_[k].data = d;
+            continue;
+        }
+        float *W;
+        st_read_f32(ck->files[0], ti->name, &W, NULL);
+        int64_t rows = ti->shape[0], cols = ti->shape[1];
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) {
+                double s = 0;
+                for (int64_t q = 0; q < r; q++) s += (double)B[m][i * r + q] * A[m][q * cols + j];
+                W[i * cols + j] = (float)((double)W[i * cols + j] + coef * s);
+            }
+        wt_[k].dtype = DT_F32;
+        wt_[k].data = W;
+    }
+    char *mdir = xasprintf("%s/merged", out), *tdir = xasprintf("%s/merged/transformer", out);
+    mkdir(mdir, 0755), mkdir(tdir, 0755);
+    char *mpath = xasprintf("%s/diffusion_pytorch_model.safetensors", tdir);
+    CHECK(st_write(mpath, wt_, ck->n, NULL) == 0, "%s", tp_error_msg());
+    char *cfg_src = xasprintf("%s/config.json", src), *cfg_dst = xasprintf("%s/config.json", tdir);
+    json_t *cfg = json_load_file(cfg_src, 0, NULL);
+    CHECK(cfg && json_dump_file(cfg, cfg_dst, JSON_INDENT(2)) == 0, "config copy");
+    json_decref(cfg);
+    /* the loader's merge of the adapter at 0.8 equals the offline one */
+    backend *be = backend_cpu_create(1);
+    lora_spec sp = {lpath, 0.8};
+    for (int tp = 1; tp <= 2; tp++)
+        for (int rk = 0; rk < tp; rk++) {
+            flux2_model *mm = NULL;
+            weights *w = NULL, *ref = NULL;
+            lora_set *ls = NULL;
+            checkpoint *ck2 = NULL, *ckm = NULL;
+            plan p;
+            json_t *c = json_load_file(cfg_src, 0, NULL);
+            int rc = checkpoint_open(src, &ck2) || plan_flux2(c, &p) || lora_set_open(&sp, 1, ck2, 0, &ls);
+            load_opts o = {.tp = tp, .rank = rk, .be = be, .dtype = DT_F32, .transform = lora_merge_shard,
+                           .transform_ctx = ls};
+            load_opts om = {.tp = tp, .rank = rk, .be = be, .dtype = DT_F32};
+            rc = rc || weights_load(ck2, &p, &o, &w, NULL) || checkpoint_open(tdir, &ckm) ||
+                 weights_load(ckm, &p, &om, &ref, NULL);
+            CHECK(rc == 0, "tp %d: %s", tp, tp_error_msg());
+            for (int q = 0; q < N_E2E && !rc; q++) {
+                char *tn = xasprintf("%s.weight", k_e2e_modules[q]);
+                const tensor *a = weights_get(w, tn), *b = weights_get(ref, tn);
+                size_t n = tensor_numel(a);
+                float *x = xmalloc(n * 4), *y = xmalloc(n * 4);
+                tensor_download_f32(a, x), tensor_download_f32(b, y);
+                double e = rel_l2(x, y, n);
+                CHECK(e <= 1e-6, "%s tp %d rank %d: loader merge vs offline rel %.3g", tn, tp, rk, e);
+                free(x), free(y), free(tn);
+            }
+            (void)mm;
+            weights_free(w), weights_free(ref);
+            lora_set_free(ls);
+            checkpoint_close(ck2), checkpoint_close(ckm);
+            json_decref(c);
+        }
+    backend_destroy(be);
+    for (int i = 0; i < 2 * N_E2E; i++) free((void *)ad[i].name), free((void *)ad[i].data);
+    for (int k = 0; k < ck->n; k++) free((void *)wt_[k].data);
+    free(wt_);
+    checkpoint_close(ck);
+    free(out), free(src), free(lpath), free(mdir), free(tdir), free(mpath), free(cfg_src), free(cfg_dst);
 }
