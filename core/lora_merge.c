@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* W scratch per chunk: 4 M floats (16 MB), the delta as much again */
-#define MERGE_CHUNK_FLOATS ((int64_t)4 << 20)
+/* W scratch per chunk: 1 M floats (4 MB), the delta as much again */
+#define MERGE_CHUNK_FLOATS ((int64_t)1 << 20)
 
 typedef struct rect {
     int64_t grow0, nr, gcol0, nc;   /* global rows/cols */
