@@ -10,6 +10,7 @@
 #include "../core/models/flux2.h"
 #include "../core/safetensors.h"
 #include "../core/weights.h"
+#include "../cli/runspec.h"
 #include "../kernels/ops.h"
 #include "../plans/plan.h"
 #include <jansson.h>
@@ -752,4 +753,33 @@ TEST(lora_offline_merge_e2e_files) {
     free(wt_);
     checkpoint_close(ck);
     free(out), free(src), free(lpath), free(mdir), free(tdir), free(mpath), free(cfg_src), free(cfg_dst);
+}
+
+/* run-spec loras: mappings or "FILE[:W]" strings; errors give line and column */
+TEST(lora_runspec_key) {
+    run_spec s;
+    runspec_init(&s);
+    int rc = runspec_load_string(&s, "loras:\n  - {path: a.safetensors, weight: -0.5}\n  - b.safetensors:0.25\n"
+                                     "  - {path: c.safetensors}\n", "t.yaml");
+    CHECK(rc == 0 && s.n_loras == 3, "parse: %s", tp_error_msg());
+    if (!rc && s.n_loras == 3)
+        CHECK(!strcmp(s.loras[0].path, "a.safetensors") && s.loras[0].weight == -0.5 &&
+              !strcmp(s.loras[1].path, "b.safetensors") && s.loras[1].weight == 0.25 && s.loras[2].weight == 1.0,
+              "values");
+    char *argv[] = {"generate", "--lora", "x.safetensors:2", NULL};
+    CHECK(runspec_parse_args(&s, 3, argv) == 0 && s.n_loras == 1 && s.loras[0].weight == 2.0, "flag replaces spec");
+    runspec_free(&s);
+    static const struct { const char *yaml, *want; } bad[] = {
+        {"loras:\n  - {path: a, weight: \"1\"}\n", "t.yaml:2:"},
+        {"loras:\n  - {path: a, wieght: 1}\n", "unknown key 'wieght'"},
+        {"loras: a.safetensors\n", "list of adapters"},
+        {"loras:\n  - [a]\n", "item 1"},
+        {"lora: a.safetensors\n", "unknown key 'lora'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        runspec_init(&s);
+        CHECK(runspec_load_string(&s, bad[i].yaml, "t.yaml") != 0 && strstr(tp_error_msg(), bad[i].want),
+              "'%s': %s", bad[i].yaml, tp_error_msg());
+        runspec_free(&s);
+    }
 }

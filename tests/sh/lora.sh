@@ -36,6 +36,11 @@ for c in peft_r4 peft_r4_w06 peft_r4_w0 peft_r8 peftprefix_r4 aitk_r4 aitk_r4_do
 done
 for np in 1 4; do check_case $np "$TMP/bfl" two; check_case $np "$TMP/bfl" aitk_r4; done
 check_case 4 "$G/flux2-tiny-a/model" two
+out=$($MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$G/flux2-tiny-a/model" --cases "$CASES" \
+      $(lora_args aitk_r4_dora) --outputs "$L/lora_cases.safetensors" --prefix aitk_r4_dora 2>&1)
+if [ "$(echo "$out" | grep -c 'warning: .*aitk_r4_dora.safetensors: 4 DoRA dora_scale key(s) dropped')" = 1 ]; then
+    ok "lora: DoRA keys dropped with one warning"
+else fail "lora: DoRA warning: $(echo "$out" | grep -i warn | head -2)"; fi
 
 # ---- end to end: a LoRA at load vs the same LoRA merged offline ----
 E=$TMP/e2e
