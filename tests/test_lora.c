@@ -495,6 +495,50 @@ TEST(lora_final_layer_halves_swapped) {
     weights_free(w);
     lora_set_free(ls);
     checkpoint_close(ck);
+    /* tests/sh/lora.sh: the same on a BFL single file (TPGEN_LORA_BFL = its folder), before the loader's own
+     * swap: a BFL-named adapter lands as is, a diffusers-named norm_out one with its halves swapped */
+    const char *bfl = getenv("TPGEN_LORA_BFL");
+    if (bfl) {
+        wt td[] = {{"transformer.norm_out.linear.lora_A.weight", DT_F32, 2, r, D, 0, -1},
+                   {"transformer.norm_out.linear.lora_B.weight", DT_F32, 2, 2 * D, r, 0, -1}};
+        char *dpath = write_adapter("norm_out_diffusers", td, 2, NULL);
+        float *Ad = NULL, *Bd = NULL, *Wb = NULL;
+        REQUIRE(st_open(dpath, &f) == 0, "%s", tp_error_msg());
+        st_read_f32(f, td[0].name, &Ad, NULL);
+        st_read_f32(f, td[1].name, &Bd, NULL);
+        st_close(f);
+        REQUIRE(checkpoint_open(bfl, &c0) == 0, "%s", tp_error_msg());
+        wi = checkpoint_find(c0, "final_layer.adaLN_modulation.1.weight", &sf);
+        REQUIRE(wi, "no BFL final layer in %s", bfl);
+        st_read_f32(sf, wi->name, &Wb, NULL);
+        checkpoint_close(c0);
+        for (int variant = 0; variant < 2; variant++) {   /* 0: BFL names, 1: diffusers names */
+            lora_spec bs = {variant ? dpath : path, 0.6};
+            const float *AA = variant ? Ad : A, *BB = variant ? Bd : B;
+            rc = load_with(bfl, &bs, 1, 1, 0, DT_F32, be, &w, &ls, &ck, &p);
+            CHECK(rc == 0, "BFL: %s", tp_error_msg());
+            if (!rc) {
+                float *got = xmalloc((size_t)(2 * D * D) * sizeof *got), *want = xmalloc((size_t)(2 * D * D) * 4);
+                tensor_download_f32(weights_get(w, "final_layer.adaLN_modulation.1.weight"), got);
+                for (int64_t i = 0; i < 2 * D; i++) {
+                    int64_t bi = variant ? (i + D) % (2 * D) : i;
+                    for (int64_t j = 0; j < D; j++) {
+                        double sum = 0;
+                        for (int64_t k = 0; k < r; k++) sum += (double)BB[bi * r + k] * AA[k * D + j];
+                        want[i * D + j] = (float)(Wb[i * D + j] + 0.6 * sum);
+                    }
+                }
+                double e = rel_l2(got, want, (size_t)(2 * D * D));
+                CHECK(e <= 1e-6, "BFL final layer, %s names: rel %.3g", variant ? "diffusers" : "BFL", e);
+                printf("# BFL layout: final layer with %s names rel %.3g\n", variant ? "diffusers" : "BFL", e);
+                free(got), free(want);
+            }
+            weights_free(w);
+            lora_set_free(ls);
+            checkpoint_close(ck);
+        }
+        free(Ad), free(Bd), free(Wb), free(dpath);
+    }
     backend_destroy(be);
     free(A), free(B), free(W), free(dir), free(path);
 }

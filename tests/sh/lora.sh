@@ -31,6 +31,10 @@ check_case() {   # NP MODEL CASE
         ok "lora: check $3 np=$1 $(basename "$2") ($(echo "$out" | grep -oE 'max_rel_err=[^ ]+'))"
     else fail "lora: check $3 np=$1 $2: rc=$rc $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
 }
+out=$(TPGEN_LORA_BFL="$TMP/bfl/transformer" "$TPGEN_TESTS" lora_final_layer_halves_swapped 2>&1)
+if echo "$out" | grep -q '^ok - ' && [ "$(echo "$out" | grep -c '^# BFL layout: final layer')" = 2 ]; then
+    ok "lora: final-layer LoRA on the BFL layout, BFL and diffusers names (double-precision reference)"
+else fail "lora: BFL final layer: $(echo "$out" | grep -E 'FAIL|#' | head -3)"; fi
 for c in peft_r4 peft_r4_w06 peft_r4_w0 peft_r8 peftprefix_r4 aitk_r4 aitk_r4_dora kohya_r4 two; do
     check_case 2 "$TMP/bfl" $c
 done
