@@ -162,6 +162,44 @@ static backend *merge_backend(lora_set *s, const tensor *t) {
     return s->merge_be;
 }
 
+/* A chunk of the shard as f32 and back. A shard in host memory (CPU
+ * backend) is converted in place row by row on the rank's threads, with a
+ * branch-free rounding the compiler vectorises; a device shard goes through
+ * the backend's download/upload. */
+static int chunk_load(const tensor *v, float *W, int threads) {
+    if (v->be->kind != BACKEND_CPU || (v->dtype != DT_BF16 && v->dtype != DT_F32)) return tensor_download_f32(v, W);
+    int64_t nc = v->cols;
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < v->rows; i++) {
+        float *d = W + i * nc;
+        if (v->dtype == DT_F32) { memcpy(d, (const float *)v->data + i * v->ld, (size_t)nc * sizeof *d); continue; }
+        const uint16_t *s = (const uint16_t *)v->data + i * v->ld;
+        for (int64_t j = 0; j < nc; j++) {
+            uint32_t u = (uint32_t)s[j] << 16;
+            memcpy(&d[j], &u, 4);
+        }
+    }
+    return 0;
+}
+
+static int chunk_store(tensor *v, const float *W, int threads) {
+    if (v->be->kind != BACKEND_CPU || (v->dtype != DT_BF16 && v->dtype != DT_F32)) return tensor_upload_f32(v, W);
+    int64_t nc = v->cols;
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < v->rows; i++) {
+        const float *s = W + i * nc;
+        if (v->dtype == DT_F32) { memcpy((float *)v->data + i * v->ld, s, (size_t)nc * sizeof *s); continue; }
+        uint16_t *d = (uint16_t *)v->data + i * v->ld;
+        for (int64_t j = 0; j < nc; j++) {   /* round to nearest even; NaN stays a quiet NaN (f32_to_bf16) */
+            uint32_t u;
+            memcpy(&u, &s[j], 4);
+            uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+            d[j] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+        }
+    }
+    return 0;
+}
+
 /* Merge (or, dry, count) every segment of si's tensor into the shard. */
 static int merge_rects(merge_ctx *M, const shard_info *si, int tp, int rank, tensor *t) {
     int lo, hi;
@@ -172,6 +210,7 @@ static int merge_rects(merge_ctx *M, const shard_info *si, int tp, int rank, ten
     float *W = NULL, *delta = NULL;
     backend *cpu = M->dry ? NULL : merge_backend(M->s, t);
     int rc = cpu || M->dry ? 0 : tp_error("no host backend for the LoRA merge");
+    int nth = cpu && cpu->threads > 0 ? cpu->threads : 1;
     for (int ip = 0; ip < np && !rc; ip++) {
         rect R = piece_rect(si, &pc[ip]);
         /* read (or find) every piece this rectangle needs first */
@@ -197,7 +236,7 @@ static int merge_rects(merge_ctx *M, const shard_info *si, int tp, int rank, ten
         for (int64_t c0 = 0; c0 < R.nr && !rc; c0 += ch) {
             int64_t n = R.nr - c0 < ch ? R.nr - c0 : ch;
             tensor rows = tensor_rows(t, R.lrow0 + c0, n), view = tensor_cols(&rows, R.lcol0, R.nc);
-            if (tensor_download_f32(&view, W)) { rc = -1; break; }
+            if (chunk_load(&view, W, nth)) { rc = -1; break; }
             for (int k = lo; k < hi; k++) {
                 const lora_segment *g = &M->s->seg[k];
                 int64_t a0, a1, bb, ab;
@@ -210,9 +249,11 @@ static int merge_rects(merge_ctx *M, const shard_info *si, int tp, int rank, ten
                 tensor y = tensor_wrap(cpu, DT_F32, a1 - a0, R.nc, delta);
                 op_gemm(cpu, &y, &x, &w, NULL);
                 float coef = (float)g->coef, *dst = W + (a0 - (R.grow0 + c0)) * R.nc;
-                for (int64_t i = 0; i < (a1 - a0) * R.nc; i++) dst[i] += coef * delta[i];
+                int64_t ne = (a1 - a0) * R.nc;
+#pragma omp parallel for num_threads(nth) if (nth > 1 && ne > 65536)
+                for (int64_t i = 0; i < ne; i++) dst[i] += coef * delta[i];
             }
-            if (tensor_upload_f32(&view, W)) rc = -1;
+            if (chunk_store(&view, W, nth)) rc = -1;
         }
     }
     free(W), free(delta);
