@@ -32,7 +32,7 @@ int gen_lora_setup(gen_setup *g) {
     checkpoint *ck = NULL;
     lora_set *ls = NULL;
     int rc = checkpoint_open(g->transformer_dir, &ck);
-    if (!rc) rc = lora_set_open(s->loras, s->n_loras, ck, g->d->world_rank == 0, &ls);
+    if (!rc) rc = lora_set_open(s->loras, s->n_loras, ck, 0, &ls);   /* the load warns (DoRA) */
     for (int i = 0; !rc && i < L->n; i++) {
         L->format[i] = lora_format_name(ls->ad[i].fmt);
         L->rank[i] = ls->ad[i].rank;
