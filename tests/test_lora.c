@@ -829,3 +829,41 @@ TEST(lora_runspec_key) {
         runspec_free(&s);
     }
 }
+
+/* The merge into shards in GPU memory (chunks copied down, merged on a host
+ * backend, copied up) must give the CPU merge's bytes, for every rank of
+ * tp 1/2/4, bf16 and f32. Run by scripts/gpu-check.sh (tpgen_tests --gpu). */
+TEST_GPU(gpu_lora_merge_matches_cpu) {
+    backend *gpu = backend_cuda_create(0), *cpu = backend_cpu_create(1);
+    REQUIRE(gpu, "no CUDA backend: %s", tp_error_msg());
+    char *dir = gpath("flux2-tiny-a/model/transformer");
+    lora_spec sp[2] = {{gpath("flux2-lora/adapters/peft_r8.safetensors"), 0.7},
+                       {gpath("flux2-lora/adapters/kohya_r4.safetensors"), -0.3}};
+    for (int tp = 1; tp <= 4; tp *= 2)
+        for (int k = 0; k < tp; k++)
+            for (int d = 0; d < 2; d++) {
+                dtype_t dt = d ? DT_F32 : DT_BF16;
+                weights *wc = NULL, *wg = NULL;
+                lora_set *lc = NULL, *lg = NULL;
+                checkpoint *cc = NULL, *cg = NULL;
+                plan pc, pg;
+                REQUIRE(load_with(dir, sp, 2, tp, k, dt, cpu, &wc, &lc, &cc, &pc) == 0, "cpu: %s", tp_error_msg());
+                REQUIRE(load_with(dir, sp, 2, tp, k, dt, gpu, &wg, &lg, &cg, &pg) == 0, "gpu: %s", tp_error_msg());
+                for (int i = 0; i < weights_count(wc); i++) {
+                    const tensor *a = weights_get(wc, weights_name(wc, i)), *b = weights_get(wg, weights_name(wc, i));
+                    REQUIRE(b && tensor_nbytes(a) == tensor_nbytes(b), "%s shape", weights_name(wc, i));
+                    char *h = xmalloc(tensor_nbytes(b));
+                    CHECK(tensor_download_raw(b, h) == 0 && !memcmp(h, a->data, tensor_nbytes(a)),
+                          "%s tp %d rank %d %s: GPU merge differs from the CPU merge", weights_name(wc, i), tp, k,
+                          d ? "f32" : "bf16");
+                    free(h);
+                }
+                weights_free(wc), weights_free(wg);
+                lora_set_free(lc), lora_set_free(lg);
+                checkpoint_close(cc), checkpoint_close(cg);
+            }
+    lora_specs_free(sp, 2);
+    free(dir);
+    backend_destroy(gpu);
+    backend_destroy(cpu);
+}
