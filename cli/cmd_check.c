@@ -268,7 +268,7 @@ static int run_checks(const check_opts *o, const dist *d, backend *be, comm *c) 
         rc = self ? flux2_load_lora(dir, be, self, o->precision, o->loras, o->n_loras, &ref, NULL, NULL) : -1;
         if (rc) tp_error_context("unsharded reference on rank 0");
     }
-    if (dist_agree(d->tp_comm, rc)) goto done;
+    if (dist_agree(d->tp_comm, rc)) { rc = -1; goto done; }   /* every rank reports and exits non-zero */
     print_load(d, &ls);
     if (o->unfused) flux2_set_fused_allreduce(m, 0);
     /* golden outputs are f32 math on unrounded timesteps: compare the bf16

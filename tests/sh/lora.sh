@@ -124,6 +124,15 @@ EOF
 cat > "$TMP/notlist.yaml" <<EOF
 loras: {path: a.safetensors}
 EOF
+# an adapter with a NaN in rank 1's rows of lora_B (to_q colwise at tp 2: rows 64..127): only rank 1 reads it
+python3 - "$TMP/nan_rank1.safetensors" <<'EOF2'
+import json, struct, sys
+a = [0.01] * (4 * 128); b = [0.02] * (128 * 4); b[100 * 4 + 1] = float('nan')
+h = {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight": {"dtype": "F32", "shape": [4, 128], "data_offsets": [0, 2048]},
+     "transformer.transformer_blocks.0.attn.to_q.lora_B.weight": {"dtype": "F32", "shape": [128, 4], "data_offsets": [2048, 4096]}}
+hb = json.dumps(h).encode(); hb += b' ' * (-len(hb) % 8)
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(hb)) + hb + struct.pack('<512f', *a) + struct.pack('<512f', *b))
+EOF2
 bad_cases() {   # BINARY PREFIX
     local T=$1 p=$2
     expect_fail "${p}lora: missing adapter file" "/nonexistent/a\.safetensors" \
@@ -139,6 +148,9 @@ bad_cases() {   # BINARY PREFIX
         "$T" generate --model "$K" --prompt x --spec "$TMP/nopath.yaml"
     expect_fail "${p}lora: spec loras not a list" "notlist\.yaml:1:.*list of adapters" \
         "$T" generate --model "$K" --prompt x --spec "$TMP/notlist.yaml"
+    expect_fail "${p}lora: NaN in rank 1's share fails every rank" "rank 1: .*to_q\.lora_B\.weight has a non-finite" \
+        timeout 120 $MPIRUN -np 2 "$T" check --backend cpu --model "$G/flux2-tiny-a/model" --cases "$CASES" \
+        --lora "$TMP/nan_rank1.safetensors"
     expect_fail "${p}lora: inspect with a junk adapter" "junk\.safetensors" \
         "$T" inspect --model "$G/flux2-tiny-a/model" --lora "$TMP/junk.safetensors"
 }
