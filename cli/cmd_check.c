@@ -14,6 +14,7 @@
 #include "../core/comm.h"
 #include "../core/dist.h"
 #include "../core/err.h"
+#include "../core/lora.h"
 #include "../core/models/flux2.h"
 #include "../core/pipeline.h"
 #include "../core/safetensors.h"
@@ -26,6 +27,9 @@
 
 typedef struct check_opts {
     const char *model, *cases, *backend;
+    const char *outputs, *prefix;   /* expected outputs from another file: <prefix>.caseK.output */
+    lora_spec loras[LORA_MAX_ADAPTERS];
+    int n_loras;
     dtype_t precision;
     double tol;
     uint64_t seed;
@@ -42,14 +46,18 @@ typedef struct check_case {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: mpirun -np K tpgen check --model DIR [--cases FILE] [--precision f32|bf16] [--tol X]\n"
-               "                          [--backend cpu|cuda] [--seed S] [--unfused]\n"
+               "                          [--backend cpu|cuda] [--seed S] [--unfused] [--lora FILE[:W]]...\n"
+               "                          [--outputs FILE --prefix NAME]\n"
                "  --model DIR      pipeline folder (with transformer/) or the transformer folder itself\n"
                "  --cases FILE     golden cases (caseK.*); without it, compare with an unsharded run on rank 0\n"
                "  --precision P    f32 (default, reference) or bf16\n"
                "  --tol X          relative L2 tolerance (default 1e-4 for f32, 3e-2 for bf16)\n"
                "  --backend B      cpu, cuda or auto (default auto)\n"
                "  --seed S         seed of the random inputs (default 0)\n"
-               "  --unfused        one all-reduce per stream instead of one per sub-layer\n");
+               "  --unfused        one all-reduce per stream instead of one per sub-layer\n"
+               "  --lora FILE[:W]  merge a LoRA adapter at weight W (default 1) into each rank's shard at load;\n"
+               "                   repeatable (docs/lora.md)\n"
+               "  --outputs FILE   with --cases: expected outputs from FILE's <NAME>.caseK.output (--prefix NAME)\n");
 }
 
 static int parse_args(int argc, char **argv, check_opts *o) {
@@ -64,6 +72,13 @@ static int parse_args(int argc, char **argv, check_opts *o) {
         else if (!strcmp(a, "--cases")) o->cases = v;
         else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--unfused")) o->unfused = 1;
+        else if (!strcmp(a, "--outputs")) o->outputs = v;
+        else if (!strcmp(a, "--prefix")) o->prefix = v;
+        else if (!strcmp(a, "--lora")) {
+            if (o->n_loras == LORA_MAX_ADAPTERS) return tp_error("check: at most %d --lora flags", LORA_MAX_ADAPTERS);
+            if (lora_spec_parse(v, &o->loras[o->n_loras])) return -1;
+            o->n_loras++;
+        }
         else if (!strcmp(a, "--precision")) {
             if (!strcmp(v, "f32")) o->precision = DT_F32;
             else if (!strcmp(v, "bf16")) o->precision = DT_BF16;
@@ -80,6 +95,8 @@ static int parse_args(int argc, char **argv, check_opts *o) {
         i += takes;
     }
     if (!o->model) return tp_error("check: --model DIR is required (see 'tpgen check --help')");
+    if ((o->outputs != NULL) != (o->prefix != NULL) || (o->outputs && !o->cases))
+        return tp_error("check: --outputs FILE and --prefix NAME go together, with --cases");
     if (o->tol < 0) o->tol = o->precision == DT_F32 ? 1e-4 : 3e-2;
     return 0;
 }
@@ -243,13 +260,15 @@ static int run_checks(const check_opts *o, const dist *d, backend *be, comm *c) 
     comm *self = NULL;
     st_file *cases = NULL;
     load_stats ls = {0};
-    int rc = flux2_load(dir, be, c, o->precision, &m, &ls), n_cases = 2, failed = 0;
+    st_file *outs = NULL;
+    int rc = flux2_load_lora(dir, be, c, o->precision, o->loras, o->n_loras, &m, &ls, NULL), n_cases = 2, failed = 0;
+    if (!rc && o->outputs) rc = st_open(o->outputs, &outs);
     if (!rc && !o->cases && d->tp_rank == 0) {
         self = comm_create(MPI_COMM_SELF, be);
-        rc = self ? flux2_load(dir, be, self, o->precision, &ref, NULL) : -1;
+        rc = self ? flux2_load_lora(dir, be, self, o->precision, o->loras, o->n_loras, &ref, NULL, NULL) : -1;
         if (rc) tp_error_context("unsharded reference on rank 0");
     }
-    if (dist_agree(d->tp_comm, rc)) goto done;
+    if (dist_agree(d->tp_comm, rc)) { rc = -1; goto done; }   /* every rank reports and exits non-zero */
     print_load(d, &ls);
     if (o->unfused) flux2_set_fused_allreduce(m, 0);
     /* golden outputs are f32 math on unrounded timesteps: compare the bf16
@@ -264,6 +283,16 @@ static int run_checks(const check_opts *o, const dist *d, backend *be, comm *c) 
         check_case cs = {0};
         if (cases) rc = read_case(cases, k, flux2_get_config(m), &cs);
         else random_case(flux2_get_config(m), o->seed, k, &cs);
+        if (!rc && outs) {
+            char key[256];
+            int64_t rows;
+            free(cs.ref);
+            cs.ref = NULL;
+            snprintf(key, sizeof key, "%s.case%d.output", o->prefix, k);
+            rc = read_f32(outs, key, flux2_get_config(m)->out_dim, &cs.ref, &rows);
+            if (!rc && rows != cs.N) rc = tp_error("%s: %s has %lld tokens, the case %lld", o->outputs, key,
+                                                   (long long)rows, (long long)cs.N);
+        }
         double err = 0;
         if (dist_agree(d->tp_comm, rc) || check_one(m, ref, d, &cs, &err)) { rc = -1; case_free(&cs); goto done; }
         case_free(&cs);
@@ -282,6 +311,7 @@ static int run_checks(const check_opts *o, const dist *d, backend *be, comm *c) 
 done:
     if (rc < 0) dist_report_error(d->tp_comm);
     if (cases) st_close(cases);
+    if (outs) st_close(outs);
     flux2_free(ref);
     flux2_free(m);
     comm_destroy(self);
@@ -317,6 +347,7 @@ int cmd_check(int argc, char **argv) {
     }
     comm_destroy(c);
     backend_destroy(be);
+    lora_specs_free(o.loras, o.n_loras);
     dist_finalize(&d);
     return rc;
 }

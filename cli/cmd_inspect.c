@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "../core/err.h"
 #include "../core/weights.h"
+#include "../core/lora.h"
 #include "../core/models/flux2.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,15 +16,19 @@
 typedef struct inspect_args {
     const char *model, *component;
     int tp, json, summary;
+    lora_spec loras[LORA_MAX_ADAPTERS];
+    int n_loras;
 } inspect_args;
 
 static int usage(FILE *f) {
-    fprintf(f, "usage: tpgen inspect --model DIR [--component NAME] [--tp N] [--json] [--summary]\n\n"
+    fprintf(f, "usage: tpgen inspect --model DIR [--component NAME] [--tp N] [--json] [--summary] [--lora FILE[:W]]...\n\n"
                "Shows how NAME (default transformer) of the pipeline folder DIR is split over N ranks\n"
                "(default 1): each tensor's style and global/local shape, whether the split is valid,\n"
                "and per rank the weight bytes and the largest staging buffer. Reads headers only.\n"
                "  --json     one JSON object: tp, valid, error, ranks[{rank, weight_bytes, ...}], tensors\n"
-               "  --summary  leave out the per-tensor table\n");
+               "  --summary  leave out the per-tensor table (and the LoRA module list)\n"
+               "  --lora F   also show what the LoRA adapter F does to the transformer: format, rank, scale,\n"
+               "             the modules it targets and the bytes each rank reads from it (repeatable)\n");
     return 2;
 }
 
@@ -36,6 +41,11 @@ static int parse(int argc, char **argv, inspect_args *a) {
         else if (!strcmp(k, "--summary")) a->summary = 1;
         else if (v && !strcmp(k, "--model")) a->model = v, i++;
         else if (v && !strcmp(k, "--component")) a->component = v, i++;
+        else if (v && !strcmp(k, "--lora")) {
+            if (a->n_loras == LORA_MAX_ADAPTERS) return tp_error("inspect: at most %d --lora flags", LORA_MAX_ADAPTERS);
+            if (lora_spec_parse(v, &a->loras[a->n_loras])) return -1;
+            a->n_loras++, i++;
+        }
         else if (v && !strcmp(k, "--tp")) {
             char *end;
             long t = strtol(v, &end, 10);
@@ -44,6 +54,8 @@ static int parse(int argc, char **argv, inspect_args *a) {
         } else return tp_error("inspect: unknown or incomplete option '%s' (see tpgen inspect --help)", k);
     }
     if (!a->model) return tp_error("inspect needs --model DIR (a diffusers pipeline folder)");
+    if (a->n_loras && strcmp(a->component, "transformer"))
+        return tp_error("inspect: --lora applies to the transformer (adapters for %s are not supported)", a->component);
     return 0;
 }
 
@@ -168,21 +180,28 @@ int cmd_inspect(int argc, char **argv) {
                p->rules ? p->model : "none (all replicated)", a.tp, c->n, c->n_files);
     if (planned) tensors = tensor_table(c, &cp, a.tp, !a.json && !a.summary);
     if (valid) ranks = rank_table(c, &cp, a.tp, !a.json);
+    json_t *loras = NULL;
+    if (valid && a.n_loras && !(loras = inspect_loras(a.loras, a.n_loras, c, p, a.tp, !a.json, !a.summary))) {
+        valid = 0;
+        err = xstrdup(tp_error_msg());
+    }
     if (a.json) {
         json_t *o = json_pack("{s:s,s:s,s:i,s:b,s:s?,s:o,s:o}", "model", a.model, "component", a.component, "tp", a.tp,
                               "valid", valid, "error", err, "ranks", ranks ? ranks : json_array(), "tensors",
                               tensors ? tensors : json_array());
         json_object_set_new(o, "plan", p->rules ? json_string(p->model) : json_null());
+        if (a.n_loras) json_object_set_new(o, "loras", loras ? loras : json_array());
         char *s = json_dumps(o, JSON_INDENT(2));
         printf("%s\n", s);
         free(s);
         json_decref(o);
     } else {
-        json_decref(tensors), json_decref(ranks);
+        json_decref(tensors), json_decref(ranks), json_decref(loras);
         if (valid) printf("\nvalid: tp %d splits %s evenly\n", a.tp, a.component);
     }
     if (!valid) fprintf(stderr, "tpgen: error: %s\n", err);
     free(err);
+    lora_specs_free(a.loras, a.n_loras);
     component_plan_free(&cp);
     checkpoint_close(c);
     json_decref(cfg);

@@ -10,6 +10,13 @@ typedef int (*command_fn)(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+/* inspect --lora (cli/inspect_lora.c): the adapters' targets and the bytes
+ * each rank reads; NULL + tp_error when an adapter does not fit the model */
+struct lora_spec;
+struct checkpoint;
+struct plan;
+struct json_t *inspect_loras(const struct lora_spec *specs, int n, const struct checkpoint *c, const struct plan *p,
+                             int tp, int print, int list_modules);
 int cmd_decode(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_encode(int argc, char **argv);

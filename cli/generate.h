@@ -14,6 +14,9 @@
 
 typedef enum { FAMILY_DEV = 0, FAMILY_KLEIN_DISTILLED, FAMILY_KLEIN_BASE } model_family;
 
+typedef struct gen_lora gen_lora;   /* cli/generate_lora.c */
+struct lora_set;
+
 typedef struct gen_setup {
     run_spec *spec;              /* defaults filled in (steps, guidance, size, output) */
     dist *d;
@@ -34,6 +37,7 @@ typedef struct gen_setup {
     int *my_jobs, n_my_jobs;     /* jobs of this rank's TP group (to render) */
     int n_skipped;               /* --skip-existing: this group's jobs left out */
     int n_todo_world;            /* jobs to render, all groups */
+    gen_lora *lora;              /* --lora adapters: formats, sha256, bytes read (NULL: none) */
 } gen_setup;
 
 /* Fill defaults from the model folder and check everything that can be
@@ -77,6 +81,17 @@ void gen_progress(const gen_setup *g, int job_pos, int step, int steps, double s
 char *gen_parameters_text(const gen_setup *g, int job);
 
 double gen_now(void);
+
+/* LoRA adapters (cli/generate_lora.c): validated against the transformer
+ * checkpoint at setup and hashed on the TP-group leads; the bytes each rank
+ * read are recorded after the load; the PNG parameters line; the metrics
+ * entries (collective over the world; the array on world rank 0). */
+int gen_lora_setup(gen_setup *g);
+void gen_lora_loaded(gen_setup *g, const struct lora_set *ls);
+void gen_lora_free(gen_setup *g);
+char *gen_lora_parameters(const gen_setup *g);
+struct json_t;
+struct json_t *gen_lora_gather(const gen_setup *g);
 
 /* The initial noise of a job, as the bf16 diffusers pipeline draws it:
  * torch.randn([1, C, h, w], generator=manual_seed(seed), dtype=bf16),

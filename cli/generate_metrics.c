@@ -79,7 +79,7 @@ static void print_summary(const gen_setup *g, const summary *s) {
     fflush(stdout);
 }
 
-static int write_json(const gen_setup *g, const summary *s) {
+static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
     const run_spec *sp = g->spec;
     json_t *ph = json_object(), *rss = json_array();
     for (int i = 0; i < N_PH; i++) json_object_set_new(ph, k_phase[i], json_real(s->phase[i]));
@@ -95,6 +95,7 @@ static int write_json(const gen_setup *g, const summary *s) {
                           "load_gb_per_s", s->load_seconds > 0 ? s->bytes_loaded / 1e9 / s->load_seconds : 0.0,
                           "images", (int)s->images, "latents_files", (int)s->latents, "jobs_rendered",
                           (int)s->rendered, "jobs_skipped", (int)s->skipped, "peak_rss_bytes", rss);
+    json_object_set_new(j, "loras", loras ? loras : json_array());
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(j);
     int rc = file_write_atomic(sp->json_metrics, text, strlen(text));
@@ -105,11 +106,13 @@ static int write_json(const gen_setup *g, const summary *s) {
 int gen_report(const gen_setup *g, const gen_metrics *m, int status) {
     summary s = {0};
     gather(g, m, &s);
+    json_t *loras = gen_lora_gather(g);   /* collective */
     int rc = 0;
     if (g->d->world_rank == 0) {
         print_summary(g, &s);
-        if (g->spec->json_metrics) rc = write_json(g, &s);
+        if (g->spec->json_metrics) rc = write_json(g, &s, json_incref(loras));
     }
+    json_decref(loras);
     free(s.rss);
     return dist_agree(g->d->world, rc);
 }

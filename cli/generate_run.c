@@ -3,6 +3,7 @@
  * denoising in lockstep across the TP group, then on the group's first
  * rank the latents file, VAE decode and PNG. */
 #include "generate.h"
+#include "../core/lora.h"
 #include "../core/comm.h"
 #include "../core/err.h"
 #include "../core/models/textenc.h"
@@ -110,7 +111,11 @@ static int load_transformer(run_state *r) {
     gen_setup *g = r->g;
     double t0 = gen_now();
     load_stats ls = {0};
-    int rc = flux2_load(g->transformer_dir, r->be, r->c, g->precision, &r->model, &ls);
+    struct lora_set *lset = NULL;
+    int rc = flux2_load_lora(g->transformer_dir, r->be, r->c, g->precision, g->spec->loras, g->spec->n_loras,
+                             &r->model, &ls, &lset);
+    gen_lora_loaded(g, lset);
+    lora_set_free(lset);
     r->m->bytes_loaded += ls.bytes_read;
     r->m->load_seconds += ls.seconds;
     r->m->t_load += gen_now() - t0;

@@ -184,6 +184,7 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     g->n_jobs = runspec_n_jobs(s);
     if (check_outputs(g, s)) return -1;
     if (s->prompt_embeds && read_embeds(g, s->prompt_embeds)) return -1;
+    if (gen_lora_setup(g)) return -1;
     g->my_jobs = xmalloc(sizeof(int) * (size_t)(g->n_jobs ? g->n_jobs : 1));
     g->n_my_jobs = runspec_group_jobs(g->n_jobs, d->dp, d->dp_rank, g->my_jobs);
     g->n_todo_world = g->n_jobs;
@@ -230,6 +231,7 @@ void gen_setup_free(gen_setup *g) {
     free(g->embeds);
     free(g->embeds_desc);
     free(g->my_jobs);
+    gen_lora_free(g);
     memset(g, 0, sizeof *g);
 }
 
@@ -241,11 +243,14 @@ char *gen_parameters_text(const gen_setup *g, int job) {
     else if (g->use_cfg) snprintf(guidance, sizeof guidance, "%g (CFG)", s->guidance);
     else snprintf(guidance, sizeof guidance, "none (distilled)");
     char *neg = g->use_cfg ? xasprintf("negative_prompt: %s\n", s->negative_prompt) : xstrdup("");
+    char *loras = gen_lora_parameters(g);
     char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\nseed: %llu\nsteps: %d\nguidance: %s\nsize: %dx%d\n"
-                          "model: %s (%s)\ntp: %d\nprecision: %s\ntpgen: %s\n",
+                          "model: %s (%s)\n%stp: %d\nprecision: %s\ntpgen: %s\n",
                           prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
                           (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, s->width, s->height,
-                          s->model, g->family_name, g->d->tp, g->precision == DT_F32 ? "f32" : "bf16", TPGEN_VERSION);
+                          s->model, g->family_name, loras, g->d->tp, g->precision == DT_F32 ? "f32" : "bf16",
+                          TPGEN_VERSION);
     free(neg);
+    free(loras);
     return txt;
 }

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <yaml.h>
 
-typedef enum { K_STR, K_INT, K_FLOAT, K_BOOL, K_PROMPT, K_PROMPTS, K_SEED, K_SEEDS, K_SPEC } key_kind;
+typedef enum { K_STR, K_INT, K_FLOAT, K_BOOL, K_PROMPT, K_PROMPTS, K_SEED, K_SEEDS, K_SPEC, K_LORA, K_LORAS } key_kind;
 
 typedef struct key_def {
     const char *name;            /* spec key; the flag is --name with '_' -> '-' */
@@ -55,6 +55,10 @@ static const key_def k_keys[] = {
      "do not render jobs whose outputs (PNG, and latents file with --save-latents) exist already: a re-queued batch "
      "renders only what is missing", 0, 0},
     {"spec", K_SPEC, 0, 0, 0, NULL, "RUN.yaml", "read settings from a YAML run spec (flags override it)", 0, 1},
+    {"lora", K_LORA, 0, 0, 0, NULL, "FILE[:W]",
+     "merge a LoRA adapter (safetensors: diffusers/PEFT, ai-toolkit or kohya) at weight W (default 1, negative "
+     "allowed) into each rank's shard at load; repeatable; the adapters apply to the whole run", 0, 1},
+    {"loras", K_LORAS, 0, 0, 0, NULL, "[{path: FILE, weight: W}, ...]", "LoRA adapters (run spec only)", 1, 0},
 };
 #define N_KEYS ((int)(sizeof k_keys / sizeof k_keys[0]))
 
@@ -74,6 +78,7 @@ void runspec_free(run_spec *s) {
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
     free_list(s->prompts, s->n_prompts);
     free(s->seeds);
+    lora_specs_free(s->loras, s->n_loras);
     memset(s, 0, sizeof *s);
 }
 
@@ -182,6 +187,17 @@ static int apply_scalar(run_spec *s, const key_def *k, const char *v, const char
         uint64_t *l = xmalloc(sizeof *l);
         l[0] = x;
         set_seeds(s, l, 1);
+        return 0;
+    }
+    case K_LORA: {
+        if (!s->loras_from_flags) {   /* flags override the spec's list */
+            lora_specs_free(s->loras, s->n_loras);
+            s->n_loras = 0;
+            s->loras_from_flags = 1;
+        }
+        if (s->n_loras == LORA_MAX_ADAPTERS) return tp_error("%s: at most %d adapters", where, LORA_MAX_ADAPTERS);
+        if (lora_spec_parse(v, &s->loras[s->n_loras])) return tp_error_context("%s", where);
+        s->n_loras++;
         return 0;
     }
     default:
@@ -301,6 +317,53 @@ static int y_seeds(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *n)
     return 0;
 }
 
+/* loras: [{path: FILE, weight: W}, ...]; an item may also be "FILE[:W]" */
+static int y_loras(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *n) {
+    if (n->type != YAML_SEQUENCE_NODE)
+        return tp_error("%s: expected a list of adapters, e.g. [{path: style.safetensors, weight: 0.8}]",
+                        at(c, n, k->name));
+    int cnt = (int)(n->data.sequence.items.top - n->data.sequence.items.start);
+    if (cnt > LORA_MAX_ADAPTERS) return tp_error("%s: at most %d adapters", at(c, n, k->name), LORA_MAX_ADAPTERS);
+    lora_specs_free(s->loras, s->n_loras);
+    s->n_loras = 0;
+    for (int i = 0; i < cnt; i++) {
+        yaml_node_t *it = yaml_document_get_node(c->doc, n->data.sequence.items.start[i]);
+        lora_spec *ls = &s->loras[s->n_loras];
+        if (it->type == YAML_SCALAR_NODE && !is_null_scalar(it)) {
+            if (lora_spec_parse((const char *)it->data.scalar.value, ls)) return tp_error_context("%s", at(c, it, "loras"));
+            s->n_loras++;
+            continue;
+        }
+        if (it->type != YAML_MAPPING_NODE)
+            return tp_error("%s: item %d must be {path: FILE, weight: W}", at(c, it, "loras"), i + 1);
+        const char *path = NULL;
+        double w = 1.0;
+        for (yaml_node_pair_t *p = it->data.mapping.pairs.start; p < it->data.mapping.pairs.top; p++) {
+            yaml_node_t *kn = yaml_document_get_node(c->doc, p->key), *vn = yaml_document_get_node(c->doc, p->value);
+            const char *kname = kn->type == YAML_SCALAR_NODE ? (const char *)kn->data.scalar.value : "?";
+            int plain = vn->type == YAML_SCALAR_NODE && !is_null_scalar(vn);
+            if (!strcmp(kname, "path")) {
+                if (!plain || !*(const char *)vn->data.scalar.value)
+                    return tp_error("%s: expected a file name", at(c, vn, "loras.path"));
+                path = (const char *)vn->data.scalar.value;
+            } else if (!strcmp(kname, "weight")) {
+                char *end;
+                const char *v = plain ? (const char *)vn->data.scalar.value : "";
+                w = strtod(v, &end);
+                if (!plain || vn->data.scalar.style != YAML_PLAIN_SCALAR_STYLE || end == v || *end || !isfinite(w))
+                    return tp_error("%s: expected a number, got '%s'", at(c, vn, "loras.weight"), v);
+            } else {
+                return tp_error("%s: unknown key '%s' (an adapter has 'path' and 'weight')", at(c, kn, "loras"), kname);
+            }
+        }
+        if (!path) return tp_error("%s: item %d has no 'path'", at(c, it, "loras"), i + 1);
+        ls->path = xstrdup(path);
+        ls->weight = w;
+        s->n_loras++;
+    }
+    return 0;
+}
+
 static int y_document(yctx *c, run_spec *s) {
     yaml_node_t *root = yaml_document_get_root_node(c->doc);
     if (!root) return tp_error("%s: the run spec is empty", c->file);
@@ -321,6 +384,7 @@ static int y_document(yctx *c, run_spec *s) {
         if (seen[idx]++) return tp_error("%s: the key is given twice", at(c, kn, name));
         int rc = k->kind == K_PROMPTS ? y_prompts(c, s, k, vn)
                  : k->kind == K_SEEDS ? y_seeds(c, s, k, vn)
+                 : k->kind == K_LORAS ? y_loras(c, s, k, vn)
                                       : y_scalar(c, s, k, vn);
         if (rc) return -1;
     }
@@ -408,7 +472,8 @@ void runspec_print_help(void) {
     }
     printf("  %-32s %s\n", "--help", "show this help");
     printf("\nrun spec keys (YAML): every option above with '-' turned into '_' (prompt_embeds:),\n"
-           "plus prompts: [TEXT, ...] (or prompts_file: FILE) and seeds: [S, ...] or {from: S, count: N}. The batch is every\n"
+           "plus prompts: [TEXT, ...] (or prompts_file: FILE), seeds: [S, ...] or {from: S, count: N} and\n"
+           "loras: [{path: FILE, weight: W}, ...] (for --lora). The batch is every\n"
            "prompt x every seed; output/save_latents placeholders: {index} {seed} {prompt_index}\n"
            "{seed_index} (with a zero-padded width: {index:04}), {prompt} (file-name-safe), {{ }}.\n");
 }

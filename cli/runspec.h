@@ -8,6 +8,7 @@
  * own file. */
 #ifndef TPGEN_RUNSPEC_H
 #define TPGEN_RUNSPEC_H
+#include "../core/lora.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,9 @@ typedef struct run_spec {
     char *prompts_file;          /* one prompt per line, instead of prompts: */
     int skip_existing;           /* do not render jobs whose outputs all exist */
     char *spec_path;             /* the spec file read, if any */
+    lora_spec loras[LORA_MAX_ADAPTERS];  /* --lora FILE[:W] (repeatable) or loras: [{path, weight}] */
+    int n_loras;
+    int loras_from_flags;        /* the first --lora replaces the spec's list */
 } run_spec;
 
 void runspec_init(run_spec *s);

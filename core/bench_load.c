@@ -9,6 +9,7 @@
  * header-only file of the real size that costs no disk). */
 #include "weights.h"
 #include "dist.h"
+#include "lora.h"
 #include "err.h"
 #include "../kernels/ops.h"
 #include <fcntl.h>
@@ -259,7 +260,10 @@ static int load_naive(const checkpoint *c, const plan *p, const load_opts *o, we
 typedef struct bench_row {
     double seconds, cpu_seconds, cached;
     double bytes_read, bytes_held, rss_before_kb, peak_rss_kb;
+    double lora_bytes, lora_piece;   /* --lora: adapter bytes read, largest piece (f32) */
 } bench_row;
+
+int lora_make_random(const char *transformer_dir, const char *out, int rank, unsigned seed);   /* bench_lora.c */
 
 static void print_rows(const bench_row *rows, int n, const char *mode, int threads, const char *dir, int json) {
     if (json) {
@@ -279,6 +283,18 @@ static void print_rows(const bench_row *rows, int n, const char *mode, int threa
     }
     printf("load %s, tp %d, %s, %d reader thread(s) per rank (page cache held %.0f%% of the checkpoint before the load)\n",
            dir, n, mode, threads, rows[0].cached * 100);
+    if (rows[0].lora_bytes > 0) {   /* with an adapter the target is weights + largest adapter piece + 64 MB */
+        printf("%4s %9s %9s %12s %12s %14s %12s %12s %6s\n", "rank", "seconds", "cpu s", "read GB", "LoRA MB",
+               "LoRA piece MB", "weights GB", "peak RSS GB", "ok");
+        for (int r = 0; r < n; r++) {
+            double target = rows[r].bytes_held + rows[r].lora_piece + 64e6;
+            printf("%4d %9.3f %9.3f %12.3f %12.2f %14.2f %12.3f %12.3f %6s\n", r, rows[r].seconds, rows[r].cpu_seconds,
+                   rows[r].bytes_read / 1e9, rows[r].lora_bytes / 1e6, rows[r].lora_piece / 1e6,
+                   rows[r].bytes_held / 1e9, rows[r].peak_rss_kb * 1024 / 1e9,
+                   rows[r].peak_rss_kb * 1024 <= target ? "yes" : "NO");
+        }
+        return;
+    }
     printf("%4s %9s %9s %12s %9s %12s %12s %12s %6s\n", "rank", "seconds", "cpu s", "read GB", "GB/s", "weights GB",
            "peak RSS GB", "target GB", "ok");
     for (int r = 0; r < n; r++) {
@@ -297,12 +313,14 @@ static int bench_usage(void) {
            "--model loads DIR/transformer at tp = number of ranks; every rank reports its load time,\n"
            "bytes read, weight bytes and peak RSS. One mode per run (peak RSS is per process).\n"
            "--cold first evicts the checkpoint's pages from the page cache (posix_fadvise DONTNEED).\n"
-           "--threads T reads with T threads per rank (load_opts.io_threads, default %d; sharded and mmap modes).\n",
+           "--threads T reads with T threads per rank (load_opts.io_threads, default %d; sharded and mmap modes).\n"
+           "--lora FILE[:W] merges a LoRA adapter into each rank's shard during the load (sharded/mmap modes);\n"
+           "--make-lora FILE --rank R --model DIR writes a random rank-R PEFT adapter on every block Linear.\n",
            WEIGHTS_IO_THREADS);
     return 0;
 }
 
-static int run_load(dist *d, const char *dir, const char *mode, int json, int cold, int threads) {
+static int run_load(dist *d, const char *dir, const char *mode, int json, int cold, int threads, const char *lora) {
     char *tdir = xasprintf("%s/transformer", dir);
     model_dir *m = NULL;
     checkpoint *c = NULL;
@@ -322,13 +340,23 @@ static int run_load(dist *d, const char *dir, const char *mode, int json, int co
     load_stats st = {0};
     weights *w = NULL;
     tensor **naive = NULL;
+    lora_spec ls_spec = {0};
+    lora_set *ls = NULL;
     MPI_Barrier(d->world);
     row.rss_before_kb = (double)status_kb("VmRSS");
-    double cpu0 = cpu_seconds();
+    double cpu0 = cpu_seconds(), t_lora = MPI_Wtime();
+    if (!rc && lora && strcmp(mode, "naive")) {
+        rc = lora_spec_parse(lora, &ls_spec) || lora_set_open(&ls_spec, 1, c, d->world_rank == 0, &ls);
+        o.transform = lora_merge_shard, o.transform_ctx = ls;
+    } else if (!rc && lora) rc = tp_error("--lora needs --mode sharded or mmap");
+    t_lora = MPI_Wtime() - t_lora;
     if (!rc) rc = !strcmp(mode, "naive") ? load_naive(c, &p, &o, &w, &st, &naive) : weights_load(c, &p, &o, &w, &st);
     row.peak_rss_kb = (double)status_kb("VmHWM");
     row.cpu_seconds = cpu_seconds() - cpu0;
-    row.seconds = st.seconds, row.bytes_read = (double)st.bytes_read, row.bytes_held = (double)st.bytes_held;
+    row.seconds = st.seconds + t_lora, row.bytes_read = (double)st.bytes_read, row.bytes_held = (double)st.bytes_held;
+    if (ls) row.lora_bytes = (double)(ls->ad[0].bytes_read + ls->ad[0].bytes_alpha), row.lora_piece = (double)ls->max_piece;
+    lora_set_free(ls);
+    lora_specs_free(&ls_spec, 1);
     rc = dist_agree(d->world, rc);
     if (!rc) {
         bench_row *rows = d->world_rank == 0 ? xcalloc((size_t)d->world_size, sizeof *rows) : NULL;
@@ -350,7 +378,8 @@ static int run_load(dist *d, const char *dir, const char *mode, int json, int co
 }
 
 int bench_load(int argc, char **argv) {
-    const char *make = NULL, *shape = "klein-4b", *model = NULL, *mode = "sharded";
+    const char *make = NULL, *shape = "klein-4b", *model = NULL, *mode = "sharded", *lora = NULL, *make_lora = NULL;
+    int lora_rank = 64;
     int sparse = 0, shards = 1, json = 0, cold = 0, threads = WEIGHTS_IO_THREADS;
     unsigned seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -363,6 +392,9 @@ int bench_load(int argc, char **argv) {
         else if (v && !strcmp(a, "--shape")) shape = v, i++;
         else if (v && !strcmp(a, "--model")) model = v, i++;
         else if (v && !strcmp(a, "--mode")) mode = v, i++;
+        else if (v && !strcmp(a, "--lora")) lora = v, i++;
+        else if (v && !strcmp(a, "--make-lora")) make_lora = v, i++;
+        else if (v && !strcmp(a, "--rank")) lora_rank = atoi(v), i++;
         else if (v && !strcmp(a, "--shards")) shards = atoi(v), i++;
         else if (v && !strcmp(a, "--threads")) threads = atoi(v), i++;
         else if (v && !strcmp(a, "--seed")) seed = (unsigned)strtoul(v, NULL, 10), i++;
@@ -377,13 +409,21 @@ int bench_load(int argc, char **argv) {
         return 0;
     }
     if (!model) { bench_usage(); return 2; }
+    if (make_lora) {
+        char *tdir = xasprintf("%s/transformer", model);
+        int rc = lora_make_random(tdir, make_lora, lora_rank, seed);
+        free(tdir);
+        if (rc) { fprintf(stderr, "tpgen: error: %s\n", tp_error_msg()); return 1; }
+        printf("wrote %s (rank %d on every block Linear of %s)\n", make_lora, lora_rank, model);
+        return 0;
+    }
     if (strcmp(mode, "sharded") && strcmp(mode, "mmap") && strcmp(mode, "naive")) {
         fprintf(stderr, "tpgen: error: --mode must be sharded, mmap or naive\n");
         return 2;
     }
     dist d;
     if (dist_init(&argc, &argv, &d)) { fprintf(stderr, "tpgen: error: %s\n", tp_error_msg()); return 1; }
-    int rc = run_load(&d, model, mode, json, cold, threads);
+    int rc = run_load(&d, model, mode, json, cold, threads, lora);
     dist_finalize(&d);
     return rc;
 }

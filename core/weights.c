@@ -279,6 +279,8 @@ int weights_load(const checkpoint *c, const plan *p, const load_opts *o, weights
         if (w->e[w->n].info.name) w->n++;   /* partly built entries are freed below */
     }
     if (!rc) rc = read_all(&L, jobs, w->n);
+    for (int i = 0; i < w->n && !rc && o->transform; i++)
+        rc = o->transform(o->transform_ctx, &jobs[i].si, o->tp, o->rank, w->e[i].t);
     st->max_staging = L.raw_size + L.conv_size + L.f32_size;
     loader_done(&L);
     free(order), free(jobs);

@@ -25,6 +25,12 @@ typedef struct load_opts {
     int use_mmap;               /* 0: pread (default); 1: copy from an mmap of each file */
     size_t staging_cap;         /* host staging bound in bytes (0: WEIGHTS_STAGING_CAP) */
     int io_threads;             /* threads reading CPU-backend tensors in place (0: WEIGHTS_IO_THREADS) */
+    /* optional load-time transformation of each tensor's shard once it is
+     * read (a LoRA merge: core/lora.h): called on the calling thread, in
+     * file order, with the plan's shard (rule, style, blocks) and the
+     * rank; t holds the rank's local tensor in the target dtype. */
+    int (*transform)(void *ctx, const shard_info *si, int tp, int rank, tensor *t);
+    void *transform_ctx;
 } load_opts;
 
 /* Host staging never exceeds this per rank (CUDA copies go through it, as

@@ -4,6 +4,7 @@
 #include "flux2_impl.h"
 #include "../err.h"
 #include "../checkpoint.h"
+#include "../lora.h"
 #include "../../plans/plan.h"
 #include <math.h>
 #include <stdarg.h>
@@ -280,7 +281,14 @@ json_t *flux2_transformer_config(const char *dir, char **where) {
 }
 
 int flux2_load(const char *dir, backend *be, comm *c, dtype_t precision, flux2_model **out, load_stats *st) {
+    return flux2_load_lora(dir, be, c, precision, NULL, 0, out, st, NULL);
+}
+
+int flux2_load_lora(const char *dir, backend *be, comm *c, dtype_t precision, const lora_spec *loras, int n_loras,
+                    flux2_model **out, load_stats *st, lora_set **set_out) {
     *out = NULL;
+    if (set_out) *set_out = NULL;
+    lora_set *ls = NULL;
     char *cfg_path = NULL;
     int rc = -1;
     flux2_config cfg;
@@ -305,6 +313,12 @@ int flux2_load(const char *dir, backend *be, comm *c, dtype_t precision, flux2_m
     plan p;
     if (bfl ? plan_flux2_bfl(cfg_json, &p) : plan_flux2(cfg_json, &p)) goto done;
     load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision};
+    if (n_loras) {
+        /* every adapter is checked against the checkpoint before a weight byte is read */
+        if (lora_set_open(loras, n_loras, ck, m->rank == 0, &ls)) goto done;
+        o.transform = lora_merge_shard;
+        o.transform_ctx = ls;
+    }
     if (weights_load(ck, &p, &o, &m->w, st)) goto done;
     binder b = {.m = m, .dir = dir, .bfl = bfl};
     if (bind_all(&b)) goto done;
@@ -316,6 +330,8 @@ done:
     } else {
         *out = m;
     }
+    if (rc || !set_out) lora_set_free(ls);
+    else *set_out = ls;
     checkpoint_close(ck);
     json_decref(cfg_json);
     free(cfg_path);

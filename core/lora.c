@@ -1,0 +1,537 @@
+/* LoRA adapters: formats, names and validation (core/lora.h). Everything
+ * here reads headers and alpha scalars only; the merge itself is in
+ * core/lora_merge.c. The name rules follow diffusers' FLUX.2 converters
+ * (lora_state_dict, _convert_non_diffusers_flux2_lora_to_diffusers,
+ * _convert_kohya_flux2_lora_to_diffusers), with two differences documented
+ * in docs/lora.md: diffusion_model.*.lora_down/up files are read as
+ * ai-toolkit files (diffusers takes them for kohya and drops every key), and
+ * the BFL final layer's (shift, scale) halves are swapped onto norm_out. */
+#include "lora.h"
+#include "err.h"
+#include "../kernels/ops.h"
+#include <ctype.h>
+#include <jansson.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *lora_format_name(lora_format f) {
+    static const char *n[] = {"peft", "peft_prefix", "aitk", "kohya", "bare"};
+    return f <= LORA_FMT_BARE ? n[f] : "?";
+}
+
+int lora_spec_parse(const char *arg, lora_spec *out) {
+    memset(out, 0, sizeof *out);
+    if (!arg || !*arg) return tp_error("--lora needs FILE[:WEIGHT]");
+    const char *colon = strrchr(arg, ':');
+    out->weight = 1.0;
+    if (colon && colon[1]) {
+        char *end;
+        double w = strtod(colon + 1, &end);
+        if (!*end) {
+            if (!isfinite(w)) return tp_error("--lora %s: the weight must be a finite number", arg);
+            out->weight = w;
+            out->path = xasprintf("%.*s", (int)(colon - arg), arg);
+        }
+    }
+    if (!out->path) out->path = xstrdup(arg);
+    if (!*out->path) return free(out->path), out->path = NULL, tp_error("--lora %s: empty file name", arg);
+    return 0;
+}
+
+void lora_specs_free(lora_spec *s, int n) {
+    for (int i = 0; s && i < n; i++) free(s[i].path);
+}
+
+/* ---- FLUX.2 module names in both layouts ----
+ * dif: diffusers module; bfl: BFL module; a fused BFL tensor holds
+ * `parts` diffusers modules stacked by rows (qkv: q, k, v); `swap`: the
+ * BFL final layer emits (shift, scale), diffusers' norm_out (scale, shift). */
+typedef struct name_pair {
+    const char *dif, *bfl;
+    int part, parts, swap;
+} name_pair;
+
+static const name_pair k_names[] = {
+    {"transformer_blocks.%d.attn.to_q", "double_blocks.%d.img_attn.qkv", 0, 3, 0},
+    {"transformer_blocks.%d.attn.to_k", "double_blocks.%d.img_attn.qkv", 1, 3, 0},
+    {"transformer_blocks.%d.attn.to_v", "double_blocks.%d.img_attn.qkv", 2, 3, 0},
+    {"transformer_blocks.%d.attn.add_q_proj", "double_blocks.%d.txt_attn.qkv", 0, 3, 0},
+    {"transformer_blocks.%d.attn.add_k_proj", "double_blocks.%d.txt_attn.qkv", 1, 3, 0},
+    {"transformer_blocks.%d.attn.add_v_proj", "double_blocks.%d.txt_attn.qkv", 2, 3, 0},
+    {"transformer_blocks.%d.attn.to_out.0", "double_blocks.%d.img_attn.proj", 0, 1, 0},
+    {"transformer_blocks.%d.attn.to_add_out", "double_blocks.%d.txt_attn.proj", 0, 1, 0},
+    {"transformer_blocks.%d.ff.linear_in", "double_blocks.%d.img_mlp.0", 0, 1, 0},
+    {"transformer_blocks.%d.ff.linear_out", "double_blocks.%d.img_mlp.2", 0, 1, 0},
+    {"transformer_blocks.%d.ff_context.linear_in", "double_blocks.%d.txt_mlp.0", 0, 1, 0},
+    {"transformer_blocks.%d.ff_context.linear_out", "double_blocks.%d.txt_mlp.2", 0, 1, 0},
+    {"single_transformer_blocks.%d.attn.to_qkv_mlp_proj", "single_blocks.%d.linear1", 0, 1, 0},
+    {"single_transformer_blocks.%d.attn.to_out", "single_blocks.%d.linear2", 0, 1, 0},
+    {"x_embedder", "img_in", 0, 1, 0},
+    {"context_embedder", "txt_in", 0, 1, 0},
+    {"time_guidance_embed.timestep_embedder.linear_1", "time_in.in_layer", 0, 1, 0},
+    {"time_guidance_embed.timestep_embedder.linear_2", "time_in.out_layer", 0, 1, 0},
+    {"time_guidance_embed.guidance_embedder.linear_1", "guidance_in.in_layer", 0, 1, 0},
+    {"time_guidance_embed.guidance_embedder.linear_2", "guidance_in.out_layer", 0, 1, 0},
+    {"double_stream_modulation_img.linear", "double_stream_modulation_img.lin", 0, 1, 0},
+    {"double_stream_modulation_txt.linear", "double_stream_modulation_txt.lin", 0, 1, 0},
+    {"single_stream_modulation.linear", "single_stream_modulation.lin", 0, 1, 0},
+    {"norm_out.linear", "final_layer.adaLN_modulation.1", 0, 1, 1},
+    {"proj_out", "final_layer.linear", 0, 1, 0},
+};
+#define N_NAMES ((int)(sizeof k_names / sizeof k_names[0]))
+
+/* Match name against a pattern with at most one %d (one or more digits);
+ * `under`: compare '.' in the pattern with '_' in the name (kohya).
+ * *idx gets the block index (-1 when the pattern has none). */
+static int pat_match(const char *pat, const char *name, int under, int *idx) {
+    *idx = -1;
+    for (; *pat; pat++, name++) {
+        if (pat[0] == '%' && pat[1] == 'd') {
+            if (!isdigit((unsigned char)*name)) return 0;
+            long v = 0;
+            for (; isdigit((unsigned char)*name) && v < 100000; name++) v = v * 10 + (*name - '0');
+            *idx = (int)v;
+            pat++, name--;
+            continue;
+        }
+        char want = under && *pat == '.' ? '_' : *pat;
+        if (*name != want) return 0;
+    }
+    return *name == 0;
+}
+
+static char *pat_fill(const char *pat, int idx) {
+    return idx >= 0 ? xasprintf(pat, idx) : xstrdup(pat);
+}
+
+/* ---- mapping an adapter module onto checkpoint tensors ---- */
+
+typedef struct target {
+    char *tensor;               /* checkpoint tensor name */
+    int64_t row0, nrows, brow0; /* rows [row0, row0+nrows) of the tensor get B rows from brow0 */
+} target;
+
+static int add_target(target *t, int n, char *tensor, int64_t row0, int64_t nrows, int64_t brow0) {
+    t[n] = (target){tensor, row0, nrows, brow0};
+    return n + 1;
+}
+
+/* The checkpoint tensor `module`.weight, 2-D, or NULL. */
+static const st_tensor_info *ck_weight(const checkpoint *ck, const char *module, char **tname) {
+    *tname = xasprintf("%s.weight", module);
+    const st_tensor_info *ti = checkpoint_find(ck, *tname, NULL);
+    if (!ti || ti->ndim != 2) { free(*tname); *tname = NULL; return NULL; }
+    return ti;
+}
+
+/* Targets of module `m` in namespace ns (0: diffusers names, 1: BFL
+ * names, 2: kohya's BFL names spelled with '_') on a checkpoint with BFL
+ * (ck_bfl) or diffusers names. *b_rows: the rows lora_B must have.
+ * Returns the number of targets (0: the name maps to nothing). */
+static int map_module(const checkpoint *ck, int ck_bfl, const char *m, int ns, target out[3], int64_t *b_rows) {
+    char *tn;
+    const st_tensor_info *ti;
+    /* same layout, a plain name: the module is the tensor */
+    if (ns != 2 && ns == ck_bfl && (ti = ck_weight(ck, m, &tn))) {
+        *b_rows = ti->shape[0];
+        return add_target(out, 0, tn, 0, ti->shape[0], 0);
+    }
+    int n = 0;
+    *b_rows = 0;
+    for (int i = 0; i < N_NAMES; i++) {
+        const name_pair *p = &k_names[i];
+        int idx;
+        if (!pat_match(ns == 0 ? p->dif : p->bfl, m, ns == 2, &idx)) continue;
+        if (ns != 0 && ck_bfl && p->part != 0) continue;   /* a BFL name on a BFL tensor: once */
+        char *mod = pat_fill(ck_bfl ? p->bfl : p->dif, idx);
+        ti = ck_weight(ck, mod, &tn);
+        free(mod);
+        if (!ti) {
+            for (int j = 0; j < n; j++) free(out[j].tensor);
+            return 0;
+        }
+        int64_t rows = ti->shape[0], h = rows / 2;
+        int cross = (ns == 0) == ck_bfl;   /* diffusers name on BFL tensors or the reverse */
+        if (cross && p->swap) {            /* (scale, shift) <-> (shift, scale): rows [0,h) <-> [h,2h) */
+            n = add_target(out, n, tn, h, h, 0);
+            n = add_target(out, n, xstrdup(tn), 0, h, h);
+            *b_rows = rows;
+            return n;
+        }
+        if (cross && ns == 0 && p->parts > 1) {   /* q, k or v: its third of the BFL qkv */
+            *b_rows = rows / p->parts;
+            return add_target(out, n, tn, p->part * (rows / p->parts), rows / p->parts, 0);
+        }
+        if (cross && ns != 0 && p->parts > 1) {   /* a fused qkv LoRA: B's rows split over q, k, v */
+            n = add_target(out, n, tn, 0, rows, *b_rows);
+            *b_rows += rows;
+            continue;
+        }
+        *b_rows = rows;
+        return add_target(out, n, tn, 0, rows, 0);
+    }
+    return n;
+}
+
+/* What a key that maps to nothing looks like, for the message. */
+static const char *family_hint(const char *key) {
+    static const struct { const char *needle, *family; } k[] = {
+        {"img_mod.", "FLUX.1 (BFL names: double_blocks.N.img_mod)"},
+        {"img_mod_", "FLUX.1 (kohya names: img_mod)"},
+        {"modulation.lin", "FLUX.1 (single_blocks.N.modulation)"},
+        {"modulation_lin", "FLUX.1 (single_blocks_N_modulation)"},
+        {"proj_mlp", "FLUX.1 (diffusers single blocks have proj_mlp)"},
+        {"norm1.linear", "FLUX.1 (diffusers norm1.linear)"},
+        {"norm1_context", "FLUX.1 (diffusers norm1_context)"},
+        {"joint_transformer_blocks", "Stable Diffusion 3"},
+        {"joint_blocks", "Stable Diffusion 3"},
+        {"down_blocks", "a Stable Diffusion / SDXL UNet"},
+        {"up_blocks", "a Stable Diffusion / SDXL UNet"},
+        {"input_blocks", "a Stable Diffusion / SDXL UNet"},
+        {"mid_block", "a Stable Diffusion / SDXL UNet"},
+        {"self_attn", "a video / LLM-style transformer (Wan, HunyuanVideo, ...)"},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (strstr(key, k[i].needle)) return k[i].family;
+    return NULL;
+}
+
+static int is_text_encoder_key(const char *key) {
+    static const char *p[] = {"text_encoder.", "text_encoders.", "lora_te_", "lora_te1_", "lora_te2_",
+                              "lora_te3_", "te_", "te1.", "te2."};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        if (!strncmp(key, p[i], strlen(p[i]))) return 1;
+    return 0;
+}
+
+/* ---- one adapter file ---- */
+
+typedef enum { PART_A, PART_B, PART_ALPHA, PART_DORA, PART_OTHER } key_part;
+
+/* Split a key into (prefix namespace, module, part). */
+typedef struct parsed_key {
+    char *module;
+    key_part part;
+} parsed_key;
+
+static key_part key_suffix(const char *key, size_t *module_len) {
+    static const struct { const char *s; key_part p; } k[] = {
+        {".lora_A.weight", PART_A},    {".lora_B.weight", PART_B},  {".lora_down.weight", PART_A},
+        {".lora_up.weight", PART_B},   {".alpha", PART_ALPHA},      {".dora_scale", PART_DORA},
+    };
+    size_t n = strlen(key);
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        size_t l = strlen(k[i].s);
+        if (n > l && !strcmp(key + n - l, k[i].s)) { *module_len = n - l; return k[i].p; }
+    }
+    *module_len = n;
+    return PART_OTHER;
+}
+
+typedef struct module_rec {
+    char *name;                 /* key without prefix and suffix */
+    const st_tensor_info *a, *b, *alpha;
+} module_rec;
+
+static module_rec *find_rec(module_rec *r, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(r[i].name, name)) return &r[i];
+    return NULL;
+}
+
+/* The format, from the keys (diffusers' lora_state_dict order: kohya names
+ * lora_unet_*, ai-toolkit diffusion_model.*, PEFT base_model.model.*,
+ * diffusers transformer.*). */
+static lora_format detect_format(const st_file *f, const char **prefix) {
+    int unet = 0, dm = 0, bm = 0, tr = 0;
+    for (int i = 0; i < f->n; i++) {
+        const char *k = f->tensors[i].name;
+        unet |= !strncmp(k, "lora_unet_", 10);
+        dm |= !strncmp(k, "diffusion_model.", 16);
+        bm |= !strncmp(k, "base_model.model.", 17);
+        tr |= !strncmp(k, "transformer.", 12);
+    }
+    if (unet) { *prefix = "lora_unet_"; return LORA_FMT_KOHYA; }
+    if (dm) { *prefix = "diffusion_model."; return LORA_FMT_AITK; }
+    if (bm) { *prefix = "base_model.model."; return LORA_FMT_PEFT_PREFIX; }
+    if (tr) { *prefix = "transformer."; return LORA_FMT_PEFT; }
+    *prefix = "";
+    return LORA_FMT_BARE;
+}
+
+/* PEFT's scale from the file's lora_adapter_metadata (diffusers writes the
+ * LoraConfig there with keys "transformer.<field>"): lora_alpha / r, or
+ * lora_alpha / sqrt(r) with use_rslora; alpha_pattern / rank_pattern
+ * entries override per module (a pattern matches a module equal to it or
+ * ending in "." + it). No metadata: scale 1 (diffusers takes r = alpha). */
+typedef struct peft_cfg {
+    int have;
+    double r, alpha;
+    int rslora;
+    json_t *meta, *rank_pat, *alpha_pat;
+} peft_cfg;
+
+static json_t *meta_field(json_t *m, const char *field) {
+    char k[128];
+    snprintf(k, sizeof k, "transformer.%s", field);
+    json_t *v = json_object_get(m, k);
+    return v ? v : json_object_get(m, field);
+}
+
+static int peft_cfg_read(const st_file *f, peft_cfg *c) {
+    memset(c, 0, sizeof *c);
+    const char *s = st_meta(f, "lora_adapter_metadata");
+    if (!s) return 0;
+    json_error_t je;
+    if (!(c->meta = json_loads(s, 0, &je)) || !json_is_object(c->meta))
+        return tp_error("%s: metadata lora_adapter_metadata is not a JSON object (%s)", f->path, je.text);
+    json_t *r = meta_field(c->meta, "r"), *a = meta_field(c->meta, "lora_alpha");
+    if (!json_is_number(r) || !(json_number_value(r) > 0))
+        return tp_error("%s: lora_adapter_metadata has no positive 'r'", f->path);
+    c->have = 1;
+    c->r = json_number_value(r);
+    c->alpha = json_is_number(a) ? json_number_value(a) : c->r;
+    c->rslora = json_is_true(meta_field(c->meta, "use_rslora"));
+    if (json_is_true(meta_field(c->meta, "use_dora")))
+        return tp_error("%s: lora_adapter_metadata says use_dora: DoRA adapters are not supported (only plain "
+                        "LoRA is merged)", f->path);
+    c->rank_pat = meta_field(c->meta, "rank_pattern");
+    c->alpha_pat = meta_field(c->meta, "alpha_pattern");
+    return 0;
+}
+
+static json_t *pattern_lookup(json_t *pat, const char *module) {
+    const char *k;
+    json_t *v;
+    size_t n = strlen(module);
+    if (!json_is_object(pat)) return NULL;
+    json_object_foreach(pat, k, v) {
+        size_t l = strlen(k);
+        if (!strcmp(module, k) || (n > l && module[n - l - 1] == '.' && !strcmp(module + n - l, k))) return v;
+    }
+    return NULL;
+}
+
+static double peft_scale(const peft_cfg *c, const char *module) {
+    if (!c->have) return 1.0;
+    json_t *rv = pattern_lookup(c->rank_pat, module), *av = pattern_lookup(c->alpha_pat, module);
+    double r = json_is_number(rv) ? json_number_value(rv) : c->r;
+    double a = json_is_number(av) ? json_number_value(av) : c->alpha;
+    return c->rslora ? a / sqrt(r) : a / r;
+}
+
+static int read_alpha(lora_adapter *ad, const st_tensor_info *t, double *out) {
+    if (st_numel(t) != 1)
+        return tp_error("%s: key %s: an alpha must be a scalar (shape [] or [1]), this one has %lld values",
+                        ad->path, t->name, (long long)st_numel(t));
+    float v;
+    size_t sz = dtype_size(t->dtype);
+    unsigned char raw[8];
+    if (t->dtype != DT_F32 && t->dtype != DT_F16 && t->dtype != DT_BF16 && t->dtype != DT_F64)
+        return tp_error("%s: key %s: alpha must be a float (it is %s)", ad->path, t->name, dtype_name(t->dtype));
+    if (st_read_range(ad->f, t->begin, raw, sz)) return tp_error_context("%s: key %s", ad->path, t->name);
+    convert_to_f32(&v, raw, t->dtype, 1);
+    ad->bytes_alpha += sz;
+    if (!isfinite(v) || v == 0)
+        return tp_error("%s: key %s: alpha is %g; it must be finite and non-zero", ad->path, t->name, v);
+    *out = v;
+    return 0;
+}
+
+static int check_ab(const lora_adapter *ad, const module_rec *r) {
+    const st_tensor_info *a = r->a, *b = r->b;
+    if (!a || !b)
+        return tp_error("%s: module %s has %s but no %s; a LoRA module needs both matrices", ad->path, r->name,
+                        a ? a->name : b->name, a ? "lora_B / lora_up" : "lora_A / lora_down");
+    for (int k = 0; k < 2; k++) {
+        const st_tensor_info *t = k ? b : a;
+        if (t->ndim != 2)
+            return tp_error("%s: key %s has %d dimensions; LoRA matrices are 2-D (conv LoRAs are not supported)",
+                            ad->path, t->name, t->ndim);
+        if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
+            return tp_error("%s: key %s is %s; LoRA matrices must be F32, BF16 or F16", ad->path, t->name,
+                            dtype_name(t->dtype));
+    }
+    if (a->shape[0] < 1 || a->shape[0] != b->shape[1])
+        return tp_error("%s: module %s: lora_A %s is [%lld, %lld] and lora_B %s is [%lld, %lld]: the rank (A's rows, "
+                        "B's columns) must agree", ad->path, r->name, a->name, (long long)a->shape[0],
+                        (long long)a->shape[1], b->name, (long long)b->shape[0], (long long)b->shape[1]);
+    return 0;
+}
+
+static int cmp_seg(const void *x, const void *y) {
+    const lora_segment *a = x, *b = y;
+    int c = strcmp(a->tensor, b->tensor);
+    return c ? c : (a->adapter - b->adapter);
+}
+
+static void push_seg(lora_set *s, lora_segment g) {
+    s->seg = xrealloc(s->seg, (size_t)(s->n_seg + 1) * sizeof *s->seg);
+    s->seg[s->n_seg++] = g;
+}
+
+/* Map every module of adapter ai onto ck and append its segments. */
+static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, int verbose) {
+    lora_adapter *ad = &s->ad[ai];
+    const char *prefix;
+    ad->fmt = detect_format(ad->f, &prefix);
+    peft_cfg pc;
+    int rc = -1, n_rec = 0;
+    module_rec *rec = xcalloc((size_t)ad->f->n + 1, sizeof *rec);
+    if (peft_cfg_read(ad->f, &pc)) goto done;
+    for (int i = 0; i < ad->f->n; i++) {
+        const st_tensor_info *t = &ad->f->tensors[i];
+        const char *k = t->name;
+        if (is_text_encoder_key(k)) {
+            tp_error("%s: key %s belongs to a text encoder; tpgen applies adapters to the transformer only, so "
+                     "text-encoder LoRAs are refused (use a file without text-encoder keys)", ad->path, k);
+            goto done;
+        }
+        size_t plen = strlen(prefix);
+        if (plen && strncmp(k, prefix, plen)) {
+            const char *fam = family_hint(k);
+            tp_error("%s: key %s does not start with '%s' like the file's other keys (format %s)%s%s", ad->path, k,
+                     prefix, lora_format_name(ad->fmt), fam ? "; it looks like a LoRA for " : "", fam ? fam : "");
+            goto done;
+        }
+        size_t mlen;
+        key_part part = key_suffix(k + plen, &mlen);
+        if (part == PART_OTHER) {
+            tp_error("%s: key %s is not a LoRA matrix or alpha (expected .lora_A.weight, .lora_B.weight, "
+                     ".lora_down.weight, .lora_up.weight or .alpha; biases and other extras are not supported)",
+                     ad->path, k);
+            goto done;
+        }
+        if (part == PART_DORA) { ad->n_dora_dropped++; continue; }
+        char *mod = xasprintf("%.*s", (int)mlen, k + plen);
+        module_rec *r = find_rec(rec, n_rec, mod);
+        if (!r) { r = &rec[n_rec++]; r->name = mod; }
+        else free(mod);
+        const st_tensor_info **slot = part == PART_A ? &r->a : part == PART_B ? &r->b : &r->alpha;
+        if (*slot) {
+            tp_error("%s: module %s has two %s tensors (%s and %s)", ad->path, r->name,
+                     part == PART_ALPHA ? "alpha" : part == PART_A ? "down (A)" : "up (B)", (*slot)->name, k);
+            goto done;
+        }
+        *slot = t;
+    }
+    if (ad->n_dora_dropped && verbose)
+        fprintf(stderr, "tpgen: warning: %s: %d DoRA dora_scale key(s) dropped, as diffusers does; the adapter is "
+                        "merged as a plain LoRA\n", ad->path, ad->n_dora_dropped);
+    if (n_rec == 0) { tp_error("%s: no LoRA matrices in the file", ad->path); goto done; }
+    ad->scale = -1;
+    for (int i = 0; i < n_rec; i++) {
+        module_rec *r = &rec[i];
+        if (check_ab(ad, r)) goto done;
+        int64_t rank = r->a->shape[0];
+        double scale = 1.0, alpha = 1.0;
+        if (r->alpha) {
+            if (read_alpha(ad, r->alpha, &alpha)) goto done;
+            scale = alpha / (double)rank;
+        } else if (ad->fmt == LORA_FMT_PEFT) {
+            scale = peft_scale(&pc, r->name);
+        }
+        /* module names: kohya's '_' spelling, else diffusers or BFL names */
+        target tg[3];
+        int64_t b_rows = 0;
+        int nt = 0;
+        if (ad->fmt == LORA_FMT_KOHYA) nt = map_module(ck, ck_bfl, r->name, 2, tg, &b_rows);
+        else {
+            int first = ad->fmt == LORA_FMT_PEFT ? 0 : 1;   /* diffusion_model.: BFL names first */
+            nt = map_module(ck, ck_bfl, r->name, first, tg, &b_rows);
+            if (!nt) nt = map_module(ck, ck_bfl, r->name, !first, tg, &b_rows);
+        }
+        if (!nt) {
+            const char *fam = family_hint(r->name);
+            tp_error("%s: key %s: module '%s' matches no Linear of this FLUX.2 transformer (%s)%s%s", ad->path,
+                     r->a->name, r->name, ck->dir,
+                     fam ? "; the names look like a LoRA for " : "; is the adapter for another model?",
+                     fam ? fam : "");
+            goto done;
+        }
+        int64_t in = r->a->shape[1], out = r->b->shape[0];
+        const st_tensor_info *t0 = checkpoint_find(ck, tg[0].tensor, NULL);
+        if (in != t0->shape[1] || out != b_rows) {
+            if (nt == 3 && out % 3)
+                tp_error("%s: module %s: lora_B %s has %lld rows, which do not divide into the 3 fused projections "
+                         "(q, k, v) of %s", ad->path, r->name, r->b->name, (long long)out, tg[0].tensor);
+            else
+                tp_error("%s: module %s: lora_A %s is [%lld, %lld] and lora_B %s [%lld, %lld], but the module "
+                         "(%s%s [%lld, %lld]) needs A [r, %lld] and B [%lld, r]; the adapter is for another model "
+                         "size", ad->path, r->name, r->a->name, (long long)rank, (long long)in, r->b->name,
+                         (long long)out, (long long)rank, tg[0].tensor, nt > 1 ? ", ..." : "",
+                         (long long)t0->shape[0], (long long)t0->shape[1], (long long)t0->shape[1], (long long)b_rows);
+            for (int q = 0; q < nt; q++) free(tg[q].tensor);
+            goto done;
+        }
+        for (int j = 0; j < nt; j++) {
+            const st_tensor_info *ti = checkpoint_find(ck, tg[j].tensor, NULL);
+            push_seg(s, (lora_segment){.adapter = ai, .tensor = xstrdup(ti->name), .row0 = tg[j].row0, .nrows = tg[j].nrows,
+                                       .a = r->a, .b = r->b, .brow0 = tg[j].brow0, .rank = rank,
+                                       .coef = ad->weight * scale, .module = xstrdup(r->name)});
+            free(tg[j].tensor);
+        }
+        if (rank > ad->rank) ad->rank = rank;
+        ad->scale = ad->scale < 0 ? scale : (ad->scale == scale ? scale : NAN);
+        ad->n_modules++;
+    }
+    rc = 0;
+done:
+    for (int i = 0; i < n_rec; i++) free(rec[i].name);
+    free(rec);
+    json_decref(pc.meta);
+    return rc;
+}
+
+int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out) {
+    *out = NULL;
+    if (n > LORA_MAX_ADAPTERS) return tp_error("at most %d LoRA adapters (got %d)", LORA_MAX_ADAPTERS, n);
+    lora_set *s = xcalloc(1, sizeof *s);
+    int ck_bfl = plan_flux2_is_bfl(ck);
+    for (int i = 0; i < n; i++) {
+        lora_adapter *ad = &s->ad[s->n++];
+        ad->path = xstrdup(specs[i].path);
+        ad->weight = specs[i].weight;
+        if (st_open(ad->path, &ad->f) || adapter_map(s, i, ck, ck_bfl, verbose)) {
+            tp_error_context("LoRA adapter %s", ad->path);
+            lora_set_free(s);
+            return -1;
+        }
+    }
+    qsort(s->seg, (size_t)s->n_seg, sizeof *s->seg, cmp_seg);
+    *out = s;
+    return 0;
+}
+
+void lora_set_free(lora_set *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) {
+        st_close(s->ad[i].f);
+        free(s->ad[i].path);
+    }
+    for (int i = 0; i < s->n_seg; i++) free(s->seg[i].module), free((char *)s->seg[i].tensor);
+    free(s->seg);
+    if (s->merge_be) backend_destroy(s->merge_be);
+    free(s);
+}
+
+int lora_file_sha256(const char *path, char hex[65]) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return tp_error("%s: cannot open for its sha256", path);
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+    unsigned char buf[1 << 16], md[32];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) EVP_DigestUpdate(ctx, buf, got);
+    int bad = ferror(f);
+    fclose(f);
+    unsigned len = 0;
+    EVP_DigestFinal_ex(ctx, md, &len);
+    EVP_MD_CTX_free(ctx);
+    if (bad) return tp_error("%s: read error while hashing", path);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    return 0;
+}

@@ -1,0 +1,290 @@
+/* The per-shard LoRA merge (core/lora.h): W' = W + sum_i coef_i * B_i A_i
+ * on the rows and columns of W that this rank holds.
+ *
+ * A rank's shard is a list of plan pieces; each piece is a rectangle of the
+ * global matrix (full rows for colwise and packed colwise blocks, a column
+ * band of every row for rowwise ones) placed somewhere in the local tensor.
+ * For a rectangle, a segment needs only B's rows that fall in it and A's
+ * columns that fall in it: a colwise shard reads its rows of B (per packed
+ * block) and all of A, a rowwise shard its columns of A and all of B. These
+ * pieces are read once per tensor (a cache keyed by source tensor and
+ * range), converted to f32, checked for non-finite values, and the deltas
+ * are added to the shard in f32 in row chunks (bounded scratch), then
+ * rounded once to the tensor's dtype. */
+#include "lora.h"
+#include "err.h"
+#include "../kernels/ops.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* W scratch per chunk: 1 M floats (4 MB), the delta as much again */
+#define MERGE_CHUNK_FLOATS ((int64_t)1 << 20)
+
+typedef struct rect {
+    int64_t grow0, nr, gcol0, nc;   /* global rows/cols */
+    int64_t lrow0, lcol0;           /* where it sits in the local tensor */
+} rect;
+
+/* A plan piece as a rectangle: contiguous full-row ranges, or `height`
+ * runs of `width` elements one global row apart (plans/plan.h). */
+static rect piece_rect(const shard_info *si, const shard_piece *p) {
+    int64_t gc = si->global_cols, lc = si->local_cols;
+    rect r;
+    if (p->height == 1 && p->width % gc == 0 && p->src_off % gc == 0) {
+        r = (rect){p->src_off / gc, p->width / gc, 0, gc, p->dst_off / lc, 0};
+    } else {
+        r = (rect){p->src_off / gc, p->height, p->src_off % gc, p->width, p->dst_off / lc, p->dst_off % lc};
+    }
+    return r;
+}
+
+typedef struct piece_buf {
+    const st_tensor_info *src;
+    int is_a;
+    int64_t off, n;                 /* A: columns [off, off+n) (stored transposed [n, r]); B: rows */
+    float *data;                    /* NULL when only counting */
+} piece_buf;
+
+typedef struct merge_ctx {
+    lora_set *s;
+    int dry;
+    piece_buf *cache;
+    int n_cache, cap_cache;
+    float *raw;                     /* read staging (stored dtype) */
+    size_t raw_size;
+} merge_ctx;
+
+static void *grow(void *buf, size_t *size, size_t need) {
+    if (need <= *size) return buf;
+    free(buf);
+    *size = need;
+    return xmalloc(need);
+}
+
+static int check_finite(const lora_adapter *ad, const st_tensor_info *t, const float *v, int64_t n, int64_t first) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return tp_error("%s: key %s has a non-finite value (%g) near element %lld; the adapter file is damaged",
+                            ad->path, t->name, v[i], (long long)(first + i));
+    return 0;
+}
+
+/* A's columns [c0, c0+nc) as A^T [nc, r], or B's rows [b0, b0+nb) as
+ * [nb, r]; from the cache when a read already covers the range. *base is
+ * the first cached index, so the caller offsets by (c0 - *base). */
+static const float *get_piece(merge_ctx *M, const lora_segment *g, int is_a, int64_t off, int64_t n,
+                              int64_t *base) {
+    const st_tensor_info *src = is_a ? g->a : g->b;
+    for (int i = 0; i < M->n_cache; i++) {
+        piece_buf *p = &M->cache[i];
+        if (p->src == src && p->is_a == is_a && p->off <= off && off + n <= p->off + p->n) {
+            *base = p->off;
+            return p->data ? p->data : (const float *)p;   /* non-NULL in dry mode */
+        }
+    }
+    lora_adapter *ad = &M->s->ad[g->adapter];
+    int64_t r = g->rank, cols = src->shape[1];
+    size_t es = dtype_size(src->dtype), bytes = (size_t)(n * r) * es;
+    ad->bytes_read += bytes;
+    if (bytes / es * sizeof(float) > M->s->max_piece) M->s->max_piece = bytes / es * sizeof(float);
+    if (M->n_cache == M->cap_cache) {
+        M->cap_cache = M->cap_cache ? 2 * M->cap_cache : 8;
+        M->cache = xrealloc(M->cache, (size_t)M->cap_cache * sizeof *M->cache);
+    }
+    piece_buf *p = &M->cache[M->n_cache++];
+    *p = (piece_buf){src, is_a, off, n, NULL};
+    *base = off;
+    if (M->dry) return (const float *)p;
+    M->raw = grow(M->raw, &M->raw_size, bytes);
+    float *f = xmalloc((size_t)(n * r) * sizeof *f);
+    p->data = f;
+    char *raw = (char *)M->raw;
+    if (!is_a) {
+        /* B [out, r]: rows [off, off+n) are one contiguous range */
+        if (st_read_range(ad->f, src->begin + (uint64_t)(off * r) * es, raw, bytes)) goto bad_read;
+        convert_to_f32(f, raw, src->dtype, (size_t)(n * r));
+        if (check_finite(ad, src, f, n * r, off * r)) return NULL;
+        return f;
+    }
+    /* A [r, in]: r runs of n columns (one read when the range is whole rows) */
+    if (n == cols) {
+        if (st_read_range(ad->f, src->begin, raw, bytes)) goto bad_read;
+    } else {
+        for (int64_t i = 0; i < r; i++)
+            if (st_read_range(ad->f, src->begin + (uint64_t)(i * cols + off) * es, raw + (size_t)(i * n) * es,
+                               (size_t)n * es))
+                goto bad_read;
+    }
+    float *tmp = xmalloc((size_t)(n * r) * sizeof *tmp);
+    convert_to_f32(tmp, raw, src->dtype, (size_t)(n * r));
+    if (check_finite(ad, src, tmp, n * r, off)) { free(tmp); return NULL; }
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < n; j++) f[j * r + i] = tmp[i * n + j];
+    free(tmp);
+    return f;
+bad_read:
+    tp_error_context("%s: key %s", ad->path, src->name);
+    return NULL;
+}
+
+static void cache_clear(merge_ctx *M) {
+    for (int i = 0; i < M->n_cache; i++) free(M->cache[i].data);
+    M->n_cache = 0;
+}
+
+/* Segments of tensor `name`: [*lo, *hi) of the sorted list. */
+static void find_segments(const lora_set *s, const char *name, int *lo, int *hi) {
+    int a = 0, b = s->n_seg;
+    while (a < b) {
+        int m = (a + b) / 2;
+        if (strcmp(s->seg[m].tensor, name) < 0) a = m + 1;
+        else b = m;
+    }
+    *lo = a;
+    while (b < s->n_seg && !strcmp(s->seg[b].tensor, name)) b++;
+    *hi = b < a ? a : b;
+}
+
+/* Rows of segment g inside global rows [r0, r0+n): [*lo, *hi). */
+static int overlap(const lora_segment *g, int64_t r0, int64_t n, int64_t *lo, int64_t *hi) {
+    *lo = r0 > g->row0 ? r0 : g->row0;
+    *hi = r0 + n < g->row0 + g->nrows ? r0 + n : g->row0 + g->nrows;
+    return *lo < *hi;
+}
+
+/* The GEMMs run on the host: the shard's own CPU backend, or for a shard
+ * in device memory a CPU backend of the set's (the shard is copied down and
+ * up in row chunks). */
+static backend *merge_backend(lora_set *s, const tensor *t) {
+    if (t->be->kind == BACKEND_CPU) return t->be;
+    if (!s->merge_be) s->merge_be = backend_cpu_create(0);
+    return s->merge_be;
+}
+
+/* A chunk of the shard as f32 and back. A shard in host memory (CPU
+ * backend) is converted in place row by row on the rank's threads, with a
+ * branch-free rounding the compiler vectorises; a device shard goes through
+ * the backend's download/upload. */
+static int chunk_load(const tensor *v, float *W, int threads) {
+    if (v->be->kind != BACKEND_CPU || (v->dtype != DT_BF16 && v->dtype != DT_F32)) return tensor_download_f32(v, W);
+    int64_t nc = v->cols;
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < v->rows; i++) {
+        float *d = W + i * nc;
+        if (v->dtype == DT_F32) { memcpy(d, (const float *)v->data + i * v->ld, (size_t)nc * sizeof *d); continue; }
+        const uint16_t *s = (const uint16_t *)v->data + i * v->ld;
+        for (int64_t j = 0; j < nc; j++) {
+            uint32_t u = (uint32_t)s[j] << 16;
+            memcpy(&d[j], &u, 4);
+        }
+    }
+    return 0;
+}
+
+static int chunk_store(tensor *v, const float *W, int threads) {
+    if (v->be->kind != BACKEND_CPU || (v->dtype != DT_BF16 && v->dtype != DT_F32)) return tensor_upload_f32(v, W);
+    int64_t nc = v->cols;
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < v->rows; i++) {
+        const float *s = W + i * nc;
+        if (v->dtype == DT_F32) { memcpy((float *)v->data + i * v->ld, s, (size_t)nc * sizeof *s); continue; }
+        uint16_t *d = (uint16_t *)v->data + i * v->ld;
+        for (int64_t j = 0; j < nc; j++) {   /* round to nearest even; NaN stays a quiet NaN (f32_to_bf16) */
+            uint32_t u;
+            memcpy(&u, &s[j], 4);
+            uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+            d[j] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+        }
+    }
+    return 0;
+}
+
+/* Merge (or, dry, count) every segment of si's tensor into the shard. */
+static int merge_rects(merge_ctx *M, const shard_info *si, int tp, int rank, tensor *t) {
+    int lo, hi;
+    find_segments(M->s, si->info->name, &lo, &hi);
+    if (lo == hi) return 0;
+    shard_piece pc[PLAN_MAX_PIECES];
+    int np = plan_shard_pieces(si, si->style == STYLE_REPLICATED ? 1 : tp, rank, pc);
+    float *W = NULL, *delta = NULL;
+    backend *cpu = M->dry ? NULL : merge_backend(M->s, t);
+    int rc = cpu || M->dry ? 0 : tp_error("no host backend for the LoRA merge");
+    int nth = cpu && cpu->threads > 0 ? cpu->threads : 1;
+    for (int ip = 0; ip < np && !rc; ip++) {
+        rect R = piece_rect(si, &pc[ip]);
+        /* read (or find) every piece this rectangle needs first */
+        for (int k = lo; k < hi && !rc; k++) {
+            const lora_segment *g = &M->s->seg[k];
+            int64_t a0, a1, base;
+            if (!overlap(g, R.grow0, R.nr, &a0, &a1)) continue;
+            if (!get_piece(M, g, 0, g->brow0 + (a0 - g->row0), a1 - a0, &base) ||
+                !get_piece(M, g, 1, R.gcol0, R.nc, &base))
+                rc = -1;
+        }
+        if (rc || M->dry) continue;
+        int64_t ch = MERGE_CHUNK_FLOATS / R.nc;
+        if (ch < 1) ch = 1;
+        if (ch > R.nr) ch = R.nr;
+        if (!W) {
+            W = xmalloc((size_t)(ch * R.nc) * sizeof *W);
+            delta = xmalloc((size_t)(ch * R.nc) * sizeof *delta);
+        } else {
+            W = xrealloc(W, (size_t)(ch * R.nc) * sizeof *W);
+            delta = xrealloc(delta, (size_t)(ch * R.nc) * sizeof *delta);
+        }
+        for (int64_t c0 = 0; c0 < R.nr && !rc; c0 += ch) {
+            int64_t n = R.nr - c0 < ch ? R.nr - c0 : ch;
+            tensor rows = tensor_rows(t, R.lrow0 + c0, n), view = tensor_cols(&rows, R.lcol0, R.nc);
+            if (chunk_load(&view, W, nth)) { rc = -1; break; }
+            for (int k = lo; k < hi; k++) {
+                const lora_segment *g = &M->s->seg[k];
+                int64_t a0, a1, bb, ab;
+                if (!overlap(g, R.grow0 + c0, n, &a0, &a1)) continue;
+                int64_t b0 = g->brow0 + (a0 - g->row0);
+                const float *B = get_piece(M, g, 0, b0, a1 - a0, &bb);
+                const float *AT = get_piece(M, g, 1, R.gcol0, R.nc, &ab);
+                tensor x = tensor_wrap(cpu, DT_F32, a1 - a0, g->rank, (void *)(B + (b0 - bb) * g->rank));
+                tensor w = tensor_wrap(cpu, DT_F32, R.nc, g->rank, (void *)(AT + (R.gcol0 - ab) * g->rank));
+                tensor y = tensor_wrap(cpu, DT_F32, a1 - a0, R.nc, delta);
+                op_gemm(cpu, &y, &x, &w, NULL);
+                float coef = (float)g->coef, *dst = W + (a0 - (R.grow0 + c0)) * R.nc;
+                int64_t ne = (a1 - a0) * R.nc;
+#pragma omp parallel for num_threads(nth) if (nth > 1 && ne > 65536)
+                for (int64_t i = 0; i < ne; i++) dst[i] += coef * delta[i];
+            }
+            if (chunk_store(&view, W, nth)) rc = -1;
+        }
+    }
+    free(W), free(delta);
+    if (!rc && !M->dry && t->be->kind != BACKEND_CPU) rc = be_sync(t->be);
+    return rc;
+}
+
+int lora_merge_shard(void *set, const shard_info *si, int tp, int rank, tensor *t) {
+    merge_ctx M = {.s = set};
+    int rc = merge_rects(&M, si, tp, rank, t);
+    cache_clear(&M);
+    free(M.cache), free(M.raw);
+    if (rc) return tp_error_context("merging LoRA adapters into tensor '%s' (rank %d of tp %d)", si->info->name,
+                                    rank, tp);
+    return 0;
+}
+
+int lora_estimate(const lora_set *s, const checkpoint *ck, const plan *p, int tp, int rank, uint64_t *bytes) {
+    lora_set *w = (lora_set *)s;   /* counters only: saved and restored */
+    uint64_t saved[LORA_MAX_ADAPTERS];
+    size_t saved_piece = w->max_piece;
+    for (int i = 0; i < s->n; i++) saved[i] = w->ad[i].bytes_read, w->ad[i].bytes_read = 0;
+    int rc = 0;
+    for (int k = 0; k < ck->n && !rc; k++) {
+        shard_info si;
+        if (plan_shard(p, ck->infos[k], tp, &si)) { rc = -1; break; }
+        merge_ctx M = {.s = w, .dry = 1};
+        rc = merge_rects(&M, &si, tp, rank, NULL);
+        free(M.cache);
+    }
+    for (int i = 0; i < s->n; i++) bytes[i] = w->ad[i].bytes_read, w->ad[i].bytes_read = saved[i];
+    w->max_piece = saved_piece;
+    return rc;
+}
