@@ -25,6 +25,7 @@ typedef struct load_opts {
     int use_mmap;               /* 0: pread (default); 1: copy from an mmap of each file */
     size_t staging_cap;         /* host staging bound in bytes (0: WEIGHTS_STAGING_CAP) */
     int io_threads;             /* threads reading CPU-backend tensors in place (0: WEIGHTS_IO_THREADS) */
+    int quantize_fp8;           /* --quantize fp8: sharded linear weights become E4M3 + per-row scales (core/fp8.h) */
 } load_opts;
 
 /* Host staging never exceeds this per rank (CUDA copies go through it, as
@@ -39,7 +40,7 @@ typedef struct load_stats {
     uint64_t bytes_read;        /* bytes read from files by this rank */
     uint64_t bytes_replicated;  /* of which: replicated tensors */
     uint64_t bytes_sharded;     /* of which: this rank's shards */
-    uint64_t bytes_held;        /* bytes of backend memory the weights occupy */
+    uint64_t bytes_held;        /* bytes of backend memory the weights occupy (fp8 scales included) */
     uint64_t max_staging;       /* largest host staging buffer used */
     double seconds;
     int n_tensors;

@@ -280,6 +280,11 @@ json_t *flux2_transformer_config(const char *dir, char **where) {
 }
 
 int flux2_load(const char *dir, backend *be, comm *c, dtype_t precision, flux2_model **out, load_stats *st) {
+    return flux2_load_quantized(dir, be, c, precision, 0, out, st);
+}
+
+int flux2_load_quantized(const char *dir, backend *be, comm *c, dtype_t precision, int quantize_fp8,
+                         flux2_model **out, load_stats *st) {
     *out = NULL;
     char *cfg_path = NULL;
     int rc = -1;
@@ -304,7 +309,7 @@ int flux2_load(const char *dir, backend *be, comm *c, dtype_t precision, flux2_m
     }
     plan p;
     if (bfl ? plan_flux2_bfl(cfg_json, &p) : plan_flux2(cfg_json, &p)) goto done;
-    load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision};
+    load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision, .quantize_fp8 = quantize_fp8};
     if (weights_load(ck, &p, &o, &m->w, st)) goto done;
     binder b = {.m = m, .dir = dir, .bfl = bfl};
     if (bind_all(&b)) goto done;

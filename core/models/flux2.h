@@ -77,6 +77,11 @@ typedef struct flux2_model flux2_model;
  * dist_agree over c->mpi). st may be NULL. */
 int flux2_load(const char *transformer_dir, struct backend *be, struct comm *c, dtype_t precision,
                flux2_model **out, load_stats *st);
+/* The same with --quantize fp8 (quantize_fp8 1): each rank quantises its
+ * own shard of the sharded linears to E4M3 with per-row absmax scales at
+ * load (core/fp8.h); the other tensors load as flux2_load loads them. */
+int flux2_load_quantized(const char *transformer_dir, struct backend *be, struct comm *c, dtype_t precision,
+                         int quantize_fp8, flux2_model **out, load_stats *st);
 
 /* A model with random weights of the given config, generated in memory
  * (benchmarks; no file). Each rank fills its local shard from `seed` and

@@ -107,7 +107,7 @@ void cpu_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const te
     CPU_REQUIRE(w->cols == K && y->rows == M && y->cols == N,
                 "op_gemm: y [%lld,%lld] = x [%lld,%lld] · w [%lld,%lld]ᵀ: shapes do not match", (long long)y->rows,
                 (long long)y->cols, (long long)M, (long long)K, (long long)w->rows, (long long)w->cols);
-    CPU_REQUIRE(is_float_dt(x->dtype) && is_float_dt(w->dtype) && is_float_dt(y->dtype),
+    CPU_REQUIRE(is_float_dt(x->dtype) && is_weight_dt(w->dtype) && is_float_dt(y->dtype),
                 "op_gemm: dtypes %s/%s/%s", dtype_name(y->dtype), dtype_name(x->dtype), dtype_name(w->dtype));
     if (M == 0 || N == 0) return;
     int owned;
