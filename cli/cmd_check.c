@@ -27,6 +27,7 @@
 typedef struct check_opts {
     const char *model, *cases, *backend;
     dtype_t precision;
+    int quantize_fp8;
     double tol;
     uint64_t seed;
     int unfused;
@@ -42,14 +43,15 @@ typedef struct check_case {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: mpirun -np K tpgen check --model DIR [--cases FILE] [--precision f32|bf16] [--tol X]\n"
-               "                          [--backend cpu|cuda] [--seed S] [--unfused]\n"
+               "                          [--backend cpu|cuda] [--seed S] [--unfused] [--quantize fp8]\n"
                "  --model DIR      pipeline folder (with transformer/) or the transformer folder itself\n"
                "  --cases FILE     golden cases (caseK.*); without it, compare with an unsharded run on rank 0\n"
                "  --precision P    f32 (default, reference) or bf16\n"
                "  --tol X          relative L2 tolerance (default 1e-4 for f32, 3e-2 for bf16)\n"
                "  --backend B      cpu, cuda or auto (default auto)\n"
                "  --seed S         seed of the random inputs (default 0)\n"
-               "  --unfused        one all-reduce per stream instead of one per sub-layer\n");
+               "  --unfused        one all-reduce per stream instead of one per sub-layer\n"
+               "  --quantize fp8   quantise the sharded linears to fp8 at load (the unsharded reference too)\n");
 }
 
 static int parse_args(int argc, char **argv, check_opts *o) {
@@ -64,6 +66,10 @@ static int parse_args(int argc, char **argv, check_opts *o) {
         else if (!strcmp(a, "--cases")) o->cases = v;
         else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--unfused")) o->unfused = 1;
+        else if (!strcmp(a, "--quantize")) {
+            if (strcmp(v, "fp8")) return tp_error("check: --quantize takes fp8 (got '%s')", v);
+            o->quantize_fp8 = 1;
+        }
         else if (!strcmp(a, "--precision")) {
             if (!strcmp(v, "f32")) o->precision = DT_F32;
             else if (!strcmp(v, "bf16")) o->precision = DT_BF16;
@@ -243,10 +249,10 @@ static int run_checks(const check_opts *o, const dist *d, backend *be, comm *c) 
     comm *self = NULL;
     st_file *cases = NULL;
     load_stats ls = {0};
-    int rc = flux2_load(dir, be, c, o->precision, &m, &ls), n_cases = 2, failed = 0;
+    int rc = flux2_load_quantized(dir, be, c, o->precision, o->quantize_fp8, &m, &ls), n_cases = 2, failed = 0;
     if (!rc && !o->cases && d->tp_rank == 0) {
         self = comm_create(MPI_COMM_SELF, be);
-        rc = self ? flux2_load(dir, be, self, o->precision, &ref, NULL) : -1;
+        rc = self ? flux2_load_quantized(dir, be, self, o->precision, o->quantize_fp8, &ref, NULL) : -1;
         if (rc) tp_error_context("unsharded reference on rank 0");
     }
     if (dist_agree(d->tp_comm, rc)) goto done;

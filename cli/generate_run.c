@@ -110,7 +110,7 @@ static int load_transformer(run_state *r) {
     gen_setup *g = r->g;
     double t0 = gen_now();
     load_stats ls = {0};
-    int rc = flux2_load(g->transformer_dir, r->be, r->c, g->precision, &r->model, &ls);
+    int rc = flux2_load_quantized(g->transformer_dir, r->be, r->c, g->precision, g->quantize_fp8, &r->model, &ls);
     r->m->bytes_loaded += ls.bytes_read;
     r->m->load_seconds += ls.seconds;
     r->m->t_load += gen_now() - t0;

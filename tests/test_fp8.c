@@ -13,6 +13,7 @@
 #include "../core/weights.h"
 #include "../kernels/ops.h"
 #include <mpi.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -389,4 +390,108 @@ out:
     flux2_free(m);
     comm_destroy(cm);
     backend_destroy(be);
+}
+
+/* ---- bad input: each is an error naming the tensor, never a silent image ---- */
+
+typedef struct tw { const char *name; dtype_t dt; int nd; int64_t s0, s1; const void *data; } tw;
+
+/* write the tensors as dir/model.safetensors and open the folder */
+static int open_bad(const char *tag, const tw *t, int n, const char *const *meta) {
+    char *dir = xasprintf("%s/%s", test_tmp_dir(), tag), *p = xasprintf("%s/model.safetensors", dir);
+    mkdir(dir, 0755);
+    st_write_tensor w[16];
+    for (int i = 0; i < n; i++) w[i] = (st_write_tensor){t[i].name, t[i].dt, t[i].nd, {t[i].s0, t[i].s1}, t[i].data};
+    int rc = st_write(p, w, n, meta);
+    checkpoint *c = NULL;
+    if (!rc) rc = checkpoint_open(dir, &c);
+    checkpoint_close(c);
+    free(dir), free(p);
+    return rc;
+}
+
+static uint8_t g_codes[32] = {0x38, 0x40, 0x30};
+static float g_one = 1.0f, g_inf = INFINITY, g_three[3] = {1, 2, 3}, g_four[4] = {1, 2, 3, 4};
+static uint16_t g_bf16[32];
+
+#define EXPECT_BAD(tag, pat, ...) do { \
+        const tw t_[] = {__VA_ARGS__}; \
+        int rc_ = open_bad(tag, t_, (int)(sizeof t_ / sizeof t_[0]), NULL); \
+        CHECK(rc_ != 0 && strstr(tp_error_msg(), pat), "%s: rc %d, message: %s", tag, rc_, tp_error_msg()); \
+    } while (0)
+
+TEST(bad_fp8_scales) {
+    EXPECT_BAD("scale_on_bf16", "not fp8", {"a.weight", DT_BF16, 2, 4, 8, g_bf16}, {"a.weight_scale", DT_F32, 0, 0, 0, &g_one});
+    EXPECT_BAD("input_scale_on_bf16", "not fp8", {"a.weight", DT_BF16, 2, 4, 8, g_bf16}, {"a.input_scale", DT_F32, 0, 0, 0, &g_one});
+    EXPECT_BAD("scale_shape", "unknown layout", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 1, 3, 0, g_three});
+    EXPECT_BAD("scale_shape_cols", "unknown layout", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.scale_weight", DT_F32, 2, 1, 4, g_four});
+    EXPECT_BAD("scale_inf", "non-finite", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 0, 0, 0, &g_inf});
+    EXPECT_BAD("scale_row_inf", "non-finite", {"a.weight", DT_F8_E4M3, 2, 3, 8, g_codes}, {"a.weight_scale", DT_F32, 1, 3, 0, (float[]){1, NAN, 2}});
+    EXPECT_BAD("two_spellings", "both", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 0, 0, 0, &g_one},
+               {"a.scale_weight", DT_F32, 0, 0, 0, &g_one});
+    EXPECT_BAD("orphan_scale", "belongs to no weight", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"b.scale_weight", DT_F32, 0, 0, 0, &g_one});
+    EXPECT_BAD("scale_dtype", "must be F32", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_I32, 0, 0, 0, &g_one});
+    /* the good forms open: per tensor [], [1]; per channel [4], [4, 1] */
+    const tw ok1[] = {{"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 2, 4, 1, g_four}};
+    CHECK(open_bad("good_per_channel", ok1, 2, NULL) == 0, "[4,1] scale: %s", tp_error_msg());
+    const tw ok2[] = {{"a.weight", DT_F8_E5M2, 2, 4, 8, g_codes}, {"a.scale_weight", DT_F32, 1, 1, 0, &g_one}};
+    CHECK(open_bad("good_per_tensor", ok2, 2, NULL) == 0, "[1] scale: %s", tp_error_msg());
+}
+
+TEST(bad_fp8_hints) {
+    const char *nv = "{\"format\": \"nvfp4\"}", *e5 = "{\"format\": \"float8_e5m2\"}", *e4 = "{\"format\": \"float8_e4m3fn\", \"x\": 1}";
+    EXPECT_BAD("hint_unsupported", "does not support", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes},
+               {"a.weight_scale", DT_F32, 0, 0, 0, &g_one}, {"a.comfy_quant", DT_U8, 1, (int64_t)strlen(nv), 0, nv});
+    EXPECT_BAD("hint_mismatch", "hinted as 'float8_e5m2'", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes},
+               {"a.weight_scale", DT_F32, 0, 0, 0, &g_one}, {"a.comfy_quant", DT_U8, 1, (int64_t)strlen(e5), 0, e5});
+    EXPECT_BAD("hint_needs_scale", "has no scale", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes},
+               {"a.comfy_quant", DT_U8, 1, (int64_t)strlen(e4), 0, e4});
+    EXPECT_BAD("hint_bad_json", "not valid JSON", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes},
+               {"a.weight_scale", DT_F32, 0, 0, 0, &g_one}, {"a.comfy_quant", DT_U8, 1, 5, 0, "{\"for"});
+    EXPECT_BAD("marker_needs_scale", "scaled_fp8 marker", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes},
+               {"scaled_fp8", DT_F8_E4M3, 1, 0, 0, g_codes});
+    const char *meta_bad[] = {"_quantization_metadata", "{\"layers\": {\"a\": {\"format\": \"float8_e4m3fn\"}", NULL};
+    const tw t1[] = {{"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 0, 0, 0, &g_one}};
+    CHECK(open_bad("meta_bad_json", t1, 2, meta_bad) != 0 && strstr(tp_error_msg(), "_quantization_metadata is not valid JSON"),
+          "meta bad json: %s", tp_error_msg());
+    const char *meta_missing[] = {"_quantization_metadata", "{\"layers\": {\"b\": {\"format\": \"float8_e4m3fn\"}}}", NULL};
+    CHECK(open_bad("meta_no_layer", t1, 2, meta_missing) != 0 && strstr(tp_error_msg(), "layer 'b'"), "meta names a missing layer: %s",
+          tp_error_msg());
+    const char *meta_needs[] = {"_quantization_metadata", "{\"layers\": {\"a\": {\"format\": \"float8_e4m3fn\"}}}", NULL};
+    const tw t2[] = {{"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}};
+    CHECK(open_bad("meta_needs_scale", t2, 1, meta_needs) != 0 && strstr(tp_error_msg(), "has no scale"), "meta needs scale: %s",
+          tp_error_msg());
+    /* unknown fields are ignored; a good hint opens */
+    const tw ok[] = {{"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 0, 0, 0, &g_one},
+                     {"a.comfy_quant", DT_U8, 1, (int64_t)strlen(e4), 0, e4}};
+    CHECK(open_bad("hint_good", ok, 3, meta_needs) == 0, "good hint: %s", tp_error_msg());
+}
+
+/* a file written by hand: header JSON + data bytes */
+static int open_raw(const char *tag, const char *header, size_t data_bytes) {
+    char *dir = xasprintf("%s/%s", test_tmp_dir(), tag), *p = xasprintf("%s/model.safetensors", dir);
+    mkdir(dir, 0755);
+    FILE *f = fopen(p, "wb");
+    uint64_t n = strlen(header);
+    fwrite(&n, 8, 1, f);
+    fwrite(header, 1, n, f);
+    for (size_t i = 0; i < data_bytes; i++) fputc(0x38, f);
+    fclose(f);
+    checkpoint *c = NULL;
+    int rc = checkpoint_open(dir, &c);
+    checkpoint_close(c);
+    free(dir), free(p);
+    return rc;
+}
+
+TEST(bad_fp8_files) {
+    /* fp8 is one byte per element: a [4, 8] tensor needs 32 bytes */
+    CHECK(open_raw("trunc_span", "{\"a.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[4,8],\"data_offsets\":[0,16]}}", 16) != 0 &&
+              strstr(tp_error_msg(), "a.weight"), "span: %s", tp_error_msg());
+    CHECK(open_raw("trunc_file", "{\"a.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[4,8],\"data_offsets\":[0,32]}}", 20) != 0 &&
+              strstr(tp_error_msg(), "a.weight"), "short file: %s", tp_error_msg());
+    CHECK(open_raw("e8m0", "{\"a.weight\":{\"dtype\":\"F8_E8M0\",\"shape\":[4,8],\"data_offsets\":[0,32]}}", 32) != 0 &&
+              strstr(tp_error_msg(), "F8_E8M0") && strstr(tp_error_msg(), "cannot compute"), "e8m0: %s", tp_error_msg());
+    CHECK(open_raw("good_raw", "{\"a.weight\":{\"dtype\":\"F8_E5M2\",\"shape\":[4,8],\"data_offsets\":[0,32]}}", 32) == 0,
+          "raw fp8: %s", tp_error_msg());
 }
