@@ -53,6 +53,8 @@ void *cuda_scratch(backend *be, int slot, size_t bytes);
  * cuda_norm.cu, cuda_attention.cu and cuda_image.cu. */
 void cuda_gemm(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
 void cuda_copy(backend *, tensor *y, const tensor *x);
+/* fp8 weight w -> dst (f32 or bf16, row pitch dld): decode x scale (cuda_fp8.cu) */
+void cuda_dequant(backend *be, void *dst, dtype_t ddt, int64_t dld, const tensor *w);
 void cuda_layernorm_mod(backend *, tensor *y, const tensor *x, const tensor *shift,
                         const tensor *scale, float eps);
 void cuda_rmsnorm(backend *, tensor *y, const tensor *x, const tensor *w, int group, float eps);
