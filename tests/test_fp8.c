@@ -495,3 +495,60 @@ TEST(bad_fp8_files) {
     CHECK(open_raw("good_raw", "{\"a.weight\":{\"dtype\":\"F8_E5M2\",\"shape\":[4,8],\"data_offsets\":[0,32]}}", 32) == 0,
           "raw fp8: %s", tp_error_msg());
 }
+
+/* ---- the CPU fp8 GEMM paths against a naive double reference ---- */
+void cpu_gemm_force_portable(int on);   /* kernels/cpu: the tiled path even with AVX512-BF16 */
+
+static void fp8_gemm_case(dtype_t wdt, dtype_t xdt, int per_row, int64_t M, int64_t N, int64_t K, int portable) {
+    backend *be = backend_cpu_create(2);
+    tensor *w = tensor_new(be, wdt, N, K), *x = tensor_new(be, xdt, M, K), *y = tensor_new(be, xdt, M, N);
+    uint8_t *q = w->data;
+    for (int64_t i = 0; i < N * K; i++) {
+        q[i] = (uint8_t)(rand() & 0xff);
+        if (!isfinite(fp8_to_f32(wdt, q[i]))) q[i] = 0x31;
+    }
+    float *s = malloc((size_t)N * 4), *xf = malloc((size_t)(M * K) * 4), *yf = malloc((size_t)(M * N) * 4);
+    for (int64_t i = 0; i < N; i++) s[i] = (float)(1e-3 + 1e-2 * rand() / RAND_MAX);
+    w->scale = s;   /* host memory on the CPU backend; freed below, not by tensor_free */
+    w->scale_per_row = per_row;
+    for (int64_t i = 0; i < M * K; i++) xf[i] = (float)(rand() / (double)RAND_MAX * 2 - 1);
+    tensor_upload_f32(x, xf);
+    tensor_download_f32(x, xf);   /* the values x holds (bf16-rounded) */
+    cpu_gemm_force_portable(portable);
+    /* a row view too: rows [3, N) of w with the scales moved along */
+    tensor wv = tensor_rows(w, 3, N - 3);
+    tensor yv = tensor_cols(y, 0, N - 3);
+    for (int view = 0; view < 2; view++) {
+        op_gemm(be, view ? &yv : y, x, view ? &wv : w, NULL);
+        tensor_download_f32(y, yf);
+        double e2 = 0, r2 = 0;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N - 3 * view; n++) {
+                int64_t wn = n + 3 * view;
+                double acc = 0, sc = s[per_row ? wn : 0];
+                for (int64_t k = 0; k < K; k++) acc += (double)xf[m * K + k] * ((double)fp8_to_f32(wdt, q[wn * K + k]) * sc);
+                double d = yf[m * N + n] - acc;
+                e2 += d * d, r2 += acc * acc;
+            }
+        double rel = sqrt(e2 / r2), tol = xdt == DT_BF16 ? 8e-3 : 1e-6;
+        CHECK(rel <= tol, "%s x %s %s M%lld N%lld K%lld %s%s: rel_l2 %.3g > %.1g", dtype_name(wdt), dtype_name(xdt),
+              per_row ? "per-row" : "per-tensor", (long long)M, (long long)N, (long long)K, portable ? "portable" : "default",
+              view ? " row view" : "", rel, tol);
+    }
+    cpu_gemm_force_portable(0);
+    w->scale = NULL;
+    free(s), free(xf), free(yf);
+    tensor_free(w), tensor_free(x), tensor_free(y);
+    backend_destroy(be);
+}
+
+TEST(fp8_cpu_gemm_paths) {
+    srand(test_seed());
+    dtype_t wd[2] = {DT_F8_E4M3, DT_F8_E5M2}, xd[2] = {DT_BF16, DT_F32};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            for (int pr = 0; pr < 2; pr++)
+                for (int port = 0; port < 2; port++) fp8_gemm_case(wd[a], xd[b], pr, 37, 70, 96, port);
+    fp8_gemm_case(DT_F8_E4M3, DT_BF16, 1, 300, 45, 33, 0);   /* odd K: the tiled path */
+    fp8_gemm_case(DT_F8_E4M3, DT_BF16, 1, 5, 130, 260, 0);
+}
