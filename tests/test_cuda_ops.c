@@ -433,12 +433,13 @@ TEST_GPU(gpu_fp8_dequant_and_gemm) {
     const dtype_t fmts[2] = {DT_F8_E4M3, DT_F8_E5M2};
     for (int f = 0; f < 2; f++)
         for (int per_row = 0; per_row < 2; per_row++) {
-            pair w = fp8_pair(fmts[f], 96, 160, per_row);
-            pair d = pair_new(DT_F32, 96, 160);
+            /* sizes that are not multiples of 16 keep this on the dequantising path */
+            pair w = fp8_pair(fmts[f], 98, 162, per_row);
+            pair d = pair_new(DT_F32, 98, 162);
             pair_poison(&d);
             op_copy(g_gpu, &d.g, &w.g); op_copy(g_cpu, &d.c, &w.c);
             pair_check(&d, per_row ? "fp8 dequant per-row" : "fp8 dequant per-tensor", 0);
-            pair db = pair_new(DT_BF16, 96, 160);
+            pair db = pair_new(DT_BF16, 98, 162);
             pair_poison(&db);
             op_copy(g_gpu, &db.g, &w.g); op_copy(g_cpu, &db.c, &w.c);
             pair_check(&db, "fp8 dequant to bf16", 0);
@@ -446,7 +447,7 @@ TEST_GPU(gpu_fp8_dequant_and_gemm) {
             pair wv = {tensor_rows(&w.g, 32, 40), tensor_rows(&w.c, 32, 40), NULL, NULL};
             for (int a = 0; a < 2; a++) {
                 dtype_t dt = k_dts[a];
-                pair x = pair_rand(dt, 70, 160, -1, 1), y = pair_new(dt, 70, 96), yv = pair_new(dt, 70, 40);
+                pair x = pair_rand(dt, 70, 162, -1, 1), y = pair_new(dt, 70, 98), yv = pair_new(dt, 70, 40);
                 pair_poison(&y), pair_poison(&yv);
                 op_gemm(g_gpu, &y.g, &x.g, &w.g, NULL); op_gemm(g_cpu, &y.c, &x.c, &w.c, NULL);
                 pair_check(&y, "gemm fp8 weight", tol_for(dt));
@@ -455,6 +456,27 @@ TEST_GPU(gpu_fp8_dequant_and_gemm) {
                 pair_free(&x); pair_free(&y); pair_free(&yv);
             }
             pair_free(&w); pair_free(&d); pair_free(&db);
+        }
+}
+
+
+/* E4M3 weights x bf16 activations at tensor-core friendly sizes: on sm_89+
+ * the cuBLASLt fp8 GEMM (activations quantised to E4M3 with one dynamic
+ * scale: ~1e-2 relative error expected), elsewhere the dequantising path.
+ * Either must be within 6e-2 of the CPU's exact-weight product; ignoring a
+ * scale or the activation scale would be off by ~1. */
+TEST_GPU(gpu_fp8_tensor_core_gemm) {
+    NEED_GPU(); NEED_CPU(gemm);
+    for (int per_row = 0; per_row < 2; per_row++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            pair w = fp8_pair(DT_F8_E4M3, 256, 512, per_row);
+            pair x = pair_rand(DT_BF16, 200, 512, -3, 3), y = pair_new(DT_BF16, 200, 256), b = pair_rand(DT_BF16, 1, 256, -1, 1);
+            pair_poison(&y);
+            op_gemm(g_gpu, &y.g, &x.g, &w.g, with_bias ? &b.g : NULL);
+            op_gemm(g_cpu, &y.c, &x.c, &w.c, with_bias ? &b.c : NULL);
+            pair_check(&y, per_row ? (with_bias ? "fp8 TC gemm per-row+bias" : "fp8 TC gemm per-row")
+                                   : (with_bias ? "fp8 TC gemm per-tensor+bias" : "fp8 TC gemm per-tensor"), 6e-2);
+            pair_free(&w); pair_free(&x); pair_free(&y); pair_free(&b);
         }
 }
 

@@ -44,3 +44,69 @@ extern "C" void cuda_dequant(backend *be, void *dst, dtype_t ddt, int64_t dld, c
                                                                 w->scale_per_row, w->rows, w->cols);
     CUDA_LAUNCHED("dequant");
 }
+
+/* ---- the fp8 tensor-core path (cuda_gemm_fp8.c): dynamic per-tensor
+ * activation quantisation and the per-channel epilogue ---- */
+#include <cuda_fp8.h>
+
+/* amax over a [rows, cols] view of x (bf16/f32), as float bits (|x| >= 0
+ * orders like its bits) */
+__global__ void k_absmax(const void *x, int dt, int64_t ld, int64_t rows, int64_t cols, unsigned *amax) {
+    float m = 0;
+    int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / cols, c = i - r * cols;
+        float v = fabsf(ld_el(x, dt, r * ld + c));
+        m = v > m ? v : (v != v ? INFINITY : m);   /* a NaN activation poisons the scale (visible, not hidden) */
+    }
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(m));
+}
+
+/* q = e4m3(x / s), s = amax / 448 (1 when amax is 0), saturating; s stored */
+__global__ void k_quant_e4m3(const void *x, int dt, int64_t ld, int64_t rows, int64_t cols, const unsigned *amax,
+                             __nv_fp8_storage_t *q, float *s_out) {
+    float a = __uint_as_float(*amax), s = a > 0 ? a / 448.0f : 1.0f, inv = 1.0f / s;
+    int64_t n = rows * cols;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *s_out = s;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / cols, c = i - r * cols;
+        q[i] = __nv_cvt_float_to_fp8(ld_el(x, dt, r * ld + c) * inv, __NV_SATFINITE, __NV_E4M3);
+    }
+}
+
+/* y[r, c] = acc[r, c] * sw[c or 0] (+ bias[c]), rounded once to y's dtype */
+__global__ void k_fp8_epilogue(void *y, int ydt, int64_t yld, const float *acc, int64_t rows, int64_t cols,
+                               const float *sw, int per_col, const void *bias, int bdt) {
+    int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / cols, c = i - r * cols;
+        float v = acc[i] * (sw ? sw[per_col ? c : 0] : 1.0f);
+        if (bias) v += ld_el(bias, bdt, c);
+        st_el(y, ydt, r * yld + c, v);
+    }
+}
+
+/* x (activations, [rows, cols] view) -> q (contiguous E4M3) and *s_dev */
+extern "C" void cuda_quantize_act_e4m3(backend *be, const tensor *x, void *q, float *s_dev, unsigned *amax_dev) {
+    int64_t n = x->rows * x->cols;
+    CUDA_CHECK(cudaMemsetAsync(amax_dev, 0, sizeof(unsigned), cuda_stream(be)));
+    if (n == 0) return;
+    unsigned blocks = cuda_blocks(n, 256);
+    if (blocks > 1024) blocks = 1024;   /* grid-stride: few atomics */
+    k_absmax<<<blocks, 256, 0, cuda_stream(be)>>>(x->data, (int)x->dtype, x->ld, x->rows, x->cols, amax_dev);
+    CUDA_LAUNCHED("fp8 absmax");
+    k_quant_e4m3<<<cuda_blocks(n, 256), 256, 0, cuda_stream(be)>>>(x->data, (int)x->dtype, x->ld, x->rows, x->cols,
+                                                                   amax_dev, (__nv_fp8_storage_t *)q, s_dev);
+    CUDA_LAUNCHED("fp8 quantise");
+}
+
+extern "C" void cuda_fp8_epilogue(backend *be, tensor *y, const float *acc, const float *sw, int per_col,
+                                  const tensor *bias) {
+    int64_t n = y->rows * y->cols;
+    if (n == 0) return;
+    k_fp8_epilogue<<<cuda_blocks(n, 256), 256, 0, cuda_stream(be)>>>(y->data, (int)y->dtype, y->ld, acc, y->rows, y->cols,
+                                                                     sw, per_col, bias ? bias->data : NULL,
+                                                                     bias ? (int)bias->dtype : 0);
+    CUDA_LAUNCHED("fp8 epilogue");
+}
