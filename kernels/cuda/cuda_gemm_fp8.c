@@ -108,7 +108,8 @@ int cuda_gemm_fp8(backend *be, tensor *y, const tensor *x, const tensor *w, cons
     void *D = direct ? y->data : acc;
     CUBLAS_CHECK(cublasLtMatmul(s->lt, op, &alpha, w->data, la, qx, lb, &beta, D, lc, D, lc, &heur.algo, s->workspace,
                                 s->workspace_bytes, cuda_stream(be)));
-    if (!direct) cuda_fp8_epilogue(be, y, acc, w->scale, per_col, bias);
+    /* a per-tensor weight scale went in as the A scale already */
+    if (!direct) cuda_fp8_epilogue(be, y, acc, per_col ? w->scale : NULL, per_col, bias);
     rc = 0;
 out:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
