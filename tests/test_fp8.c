@@ -552,3 +552,51 @@ TEST(fp8_cpu_gemm_paths) {
     fp8_gemm_case(DT_F8_E4M3, DT_BF16, 1, 300, 45, 33, 0);   /* odd K: the tiled path */
     fp8_gemm_case(DT_F8_E4M3, DT_BF16, 1, 5, 130, 260, 0);
 }
+
+#ifdef TPGEN_CUDA
+/* The golden variants on the CUDA backend (run by scripts/gpu-check.sh):
+ * f32 dequantises exactly (1e-4, the CUDA f32 golden tolerance); bf16 runs
+ * the fp8 tensor-core GEMM where it applies (sm_89+, E4M3 layers without
+ * full_precision_matrix_mult: the channel variant), whose activation
+ * quantisation adds ~1e-2, hence 5e-2. */
+TEST_GPU(gpu_fp8_golden_variants) {
+    backend *be = backend_cuda_create(0);
+    REQUIRE(be, "no CUDA backend: %s", tp_error_msg());
+    comm *cm = comm_create_mpi(MPI_COMM_WORLD, be);
+    char *sp = xasprintf("%s/flux2-tiny-a/transformer_cases.safetensors", test_golden_dir()), *op = gpath("fp8_cases.safetensors");
+    st_file *src = NULL, *out = NULL;
+    int ok = st_open(sp, &src) == 0 && st_open(op, &out) == 0;
+    free(sp), free(op);
+    CHECK(ok, "cases: %s", tp_error_msg());
+    for (int p = 0; ok && p < 2; p++)
+        for (int v = 0; v < 3; v++) {
+            dtype_t prec = p ? DT_BF16 : DT_F32;
+            char *dir = xasprintf("%s/flux2-fp8/%s/transformer", test_golden_dir(), k_variants[v]);
+            flux2_model *m = NULL;
+            int rc = flux2_load(dir, be, cm, prec, &m, NULL);
+            free(dir);
+            CHECK(rc == 0, "%s load: %s", k_variants[v], tp_error_msg());
+            if (rc) continue;
+            if (p) flux2_set_exact_timestep(m, 1);
+            double worst = 0;
+            for (int k = 0; k < 3; k++) {
+                gcase c = {0};
+                if (read_case(src, out, k_variants[v], k, &c)) { CHECK(0, "%s", tp_error_msg()); break; }
+                size_t n = (size_t)c.N * 32;
+                float *y = malloc(n * 4);
+                rc = flux2_forward(m, c.x, c.N, c.img_ids, c.txt, c.L, c.txt_ids, c.ts, &c.g, y);
+                double e = rc ? INFINITY : rel_l2(y, c.ref, n);
+                worst = e > worst ? e : worst;
+                free(y);
+                free_case(&c);
+            }
+            printf("# cuda fp8 golden %s %s: max rel_l2 %.3g\n", k_variants[v], p ? "bf16" : "f32", worst);
+            CHECK(worst <= (p ? 5e-2 : 1e-4), "%s %s: max rel_l2 %.3g", k_variants[v], p ? "bf16" : "f32", worst);
+            flux2_free(m);
+        }
+    if (src) st_close(src);
+    if (out) st_close(out);
+    comm_destroy(cm);
+    backend_destroy(be);
+}
+#endif
