@@ -600,3 +600,123 @@ TEST_GPU(gpu_fp8_golden_variants) {
     backend_destroy(be);
 }
 #endif
+
+/* ---- fp8 text encoders (Qwen3, Mistral): an fp8 copy of the golden
+ * encoder, written here (per-row absmax E4M3, both scale spellings, the
+ * embedding table included, norms kept), must give the same hidden states
+ * as an F32 copy holding the exactly dequantised weights (decoded by this
+ * test's own formula), at np 1/2/4 ---- */
+#include "../core/models/llm.h"
+
+static int is_fp8_candidate(const st_tensor_info *t) {
+    return t->ndim == 2 && strstr(t->name, ".weight") && !strstr(t->name, "norm");
+}
+
+static int write_encoder_pair(const char *src, const char *dq, const char *dd, int *n_fp8) {
+    checkpoint *c;
+    if (checkpoint_open(src, &c)) return -1;
+    mkdir(dq, 0755), mkdir(dd, 0755);
+    int n = c->n, m = 0, rc = 0;
+    st_write_tensor *tq = calloc((size_t)(2 * n), sizeof *tq), *td = calloc((size_t)n, sizeof *td);
+    void **bufs = calloc((size_t)(4 * n), sizeof *bufs);   /* per tensor: values, codes, scales, scale name */
+    int nb = 0;
+    *n_fp8 = 0;
+    for (int k = 0; k < n && !rc; k++) {
+        const st_tensor_info *t = c->infos[k];
+        float *f;
+        if ((rc = st_read_f32(c->files[c->file_of[k]], t->name, &f, NULL))) break;
+        bufs[nb++] = f;
+        st_write_tensor w = {t->name, DT_F32, t->ndim, {0}, f};
+        memcpy(w.shape, t->shape, sizeof w.shape);
+        td[k] = w;
+        if (!is_fp8_candidate(t)) { tq[m++] = w; continue; }
+        int64_t R = t->shape[0], C = t->shape[1];
+        uint8_t *q = malloc((size_t)(R * C));
+        float *s = malloc((size_t)R * 4), *deq = malloc((size_t)(R * C) * 4);
+        bufs[nb++] = q, bufs[nb++] = s;
+        for (int64_t r = 0; r < R; r++) {
+            float a = 0;
+            for (int64_t j = 0; j < C; j++) a = fmaxf(a, fabsf(f[r * C + j]));
+            s[r] = a > 0 ? a / 448.0f : 1.0f;
+            for (int64_t j = 0; j < C; j++) {
+                q[r * C + j] = f32_to_fp8(DT_F8_E4M3, f[r * C + j] / s[r]);
+                deq[r * C + j] = (float)(ref_e4m3(q[r * C + j]) * s[r]);   /* exact in double, one rounding */
+            }
+        }
+        memcpy(f, deq, (size_t)(R * C) * 4);   /* the F32 copy holds the dequantised values */
+        free(deq);
+        tq[m] = (st_write_tensor){t->name, DT_F8_E4M3, 2, {R, C}, q};
+        char *sn = xasprintf("%.*s.%s", (int)(strlen(t->name) - 7), t->name, (*n_fp8 % 2) ? "scale_weight" : "weight_scale");
+        bufs[nb++] = sn;
+        tq[m + 1] = (st_write_tensor){sn, DT_F32, 1, {R}, s};
+        m += 2;
+        (*n_fp8)++;
+    }
+    char *pq = xasprintf("%s/model.safetensors", dq), *pd = xasprintf("%s/model.safetensors", dd);
+    if (!rc) rc = st_write(pq, tq, m, NULL) || st_write(pd, td, n, NULL);
+    /* the config travels along */
+    char *cs = xasprintf("%s/config.json", src);
+    json_error_t je;
+    json_t *cfg = json_load_file(cs, 0, &je);
+    char *c1 = xasprintf("%s/config.json", dq), *c2 = xasprintf("%s/config.json", dd);
+    if (!rc && (!cfg || json_dump_file(cfg, c1, 0) || json_dump_file(cfg, c2, 0))) rc = tp_error("config copy");
+    json_decref(cfg);
+    for (int i = 0; i < nb; i++) free(bufs[i]);
+    free(bufs), free(tq), free(td), free(pq), free(pd), free(cs), free(c1), free(c2);
+    checkpoint_close(c);
+    return rc;
+}
+
+static int encoder_hidden(const char *dir, int n, const int32_t *ids, float *out, int H, backend *be, comm *cm) {
+    char *cp = xasprintf("%s/config.json", dir);
+    json_error_t je;
+    json_t *j = json_load_file(cp, 0, &je);
+    llm_config cfg;
+    checkpoint *ck = NULL;
+    llm *m = NULL;
+    int idx[2] = {1, 2};
+    int rc = j ? llm_config_parse(j, cp, &cfg) : tp_error("cannot read %s", cp);
+    if (!rc) rc = checkpoint_open(dir, &ck);
+    if (!rc) rc = llm_config_resolve_prefix(&cfg, ck);
+    if (!rc) rc = llm_load(ck, &cfg, 2, be, cm, DT_F32, &m, NULL);
+    if (!rc) rc = llm_forward(m, ids, NULL, n, idx, 2, out);
+    if (!rc && llm_cfg(m)->hidden != H) rc = tp_error("hidden %d", llm_cfg(m)->hidden);
+    llm_free(m);
+    checkpoint_close(ck);
+    json_decref(j);
+    free(cp);
+    return rc;
+}
+
+static void fp8_encoder_case(const char *name, int H) {
+    char *src = xasprintf("%s/%s/model/text_encoder", test_golden_dir(), name);
+    char *dq = xasprintf("%s/%s-fp8", test_tmp_dir(), name), *dd = xasprintf("%s/%s-deq", test_tmp_dir(), name);
+    int n_fp8 = 0;
+    int ok = write_encoder_pair(src, dq, dd, &n_fp8) == 0;
+    CHECK(ok && n_fp8 > 4, "%s: writing the fp8 copy: %s (%d fp8 tensors)", name, tp_error_msg(), n_fp8);
+    if (!all_ok(ok)) goto out;
+    backend *be = backend_cpu_create(1);
+    comm *cm = comm_create_mpi(MPI_COMM_WORLD, be);
+    int n = 12;
+    int32_t ids[12];
+    for (int i = 0; i < n; i++) ids[i] = 3 + 7 * i;
+    float *a = malloc((size_t)(n * 2 * H) * 4), *b = malloc((size_t)(n * 2 * H) * 4);
+    int rc = encoder_hidden(dq, n, ids, a, H, be, cm);
+    CHECK(rc == 0, "%s fp8: %s", name, tp_error_msg());
+    int rc2 = rc ? -1 : encoder_hidden(dd, n, ids, b, H, be, cm);
+    CHECK(rc || rc2 == 0, "%s dequantised: %s", name, tp_error_msg());
+    if (!rc && !rc2) {
+        double e = rel_l2(a, b, (size_t)(n * 2 * H));
+        CHECK(e <= 1e-6, "%s: fp8 vs dequantised hidden states rel_l2 %.3g", name, e);
+    }
+    free(a), free(b);
+    comm_destroy(cm);
+    backend_destroy(be);
+out:
+    free(src), free(dq), free(dd);
+}
+
+TEST_MPI(fp8_text_encoders_match_dequantised) {
+    fp8_encoder_case("qwen3-tiny", 64);
+    fp8_encoder_case("mistral-tiny", 32);
+}

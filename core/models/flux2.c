@@ -103,9 +103,19 @@ static int swap_halves(flux2_model *m, const tensor *w, int64_t D) {
     op_copy(m->be, tmp, &top);
     op_copy(m->be, &top, &bottom);
     op_copy(m->be, &bottom, tmp);
-    int rc = be_sync(m->be);
     tensor_free(tmp);
-    return rc;
+    if (w->scale && w->scale_per_row) {   /* an fp8 weight's per-row scales swap with their rows */
+        tensor s = tensor_wrap(m->be, DT_F32, 2, D, w->scale), st = tensor_rows(&s, 0, 1), sb = tensor_rows(&s, 1, 1);
+        tensor *t1 = tensor_new(m->be, DT_F32, 1, D);
+        if (!t1) return tp_error_context("swapping the scales of final_layer.adaLN_modulation.1.weight");
+        op_copy(m->be, t1, &st);
+        op_copy(m->be, &st, &sb);
+        op_copy(m->be, &sb, t1);
+        int rc = be_sync(m->be);
+        tensor_free(t1);
+        return rc;
+    }
+    return be_sync(m->be);
 }
 
 static int bind_top(binder *b) {
