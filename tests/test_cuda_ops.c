@@ -443,6 +443,13 @@ TEST_GPU(gpu_fp8_dequant_and_gemm) {
             pair_poison(&db);
             op_copy(g_gpu, &db.g, &w.g); op_copy(g_cpu, &db.c, &w.c);
             pair_check(&db, "fp8 dequant to bf16", 0);
+            /* embedding rows from an fp8 table, some ids outside this shard */
+            int32_t ids[5] = {3, 97, 0, 120, 50};
+            pair g = pair_new(DT_F32, 5, 162);
+            pair_poison(&g);
+            op_gather_rows(g_gpu, &g.g, &w.g, ids, 5, 0); op_gather_rows(g_cpu, &g.c, &w.c, ids, 5, 0);
+            pair_check(&g, "fp8 gather_rows", 0);
+            pair_free(&g);
             /* a row view of the weight moves a per-row scale with it */
             pair wv = {tensor_rows(&w.g, 32, 40), tensor_rows(&w.c, 32, 40), NULL, NULL};
             for (int a = 0; a < 2; a++) {

@@ -110,3 +110,23 @@ extern "C" void cuda_fp8_epilogue(backend *be, tensor *y, const float *acc, cons
                                                                      bias ? (int)bias->dtype : 0);
     CUDA_LAUNCHED("fp8 epilogue");
 }
+
+/* embedding rows from an fp8 table (an fp8 text encoder's embed_tokens):
+ * y[i] = decode(table[ids[i] - row0]) * scale, 0 for another shard's row */
+__global__ void k_gather_fp8(void *y, int ydt, int64_t yld, const uint8_t *t, int e5m2, int64_t tld, int64_t trows,
+                             int64_t cols, const float *scale, int per_row, const int32_t *ids, int64_t n, int64_t row0) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * cols; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / cols, c = i % cols, src = (int64_t)ids[r] - row0;
+        float v = 0.0f;
+        if (src >= 0 && src < trows) v = fp8_decode_dev(t[src * tld + c], e5m2) * (scale ? scale[per_row ? src : 0] : 1.0f);
+        st_el(y, ydt, r * yld + c, v);
+    }
+}
+
+extern "C" void cuda_gather_rows_fp8(backend *be, tensor *y, const tensor *table, const int32_t *d_ids, int64_t n,
+                                     int64_t row0) {
+    k_gather_fp8<<<cuda_blocks(n * y->cols, 256), 256, 0, cuda_stream(be)>>>(
+        y->data, (int)y->dtype, y->ld, (const uint8_t *)table->data, table->dtype == DT_F8_E5M2, table->ld, table->rows,
+        y->cols, (const float *)table->scale, table->scale_per_row, d_ids, n, row0);
+    CUDA_LAUNCHED("gather_rows fp8");
+}

@@ -58,6 +58,8 @@ void cuda_copy(backend *, tensor *y, const tensor *x);
 int cuda_gemm_fp8_applies(backend *be, const tensor *y, const tensor *x, const tensor *w);
 int cuda_gemm_fp8(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
 void cuda_fp8_release(backend *be);
+/* op_gather_rows from an fp8 table (d_ids on the device), cuda_fp8.cu */
+void cuda_gather_rows_fp8(backend *be, tensor *y, const tensor *table, const int32_t *d_ids, int64_t n, int64_t row0);
 /* fp8 weight w -> dst (f32 or bf16, row pitch dld): decode x scale (cuda_fp8.cu) */
 void cuda_dequant(backend *be, void *dst, dtype_t ddt, int64_t dld, const tensor *w);
 void cuda_layernorm_mod(backend *, tensor *y, const tensor *x, const tensor *shift,
