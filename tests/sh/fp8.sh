@@ -43,6 +43,34 @@ PY
     [ -n "$want" ] && [ "$got" = "$want" ] && ok "inspect fp8 bytes tp $tp ($got)" || fail "inspect fp8 bytes tp $tp: got $got, want $want"
 done
 
+# FLUX.2-dev shapes, sparse mixed fp8 (block linears F8_E4M3 + per-channel scales): per-rank bytes at tp 2/4/8
+# against a count from the header (colwise scales split with their rows, rowwise ones replicated)
+"$TPGEN" bench load --make "$TMP/dev" --shape dev --sparse --fp8 >/dev/null 2>&1 || fail "bench load --make --fp8"
+for tp in 2 4 8; do
+    want=$(python3 - "$TMP/dev/transformer/diffusion_pytorch_model.safetensors" "$tp" <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], 'rb'); tp = int(sys.argv[2])
+h = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+size = {'F8_E4M3': 1, 'BF16': 2, 'F32': 4}
+rowwise = ('attn.to_out.0.weight', 'attn.to_add_out.weight', 'linear_out.weight')
+tot = 0
+for n, v in h.items():
+    if n == '__metadata__': continue
+    el = 1
+    for d in v['shape']: el *= d
+    if n.endswith('.weight_scale'):
+        w = n[:-len('.weight_scale')] + '.weight'
+        row = w.endswith(rowwise) or ('single_transformer_blocks' in w and w.endswith('attn.to_out.weight'))
+        tot += el * 4 // (1 if row else tp); continue
+    sharded = v['dtype'] == 'F8_E4M3'
+    tot += el * size[v['dtype']] // (tp if sharded else 1)
+print(tot)
+PY
+)
+    got=$("$TPGEN" inspect --model "$TMP/dev" --tp $tp --json | python3 -c "import json,sys; print(json.load(sys.stdin)['ranks'][0]['weight_bytes'])")
+    [ -n "$want" ] && [ "$got" = "$want" ] && ok "inspect dev fp8 bytes tp $tp ($got)" || fail "inspect dev fp8 bytes tp $tp: got $got, want $want"
+done
+
 # ---- --quantize fp8 ----
 for np in 1 2; do
     out=$($MPIRUN -np $np "$TPGEN" check --backend cpu --model "$A/model" --cases "$A/transformer_cases.safetensors" --quantize fp8 --tol 5e-2 2>&1)
