@@ -469,9 +469,10 @@ TEST_GPU(gpu_fp8_dequant_and_gemm) {
 
 /* E4M3 weights x bf16 activations at tensor-core friendly sizes: on sm_89+
  * the cuBLASLt fp8 GEMM (activations quantised to E4M3 with one dynamic
- * scale: ~1e-2 relative error expected), elsewhere the dequantising path.
- * Either must be within 6e-2 of the CPU's exact-weight product; ignoring a
- * scale or the activation scale would be off by ~1. */
+ * scale: E4M3's 3 mantissa bits give ~2-4e-2 relative error), elsewhere the
+ * dequantising path (~1e-3). Either must be within 1e-1 of the CPU's
+ * exact-weight product; ignoring a scale or the activation scale would be
+ * off by ~1. The printed rel_l2 shows which path ran. */
 TEST_GPU(gpu_fp8_tensor_core_gemm) {
     NEED_GPU(); NEED_CPU(gemm);
     for (int per_row = 0; per_row < 2; per_row++)
@@ -482,7 +483,7 @@ TEST_GPU(gpu_fp8_tensor_core_gemm) {
             op_gemm(g_gpu, &y.g, &x.g, &w.g, with_bias ? &b.g : NULL);
             op_gemm(g_cpu, &y.c, &x.c, &w.c, with_bias ? &b.c : NULL);
             pair_check(&y, per_row ? (with_bias ? "fp8 TC gemm per-row+bias" : "fp8 TC gemm per-row")
-                                   : (with_bias ? "fp8 TC gemm per-tensor+bias" : "fp8 TC gemm per-tensor"), 6e-2);
+                                   : (with_bias ? "fp8 TC gemm per-tensor+bias" : "fp8 TC gemm per-tensor"), 1e-1);
             pair_free(&w); pair_free(&x); pair_free(&y); pair_free(&b);
         }
 }

@@ -558,7 +558,7 @@ TEST(fp8_cpu_gemm_paths) {
  * f32 dequantises exactly (1e-4, the CUDA f32 golden tolerance); bf16 runs
  * the fp8 tensor-core GEMM where it applies (sm_89+, E4M3 layers without
  * full_precision_matrix_mult: the channel variant), whose activation
- * quantisation adds ~1e-2, hence 5e-2. */
+ * quantisation adds ~2-4e-2, hence 1e-1 (scale bugs are off by ~1). */
 TEST_GPU(gpu_fp8_golden_variants) {
     backend *be = backend_cuda_create(0);
     REQUIRE(be, "no CUDA backend: %s", tp_error_msg());
@@ -591,7 +591,7 @@ TEST_GPU(gpu_fp8_golden_variants) {
                 free_case(&c);
             }
             printf("# cuda fp8 golden %s %s: max rel_l2 %.3g\n", k_variants[v], p ? "bf16" : "f32", worst);
-            CHECK(worst <= (p ? 5e-2 : 1e-4), "%s %s: max rel_l2 %.3g", k_variants[v], p ? "bf16" : "f32", worst);
+            CHECK(worst <= (p ? 1e-1 : 1e-4), "%s %s: max rel_l2 %.3g", k_variants[v], p ? "bf16" : "f32", worst);
             flux2_free(m);
         }
     if (src) st_close(src);
