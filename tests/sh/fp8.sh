@@ -81,6 +81,36 @@ for np in 1 2; do
 done
 expect_fail "check --quantize int4" "quantize takes fp8" "$TPGEN" check --model "$A/model" --quantize int4
 
+# generate --quantize fp8 (flag and run-spec key) on a make-tiny pipeline at np 2: the same latents either way,
+# near but not equal to the unquantised run, and the PNG says so
+if "$TPGEN" make-tiny --out "$TMP/tiny" --seed 3 >/dev/null 2>&1; then
+    g=(--model "$TMP/tiny" --width 64 --height 48 --steps 2 --seed 5 --backend cpu)
+    if [ -d "$TMP/tiny/text_encoder" ]; then g+=(--prompt "a small test"); else g+=(--prompt-embeds "$TMP/tiny/prompt_embeds.safetensors"); fi
+    printf 'quantize: fp8\n' > "$TMP/q.yaml"
+    $MPIRUN -np 2 "$TPGEN" generate "${g[@]}" --save-latents "$TMP/plain.st" --no-decode >/dev/null 2>&1 &&
+    $MPIRUN -np 2 "$TPGEN" generate "${g[@]}" --quantize fp8 --save-latents "$TMP/q1.st" --output "$TMP/q1.png" >/dev/null 2>&1 &&
+    $MPIRUN -np 2 "$TPGEN" generate "${g[@]}" --spec "$TMP/q.yaml" --save-latents "$TMP/q2.st" --no-decode >/dev/null 2>&1
+    rc=$?
+    rel=$(python3 - "$TMP/plain.st" "$TMP/q1.st" <<'PY'
+import json, math, struct, sys
+def lat(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); t = h['latents']
+    o0, o1 = t['data_offsets']; d = b[8 + n + o0:8 + n + o1]
+    return struct.unpack('<%df' % (len(d) // 4), d)
+a, q = lat(sys.argv[1]), lat(sys.argv[2])
+print(math.sqrt(sum((x - y) ** 2 for x, y in zip(a, q)) / sum(x * x for x in a)))
+PY
+)
+    if [ $rc -eq 0 ] && cmp -s "$TMP/q1.st" "$TMP/q2.st" && python3 -c "import sys; sys.exit(0 if 1e-5 < $rel < 0.2 else 1)"; then
+        ok "generate --quantize fp8 (flag = spec key; latents $rel from the bf16 run)"
+    else fail "generate --quantize fp8: rc $rc, rel ${rel:-?}, flag/spec equal: $(cmp -s "$TMP/q1.st" "$TMP/q2.st" && echo yes || echo no)"; fi
+    if [ -d "$TMP/tiny/vae" ]; then
+        grep -aq "fp8 weights (--quantize)" "$TMP/q1.png" && ok "PNG parameters name --quantize fp8" || fail "PNG parameters lack --quantize"
+    fi
+else
+    fail "make-tiny for the --quantize test"
+fi
+
 # ---- bad fp8 files, from the golden scaled variant ----
 B=$TMP/bad
 mutate() {   # mutate NAME KIND: a copy of the scaled variant with one defect
