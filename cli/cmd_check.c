@@ -31,6 +31,7 @@ typedef struct check_opts {
     lora_spec loras[LORA_MAX_ADAPTERS];
     int n_loras;
     dtype_t precision;
+    int quantize_fp8;
     double tol;
     uint64_t seed;
     int unfused;
@@ -47,7 +48,7 @@ typedef struct check_case {
 static void usage(FILE *f) {
     fprintf(f, "usage: mpirun -np K tpgen check --model DIR [--cases FILE] [--precision f32|bf16] [--tol X]\n"
                "                          [--backend cpu|cuda] [--seed S] [--unfused] [--lora FILE[:W]]...\n"
-               "                          [--outputs FILE --prefix NAME]\n"
+               "                          [--outputs FILE --prefix NAME] [--quantize fp8]\n"
                "  --model DIR      pipeline folder (with transformer/) or the transformer folder itself\n"
                "  --cases FILE     golden cases (caseK.*); without it, compare with an unsharded run on rank 0\n"
                "  --precision P    f32 (default, reference) or bf16\n"
@@ -57,7 +58,8 @@ static void usage(FILE *f) {
                "  --unfused        one all-reduce per stream instead of one per sub-layer\n"
                "  --lora FILE[:W]  merge a LoRA adapter at weight W (default 1) into each rank's shard at load;\n"
                "                   repeatable (docs/lora.md)\n"
-               "  --outputs FILE   with --cases: expected outputs from FILE's <NAME>.caseK.output (--prefix NAME)\n");
+               "  --outputs FILE   with --cases: expected outputs from FILE's <NAME>.caseK.output (--prefix NAME)\n"
+               "  --quantize fp8   quantise the sharded linears to fp8 at load (the unsharded reference too)\n");
 }
 
 static int parse_args(int argc, char **argv, check_opts *o) {
@@ -78,6 +80,9 @@ static int parse_args(int argc, char **argv, check_opts *o) {
             if (o->n_loras == LORA_MAX_ADAPTERS) return tp_error("check: at most %d --lora flags", LORA_MAX_ADAPTERS);
             if (lora_spec_parse(v, &o->loras[o->n_loras])) return -1;
             o->n_loras++;
+        } else if (!strcmp(a, "--quantize")) {
+            if (strcmp(v, "fp8")) return tp_error("check: --quantize takes fp8 (got '%s')", v);
+            o->quantize_fp8 = 1;
         }
         else if (!strcmp(a, "--precision")) {
             if (!strcmp(v, "f32")) o->precision = DT_F32;
@@ -261,11 +266,12 @@ static int run_checks(const check_opts *o, const dist *d, backend *be, comm *c) 
     st_file *cases = NULL;
     load_stats ls = {0};
     st_file *outs = NULL;
-    int rc = flux2_load_lora(dir, be, c, o->precision, o->loras, o->n_loras, &m, &ls, NULL), n_cases = 2, failed = 0;
+    flux2_load_extras x = {.loras = o->loras, .n_loras = o->n_loras, .quantize_fp8 = o->quantize_fp8};
+    int rc = flux2_load_ex(dir, be, c, o->precision, &x, &m, &ls), n_cases = 2, failed = 0;
     if (!rc && o->outputs) rc = st_open(o->outputs, &outs);
     if (!rc && !o->cases && d->tp_rank == 0) {
         self = comm_create(MPI_COMM_SELF, be);
-        rc = self ? flux2_load_lora(dir, be, self, o->precision, o->loras, o->n_loras, &ref, NULL, NULL) : -1;
+        rc = self ? flux2_load_ex(dir, be, self, o->precision, &x, &ref, NULL) : -1;
         if (rc) tp_error_context("unsharded reference on rank 0");
     }
     if (dist_agree(d->tp_comm, rc)) { rc = -1; goto done; }   /* every rank reports and exits non-zero */

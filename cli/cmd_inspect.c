@@ -6,6 +6,7 @@
  * computes every rank of the requested tp. */
 #include "commands.h"
 #include "../core/err.h"
+#include "../core/fp8.h"
 #include "../core/weights.h"
 #include "../core/lora.h"
 #include "../core/models/flux2.h"
@@ -80,6 +81,17 @@ static void shape_str(char *buf, size_t n, const int64_t *s, int nd) {
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
+/* one line on the fp8 layout ("" when there is none) */
+static const char *fp8_summary(const checkpoint *c) {
+    static char buf[256];
+    if (!c->fp8) return "";
+    snprintf(buf, sizeof buf, "fp8: %d fp8 weights (%d with scales), %d scale/hint/marker tensors (%llu bytes) not "
+             "counted as weights%s\n", c->fp8->n_fp8, c->fp8->n_scaled, c->fp8->n_aux,
+             (unsigned long long)c->fp8->aux_bytes, c->fp8->marker == 2 ? ", scaled_fp8 marker: full-precision matmul"
+                                                   : c->fp8->marker ? ", scaled_fp8 marker" : "");
+    return buf;
+}
+
 static json_t *tensor_table(const checkpoint *c, const component_plan *cp, int tp, int print) {
     const plan *p = &cp->p;
     json_t *arr = json_array();
@@ -100,12 +112,29 @@ static json_t *tensor_table(const checkpoint *c, const component_plan *cp, int t
         if (!loaded) snprintf(l, sizeof l, "-");
         else if (ok) shape_str(l, sizeof l, loc, t->ndim);
         else snprintf(l, sizeof l, "(not divisible)");
-        if (print) printf("%-58s %-26s %-18s %s %s\n", t->name, style, g, l, dtype_name(t->dtype));
-        json_array_append_new(arr, json_pack("{s:s,s:s,s:s?,s:s,s:b,s:o,s:o}", "name", t->name, "style",
-                                             shard_style_name(si.style), "blocks", blocks, "dtype",
-                                             dtype_name(t->dtype), "loaded", loaded, "global",
-                                             shape_json(t->shape, t->ndim), "local",
-                                             ok && loaded ? shape_json(loc, t->ndim) : json_null()));
+        /* fp8 weights: their scale (per tensor, or per output channel: this
+         * rank's rows for a row split) and the hints */
+        const fp8_layer *q = fp8_layer_of(c, k);
+        char qs[160] = "";
+        json_t *qj = NULL;
+        if (q) {
+            int64_t nloc = q->per_row && ok ? (int64_t)(fp8_scale_bytes(c, k, &si, tp) / sizeof(float)) : q->n_scale;
+            const char *kind = !q->scale ? "none" : q->per_row ? "per_channel" : "per_tensor";
+            snprintf(qs, sizeof qs, " scale %s%s%s%s", !q->scale ? "none (raw fp8, 1)" : q->per_row ? "per-channel" : "per-tensor",
+                     q->per_row ? "" : "", q->input_scale ? " +input_scale" : "",
+                     q->flags & TQ_FULL_PRECISION_MM ? " full-precision-mm" : "");
+            if (q->per_row) snprintf(qs + strlen(qs), sizeof qs - strlen(qs), " [%lld local]", (long long)nloc);
+            qj = json_pack("{s:s,s:s?,s:I,s:I,s:f,s:b,s:s?}", "scale", kind, "scale_tensor", q->scale ? q->scale->name : NULL,
+                           "scales", (json_int_t)q->n_scale, "local_scales", (json_int_t)nloc, "input_scale",
+                           (double)q->input_scale, "full_precision_matrix_mult", (q->flags & TQ_FULL_PRECISION_MM) != 0,
+                           "hint", q->hint);
+        }
+        if (print) printf("%-58s %-26s %-18s %s %s%s\n", t->name, style, g, l, dtype_name(t->dtype), qs);
+        json_t *row = json_pack("{s:s,s:s,s:s?,s:s,s:b,s:o,s:o}", "name", t->name, "style", shard_style_name(si.style),
+                                "blocks", blocks, "dtype", dtype_name(t->dtype), "loaded", loaded, "global",
+                                shape_json(t->shape, t->ndim), "local", ok && loaded ? shape_json(loc, t->ndim) : json_null());
+        if (qj) json_object_set_new(row, "fp8", qj);
+        json_array_append_new(arr, row);
     }
     return arr;
 }
@@ -176,8 +205,8 @@ int cmd_inspect(int argc, char **argv) {
     char *err = valid ? NULL : xstrdup(tp_error_msg());
     const plan *p = &cp.p;
     if (opened && !a.json)
-        printf("model %s, component %s, plan %s, tp %d, %d tensors in %d file(s)\n\n", a.model, a.component,
-               p->rules ? p->model : "none (all replicated)", a.tp, c->n, c->n_files);
+        printf("model %s, component %s, plan %s, tp %d, %d tensors in %d file(s)\n%s\n", a.model, a.component,
+               p->rules ? p->model : "none (all replicated)", a.tp, c->n, c->n_files, fp8_summary(c));
     if (planned) tensors = tensor_table(c, &cp, a.tp, !a.json && !a.summary);
     if (valid) ranks = rank_table(c, &cp, a.tp, !a.json);
     json_t *loras = NULL;
@@ -191,6 +220,10 @@ int cmd_inspect(int argc, char **argv) {
                               tensors ? tensors : json_array());
         json_object_set_new(o, "plan", p->rules ? json_string(p->model) : json_null());
         if (a.n_loras) json_object_set_new(o, "loras", loras ? loras : json_array());
+        if (opened && c->fp8)
+            json_object_set_new(o, "fp8", json_pack("{s:i,s:i,s:i,s:i}", "fp8_weights", c->fp8->n_fp8, "scaled",
+                                                    c->fp8->n_scaled, "non_weight_tensors", c->fp8->n_aux, "marker",
+                                                    c->fp8->marker));
         char *s = json_dumps(o, JSON_INDENT(2));
         printf("%s\n", s);
         free(s);

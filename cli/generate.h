@@ -28,6 +28,7 @@ typedef struct gen_setup {
     int has_vae, has_text_encoder;
     int write_png;               /* VAE present and not --no-decode */
     dtype_t precision;
+    int quantize_fp8;            /* --quantize fp8 */
     char *transformer_dir, *vae_dir;
     /* --prompt-embeds, read at setup (small) */
     float *embeds;

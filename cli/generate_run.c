@@ -112,8 +112,9 @@ static int load_transformer(run_state *r) {
     double t0 = gen_now();
     load_stats ls = {0};
     struct lora_set *lset = NULL;
-    int rc = flux2_load_lora(g->transformer_dir, r->be, r->c, g->precision, g->spec->loras, g->spec->n_loras,
-                             &r->model, &ls, &lset);
+    flux2_load_extras x = {.loras = g->spec->loras, .n_loras = g->spec->n_loras, .quantize_fp8 = g->quantize_fp8,
+                           .lora_set_out = &lset};
+    int rc = flux2_load_ex(g->transformer_dir, r->be, r->c, g->precision, &x, &r->model, &ls);
     gen_lora_loaded(g, lset);
     lora_set_free(lset);
     r->m->bytes_loaded += ls.bytes_read;

@@ -97,6 +97,7 @@ static void apply_defaults(gen_setup *g, run_spec *s) {
     if (!s->output) s->output = xstrdup(runspec_n_jobs(s) > 1 ? "tpgen-{index:04}-{seed}.png" : "tpgen.png");
     g->use_cfg = g->family == FAMILY_KLEIN_BASE && s->guidance > 1.0;
     g->precision = s->precision && !strcmp(s->precision, "f32") ? DT_F32 : DT_BF16;
+    g->quantize_fp8 = s->quantize && !strcmp(s->quantize, "fp8");
 }
 
 /* FILE[:TENSOR]: the part after the last ':' names a tensor unless the
@@ -248,7 +249,9 @@ char *gen_parameters_text(const gen_setup *g, int job) {
                           "model: %s (%s)\n%stp: %d\nprecision: %s\ntpgen: %s\n",
                           prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
                           (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, s->width, s->height,
-                          s->model, g->family_name, loras, g->d->tp, g->precision == DT_F32 ? "f32" : "bf16",
+                          s->model, g->family_name, loras, g->d->tp,
+                          g->precision == DT_F32 ? (g->quantize_fp8 ? "f32, fp8 weights (--quantize)" : "f32")
+                          : g->quantize_fp8 ? "bf16, fp8 weights (--quantize)" : "bf16",
                           TPGEN_VERSION);
     free(neg);
     free(loras);

@@ -26,6 +26,7 @@ typedef struct run_spec {
     char *output;                /* path or pattern; NULL: default */
     char *precision;             /* "bf16" | "f32"; NULL: default (bf16) */
     char *backend;               /* "cpu" | "cuda"; NULL: default */
+    char *quantize;              /* "fp8": quantise the transformer at load; NULL: as stored */
     int tp;                      /* 0: the whole world */
     char *save_latents;          /* FILE or pattern */
     int no_decode;

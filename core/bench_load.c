@@ -88,10 +88,41 @@ static void free_inventory(inventory *v) {
     free(v->names), free(v->t);
 }
 
+/* --fp8: the sharded linears (as mixed fp8 files have them) become
+ * F8_E4M3 with a per-output-channel F32 `weight_scale` */
+static int g_make_fp8;
+
+static void make_fp8(inventory *v) {
+    int n0 = v->n;
+    for (int i = 0; i < n0; i++) {
+        const char *n = v->names[i];
+        if (v->t[i].ndim != 2 || strstr(n, ".norm") || (strncmp(n, "transformer_blocks.", 19) && strncmp(n, "single_transformer_blocks.", 26)))
+            continue;
+        v->t[i].dtype = DT_F8_E4M3;
+        size_t ml = strlen(n) - strlen(".weight");
+        add(v, xasprintf("%.*s.weight_scale", (int)ml, n), v->t[i].shape[0], 0);
+        v->t[v->n - 1].dtype = DT_F32;
+    }
+}
+
+typedef struct fill_ctx { unsigned seed; const st_write_tensor *t; } fill_ctx;
+
 /* Random BF16 in about [-0.05, 0.05]: a fast xorshift per chunk, seeded by
- * tensor index and offset so the data do not depend on chunking. */
+ * tensor index and offset so the data do not depend on chunking. fp8
+ * tensors get codes of ±2^-4..2^-1 (scaled by 2^-5 by their F32 scales). */
 static int fill_random(void *ctx, int index, void *buf, size_t offset, size_t n) {
-    uint64_t x = *(unsigned *)ctx * 0x9E3779B97F4A7C15ull ^ ((uint64_t)index << 40) ^ (offset + 1);
+    const fill_ctx *fc = ctx;
+    uint64_t x = fc->seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)index << 40) ^ (offset + 1);
+    if (fc->t[index].dtype == DT_F8_E4M3) {
+        uint8_t *q = buf;
+        for (size_t i = 0; i < n; i++) x ^= x << 13, x ^= x >> 7, x ^= x << 17, q[i] = (uint8_t)(0x20 | (x & 0x1f) | ((x >> 8 & 1) << 7));
+        return 0;
+    }
+    if (fc->t[index].dtype == DT_F32) {
+        float *f = buf;
+        for (size_t i = 0; i < n / 4; i++) f[i] = 1.0f / 32;
+        return 0;
+    }
     uint16_t *h = buf;
     for (size_t i = 0; i < n / 2; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
@@ -145,6 +176,7 @@ int flux2_make_checkpoint(const char *dir, const char *shape, int sparse, int sh
     if (write_configs(dir, s)) return -1;
     inventory v;
     build_inventory(s, &v);
+    if (g_make_fp8) make_fp8(&v);
     /* a fixed shuffle so shards mix tensors as real checkpoints do */
     for (int i = v.n - 1; i > 0; i--) {
         int j = (int)((seed * 2654435761u + (unsigned)i * 40503u) % (unsigned)(i + 1));
@@ -153,7 +185,8 @@ int flux2_make_checkpoint(const char *dir, const char *shape, int sparse, int sh
     }
     json_t *wm = json_object();
     uint64_t total = 0;
-    for (int i = 0; i < v.n; i++) total += 2ull * (uint64_t)v.t[i].shape[0] * (uint64_t)(v.t[i].ndim == 2 ? v.t[i].shape[1] : 1);
+    for (int i = 0; i < v.n; i++)
+        total += dtype_size(v.t[i].dtype) * (uint64_t)v.t[i].shape[0] * (uint64_t)(v.t[i].ndim == 2 ? v.t[i].shape[1] : 1);
     int rc = 0, per = (v.n + shards - 1) / shards;
     for (int f = 0; f < shards && !rc; f++) {
         int lo = f * per, hi = lo + per < v.n ? lo + per : v.n;
@@ -161,7 +194,8 @@ int flux2_make_checkpoint(const char *dir, const char *shape, int sparse, int sh
                                   : xasprintf("diffusion_pytorch_model-%05d-of-%05d.safetensors", f + 1, shards);
         char *path = xasprintf("%s/transformer/%s", dir, fname);
         const char *meta[] = {"format", "pt", NULL};
-        rc = st_write_stream(path, v.t + lo, hi - lo, meta, sparse ? NULL : fill_random, &seed);
+        fill_ctx fc = {seed, v.t + lo};
+        rc = st_write_stream(path, v.t + lo, hi - lo, meta, sparse ? NULL : fill_random, &fc);
         for (int i = lo; i < hi; i++) json_object_set_new(wm, v.t[i].name, json_string(fname));
         free(path), free(fname);
     }
@@ -307,9 +341,10 @@ static void print_rows(const bench_row *rows, int n, const char *mode, int threa
 }
 
 static int bench_usage(void) {
-    printf("usage: tpgen bench load --make DIR --shape dev|klein-4b|klein-9b|small [--sparse] [--shards N] [--seed S]\n"
+    printf("usage: tpgen bench load --make DIR --shape dev|klein-4b|klein-9b|small [--sparse] [--fp8] [--shards N] [--seed S]\n"
            "       mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--cold] [--threads T] [--json]\n\n"
-           "--make writes a FLUX.2-shaped BF16 checkpoint (random data, or holes with --sparse).\n"
+           "--make writes a FLUX.2-shaped BF16 checkpoint (random data, or holes with --sparse); --fp8: its sharded\n"
+           "linears F8_E4M3 with per-output-channel F32 weight_scale tensors, as mixed fp8 files are.\n"
            "--model loads DIR/transformer at tp = number of ranks; every rank reports its load time,\n"
            "bytes read, weight bytes and peak RSS. One mode per run (peak RSS is per process).\n"
            "--cold first evicts the checkpoint's pages from the page cache (posix_fadvise DONTNEED).\n"
@@ -386,6 +421,7 @@ int bench_load(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return bench_usage();
         else if (!strcmp(a, "--sparse")) sparse = 1;
+        else if (!strcmp(a, "--fp8")) g_make_fp8 = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--cold")) cold = 1;
         else if (v && !strcmp(a, "--make")) make = v, i++;

@@ -2,6 +2,7 @@
  * *.safetensors file, or shards listed by a *.safetensors.index.json. */
 #include "checkpoint.h"
 #include "err.h"
+#include "fp8.h"
 #include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -207,12 +208,15 @@ int checkpoint_open(const char *dir, checkpoint **out) {
     free(idx), free(single);
     if (rc) { checkpoint_close(c); return -1; }
     sort_tensors(c);
+    /* fp8 scales and hints are not weights: fp8_scan takes them out of the list */
+    if (fp8_scan(c)) { checkpoint_close(c); return -1; }
     *out = c;
     return 0;
 }
 
 void checkpoint_close(checkpoint *c) {
     if (!c) return;
+    fp8_checkpoint_free(c);
     for (int i = 0; i < c->n_files; i++) st_close(c->files[i]);
     free(c->files), free(c->infos), free(c->file_of), free(c->dir);
     free(c);

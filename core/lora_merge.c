@@ -205,6 +205,10 @@ static int merge_rects(merge_ctx *M, const shard_info *si, int tp, int rank, ten
     int lo, hi;
     find_segments(M->s, si->info->name, &lo, &hi);
     if (lo == hi) return 0;
+    if (dtype_is_fp8(si->info->dtype))
+        return tp_error("the tensor is stored in fp8 (%s), and LoRA adapters are merged into bf16/f32 weights only; "
+                        "use the bf16 checkpoint (with --quantize fp8 the adapters are merged first, then quantised)",
+                        dtype_name(si->info->dtype));
     shard_piece pc[PLAN_MAX_PIECES];
     int np = plan_shard_pieces(si, si->style == STYLE_REPLICATED ? 1 : tp, rank, pc);
     float *W = NULL, *delta = NULL;

@@ -46,9 +46,15 @@ static int parse_entry(const st_file *f, const char *name, json_t *v, st_tensor_
     if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) || json_array_size(jo) != 2)
         return tp_error("%s: tensor '%s' needs \"dtype\" (string), \"shape\" (array) and \"data_offsets\" ([begin, end])",
                         path, name);
-    if (dtype_from_name(json_string_value(jd), &ti->dtype))
-        return tp_error("%s: tensor '%s' has unknown dtype '%s' (supported: F32 BF16 F16 F64 I64 I32 I16 I8 U8 BOOL)",
-                        path, name, json_string_value(jd));
+    if (dtype_from_name(json_string_value(jd), &ti->dtype)) {
+        const char *dn = json_string_value(jd);
+        if (!strncmp(dn, "F8_", 3) || !strncmp(dn, "F4", 2) || !strncmp(dn, "F6", 2))
+            return tp_error("%s: tensor '%s' has the low-precision dtype '%s', which tpgen cannot compute with "
+                            "(supported fp8 storage: F8_E4M3, F8_E5M2); use a bf16 or F8_E4M3/F8_E5M2 checkpoint",
+                            path, name, dn);
+        return tp_error("%s: tensor '%s' has unknown dtype '%s' (supported: F32 BF16 F16 F64 I64 I32 I16 I8 U8 BOOL "
+                        "F8_E4M3 F8_E5M2)", path, name, dn);
+    }
     size_t nd = json_array_size(js);
     if (nd > ST_MAX_DIMS)
         return tp_error("%s: tensor '%s' has %zu dimensions (at most %d supported)", path, name, nd, ST_MAX_DIMS);

@@ -8,8 +8,54 @@ static const struct { const char *name; size_t size; } k_dtypes[DT_COUNT] = {
     [DT_F32] = {"F32", 4}, [DT_BF16] = {"BF16", 2}, [DT_F16] = {"F16", 2},
     [DT_F64] = {"F64", 8}, [DT_I64] = {"I64", 8},   [DT_I32] = {"I32", 4},
     [DT_I16] = {"I16", 2}, [DT_I8] = {"I8", 1},     [DT_U8] = {"U8", 1},
-    [DT_BOOL] = {"BOOL", 1},
+    [DT_BOOL] = {"BOOL", 1},   [DT_F8_E4M3] = {"F8_E4M3", 1}, [DT_F8_E5M2] = {"F8_E5M2", 1},
 };
+
+/* ---- fp8 ---- */
+static float g_e4m3[256], g_e5m2[256];
+
+/* From the format definitions: exponent field e, mantissa m of mbits bits,
+ * bias b: e == 0 subnormal m * 2^(1-b-mbits), else (1 + m/2^mbits) 2^(e-b). */
+static float fp8_decode(unsigned code, int ebits, int mbits, int has_inf) {
+    int s = code >> 7, e = (code >> mbits) & ((1 << ebits) - 1), m = code & ((1 << mbits) - 1);
+    int bias = (1 << (ebits - 1)) - 1, emax = (1 << ebits) - 1;
+    float v;
+    if (has_inf && e == emax) v = m ? NAN : INFINITY;
+    else if (!has_inf && e == emax && m == (1 << mbits) - 1) v = NAN;
+    else if (e == 0) v = ldexpf((float)m, 1 - bias - mbits);
+    else v = ldexpf((float)((1 << mbits) + m), e - bias - mbits);
+    return s ? -v : v;
+}
+
+__attribute__((constructor)) static void fp8_tables_init(void) {
+    for (unsigned c = 0; c < 256; c++) {
+        g_e4m3[c] = fp8_decode(c, 4, 3, 0);
+        g_e5m2[c] = fp8_decode(c, 5, 2, 1);
+    }
+}
+
+const float *fp8_table(dtype_t dt) { return dt == DT_F8_E4M3 ? g_e4m3 : dt == DT_F8_E5M2 ? g_e5m2 : NULL; }
+float fp8_max(dtype_t dt) { return dt == DT_F8_E4M3 ? 448.0f : 57344.0f; }
+
+uint8_t f32_to_fp8(dtype_t dt, float f) {
+    const float *t = fp8_table(dt);
+    uint8_t nan = dt == DT_F8_E4M3 ? 0x7f : 0x7e;
+    if (f != f) return nan;
+    uint8_t sign = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    if (a >= fp8_max(dt)) return sign | (dt == DT_F8_E4M3 ? 0x7e : 0x7b);
+    /* positive codes 0..max are increasing: binary search the bracket, then
+     * round to nearest, ties to the even code (even mantissa) */
+    int lo = 0, hi = dt == DT_F8_E4M3 ? 0x7e : 0x7b;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (t[mid] <= a) lo = mid;
+        else hi = mid;
+    }
+    double dl = (double)a - t[lo], dh = (double)t[hi] - a;
+    int c = dl < dh ? lo : dh < dl ? hi : (lo & 1 ? hi : lo);
+    return (uint8_t)(sign | c);
+}
 
 size_t dtype_size(dtype_t dt) { return (unsigned)dt < DT_COUNT ? k_dtypes[dt].size : 0; }
 const char *dtype_name(dtype_t dt) { return (unsigned)dt < DT_COUNT ? k_dtypes[dt].name : "?"; }
@@ -55,6 +101,12 @@ int convert_to_f32(float *dst, const void *src, dtype_t dt, size_t n) {
     case DT_BF16: { const uint16_t *s = src; for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]); return 0; }
     case DT_F16: { const uint16_t *s = src; for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]); return 0; }
     case DT_F64: { const double *s = src; for (size_t i = 0; i < n; i++) dst[i] = (float)s[i]; return 0; }
+    case DT_F8_E4M3: case DT_F8_E5M2: {   /* the code's value, scale 1 */
+        const uint8_t *s = src;
+        const float *t = fp8_table(dt);
+        for (size_t i = 0; i < n; i++) dst[i] = t[s[i]];
+        return 0;
+    }
     default: return tp_error("cannot convert dtype %s to F32", dtype_name(dt));
     }
 }
@@ -88,6 +140,7 @@ tensor *tensor_new(struct backend *be, dtype_t dt, int64_t rows, int64_t cols) {
 
 void tensor_free(tensor *t) {
     if (!t) return;
+    if (t->owner && t->scale) be_free(t->be, t->scale);
     if (t->owner && t->data) be_free(t->be, t->data);
     free(t);
 }
@@ -98,6 +151,7 @@ tensor tensor_rows(const tensor *t, int64_t r0, int64_t n) {
     v.owner = 0;
     v.rows = n;
     v.data = (char *)t->data + (size_t)r0 * (size_t)t->ld * dtype_size(t->dtype);
+    if (t->scale && t->scale_per_row) v.scale = (float *)t->scale + r0;
     return v;
 }
 
@@ -113,6 +167,7 @@ tensor tensor_cols(const tensor *t, int64_t c0, int64_t n) {
 tensor tensor_reshape(const tensor *t, int64_t rows, int64_t cols) {
     if (!tensor_contiguous(t) || rows * cols != t->rows * t->cols)
         tp_fatal("tensor_reshape: %lldx%lld -> %lldx%lld", (long long)t->rows, (long long)t->cols, (long long)rows, (long long)cols);
+    if (t->scale && t->scale_per_row && rows != t->rows) tp_fatal("tensor_reshape: a per-row scaled fp8 tensor keeps its rows");
     tensor v = *t;
     v.owner = 0;
     v.rows = rows;

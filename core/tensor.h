@@ -25,6 +25,8 @@ typedef enum {
     DT_I8,
     DT_U8,
     DT_BOOL,
+    DT_F8_E4M3,   /* fp8 storage dtypes (weights only): 1 sign, 4 exponent, 3 mantissa bits, no inf */
+    DT_F8_E5M2,   /* 1 sign, 5 exponent, 2 mantissa bits (IEEE-like, with inf) */
     DT_COUNT
 } dtype_t;
 
@@ -51,6 +53,17 @@ static inline float bf16r(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+/* fp8 codes (OCP FP8: E4M3 "fn", bias 7, max 448, NaN = S.1111.111, no inf;
+ * E5M2 bias 15, max 57344, inf and NaN as in IEEE). Decoding is exact in
+ * f32 (and in bf16); fp8_table(dt) gives all 256 values of a format. */
+static inline int dtype_is_fp8(int dt) { return dt == DT_F8_E4M3 || dt == DT_F8_E5M2; }
+const float *fp8_table(dtype_t dt);   /* 256 entries; NULL for a non-fp8 dtype */
+static inline float fp8_to_f32(dtype_t dt, uint8_t code) { return fp8_table(dt)[code]; }
+/* round to nearest even; values beyond the format's largest finite value
+ * saturate to it (callers clamp first, as the quantisers do), NaN -> NaN */
+uint8_t f32_to_fp8(dtype_t dt, float f);
+float fp8_max(dtype_t dt);            /* 448 or 57344 */
+
 /* Convert n elements of a float dtype (F32, BF16, F16, F64) to/from f32. */
 int convert_to_f32(float *dst, const void *src, dtype_t dt, size_t n);
 void convert_from_f32(void *dst, dtype_t dt, const float *src, size_t n);
@@ -64,8 +77,18 @@ typedef struct tensor {
     int64_t ld;           /* elements between the starts of consecutive rows, >= cols */
     void *data;           /* backend memory: host for the CPU backend, device for CUDA */
     struct backend *be;   /* where data lives */
-    int owner;            /* 1: tensor_free releases data through be */
+    int owner;            /* 1: tensor_free releases data (and scale) through be */
+    /* fp8 weights (dtype_is_fp8): value = decode(code) * scale. scale is f32
+     * on be: NULL means 1, else one value for the tensor (scale_per_row 0)
+     * or one per row of this view (tensor_rows moves it with the rows). */
+    void *scale;
+    int scale_per_row;
+    int quant_flags;      /* TQ_* hints from the checkpoint */
 } tensor;
+
+/* the layer must not run an fp8 GEMM (ComfyUI full_precision_matrix_mult):
+ * a backend dequantises it and multiplies in bf16/f32 */
+#define TQ_FULL_PRECISION_MM 1
 
 static inline int tensor_contiguous(const tensor *t) { return t->ld == t->cols || t->rows == 1; }
 static inline size_t tensor_nbytes(const tensor *t) {

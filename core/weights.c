@@ -7,6 +7,7 @@
  * ever holds a full-size host copy of a sharded tensor. */
 #include "weights.h"
 #include "err.h"
+#include "fp8.h"
 #include "../kernels/ops.h"
 #include <stdarg.h>
 #include <stdio.h>
@@ -149,6 +150,7 @@ typedef struct job {
     shard_info si;
     load_path path;
     int threaded;               /* CPU backend, no staging: on the reader threads */
+    int quantize;               /* --quantize fp8: read as stored, then quantised */
 } job;
 
 /* Stored dtype: the backend reads the file itself (or, on the CPU with
@@ -166,6 +168,8 @@ static int prepare(loader *L, int k, wentry *e, const plan *p, job *j) {
     const st_tensor_info *ti = L->c->infos[k];
     if (plan_shard(p, ti, p ? L->o->tp : 1, &j->si)) return -1;
     dtype_t dt = is_float(ti->dtype) ? L->o->dtype : ti->dtype;
+    j->quantize = L->o->quantize_fp8 && fp8_quantize_eligible(&j->si);
+    if (j->quantize) dt = ti->dtype;   /* no upcast of what becomes fp8 */
     e->info = *ti;
     e->info.name = xstrdup(ti->name);
     e->t = tensor_new(L->o->be, dt, j->si.local_rows, j->si.local_cols);
@@ -174,6 +178,10 @@ static int prepare(loader *L, int k, wentry *e, const plan *p, job *j) {
     j->path = pick_path(L, ti->dtype, dt);
     j->threaded = L->o->be->kind == BACKEND_CPU && j->path != PATH_STAGED;
     L->st->bytes_held += tensor_nbytes(e->t);
+    /* fp8 weights stay fp8; their scales (this rank's rows) ride on the tensor */
+    uint64_t sb;
+    if (fp8_attach_scale(L->c, k, &j->si, L->o->tp, L->o->rank, e->t, &sb)) return tp_error_context("tensor '%s'", ti->name);
+    L->st->bytes_held += sb;
     return 0;
 }
 
@@ -281,6 +289,13 @@ int weights_load(const checkpoint *c, const plan *p, const load_opts *o, weights
     if (!rc) rc = read_all(&L, jobs, w->n);
     for (int i = 0; i < w->n && !rc && o->transform; i++)
         rc = o->transform(o->transform_ctx, &jobs[i].si, o->tp, o->rank, w->e[i].t);
+    for (int i = 0; i < w->n && !rc; i++) {
+        if (!jobs[i].quantize) continue;
+        tensor *t = w->e[i].t;
+        st->bytes_held -= tensor_nbytes(t);
+        rc = fp8_quantize_tensor(t, w->e[i].info.name);
+        st->bytes_held += tensor_nbytes(t) + (uint64_t)t->rows * sizeof(float);
+    }
     st->max_staging = L.raw_size + L.conv_size + L.f32_size;
     loader_done(&L);
     free(order), free(jobs);
@@ -311,6 +326,7 @@ int weights_estimate_want(const checkpoint *c, const plan *p, int tp, int rank,
         int np = plan_shard_pieces(&si, tp, rank, pc);
         uint64_t bytes = 0;
         for (int j = 0; j < np; j++) bytes += (uint64_t)(pc[j].width * pc[j].height) * dtype_size(si.info->dtype);
+        bytes += fp8_scale_bytes(c, k, &si, tp);   /* fp8 scales held with the weight */
         if (si.style == STYLE_REPLICATED) out->bytes_replicated += bytes;
         else out->bytes_sharded += bytes, out->n_sharded++;
         if (bytes > out->max_local_tensor) out->max_local_tensor = bytes;

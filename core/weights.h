@@ -31,6 +31,7 @@ typedef struct load_opts {
      * rank; t holds the rank's local tensor in the target dtype. */
     int (*transform)(void *ctx, const shard_info *si, int tp, int rank, tensor *t);
     void *transform_ctx;
+    int quantize_fp8;           /* --quantize fp8: sharded linear weights become E4M3 + per-row scales (core/fp8.h) */
 } load_opts;
 
 /* Host staging never exceeds this per rank (CUDA copies go through it, as
@@ -45,7 +46,7 @@ typedef struct load_stats {
     uint64_t bytes_read;        /* bytes read from files by this rank */
     uint64_t bytes_replicated;  /* of which: replicated tensors */
     uint64_t bytes_sharded;     /* of which: this rank's shards */
-    uint64_t bytes_held;        /* bytes of backend memory the weights occupy */
+    uint64_t bytes_held;        /* bytes of backend memory the weights occupy (fp8 scales included) */
     uint64_t max_staging;       /* largest host staging buffer used */
     double seconds;
     int n_tensors;

@@ -4,7 +4,8 @@
  *
  * Conventions for every compute op
  * - All tensors live on the backend passed in (t->be == be).
- * - Activations are DT_F32 or DT_BF16; weights are DT_F32 or DT_BF16.
+ * - Activations are DT_F32 or DT_BF16; weights are DT_F32, DT_BF16 or, for
+ *   op_gemm, op_copy and op_gather_rows, fp8 with scales (tensor.scale).
  *   Arithmetic is fp32; the result is rounded to the output tensor's dtype.
  *   When the output is bf16, ops round at the points where eager PyTorch in
  *   bf16 rounds (spec flux2-transformer.md §3), noted per op below.
@@ -121,10 +122,15 @@ int tensor_download_raw(const tensor *t, void *host);
 
 /* y[M,N] = x[M,K] · w[N,K]ᵀ (+ bias[1,N] when not NULL). fp32 accumulation;
  * y rounded once to its dtype. w is a weight (f32 or bf16, contiguous rows,
- * ld >= K). Shapes: x.cols == w.cols, y.rows == x.rows, y.cols == w.rows. */
+ * ld >= K) or fp8 (F8_E4M3/F8_E5M2 with its scales, core/tensor.h: the
+ * product is x · (decode(w) * scale)ᵀ; the CPU widens fp8 panels inside
+ * the GEMM, CUDA runs an fp8 tensor-core GEMM or dequantises to bf16).
+ * Shapes: x.cols == w.cols, y.rows == x.rows, y.cols == w.rows. */
 void op_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
 
-/* y = x with dtype conversion; same shape; views allowed. */
+/* y = x with dtype conversion; same shape; views allowed. An fp8 x (a
+ * weight, core/tensor.h) is dequantised: y = decode(code) * scale, one
+ * f32 multiply rounded to y's dtype (f32: the exact dequantised value). */
 void op_copy(backend *be, tensor *y, const tensor *x);
 
 /* y = LN(x) * (1 + scale) + shift, LN over each row without affine,

@@ -308,6 +308,9 @@ PY
 awk '/^bench gemm BF16/{print $4, $5, $6, $10, $(NF-1)}' "$OUTDIR/bench.log" | while read -r m n k tf raw; do
     row "GEMM bf16 $m $n $k" "op_gemm $tf TFLOP/s, bare cuBLAS $raw TFLOP/s"
 done
+awk '/^bench gemm FP8/{print $4, $5, $6, $7, $11, $(NF-1)}' "$OUTDIR/bench.log" | while read -r m n k sc tf deq; do
+    row "GEMM fp8 E4M3 $m $n $k $sc" "op_gemm $tf TFLOP/s (fp8 tensor cores on sm_89+), dequant path $deq TFLOP/s"
+done
 awk '/^bench attention/{print $4, $5, $7, $(NF-1)}' "$OUTDIR/bench.log" | while read -r s h kind tf; do
     row "attention $s $h ($kind)" "$tf TFLOP/s"
 done

@@ -105,7 +105,8 @@ static int convert_one(const checkpoint *c, const bfl_map *e, int blk, st_write_
 
 /* Write <dir>/BFL_FILE from the golden diffusers transformer, leaving out
  * the tensor named `skip` (NULL: none). Returns the number written or -1. */
-static int write_bfl(const char *dir, const char *skip) {
+int write_bfl(const char *dir, const char *skip);   /* also used by tests/test_fp8.c */
+int write_bfl(const char *dir, const char *skip) {
     char *src = golden_transformer();
     checkpoint *c = NULL;
     int rc = checkpoint_open(src, &c);

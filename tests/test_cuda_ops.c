@@ -399,4 +399,93 @@ TEST_GPU(gpu_image_ops) {
     }
 }
 
+
+/* fp8 weights: the dequantise kernel (op_copy fp8 -> f32 is exact, so it
+ * must match the CPU bit for bit) and op_gemm with fp8 weights (per-tensor
+ * and per-row scales, both formats, bf16 and f32 activations). */
+static pair fp8_pair(dtype_t dt, int64_t rows, int64_t cols, int per_row) {
+    pair p = pair_new(dt, rows, cols);
+    size_t n = (size_t)(rows * cols);
+    uint8_t *codes = xmalloc(n);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = (uint8_t)(rand() & 0xff);
+        if (!isfinite(fp8_to_f32(dt, c))) c = 0x30;   /* weights hold no NaN/inf */
+        codes[i] = c;
+    }
+    int64_t ns = per_row ? rows : 1;
+    float *sc = xmalloc((size_t)ns * sizeof(float));
+    for (int64_t i = 0; i < ns; i++) sc[i] = frand(1e-3f, 2e-2f);
+    tensor *ts[2] = {&p.g, &p.c};
+    tensor *own[2] = {p.gown, p.cown};
+    for (int k = 0; k < 2; k++) {
+        if (tensor_upload_raw(ts[k], codes)) tp_fatal("upload: %s", tp_error_msg());
+        own[k]->scale = be_alloc(ts[k]->be, (size_t)ns * sizeof(float));
+        if (!own[k]->scale || be_upload(ts[k]->be, own[k]->scale, sc, (size_t)ns * sizeof(float))) tp_fatal("scale upload");
+        own[k]->scale_per_row = per_row;
+        *ts[k] = *own[k];
+    }
+    free(codes), free(sc);
+    return p;
+}
+
+TEST_GPU(gpu_fp8_dequant_and_gemm) {
+    NEED_GPU(); NEED_CPU(gemm); NEED_CPU(copy);
+    const dtype_t fmts[2] = {DT_F8_E4M3, DT_F8_E5M2};
+    for (int f = 0; f < 2; f++)
+        for (int per_row = 0; per_row < 2; per_row++) {
+            /* sizes that are not multiples of 16 keep this on the dequantising path */
+            pair w = fp8_pair(fmts[f], 98, 162, per_row);
+            pair d = pair_new(DT_F32, 98, 162);
+            pair_poison(&d);
+            op_copy(g_gpu, &d.g, &w.g); op_copy(g_cpu, &d.c, &w.c);
+            pair_check(&d, per_row ? "fp8 dequant per-row" : "fp8 dequant per-tensor", 0);
+            pair db = pair_new(DT_BF16, 98, 162);
+            pair_poison(&db);
+            op_copy(g_gpu, &db.g, &w.g); op_copy(g_cpu, &db.c, &w.c);
+            pair_check(&db, "fp8 dequant to bf16", 0);
+            /* embedding rows from an fp8 table, some ids outside this shard */
+            int32_t ids[5] = {3, 97, 0, 120, 50};
+            pair g = pair_new(DT_F32, 5, 162);
+            pair_poison(&g);
+            op_gather_rows(g_gpu, &g.g, &w.g, ids, 5, 0); op_gather_rows(g_cpu, &g.c, &w.c, ids, 5, 0);
+            pair_check(&g, "fp8 gather_rows", 0);
+            pair_free(&g);
+            /* a row view of the weight moves a per-row scale with it */
+            pair wv = {tensor_rows(&w.g, 32, 40), tensor_rows(&w.c, 32, 40), NULL, NULL};
+            for (int a = 0; a < 2; a++) {
+                dtype_t dt = k_dts[a];
+                pair x = pair_rand(dt, 70, 162, -1, 1), y = pair_new(dt, 70, 98), yv = pair_new(dt, 70, 40);
+                pair_poison(&y), pair_poison(&yv);
+                op_gemm(g_gpu, &y.g, &x.g, &w.g, NULL); op_gemm(g_cpu, &y.c, &x.c, &w.c, NULL);
+                pair_check(&y, "gemm fp8 weight", tol_for(dt));
+                op_gemm(g_gpu, &yv.g, &x.g, &wv.g, NULL); op_gemm(g_cpu, &yv.c, &x.c, &wv.c, NULL);
+                pair_check(&yv, "gemm fp8 weight row view", tol_for(dt));
+                pair_free(&x); pair_free(&y); pair_free(&yv);
+            }
+            pair_free(&w); pair_free(&d); pair_free(&db);
+        }
+}
+
+
+/* E4M3 weights x bf16 activations at tensor-core friendly sizes: on sm_89+
+ * the cuBLASLt fp8 GEMM (activations quantised to E4M3 with one dynamic
+ * scale: E4M3's 3 mantissa bits give ~2-4e-2 relative error), elsewhere the
+ * dequantising path (~1e-3). Either must be within 1e-1 of the CPU's
+ * exact-weight product; ignoring a scale or the activation scale would be
+ * off by ~1. The printed rel_l2 shows which path ran. */
+TEST_GPU(gpu_fp8_tensor_core_gemm) {
+    NEED_GPU(); NEED_CPU(gemm);
+    for (int per_row = 0; per_row < 2; per_row++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            pair w = fp8_pair(DT_F8_E4M3, 256, 512, per_row);
+            pair x = pair_rand(DT_BF16, 200, 512, -3, 3), y = pair_new(DT_BF16, 200, 256), b = pair_rand(DT_BF16, 1, 256, -1, 1);
+            pair_poison(&y);
+            op_gemm(g_gpu, &y.g, &x.g, &w.g, with_bias ? &b.g : NULL);
+            op_gemm(g_cpu, &y.c, &x.c, &w.c, with_bias ? &b.c : NULL);
+            pair_check(&y, per_row ? (with_bias ? "fp8 TC gemm per-row+bias" : "fp8 TC gemm per-row")
+                                   : (with_bias ? "fp8 TC gemm per-tensor+bias" : "fp8 TC gemm per-tensor"), 1e-1);
+            pair_free(&w); pair_free(&x); pair_free(&y); pair_free(&b);
+        }
+}
+
 #endif /* TPGEN_CUDA */

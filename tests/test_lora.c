@@ -117,7 +117,8 @@ static void env_close(env *e) {
 /* One case: load with its adapters at tp = world, compare the 3 outputs. */
 static void check_case(env *e, const char *name, const lora_spec *sp, int n, double tol, float *keep[3]) {
     flux2_model *m = NULL;
-    int rc = flux2_load_lora(e->dir, e->be, e->c, DT_F32, sp, n, &m, NULL, NULL);
+    flux2_load_extras x = {.loras = sp, .n_loras = n};
+    int rc = flux2_load_ex(e->dir, e->be, e->c, DT_F32, &x, &m, NULL);
     CHECK(rc == 0, "%s: load: %s", name, tp_error_msg());
     if (!all_ok(rc == 0)) return;
     float *out[3] = {0};

@@ -8,6 +8,7 @@
 #include "../comm.h"
 #include "../dist.h"
 #include "../err.h"
+#include "../fp8.h"
 #include <cblas.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 
 typedef struct bench_opts {
     int n_img, n_txt, n_double, n_single, iters, warmup, prec_mask;
+    int fp8;                    /* --quantize fp8: the block linears as E4M3 + per-row scales */
     const char *backend;
 } bench_opts;
 
@@ -43,6 +45,10 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--iters")) o->iters = atoi(v);
         else if (!strcmp(a, "--warmup")) o->warmup = atoi(v);
         else if (!strcmp(a, "--backend")) o->backend = v;
+        else if (!strcmp(a, "--quantize")) {
+            if (strcmp(v, "fp8")) return tp_error("bench forward: --quantize takes fp8 (got '%s')", v);
+            o->fp8 = 1;
+        }
         else if (!strcmp(a, "--precision"))
             o->prec_mask = !strcmp(v, "f32") ? 1 : !strcmp(v, "bf16") ? 2 : !strcmp(v, "both") ? 3 : 0;
         else return tp_error("bench forward: unknown option '%s'", a);
@@ -139,6 +145,7 @@ static int timed_forwards(const bench_opts *o, const dist *d, flux2_model *m, be
     return 0;
 }
 
+static int g_fp8;   /* the report's label */
 static void report(const dist *d, dtype_t prec, int fused, const flux2_stats *s, const gemm_shapes *shapes) {
     double t = max_all(d, s->seconds), ar = mean_all(d, s->allreduce_seconds);
     double at = mean_all(d, s->attention_seconds), gt = mean_all(d, s->gemm_seconds);
@@ -153,7 +160,7 @@ static void report(const dist *d, dtype_t prec, int fused, const flux2_stats *s,
     if (d->tp_rank) return;
     printf("%-4s tp=%d %-7s %8.3f s/forward %8.1f GFLOP/s (all ranks)  all-reduce %5.1f%% (%ld calls, %.1f MB)"
            "  attention %5.1f%%  gemm %5.1f%%\n",
-           prec == DT_F32 ? "f32" : "bf16", d->tp, fused ? "fused" : "unfused", t, all_flops / t * 1e-9, 100 * ar / t,
+           prec == DT_F32 ? (g_fp8 ? "f32+fp8w" : "f32") : g_fp8 ? "bf16+fp8w" : "bf16", d->tp, fused ? "fused" : "unfused", t, all_flops / t * 1e-9, 100 * ar / t,
            s->allreduces, s->allreduce_bytes / 1e6, 100 * at / t, 100 * gt / t);
     if (shapes)
         printf("     gemm: %.3f s in the forward (%.1f GFLOP/s per rank) vs %.3f s plain OpenBLAS sgemm of the same %d "
@@ -199,8 +206,22 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
     size_t before = be->bytes_in_use;
     be->peak_bytes = be->bytes_in_use;
     if (dist_agree(d->tp_comm, flux2_init_random(&cfg, be, c, prec, 1234, &m))) return -1;
+    if (o->fp8) {   /* the linears a mixed fp8 file stores in fp8 (--quantize fp8's choice) */
+        int qrc = 0;
+        for (int i = 0; i < cfg.num_layers && !qrc; i++) {
+            flux2_double_w *b = &m->dbl[i];
+            const tensor *l[] = {b->to_q, b->to_k, b->to_v, b->to_out, b->add_q, b->add_k, b->add_v, b->to_add_out,
+                                 b->ff_in, b->ff_out, b->ffc_in, b->ffc_out};
+            for (size_t j = 0; j < sizeof l / sizeof l[0] && !qrc; j++) qrc = fp8_quantize_tensor((tensor *)l[j], "double-block linear");
+        }
+        for (int i = 0; i < cfg.num_single_layers && !qrc; i++)
+            qrc = fp8_quantize_tensor((tensor *)m->sgl[i].qkv_mlp, "qkv_mlp") ||
+                  fp8_quantize_tensor((tensor *)m->sgl[i].to_out, "to_out");
+        if (dist_agree(d->tp_comm, qrc)) return flux2_free(m), -1;
+    }
     double weights_mb = (double)(be->bytes_in_use - before) / 1e6;
     flux2_set_profiling(m, 1);
+    g_fp8 = o->fp8;
     bench_inputs in;
     inputs_make(o, &in);
     gemm_shapes shapes = {0};
@@ -235,7 +256,8 @@ int bench_forward(int argc, char **argv) {
     if (rc == 1) {
         if (d.world_rank == 0)
             printf("usage: mpirun -np TP tpgen bench forward [--precision f32|bf16|both] [--image-tokens 1024]\n"
-                   "       [--text-tokens 128] [--double 2] [--single 2] [--iters 2] [--warmup 1] [--backend cpu|cuda]\n");
+                   "       [--text-tokens 128] [--double 2] [--single 2] [--iters 2] [--warmup 1] [--backend cpu|cuda]\n"
+                   "       [--quantize fp8]\n");
         dist_finalize(&d);
         return 0;
     }

@@ -104,9 +104,19 @@ static int swap_halves(flux2_model *m, const tensor *w, int64_t D) {
     op_copy(m->be, tmp, &top);
     op_copy(m->be, &top, &bottom);
     op_copy(m->be, &bottom, tmp);
-    int rc = be_sync(m->be);
     tensor_free(tmp);
-    return rc;
+    if (w->scale && w->scale_per_row) {   /* an fp8 weight's per-row scales swap with their rows */
+        tensor s = tensor_wrap(m->be, DT_F32, 2, D, w->scale), st = tensor_rows(&s, 0, 1), sb = tensor_rows(&s, 1, 1);
+        tensor *t1 = tensor_new(m->be, DT_F32, 1, D);
+        if (!t1) return tp_error_context("swapping the scales of final_layer.adaLN_modulation.1.weight");
+        op_copy(m->be, t1, &st);
+        op_copy(m->be, &st, &sb);
+        op_copy(m->be, &sb, t1);
+        int rc = be_sync(m->be);
+        tensor_free(t1);
+        return rc;
+    }
+    return be_sync(m->be);
 }
 
 static int bind_top(binder *b) {
@@ -281,11 +291,16 @@ json_t *flux2_transformer_config(const char *dir, char **where) {
 }
 
 int flux2_load(const char *dir, backend *be, comm *c, dtype_t precision, flux2_model **out, load_stats *st) {
-    return flux2_load_lora(dir, be, c, precision, NULL, 0, out, st, NULL);
+    return flux2_load_ex(dir, be, c, precision, NULL, out, st);
 }
 
-int flux2_load_lora(const char *dir, backend *be, comm *c, dtype_t precision, const lora_spec *loras, int n_loras,
-                    flux2_model **out, load_stats *st, lora_set **set_out) {
+int flux2_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, const flux2_load_extras *x,
+                  flux2_model **out, load_stats *st) {
+    static const flux2_load_extras none = {0};
+    if (!x) x = &none;
+    const lora_spec *loras = x->loras;
+    int n_loras = x->n_loras;
+    lora_set **set_out = x->lora_set_out;
     *out = NULL;
     if (set_out) *set_out = NULL;
     lora_set *ls = NULL;
@@ -312,7 +327,7 @@ int flux2_load_lora(const char *dir, backend *be, comm *c, dtype_t precision, co
     }
     plan p;
     if (bfl ? plan_flux2_bfl(cfg_json, &p) : plan_flux2(cfg_json, &p)) goto done;
-    load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision};
+    load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision, .quantize_fp8 = x->quantize_fp8};
     if (n_loras) {
         /* every adapter is checked against the checkpoint before a weight byte is read */
         if (lora_set_open(loras, n_loras, ck, m->rank == 0, &ls)) goto done;

@@ -77,15 +77,22 @@ typedef struct flux2_model flux2_model;
  * dist_agree over c->mpi). st may be NULL. */
 int flux2_load(const char *transformer_dir, struct backend *be, struct comm *c, dtype_t precision,
                flux2_model **out, load_stats *st);
-/* flux2_load with LoRA adapters merged into each rank's shard at load
- * (core/lora.h): every adapter is validated against the checkpoint before
- * any weight is read. *set_out (optional) receives the opened set with the
- * bytes each adapter gave this rank (free with lora_set_free). */
+/* flux2_load with load-time transformations of each rank's shard:
+ * LoRA adapters merged in (core/lora.h; every adapter is validated against
+ * the checkpoint before any weight is read; *lora_set_out, if given,
+ * receives the opened set with the bytes each adapter gave this rank, free
+ * with lora_set_free), then --quantize fp8 (the sharded linears become E4M3
+ * with per-row absmax scales, core/fp8.h). x may be NULL. */
 struct lora_spec;
 struct lora_set;
-int flux2_load_lora(const char *transformer_dir, struct backend *be, struct comm *c, dtype_t precision,
-                    const struct lora_spec *loras, int n_loras, flux2_model **out, load_stats *st,
-                    struct lora_set **set_out);
+typedef struct flux2_load_extras {
+    const struct lora_spec *loras;
+    int n_loras;
+    int quantize_fp8;
+    struct lora_set **lora_set_out;
+} flux2_load_extras;
+int flux2_load_ex(const char *transformer_dir, struct backend *be, struct comm *c, dtype_t precision,
+                  const flux2_load_extras *x, flux2_model **out, load_stats *st);
 
 /* A model with random weights of the given config, generated in memory
  * (benchmarks; no file). Each rank fills its local shard from `seed` and

@@ -27,7 +27,11 @@ static int bufs_alloc(llm *m, int n, int n_idx, fwd_bufs *b) {
     const llm_config *c = &m->cfg;
     backend *be = m->be;
     int64_t H = c->hidden, D = c->head_dim;
-    dtype_t in_dt = m->embed->dtype == DT_BF16 ? DT_BF16 : DT_F32;   /* GEMM inputs */
+    /* the run's precision: the embedding's dtype, or a norm's when the
+     * embedding is stored fp8 (norms never are; its rows are dequantised
+     * into emb by op_gather_rows) */
+    dtype_t prec = dtype_is_fp8(m->embed->dtype) ? m->layers[0].in_norm->dtype : m->embed->dtype;
+    dtype_t in_dt = prec == DT_BF16 ? DT_BF16 : DT_F32;   /* GEMM inputs */
     struct { tensor **t; dtype_t dt; int64_t r, cols; } want[] = {
         {&b->x, DT_F32, n, H}, {&b->xn, in_dt, n, H}, {&b->y, DT_F32, n, H},
         {&b->q, DT_F32, n, m->nq_local * D}, {&b->att, in_dt, n, m->nq_local * D},
@@ -35,7 +39,7 @@ static int bufs_alloc(llm *m, int n, int n_idx, fwd_bufs *b) {
         {&b->gate, DT_F32, n, m->ffn_local}, {&b->up, DT_F32, n, m->ffn_local},
         {&b->act, in_dt, n, m->ffn_local}, {&b->out, DT_F32, n, (int64_t)n_idx * H},
         {&b->cos, DT_F32, n, D}, {&b->sin, DT_F32, n, D}, {&b->key_valid, DT_I32, 1, n},
-        {&b->emb, m->embed->dtype, n, H},
+        {&b->emb, prec, n, H},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!(*want[i].t = tensor_new(be, want[i].dt, want[i].r, want[i].cols)))

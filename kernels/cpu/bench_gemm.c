@@ -54,6 +54,25 @@ static tensor *random_tensor(backend *be, dtype_t dt, int64_t rows, int64_t cols
     return t;
 }
 
+/* an E4M3 weight with per-row scales (the layout of mixed fp8 checkpoints):
+ * the codes of a random [-0.5, 0.5) matrix quantised by row absmax */
+static tensor *random_fp8(backend *be, int64_t rows, int64_t cols) {
+    tensor *f = random_tensor(be, DT_F32, rows, cols), *t = f ? tensor_new(be, DT_F8_E4M3, rows, cols) : NULL;
+    if (!t) { tensor_free(f); return NULL; }
+    float *s = be_alloc(be, (size_t)rows * sizeof(float));
+    const float *v = f->data;
+    uint8_t *q = t->data;
+    for (int64_t r = 0; r < rows; r++) {
+        float a = 0;
+        for (int64_t c = 0; c < cols; c++) a = fmaxf(a, fabsf(v[r * cols + c]));
+        s[r] = a > 0 ? a / 448.0f : 1.0f;
+        for (int64_t c = 0; c < cols; c++) q[r * cols + c] = f32_to_fp8(DT_F8_E4M3, v[r * cols + c] / s[r]);
+    }
+    t->scale = s, t->scale_per_row = 1;
+    tensor_free(f);
+    return t;
+}
+
 /* ---- --ops: attention and convolution ---- */
 
 typedef struct {
@@ -164,16 +183,16 @@ int bench_gemm(int argc, char **argv) {
     printf("# op_gemm GFLOP/s, M = %lld tokens, %d threads, best of %d (%s time); AVX512-BF16 kernel: %s\n",
            (long long)M, omp_get_max_threads(), reps, g_cpu_time ? "CPU" : "wall",
            avx ? "yes" : "not available on this CPU/build");
-    printf("%-14s %10s %10s %12s %14s %14s\n", "W [N x K]", "sgemm f32", "op f32", "op bf16w/f32x", "op bf16 port.",
-           "op bf16 avx512");
+    printf("%-14s %10s %10s %12s %14s %14s %12s %14s\n", "W [N x K]", "sgemm f32", "op f32", "op bf16w/f32x", "op bf16 port.",
+           "op bf16 avx512", "op fp8w/f32x", "op fp8w avx512");
     int rc = 0;
     for (int s = 0; s < nshape && !rc; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
         double flop = 2.0 * (double)M * (double)N * (double)K;
         tensor *x = random_tensor(be, DT_F32, M, K), *xb = random_tensor(be, DT_BF16, M, K);
         tensor *w = random_tensor(be, DT_F32, N, K), *wb = random_tensor(be, DT_BF16, N, K);
-        tensor *y = tensor_new(be, DT_F32, M, N), *yb = tensor_new(be, DT_BF16, M, N);
-        if (!x || !xb || !w || !wb || !y || !yb) {
+        tensor *y = tensor_new(be, DT_F32, M, N), *yb = tensor_new(be, DT_BF16, M, N), *w8 = random_fp8(be, N, K);
+        if (!x || !xb || !w || !wb || !y || !yb || !w8) {
             fprintf(stderr, "tpgen: error: bench gemm: %s\n", tp_error_msg());
             rc = 1;
         } else {
@@ -185,12 +204,16 @@ int bench_gemm(int argc, char **argv) {
             cpu_gemm_force_portable(0);
             char avxs[32] = "-";
             if (avx) snprintf(avxs, sizeof avxs, "%.1f", flop / best_seconds(be, RUN_OP, yb, xb, wb, reps) * 1e-9);
+            /* fp8 weights: widened to f32 panels (f32 x), on the AVX512-BF16 kernel (bf16 x) */
+            double g_8f = flop / best_seconds(be, RUN_OP, y, x, w8, reps) * 1e-9;
+            char avx8[32] = "-";
+            if (avx) snprintf(avx8, sizeof avx8, "%.1f", flop / best_seconds(be, RUN_OP, yb, xb, w8, reps) * 1e-9);
             char shape[32];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)N, (long long)K);
-            printf("%-14s %10.1f %10.1f %12.1f %14.1f %14s\n", shape, g_sg, g_f32, g_wb, g_port, avxs);
+            printf("%-14s %10.1f %10.1f %12.1f %14.1f %14s %12.1f %14s\n", shape, g_sg, g_f32, g_wb, g_port, avxs, g_8f, avx8);
             fflush(stdout);
         }
-        tensor_free(x); tensor_free(xb); tensor_free(w); tensor_free(wb); tensor_free(y); tensor_free(yb);
+        tensor_free(x); tensor_free(xb); tensor_free(w); tensor_free(wb); tensor_free(y); tensor_free(yb); tensor_free(w8);
     }
     if (!rc && ops) rc = ops_table(be, reps, avx);
     backend_destroy(be);

@@ -24,7 +24,8 @@ void cpu_copy(backend *be, tensor *y, const tensor *x) {
         for (int64_t r = 0; r < R; r++) memmove(row_ptr(y, r), row_ptr(x, r), w);
         return;
     }
-    CPU_REQUIRE(is_float_dt(x->dtype) && is_float_dt(y->dtype), "op_copy: %s -> %s unsupported",
+    /* an fp8 source is dequantised (decode x scale): the dequant op */
+    CPU_REQUIRE(is_weight_dt(x->dtype) && is_float_dt(y->dtype), "op_copy: %s -> %s unsupported",
                 dtype_name(x->dtype), dtype_name(y->dtype));
 #pragma omp parallel if (R * C > CPU_PAR_MIN)
     {

@@ -9,10 +9,13 @@
  * has a full f32 copy, and the widening cost (N·K per row chunk) is small
  * next to the 2·M·N·K flops. With bf16 x and bf16 w on a CPU with
  * AVX512-BF16 the dot products can instead run on vdpbf16ps, see
- * cpu_gemm_bf16.c. y is rounded once, after the bias. */
+ * cpu_gemm_bf16.c, and with bf16 x and fp8 w on the same kernel through
+ * cpu_gemm_fp8.c (fp8 weights on the tiled path are widened with their
+ * scales by row_f32). y is rounded once, after the bias. */
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include "cpu_gemm_bf16.h"
+#include "cpu_gemm_fp8.h"
 #include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -107,7 +110,7 @@ void cpu_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const te
     CPU_REQUIRE(w->cols == K && y->rows == M && y->cols == N,
                 "op_gemm: y [%lld,%lld] = x [%lld,%lld] · w [%lld,%lld]ᵀ: shapes do not match", (long long)y->rows,
                 (long long)y->cols, (long long)M, (long long)K, (long long)w->rows, (long long)w->cols);
-    CPU_REQUIRE(is_float_dt(x->dtype) && is_float_dt(w->dtype) && is_float_dt(y->dtype),
+    CPU_REQUIRE(is_float_dt(x->dtype) && is_weight_dt(w->dtype) && is_float_dt(y->dtype),
                 "op_gemm: dtypes %s/%s/%s", dtype_name(y->dtype), dtype_name(x->dtype), dtype_name(w->dtype));
     if (M == 0 || N == 0) return;
     int owned;
@@ -120,6 +123,8 @@ void cpu_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const te
         gemm_f32_direct(y, x, w, b);
     } else if (cpu_bf16_kernels_enabled() && x->dtype == DT_BF16 && w->dtype == DT_BF16 && cpu_gemm_bf16_usable(M, N, K)) {
         cpu_gemm_bf16(y, x, w, b);
+    } else if (cpu_gemm_fp8_usable(x, w)) {
+        cpu_gemm_fp8(y, x, w, b);   /* fp8 codes packed as bf16 pairs, scale in the epilogue */
     } else {
         gemm_tiled(y, x, w, b);
     }

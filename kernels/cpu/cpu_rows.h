@@ -57,6 +57,16 @@ static inline const float *row_f32(const tensor *t, int64_t r, int64_t c0, int64
         for (int64_t i = 0; i < n; i++) buf[i] = f16_to_f32(s[i]);
         return buf;
     }
+    case DT_F8_E4M3:
+    case DT_F8_E5M2: {
+        /* fp8 weight: decode(code) * scale, one exactly rounded f32 multiply
+         * (the dequantised value of the checkpoint, bit for bit) */
+        const uint8_t *s = (const uint8_t *)p + c0;
+        const float *lut = fp8_table(t->dtype);
+        float sc = t->scale ? ((const float *)t->scale)[t->scale_per_row ? r : 0] : 1.0f;
+        for (int64_t i = 0; i < n; i++) buf[i] = lut[s[i]] * sc;
+        return buf;
+    }
     default: tp_fatal("cpu op: dtype %s is not a float activation/weight type", dtype_name(t->dtype));
     }
 }
@@ -87,6 +97,8 @@ static inline float round_to(dtype_t dt, float v) {
 }
 
 static inline int is_float_dt(dtype_t dt) { return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16; }
+/* weights may also be fp8 (widened by row_f32 with their scales) */
+static inline int is_weight_dt(dtype_t dt) { return is_float_dt(dt) || dtype_is_fp8(dt); }
 
 /* Fatal shape checks (bad shapes are programming errors, see ops.h). */
 #define CPU_REQUIRE(cond, ...) do { if (!(cond)) tp_fatal(__VA_ARGS__); } while (0)

@@ -163,6 +163,7 @@ static int cuda_sync(backend *be) {
 static void cuda_destroy(backend *be) {
     cuda_impl *c = cuda_of(be);
     cudaStreamSynchronize(c->stream);
+    cuda_fp8_release(be);
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++) device_free(be, c->scratch[i]);
     for (int i = 0; i < CUDA_STAGING_BUFFERS; i++) {
         if (c->staging[i]) cudaFreeHost(c->staging[i]);

@@ -86,6 +86,12 @@ static void same_shape(const tensor *a, const tensor *b, const char *op) {
 }
 
 void cuda_copy(backend *be, tensor *y, const tensor *x) {
+    if (dtype_is_fp8(x->dtype)) {  /* fp8 weight: dequantise */
+        cuda_need_float(y, "copy");
+        same_shape(y, x, "copy");
+        cuda_dequant(be, y->data, y->dtype, y->ld, x);
+        return;
+    }
     cuda_need_float(y, "copy");
     cuda_need_float(x, "copy");
     same_shape(y, x, "copy");

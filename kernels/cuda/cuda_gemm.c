@@ -52,6 +52,21 @@ static const void *as_f32(backend *be, const tensor *t, int slot, int64_t *ld) {
 }
 
 void cuda_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias) {
+    tensor wd;
+    /* E4M3 weights on sm_89+: the fp8 tensor cores (cuda_gemm_fp8.c) */
+    if (dtype_is_fp8(w->dtype) && x->cols == w->cols && y->rows == x->rows && y->cols == w->rows &&
+        cuda_gemm_fp8_applies(be, y, x, w) && cuda_gemm_fp8(be, y, x, w, bias) == 0)
+        return;
+    if (dtype_is_fp8(w->dtype)) {
+        /* fp8 weight: dequantised into scratch in x's dtype (bf16 x: the
+         * decoded codes times the scale rounded to bf16 once), then the
+         * ordinary GEMM; one weight's local shard at a time */
+        need_float(x, "gemm");
+        wd = tensor_wrap(be, x->dtype, w->rows, w->cols,
+                         cuda_scratch(be, 2, dtype_size(x->dtype) * (size_t)w->rows * (size_t)w->cols));
+        cuda_dequant(be, wd.data, wd.dtype, wd.ld, w);
+        w = &wd;
+    }
     need_float(y, "gemm"); need_float(x, "gemm"); need_float(w, "gemm");
     if (x->cols != w->cols || y->rows != x->rows || y->cols != w->rows || (bias && bias->cols != w->rows))
         tp_fatal("cuda gemm: bad shapes y [%lld,%lld] = x [%lld,%lld] · w [%lld,%lld]ᵀ", (long long)y->rows,

@@ -89,7 +89,7 @@ void cuda_transpose(backend *be, tensor *y, const tensor *x) {
 
 void cuda_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t *ids, int64_t n, int64_t row0) {
     cuda_need_float(y, "gather_rows");
-    cuda_need_float(table, "gather_rows");
+    if (!dtype_is_fp8(table->dtype)) cuda_need_float(table, "gather_rows");
     if (y->rows < n || y->cols != table->cols) tp_fatal("cuda gather_rows: y must be [>=%lld, %lld]", (long long)n,
                                                         (long long)table->cols);
     if (n == 0) return;
@@ -97,6 +97,7 @@ void cuda_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t
      * driver has taken its own copy, so the caller may free ids at once. */
     int32_t *d_ids = (int32_t *)cuda_scratch(be, 2, sizeof(int32_t) * (size_t)n);
     CUDA_CHECK(cudaMemcpyAsync(d_ids, ids, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, cuda_stream(be)));
+    if (dtype_is_fp8(table->dtype)) { cuda_gather_rows_fp8(be, y, table, d_ids, n, row0); return; }
     k_gather<<<cuda_blocks(n * y->cols, 256), 256, 0, cuda_stream(be)>>>(y->data, y->dtype, y->ld, table->data,
                                                                          table->dtype, table->ld, table->rows, y->cols,
                                                                          d_ids, n, row0);

@@ -53,6 +53,15 @@ void *cuda_scratch(backend *be, int slot, size_t bytes);
  * cuda_norm.cu, cuda_attention.cu and cuda_image.cu. */
 void cuda_gemm(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
 void cuda_copy(backend *, tensor *y, const tensor *x);
+/* fp8 tensor-core GEMM (cuda_gemm_fp8.c): applies / run (-1: no algorithm,
+ * use the dequantising path) / release the backend's cuBLASLt state */
+int cuda_gemm_fp8_applies(backend *be, const tensor *y, const tensor *x, const tensor *w);
+int cuda_gemm_fp8(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
+void cuda_fp8_release(backend *be);
+/* op_gather_rows from an fp8 table (d_ids on the device), cuda_fp8.cu */
+void cuda_gather_rows_fp8(backend *be, tensor *y, const tensor *table, const int32_t *d_ids, int64_t n, int64_t row0);
+/* fp8 weight w -> dst (f32 or bf16, row pitch dld): decode x scale (cuda_fp8.cu) */
+void cuda_dequant(backend *be, void *dst, dtype_t ddt, int64_t dld, const tensor *w);
 void cuda_layernorm_mod(backend *, tensor *y, const tensor *x, const tensor *shift,
                         const tensor *scale, float eps);
 void cuda_rmsnorm(backend *, tensor *y, const tensor *x, const tensor *w, int group, float eps);

@@ -153,6 +153,9 @@ bad_cases() {   # BINARY PREFIX
         --lora "$TMP/nan_rank1.safetensors"
     expect_fail "${p}lora: inspect with a junk adapter" "junk\.safetensors" \
         "$T" inspect --model "$G/flux2-tiny-a/model" --lora "$TMP/junk.safetensors"
+    expect_fail "${p}lora: an adapter on fp8-stored weights is refused on every rank" "rank [01]: .*stored in fp8 \(F8_E4M3\).*--quantize fp8" \
+        timeout 120 $MPIRUN -np 2 "$T" check --backend cpu --model "$G/flux2-fp8/scaled" \
+        --lora "$G/flux2-lora/adapters/peft_r4.safetensors"
 }
 bad_cases "$TPGEN" ""
 ASAN=$TPGEN_ROOT/build-asan

@@ -78,6 +78,35 @@ static int bench_gemm_shapes(backend *be, int64_t M) {
             tensor_free(c.y); tensor_free(c.x); tensor_free(c.w);
         }
     }
+    /* E4M3 weights (per-tensor and per-row scales) with bf16 activations: the
+     * fp8 tensor-core path (sm_89+) against the dequantising path */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int per_row = 0; per_row < 2; per_row++) {
+            int64_t N = shapes[s][0], K = shapes[s][1];
+            tensor *w = tensor_new(be, DT_F8_E4M3, N, K);
+            if (!w) tp_fatal("%s", tp_error_msg());
+            uint8_t *q = xmalloc((size_t)(N * K));
+            srand(9);
+            for (int64_t i = 0; i < N * K; i++) q[i] = (uint8_t)((rand() & 0x3f) | (rand() & 0x80));
+            int64_t ns = per_row ? N : 1;
+            float *sc = xmalloc((size_t)ns * sizeof(float));
+            for (int64_t i = 0; i < ns; i++) sc[i] = 1e-3f;
+            w->scale = be_alloc(be, (size_t)ns * sizeof(float));
+            w->scale_per_row = per_row;
+            if (tensor_upload_raw(w, q) || !w->scale || be_upload(be, w->scale, sc, (size_t)ns * sizeof(float)))
+                tp_fatal("%s", tp_error_msg());
+            free(q), free(sc);
+            gemm_ctx c = {be, make(be, DT_BF16, M, N, 1), make(be, DT_BF16, M, K, 2), w, h};
+            double flop = 2.0 * M * N * K;
+            double t_fp8 = time_ms(be, run_op_gemm, &c, 20);
+            setenv("TPGEN_FP8_GEMM", "0", 1);
+            double t_deq = time_ms(be, run_op_gemm, &c, 20);
+            unsetenv("TPGEN_FP8_GEMM");
+            printf("bench gemm FP8 M=%lld N=%lld K=%lld scale=%s op_gemm %.3f ms %.1f TFLOP/s | dequant path %.3f ms %.1f TFLOP/s\n",
+                   (long long)M, (long long)N, (long long)K, per_row ? "row" : "tensor", t_fp8, flop / t_fp8 / 1e9, t_deq,
+                   flop / t_deq / 1e9);
+            tensor_free(c.y); tensor_free(c.x); tensor_free(w);
+        }
     cublasDestroy(h);
     return 0;
 }
