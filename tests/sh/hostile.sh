@@ -105,6 +105,14 @@ bad_cases() { # BIN PREFIX
 }
 bad_cases "$TPGEN" ""
 
+# ---- every rank exits non-zero under mpirun, and the error is printed once ----
+out=$($MPIRUN -np 2 "$TPGEN" --spec "$H/alias.yaml" 2>&1); rc=$?
+[ $rc -ne 0 ] && [ "$(echo "$out" | grep -c 'prompts add up to more than 64 MB')" = 1 ] && ok "hostile_mpirun_spec_error_all_ranks" ||
+    fail "hostile_mpirun_spec_error_all_ranks: rc $rc: $(echo "$out" | tail -3)"
+out=$($MPIRUN -np 2 "$TPGEN" tokenize --model "$H/tok_id_huge" --prompt ab 2>&1); rc=$?
+[ $rc -ne 0 ] && [ "$(echo "$out" | grep -c 'is far beyond')" = 1 ] && ok "hostile_mpirun_tokenizer_error_all_ranks" ||
+    fail "hostile_mpirun_tokenizer_error_all_ranks: rc $rc: $(echo "$out" | tail -3)"
+
 # ---- non-finite values: every rank exits non-zero, no PNG ----
 "$TPGEN" make-tiny --out "$H/tiny" >/dev/null 2>&1 || fail "hostile: make-tiny failed"
 cp -r "$H/tiny" "$H/nan_w"; cp -r "$H/tiny" "$H/nan_te"
@@ -140,6 +148,10 @@ if [ -x "$ASAN/tpgen" ]; then
     # memory bounds are for the plain binary (ASan adds its shadow and quarantine)
     bounded() { local name=$1 pat=$2; shift 4; expect_fail "$name" "$pat" "$@"; }
     bad_cases "$ASAN/tpgen" "asan_"
+    out=$("$ASAN/tpgen_tests" hostile_ 2>&1); rc=$?
+    n=$(echo "$out" | grep -c '^ok - ')
+    [ $rc -eq 0 ] && [ "$n" -ge 5 ] && ok "asan_unit_hostile_tests ($n passed)" ||
+        fail "asan_unit_hostile_tests: rc $rc: $(echo "$out" | grep -E 'FAIL|ERROR|runtime error' | head -3)"
     expect_fail "asan_hostile_decode_nan_latents" "is not finite" "$ASAN/tpgen" decode --model "$H/tiny" --latents "$H/nan_lat.safetensors" --output "$H/nan_lat2.png"
 else
     fail "sanitizer runs: build-asan/ not found (the test command 'make test' builds it; or run 'make asan')"
