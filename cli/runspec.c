@@ -374,8 +374,10 @@ int runspec_load_file(run_spec *s, const char *path) {
     fclose(f);
     buf[n] = 0;
     if (bad || strlen(buf) != n) {
+        size_t at = strlen(buf);
         free(buf);
-        return tp_error("cannot read the run spec %s: %s", path, bad ? "read error" : "it contains NUL bytes");
+        if (bad) return tp_error("cannot read the run spec %s: read error", path);
+        return tp_error("the run spec %s has a NUL byte at byte offset %zu; a run spec is UTF-8 text", path, at);
     }
     int rc = runspec_load_string(s, buf, path);
     free(buf);

@@ -66,6 +66,7 @@ printf 'model: %s\noutput: "%s{prompt}-{seed}.png"\nprompts: [a, b, c, d, e, f, 
 { printf 'model: %s\nprompts:\n  - &a "%s"\n' "$H/nothing" "$(head -c 60000 /dev/zero | tr '\0' p)"; for i in $(seq 2000); do echo "  - *a"; done; } >"$H/alias.yaml"
 printf 'model: %s\nprompt: "%s"\n' "$H/nothing" "$(head -c 70000 /dev/zero | tr '\0' p)" >"$H/long_prompt.yaml"
 truncate -s $((1100 << 20)) "$H/huge_prompts.txt"
+printf 'prompt: ab\0cd\n' >"$H/nul.yaml"
 
 bad_cases() { # BIN PREFIX
     local b=$1 p=$2
@@ -93,6 +94,7 @@ bad_cases() { # BIN PREFIX
     expect_fail "${p}hostile_tokenizer_leading_zero" 'cannot read the tokenizer file' "$b" tokenize --model "$H/tok_lead0" --prompt ab
     expect_fail "${p}hostile_header_cap" 'header length 536870912 is more than the limit of 256 MB' "$b" inspect --model "$H/hcap"
     bounded "${p}hostile_prompts_file_cap" 'larger than the limit of 1 GB' 2 100 "$b" --model "$H/nothing" --prompts-file "$H/huge_prompts.txt"
+    expect_fail "${p}hostile_spec_nul" 'has a NUL byte at byte offset 10' "$b" --spec "$H/nul.yaml"
     expect_fail "${p}hostile_yaml_prompt_cap" 'prompt is 70000 bytes, more than the limit of 65536' "$b" --spec "$H/long_prompt.yaml"
     # issue 16 item 7: a NUL on stdin is refused with its offset, not cut there
     expect_fail "${p}hostile_stdin_nul" 'NUL byte at byte offset 2' sh -c "printf 'ab\\0cd' | '$b' tokenize --model '$TPGEN_GOLDEN/qwen3-tokenizer' --prompt -"
@@ -134,6 +136,11 @@ out=$($MPIRUN -np 2 "$TPGEN" check --model "$H/nan_w" 2>&1); rc=$?
 out=$($MPIRUN -np 2 "$TPGEN" --model "$H/nan_te" $G --output "$H/nan_te.png" 2>&1); rc=$?
 [ $rc -ne 0 ] && [ ! -e "$H/nan_te.png" ] && echo "$out" | grep -q 'text encoder: the prompt embeddings are not finite' &&
     ok "hostile_nan_text_encoder_tp2" || fail "hostile_nan_text_encoder_tp2: rc $rc: $(echo "$out" | tail -3)"
+cp -r "$H/tiny" "$H/nan_vae"
+$CRAFT poke "$H/nan_vae/vae/diffusion_pytorch_model.safetensors" decoder.conv_out.bias inf
+out=$("$TPGEN" --model "$H/nan_vae" $G --output "$H/nan_vae.png" 2>&1); rc=$?
+[ $rc -ne 0 ] && [ ! -e "$H/nan_vae.png" ] && echo "$out" | grep -q 'VAE decode: the decoded image is not finite (Inf at channel 0' &&
+    ok "hostile_inf_vae_weight_no_png" || fail "hostile_inf_vae_weight_no_png: rc $rc: $(echo "$out" | tail -3)"
 # decode: NaN latents, and a height of 2^32 + 64 that an int cast made 64
 $CRAFT latents "$H/nan_lat.safetensors" 16 32 64 64 nan
 $CRAFT latents "$H/big_lat.safetensors" 16 32 4294967360 64 0
