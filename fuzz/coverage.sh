@@ -35,5 +35,6 @@ for name in safetensors runspec tokenizer config; do
     LLVM_PROFILE_FILE="$out/$name.profraw" "$bin" -runs=0 "$corpus" >/dev/null 2>&1 || true
     llvm-profdata merge -sparse -o "$out/$name.profdata" "$out/$name.profraw"
     echo "# fuzz_$name ($(ls "$corpus" | wc -l) inputs from $corpus)"
-    llvm-cov report "$bin" -instr-profile="$out/$name.profdata" ${files[$name]} | awk 'NR == 1 || /^(core|cli|plans|TOTAL)/ { print $1, "lines", $(NF-3), "of", $(NF-4), "missed -> line coverage", $NF }'
+    llvm-cov report "$bin" -instr-profile="$out/$name.profdata" ${files[$name]} |
+        awk '$2 ~ /^[0-9]+$/ { printf "  %-22s %5d lines, %5d missed: line coverage %s\n", $1, $8, $9, $10 }'
 done

@@ -1,12 +1,14 @@
 /* libFuzzer harness: a safetensors file (header + data) opened with
  * st_open, every tensor planned with the FLUX.2 plan at tp 1..4, and the
- * same bytes as the only file of a checkpoint folder (checkpoint_open). */
+ * same bytes as the only file of a checkpoint folder (checkpoint_open);
+ * the tensors are read back as f32 and i64. */
 #include "core/checkpoint.h"
 #include "core/err.h"
 #include "plans/plan.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char g_dir[64], g_file[128];
@@ -37,6 +39,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 }
         json_decref(cfg);
         for (int i = 0; i < st->n_meta; i++) (void)st_meta(st, st->meta_keys[i]);
+        /* the readers: sizes are bounded by the file, which is small here */
+        for (int i = 0; i < st->n && i < 16; i++) {
+            float *f = NULL;
+            int64_t *v = NULL;
+            if (st_read_f32(st, st->tensors[i].name, &f, NULL) == 0) free(f);
+            if (st_read_i64(st, st->tensors[i].name, &v, NULL) == 0) free(v);
+        }
         st_close(st);
     }
     checkpoint *c = NULL;
