@@ -73,7 +73,34 @@ test: all asan
 	tests/run.sh
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
 
 .PHONY: all asan test clean
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# ---- fuzzing (fuzz/): libFuzzer harnesses built with clang, ASan + UBSan ----
+# `make fuzz FUZZ_TIME=60` builds them in build-fuzz/ and runs each for
+# FUZZ_TIME seconds on a copy of its seed corpus (fuzz/corpus/NAME); a crash
+# fails with the reproducer (see fuzz/run.sh).
+FUZZ_CC    ?= clang
+FUZZ_TIME  ?= 30
+FUZZ_BUILD := build-fuzz
+FUZZ_NAMES := safetensors runspec tokenizer config
+FUZZ_FLAGS := -std=c17 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -fopenmp -I. $(MPI_CFLAGS) \
+              -I/usr/include/x86_64-linux-gnu/openblas-openmp -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_OBJ   := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
+
+$(FUZZ_BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c -o $@ $<
+
+$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS) $(HOST_LDLIBS)
+
+fuzz-build: $(FUZZ_NAMES:%=$(FUZZ_BUILD)/fuzz_%)
+
+fuzz: fuzz-build
+	fuzz/run.sh $(FUZZ_TIME) $(FUZZ_NAMES)
+
+.PHONY: fuzz fuzz-build
+.SECONDARY: $(FUZZ_OBJ)

@@ -11,6 +11,7 @@
  * this check only). One line per case "caseK rel_err=E", then
  * "max_rel_err=E tol=T PASS|FAIL"; exit 0 iff every case passes. */
 #include "commands.h"
+#include "../core/checkpoint.h"
 #include "../core/comm.h"
 #include "../core/dist.h"
 #include "../core/err.h"
@@ -311,6 +312,14 @@ static int run_checks(const check_opts *o, const dist *d, backend *be, comm *c) 
     if (d->tp_rank == 0) {
         printf("max_rel_err=%.3e tol=%g %s\n", max_err, o->tol, failed ? "FAIL" : "PASS");
         fflush(stdout);
+        /* a non-finite output: name the weights that hold NaN/Inf */
+        if (!isfinite(max_err)) {
+            checkpoint *ck = NULL;
+            int nb = checkpoint_open(dir, &ck) ? -1 : checkpoint_scan_finite(ck, 1);
+            if (nb > 0) printf("# the output is not finite: %d tensor(s) of %s hold NaN/Inf (listed above)\n", nb, dir);
+            else if (nb == 0) printf("# the output is not finite, but every weight of %s is finite\n", dir);
+            checkpoint_close(ck);
+        }
     }
     MPI_Bcast(&failed, 1, MPI_INT, 0, d->tp_comm);
     rc = failed ? 1 : 0;

@@ -9,6 +9,7 @@
 #include "../core/safetensors.h"
 #include "../core/models/vae.h"
 #include "../kernels/ops.h"
+#include <errno.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,10 +39,13 @@ static void usage(FILE *f) {
             "  --backend B          cpu, cuda or auto (default auto)\n");
 }
 
+/* the largest image side accepted, from a flag or the metadata */
+#define DECODE_MAX_SIDE (1 << 20)
+
 static int parse_int(const char *flag, const char *s, int *out) {
     char *end;
     long v = strtol(s, &end, 10);
-    if (*s == 0 || *end || v <= 0 || v > 1 << 20) return tp_error("%s expects a positive integer, got '%s'", flag, s);
+    if (*s == 0 || *end || v <= 0 || v > DECODE_MAX_SIDE) return tp_error("%s expects a positive integer, got '%s'", flag, s);
     *out = (int)v;
     return 0;
 }
@@ -89,12 +93,17 @@ static void split_latents_arg(const char *arg, char **file, char **tensor) {
     }
 }
 
+
 static int meta_int(const st_file *f, const char *key, int *out) {
     const char *s = st_meta(f, key);
     if (!s) return 0;
     char *end;
-    long v = strtol(s, &end, 10);
-    if (*end || v <= 0) return tp_error("%s: metadata %s='%s' is not a positive integer", f->path, key, s);
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    /* range-checked before the int: 4294967360 must not become 64 */
+    if (end == s || *end || errno || v <= 0 || v > DECODE_MAX_SIDE)
+        return tp_error("%s: metadata %s='%s' is not an image size from 1 to %d pixels; give the size with "
+                        "--width W --height H", f->path, key, s, DECODE_MAX_SIDE);
     *out = (int)v;
     return 0;
 }
@@ -142,10 +151,15 @@ static int read_latents(const decode_opts *o, const vae_config *cfg, float **lat
         *hl = *H / ppt;
         *wl = *W / ppt;
         if ((int64_t)*hl * *wl != n)
-            rc = tp_error("%s: tensor '%s' holds %lld tokens, but a %dx%d image needs %d x %d = %d; "
-                          "check --width/--height", file, name, (long long)n, *W, *H, *wl, *hl, *hl * *wl);
+            rc = tp_error("%s: tensor '%s' holds %lld tokens, but a %dx%d image needs %d x %d = %lld; "
+                          "check --width/--height", file, name, (long long)n, *W, *H, *wl, *hl, (long long)*hl * *wl);
     }
     if (!rc) rc = st_read_f32(f, name, lat, NULL);
+    int64_t bad = rc ? -1 : first_nonfinite_f32(*lat, (size_t)n * (size_t)C);
+    if (bad >= 0)   /* they would decode to a black image */
+        rc = tp_error("%s: tensor '%s' is not finite (%s at token %lld, channel %lld); the run that wrote it went "
+                      "wrong, render it again", file, name, (*lat)[bad] != (*lat)[bad] ? "NaN" : "Inf",
+                      (long long)(bad / C), (long long)(bad % C));
     if (!rc) *params = parameters_text(o, st_meta(f, "seed"), st_meta(f, "steps"));
     st_close(f);
     free(file);

@@ -16,20 +16,23 @@
 
 typedef struct inspect_args {
     const char *model, *component;
-    int tp, json, summary;
+    int tp, json, summary, scan;
     lora_spec loras[LORA_MAX_ADAPTERS];
     int n_loras;
 } inspect_args;
 
 static int usage(FILE *f) {
-    fprintf(f, "usage: tpgen inspect --model DIR [--component NAME] [--tp N] [--json] [--summary] [--lora FILE[:W]]...\n\n"
+    fprintf(f, "usage: tpgen inspect --model DIR [--component NAME] [--tp N] [--json] [--summary] [--scan-weights]\n"
+               "                     [--lora FILE[:W]]...\n\n"
                "Shows how NAME (default transformer) of the pipeline folder DIR is split over N ranks\n"
                "(default 1): each tensor's style and global/local shape, whether the split is valid,\n"
                "and per rank the weight bytes and the largest staging buffer. Reads headers only.\n"
                "  --json     one JSON object: tp, valid, error, ranks[{rank, weight_bytes, ...}], tensors\n"
                "  --summary  leave out the per-tensor table (and the LoRA module list)\n"
                "  --lora F   also show what the LoRA adapter F does to the transformer: format, rank, scale,\n"
-               "             the modules it targets and the bytes each rank reads from it (repeatable)\n");
+               "             the modules it targets and the bytes each rank reads from it (repeatable)\n"
+               "  --scan-weights  also read every float tensor and name each one holding NaN/Inf\n"
+               "             (exit 1 if any; reads the whole component)\n");
     return 2;
 }
 
@@ -40,6 +43,7 @@ static int parse(int argc, char **argv, inspect_args *a) {
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) return usage(stdout), 1;
         else if (!strcmp(k, "--json")) a->json = 1;
         else if (!strcmp(k, "--summary")) a->summary = 1;
+        else if (!strcmp(k, "--scan-weights")) a->scan = 1;
         else if (v && !strcmp(k, "--model")) a->model = v, i++;
         else if (v && !strcmp(k, "--component")) a->component = v, i++;
         else if (v && !strcmp(k, "--lora")) {
@@ -202,13 +206,18 @@ int cmd_inspect(int argc, char **argv) {
     int opened = open_component(&a, &m, &cfg, &c) == 0;
     int planned = opened && plan_for_component(a.component, cfg, c, a.tp, &cp) >= 0;
     int valid = planned && plan_validate(&cp.p, c, a.tp) == 0;
+    /* --scan-weights: the shapes may be valid and the values not */
+    int n_bad = valid && a.scan ? checkpoint_scan_finite(c, 1) : 0;
+    if (n_bad) valid = 0;
+    if (n_bad > 0 && !a.json) fprintf(stderr, "tpgen: %d tensor(s) of %s hold NaN/Inf\n", n_bad, a.component);
+    if (valid && a.scan && !a.json) printf("scan: all %d tensors of %s are finite\n", c->n, a.component);
     char *err = valid ? NULL : xstrdup(tp_error_msg());
     const plan *p = &cp.p;
     if (opened && !a.json)
         printf("model %s, component %s, plan %s, tp %d, %d tensors in %d file(s)\n%s\n", a.model, a.component,
                p->rules ? p->model : "none (all replicated)", a.tp, c->n, c->n_files, fp8_summary(c));
     if (planned) tensors = tensor_table(c, &cp, a.tp, !a.json && !a.summary);
-    if (valid) ranks = rank_table(c, &cp, a.tp, !a.json);
+    if (valid || n_bad) ranks = rank_table(c, &cp, a.tp, !a.json);
     json_t *loras = NULL;
     if (valid && a.n_loras && !(loras = inspect_loras(a.loras, a.n_loras, c, p, a.tp, !a.json, !a.summary))) {
         valid = 0;

@@ -62,12 +62,21 @@ static int parse_args(int argc, char **argv, tokenize_args *a) {
     return 0;
 }
 
+/* The prompt from stdin. A NUL byte would cut the C string there and the
+ * rest would be dropped silently, so it is refused with its offset. */
 static char *read_stdin(void) {
     size_t cap = 4096, n = 0, k;
     char *s = xmalloc(cap);
     while ((k = fread(s + n, 1, cap - n - 1, stdin)) > 0)
         if ((n += k) + 1 == cap) s = xrealloc(s, cap *= 2);
     s[n] = 0;
+    const char *nul = memchr(s, 0, n);
+    if (nul) {
+        tp_error("--prompt -: the text on stdin has a NUL byte at byte offset %zu (of %zu); a prompt is UTF-8 text "
+                 "without NUL bytes", (size_t)(nul - s), n);
+        free(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -136,8 +145,9 @@ int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
         return 1;
     }
-    char *stdin_text = !strcmp(a.prompt, "-") ? read_stdin() : NULL;
-    int rc = run_tokenize(&a, stdin_text ? stdin_text : a.prompt, d.world_rank);
+    int from_stdin = !strcmp(a.prompt, "-");
+    char *stdin_text = from_stdin ? read_stdin() : NULL;
+    int rc = from_stdin && !stdin_text ? -1 : run_tokenize(&a, stdin_text ? stdin_text : a.prompt, d.world_rank);
     free(stdin_text);
     /* every rank did the same work; agree so that all exit alike */
     if (dist_agree(d.world, rc)) dist_report_error(d.world);

@@ -129,8 +129,67 @@ static int cmp_job_path(const void *a, const void *b) {
     return strcmp(((const job_path *)a)->path, ((const job_path *)b)->path);
 }
 
+/* One element of a (valid) pattern at *p: a literal character (returned,
+ * *ph set to 0) or a placeholder (*ph set to 1, its name in name). */
+static int pattern_next(const char **p, int *ph, char *name, size_t cap) {
+    const char *q = *p;
+    *ph = 0;
+    if ((q[0] == '{' && q[1] == '{') || (q[0] == '}' && q[1] == '}')) return *p = q + 2, q[0];
+    if (q[0] != '{') return *p = q + 1, q[0];
+    const char *end = strchr(q, '}');
+    size_t len = (size_t)(end - q - 1);
+    const char *colon = memchr(q + 1, ':', len);
+    if (colon) len = (size_t)(colon - q - 1);
+    snprintf(name, cap, "%.*s", (int)len, q + 1);
+    *ph = 1;
+    *p = end + 1;
+    return 0;
+}
+
+/* Whether every job's path is distinct by construction, so that no path
+ * needs to be built: {index} is the first placeholder (or the last), and the
+ * next literal character after it (before it) is not a digit, or the
+ * pattern ends (starts) there. Then the index is read back from the path as
+ * the run of digits after the fixed prefix (before the fixed suffix), so
+ * different jobs cannot share a path. */
+static int pattern_unique(const char *pat) {
+    char name[64];
+    int ph, n_ph = 0, idx_at = -1, first = -1, last = -1;
+    int before = -1, after = -1;   /* the literal characters around {index}; -1: none (pattern edge) */
+    int prev = -1, prev_ph = 0, want_after = 0;
+    for (const char *p = pat; *p;) {
+        int c = pattern_next(&p, &ph, name, sizeof name);
+        if (want_after) after = ph ? 'P' : c, want_after = 0;
+        if (ph) {
+            if (!strcmp(name, "index") && idx_at < 0) {
+                idx_at = n_ph;
+                before = prev_ph ? 'P' : prev;
+                want_after = 1;
+            }
+            if (first < 0) first = n_ph;
+            last = n_ph++;
+        }
+        prev = c, prev_ph = ph;
+    }
+    if (idx_at < 0) return 0;
+    if (idx_at == first && (after < 0 || (after != 'P' && !(after >= '0' && after <= '9')))) return 1;
+    if (idx_at == last && (before < 0 || (before != 'P' && !(before >= '0' && before <= '9')))) return 1;
+    return 0;
+}
+
 /* two jobs must never write the same file (e.g. {prompt} alone with several seeds) */
 int runspec_check_unique_paths(const run_spec *s, const char *pat, const char *name, int n) {
+    if (pattern_unique(pat)) return 0;
+    /* otherwise every path is built and sorted: bound what that costs */
+    char *p0 = runspec_output_path(s, pat, 0);
+    if (!p0) return -1;
+    uint64_t need = (uint64_t)n * (strlen(p0) + 24 + 1 + sizeof(job_path));
+    free(p0);
+    if (need > RUNSPEC_MAX_CHECK_BYTES)
+        return tp_error("%s: checking that the %d jobs write distinct files would build about %llu MB of paths, "
+                        "more than the limit of %u MB; start or end the pattern's placeholders with {index} set apart "
+                        "by a non-digit (e.g. out/{index:06}-{seed}.png), or split the batch", name, n,
+                        (unsigned long long)(need >> 20), RUNSPEC_MAX_CHECK_BYTES >> 20);
     job_path *p = xmalloc(sizeof *p * (size_t)n);
     int rc = 0, k = 0;
     for (; k < n; k++)

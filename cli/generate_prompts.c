@@ -9,11 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <utf8proc.h>
 
 /* the longest line accepted: a prompt is a few hundred tokens, so a longer
  * line is almost certainly a binary or a file without line breaks */
-#define MAX_LINE_BYTES (64 * 1024)
+#define MAX_LINE_BYTES RUNSPEC_MAX_PROMPT_BYTES
 #define MAX_FILE_BYTES ((size_t)1 << 30)
 
 static int is_blank(const char *p, size_t n) {
@@ -76,10 +77,17 @@ int runspec_parse_prompt_lines(const char *text, size_t len, const char *name, c
     return 0;
 }
 
-/* the whole file: prompts files are small next to the models they drive */
+/* the whole file: prompts files are small next to the models they drive.
+ * The size is checked with fstat before anything is read. */
 static int read_all(const char *path, char **out, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return tp_error("--prompts-file %s: cannot open it: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size >= MAX_FILE_BYTES) {
+        fclose(f);
+        return tp_error("--prompts-file %s: %lld bytes, larger than the limit of 1 GB; split the batch", path,
+                        (long long)sb.st_size);
+    }
     size_t cap = 1 << 16, n = 0, k;
     char *buf = xmalloc(cap);
     while ((k = fread(buf + n, 1, cap - n, f)) > 0) {

@@ -40,8 +40,8 @@ static json_t *load_json(const char *path, int required) {
 static int json_int(const json_t *o, const char *key, int def, const char *where, int *out) {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) return *out = def, 0;
-    if (!json_is_integer(v) || json_integer_value(v) <= 0)
-        return tp_error("%s: '%s' must be a positive integer", where, key);
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 20))
+        return tp_error("%s: '%s' must be an integer from 1 to %d", where, key, 1 << 20);
     *out = (int)json_integer_value(v);
     return 0;
 }

@@ -178,6 +178,9 @@ static int apply_scalar(run_spec *s, const key_def *k, const char *v, const char
         return 0;
     }
     case K_PROMPT: {
+        if (strlen(v) > RUNSPEC_MAX_PROMPT_BYTES)
+            return tp_error("%s: the prompt is %zu bytes, more than the limit of %d", where, strlen(v),
+                            RUNSPEC_MAX_PROMPT_BYTES);
         char **l = xmalloc(sizeof *l);
         l[0] = xstrdup(v);
         set_prompts(s, l, 1);
@@ -250,15 +253,24 @@ static int y_prompts(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *
     if (n->type != YAML_SEQUENCE_NODE) return tp_error("%s: expected a list of prompts", at(c, n, k->name));
     int cnt = (int)(n->data.sequence.items.top - n->data.sequence.items.start);
     if (cnt == 0) return tp_error("%s: the list is empty", at(c, n, k->name));
-    char **l = xcalloc((size_t)cnt, sizeof *l);
+    /* libyaml resolves an alias to the node it names, so each use of an
+     * alias here is one more copy: the total is capped, not the file size */
+    size_t total = 0;
     for (int i = 0; i < cnt; i++) {
         yaml_node_t *it = yaml_document_get_node(c->doc, n->data.sequence.items.start[i]);
-        if (it->type != YAML_SCALAR_NODE || is_null_scalar(it)) {
-            free_list(l, i);
+        if (it->type != YAML_SCALAR_NODE || is_null_scalar(it))
             return tp_error("%s: item %d must be a prompt string", at(c, it, k->name), i + 1);
-        }
-        l[i] = xstrdup((const char *)it->data.scalar.value);
+        if (it->data.scalar.length > RUNSPEC_MAX_PROMPT_BYTES)
+            return tp_error("%s: item %d is %zu bytes, more than the limit of %d for one prompt", at(c, it, k->name),
+                            i + 1, it->data.scalar.length, RUNSPEC_MAX_PROMPT_BYTES);
+        if ((total += it->data.scalar.length + 1) > RUNSPEC_MAX_SPEC_PROMPT_BYTES)
+            return tp_error("%s: the prompts add up to more than %u MB at item %d (each use of an alias counts); "
+                            "put them in a --prompts-file", at(c, n, k->name), RUNSPEC_MAX_SPEC_PROMPT_BYTES >> 20,
+                            i + 1);
     }
+    char **l = xcalloc((size_t)cnt, sizeof *l);
+    for (int i = 0; i < cnt; i++)
+        l[i] = xstrdup((const char *)yaml_document_get_node(c->doc, n->data.sequence.items.start[i])->data.scalar.value);
     set_prompts(s, l, cnt);
     return 0;
 }
@@ -429,8 +441,10 @@ int runspec_load_file(run_spec *s, const char *path) {
     fclose(f);
     buf[n] = 0;
     if (bad || strlen(buf) != n) {
+        size_t at = strlen(buf);
         free(buf);
-        return tp_error("cannot read the run spec %s: %s", path, bad ? "read error" : "it contains NUL bytes");
+        if (bad) return tp_error("cannot read the run spec %s: read error", path);
+        return tp_error("the run spec %s has a NUL byte at byte offset %zu; a run spec is UTF-8 text", path, at);
     }
     int rc = runspec_load_string(s, buf, path);
     free(buf);

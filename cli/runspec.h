@@ -65,6 +65,16 @@ int runspec_read_prompts_file(run_spec *s);
  * skipped, CRLF and a UTF-8 byte-order mark accepted; errors (invalid
  * UTF-8, NUL bytes, lines over 64 KiB, no prompts) name `name`:LINE.
  * On success *prompts (malloc'ed, count entries) belongs to the caller. */
+/* The longest prompt accepted, from any source (flag, run spec, prompts
+ * file): a prompt is a few hundred tokens, so more is a binary or a file
+ * without line breaks. */
+#define RUNSPEC_MAX_PROMPT_BYTES (64 * 1024)
+/* All prompts of a YAML run spec together, counting each use of an alias
+ * (a 160 KB spec must not expand to gigabytes); --prompts-file for more. */
+#define RUNSPEC_MAX_SPEC_PROMPT_BYTES (64u << 20)
+/* The output paths the uniqueness check may build, in bytes (jobs x path
+ * length) when the pattern does not make the paths distinct by itself. */
+#define RUNSPEC_MAX_CHECK_BYTES (64u << 20)
 int runspec_parse_prompt_lines(const char *text, size_t len, const char *name, char ***prompts, int *count);
 
 /* Checks that need no files: the settings are consistent (prompt or

@@ -5,6 +5,7 @@
 #include "fp8.h"
 #include <dirent.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -234,4 +235,43 @@ const st_tensor_info *checkpoint_find(const checkpoint *c, const char *name, con
         else lo = mid + 1;
     }
     return NULL;
+}
+
+/* ---- finiteness of the weights (tpgen inspect --scan-weights, tpgen check) ---- */
+
+int checkpoint_scan_finite(const checkpoint *c, int verbose) {
+    const size_t chunk = 1u << 22;   /* elements per read: bounded memory for any tensor size */
+    float *f = xmalloc(chunk * sizeof *f);
+    void *raw = xmalloc(chunk * 8);
+    int n_bad = 0;
+    for (int k = 0; k < c->n; k++) {
+        const st_tensor_info *t = c->infos[k];
+        if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16 && t->dtype != DT_F64) continue;
+        const st_file *file = c->files[c->file_of[k]];
+        size_t es = dtype_size(t->dtype), n = (size_t)(t->end - t->begin) / es;
+        int64_t first = -1, count = 0;
+        for (size_t o = 0; o < n; o += chunk) {
+            size_t m = n - o < chunk ? n - o : chunk;
+            if (st_read_range(file, t->begin + o * es, raw, m * es) || convert_to_f32(f, raw, t->dtype, m)) {
+                free(f), free(raw);
+                return -1;
+            }
+            for (int64_t i = first_nonfinite_f32(f, m); i >= 0 && (size_t)i < m; i++) {
+                if ((((const uint32_t *)(const void *)f)[i] & 0x7f800000u) != 0x7f800000u) continue;
+                if (first < 0) first = (int64_t)o + i;
+                count++;
+            }
+        }
+        if (count) {
+            if (verbose || n_bad == 0)
+                fprintf(stderr, "tpgen: non-finite weight: %s: tensor '%s' (%s): %lld NaN/Inf values, the first at "
+                        "element %lld\n", file->path, t->name, dtype_name(t->dtype), (long long)count,
+                        (long long)first);
+            if (n_bad++ == 0)
+                tp_error("%s: tensor '%s' holds %lld NaN/Inf values (the first at element %lld); the checkpoint is "
+                         "corrupt: download it again", file->path, t->name, (long long)count, (long long)first);
+        }
+    }
+    free(f), free(raw);
+    return n_bad;
 }

@@ -124,6 +124,18 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
             break;
         }
         euler_step(x, v, n, p->sigmas[i + 1] - p->sigmas[i], bf16);
+        /* NaN/Inf never recovers and would decode to a black image: stop at
+         * the step it appears (every rank holds the same latents, so all
+         * ranks fail here together) */
+        int64_t bad = first_nonfinite_f32(x, n);
+        if (bad >= 0) {
+            rc = tp_error("denoising step %d of %d: the latents became %s at token %lld, channel %lld (the "
+                          "transformer output is not finite: a transformer weight or the prompt embeddings hold "
+                          "NaN/Inf; find the weight with 'tpgen inspect --model DIR --scan-weights')", i + 1,
+                          p->steps, x[bad] != x[bad] ? "NaN" : "infinite", (long long)(bad / (int64_t)C),
+                          (long long)(bad % (int64_t)C));
+            break;
+        }
         if (p->on_step && p->on_step(i, p->steps, MPI_Wtime() - t0, v, x, p->ctx))
             rc = tp_error("denoising stopped at step %d of %d", i + 1, p->steps);
     }

@@ -17,6 +17,15 @@
 /* A header above this size is certainly corrupt (real ones are ~100 B per
  * tensor); refusing it avoids a huge allocation from 8 garbage bytes. */
 #define ST_MAX_HEADER (256ull << 20)
+/* A header with more entries than this is corrupt: the largest real
+ * checkpoints have a few thousand tensors per file. */
+#define ST_MAX_ENTRIES 200000
+/* JSON values of a header (each entry has about 10: dtype, shape, offsets);
+ * counted before jansson builds its tree, which costs ~100 bytes a value */
+#define ST_MAX_VALUES (16 * ST_MAX_ENTRIES)
+/* elements of one tensor, so that element counts times any dtype size (or
+ * products of any of its dimensions) fit an int64 */
+#define ST_MAX_NUMEL (1ull << 58)
 
 static int cmp_info(const void *a, const void *b) {
     return strcmp(((const st_tensor_info *)a)->name, ((const st_tensor_info *)b)->name);
@@ -59,14 +68,18 @@ static int parse_entry(const st_file *f, const char *name, json_t *v, st_tensor_
     if (nd > ST_MAX_DIMS)
         return tp_error("%s: tensor '%s' has %zu dimensions (at most %d supported)", path, name, nd, ST_MAX_DIMS);
     ti->ndim = (int)nd;
-    uint64_t numel = 1;
+    /* The product of the non-zero dimensions is bounded too: a zero
+     * dimension makes the tensor empty, but [0, 2^40, 2^40] must not reach
+     * the plan code, which multiplies the other dimensions. */
+    uint64_t numel = 1, nonzero = 1;
     for (size_t i = 0; i < nd; i++) {
         json_t *d = json_array_get(js, i);
         if (!json_is_integer(d) || json_integer_value(d) < 0)
             return tp_error("%s: tensor '%s': shape entry %zu is not a non-negative integer", path, name, i);
         ti->shape[i] = json_integer_value(d);
-        if (ti->shape[i] != 0 && numel > UINT64_MAX / 16 / (uint64_t)ti->shape[i])
-            return tp_error("%s: tensor '%s': shape is impossibly large", path, name);
+        if (ti->shape[i] != 0 && nonzero > ST_MAX_NUMEL / (uint64_t)ti->shape[i])
+            return tp_error("%s: tensor '%s': shape is impossibly large (more than 2^58 elements)", path, name);
+        if (ti->shape[i] != 0) nonzero *= (uint64_t)ti->shape[i];
         numel *= (uint64_t)ti->shape[i];
     }
     json_t *b = json_array_get(jo, 0), *e = json_array_get(jo, 1);
@@ -128,7 +141,39 @@ static int check_overlaps(const st_file *f) {
     return rc;
 }
 
+/* Count the separators (':' and ',') outside strings, and the members of
+ * the top-level object, without building anything: a 200 MB header of 3.4
+ * million entries must be refused before jansson spends gigabytes on it. */
+static int check_header_size(const st_file *f, const char *text, size_t len) {
+    uint64_t values = 0, entries = 0;
+    int depth = 0, in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = text[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = 0;
+            continue;
+        }
+        if (c == '"') in_str = 1;
+        else if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') depth--;
+        else if (c == ':' || c == ',') {
+            values++;
+            if (c == ':' && depth == 1) entries++;
+        }
+    }
+    if (entries > ST_MAX_ENTRIES)
+        return tp_error("%s: the header lists %llu entries, more than the limit of %d per file (real checkpoints "
+                        "have a few thousand; the file is corrupt, or split it into shards with an index.json)",
+                        f->path, (unsigned long long)entries, ST_MAX_ENTRIES);
+    if (values > ST_MAX_VALUES)
+        return tp_error("%s: the header holds %llu JSON values, more than the limit of %d (the file is corrupt)",
+                        f->path, (unsigned long long)values, ST_MAX_VALUES);
+    return 0;
+}
+
 static int parse_header(st_file *f, const char *text, size_t len) {
+    if (check_header_size(f, text, len)) return -1;
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
@@ -178,7 +223,13 @@ int st_open(const char *path, st_file **out) {
     if (pread_full(f->fd, len8, 8, 0, path)) goto out;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
-    if (hlen > f->file_size - 8 || hlen > ST_MAX_HEADER) {
+    if (hlen > ST_MAX_HEADER) {
+        tp_error("%s: header length %llu is more than the limit of %llu MB (real headers are about 100 bytes per "
+                 "tensor; the file is corrupt or not safetensors)", path, (unsigned long long)hlen,
+                 ST_MAX_HEADER >> 20);
+        goto out;
+    }
+    if (hlen > f->file_size - 8) {
         tp_error("%s: header length %llu goes beyond the file size %llu (the file is truncated or not safetensors)",
                  path, (unsigned long long)hlen, (unsigned long long)f->file_size);
         goto out;

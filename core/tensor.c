@@ -180,3 +180,19 @@ tensor tensor_wrap(struct backend *be, dtype_t dt, int64_t rows, int64_t cols, v
     tensor v = {.dtype = dt, .rows = rows, .cols = cols, .ld = cols, .data = data, .be = be, .owner = 0};
     return v;
 }
+
+/* Exponent bits all ones is NaN or Inf. Blocks of 256 are OR-reduced
+ * branch-free (the compiler vectorises it); only a block that has one is
+ * searched element by element. */
+int64_t first_nonfinite_f32(const float *x, size_t n) {
+    const uint32_t *u = (const uint32_t *)(const void *)x;
+    for (size_t b = 0; b < n; b += 256) {
+        size_t e = n - b < 256 ? n : b + 256;
+        uint32_t any = 0;
+        for (size_t i = b; i < e; i++) any |= (uint32_t)((u[i] & 0x7f800000u) == 0x7f800000u);
+        if (!any) continue;
+        for (size_t i = b; i < e; i++)
+            if ((u[i] & 0x7f800000u) == 0x7f800000u) return (int64_t)i;
+    }
+    return -1;
+}

@@ -66,6 +66,10 @@ float fp8_max(dtype_t dt);            /* 448 or 57344 */
 
 /* Convert n elements of a float dtype (F32, BF16, F16, F64) to/from f32. */
 int convert_to_f32(float *dst, const void *src, dtype_t dt, size_t n);
+/* Index of the first NaN or Inf among n floats, -1 when all are finite.
+ * Used to turn a silently black image into an error (latents after each
+ * denoising step, prompt embeddings, the decoded image, weights). */
+int64_t first_nonfinite_f32(const float *x, size_t n);
 void convert_from_f32(void *dst, dtype_t dt, const float *src, size_t n);
 
 /* ---- the matrix view ---- */

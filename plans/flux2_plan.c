@@ -24,10 +24,16 @@ static const plan_rule k_flux2_rules[] = {
     {"single_transformer_blocks.*.attn.to_out.weight", STYLE_PACKED_ROWWISE, "D,M"},
 };
 
+/* bounds as in flux2_config_parse (core/models/flux2_host.c): D = heads *
+ * head_dim and M = D * mlp_ratio must stay far from int64 overflow */
+#define PLAN_MAX_FIELD (1 << 20)
+#define PLAN_MAX_D (1 << 20)
+
 static int config_int(const json_t *config, const char *key, int64_t *out) {
     json_t *v = json_object_get(config, key);
-    if (!json_is_integer(v) || json_integer_value(v) <= 0)
-        return tp_error("transformer config.json: \"%s\" missing or not a positive integer", key);
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > PLAN_MAX_FIELD)
+        return tp_error("transformer config.json: \"%s\" missing or not an integer from 1 to %d", key,
+                        PLAN_MAX_FIELD);
     *out = json_integer_value(v);
     return 0;
 }
@@ -39,6 +45,11 @@ int plan_flux2(const json_t *config, plan *out) {
     if (config_int(config, "num_attention_heads", &heads) || config_int(config, "attention_head_dim", &hd)) return -1;
     json_t *r = json_object_get(config, "mlp_ratio");
     double ratio = json_is_number(r) ? json_number_value(r) : 3.0;   /* diffusers default */
+    if (!(ratio > 0 && ratio <= 64))
+        return tp_error("transformer config.json: \"mlp_ratio\" %g is out of range (above 0, at most 64)", ratio);
+    if (heads * hd > PLAN_MAX_D)
+        return tp_error("transformer config.json: num_attention_heads %lld x attention_head_dim %lld is more than %d; "
+                        "the config is corrupt", (long long)heads, (long long)hd, PLAN_MAX_D);
     int64_t D = heads * hd, M = (int64_t)((double)D * ratio);       /* int() truncates, as in diffusers */
     plan_add_symbol(out, "D", D);
     plan_add_symbol(out, "M", M);

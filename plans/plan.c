@@ -162,16 +162,18 @@ int plan_shard_pieces(const shard_info *si, int tp, int rank, shard_piece pc[PLA
     return si->n_blocks;
 }
 
+/* The divisors of div up to PLAN_MAX_TP: the loop is bounded by the largest
+ * tp that makes sense, not by div (a corrupt config may say 2^61 - 1). */
 static int tp_hint(const plan *p, int64_t div, char *buf, size_t n) {
     size_t k = 0;
     buf[0] = 0;
-    for (int64_t d = 1; d <= div && k + 24 < n; d++)
+    for (int64_t d = 1; d <= div && d <= PLAN_MAX_TP && k + 24 < n; d++)
         if (div % d == 0) k += (size_t)snprintf(buf + k, n - k, "%s%lld", k ? ", " : "", (long long)d);
     return 0;
 }
 
 int plan_validate(const plan *p, const checkpoint *c, int tp) {
-    if (tp < 1) return tp_error("tp must be at least 1 (got %d)", tp);
+    if (tp < 1 || tp > PLAN_MAX_TP) return tp_error("tp must be from 1 to %d (got %d)", PLAN_MAX_TP, tp);
     if (!p) return 0;
     for (int i = 0; i < p->n_divisors; i++) {
         if (p->div_values[i] > 0 && p->div_values[i] % tp == 0) continue;

@@ -28,6 +28,8 @@ typedef struct plan_rule {
     const char *blocks;         /* NULL, or "1,1" / "D,D,D,M,M" */
 } plan_rule;
 
+/* the largest tensor-parallel degree accepted (loops over tp values stop here) */
+#define PLAN_MAX_TP 4096
 #define PLAN_MAX_SYMBOLS 8
 
 typedef struct plan {

@@ -233,6 +233,25 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
         /* the sgemm baseline is host OpenBLAS: meaningful for the CPU backend only */
         if (!rc) report(d, prec, fused, &s, fused && be->kind == BACKEND_CPU ? &shapes : NULL);
     }
+    /* the NaN/Inf checks the generate path adds (core/pipeline.c once per
+     * step on the [N, 128] latents, core/models/textenc.c once per prompt on
+     * [L, 7680] embeddings), against this forward: best of 20 each */
+    if (!rc && d->tp_rank == 0) {
+        double best_lat = 1e300, best_txt = 1e300;
+        int64_t sink = 0;
+        for (int r = 0; r < 20; r++) {
+            double t0 = MPI_Wtime();
+            sink += first_nonfinite_f32(in.x, (size_t)in.N * 128);
+            double t1 = MPI_Wtime();
+            sink += first_nonfinite_f32(in.txt, (size_t)in.L * 7680);
+            double t2 = MPI_Wtime();
+            if (t1 - t0 < best_lat) best_lat = t1 - t0;
+            if (t2 - t1 < best_txt) best_txt = t2 - t1;
+        }
+        printf("     finiteness checks: latents [%lld, 128] %.3f ms = %.4f%% of this forward (once per step); "
+               "embeddings [%lld, 7680] %.3f ms (once per prompt)%s\n", (long long)in.N, best_lat * 1e3,
+               100 * best_lat / s.seconds, (long long)in.L, best_txt * 1e3, sink == -40 ? "" : " (non-finite input?)");
+    }
     double mem[2] = {weights_mb, (double)(be->peak_bytes - before) / 1e6}, mx[2];
     MPI_Reduce(mem, mx, 2, MPI_DOUBLE, MPI_MAX, 0, d->tp_comm);
     if (!rc && d->tp_rank == 0)

@@ -9,15 +9,27 @@
 #include <math.h>
 #include <string.h>
 
-static int get_int(const json_t *cfg, const char *key, int def, const char *where, int *out) {
+/* The largest value any field may take: far above every FLUX.2 model
+ * (dev: 48 heads of 128, 8 + 48 layers, joint dim 15360) and low enough that
+ * every product formed from them (D = heads * head_dim, M = D * mlp_ratio,
+ * the weight sizes) fits an int64 comfortably. */
+#define FLUX2_MAX_FIELD (1 << 20)
+#define FLUX2_MAX_LAYERS 4096
+#define FLUX2_MAX_D (1 << 20)
+#define FLUX2_MAX_MLP_RATIO 64.0
+
+/* An integer field, range-checked as int64 before it becomes an int. */
+static int get_int(const json_t *cfg, const char *key, int def, int64_t max, const char *where, int *out) {
     json_t *v = json_object_get(cfg, key);
     if (!v || json_is_null(v)) { *out = def; return 0; }
-    if (json_is_integer(v)) { *out = (int)json_integer_value(v); return 0; }
-    if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) {
-        *out = (int)json_real_value(v);
-        return 0;
-    }
-    return tp_error("%s: field '%s' must be an integer", where, key);
+    double r = json_is_real(v) ? json_real_value(v) : 0;
+    if (!json_is_integer(v) && !(json_is_real(v) && r == floor(r)))
+        return tp_error("%s: field '%s' must be an integer", where, key);
+    if (json_is_integer(v) ? json_integer_value(v) < 0 || json_integer_value(v) > max : !(r >= 0 && r <= (double)max))
+        return tp_error("%s: field '%s' is out of range (0 to %lld); the config is corrupt", where, key,
+                        (long long)max);
+    *out = json_is_integer(v) ? (int)json_integer_value(v) : (int)r;
+    return 0;
 }
 
 static int get_num(const json_t *cfg, const char *key, double def, const char *where, double *out) {
@@ -52,15 +64,15 @@ int flux2_config_parse(const json_t *cfg, const char *where, flux2_config *c) {
     memset(c, 0, sizeof *c);
     if (!json_is_object(cfg)) return tp_error("%s: config is not a JSON object", where);
     double eps = 1e-6;
-    if (get_int(cfg, "patch_size", 1, where, &c->patch_size) ||
-        get_int(cfg, "in_channels", 128, where, &c->in_channels) ||
-        get_int(cfg, "out_channels", c->in_channels, where, &c->out_channels) ||
-        get_int(cfg, "num_layers", 8, where, &c->num_layers) ||
-        get_int(cfg, "num_single_layers", 48, where, &c->num_single_layers) ||
-        get_int(cfg, "attention_head_dim", 128, where, &c->head_dim) ||
-        get_int(cfg, "num_attention_heads", 48, where, &c->heads) ||
-        get_int(cfg, "joint_attention_dim", 15360, where, &c->joint_dim) ||
-        get_int(cfg, "timestep_guidance_channels", 256, where, &c->time_channels) ||
+    if (get_int(cfg, "patch_size", 1, FLUX2_MAX_FIELD, where, &c->patch_size) ||
+        get_int(cfg, "in_channels", 128, FLUX2_MAX_FIELD, where, &c->in_channels) ||
+        get_int(cfg, "out_channels", c->in_channels, FLUX2_MAX_FIELD, where, &c->out_channels) ||
+        get_int(cfg, "num_layers", 8, FLUX2_MAX_LAYERS, where, &c->num_layers) ||
+        get_int(cfg, "num_single_layers", 48, FLUX2_MAX_LAYERS, where, &c->num_single_layers) ||
+        get_int(cfg, "attention_head_dim", 128, FLUX2_MAX_FIELD, where, &c->head_dim) ||
+        get_int(cfg, "num_attention_heads", 48, FLUX2_MAX_FIELD, where, &c->heads) ||
+        get_int(cfg, "joint_attention_dim", 15360, FLUX2_MAX_FIELD, where, &c->joint_dim) ||
+        get_int(cfg, "timestep_guidance_channels", 256, FLUX2_MAX_FIELD, where, &c->time_channels) ||
         get_num(cfg, "mlp_ratio", 3.0, where, &c->mlp_ratio) ||
         get_num(cfg, "rope_theta", 2000, where, &c->rope_theta) ||
         get_num(cfg, "eps", 1e-6, where, &eps) || parse_axes(cfg, where, c))
@@ -85,8 +97,14 @@ int flux2_config_parse(const json_t *cfg, const char *where, flux2_config *c) {
     if (sum != c->head_dim)
         return tp_error("%s: axes_dims_rope sum to %d but attention_head_dim is %d; they must be equal", where, sum,
                         c->head_dim);
-    if (!(c->mlp_ratio > 0) || !(c->rope_theta > 0) || !(c->eps > 0))
+    if (!(c->mlp_ratio > 0) || !(c->rope_theta > 0) || !(c->eps > 0) || !isfinite(c->rope_theta))
         return tp_error("%s: mlp_ratio, rope_theta and eps must be positive", where);
+    if (c->mlp_ratio > FLUX2_MAX_MLP_RATIO)
+        return tp_error("%s: mlp_ratio %g is out of range (above 0, at most %g)", where, c->mlp_ratio,
+                        FLUX2_MAX_MLP_RATIO);
+    if ((int64_t)c->heads * c->head_dim > FLUX2_MAX_D)
+        return tp_error("%s: num_attention_heads %d x attention_head_dim %d is more than %d; the config is corrupt",
+                        where, c->heads, c->head_dim, FLUX2_MAX_D);
     c->D = (int64_t)c->heads * c->head_dim;
     c->M = (int64_t)((double)c->D * c->mlp_ratio);   /* Python int() truncation */
     c->out_dim = (int64_t)c->patch_size * c->patch_size * c->out_channels;
@@ -175,7 +193,7 @@ json_t *flux2_config_from_bfl(const checkpoint *c) {
                : bfl_req(c, "single_blocks.0.linear1.weight", &M2, &Dm))
         return NULL;
     if (!layers) M2 -= 3 * D;   /* linear1 is [3D + 2M, D] */
-    if (Dt != D || Dc != D || Dp != D || Dm != D || one != 1 || hd <= 0 || D % hd || hd % 8 || M2 <= 0 || M2 % 2)
+    if (D <= 0 || D > FLUX2_MAX_D || Dt != D || Dc != D || Dp != D || Dm != D || one != 1 || hd <= 0 || D % hd || hd % 8 || M2 <= 0 || M2 % 2)
         return tp_error("%s: BFL checkpoint shapes are inconsistent (img_in [%lld, %lld], txt_in [%lld, %lld], "
                         "time_in [%lld, %lld], head_dim %lld, MLP in [%lld, %lld]); supply a config.json",
                         c->dir, (long long)D, (long long)cin, (long long)Dt, (long long)Jt, (long long)Dc,

@@ -98,6 +98,8 @@ int llm_config_parse(const json_t *config, const char *where, llm_config *out) {
     /* a sliding window only matters beyond its length; the forward refuses longer sequences */
     const json_t *sw = json_object_get(tc, "sliding_window");
     const json_t *use_sw = json_object_get(tc, "use_sliding_window");
+    if (json_is_integer(sw) && json_integer_value(sw) > (1 << 30))
+        return tp_error("%s: sliding_window %lld is out of range (at most 2^30)", where, (long long)json_integer_value(sw));
     if (json_is_integer(sw) && json_integer_value(sw) > 0 && (out->arch == LLM_MISTRAL || json_is_true(use_sw)))
         out->sliding_window = (int)json_integer_value(sw);
     const json_t *bias = json_object_get(tc, "attention_bias");

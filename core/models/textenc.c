@@ -97,7 +97,16 @@ int textenc_load(const char *dir, backend *be, comm *c, dtype_t precision, texte
 }
 
 int textenc_encode_ids(textenc *t, const int32_t *ids, const int32_t *mask, int n, float *embeds) {
-    return llm_forward(t->model, ids, mask, n, t->layers, 3, embeds);
+    int rc = llm_forward(t->model, ids, mask, n, t->layers, 3, embeds);
+    if (rc) return rc;
+    /* non-finite embeddings would give NaN latents and a black image */
+    int64_t E = (int64_t)textenc_embed_dim(t), bad = first_nonfinite_f32(embeds, (size_t)n * (size_t)E);
+    if (bad >= 0)
+        rc = tp_error("text encoder: the prompt embeddings are not finite (%s at token %lld, feature %lld); a "
+                      "text-encoder weight holds NaN/Inf: find it with 'tpgen inspect --model DIR --component "
+                      "text_encoder --scan-weights'", embeds[bad] != embeds[bad] ? "NaN" : "Inf",
+                      (long long)(bad / E), (long long)(bad % E));
+    return agree(t->comm, rc);
 }
 
 static int tokenize(textenc *t, const char *prompt, int max_len, int32_t *ids, int32_t *mask) {

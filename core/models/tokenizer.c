@@ -135,6 +135,7 @@ static int split_and_bpe(const tokenizer *t, const char *s, size_t n, pcre2_matc
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         if (ov[1] == ov[0]) { /* an empty match yields no piece */
+            if (ov[0] >= n) break;   /* at the end (e.g. '$'): s[n] is past the text */
             search = ov[0] + (size_t)utf8_len_at((const uint8_t *)s + ov[0]);
             continue;
         }

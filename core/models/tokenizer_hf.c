@@ -50,7 +50,9 @@ tokenizer *tok_load_json_ex(const char *path, const char *config_path, int fast_
     hf_fast fast = {0};
     int have_fast = fast_scan && hf_fast_scan(text, &len, cp_to_byte, &fast) == 0;
     if (fast_scan && !have_fast) hf_fast_free(&fast);
-    json_t *root = json_loadb(text, len, JSON_ALLOW_NUL, &jerr);
+    /* duplicate keys are errors on both paths: jansson would keep the last
+     * value, the scanner the first */
+    json_t *root = json_loadb(text, len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
     free(text);
     tokenizer *t = NULL;
     if (!root)
@@ -300,7 +302,36 @@ static int fast_max_id(const hf_fast *f, json_t *vocab, json_t *added, const cha
     return 0;
 }
 
+/* A key listed twice in model.vocab: jansson (JSON_REJECT_DUPLICATES)
+ * refuses the file on the slow path, so the fast path must too. Byte-level
+ * keys map to bytes one to one, so equal bytes mean equal keys. */
+static int fast_duplicates(const hf_fast *f, const char *path) {
+    uint32_t size = 64;
+    while (size < (uint32_t)f->n_vocab * 2u + 16u) size <<= 1;
+    int32_t *slot = xmalloc(size * sizeof *slot);
+    memset(slot, 0xff, size * sizeof *slot);
+    int rc = 0;
+    for (int i = 0; i < f->n_vocab && !rc; i++) {
+        const hf_fast_entry *e = &f->vocab[i];
+        if (e->len < 0) continue;   /* refused by fast_vocab with its own message */
+        uint32_t h = 2166136261u;
+        for (int k = 0; k < e->len; k++) h = (h ^ (uint8_t)f->bytes[e->off + k]) * 16777619u;
+        for (h &= size - 1;; h = (h + 1) & (size - 1)) {
+            if (slot[h] < 0) { slot[h] = i; break; }
+            const hf_fast_entry *o = &f->vocab[slot[h]];
+            if (o->len == e->len && !memcmp(f->bytes + o->off, f->bytes + e->off, (size_t)e->len)) {
+                rc = tp_error("%s: model.vocab lists the same key twice (ids %d and %d); the file is corrupt", path,
+                              o->id, e->id);
+                break;
+            }
+        }
+    }
+    free(slot);
+    return rc;
+}
+
 static int fast_vocab(tokenizer *t, const hf_fast *f, const char *path) {
+    if (fast_duplicates(f, path)) return -1;
     for (int i = 0; i < f->n_vocab; i++) {
         const hf_fast_entry *e = &f->vocab[i];
         if (t->tok_len[e->id] >= 0) continue; /* an added token, see read_vocab */
@@ -326,6 +357,19 @@ static int fast_merges(tokenizer *t, const hf_fast *f, const char *path) {
     return 0;
 }
 
+/* Ids index dense tables (tok_off, tok_len), so the largest id is bounded
+ * by the number of entries that give ids: one id of 2e9 in a tiny file
+ * must not allocate 16 GB. Real vocabularies are dense (Qwen3: 151643
+ * entries, ids 0..151642, added tokens right after). */
+static int check_max_id(int max_id, int64_t n_entries, const char *path) {
+    int64_t limit = 2 * n_entries + 1024;
+    if ((int64_t)max_id >= limit)
+        return tp_error("%s: token id %d is far beyond the %lld vocabulary and added-token entries (ids must be "
+                        "below %lld: the vocabulary is nearly dense); the file is corrupt", path, max_id,
+                        (long long)n_entries, (long long)limit);
+    return 0;
+}
+
 tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_path, const hf_fast *fast) {
     json_t *model = json_object_get(root, "model");
     json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
@@ -339,7 +383,9 @@ tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_p
     int max_id;
     if (read_normalizer(t, json_object_get(root, "normalizer"), path) ||
         read_pretokenizer(t, json_object_get(root, "pre_tokenizer"), path) ||
-        (fast ? fast_max_id(fast, vocab, added, path, &max_id) : max_id_of(vocab, added, path, &max_id)))
+        (fast ? fast_max_id(fast, vocab, added, path, &max_id) : max_id_of(vocab, added, path, &max_id)) ||
+        check_max_id(max_id, (int64_t)(fast ? fast->n_vocab : (int)json_object_size(vocab)) +
+                                 (int64_t)json_array_size(added), path))
         goto fail;
     tok_reserve(t, max_id + 1, fast ? fast->n_vocab : (int)json_object_size(vocab));
     tok_reserve_pairs(t, fast ? fast->n_merges : (int)json_array_size(merges));

@@ -61,6 +61,8 @@ static int64_t string_cp(scanner *s, int *bad) {
             uint32_t v, lo;
             if (s->end - s->p < 4 || hex4(s->p, &v)) return *bad = 1, -1;
             s->p += 4;
+            if (v >= 0xDC00 && v <= 0xDFFF) return *bad = 1, -1;   /* a lone low surrogate: jansson refuses it */
+            if (v == 0) return *bad = 1, -1;                         /* NUL: leave it to jansson */
             if (v >= 0xD800 && v < 0xDC00) { /* surrogate pair */
                 if (s->end - s->p < 6 || s->p[0] != '\\' || s->p[1] != 'u' || hex4(s->p + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF)
                     return *bad = 1, -1;
@@ -72,10 +74,17 @@ static int64_t string_cp(scanner *s, int *bad) {
         default: return *bad = 1, -1;
         }
     }
+    /* strict UTF-8, as jansson checks it: continuation bytes 10xxxxxx, no
+     * overlong forms, no surrogates, nothing above U+10FFFF */
     int n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
     if (!n || s->end - s->p < n || c < 0x20) return *bad = 1, -1;
     uint32_t cp = n == 1 ? c : c & (0x7F >> n);
-    for (int i = 1; i < n; i++) cp = cp << 6 | ((uint8_t)s->p[i] & 0x3F);
+    for (int i = 1; i < n; i++) {
+        if (((uint8_t)s->p[i] & 0xC0) != 0x80) return *bad = 1, -1;
+        cp = cp << 6 | ((uint8_t)s->p[i] & 0x3F);
+    }
+    static const uint32_t k_min[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < k_min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return *bad = 1, -1;
     s->p += n;
     return cp;
 }
@@ -106,6 +115,7 @@ static int scan_uint(scanner *s, int32_t *v) {
     int64_t x = 0;
     const char *start = s->p;
     while (s->p < s->end && *s->p >= '0' && *s->p <= '9' && x <= 0x7fffffff) x = x * 10 + (*s->p++ - '0');
+    if (s->p - start > 1 && *start == '0') return -1;   /* "01" is not JSON; jansson reports it */
     if (s->p == start || x > 0x7fffffff || (s->p < s->end && (*s->p == '.' || *s->p == 'e' || *s->p == 'E'))) return -1;
     *v = (int32_t)x;
     return 0;
@@ -237,11 +247,13 @@ static int scan_model(scanner *s, hf_fast *f) {
         if (scan_key(s, &k, &n)) return -1;
         ws(s);
         char *start = s->p;
-        if (key_is(k, n, "vocab") && !f->have_vocab) {
+        /* a member given twice: give up, so that jansson reports the duplicate */
+        if ((key_is(k, n, "vocab") && f->have_vocab) || (key_is(k, n, "merges") && f->have_merges)) return -1;
+        if (key_is(k, n, "vocab")) {
             if (scan_vocab(s, f)) return -1;
             mark_span(f, start, s->p);
             f->have_vocab = 1;
-        } else if (key_is(k, n, "merges") && !f->have_merges) {
+        } else if (key_is(k, n, "merges")) {
             if (scan_merges(s, f)) return -1;
             mark_span(f, start, s->p);
             f->have_merges = 1;
@@ -256,6 +268,7 @@ static int scan_model(scanner *s, hf_fast *f) {
 int hf_fast_scan(char *text, size_t *len_io, const int16_t *cp_to_byte, hf_fast *f) {
     memset(f, 0, sizeof *f);
     scanner s = {text, text + *len_io, cp_to_byte};
+    int seen_model = 0;
     if (expect(&s, '{')) return -1;
     for (;;) {
         ws(&s);
@@ -265,6 +278,7 @@ int hf_fast_scan(char *text, size_t *len_io, const int16_t *cp_to_byte, hf_fast 
         size_t n;
         if (scan_key(&s, &k, &n)) return -1;
         if (key_is(k, n, "model")) {
+            if (seen_model++) return -1;   /* twice: jansson reports it */
             char *save = s.p;
             if (scan_model(&s, f)) {
                 s.p = save; /* not the shape we read fast: leave it to jansson */

@@ -49,10 +49,16 @@ static int read_config(json_t *cfg, const char *path, int *n_special, int *vocab
     json_t *vs = json_object_get(cfg, "default_vocab_size");
     *pattern = json_string_value(json_object_get(cfg, "pattern"));
     if (!*pattern) return tp_error("%s: config.pattern (the pre-tokenizer regex) is missing", path);
-    *n_special = json_is_integer(ns) ? (int)json_integer_value(ns) : 1000;
-    *vocab_size = json_is_integer(vs) ? (int)json_integer_value(vs) : -1;
-    if (*n_special < 1 || *n_special > 1000000)
-        return tp_error("%s: config.default_num_special_tokens %d is not valid", path, *n_special);
+    /* range-checked as int64 before the int casts (2^32 + 5 must not become 5) */
+    json_int_t nsv = json_is_integer(ns) ? json_integer_value(ns) : 1000;
+    json_int_t vsv = json_is_integer(vs) ? json_integer_value(vs) : -1;
+    if (nsv < 1 || nsv > 1000000)
+        return tp_error("%s: config.default_num_special_tokens %lld is not valid (1 to 1000000)", path,
+                        (long long)nsv);
+    if (vsv > (1 << 30))
+        return tp_error("%s: config.default_vocab_size %lld is out of range (at most 2^30)", path, (long long)vsv);
+    *n_special = (int)nsv;
+    *vocab_size = vsv < 0 ? -1 : (int)vsv;
     return 0;
 }
 

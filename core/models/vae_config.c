@@ -6,10 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* no VAE field means anything above this (channels are at most a few hundred) */
+#define VAE_MAX_INT (1 << 20)
+
 static int int_key(const json_t *j, const char *key, int def, int *out, const char *where) {
     json_t *v = json_object_get(j, key);
     if (!v || json_is_null(v)) { *out = def; return 0; }
-    if (!json_is_integer(v)) return tp_error("%s: \"%s\" must be an integer", where, key);
+    /* range-checked before the int cast (2^32 + 4 must not become 4) */
+    if (!json_is_integer(v) || json_integer_value(v) < -VAE_MAX_INT || json_integer_value(v) > VAE_MAX_INT)
+        return tp_error("%s: \"%s\" must be an integer from -%d to %d", where, key, VAE_MAX_INT, VAE_MAX_INT);
     *out = (int)json_integer_value(v);
     return 0;
 }
@@ -28,8 +33,8 @@ static int channels_key(const json_t *arr, const char *key, vae_config *c, const
     c->n_blocks = (int)json_array_size(arr);
     for (int i = 0; i < c->n_blocks; i++) {
         json_t *e = json_array_get(arr, (size_t)i);
-        if (!json_is_integer(e) || json_integer_value(e) <= 0)
-            return tp_error("%s: \"%s\"[%d] must be a positive integer", where, key, i);
+        if (!json_is_integer(e) || json_integer_value(e) <= 0 || json_integer_value(e) > VAE_MAX_INT)
+            return tp_error("%s: \"%s\"[%d] must be an integer from 1 to %d", where, key, i, VAE_MAX_INT);
         c->block_out[i] = (int)json_integer_value(e);
     }
     return 0;

@@ -261,6 +261,12 @@ int vae_decode_latent(vae_model *v, const float *xh, int h, int w, float *image_
         rc = tensor_download_f32(&x, img);
     }
     pool_release(v);
+    int64_t bad = rc ? -1 : first_nonfinite_f32(img, (size_t)3 * (size_t)H * (size_t)W);
+    if (bad >= 0)   /* would be written as black pixels */
+        rc = tp_error("VAE decode: the decoded image is not finite (%s at channel %lld, pixel %lld); the latents or "
+                      "a VAE weight hold NaN/Inf (find a weight with 'tpgen inspect --model DIR --component vae "
+                      "--scan-weights')", img[bad] != img[bad] ? "NaN" : "Inf", (long long)(bad / (H * W)),
+                      (long long)(bad % (H * W)));
     if (!rc && rgb) vae_to_rgb8(img, (int)H, (int)W, v->dt == DT_BF16, rgb);
     if (img != image_chw) free(img);
     return rc;
