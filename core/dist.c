@@ -1,11 +1,13 @@
 #include "dist.h"
 #include "err.h"
+#include "affinity.h"
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 int dist_init(int *argc, char ***argv, dist *d) {
     memset(d, 0, sizeof *d);
+    affinity_early();
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -20,6 +22,7 @@ int dist_init(int *argc, char ***argv, dist *d) {
     MPI_Comm_rank(d->local_comm, &d->local_rank);
     MPI_Comm_size(d->local_comm, &d->local_size);
     d->tp_comm = d->dp_comm = MPI_COMM_NULL;
+    affinity_setup(d);   /* before any OpenMP thread starts */
     return dist_set_tp(d, 0);
 }
 
