@@ -2,13 +2,12 @@
  *
  * f32 x, f32 w, f32 y: one multi-threaded cblas_sgemm straight on the views.
  * Anything else (bf16 weights, bf16 activations or output) goes through a
- * tiled path: blocks of 2048 weight rows x 1024 k and the matching
- * 1024-column slabs of x are widened to f32, and each block is one
- * multi-threaded sgemm (beta 1 after the first k block). So a bf16 weight
- * never has a full f32 copy, each weight value is widened once, and x once
- * per 2048 output columns. (The first design, panels of 128 rows with a
- * single-threaded sgemm per thread, ran at 60-75% of sgemm: sgemm repacked
- * all of x for every 128 columns.) With bf16 x and bf16 w on a CPU with
+ * tiled path: x is widened to f32 in chunks of rows, and the weight is cut
+ * into panels of nb rows; each OpenMP thread widens its own panel into a
+ * cache-sized f32 buffer and calls a single-threaded sgemm on it (OpenBLAS
+ * runs single-threaded inside a parallel region). So a bf16 weight never
+ * has a full f32 copy, and the widening cost (N·K per row chunk) is small
+ * next to the 2·M·N·K flops. With bf16 x and bf16 w on a CPU with
  * AVX512-BF16 the dot products can instead run on vdpbf16ps, see
  * cpu_gemm_bf16.c. y is rounded once, after the bias. */
 #include "cpu_ops.h"
@@ -46,58 +45,61 @@ static void gemm_f32_direct(tensor *y, const tensor *x, const tensor *w, const f
     }
 }
 
-/* Blocking of the tiled path: KC columns of k per sgemm call, panels of NB
- * rows of w (fewer when a test shrinks the tile budget). Buffers: w block
- * NB·KC·4 = 8 MB, x slab M·KC·4, output panel M·NB·4 (bf16 y only).
- * 512/1024/1536 x 1024/2048/4096 measured the same within the noise of the
- * shared machine; larger blocks cost memory for nothing. */
-enum { KC = 1024, NB = 2048 };
+/* Rows [m0, m0+mc) of x as f32 with leading dimension *ld. */
+static const float *x_chunk_f32(const tensor *x, int64_t m0, int64_t mc, float *buf, int64_t *ld) {
+    if (x->dtype == DT_F32) { *ld = x->ld; return (const float *)row_ptr(x, m0); }
+    int64_t K = x->cols;
+#pragma omp parallel for if (mc * K > CPU_PAR_MIN)
+    for (int64_t r = 0; r < mc; r++) row_f32(x, m0 + r, 0, K, buf + r * K); /* non-f32 rows land in buf */
+    *ld = K;
+    return buf;
+}
 
-/* y (+)= x · wᵀ for the f32 copies of x[:, k0:k0+kn] and w[n0:n0+nn, k0:k0+kn]:
- * one multi-threaded sgemm per (panel, k block). Every thread helps widen
- * the blocks (a w block is widened right before sgemm packs it); x is
- * widened once per panel, M·kn
- * values for 2·M·nn·kn flops. Calls are large (M x NB x KC), so sgemm's own
- * repacking of x stays under 0.1% of the work. */
+/* Panel width: enough panels for every thread to get two, at most 128 rows
+ * (a 128 x 3072 f32 panel is 1.5 MB, near the per-core L2). */
+static int64_t panel_rows(int64_t N, int threads) {
+    int64_t nb = (N + 2 * threads - 1) / (2 * threads);
+    nb = (nb + 15) / 16 * 16;
+    return nb < 16 ? 16 : nb > 128 ? 128 : nb;
+}
+
 static void gemm_tiled(tensor *y, const tensor *x, const tensor *w, const float *bias) {
     int64_t M = x->rows, N = w->rows, K = x->cols;
-    int64_t kc = K < KC ? K : KC;
-    int64_t nb = (int64_t)(cpu_tile_budget((size_t)NB * KC * 4) / (4 * (size_t)kc));
-    nb = nb < 16 ? 16 : nb > NB ? NB : nb;
-    nb = nb > N ? N : nb;
-    int direct_x = x->dtype == DT_F32, direct_w = w->dtype == DT_F32, direct_y = y->dtype == DT_F32;
-    float *xbuf = direct_x ? NULL : xmalloc((size_t)M * (size_t)kc * sizeof(float));
-    float *wbuf = direct_w ? NULL : xmalloc((size_t)nb * (size_t)kc * sizeof(float));
-    float *cbuf = direct_y ? NULL : xmalloc((size_t)M * (size_t)nb * sizeof(float));
-    for (int64_t n0 = 0; n0 < N; n0 += nb) {
-        int64_t nn = N - n0 < nb ? N - n0 : nb, ldc = direct_y ? y->ld : nn;
-        float *cp = direct_y ? (float *)row_ptr(y, 0) + n0 : cbuf;
-        for (int64_t k0 = 0; k0 < K; k0 += kc) {
-            int64_t kn = K - k0 < kc ? K - k0 : kc;
-            const float *xs = direct_x ? (const float *)row_ptr(x, 0) + k0 : xbuf;
-            const float *ws = direct_w ? (const float *)row_ptr(w, n0) + k0 : wbuf;
-            int64_t ldx = direct_x ? x->ld : kn, ldw = direct_w ? w->ld : kn;
-            if (!direct_x) {
-#pragma omp parallel for if (M * kn > CPU_PAR_MIN)
-                for (int64_t r = 0; r < M; r++) row_f32(x, r, k0, kn, xbuf + r * kn);
+    int threads = omp_get_max_threads();
+    int64_t nb = panel_rows(N, threads), npanel = (N + nb - 1) / nb;
+    /* x chunk of at most ~16 MB f32 */
+    int64_t mc = (int64_t)(cpu_tile_budget(16u << 20) / (4 * (size_t)K));
+    mc = mc < 1 ? 1 : mc > M ? M : mc;
+    float *xbuf = x->dtype == DT_F32 ? NULL : xmalloc((size_t)mc * (size_t)K * sizeof(float));
+    int direct_w = w->dtype == DT_F32, direct_y = y->dtype == DT_F32;
+    for (int64_t m0 = 0; m0 < M; m0 += mc) {
+        int64_t mn = M - m0 < mc ? M - m0 : mc, ldx;
+        const float *xs = x_chunk_f32(x, m0, mn, xbuf, &ldx);
+#pragma omp parallel
+        {
+            float *wbuf = direct_w ? NULL : xmalloc((size_t)nb * (size_t)K * sizeof(float));
+            float *cbuf = direct_y ? NULL : xmalloc((size_t)mn * (size_t)nb * sizeof(float));
+#pragma omp for schedule(dynamic)
+            for (int64_t p = 0; p < npanel; p++) {
+                int64_t n0 = p * nb, nn = N - n0 < nb ? N - n0 : nb, ldw = K, ldc = nb;
+                const float *wp = direct_w ? (const float *)row_ptr(w, n0) : wbuf;
+                if (direct_w) ldw = w->ld;
+                else for (int64_t r = 0; r < nn; r++) row_f32(w, n0 + r, 0, K, wbuf + r * K);
+                float *cp = cbuf;
+                if (direct_y) { cp = (float *)row_ptr(y, m0) + n0; ldc = y->ld; }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)mn, (int)nn, (int)K, 1.0f, xs, (int)ldx,
+                            wp, (int)ldw, 0.0f, cp, (int)ldc);
+                for (int64_t r = 0; r < mn; r++) {
+                    float *cr = cp + r * ldc;
+                    if (bias) for (int64_t j = 0; j < nn; j++) cr[j] += bias[n0 + j];
+                    if (!direct_y) row_store(y, m0 + r, n0, nn, cr);
+                }
             }
-            if (!direct_w) {
-#pragma omp parallel for if (nn * kn > CPU_PAR_MIN)
-                for (int64_t r = 0; r < nn; r++) row_f32(w, n0 + r, k0, kn, wbuf + r * kn);
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)nn, (int)kn, 1.0f, xs, (int)ldx, ws,
-                        (int)ldw, k0 ? 1.0f : 0.0f, cp, (int)ldc);
-        }
-#pragma omp parallel for if (M * nn > CPU_PAR_MIN)
-        for (int64_t r = 0; r < M; r++) {
-            float *cr = cp + r * ldc;
-            if (bias) for (int64_t j = 0; j < nn; j++) cr[j] += bias[n0 + j];
-            if (!direct_y) row_store(y, r, n0, nn, cr);
+            free(wbuf);
+            free(cbuf);
         }
     }
     free(xbuf);
-    free(wbuf);
-    free(cbuf);
 }
 
 void cpu_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias) {
