@@ -32,14 +32,30 @@ TEST_SRC := $(wildcard tests/*.c)
 ifeq ($(CUDA),1)
   CUDA_CU  := $(wildcard kernels/cuda/*.cu)
   CUDA_C   := $(wildcard kernels/cuda/*.c)
-  NVFLAGS  ?= -O2 -std=c++17 -I. $(MPI_CFLAGS) -Xcompiler -Wall \
-              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+  # SASS for every architecture of CUDA_SM_WANT that this nvcc knows
+  # (nvcc --list-gpu-arch), and PTX for the newest of them, so that later GPUs
+  # run it through the driver's JIT. Override with CUDA_SM="80 90".
+  CUDA_SM_WANT ?= 80 89 90 100 120
+  NV_ARCHS := $(shell $(NVCC) --list-gpu-arch 2>/dev/null | sed -n 's/^compute_//p')
+  CUDA_SM  ?= $(or $(filter $(NV_ARCHS),$(CUDA_SM_WANT)),80 90)
+  CUDA_PTX := $(lastword $(CUDA_SM))
+  GENCODE  := $(foreach a,$(CUDA_SM),-gencode arch=compute_$(a),code=sm_$(a)) \
+              -gencode arch=compute_$(CUDA_PTX),code=compute_$(CUDA_PTX)
+  NVFLAGS  ?= -O2 -std=c++17 -I. $(MPI_CFLAGS) -Xcompiler -Wall $(GENCODE)
   CFLAGS   += -DTPGEN_CUDA -I$(CUDA_HOME)/include
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++ $(MPI_LIBS)
   PLUGIN   := $(BUILD)/libtpgen-cuda.so
 endif
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# The CPU check runs before anything else, so it is compiled for the baseline
+# ISA and told which extensions OPT lets the rest of the build use.
+ISA_NEEDS := $(shell echo | $(CC) $(OPT) -dM -E - 2>/dev/null | sed -n 's/^\#define __\(AVX\|AVX2\|FMA\|BMI2\|AVX512F\)__ 1$$/-DNEED_\1/p')
+ifneq ($(filter x86_64 i%86,$(shell uname -m)),)
+  CHECK_ARCH := -march=x86-64 -mtune=generic
+endif
+$(BUILD)/core/cpu_check.o: CFLAGS += $(CHECK_ARCH) $(ISA_NEEDS) -DTPGEN_BUILD_OPT='"$(OPT)"'
 CUDA_OBJ := $(CUDA_C:%.c=$(BUILD)/%.o) $(CUDA_CU:%.cu=$(BUILD)/%.cu.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
@@ -75,7 +91,13 @@ test: all asan
 clean:
 	rm -rf build build-asan build-fuzz
 
-.PHONY: all asan test clean
+# the CUDA code targets of this build (tests/sh/portable.sh reads them)
+print-cuda-gencode:
+	@echo $(GENCODE)
+print-opt:
+	@echo '$(OPT)'
+
+.PHONY: all asan test clean print-cuda-gencode print-opt
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # ---- fuzzing (fuzz/): libFuzzer harnesses built with clang, ASan + UBSan ----

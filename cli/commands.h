@@ -21,6 +21,7 @@ int cmd_decode(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_affinity(int argc, char **argv);
 int cmd_make_tiny(int argc, char **argv);
 
 #endif

@@ -12,7 +12,16 @@
 #include "../core/tensor.h"
 #include <stdint.h>
 
-typedef enum { FAMILY_DEV = 0, FAMILY_KLEIN_DISTILLED, FAMILY_KLEIN_BASE } model_family;
+typedef enum { FAMILY_DEV = 0, FAMILY_KLEIN_DISTILLED, FAMILY_KLEIN_BASE, FAMILY_KLEIN_KV } model_family;
+
+/* The family of a pipeline folder (cli/model_family.c): model_index.json's
+ * _class_name when present (index may be NULL), else the transformer
+ * config's guidance_embeds. *name is the display name; a class that
+ * contradicts guidance_embeds leaves a warning (naming both) in warning.
+ * -1 + tp_error for a _class_name that is not a FLUX.2 pipeline. */
+#include <jansson.h>
+int model_family_resolve(const json_t *index, const char *index_path, int guidance_embeds, const char *config_path,
+                         model_family *family, const char **name, char *warning, size_t warning_len);
 
 typedef struct gen_lora gen_lora;   /* cli/generate_lora.c */
 struct lora_set;

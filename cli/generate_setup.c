@@ -63,18 +63,23 @@ static int read_model(gen_setup *g, const char *root) {
     json_t *ge = cfg ? json_object_get(cfg, "guidance_embeds") : NULL;
     g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
     json_decref(cfg);
-    free(cfg_path);
-    if (rc) return -1;
+    if (rc) return free(cfg_path), -1;
 
     char *idx_path = xasprintf("%s/model_index.json", root);
     json_t *idx = load_json(idx_path, 0);
     if (!idx && is_file(idx_path)) rc = -1;
+    char warning[1024];
+    if (!rc) rc = model_family_resolve(idx, idx_path, g->embedded_guidance, cfg_path, &g->family, &g->family_name,
+                                       warning, sizeof warning);
+    if (!rc && warning[0] && g->d->world_rank == 0) fprintf(stderr, "tpgen: warning: %s\n", warning);
+    if (!rc && g->family == FAMILY_KLEIN_KV)
+        rc = tp_error("%s: model_index.json names Flux2KleinKVPipeline (FLUX.2-klein-kv, the KV-cache variant: reference "
+                      "tokens with a fixed timestep and causal reference attention), which tpgen does not implement; "
+                      "use a FLUX.2-klein or FLUX.2-dev pipeline folder", root);
     free(idx_path);
-    int distilled = idx && json_is_true(json_object_get(idx, "is_distilled"));
+    free(cfg_path);
     json_decref(idx);
     if (rc) return -1;
-    g->family = g->embedded_guidance ? FAMILY_DEV : distilled ? FAMILY_KLEIN_DISTILLED : FAMILY_KLEIN_BASE;
-    g->family_name = g->family == FAMILY_DEV ? "FLUX.2-dev" : distilled ? "FLUX.2-klein (distilled)" : "FLUX.2-klein (base)";
 
     g->vae_dir = xasprintf("%s/vae", root);
     char *vc = xasprintf("%s/config.json", g->vae_dir), *te = xasprintf("%s/text_encoder", root);

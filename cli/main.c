@@ -15,6 +15,7 @@ static const struct {
     {"encode", "run the text encoder and save prompt_embeds"},
     {"bench", "benchmarks (transformer forward, GEMM, load, VAE, encoder)"},
     {"make-tiny", "write a tiny random pipeline folder (for the demo and tests)"},
+    {"affinity", "show each rank's CPU binding and thread count"},
 };
 
 static command_fn lookup(const char *name) {
@@ -26,6 +27,7 @@ static command_fn lookup(const char *name) {
     if (!strcmp(name, "encode")) return cmd_encode;
     if (!strcmp(name, "bench")) return cmd_bench;
     if (!strcmp(name, "make-tiny")) return cmd_make_tiny;
+    if (!strcmp(name, "affinity")) return cmd_affinity;
     return NULL;
 }
 

@@ -1,11 +1,13 @@
 #include "dist.h"
 #include "err.h"
+#include "affinity.h"
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 int dist_init(int *argc, char ***argv, dist *d) {
     memset(d, 0, sizeof *d);
+    affinity_early();
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -20,6 +22,7 @@ int dist_init(int *argc, char ***argv, dist *d) {
     MPI_Comm_rank(d->local_comm, &d->local_rank);
     MPI_Comm_size(d->local_comm, &d->local_size);
     d->tp_comm = d->dp_comm = MPI_COMM_NULL;
+    affinity_setup(d);   /* before any OpenMP thread starts */
     return dist_set_tp(d, 0);
 }
 
@@ -56,24 +59,28 @@ int dist_agree(MPI_Comm c, int status) {
     int mine = status ? rank : INT_MAX, first;
     MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c);
     if (first == INT_MAX) return 0;
-    char msg[4096];
-    if (rank == first) snprintf(msg, sizeof msg, "%s", tp_error_msg());
-    MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, c);
-    msg[sizeof msg - 1] = 0;
-    int prev, n = 0;
-    int already = sscanf(msg, "rank %d: %n", &prev, &n) == 1 && n > 0; /* agreed before (nested agreements) */
-    if (size > 1 && !already) {
-        int wr = first;
+    /* the failing rank's body and its rank prefix, if it was agreed before
+     * (nested agreements: an error agreed inside a TP group, with contexts
+     * added since, keeps that group's rank when the world agrees) */
+    struct { int rank; char body[4092]; } m;
+    if (rank == first) {
+        m.rank = tp_error_rank();
+        snprintf(m.body, sizeof m.body, "%s", tp_error_body());
+    }
+    MPI_Bcast(&m, sizeof m, MPI_BYTE, first, c);
+    m.body[sizeof m.body - 1] = 0;
+    int wr = m.rank;
+    if (wr < 0 && size > 1) {
+        wr = first;
         MPI_Group g, wg;
         MPI_Comm_group(c, &g);
         MPI_Comm_group(MPI_COMM_WORLD, &wg);
         MPI_Group_translate_ranks(g, 1, &first, wg, &wr);
         MPI_Group_free(&g);
         MPI_Group_free(&wg);
-        tp_error("rank %d: %s", wr, msg);
-    } else {
-        tp_error("%s", msg);
     }
+    tp_error("%s", m.body);
+    tp_error_set_rank(wr);
     return -1;
 }
 

@@ -28,8 +28,10 @@ void dist_finalize(dist *d);
  * -1 with tp_error() set). Returns 0 when every rank succeeded. Otherwise
  * returns -1 on every rank, with tp_error() set everywhere to the message of
  * the lowest failing rank, prefixed by "rank R: " (its world rank) when the
- * group has more than one rank and the message does not name a rank yet
- * (an error agreed inside a TP group keeps its prefix when the world agrees). */
+ * group has more than one rank and the message was not agreed yet. The rank
+ * is kept apart from the text (tp_error_rank), so an error agreed inside a
+ * TP group, with contexts added since, keeps its one prefix in front when
+ * the world agrees: "rank 1: encoding the prompts: text encoder: ...". */
 int dist_agree(MPI_Comm c, int status);
 
 /* Print the current error once, by rank 0 of `c`, as "tpgen: error: ..."

@@ -4,15 +4,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The message body and, apart from it, the world rank it was agreed on
+ * (-1: not agreed yet). Keeping the rank out of the body is what lets a
+ * context added after an agreement go after the one "rank R: " prefix
+ * instead of in front of it (which would make the next agreement add a
+ * second prefix). */
 static _Thread_local char g_msg[4096];
+static _Thread_local char g_full[4096 + 32];
+static _Thread_local int g_rank = -1;
 
 int tp_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(g_msg, sizeof g_msg, fmt, ap);
     va_end(ap);
+    g_rank = -1;
     return -1;
 }
+
+void tp_error_set_rank(int world_rank) { g_rank = world_rank; }
+int tp_error_rank(void) { return g_rank; }
+const char *tp_error_body(void) { return g_msg; }
 
 int tp_error_context(const char *fmt, ...) {
     char prefix[1024], old[sizeof g_msg];
@@ -25,8 +37,12 @@ int tp_error_context(const char *fmt, ...) {
     return -1;
 }
 
-const char *tp_error_msg(void) { return g_msg; }
-void tp_error_clear(void) { g_msg[0] = 0; }
+const char *tp_error_msg(void) {
+    if (g_rank < 0) return g_msg;
+    snprintf(g_full, sizeof g_full, "rank %d: %s", g_rank, g_msg);
+    return g_full;
+}
+void tp_error_clear(void) { g_msg[0] = 0; g_rank = -1; }
 
 void tp_fatal(const char *fmt, ...) {
     va_list ap;

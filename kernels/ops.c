@@ -79,13 +79,17 @@ void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma,
 void op_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd) { DISPATCH(upsample2x, y, x, h, wd); }
 void op_transpose(backend *be, tensor *y, const tensor *x) { DISPATCH(transpose, y, x); }
 
+static int g_cpu_threads;   /* set from the rank's CPU binding (core/affinity.c) */
+void backend_set_cpu_threads(int threads) { g_cpu_threads = threads; }
+
 int backend_select(const char *name, int local_rank, int local_size, backend **out) {
     *out = NULL;
     if (!name || !strcmp(name, "auto")) name = backend_cuda_device_count() > 0 ? "cuda" : "cpu";
     if (!strcmp(name, "cpu")) {
         int cores = omp_get_num_procs();
         const char *env = getenv("OMP_NUM_THREADS");
-        int threads = env && atoi(env) > 0 ? atoi(env) : cores / (local_size > 0 ? local_size : 1);
+        int threads = env && atoi(env) > 0 ? atoi(env)
+                      : g_cpu_threads > 0 ? g_cpu_threads : cores / (local_size > 0 ? local_size : 1);
         *out = backend_cpu_create(threads > 0 ? threads : 1);
         return 0;
     }

@@ -196,5 +196,8 @@ void op_transpose(backend *be, tensor *y, const tensor *x);
  * visible, else cpu). local_rank/local_size place GPUs and split the CPU
  * cores between the ranks of one node. */
 int backend_select(const char *name, int local_rank, int local_size, backend **out);
+/* The CPU backend's thread count for backend_select, from the rank's CPU
+ * binding (core/affinity.c, at dist_init); OMP_NUM_THREADS still wins. */
+void backend_set_cpu_threads(int threads);
 
 #endif

@@ -10,6 +10,13 @@ out=${OUT:-out}; mkdir -p "$out"; log=$out/bench-cpu.log
 T=build/tpgen
 MPIRUN=(mpirun --oversubscribe --bind-to none); [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 cores=$(nproc)
+# bind NP: mpirun that gives each of NP ranks its own cores/NP cores (tpgen
+# sizes its threads from them); shared cores when there are fewer cores than ranks
+bind() {
+    local r=(mpirun); [ "$(id -u)" = 0 ] && r+=(--allow-run-as-root)
+    if [ "$cores" -ge "$1" ]; then r+=(--map-by "ppr:$1:node:pe=$((cores / $1))"); else r+=(--oversubscribe --bind-to none); fi
+    echo "${r[@]}"
+}
 {
 echo "# tpgen $($T --version) CPU benchmarks, $(date -u +%F)"
 echo "# machine: $(lscpu | sed -n 's/^Model name: *//p'), $cores cores, $(free -g | awk '/Mem:/{print $2}') GB RAM, load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -18,11 +25,11 @@ echo; echo "## bench gemm ($cores threads, then 1 thread)"
 $T bench gemm --threads "$cores"
 $T bench gemm --threads 1 --ops --quick
 echo; echo "## bench forward: klein-4B widths, 2 double + 2 single blocks, 1024 image + 128 text tokens"
-OMP_NUM_THREADS=$cores "${MPIRUN[@]}" -np 1 $T bench forward --precision both --iters 2
-OMP_NUM_THREADS=$((cores / 2 > 0 ? cores / 2 : 1)) "${MPIRUN[@]}" -np 2 $T bench forward --precision both --iters 2
+$(bind 1) -np 1 $T bench forward --precision both --iters 2
+$(bind 2) -np 2 $T bench forward --precision both --iters 2
 echo; echo "## bench encoder: Qwen3-4B shapes, 512 tokens, 4 layers timed, extrapolated to 27"
-OMP_NUM_THREADS=$cores "${MPIRUN[@]}" -np 1 $T bench encoder --layers 4 --precision bf16
-OMP_NUM_THREADS=$((cores / 2 > 0 ? cores / 2 : 1)) "${MPIRUN[@]}" -np 2 $T bench encoder --layers 4 --precision bf16
+$(bind 1) -np 1 $T bench encoder --layers 4 --precision bf16
+$(bind 2) -np 2 $T bench encoder --layers 4 --precision bf16
 echo; echo "## bench vae: FLUX.2 VAE shapes, random weights"
 $T bench vae --sizes 512 --precision f32,bf16
 echo; echo "## bench tokenizer"

@@ -29,13 +29,16 @@ echo "== writing a tiny random pipeline to ./demo"
 rm -rf demo
 build/tpgen make-tiny --out demo --seed 0
 
-MPIRUN=(mpirun -np 2 --oversubscribe)
+# each rank gets its own half of the cores (tpgen sizes its threads from them)
+cores=$(nproc)
+if [ "$cores" -ge 2 ]; then MPIRUN=(mpirun -np 2 --map-by "ppr:2:node:pe=$((cores / 2))")
+else MPIRUN=(mpirun -np 2 --oversubscribe --bind-to none); fi
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 args=(--model demo --prompt "a lighthouse on a cliff at dusk" --width 256 --height 256 --seed 42 --backend cpu
       --tp 2 --output demo/demo.png --save-latents demo/latents.safetensors --json-metrics demo/metrics.json)
 
 echo "== rendering on 2 CPU ranks: ${MPIRUN[*]} build/tpgen ${args[*]}"
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "${MPIRUN[@]}" build/tpgen "${args[@]}"
+"${MPIRUN[@]}" build/tpgen "${args[@]}"
 
 echo "== done"
 echo "   image:   demo/demo.png (its generation parameters are in the PNG's 'parameters' text chunk)"

@@ -5,10 +5,13 @@
  * does, so the result may be off by (ranks-1) roundings. */
 #include "test.h"
 #include "../core/comm.h"
+#include "../core/dist.h"
+#include "../core/err.h"
 #include "../kernels/ops.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* value i of rank r, a deterministic function of the test seed */
 static float value_of(unsigned seed, int r, size_t i) {
@@ -78,4 +81,35 @@ TEST_MPI(comm_allreduce_sum_subgroup) { /* over a split communicator (tp groups 
     comm_destroy(c);
     backend_destroy(be);
     MPI_Comm_free(&g);
+}
+
+/* Nested agreements with contexts added between them (as the text encoder
+ * inside generate does): the message keeps exactly one "rank R: " prefix,
+ * in front, naming the failing world rank, and the contexts follow it. */
+TEST_MPI(error_rank_prefix_once) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int failing = size - 1;
+    MPI_Comm half;   /* groups of 2 (the TP groups of tp 2), or the lone rank */
+    MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &half);
+    int rc = rank == failing ? tp_error("qwen3 text encoder: bad token") : 0;
+    int in_group = rank / 2 == failing / 2;
+    if (in_group) {
+        rc = dist_agree(half, rc);
+        if (rc) tp_error_context("text encoder");
+        rc = dist_agree(half, rc);
+        if (rc) tp_error_context("encoding the prompts");
+    }
+    rc = dist_agree(MPI_COMM_WORLD, rc);
+    CHECK(rc == -1, "rank %d: agreement returned %d", rank, rc);
+    char want[160];
+    if (size > 1) snprintf(want, sizeof want, "rank %d: encoding the prompts: text encoder: qwen3 text encoder: bad token", failing);
+    else snprintf(want, sizeof want, "encoding the prompts: text encoder: qwen3 text encoder: bad token");
+    CHECK(!strcmp(tp_error_msg(), want), "rank %d: message '%s', expected '%s'", rank, tp_error_msg(), want);
+    /* a new error drops the old prefix */
+    tp_error("fresh");
+    CHECK(!strcmp(tp_error_msg(), "fresh") && tp_error_rank() == -1, "new error kept a prefix: '%s'", tp_error_msg());
+    tp_error_clear();
+    MPI_Comm_free(&half);
 }

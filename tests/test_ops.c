@@ -176,10 +176,14 @@ TEST(ops_gemm_bf16_paths) { /* the AVX512-BF16 kernel (when present) and the por
     cpu_gemm_force_portable(0);
 }
 
-TEST(ops_gemm_row_chunks) { /* x widened in several chunks of rows */
+TEST(ops_gemm_row_chunks) { /* the tiled path: x in several chunks of rows (small budget), a long K */
     cpu_set_tile_budget(4096);
     gemm_case(50, 40, 100, DT_BF16, DT_BF16, DT_BF16, 1);
     gemm_case(50, 40, 100, DT_F32, DT_BF16, DT_F32, 0);
+    cpu_gemm_force_portable(1);
+    gemm_case(30, 50, 2100, DT_BF16, DT_BF16, DT_BF16, 1);
+    gemm_case(30, 50, 2100, DT_F32, DT_BF16, DT_F32, 1);
+    cpu_gemm_force_portable(0);
     cpu_set_tile_budget(0);
 }
 

@@ -36,6 +36,10 @@ int cpu_has_avx512bf16(void) {
     if (cached >= 0) return cached;
     unsigned a, b, c, d;
     cached = 0;
+    /* TPGEN_NO_AVX512=1: as on a CPU without AVX512-BF16 (the portable
+     * paths everywhere, e.g. to measure them on an AVX512 machine) */
+    const char *off = getenv("TPGEN_NO_AVX512");
+    if (off && *off && strcmp(off, "0")) return cached;
     if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & (1u << 27))) return cached; /* OSXSAVE */
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Portable builds: on a CPU without the extensions the build uses (an
+# emulated Westmere, no AVX/AVX2/FMA, under qemu-user) tpgen stops with a
+# clear error naming them and how to rebuild, not SIGILL; on an emulated
+# Haswell it runs. The CUDA build targets SASS for each architecture of
+# 80 89 90 100 120 that nvcc knows, plus PTX for the newest. TPGEN_NO_AVX512
+# switches the AVX512-BF16 kernels off.
+. "$TPGEN_ROOT/tests/lib.sh"
+if ! command -v qemu-x86_64 >/dev/null; then
+    fail "qemu-x86_64 is missing (scripts/install-deps.sh installs qemu-user)"
+elif [ "$(uname -m)" != x86_64 ]; then
+    fail "this test emulates x86-64 CPUs and runs on x86-64 hosts only"
+else
+    opt=$(make -s -C "$TPGEN_ROOT" print-opt 2>/dev/null)
+    out=$(timeout 120 qemu-x86_64 -cpu Westmere "$TPGEN" --version 2>&1); rc=$?
+    out=$(echo "$out" | grep -v '^qemu-x86_64: warning')
+    if [ $rc -eq 1 ] && echo "$out" | grep -q 'tpgen: error: this CPU lacks AVX, AVX2, FMA' \
+        && echo "$out" | grep -q 'make OPT=' && echo "$out" | grep -qF -- "$opt"; then
+        ok "a CPU without AVX2/FMA gets an error naming them and the rebuild (rc 1, no SIGILL)"
+    else
+        fail "Westmere (rc $rc): $out"
+    fi
+    out=$(timeout 120 qemu-x86_64 -cpu Haswell "$TPGEN" --version 2>&1 | grep -v '^qemu-x86_64: warning'); rc=$?
+    echo "$out" | grep -q '^tpgen [0-9]' && ok "an AVX2 CPU (Haswell) runs it" || fail "Haswell: $out"
+fi
+
+out=$(TPGEN_NO_AVX512=1 "$TPGEN" bench gemm --quick --reps 1 --m 8 --threads 1 2>&1)
+echo "$out" | grep -q 'AVX512-BF16 kernel: not available' && ok "TPGEN_NO_AVX512=1 switches the AVX512-BF16 kernels off" \
+    || fail "TPGEN_NO_AVX512: $(echo "$out" | head -2)"
+
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+if [ -n "$nvcc" ]; then
+    gen=$(make -s -C "$TPGEN_ROOT" print-cuda-gencode)
+    have=$("$nvcc" --list-gpu-arch 2>/dev/null | sed -n 's/^compute_//p')
+    want=""
+    for a in 80 89 90 100 120; do echo "$have" | grep -qx "$a" && want="$want $a"; done
+    good=1
+    for a in $want; do echo "$gen" | grep -q "code=sm_$a\b" || good=0; done
+    want=${want# }
+    newest=${want##* }
+    echo "$gen" | grep -q "arch=compute_$newest,code=compute_$newest" || good=0
+    [ $good = 1 ] && [ -n "$want" ] && ok "CUDA: SASS for sm_${want// /, sm_} and PTX for compute_$newest" \
+        || fail "CUDA gencode '$gen' for nvcc archs: $(echo $have)"
+else
+    gen=$(make -s -C "$TPGEN_ROOT" print-cuda-gencode)
+    [ -z "$gen" ] && ok "no nvcc: no CUDA targets" || fail "no nvcc, yet gencode '$gen'"
+fi
