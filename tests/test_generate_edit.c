@@ -1,0 +1,166 @@
+/* Reference-image editing end to end against golden/klein-tiny-edit
+ * (diffusers Flux2KleinPipeline.__call__(image=[...]), f32), at every TP
+ * degree run.sh uses (np 1, 2, 4):
+ *  - through the generate command's code path (flags -> setup -> references
+ *    encoded on the group's first rank and broadcast -> denoising -> VAE ->
+ *    PNG): final latents within 1e-4, the 8-bit image within one level, the
+ *    size taken from the reference when --width/--height are not given;
+ *  - through the library (refs_encode + flux2_denoise): the noise,
+ *    noise_pred_step0 and every step's latents within 1e-4;
+ *  - bf16 (the default precision) within the project's bf16 tolerance. */
+#include "test.h"
+#include "../cli/generate.h"
+#include "../core/comm.h"
+#include "../core/err.h"
+#include "../core/pipeline.h"
+#include "../core/refs.h"
+#include "../core/safetensors.h"
+#include "../core/schedule.h"
+#include "../kernels/ops.h"
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STB_IMAGE_STATIC
+#define STB_IMAGE_IMPLEMENTATION
+#define STBI_ONLY_PNG
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#include <stb/stb_image.h>
+
+static int world_rank(void) {
+    int r;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+static int run_generate(int argc, char **argv, int *world_size) {
+    dist d;
+    if (dist_init(NULL, NULL, &d)) return -1;
+    run_spec s;
+    runspec_init(&s);
+    int rc = runspec_parse_args(&s, argc, argv);
+    if (!rc) rc = runspec_check(&s);
+    if (!dist_agree(d.world, rc) && !dist_agree(d.world, dist_set_tp(&d, s.tp))) {
+        gen_setup g;
+        rc = dist_agree(d.world, gen_setup_init(&g, &s, &d));
+        if (!rc) {
+            gen_metrics m = {.t_start = gen_now()};
+            rc = gen_run(&g, &m);
+        }
+        gen_setup_free(&g);
+    } else {
+        rc = -1;
+    }
+    *world_size = d.world_size;
+    runspec_free(&s);
+    MPI_Comm_free(&d.tp_comm);
+    MPI_Comm_free(&d.dp_comm);
+    MPI_Comm_free(&d.local_comm);
+    return rc;
+}
+
+static json_t *edit_case(int k, json_t **root) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/klein-tiny-edit/edit.json", test_golden_dir());
+    *root = json_load_file(p, 0, NULL);
+    return *root ? json_array_get(json_object_get(*root, "cases"), (size_t)k) : NULL;
+}
+
+static double png_compare(const char *png, const st_file *ref, int k, int *worst, size_t *off, size_t *np) {
+    char name[64];
+    snprintf(name, sizeof name, "case%d.image_u8", k);
+    const st_tensor_info *tu = st_find(ref, name);
+    *worst = 999;
+    if (!tu) return -1;
+    *np = (size_t)tu->shape[0] * (size_t)tu->shape[1] * 3;
+    uint8_t *want = malloc(*np);
+    int w, h, ch;
+    uint8_t *px = stbi_load(png, &w, &h, &ch, 3);
+    double se = 0;
+    if (px && st_read_raw(ref, tu, want) == 0 && h == tu->shape[0] && w == tu->shape[1]) {
+        *worst = 0, *off = 0;
+        for (size_t i = 0; i < *np; i++) {
+            int d = abs((int)px[i] - (int)want[i]);
+            if (d > *worst) *worst = d;
+            *off += d != 0;
+            se += (double)d * d;
+        }
+    }
+    if (px) stbi_image_free(px);
+    free(want);
+    return se > 0 ? 10.0 * log10(255.0 * 255.0 / (se / (double)*np)) : INFINITY;
+}
+
+/* case k through the generate command; bf16: latents within max_rel and PSNR */
+static void generate_case(int k, const char *precision, double max_rel, int max_level, double min_psnr) {
+    int rank = world_rank();
+    json_t *root = NULL, *c = edit_case(k, &root);
+    REQUIRE(c, "edit.json: no case %d", k);
+    const char *gd = test_golden_dir();
+    char model[1024], golden[1024], embeds[1100], tmp[512], lat[700], png[700], seed[32], w[16], h[16];
+    snprintf(model, sizeof model, "%s/klein-tiny/model", gd);
+    snprintf(golden, sizeof golden, "%s/klein-tiny-edit/edit.safetensors", gd);
+    snprintf(embeds, sizeof embeds, "%s:case%d.prompt_embeds", golden, k);
+    if (rank == 0) snprintf(tmp, sizeof tmp, "%s", test_tmp_dir());
+    MPI_Bcast(tmp, sizeof tmp, MPI_CHAR, 0, MPI_COMM_WORLD);
+    snprintf(lat, sizeof lat, "%s/edit-%d-%s.safetensors", tmp, k, precision);
+    snprintf(png, sizeof png, "%s/edit-%d-%s.png", tmp, k, precision);
+    snprintf(seed, sizeof seed, "%lld", (long long)json_integer_value(json_object_get(c, "seed")));
+    snprintf(w, sizeof w, "%lld", (long long)json_integer_value(json_object_get(c, "width")));
+    snprintf(h, sizeof h, "%lld", (long long)json_integer_value(json_object_get(c, "height")));
+    int passed = json_is_true(json_object_get(c, "height_width_passed"));
+    char *argv[40];
+    char refs[8][1024];
+    int argc = 0;
+    const char *fixed[] = {"generate", "--model", model, "--prompt-embeds", embeds, "--seed", seed, "--steps", "4",
+                           "--precision", precision, "--save-latents", lat, "--output", png, "--backend", "cpu"};
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) argv[argc++] = (char *)fixed[i];
+    if (passed) {
+        argv[argc++] = "--width", argv[argc++] = w;
+        argv[argc++] = "--height", argv[argc++] = h;
+    }
+    json_t *files = json_object_get(c, "ref_files");
+    for (size_t i = 0; i < json_array_size(files) && i < 8; i++) {
+        snprintf(refs[i], sizeof refs[i], "%s/klein-tiny-edit/%s", gd, json_string_value(json_array_get(files, i)));
+        argv[argc++] = "--image", argv[argc++] = refs[i];
+    }
+    argv[argc] = NULL;
+    size_t nrefs = json_array_size(files);
+    int world = 0, rc = run_generate(argc, argv, &world);
+    json_decref(root);
+    REQUIRE(rc == 0, "generate failed: %s", tp_error_msg());
+    if (rank != 0) return;
+    st_file *ref = NULL, *got = NULL;
+    REQUIRE(st_open(golden, &ref) == 0, "%s", tp_error_msg());
+    if (st_open(lat, &got)) { st_close(ref); REQUIRE(0, "%s", tp_error_msg()); }
+    float *a = NULL, *b = NULL;
+    const st_tensor_info *ta = NULL, *tb = NULL;
+    char name[64];
+    snprintf(name, sizeof name, "case%d.final_packed_latents", k);
+    if (!st_read_f32(got, "latents", &a, &ta) && !st_read_f32(ref, name, &b, &tb) && ta->shape[1] == tb->shape[1] &&
+        ta->shape[2] == tb->shape[2]) {
+        CHECK(!strcmp(st_meta(got, "width"), w) && !strcmp(st_meta(got, "height"), h), "case%d: size %sx%s, want %sx%s",
+              k, st_meta(got, "width"), st_meta(got, "height"), w, h);
+        double e = rel_l2(a, b, (size_t)tb->shape[1] * tb->shape[2]);
+        int worst;
+        size_t off = 0, np = 0;
+        double psnr = png_compare(png, ref, k, &worst, &off, &np);
+        printf("# edit golden case %d (%zu refs%s), %s, world %d: final latents rel L2 %.3g, image max diff %d (%zu of "
+               "%zu samples differ), PSNR %.1f dB\n", k, nrefs, passed ? "" : ", size from the reference",
+               precision, world, e, worst, off, np, psnr);
+        CHECK(e < max_rel, "case%d %s: final latents differ from diffusers: rel L2 %g", k, precision, e);
+        if (max_level >= 0) CHECK(worst <= max_level, "case%d: the image differs by up to %d levels", k, worst);
+        CHECK(psnr >= min_psnr, "case%d %s: PSNR %.1f dB", k, precision, psnr);
+    } else {
+        test_fail(__FILE__, __LINE__, "case%d: latents unreadable or of the wrong shape: %s", k, tp_error_msg());
+    }
+    free(a), free(b);
+    st_close(ref);
+    st_close(got);
+}
+
+TEST_MPI(generate_edit_reproduces_golden) {
+    for (int k = 0; k < 3 && !test_failed(); k++) generate_case(k, "f32", 1e-4, 1, 0);
+}
+TEST_MPI(generate_edit_bf16_close_to_golden) { generate_case(1, "bf16", 5e-2, -1, 30.0); }
