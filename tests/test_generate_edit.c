@@ -164,3 +164,110 @@ TEST_MPI(generate_edit_reproduces_golden) {
     for (int k = 0; k < 3 && !test_failed(); k++) generate_case(k, "f32", 1e-4, 1, 0);
 }
 TEST_MPI(generate_edit_bf16_close_to_golden) { generate_case(1, "bf16", 5e-2, -1, 30.0); }
+
+/* ---- the loop through the library, step by step ---- */
+
+typedef struct step_rec {
+    float *v0, *x[8];
+    size_t n;
+    int calls;
+} step_rec;
+
+static int record_step(int step, int steps, double sec, const float *v, const float *x, void *ctx) {
+    step_rec *r = ctx;
+    if (step == 0) memcpy(r->v0, v, r->n * sizeof(float));
+    if (step < 8) memcpy(r->x[step], x, r->n * sizeof(float));
+    r->calls++;
+    return 0;
+}
+
+static double golden_rel(const st_file *f, const char *key, const float *got, size_t n) {
+    float *want = NULL;
+    const st_tensor_info *ti = NULL;
+    if (st_read_f32(f, key, &want, &ti)) return INFINITY;
+    size_t m = 1;
+    for (int i = 0; i < ti->ndim; i++) m *= (size_t)ti->shape[i];
+    double e = m == n ? rel_l2(got, want, n) : INFINITY;
+    free(want);
+    return e;
+}
+
+TEST_MPI(edit_denoise_steps_match_golden) {
+    const char *gd = test_golden_dir();
+    char tdir[1024], vdir[1024], gpath[1024];
+    snprintf(tdir, sizeof tdir, "%s/klein-tiny/model/transformer", gd);
+    snprintf(vdir, sizeof vdir, "%s/klein-tiny/model/vae", gd);
+    snprintf(gpath, sizeof gpath, "%s/klein-tiny-edit/edit.safetensors", gd);
+    backend *be = backend_cpu_create(1);
+    comm *cm = comm_create_mpi(MPI_COMM_WORLD, be);
+    flux2_model *m = NULL;
+    vae_model *v = NULL;
+    st_file *f = NULL;
+    int ok = !flux2_load(tdir, be, cm, DT_F32, &m, NULL) && !vae_load_parts(vdir, be, DT_F32, VAE_ENCODER, &v) &&
+             !st_open(gpath, &f);
+    if (!ok) test_fail(__FILE__, __LINE__, "%s", tp_error_msg());
+    int world = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    for (int k = 0; k < 3 && ok && !test_failed(); k++) {
+        json_t *root = NULL, *c = edit_case(k, &root);
+        int W = (int)json_integer_value(json_object_get(c, "width")), H = (int)json_integer_value(json_object_get(c, "height"));
+        uint64_t seed = (uint64_t)json_integer_value(json_object_get(c, "seed"));
+        json_t *files = json_object_get(c, "ref_files");
+        int nr = (int)json_array_size(files);
+        char *paths[8];
+        for (int i = 0; i < nr && i < 8; i++) paths[i] = xasprintf("%s/klein-tiny-edit/%s", gd, json_string_value(json_array_get(files, i)));
+        json_decref(root);
+        ref_set rs;
+        int rc = refs_encode(v, paths, nr, &rs);
+        for (int i = 0; i < nr && i < 8; i++) free(paths[i]);
+        REQUIRE(rc == 0, "refs: %s", tp_error_msg());
+        int h = H / 16, w = W / 16, C = 32;
+        int64_t N = (int64_t)h * w;
+        size_t n = (size_t)N * C;
+        /* the seeded noise is diffusers' initial_latents (bf16 torch.randn), packed */
+        float *noise = gen_noise_packed(seed, C, h, w), *init = NULL;
+        char key[64];
+        snprintf(key, sizeof key, "case%d.initial_latents", k);
+        REQUIRE(st_read_f32(f, key, &init, NULL) == 0, "%s", tp_error_msg());
+        int bad = 0;
+        for (int ch = 0; ch < C; ch++)
+            for (int64_t t = 0; t < N; t++) bad += noise[t * C + ch] != init[(size_t)ch * N + t];
+        CHECK(bad == 0, "case%d: %d noise values differ from initial_latents", k, bad);
+        free(init);
+        float *sig = malloc(sizeof(float) * 5), *ts = malloc(sizeof(float) * 4), *emb = NULL, *out = malloc(n * 4);
+        int32_t *iid = malloc(sizeof(int32_t) * 4 * (size_t)N), *tid = malloc(sizeof(int32_t) * 4 * 32);
+        flux2_image_ids(h, w, 0, iid);
+        flux2_text_ids(32, tid);
+        snprintf(key, sizeof key, "case%d.prompt_embeds", k);
+        REQUIRE(st_read_f32(f, key, &emb, NULL) == 0 && schedule_flux2(N, 4, sig, ts) == 0, "%s", tp_error_msg());
+        step_rec rec = {.v0 = malloc(n * 4), .n = n};
+        for (int i = 0; i < 4; i++) rec.x[i] = malloc(n * 4);
+        denoise_params p = {.latents = noise, .N = N, .img_ids = iid, .prompt_embeds = emb, .L = 32, .txt_ids = tid,
+                            .sigmas = sig, .steps = 4, .on_step = record_step, .ctx = &rec,
+                            .ref_tokens = rs.tokens, .R = rs.R, .ref_ids = rs.ids};
+        rc = flux2_denoise(m, &p, out);
+        CHECK(rc == 0 && rec.calls == 4, "denoise: %s", tp_error_msg());
+        snprintf(key, sizeof key, "case%d.noise_pred_step0", k);
+        double e0 = golden_rel(f, key, rec.v0, n), worst = e0;
+        for (int i = 0; i < 3; i++) {
+            snprintf(key, sizeof key, "case%d.latents_step%d", k, i);
+            double e = golden_rel(f, key, rec.x[i], n);
+            if (e > worst || e != e) worst = e;
+        }
+        snprintf(key, sizeof key, "case%d.final_packed_latents", k);
+        double ef = golden_rel(f, key, out, n);
+        if (world_rank() == 0)
+            printf("# edit loop case%d, world %d: %lld noise + %lld reference tokens; noise_pred_step0 %.3g, worst step "
+                   "latents %.3g, final %.3g (rel L2)\n", k, world, (long long)N, (long long)rs.R, e0, worst, ef);
+        CHECK(e0 < 1e-4 && worst < 1e-4 && ef < 1e-4, "case%d: step0 %.3g, steps %.3g, final %.3g", k, e0, worst, ef);
+        free(rec.v0);
+        for (int i = 0; i < 4; i++) free(rec.x[i]);
+        free(noise), free(sig), free(ts), free(emb), free(out), free(iid), free(tid);
+        refs_free(&rs);
+    }
+    st_close(f);
+    vae_free(v);
+    flux2_free(m);
+    comm_destroy(cm);
+    backend_destroy(be);
+}
