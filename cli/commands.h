@@ -13,6 +13,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_decode(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
+int cmd_encode_image(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_make_tiny(int argc, char **argv);
 

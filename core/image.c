@@ -27,11 +27,25 @@ static FILE *open_image(const char *path) {
     return f;
 }
 
+/* stb_image refuses headers beyond 2^30 bytes of pixels as "unknown image
+ * type"; read a PNG's IHDR here so that the message says what is wrong */
+static int png_header_size(FILE *f, int *w, int *h) {
+    uint8_t b[24];
+    rewind(f);
+    if (fread(b, 1, sizeof b, f) != sizeof b || memcmp(b, "\x89PNG\r\n\x1a\n", 8) || memcmp(b + 12, "IHDR", 4)) return 0;
+    uint32_t W = (uint32_t)b[16] << 24 | (uint32_t)b[17] << 16 | (uint32_t)b[18] << 8 | b[19];
+    uint32_t H = (uint32_t)b[20] << 24 | (uint32_t)b[21] << 16 | (uint32_t)b[22] << 8 | b[23];
+    if (W == 0 || H == 0 || W > INT32_MAX || H > INT32_MAX) return 0;
+    *w = (int)W, *h = (int)H;
+    return 1;
+}
+
 int image_probe(const char *path, int *w, int *h) {
     FILE *f = open_image(path);
     if (!f) return -1;
     int n = 0;
     int ok = stbi_info_from_file(f, w, h, &n);
+    if (!ok && png_header_size(f, w, h) && (int64_t)*w * *h > IMAGE_MAX_PIXELS) ok = 1;   /* reported below */
     fclose(f);
     if (!ok)
         return tp_error("reference image %s: not a PNG or JPEG image that can be read (%s)", path,
