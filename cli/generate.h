@@ -32,6 +32,7 @@ typedef struct gen_setup {
     char *embeds_desc;           /* "FILE:TENSOR" for the PNG parameters */
     /* reference images (editing): every distinct file, checked at setup */
     int has_refs;                /* some job has references: the VAE encoder is loaded */
+    int kv_refs;                 /* Flux2KleinKVPipeline: reference K/V cached after step 0 */
     int n_ref_files;
     char **ref_files;            /* distinct paths, in order of first use */
     char (*ref_sha256)[65];      /* their sha256 */

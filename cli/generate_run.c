@@ -214,6 +214,7 @@ static int denoise_job(run_state *r, int job, const ref_set *rs, float *latents)
         .sigmas = sigmas, .steps = s->steps, .guidance = g->embedded_guidance ? &gval : NULL,
         .on_step = on_step, .ctx = r,
         .ref_tokens = rs->R ? rs->tokens : NULL, .R = rs->R, .ref_ids = rs->ids,
+        .kv_refs = g->kv_refs, .ref_timestep = 0.0f,
     };
     int rc = schedule_flux2(N, s->steps, sigmas, ts);
     double t0 = gen_now();

@@ -73,10 +73,16 @@ static int read_model(gen_setup *g, const char *root) {
     if (!idx && is_file(idx_path)) rc = -1;
     free(idx_path);
     int distilled = idx && json_is_true(json_object_get(idx, "is_distilled"));
+    /* Flux2KleinKVPipeline (e.g. FLUX.2-klein-9b-kv): references are KV-cached after step 0 */
+    const char *cls = idx ? json_string_value(json_object_get(idx, "_class_name")) : NULL;
+    g->kv_refs = cls && !strcmp(cls, "Flux2KleinKVPipeline");
     json_decref(idx);
     if (rc) return -1;
     g->family = g->embedded_guidance ? FAMILY_DEV : distilled ? FAMILY_KLEIN_DISTILLED : FAMILY_KLEIN_BASE;
-    g->family_name = g->family == FAMILY_DEV ? "FLUX.2-dev" : distilled ? "FLUX.2-klein (distilled)" : "FLUX.2-klein (base)";
+    g->family_name = g->family == FAMILY_DEV ? "FLUX.2-dev"
+                     : g->kv_refs     ? (distilled ? "FLUX.2-klein KV (distilled)" : "FLUX.2-klein KV (base)")
+                     : distilled      ? "FLUX.2-klein (distilled)"
+                                      : "FLUX.2-klein (base)";
 
     g->vae_dir = xasprintf("%s/vae", root);
     char *vc = xasprintf("%s/config.json", g->vae_dir), *te = xasprintf("%s/text_encoder", root);
@@ -129,6 +135,9 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
         g->prompt_h[p] = height_given ? s->height : first >= 0 ? g->ref_h[first] : s->height;
     }
     if (!g->has_refs) return 0;
+    if (g->kv_refs && g->use_cfg)
+        return tp_error("%s is a Flux2KleinKVPipeline: its KV-cached references run one pass per step, without CFG; "
+                        "use --guidance 1", s->model);
     if (!g->has_vae)
         return tp_error("reference images need the VAE encoder, but %s has no vae/ folder (vae/config.json)", s->model);
     if (g->d->tp_rank == 0) {   /* the VAE file is only opened where the VAE runs */

@@ -199,3 +199,26 @@ j = json.load(open(sys.argv[1])); r = j['references']
 assert [x['sha256'] for x in r] == [sys.argv[2], sys.argv[3]], r
 assert j['references_encoded'] == 3 and 'refs' in j['seconds'], j
 " "$TMP/b.json" "$sha0" "$sha1" && ok "--json-metrics lists the references (path, sha256) and 3 encodes" || fail "json metrics references"
+
+# --- 8. a Flux2KleinKVPipeline folder: KV-cached references, tp 1 = tp 2 ---
+K=$TMP/kv
+mkdir -p "$K"
+for d in scheduler text_encoder tokenizer transformer vae; do ln -s "$KM/$d" "$K/$d"; done
+sed 's/"Flux2KleinPipeline"/"Flux2KleinKVPipeline"/' "$KM/model_index.json" > "$K/model_index.json"
+kvgen() { local np=$1 stem=$2; shift 2
+    $MPIRUN -np "$np" "$TPGEN" --model "$K" --prompt-embeds "$G/edit.safetensors:case1.prompt_embeds" --seed 0 --steps 4 \
+        --precision f32 --backend cpu --save-latents "$TMP/$stem.safetensors" --output "$TMP/$stem.png" "$@" 2>&1; }
+o1=$(kvgen 1 kv1 --image "$G/refs/r0_64x80.png" --image "$G/refs/r1_100x70.png" --width 64 --height 64); r1=$?
+o2=$(kvgen 2 kv2 --image "$G/refs/r0_64x80.png" --image "$G/refs/r1_100x70.png" --width 64 --height 64); r2=$?
+if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && echo "$o1" | grep -q "klein KV"; then
+    c=$("$CMP" "$TMP/kv2.safetensors" "$TMP/kv1.safetensors" latents 1e-4) && ok "KV pipeline folder: latents at tp 2 = tp 1 ($c)" \
+        || fail "KV pipeline tp 2 vs tp 1: $c"
+    # the same references through the plain klein pipeline give other latents (the KV mode is in use)
+    $MPIRUN -np 1 "$TPGEN" --model "$KM" --prompt-embeds "$G/edit.safetensors:case1.prompt_embeds" --seed 0 --steps 4 --precision f32 \
+        --backend cpu --save-latents "$TMP/nokv.safetensors" --output "$TMP/nokv.png" --width 64 --height 64 \
+        --image "$G/refs/r0_64x80.png" --image "$G/refs/r1_100x70.png" >/dev/null 2>&1
+    c=$("$CMP" "$TMP/kv1.safetensors" "$TMP/nokv.safetensors" latents 1e-3) && fail "KV folder rendered like the plain pipeline ($c)" \
+        || ok "KV pipeline differs from the plain pipeline on the same references ($c)"
+else
+    fail "KV pipeline generate (rc $r1 $r2): $(echo "$o1$o2" | grep -E "error|tpgen:" | head -3)"
+fi
