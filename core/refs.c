@@ -5,20 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int refs_check(char *const *paths, int n, int *w, int *h) {
-    for (int k = 0; k < n; k++) {
-        int iw, ih;
-        if (image_probe(paths[k], &iw, &ih) || image_check_reference(paths[k], iw, ih)) return -1;
-        if (k == 0) {
-            int pw, ph;
-            image_reference_size(iw, ih, &pw, &ph);
-            if (w) *w = pw;
-            if (h) *h = ph;
-        }
-    }
-    return 0;
-}
-
 void refs_free(ref_set *r) {
     free(r->tokens);
     free(r->ids);

@@ -27,9 +27,4 @@ static inline int32_t refs_time_coord(int k) { return 10 + 10 * k; }
 int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out);
 void refs_free(ref_set *r);
 
-/* Check the references of a job without decoding them fully: each file is
- * probed and sized (image_probe, image_check_reference). *w / *h (optional)
- * receive the first reference's processed size. */
-int refs_check(char *const *paths, int n, int *w, int *h);
-
 #endif

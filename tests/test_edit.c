@@ -9,6 +9,7 @@
 #include "../core/refs.h"
 #include "../core/safetensors.h"
 #include "../core/models/vae.h"
+#include "../cli/runspec.h"
 #include "../kernels/ops.h"
 #include <jansson.h>
 #include <stdlib.h>
@@ -239,4 +240,36 @@ out:
     vae_free(v);
     free(vdir), free(gp);
     backend_destroy(be);
+}
+
+/* run spec: images:, --image (replacing the spec's list), per-prompt entries */
+TEST(edit_runspec_images) {
+    run_spec s;
+    runspec_init(&s);
+    const char *y = "model: m\nimages: [a.png, b.png]\nprompts:\n  - {prompt: one, images: [c.png]}\n  - two\n"
+                    "seeds: [1, 2]\n";
+    REQUIRE(runspec_load_string(&s, y, "t.yaml") == 0, "%s", tp_error_msg());
+    int n = 0;
+    char *const *im = runspec_job_images(&s, 0, &n);   /* prompt 0, seed 1 */
+    CHECK(n == 1 && !strcmp(im[0], "c.png"), "prompt 0: %d images", n);
+    im = runspec_job_images(&s, 3, &n);                /* prompt 1, seed 2 */
+    CHECK(n == 2 && !strcmp(im[0], "a.png") && !strcmp(im[1], "b.png"), "prompt 1: %d images", n);
+    char *argv[] = {"generate", "--image", "x.png", "--image", "y.png", NULL};
+    REQUIRE(runspec_parse_args(&s, 5, argv) == 0, "%s", tp_error_msg());
+    im = runspec_job_images(&s, 2, &n);
+    CHECK(n == 2 && !strcmp(im[0], "x.png") && !strcmp(im[1], "y.png"), "--image replaces images: (%d)", n);
+    im = runspec_job_images(&s, 0, &n);
+    CHECK(n == 1 && !strcmp(im[0], "c.png"), "a prompt's own images stay");
+    runspec_free(&s);
+    const char *bad[] = {"model: m\nimages: a.png\n", "model: m\nimages: []\n",
+                         "model: m\nprompts:\n  - {prompt: a, images: [x.png], seed: 1}\n",
+                         "model: m\nprompts:\n  - {images: [x.png]}\n", "model: m\nprompts:\n  - {prompt: a, images: [[x]]}\n"};
+    const char *want[] = {"t.yaml:2:9: images: expected a list", "the list is empty", "unknown key 'seed' in prompt entry 1",
+                          "prompt entry 1 has no 'prompt'", "item 1 must be a file name"};
+    for (int i = 0; i < 5; i++) {
+        runspec_init(&s);
+        int rc = runspec_load_string(&s, bad[i], "t.yaml");
+        CHECK(rc != 0 && strstr(tp_error_msg(), want[i]), "bad spec %d: rc %d, '%s'", i, rc, tp_error_msg());
+        runspec_free(&s);
+    }
 }
