@@ -20,6 +20,7 @@ struct json_t *inspect_loras(const struct lora_spec *specs, int n, const struct 
 int cmd_decode(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
+int cmd_encode_image(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_affinity(int argc, char **argv);
 int cmd_make_tiny(int argc, char **argv);

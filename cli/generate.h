@@ -43,6 +43,14 @@ typedef struct gen_setup {
     float *embeds;
     int64_t embeds_len;
     char *embeds_desc;           /* "FILE:TENSOR" for the PNG parameters */
+    /* reference images (editing): every distinct file, checked at setup */
+    int has_refs;                /* some job has references: the VAE encoder is loaded */
+    int kv_refs;                 /* Flux2KleinKVPipeline: reference K/V cached after step 0 */
+    int n_ref_files;
+    char **ref_files;            /* distinct paths, in order of first use */
+    char (*ref_sha256)[65];      /* their sha256 */
+    int *ref_w, *ref_h;          /* their processed size (what the encoder sees) */
+    int *prompt_w, *prompt_h;    /* output size per prompt index: --width/--height, else the first reference's */
     int n_jobs;
     int *my_jobs, n_my_jobs;     /* jobs of this rank's TP group (to render) */
     int n_skipped;               /* --skip-existing: this group's jobs left out */
@@ -68,6 +76,8 @@ int gen_skip_existing(gen_setup *g);
 typedef struct gen_metrics {
     double t_start;
     double t_encode, t_load, t_denoise, t_decode, t_write;
+    double t_refs;               /* reference images: read, preprocess, VAE-encode, broadcast */
+    int refs_encoded;            /* references this rank encoded */
     uint64_t bytes_loaded;       /* this rank: transformer + text encoder */
     double load_seconds;         /* time spent in the loaders (this rank) */
     int steps_total;
@@ -102,6 +112,10 @@ void gen_lora_free(gen_setup *g);
 char *gen_lora_parameters(const gen_setup *g);
 struct json_t;
 struct json_t *gen_lora_gather(const gen_setup *g);
+/* The job's image size in pixels (per prompt: references can set it). */
+void gen_job_size(const gen_setup *g, int job, int *w, int *h);
+/* Index in g->ref_files of a reference path (-1 if unknown). */
+int gen_ref_index(const gen_setup *g, const char *path);
 
 /* The initial noise of a job, as the bf16 diffusers pipeline draws it:
  * torch.randn([1, C, h, w], generator=manual_seed(seed), dtype=bf16),

@@ -4,6 +4,7 @@
  * parameters and --json-metrics with the bytes each rank read from them. */
 #include "generate.h"
 #include "../core/err.h"
+#include "../core/sha256.h"
 #include "../core/lora.h"
 #include <jansson.h>
 #include <stdio.h>
@@ -38,7 +39,7 @@ int gen_lora_setup(gen_setup *g) {
         L->rank[i] = ls->ad[i].rank;
         L->modules[i] = ls->ad[i].n_modules;
         /* the ranks that write PNGs hash the files (the others never read them whole) */
-        if (g->d->tp_rank == 0) rc = lora_file_sha256(s->loras[i].path, L->sha[i]);
+        if (g->d->tp_rank == 0) rc = file_sha256(s->loras[i].path, L->sha[i]);
     }
     lora_set_free(ls);
     checkpoint_close(ck);

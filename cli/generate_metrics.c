@@ -27,8 +27,9 @@ static double peak_rss_bytes(void) {
     return (double)ru.ru_maxrss * 1024.0;   /* Linux reports KiB */
 }
 
-enum { PH_ENCODE, PH_LOAD, PH_DENOISE, PH_DECODE, PH_WRITE, PH_TOTAL, N_PH };
-static const char *k_phase[N_PH] = {"encode", "load", "denoise", "decode", "write", "total"};
+enum { PH_ENCODE, PH_LOAD, PH_REFS, PH_DENOISE, PH_DECODE, PH_WRITE, PH_TOTAL, N_PH };
+/* "refs": reading, preprocessing and VAE-encoding the reference images */
+static const char *k_phase[N_PH] = {"encode", "load", "refs", "denoise", "decode", "write", "total"};
 
 typedef struct summary {
     double phase[N_PH];      /* max over ranks */
@@ -36,12 +37,13 @@ typedef struct summary {
     double load_seconds;     /* max over ranks */
     double steps, step_seconds, images, latents;  /* sums (steps: over TP-group leads) */
     double rendered, skipped;    /* jobs, summed over TP-group leads */
+    double refs_encoded;         /* reference images encoded, summed */
     double *rss;             /* per world rank */
 } summary;
 
 static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     MPI_Comm w = g->d->world;
-    double ph[N_PH] = {m->t_encode, m->t_load, m->t_denoise, m->t_decode, m->t_write, gen_now() - m->t_start};
+    double ph[N_PH] = {m->t_encode, m->t_load, m->t_refs, m->t_denoise, m->t_decode, m->t_write, gen_now() - m->t_start};
     MPI_Reduce(ph, s->phase, N_PH, MPI_DOUBLE, MPI_MAX, 0, w);
     int lead = g->d->tp_rank == 0;
     double sums[7] = {(double)m->bytes_loaded, lead ? m->steps_total : 0, lead ? m->step_seconds : 0,
@@ -51,6 +53,8 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     s->bytes_loaded = tot[0], s->steps = tot[1], s->step_seconds = tot[2], s->images = tot[3], s->latents = tot[4];
     s->rendered = tot[5], s->skipped = tot[6];
     MPI_Reduce(&m->load_seconds, &s->load_seconds, 1, MPI_DOUBLE, MPI_MAX, 0, w);
+    double re = m->refs_encoded;
+    MPI_Reduce(&re, &s->refs_encoded, 1, MPI_DOUBLE, MPI_SUM, 0, w);
     double rss = peak_rss_bytes();
     s->rss = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
     MPI_Gather(&rss, 1, MPI_DOUBLE, s->rss, 1, MPI_DOUBLE, 0, w);
@@ -66,7 +70,9 @@ static void print_summary(const gen_setup *g, const summary *s) {
         printf("  --skip-existing: %.0f job%s rendered, %.0f skipped (outputs exist)\n", s->rendered,
                s->rendered == 1 ? "" : "s", s->skipped);
     for (int i = 0; i < PH_TOTAL; i++) {
+        if (i == PH_REFS && !g->has_refs) continue;
         printf("  %-8s %9.3f s", k_phase[i], s->phase[i]);
+        if (i == PH_REFS) printf("   %.0f reference image%s encoded", s->refs_encoded, s->refs_encoded == 1 ? "" : "s");
         if (i == PH_LOAD && s->load_seconds > 0)
             printf("   %.3f GB read by %d ranks, %.2f GB/s", s->bytes_loaded / 1e9, g->d->world_size,
                    s->bytes_loaded / 1e9 / s->load_seconds);
@@ -96,6 +102,13 @@ static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
                           "images", (int)s->images, "latents_files", (int)s->latents, "jobs_rendered",
                           (int)s->rendered, "jobs_skipped", (int)s->skipped, "peak_rss_bytes", rss);
     json_object_set_new(j, "loras", loras ? loras : json_array());
+    /* the reference images: every distinct file with its sha256 and processed size */
+    json_t *refs = json_array();
+    for (int i = 0; i < g->n_ref_files; i++)
+        json_array_append_new(refs, json_pack("{s:s, s:s, s:i, s:i}", "path", g->ref_files[i], "sha256",
+                                              g->ref_sha256[i], "width", g->ref_w[i], "height", g->ref_h[i]));
+    json_object_set_new(j, "references", refs);
+    json_object_set_new(j, "references_encoded", json_integer((json_int_t)s->refs_encoded));
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(j);
     int rc = file_write_atomic(sp->json_metrics, text, strlen(text));

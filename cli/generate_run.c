@@ -10,6 +10,7 @@
 #include "../core/models/vae.h"
 #include "../core/pipeline.h"
 #include "../core/png.h"
+#include "../core/refs.h"
 #include "../core/rng.h"
 #include "../core/safetensors.h"
 #include "../core/schedule.h"
@@ -128,12 +129,14 @@ static void free_transformer(run_state *r) {
     r->model = NULL;
 }
 
-/* the VAE lives on the first rank of each TP group, which writes the PNGs */
+/* the VAE lives on the first rank of each TP group, which writes the PNGs
+ * and encodes the reference images */
 static int load_vae(run_state *r) {
     gen_setup *g = r->g;
-    if (!g->write_png || g->d->tp_rank != 0) return 0;
+    if (!(g->write_png || g->has_refs) || g->d->tp_rank != 0) return 0;
     double t0 = gen_now();
-    int rc = vae_load(g->vae_dir, r->be, g->precision, &r->vae);
+    int parts = (g->write_png ? VAE_DECODER : 0) | (g->has_refs ? VAE_ENCODER : 0);
+    int rc = vae_load_parts(g->vae_dir, r->be, g->precision, parts, &r->vae);
     r->m->t_load += gen_now() - t0;
     if (rc) return tp_error_context("loading %s", g->vae_dir);
     /* the image is (H/16) x (W/16) tokens of in_channels = 4 x latent channels */
@@ -168,10 +171,40 @@ static int on_step(int step, int steps, double seconds, const float *v, const fl
     return 0;
 }
 
-static int denoise_job(run_state *r, int job, float *latents) {
+/* The job's reference tokens: encoded by the group's first rank (where the
+ * VAE is), then broadcast to the group. Collective over the TP group. */
+static int job_refs(run_state *r, int job, ref_set *rs) {
+    gen_setup *g = r->g;
+    memset(rs, 0, sizeof *rs);
+    int n = 0;
+    char *const *imgs = runspec_job_images(g->spec, job, &n);
+    if (!n) return 0;
+    double t0 = gen_now();
+    int rc = 0;
+    if (g->d->tp_rank == 0) rc = refs_encode(r->vae, imgs, n, rs);
+    if (agree_tp(r, rc)) return -1;
+    int64_t hdr[2] = {rs->R, rs->C};
+    MPI_Bcast(hdr, 2, MPI_INT64_T, 0, g->d->tp_comm);
+    if (g->d->tp_rank != 0) {
+        rs->R = hdr[0], rs->C = (int)hdr[1], rs->n = n;
+        rs->tokens = xmalloc(sizeof(float) * (size_t)rs->R * (size_t)rs->C);
+        rs->ids = xmalloc(sizeof(int32_t) * 4 * (size_t)rs->R);
+    }
+    MPI_Bcast(rs->tokens, (int)(rs->R * rs->C), MPI_FLOAT, 0, g->d->tp_comm);
+    MPI_Bcast(rs->ids, (int)(rs->R * 4), MPI_INT32_T, 0, g->d->tp_comm);
+    r->m->t_refs += gen_now() - t0;
+    r->m->refs_encoded += g->d->tp_rank == 0 ? n : 0;
+    if (rs->C != g->in_channels)
+        return tp_error("reference tokens have %d channels but the transformer takes %d", rs->C, g->in_channels);
+    return 0;
+}
+
+static int denoise_job(run_state *r, int job, const ref_set *rs, float *latents) {
     gen_setup *g = r->g;
     const run_spec *s = g->spec;
-    int h = s->height / 16, w = s->width / 16, C = g->in_channels;
+    int W, H;
+    gen_job_size(g, job, &W, &H);
+    int h = H / 16, w = W / 16, C = g->in_channels;
     int64_t N = (int64_t)h * w;
     float *noise = gen_noise_packed(runspec_job_seed(s, job), C, h, w);
     float *sigmas = xmalloc(sizeof(float) * (size_t)(s->steps + 1)), *ts = xmalloc(sizeof(float) * (size_t)s->steps);
@@ -186,6 +219,8 @@ static int denoise_job(run_state *r, int job, float *latents) {
         .neg_embeds = g->use_cfg ? r->neg_embeds : NULL, .Ln = r->L, .neg_txt_ids = txt_ids, .cfg_scale = gval,
         .sigmas = sigmas, .steps = s->steps, .guidance = g->embedded_guidance ? &gval : NULL,
         .on_step = on_step, .ctx = r,
+        .ref_tokens = rs->R ? rs->tokens : NULL, .R = rs->R, .ref_ids = rs->ids,
+        .kv_refs = g->kv_refs, .ref_timestep = 0.0f,
     };
     int rc = schedule_flux2(N, s->steps, sigmas, ts);
     double t0 = gen_now();
@@ -199,11 +234,13 @@ static int save_latents(run_state *r, int job, const float *latents) {
     const run_spec *s = r->g->spec;
     char *path = runspec_output_path(s, s->save_latents, job);
     if (!path) return -1;
-    int64_t N = (int64_t)(s->height / 16) * (s->width / 16);
+    int W, H;
+    gen_job_size(r->g, job, &W, &H);
+    int64_t N = (int64_t)(H / 16) * (W / 16);
     st_write_tensor t = {.name = "latents", .dtype = DT_F32, .ndim = 3, .shape = {1, N, r->g->in_channels}, .data = latents};
     char hs[16], ws[16], seed[32], steps[16];
-    snprintf(hs, sizeof hs, "%d", s->height);
-    snprintf(ws, sizeof ws, "%d", s->width);
+    snprintf(hs, sizeof hs, "%d", H);
+    snprintf(ws, sizeof ws, "%d", W);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)runspec_job_seed(s, job));
     snprintf(steps, sizeof steps, "%d", s->steps);
     const char *meta[] = {"height", hs, "width", ws, "seed", seed, "steps", steps, "format", "packed [1, (H/16)*(W/16), C], row-major tokens", NULL};
@@ -217,8 +254,10 @@ static int save_latents(run_state *r, int job, const float *latents) {
 
 static int decode_and_write(run_state *r, int job, const float *latents) {
     const run_spec *s = r->g->spec;
-    int h = s->height / 16, w = s->width / 16;
-    uint8_t *rgb = xmalloc((size_t)s->width * s->height * 3);
+    int W, H;
+    gen_job_size(r->g, job, &W, &H);
+    int h = H / 16, w = W / 16;
+    uint8_t *rgb = xmalloc((size_t)W * H * 3);
     double t0 = gen_now();
     int rc = vae_decode_packed(r->vae, latents, h, w, NULL, rgb);
     r->m->t_decode += gen_now() - t0;
@@ -227,7 +266,7 @@ static int decode_and_write(run_state *r, int job, const float *latents) {
     if (!rc) {
         char *params = gen_parameters_text(r->g, job);
         t0 = gen_now();
-        rc = png_write_rgb(path, rgb, s->width, s->height, "parameters", params);
+        rc = png_write_rgb(path, rgb, W, H, "parameters", params);
         r->m->t_write += gen_now() - t0;
         free(params);
         if (!rc) r->m->images++;
@@ -239,9 +278,14 @@ static int decode_and_write(run_state *r, int job, const float *latents) {
 
 static int run_job(run_state *r, int job) {
     gen_setup *g = r->g;
-    size_t n = (size_t)(g->spec->height / 16) * (g->spec->width / 16) * (size_t)g->in_channels;
+    int W, H;
+    gen_job_size(g, job, &W, &H);
+    size_t n = (size_t)(H / 16) * (W / 16) * (size_t)g->in_channels;
     float *latents = xmalloc(n * sizeof *latents);
-    int rc = agree_tp(r, denoise_job(r, job, latents));
+    ref_set rs;
+    int rc = agree_tp(r, job_refs(r, job, &rs));
+    if (!rc) rc = agree_tp(r, denoise_job(r, job, &rs, latents));
+    refs_free(&rs);
     if (!rc) {
         int mine = 0;
         if (g->d->tp_rank == 0) {   /* the group's first rank writes the files */

@@ -2,7 +2,10 @@
  * check that can fail before heavy work starts (see generate.h). */
 #include "generate.h"
 #include "commands.h"
+#include "../core/checkpoint.h"
 #include "../core/err.h"
+#include "../core/sha256.h"
+#include "../core/image.h"
 #include "../core/safetensors.h"
 #include "../core/models/flux2.h"
 #include <errno.h>
@@ -72,10 +75,13 @@ static int read_model(gen_setup *g, const char *root) {
     if (!rc) rc = model_family_resolve(idx, idx_path, g->embedded_guidance, cfg_path, &g->family, &g->family_name,
                                        warning, sizeof warning);
     if (!rc && warning[0] && g->d->world_rank == 0) fprintf(stderr, "tpgen: warning: %s\n", warning);
-    if (!rc && g->family == FAMILY_KLEIN_KV)
-        rc = tp_error("%s: model_index.json names Flux2KleinKVPipeline (FLUX.2-klein-kv, the KV-cache variant: reference "
-                      "tokens with a fixed timestep and causal reference attention), which tpgen does not implement; "
-                      "use a FLUX.2-klein or FLUX.2-dev pipeline folder", root);
+    if (!rc && g->family == FAMILY_KLEIN_KV) {
+        /* Flux2KleinKVPipeline (e.g. FLUX.2-klein-9b-kv): a klein model whose reference K/V are cached after step 0 */
+        int distilled = json_is_true(json_object_get(idx, "is_distilled"));
+        g->kv_refs = 1;
+        g->family = distilled ? FAMILY_KLEIN_DISTILLED : FAMILY_KLEIN_BASE;
+        g->family_name = distilled ? "FLUX.2-klein-kv (distilled)" : "FLUX.2-klein-kv (base)";
+    }
     free(idx_path);
     free(cfg_path);
     json_decref(idx);
@@ -88,6 +94,78 @@ static int read_model(gen_setup *g, const char *root) {
     free(vc);
     free(te);
     return 0;
+}
+
+/* Every reference image of the run, before any weight is read: each
+ * distinct file is probed (readable, PNG/JPEG, size limit, diffusers' side
+ * and aspect checks) and hashed; the ranks that will encode it (each TP
+ * group's first) also decode it whole, so that a truncated file fails
+ * here. The output size of a prompt with references and no --width/--height
+ * is its first reference's processed size (diffusers: height = height or
+ * image_height). */
+static int check_references(gen_setup *g, const run_spec *s, int width_given, int height_given) {
+    int np = s->n_prompts ? s->n_prompts : 1;
+    g->prompt_w = xmalloc(sizeof(int) * (size_t)np);
+    g->prompt_h = xmalloc(sizeof(int) * (size_t)np);
+    for (int p = 0; p < np; p++) {
+        int n = 0;
+        char *const *imgs = runspec_prompt_images(s, p, &n);
+        int first = -1;
+        for (int k = 0; k < n; k++) {
+            int idx = gen_ref_index(g, imgs[k]);
+            if (idx < 0) {
+                int w, h;
+                if (image_probe(imgs[k], &w, &h) || image_check_reference(imgs[k], w, h)) return -1;
+                if (g->d->tp_rank == 0) {
+                    uint8_t *rgb = NULL;
+                    int dw, dh;
+                    if (image_read_rgb(imgs[k], &rgb, &dw, &dh)) return -1;
+                    free(rgb);
+                }
+                idx = g->n_ref_files++;
+                g->ref_files = xrealloc(g->ref_files, sizeof *g->ref_files * (size_t)g->n_ref_files);
+                g->ref_sha256 = xrealloc(g->ref_sha256, sizeof *g->ref_sha256 * (size_t)g->n_ref_files);
+                g->ref_w = xrealloc(g->ref_w, sizeof(int) * (size_t)g->n_ref_files);
+                g->ref_h = xrealloc(g->ref_h, sizeof(int) * (size_t)g->n_ref_files);
+                g->ref_files[idx] = xstrdup(imgs[k]);
+                image_reference_size(w, h, &g->ref_w[idx], &g->ref_h[idx]);
+                if (file_sha256(imgs[k], g->ref_sha256[idx])) return -1;
+            }
+            if (k == 0) first = idx;
+        }
+        g->has_refs |= n > 0;
+        g->prompt_w[p] = width_given ? s->width : first >= 0 ? g->ref_w[first] : s->width;
+        g->prompt_h[p] = height_given ? s->height : first >= 0 ? g->ref_h[first] : s->height;
+    }
+    if (!g->has_refs) return 0;
+    if (g->kv_refs && g->use_cfg)
+        return tp_error("%s is a Flux2KleinKVPipeline: its KV-cached references run one pass per step, without CFG; "
+                        "use --guidance 1", s->model);
+    if (!g->has_vae)
+        return tp_error("reference images need the VAE encoder, but %s has no vae/ folder (vae/config.json)", s->model);
+    if (g->d->tp_rank == 0) {   /* the VAE file is only opened where the VAE runs */
+        checkpoint *ck = NULL;
+        if (checkpoint_open(g->vae_dir, &ck)) return tp_error_context("checking the VAE for reference images");
+        int has = checkpoint_find(ck, "encoder.conv_in.weight", NULL) != NULL;
+        checkpoint_close(ck);
+        if (!has)
+            return tp_error("%s has no encoder (tensor encoder.conv_in.weight is missing), so reference images cannot "
+                            "be encoded; use the full AutoencoderKLFlux2 checkpoint", g->vae_dir);
+    }
+    return 0;
+}
+
+int gen_ref_index(const gen_setup *g, const char *path) {
+    for (int i = 0; i < g->n_ref_files; i++)
+        if (!strcmp(g->ref_files[i], path)) return i;
+    return -1;
+}
+
+void gen_job_size(const gen_setup *g, int job, int *w, int *h) {
+    const run_spec *s = g->spec;
+    int p = job / (s->n_seeds ? s->n_seeds : 1);
+    *w = g->prompt_w ? g->prompt_w[p] : s->width;
+    *h = g->prompt_h ? g->prompt_h[p] : s->height;
 }
 
 static void apply_defaults(gen_setup *g, run_spec *s) {
@@ -172,6 +250,7 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     g->spec = s;
     g->d = d;
     if (read_model(g, s->model)) return -1;
+    int width_given = s->width != 0, height_given = s->height != 0;
     apply_defaults(g, s);
     g->write_png = g->has_vae && !s->no_decode;
     if (s->n_prompts && !g->has_text_encoder)
@@ -189,6 +268,7 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
         return tp_error("the image size %dx%d must be a multiple of 16 in both directions", s->width, s->height);
     g->n_jobs = runspec_n_jobs(s);
     if (check_outputs(g, s)) return -1;
+    if (check_references(g, s, width_given, height_given)) return -1;
     if (s->prompt_embeds && read_embeds(g, s->prompt_embeds)) return -1;
     if (gen_lora_setup(g)) return -1;
     g->my_jobs = xmalloc(sizeof(int) * (size_t)(g->n_jobs ? g->n_jobs : 1));
@@ -238,6 +318,13 @@ void gen_setup_free(gen_setup *g) {
     free(g->embeds_desc);
     free(g->my_jobs);
     gen_lora_free(g);
+    for (int i = 0; i < g->n_ref_files; i++) free(g->ref_files[i]);
+    free(g->ref_files);
+    free(g->ref_sha256);
+    free(g->ref_w);
+    free(g->ref_h);
+    free(g->prompt_w);
+    free(g->prompt_h);
     memset(g, 0, sizeof *g);
 }
 
@@ -250,15 +337,28 @@ char *gen_parameters_text(const gen_setup *g, int job) {
     else snprintf(guidance, sizeof guidance, "none (distilled)");
     char *neg = g->use_cfg ? xasprintf("negative_prompt: %s\n", s->negative_prompt) : xstrdup("");
     char *loras = gen_lora_parameters(g);
-    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\nseed: %llu\nsteps: %d\nguidance: %s\nsize: %dx%d\n"
+    /* the references: one line each, path and sha256 */
+    int nref = 0;
+    char *const *imgs = runspec_job_images(s, job, &nref);
+    char *refs = xstrdup("");
+    for (int k = 0; k < nref; k++) {
+        int idx = gen_ref_index(g, imgs[k]);
+        char *t = xasprintf("%sreference %d: %s (sha256 %s)\n", refs, k + 1, imgs[k], idx >= 0 ? g->ref_sha256[idx] : "?");
+        free(refs);
+        refs = t;
+    }
+    int w, h;
+    gen_job_size(g, job, &w, &h);
+    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%sseed: %llu\nsteps: %d\nguidance: %s\nsize: %dx%d\n"
                           "model: %s (%s)\n%stp: %d\nprecision: %s\ntpgen: %s\n",
                           prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
-                          (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, s->width, s->height,
+                          refs, (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, w, h,
                           s->model, g->family_name, loras, g->d->tp,
                           g->precision == DT_F32 ? (g->quantize_fp8 ? "f32, fp8 weights (--quantize)" : "f32")
                           : g->quantize_fp8 ? "bf16, fp8 weights (--quantize)" : "bf16",
                           TPGEN_VERSION);
     free(neg);
+    free(refs);
     free(loras);
     return txt;
 }

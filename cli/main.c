@@ -13,6 +13,7 @@ static const struct {
     {"decode", "decode saved latents to a PNG with the VAE"},
     {"tokenize", "print the token ids of a prompt"},
     {"encode", "run the text encoder and save prompt_embeds"},
+    {"encode-image", "preprocess and VAE-encode a reference image, save pixels and latents"},
     {"bench", "benchmarks (transformer forward, GEMM, load, VAE, encoder)"},
     {"make-tiny", "write a tiny random pipeline folder (for the demo and tests)"},
     {"affinity", "show each rank's CPU binding and thread count"},
@@ -25,6 +26,7 @@ static command_fn lookup(const char *name) {
     if (!strcmp(name, "decode")) return cmd_decode;
     if (!strcmp(name, "tokenize")) return cmd_tokenize;
     if (!strcmp(name, "encode")) return cmd_encode;
+    if (!strcmp(name, "encode-image")) return cmd_encode_image;
     if (!strcmp(name, "bench")) return cmd_bench;
     if (!strcmp(name, "make-tiny")) return cmd_make_tiny;
     if (!strcmp(name, "affinity")) return cmd_affinity;
@@ -35,7 +37,7 @@ static void usage(FILE *f) {
     fprintf(f, "tpgen %s: tensor-parallel FLUX.2 image generation\n\n"
                "usage: mpirun -np N tpgen [COMMAND] [OPTIONS]\n\ncommands:\n", TPGEN_VERSION);
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
-        fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].help);
+        fprintf(f, "  %-12s %s\n", k_commands[i].name, k_commands[i].help);
     fprintf(f, "\n'tpgen COMMAND --help' describes a command's options.\n");
 }
 

@@ -11,7 +11,8 @@
 #include <string.h>
 #include <yaml.h>
 
-typedef enum { K_STR, K_INT, K_FLOAT, K_BOOL, K_PROMPT, K_PROMPTS, K_SEED, K_SEEDS, K_SPEC, K_LORA, K_LORAS } key_kind;
+typedef enum { K_STR, K_INT, K_FLOAT, K_BOOL, K_PROMPT, K_PROMPTS, K_SEED, K_SEEDS, K_SPEC, K_LORA, K_LORAS, K_IMAGE,
+               K_IMAGES } key_kind;
 
 typedef struct key_def {
     const char *name;            /* spec key; the flag is --name with '_' -> '-' */
@@ -62,6 +63,10 @@ static const key_def k_keys[] = {
      "merge a LoRA adapter (safetensors: diffusers/PEFT, ai-toolkit or kohya) at weight W (default 1, negative "
      "allowed) into each rank's shard at load; repeatable; the adapters apply to the whole run", 0, 1},
     {"loras", K_LORAS, 0, 0, 0, NULL, "[{path: FILE, weight: W}, ...]", "LoRA adapters (run spec only)", 1, 0},
+    {"image", K_IMAGE, 0, 0, 0, NULL, "FILE",
+     "a reference image for editing (PNG or JPEG; repeat for several, in order); without --width/--height the "
+     "output takes the first reference's size", 0, 1},
+    {"images", K_IMAGES, 0, 0, 0, NULL, "[FILE, ...]", "reference images (run spec only; the --image flags)", 1, 0},
 };
 #define N_KEYS ((int)(sizeof k_keys / sizeof k_keys[0]))
 
@@ -75,11 +80,22 @@ static void free_list(char **l, int n) {
     free(l);
 }
 
+static void free_prompt_images(run_spec *s) {
+    if (s->prompt_images)
+        for (int i = 0; i < s->n_prompts; i++) free_list(s->prompt_images[i], s->n_prompt_images[i]);
+    free(s->prompt_images);
+    free(s->n_prompt_images);
+    s->prompt_images = NULL;
+    s->n_prompt_images = NULL;
+}
+
 void runspec_free(run_spec *s) {
     char **strs[] = {&s->model, &s->prompt_embeds, &s->negative_prompt, &s->output, &s->precision, &s->quantize,
                      &s->backend, &s->save_latents, &s->json_metrics, &s->prompts_file, &s->spec_path};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
+    free_prompt_images(s);
     free_list(s->prompts, s->n_prompts);
+    free_list(s->images, s->n_images);
     free(s->seeds);
     lora_specs_free(s->loras, s->n_loras);
     memset(s, 0, sizeof *s);
@@ -124,8 +140,17 @@ static int parse_bool(const char *v, int *out) {
 }
 
 static void set_prompts(run_spec *s, char **list, int n) {
+    free_prompt_images(s);
     free_list(s->prompts, s->n_prompts);
     s->prompts = list, s->n_prompts = n;
+}
+
+static int add_image(run_spec *s, const char *v, const char *where) {
+    if (!*v) return tp_error("%s: the file name is empty", where);
+    if (s->n_images >= 64) return tp_error("%s: more than 64 reference images", where);
+    s->images = xrealloc(s->images, (size_t)(s->n_images + 1) * sizeof *s->images);
+    s->images[s->n_images++] = xstrdup(v);
+    return 0;
 }
 
 static void set_seeds(run_spec *s, uint64_t *list, int n) {
@@ -186,6 +211,8 @@ static int apply_scalar(run_spec *s, const key_def *k, const char *v, const char
         set_prompts(s, l, 1);
         return 0;
     }
+    case K_IMAGE:
+        return add_image(s, v, where);
     case K_SEED: {
         uint64_t x;
         if (parse_u64(v, &x))
@@ -248,6 +275,68 @@ static int y_scalar(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *n
     return apply_scalar(s, k, v, where);
 }
 
+/* a list of file names (images:) into *list / *n; `key` names it in errors */
+static int y_file_list(yctx *c, const yaml_node_t *n, const char *key, char ***list, int *cnt_out) {
+    if (n->type != YAML_SEQUENCE_NODE) return tp_error("%s: expected a list of image files", at(c, n, key));
+    int cnt = (int)(n->data.sequence.items.top - n->data.sequence.items.start);
+    if (cnt == 0) return tp_error("%s: the list is empty", at(c, n, key));
+    if (cnt > 64) return tp_error("%s: more than 64 reference images", at(c, n, key));
+    char **l = xcalloc((size_t)cnt, sizeof *l);
+    for (int i = 0; i < cnt; i++) {
+        yaml_node_t *it = yaml_document_get_node(c->doc, n->data.sequence.items.start[i]);
+        if (it->type != YAML_SCALAR_NODE || is_null_scalar(it) || !*(const char *)it->data.scalar.value) {
+            free_list(l, i);
+            return tp_error("%s: item %d must be a file name", at(c, it, key), i + 1);
+        }
+        l[i] = xstrdup((const char *)it->data.scalar.value);
+    }
+    *list = l;
+    *cnt_out = cnt;
+    return 0;
+}
+
+static int y_images(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *n) {
+    char **l;
+    int cnt;
+    if (y_file_list(c, n, k->name, &l, &cnt)) return -1;
+    free_list(s->images, s->n_images);
+    s->images = l, s->n_images = cnt;
+    return 0;
+}
+
+/* a prompts: entry {prompt: TEXT, images: [FILE, ...]} */
+static int y_prompt_entry(yctx *c, const yaml_node_t *it, int i, char **prompt, char ***imgs, int *nimg) {
+    *prompt = NULL, *imgs = NULL, *nimg = 0;
+    for (yaml_node_pair_t *p = it->data.mapping.pairs.start; p < it->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = yaml_document_get_node(c->doc, p->key), *vn = yaml_document_get_node(c->doc, p->value);
+        const char *kname = kn->type == YAML_SCALAR_NODE ? (const char *)kn->data.scalar.value : "?";
+        int rc = 0;
+        if (!strcmp(kname, "prompt")) {
+            if (*prompt) rc = tp_error("%s: the key is given twice", at(c, kn, "prompts.prompt"));
+            else if (vn->type != YAML_SCALAR_NODE || is_null_scalar(vn))
+                rc = tp_error("%s: item %d: 'prompt' must be a string", at(c, vn, "prompts"), i + 1);
+            else *prompt = xstrdup((const char *)vn->data.scalar.value);
+        } else if (!strcmp(kname, "images")) {
+            if (*imgs) rc = tp_error("%s: the key is given twice", at(c, kn, "prompts.images"));
+            else rc = y_file_list(c, vn, "prompts.images", imgs, nimg);
+        } else {
+            rc = tp_error("%s: unknown key '%s' in prompt entry %d (an entry has 'prompt' and 'images')",
+                          at(c, kn, "prompts"), kname, i + 1);
+        }
+        if (rc) {
+            free(*prompt), free_list(*imgs, *nimg);
+            *prompt = NULL, *imgs = NULL, *nimg = 0;
+            return -1;
+        }
+    }
+    if (!*prompt) {
+        free_list(*imgs, *nimg);
+        *imgs = NULL, *nimg = 0;
+        return tp_error("%s: prompt entry %d has no 'prompt'", at(c, it, "prompts"), i + 1);
+    }
+    return 0;
+}
+
 static int y_prompts(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *n) {
     if (n->type == YAML_SCALAR_NODE) return y_scalar(c, s, &k_keys[1] /* prompt */, n);
     if (n->type != YAML_SEQUENCE_NODE) return tp_error("%s: expected a list of prompts", at(c, n, k->name));
@@ -256,22 +345,46 @@ static int y_prompts(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *
     /* libyaml resolves an alias to the node it names, so each use of an
      * alias here is one more copy: the total is capped, not the file size */
     size_t total = 0;
+    char **l = xcalloc((size_t)cnt, sizeof *l);
+    char ***pi = xcalloc((size_t)cnt, sizeof *pi);
+    int *npi = xcalloc((size_t)cnt, sizeof *npi), any = 0;
     for (int i = 0; i < cnt; i++) {
         yaml_node_t *it = yaml_document_get_node(c->doc, n->data.sequence.items.start[i]);
-        if (it->type != YAML_SCALAR_NODE || is_null_scalar(it))
-            return tp_error("%s: item %d must be a prompt string", at(c, it, k->name), i + 1);
-        if (it->data.scalar.length > RUNSPEC_MAX_PROMPT_BYTES)
-            return tp_error("%s: item %d is %zu bytes, more than the limit of %d for one prompt", at(c, it, k->name),
-                            i + 1, it->data.scalar.length, RUNSPEC_MAX_PROMPT_BYTES);
-        if ((total += it->data.scalar.length + 1) > RUNSPEC_MAX_SPEC_PROMPT_BYTES)
-            return tp_error("%s: the prompts add up to more than %u MB at item %d (each use of an alias counts); "
-                            "put them in a --prompts-file", at(c, n, k->name), RUNSPEC_MAX_SPEC_PROMPT_BYTES >> 20,
-                            i + 1);
+        int bad = 0;
+        if (it->type == YAML_MAPPING_NODE) {
+            bad = y_prompt_entry(c, it, i, &l[i], &pi[i], &npi[i]);
+            any |= pi[i] != NULL;
+        } else if (it->type != YAML_SCALAR_NODE || is_null_scalar(it)) {
+            bad = tp_error("%s: item %d must be a prompt string or {prompt: TEXT, images: [FILE, ...]}",
+                           at(c, it, k->name), i + 1);
+        } else if (it->data.scalar.length > RUNSPEC_MAX_PROMPT_BYTES) {
+            bad = tp_error("%s: item %d is %zu bytes, more than the limit of %d for one prompt", at(c, it, k->name),
+                           i + 1, it->data.scalar.length, RUNSPEC_MAX_PROMPT_BYTES);
+        } else {
+            l[i] = xstrdup((const char *)it->data.scalar.value);
+        }
+        if (!bad && l[i] && strlen(l[i]) > RUNSPEC_MAX_PROMPT_BYTES)
+            bad = tp_error("%s: item %d is %zu bytes, more than the limit of %d for one prompt", at(c, it, k->name),
+                           i + 1, strlen(l[i]), RUNSPEC_MAX_PROMPT_BYTES);
+        if (!bad && l[i] && (total += strlen(l[i]) + 1) > RUNSPEC_MAX_SPEC_PROMPT_BYTES)
+            bad = tp_error("%s: the prompts add up to more than %u MB at item %d (each use of an alias counts); "
+                           "put them in a --prompts-file", at(c, n, k->name), RUNSPEC_MAX_SPEC_PROMPT_BYTES >> 20,
+                           i + 1);
+        if (bad) {
+            for (int j = 0; j < i; j++) free_list(pi[j], npi[j]);
+            free_list(pi[i], npi[i]);
+            free(pi), free(npi);
+            free_list(l, i + 1);
+            return -1;
+        }
     }
-    char **l = xcalloc((size_t)cnt, sizeof *l);
-    for (int i = 0; i < cnt; i++)
-        l[i] = xstrdup((const char *)yaml_document_get_node(c->doc, n->data.sequence.items.start[i])->data.scalar.value);
     set_prompts(s, l, cnt);
+    if (any) {
+        s->prompt_images = pi;
+        s->n_prompt_images = npi;
+    } else {
+        free(pi), free(npi);
+    }
     return 0;
 }
 
@@ -397,10 +510,11 @@ static int y_document(yctx *c, run_spec *s) {
         }
         int idx = (int)(k - k_keys);
         if (seen[idx]++) return tp_error("%s: the key is given twice", at(c, kn, name));
-        int rc = k->kind == K_PROMPTS ? y_prompts(c, s, k, vn)
-                 : k->kind == K_SEEDS ? y_seeds(c, s, k, vn)
-                 : k->kind == K_LORAS ? y_loras(c, s, k, vn)
-                                      : y_scalar(c, s, k, vn);
+        int rc = k->kind == K_PROMPTS  ? y_prompts(c, s, k, vn)
+                 : k->kind == K_SEEDS  ? y_seeds(c, s, k, vn)
+                 : k->kind == K_LORAS  ? y_loras(c, s, k, vn)
+                 : k->kind == K_IMAGES ? y_images(c, s, k, vn)
+                                       : y_scalar(c, s, k, vn);
         if (rc) return -1;
     }
     if (seen[1] && seen[2]) return tp_error("%s: give either 'prompt' or 'prompts', not both", c->file);
@@ -489,8 +603,9 @@ void runspec_print_help(void) {
     }
     printf("  %-32s %s\n", "--help", "show this help");
     printf("\nrun spec keys (YAML): every option above with '-' turned into '_' (prompt_embeds:),\n"
-           "plus prompts: [TEXT, ...] (or prompts_file: FILE), seeds: [S, ...] or {from: S, count: N} and\n"
-           "loras: [{path: FILE, weight: W}, ...] (for --lora). The batch is every\n"
+           "plus prompts: [TEXT, ...] (or prompts_file: FILE), seeds: [S, ...] or {from: S, count: N},\n"
+           "loras: [{path: FILE, weight: W}, ...] (for --lora) and images: [FILE, ...] (the --image references; a\n"
+           "prompts: entry {prompt: TEXT, images: [FILE, ...]} has its own). The batch is every\n"
            "prompt x every seed; output/save_latents placeholders: {index} {seed} {prompt_index}\n"
            "{seed_index} (with a zero-padded width: {index:04}), {prompt} (file-name-safe), {{ }}.\n");
 }
@@ -508,6 +623,7 @@ int runspec_parse_args(run_spec *s, int argc, char **argv) {
             if (runspec_load_file(s, v)) return -1;
         }
     }
+    int flag_images = 0;   /* the first --image replaces the spec's images: */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val;
         size_t len;
@@ -526,6 +642,10 @@ int runspec_parse_args(run_spec *s, int argc, char **argv) {
             val = argv[++i];
         }
         if (k->kind == K_SPEC) continue;   /* already read */
+        if (k->kind == K_IMAGE && !flag_images++) {
+            free_list(s->images, s->n_images);
+            s->images = NULL, s->n_images = 0;
+        }
         if (apply_scalar(s, k, val, where)) return -1;
     }
     return runspec_read_prompts_file(s);
@@ -535,6 +655,19 @@ int runspec_parse_args(run_spec *s, int argc, char **argv) {
 
 /* job indices are ints and every job's paths are checked up front */
 #define MAX_JOBS 10000000
+
+char *const *runspec_prompt_images(const run_spec *s, int prompt, int *n) {
+    if (s->prompt_images && prompt >= 0 && prompt < s->n_prompts && s->prompt_images[prompt]) {
+        *n = s->n_prompt_images[prompt];
+        return s->prompt_images[prompt];
+    }
+    *n = s->n_images;
+    return s->n_images ? s->images : NULL;
+}
+
+char *const *runspec_job_images(const run_spec *s, int job, int *n) {
+    return runspec_prompt_images(s, job / (s->n_seeds ? s->n_seeds : 1), n);
+}
 
 int runspec_check(const run_spec *s) {
     if (!s->model) return tp_error("no model: give --model DIR (a FLUX.2 pipeline folder) or 'model:' in the run spec");

@@ -38,6 +38,14 @@ typedef struct run_spec {
     lora_spec loras[LORA_MAX_ADAPTERS];  /* --lora FILE[:W] (repeatable) or loras: [{path, weight}] */
     int n_loras;
     int loras_from_flags;        /* the first --lora replaces the spec's list */
+    /* reference images (editing): --image FILE (repeatable) / images: [..]
+     * apply to every prompt without its own; a prompts: entry
+     * {prompt: TEXT, images: [..]} carries its own (prompt_images[p],
+     * NULL when it has none) */
+    char **images;
+    int n_images;
+    char ***prompt_images;       /* [n_prompts] or NULL */
+    int *n_prompt_images;        /* [n_prompts] */
 } run_spec;
 
 void runspec_init(run_spec *s);
@@ -86,6 +94,12 @@ int runspec_n_jobs(const run_spec *s);
 /* The job's prompt (NULL with prompt embeddings) and seed. */
 const char *runspec_job_prompt(const run_spec *s, int job);
 uint64_t runspec_job_seed(const run_spec *s, int job);
+
+/* The job's reference images in order (its prompt's own, else the run's);
+ * *n = 0 (and NULL) without references. */
+char *const *runspec_job_images(const run_spec *s, int job, int *n);
+/* The same by prompt index. */
+char *const *runspec_prompt_images(const run_spec *s, int prompt, int *n);
 
 /* Expand an output pattern for a job: {index}, {seed}, {prompt_index},
  * {seed_index} (each optionally with a zero-padded width, {index:04}),

@@ -12,7 +12,6 @@
 #include <ctype.h>
 #include <jansson.h>
 #include <math.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -518,20 +517,3 @@ void lora_set_free(lora_set *s) {
     free(s);
 }
 
-int lora_file_sha256(const char *path, char hex[65]) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return tp_error("%s: cannot open for its sha256", path);
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-    unsigned char buf[1 << 16], md[32];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof buf, f)) > 0) EVP_DigestUpdate(ctx, buf, got);
-    int bad = ferror(f);
-    fclose(f);
-    unsigned len = 0;
-    EVP_DigestFinal_ex(ctx, md, &len);
-    EVP_MD_CTX_free(ctx);
-    if (bad) return tp_error("%s: read error while hashing", path);
-    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
-    return 0;
-}

@@ -95,7 +95,4 @@ int lora_merge_shard(void *set, const shard_info *si, int tp, int rank, tensor *
  * plan p, without reading: the same pieces the merge reads. */
 int lora_estimate(const lora_set *s, const checkpoint *ck, const plan *p, int tp, int rank, uint64_t *bytes);
 
-/* sha256 of a file as 64 hex digits (PNG parameters, metrics). */
-int lora_file_sha256(const char *path, char hex[65]);
-
 #endif

@@ -41,6 +41,9 @@ static int check_params(const flux2_model *m, const denoise_params *p) {
         return tp_error("denoise: CFG needs the negative prompt's text ids and length");
     if (p->ref_tokens && (!p->ref_ids || p->R < 1))
         return tp_error("denoise: reference tokens need their ids and count");
+    if (p->kv_refs && p->ref_tokens && p->neg_embeds)
+        return tp_error("denoise: KV-cached references with CFG are not supported (Flux2KleinKVPipeline runs one "
+                        "pass per step); use --guidance 1");
     for (int i = 0; i <= p->steps; i++)
         if (!(p->sigmas[i] == p->sigmas[i])) return tp_error("denoise: sigma[%d] is NaN", i);
     return 0;
@@ -99,6 +102,22 @@ static int predict(flux2_model *m, const denoise_params *p, step_input *in, cons
     return rc;
 }
 
+/* KV-cached references: step 0 on [refs; latents] (extract), later steps
+ * on the latents alone (cached); kin/kids hold the extract input */
+static int predict_kv(flux2_model *m, const denoise_params *p, flux2_kv_cache *kv, int step, const float *x,
+                      float *kin, int32_t *kids, size_t C, float tin, float *v, int bf16) {
+    if (step > 0)
+        return flux2_forward_kv(m, FLUX2_KV_CACHED, kv, x, p->N, 0, p->img_ids, p->prompt_embeds, p->L, p->txt_ids,
+                                tin, p->guidance, p->ref_timestep, v);
+    size_t nr = (size_t)p->R * C;
+    for (size_t i = 0; i < nr; i++) kin[i] = bf16 ? bf16r(p->ref_tokens[i]) : p->ref_tokens[i];
+    memcpy(kin + nr, x, (size_t)p->N * C * sizeof *kin);
+    memcpy(kids, p->ref_ids, (size_t)p->R * 4 * sizeof *kids);
+    memcpy(kids + p->R * 4, p->img_ids, (size_t)p->N * 4 * sizeof *kids);
+    return flux2_forward_kv(m, FLUX2_KV_EXTRACT, kv, kin, p->R + p->N, p->R, kids, p->prompt_embeds, p->L,
+                            p->txt_ids, tin, p->guidance, p->ref_timestep, v);
+}
+
 int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
     if (check_params(m, p)) return -1;
     int bf16 = flux2_precision(m) == DT_BF16;
@@ -110,11 +129,15 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
     memmove(x, p->latents, n * sizeof *x);
     if (bf16)
         for (size_t i = 0; i < (size_t)in.rows * C; i++) x[i] = bf16r(x[i]);
-    int rc = 0;
+    int rc = 0, kv_on = p->kv_refs && p->ref_tokens;
+    flux2_kv_cache *kv = kv_on ? flux2_kv_new() : NULL;
+    float *kin = kv_on ? xmalloc((size_t)(p->R + p->N) * C * sizeof *kin) : NULL;
+    int32_t *kids = kv_on ? xmalloc((size_t)(p->R + p->N) * 4 * sizeof *kids) : NULL;
     for (int i = 0; i < p->steps && !rc; i++) {
         double t0 = MPI_Wtime();
         float tin = model_timestep(p->sigmas[i], bf16);
-        rc = predict(m, p, &in, p->prompt_embeds, p->L, p->txt_ids, tin, v, n);
+        if (kv_on) rc = predict_kv(m, p, kv, i, x, kin, kids, C, tin, v, bf16);
+        else rc = predict(m, p, &in, p->prompt_embeds, p->L, p->txt_ids, tin, v, n);
         if (!rc && vn) {
             rc = predict(m, p, &in, p->neg_embeds, p->Ln, p->neg_txt_ids, tin, vn, n);
             if (!rc) apply_cfg(v, vn, n, p->cfg_scale, bf16);
@@ -140,6 +163,8 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
             rc = tp_error("denoising stopped at step %d of %d", i + 1, p->steps);
     }
     if (!rc) memcpy(out, x, n * sizeof *out);
+    flux2_kv_free(kv);
+    free(kin), free(kids);
     step_input_free(&in);
     free(v);
     free(vn);

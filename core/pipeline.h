@@ -33,6 +33,12 @@ typedef struct denoise_params {
     const float *ref_tokens;       /* [R, C] or NULL */
     int64_t R;
     const int32_t *ref_ids;        /* [R, 4] */
+    /* KV-cached references (Flux2KleinKVPipeline): step 0 runs the
+     * references first ([refs; noise]) in the transformer's "extract" mode
+     * (their modulation from ref_timestep, self-attention only, K/V kept),
+     * later steps the noise alone in "cached" mode (flux2_forward_kv) */
+    int kv_refs;
+    float ref_timestep;            /* the pipeline's ref_fixed_timestep (0) */
     const float *sigmas;           /* [steps + 1], ending with 0 */
     int steps;
     const float *guidance;         /* embedded guidance (dev) or NULL */

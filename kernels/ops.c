@@ -75,6 +75,7 @@ void op_add(backend *be, tensor *y, const tensor *a, const tensor *b) { DISPATCH
 void op_gated_add(backend *be, tensor *x, const tensor *gate, const tensor *y) { DISPATCH(gated_add, x, gate, y); }
 void op_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t *ids, int64_t n, int64_t row0) { DISPATCH(gather_rows, y, table, ids, n, row0); }
 void op_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h, int64_t wd, int k) { DISPATCH(conv2d, y, x, w, bias, h, wd, k); }
+void op_conv2d_down(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h, int64_t wd) { DISPATCH(conv2d_down, y, x, w, bias, h, wd); }
 void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma, const tensor *beta, int groups, float eps, int apply_silu) { DISPATCH(group_norm, y, x, gamma, beta, groups, eps, apply_silu); }
 void op_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd) { DISPATCH(upsample2x, y, x, h, wd); }
 void op_transpose(backend *be, tensor *y, const tensor *x) { DISPATCH(transpose, y, x); }

@@ -71,6 +71,8 @@ typedef struct backend_vtable {
                        const tensor *beta, int groups, float eps, int apply_silu);
     void (*upsample2x)(backend *, tensor *y, const tensor *x, int64_t h, int64_t wd);
     void (*transpose)(backend *, tensor *y, const tensor *x);
+    void (*conv2d_down)(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
+                        int64_t h, int64_t wd);
     /* file -> backend, no host copy of the caller's (the loader's direct
      * path): height rows of width bytes, row r read from file offset
      * off + r*spitch of fd, to dst + r*dpitch. Thread-safe on the CPU
@@ -182,6 +184,14 @@ void op_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t *
  * bias [1, Cout] or NULL, y [Cout, h*wd]. */
 void op_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
                int64_t h, int64_t wd, int k);
+/* 3x3 convolution with stride 2, as diffusers' Downsample2D(padding=0)
+ * computes it: F.pad(x, (0, 1, 0, 1)) (one zero row at the bottom and one
+ * zero column on the right, none on the top/left), then a stride-2 conv.
+ * y[co, i*(wd/2) + j] = bias[co] + sum w[co, ci, dy, dx] x[ci, 2i+dy, 2j+dx]
+ * (x read as 0 past the last row/column). x [Cin, h*wd] with h and wd even,
+ * w [Cout, Cin*9], bias [1, Cout] or NULL, y [Cout, (h/2)*(wd/2)]. */
+void op_conv2d_down(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
+                    int64_t h, int64_t wd);
 /* GroupNorm on x [C, HW]: `groups` groups of C/groups channels, statistics
  * over (C/groups)*HW values (biased variance, fp32), then *gamma[c] + beta[c];
  * optionally SiLU after. In place allowed. */

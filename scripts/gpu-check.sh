@@ -225,6 +225,12 @@ if [ -d "$K/model" ]; then  # end to end: Qwen3 text encoder + transformer on th
         -- --model "$K/model" --prompt "a cat holding a sign that says hello" --seed 42 --steps 4 --width 96 --height 64 \
         --max-sequence-length 32 --precision f32 --no-decode
 fi
+E=$golden/klein-tiny-edit
+if [ -d "$E/refs" ] && [ -d "$K/model" ]; then  # editing: VAE encoder (op_conv2d_down) + reference tokens on the GPU
+    golden_run "golden edit klein-tiny-edit case1 (f32)" "$W/edit.safetensors" "$E/edit.safetensors" case1.final_packed_latents 1e-4 \
+        -- --model "$K/model" --prompt-embeds "$E/edit.safetensors:case1.prompt_embeds" --seed 0 --steps 4 --width 64 --height 64 \
+        --image "$E/refs/r0_64x80.png" --image "$E/refs/r1_100x70.png" --precision f32 --no-decode
+fi
 
 V=$golden/vae-tiny
 compare_png() { # PNG (8-bit RGB, as tpgen writes) against GOLDEN_FILE's KEY [H,W,3] u8: max and mean |diff| (plain python3)

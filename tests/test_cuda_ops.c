@@ -367,7 +367,7 @@ TEST_GPU(gpu_attention) {
 }
 
 TEST_GPU(gpu_image_ops) {
-    NEED_GPU(); NEED_CPU(conv2d); NEED_CPU(upsample2x); NEED_CPU(transpose); NEED_CPU(gather_rows);
+    NEED_GPU(); NEED_CPU(conv2d); NEED_CPU(conv2d_down); NEED_CPU(upsample2x); NEED_CPU(transpose); NEED_CPU(gather_rows);
     for (int d = 0; d < 2; d++) {
         dtype_t dt = k_dts[d];
         int h = 13, wd = 17, cin = 24, cout = 20;
@@ -381,6 +381,18 @@ TEST_GPU(gpu_image_ops) {
             op_conv2d(g_gpu, &y.g, &x.g, &w.g, NULL, h, wd, k); op_conv2d(g_cpu, &y.c, &x.c, &w.c, NULL, h, wd, k);
             pair_check(&y, k == 1 ? "conv2d 1x1" : "conv2d 3x3", tol_for(dt));
             pair_free(&w);
+        }
+        {   /* the stride-2 downsampling convolution, on an even-sized image */
+            int he = 12, we = 18;
+            pair xe = pair_rand(dt, cin, he * we, -1, 1), yd = pair_new(dt, cout, (he / 2) * (we / 2));
+            pair w = pair_rand(dt, cout, (int64_t)cin * 9, -0.2f, 0.2f);
+            pair_poison(&yd);
+            op_conv2d_down(g_gpu, &yd.g, &xe.g, &w.g, &b.g, he, we); op_conv2d_down(g_cpu, &yd.c, &xe.c, &w.c, &b.c, he, we);
+            pair_check(&yd, "conv2d_down 3x3 stride 2 + bias", tol_for(dt));
+            pair_poison(&yd);
+            op_conv2d_down(g_gpu, &yd.g, &xe.g, &w.g, NULL, he, we); op_conv2d_down(g_cpu, &yd.c, &xe.c, &w.c, NULL, he, we);
+            pair_check(&yd, "conv2d_down 3x3 stride 2", tol_for(dt));
+            pair_free(&xe); pair_free(&yd); pair_free(&w);
         }
         pair up = pair_new(dt, cin, 4 * h * wd);
         pair_poison(&up);

@@ -631,6 +631,51 @@ TEST(ops_conv2d) {
     cpu_set_tile_budget(0);
 }
 
+/* op_conv2d_down against a naive stride-2 convolution with diffusers'
+ * padding (0 top/left, 1 bottom/right) */
+static void conv_down_case(int64_t Cin, int64_t Cout, int64_t h, int64_t wd, dtype_t xd, dtype_t wdt, int with_bias) {
+    char what[128];
+    snprintf(what, sizeof what, "conv_down %lld->%lld %lldx%lld x=%s w=%s bias=%d", (long long)Cin, (long long)Cout,
+             (long long)h, (long long)wd, dtype_name(xd), dtype_name(wdt), with_bias);
+    int64_t KK = Cin * 9, P = h * wd, ho = h / 2, wo = wd / 2, Q = ho * wo;
+    tbuf x = tb_new(xd, Cin, P, 2), w = tb_new(wdt, Cout, KK, 0), b = tb_new(wdt, 1, Cout, 0), y = tb_out(xd, Cout, Q);
+    float *hx = tb_rand(&x, -1, 1), *hw = tb_rand(&w, -1, 1), *hb = tb_rand(&b, -1, 1);
+    op_conv2d_down(cpu(), &y.t, &x.t, &w.t, with_bias ? &b.t : NULL, h, wd);
+    float *got = tb_get(&y), *ref = malloc((size_t)(Cout * Q) * sizeof(float));
+    for (int64_t co = 0; co < Cout; co++)
+        for (int64_t i = 0; i < ho; i++)
+            for (int64_t j = 0; j < wo; j++) {
+                double s = with_bias ? hb[co] : 0;
+                for (int64_t ci = 0; ci < Cin; ci++)
+                    for (int ky = 0; ky < 3; ky++)
+                        for (int kx = 0; kx < 3; kx++) {
+                            int64_t iy = 2 * i + ky, ix = 2 * j + kx;
+                            if (iy >= h || ix >= wd) continue;
+                            s += (double)hw[co * KK + (ci * 3 + ky) * 3 + kx] * hx[ci * P + iy * wd + ix];
+                        }
+                ref[co * Q + i * wo + j] = rnd_to(xd, s);
+            }
+    check_close(what, xd, got, ref, (size_t)(Cout * Q), F32_TOL);
+    CHECK(pads_untouched(&y), "%s: wrote outside the output view", what);
+    free(hx); free(hw); free(hb); free(got); free(ref);
+    tb_free(&x); tb_free(&w); tb_free(&b); tb_free(&y);
+}
+
+TEST(ops_conv2d_down) {
+    for (int d = 0; d < 2; d++) {
+        dtype_t xd = d ? DT_BF16 : DT_F32;
+        conv_down_case(5, 70, 8, 10, xd, DT_BF16, 1);
+        conv_down_case(5, 70, 8, 10, xd, DT_F32, 0);
+        conv_down_case(3, 4, 2, 2, xd, DT_F32, 1);   /* one output pixel: only the padding row/column around it */
+        conv_down_case(6, 9, 12, 2, xd, DT_BF16, 1); /* one output column */
+    }
+    cpu_set_tile_budget(5 * 9 * 5 * 4 * 2); /* bands of two output rows */
+    conv_down_case(5, 70, 14, 10, DT_F32, DT_F32, 1);
+    cpu_set_tile_budget(1); /* one row per band */
+    conv_down_case(4, 8, 6, 6, DT_BF16, DT_BF16, 0);
+    cpu_set_tile_budget(0);
+}
+
 TEST(ops_copy_bf16_rounding_special) { /* the vectorised f32->bf16 rounding on ties, NaN, inf, overflow, denormals */
     const float special[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 1.0f + 0x1p-8f + 0x1p-20f, NAN, -NAN,
                              INFINITY, -INFINITY, 3.4028235e38f, -3.4028235e38f, 1e-40f, -1e-40f, 0.0f, -0.0f,

@@ -22,11 +22,36 @@ static void flux2_vae_config(vae_config *c) {
     c->post_quant_conv = 1;
     c->bn_eps = 1e-4f;
     c->norm_eps = 1e-6f;
+    c->in_channels = 3;
+    c->enc_n_blocks = 4;
+    memcpy(c->enc_block_out, b, sizeof b);
+    c->quant_conv = 1;
+    c->enc_blocks_ok = 1;
 }
 
 /* Multiply-adds x2 of the convolutions, projections and attention. */
 static double resnet_flops(int cin, int cout, double hw) {
     return 2.0 * hw * (9.0 * cin * cout + 9.0 * cout * cout + (cin != cout ? (double)cin * cout : 0));
+}
+
+/* the encoder at H x W pixels: conv_in, layers_per_block ResNets per down
+ * block with a stride-2 conv after all but the last, mid block, conv_out,
+ * quant_conv */
+static double encoder_flops(const vae_config *c, int H, int W) {
+    double hw = (double)H * W, f = 2.0 * hw * 27.0 * c->enc_block_out[0];
+    int prev = c->enc_block_out[0], nb = c->enc_n_blocks, top = c->enc_block_out[nb - 1], lc = c->latent_channels;
+    for (int i = 0; i < nb; i++) {
+        int co = c->enc_block_out[i];
+        for (int j = 0; j < c->layers_per_block; j++) f += resnet_flops(j ? co : prev, co, hw);
+        if (i < nb - 1) {
+            hw /= 4;
+            f += 2.0 * hw * 9.0 * co * co;
+        }
+        prev = co;
+    }
+    f += 2 * resnet_flops(top, top, hw);
+    if (c->mid_attention) f += 8.0 * hw * top * top + 4.0 * hw * hw * top;
+    return f + 2.0 * hw * 9.0 * top * 2 * lc + 2.0 * hw * 4.0 * lc * lc;
 }
 
 static double decoder_flops(const vae_config *c, int h, int w) {
@@ -51,9 +76,43 @@ static double decoder_flops(const vae_config *c, int h, int w) {
 
 static void usage(void) {
     printf("usage: tpgen bench vae [--sizes 512,1024] [--precision f32,bf16] [--backend cpu|cuda|auto]\n"
-           "                      [--repeat N] [--band-mb MB]\n"
+           "                      [--repeat N] [--band-mb MB] [--encoder]\n"
            "Decodes random latents with a randomly initialised FLUX.2-shaped VAE decoder and reports time,\n"
-           "GFLOP/s and peak backend memory (weights + activations).\n");
+           "GFLOP/s and peak backend memory (weights + activations). --encoder: the encoder instead\n"
+           "(a reference image of size x size pixels, as editing encodes it).\n");
+}
+
+static int bench_encoder_one(backend *be, const vae_config *cfg, dtype_t dt, int size, int repeat) {
+    if (size <= 0 || size % 16) return tp_error("bench vae: size %d is not a positive multiple of 16", size);
+    size_t base = be->bytes_in_use;
+    vae_model *v = NULL;
+    if (vae_create_random_parts(cfg, be, dt, 1, VAE_ENCODER, &v)) return -1;
+    size_t np = (size_t)size * size, weights = be->bytes_in_use - base;
+    float *px = xmalloc(3 * np * sizeof(float)), *tok = xmalloc(np / 256 * 4 * (size_t)cfg->latent_channels * sizeof(float));
+    uint64_t s = 777;
+    for (size_t i = 0; i < 3 * np; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        px[i] = (float)((s >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+    }
+    double best = 1e30;
+    int rc = 0;
+    be->peak_bytes = be->bytes_in_use;
+    for (int r = 0; r < repeat && !rc; r++) {
+        double t0 = omp_get_wtime();
+        rc = vae_encode_image(v, px, size, size, NULL, NULL, tok);
+        be_sync(be);
+        double t = omp_get_wtime() - t0;
+        if (t < best) best = t;
+    }
+    if (!rc) {
+        double gf = encoder_flops(cfg, size, size) / 1e9;
+        printf("%6d  %-5s %9.2f %9.0f %9.1f %12.0f %10.0f  encoder\n", size, dt == DT_F32 ? "f32" : "bf16", best, gf,
+               gf / best, (be->peak_bytes - base - weights) / 1e6, weights / 1e6);
+        fflush(stdout);
+    }
+    free(px), free(tok);
+    vae_free(v);
+    return rc;
 }
 
 static int parse_list(const char *s, int *out, int max) {
@@ -105,11 +164,12 @@ static int bench_one(backend *be, const vae_config *cfg, dtype_t dt, int size, i
 
 int bench_vae(int argc, char **argv) {
     const char *sizes_s = "512,1024", *prec_s = "f32,bf16", *backend_s = "cpu";
-    int repeat = 1;
+    int repeat = 1, encoder = 0;
     size_t band = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
+        if (!strcmp(a, "--encoder")) { encoder = 1; continue; }
         if (!val) { fprintf(stderr, "tpgen: error: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--sizes")) sizes_s = val;
         else if (!strcmp(a, "--precision")) prec_s = val;
@@ -127,8 +187,8 @@ int bench_vae(int argc, char **argv) {
     }
     vae_config cfg;
     flux2_vae_config(&cfg);
-    printf("# VAE decoder, FLUX.2 shapes [128,256,512,512], random weights, backend %s, %d threads, best of %d\n",
-           be->vt->name, be->threads, repeat);
+    printf("# VAE %s, FLUX.2 shapes [128,256,512,512], random weights, backend %s, %d threads, best of %d\n",
+           encoder ? "encoder" : "decoder", be->vt->name, be->threads, repeat);
     printf("%6s  %-5s %9s %9s %9s %12s %10s\n", "size", "prec", "time_s", "GFLOP", "GFLOP/s", "peak_act_MB", "weights_MB");
     int rc = 0;
     for (int i = 0; i < ns && !rc; i++) {
@@ -136,7 +196,7 @@ int bench_vae(int argc, char **argv) {
         for (char *p = strtok_r(copy, ",", &save); p && !rc; p = strtok_r(NULL, ",", &save)) {
             dtype_t dt = !strcmp(p, "bf16") ? DT_BF16 : DT_F32;
             if (strcmp(p, "bf16") && strcmp(p, "f32")) rc = tp_error("--precision: '%s' is not f32 or bf16", p);
-            else rc = bench_one(be, &cfg, dt, sizes[i], repeat, band);
+            else rc = encoder ? bench_encoder_one(be, &cfg, dt, sizes[i], repeat) : bench_one(be, &cfg, dt, sizes[i], repeat, band);
         }
         free(copy);
     }

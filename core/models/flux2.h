@@ -125,6 +125,25 @@ int flux2_forward(flux2_model *m, const float *x, int64_t N, const int32_t *img_
                   const float *txt, int64_t L, const int32_t *txt_ids,
                   float timestep, const float *guidance, float *out);
 
+/* ---- KV-cached references (Flux2KleinKVPipeline; diffusers
+ * transformer_flux2.py kv_cache_mode "extract" / "cached") ----
+ * extract: x holds R reference tokens FIRST, then the N noise tokens (and
+ *   img_ids likewise); the reference rows are modulated with the embedding
+ *   of ref_timestep (the pipeline's ref_fixed_timestep, 0) instead of the
+ *   step's, they attend only to each other (text and noise queries attend
+ *   to everything), and their K/V of every block (after QK norm and RoPE)
+ *   are stored in kv. out [N, out_dim] receives the noise tokens only.
+ * cached: x holds the N noise tokens only; the stored reference K/V are
+ *   injected between the text and image keys of every attention.
+ * Collective like flux2_forward. */
+enum { FLUX2_KV_NONE = 0, FLUX2_KV_EXTRACT = 1, FLUX2_KV_CACHED = 2 };
+typedef struct flux2_kv_cache flux2_kv_cache;
+flux2_kv_cache *flux2_kv_new(void);
+void flux2_kv_free(flux2_kv_cache *kv);
+int flux2_forward_kv(flux2_model *m, int mode, flux2_kv_cache *kv, const float *x, int64_t N, int64_t R,
+                     const int32_t *img_ids, const float *txt, int64_t L, const int32_t *txt_ids, float timestep,
+                     const float *guidance, float ref_timestep, float *out);
+
 /* Fuse the image and text partials of a sub-layer into one all-reduce
  * (default on): 2 all-reduces per double block instead of 4. */
 void flux2_set_fused_allreduce(flux2_model *m, int on);

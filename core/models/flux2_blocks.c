@@ -35,6 +35,46 @@ static void rope_qk(flux2_model *m, tensor *q, tensor *k) {
     op_rope(m->be, k, m->rope_cos, m->rope_sin, m->cfg.head_dim, ROPE_INTERLEAVED);
 }
 
+/* Attention of the joint sequence on this rank's heads, with the KV-cached
+ * reference modes of flux2_forward_kv: extract stores the reference rows'
+ * K/V and lets them attend only to each other; cached injects the stored
+ * K/V between the text and image keys. */
+static int block_attention(flux2_model *m, flux2_ws *ws, tensor *o, tensor *q, tensor *k, tensor *v) {
+    int64_t L = ws->L, S = ws->S;
+    if (ws->kv_mode == FLUX2_KV_EXTRACT && ws->R > 0) {
+        int64_t R = ws->R, r1 = L + R;
+        flux2_kv_cache *kv = ws->kv;
+        tensor kr = tensor_rows(k, L, R), vr = tensor_rows(v, L, R);
+        op_copy(m->be, kv->k[ws->kv_layer], &kr);
+        op_copy(m->be, kv->v[ws->kv_layer], &vr);
+        tensor qt = tensor_rows(q, 0, L), ot = tensor_rows(o, 0, L);
+        flux2_attention(m, &ot, &qt, k, v);
+        if (S > r1) {
+            tensor qi = tensor_rows(q, r1, S - r1), oi = tensor_rows(o, r1, S - r1);
+            flux2_attention(m, &oi, &qi, k, v);
+        }
+        tensor qr = tensor_rows(q, L, R), orf = tensor_rows(o, L, R);
+        flux2_attention(m, &orf, &qr, &kr, &vr);
+        return 0;
+    }
+    if (ws->kv_mode == FLUX2_KV_CACHED) {
+        flux2_kv_cache *kv = ws->kv;
+        int64_t R = kv->R, N = S - L;
+        tensor *cat[2] = {ws->kcat, ws->vcat}, *src[2] = {k, v}, *mem[2] = {kv->k[ws->kv_layer], kv->v[ws->kv_layer]};
+        for (int i = 0; i < 2; i++) {
+            tensor a = tensor_rows(cat[i], 0, L), b = tensor_rows(cat[i], L, R), c = tensor_rows(cat[i], L + R, N);
+            tensor sa = tensor_rows(src[i], 0, L), sc = tensor_rows(src[i], L, N);
+            op_copy(m->be, &a, &sa);
+            op_copy(m->be, &b, mem[i]);
+            op_copy(m->be, &c, &sc);
+        }
+        flux2_attention(m, o, q, ws->kcat, ws->vcat);
+        return 0;
+    }
+    flux2_attention(m, o, q, k, v);
+    return 0;
+}
+
 /* y_rows = LN(x_rows) * (1 + scale) + shift for one stream */
 static void ln_mod(flux2_model *m, flux2_ws *ws, int64_t r0, int64_t n, const tensor *shift, const tensor *scale) {
     tensor x = tensor_rows(ws->x, r0, n), y = tensor_rows(ws->nrm, r0, n);
@@ -70,17 +110,32 @@ static void mlp_stream(flux2_model *m, flux2_ws *ws, int64_t r0, int64_t n, cons
     flux2_gemm(m, &part, &h, w_out);
 }
 
+/* The image stream's modulated LayerNorm / gated residual: in extract
+ * mode its first R rows (the references) take their own modulation. */
+static void ln_mod_img(flux2_model *m, flux2_ws *ws, const tensor *mi, const tensor *mr, int ks, int kc) {
+    int64_t L = ws->L, N = ws->N, R = ws->kv_mode == FLUX2_KV_EXTRACT ? ws->R : 0;
+    if (R) ln_mod(m, ws, L, R, &mr[ks], &mr[kc]);
+    if (N > R) ln_mod(m, ws, L + R, N - R, &mi[ks], &mi[kc]);
+}
+
+static void gated_add_img(flux2_model *m, flux2_ws *ws, const tensor *mi, const tensor *mr, int kg) {
+    int64_t L = ws->L, N = ws->N, R = ws->kv_mode == FLUX2_KV_EXTRACT ? ws->R : 0;
+    if (R) gated_add_rows(m, ws, L, R, &mr[kg]);
+    if (N > R) gated_add_rows(m, ws, L + R, N - R, &mi[kg]);
+}
+
 int flux2_double_block(flux2_model *m, const flux2_double_w *w, flux2_ws *ws) {
     int64_t D = m->cfg.D, Dl = m->Dl, L = ws->L, N = ws->N;
     /* chunks: 0 shift_msa, 1 scale_msa, 2 gate_msa, 3 shift_mlp, 4 scale_mlp, 5 gate_mlp */
-    tensor mi[6], mt[6];
+    tensor mi[6], mt[6], mr[6];
     for (int k = 0; k < 6; k++) {
         mi[k] = chunk(ws->mod_img, k, D);
         mt[k] = chunk(ws->mod_txt, k, D);
+        mr[k] = ws->kv_mode == FLUX2_KV_EXTRACT && ws->R ? chunk(ws->mod_img_ref, k, D) : mi[k];
     }
     /* attention */
     ln_mod(m, ws, 0, L, &mt[0], &mt[1]);
-    ln_mod(m, ws, L, N, &mi[0], &mi[1]);
+    ln_mod_img(m, ws, mi, mr, 0, 1);
     qkv_stream(m, ws, 0, L, w->add_q, w->add_k, w->add_v);
     qkv_stream(m, ws, L, N, w->to_q, w->to_k, w->to_v);
     tensor q = tensor_cols(ws->proj, 0, Dl), k = tensor_cols(ws->proj, Dl, Dl), v = tensor_cols(ws->proj, 2 * Dl, Dl);
@@ -88,22 +143,22 @@ int flux2_double_block(flux2_model *m, const flux2_double_w *w, flux2_ws *ws) {
     qk_norm(m, &q, &k, L, N, w->norm_q, w->norm_k);
     rope_qk(m, &q, &k);
     tensor o = tensor_cols(ws->cat, 0, Dl);
-    flux2_attention(m, &o, &q, &k, &v);
+    block_attention(m, ws, &o, &q, &k, &v);
     tensor o_txt = tensor_rows(&o, 0, L), o_img = tensor_rows(&o, L, N);
     tensor p_txt = tensor_rows(ws->part, 0, L), p_img = tensor_rows(ws->part, L, N);
     flux2_gemm(m, &p_txt, &o_txt, w->to_add_out);
     flux2_gemm(m, &p_img, &o_img, w->to_out);
     if (reduce_streams(m, ws)) return -1;
     gated_add_rows(m, ws, 0, L, &mt[2]);
-    gated_add_rows(m, ws, L, N, &mi[2]);
+    gated_add_img(m, ws, mi, mr, 2);
     /* MLPs on the updated streams */
     ln_mod(m, ws, 0, L, &mt[3], &mt[4]);
-    ln_mod(m, ws, L, N, &mi[3], &mi[4]);
+    ln_mod_img(m, ws, mi, mr, 3, 4);
     mlp_stream(m, ws, 0, L, w->ffc_in, w->ffc_out);
     mlp_stream(m, ws, L, N, w->ff_in, w->ff_out);
     if (reduce_streams(m, ws)) return -1;
     gated_add_rows(m, ws, 0, L, &mt[5]);
-    gated_add_rows(m, ws, L, N, &mi[5]);
+    gated_add_img(m, ws, mi, mr, 5);
     return 0;
 }
 
@@ -111,17 +166,33 @@ int flux2_single_block(flux2_model *m, const flux2_single_w *w, flux2_ws *ws) {
     int64_t D = m->cfg.D, Dl = m->Dl, Ml = m->Ml;
     tensor shift = chunk(ws->mod_single, 0, D), scale = chunk(ws->mod_single, 1, D),
            gate = chunk(ws->mod_single, 2, D);
-    op_layernorm_mod(m->be, ws->nrm, ws->x, &shift, &scale, m->cfg.eps);
+    int64_t R = ws->kv_mode == FLUX2_KV_EXTRACT ? ws->R : 0, r1 = ws->L + R;
+    tensor rshift, rscale, rgate;
+    if (R) {   /* [txt, ref, img] rows: the references take their own modulation */
+        rshift = chunk(ws->mod_single_ref, 0, D), rscale = chunk(ws->mod_single_ref, 1, D);
+        rgate = chunk(ws->mod_single_ref, 2, D);
+        ln_mod(m, ws, 0, ws->L, &shift, &scale);
+        ln_mod(m, ws, ws->L, R, &rshift, &rscale);
+        if (ws->S > r1) ln_mod(m, ws, r1, ws->S - r1, &shift, &scale);
+    } else {
+        op_layernorm_mod(m->be, ws->nrm, ws->x, &shift, &scale, m->cfg.eps);
+    }
     flux2_gemm(m, ws->proj, ws->nrm, w->qkv_mlp);
     tensor q = tensor_cols(ws->proj, 0, Dl), k = tensor_cols(ws->proj, Dl, Dl), v = tensor_cols(ws->proj, 2 * Dl, Dl);
     tensor g = tensor_cols(ws->proj, 3 * Dl, Ml), u = tensor_cols(ws->proj, 3 * Dl + Ml, Ml);
     qk_norm(m, &q, &k, 0, ws->S, w->norm_q, w->norm_k);
     rope_qk(m, &q, &k);
     tensor o = tensor_cols(ws->cat, 0, Dl), h = tensor_cols(ws->cat, Dl, Ml);
-    flux2_attention(m, &o, &q, &k, &v);
+    block_attention(m, ws, &o, &q, &k, &v);
     op_swiglu(m->be, &h, &g, &u);
     flux2_gemm(m, ws->part, ws->cat, w->to_out);
     if (flux2_allreduce(m, ws->part)) return -1;
-    op_gated_add(m->be, ws->x, &gate, ws->part);
+    if (R) {
+        gated_add_rows(m, ws, 0, ws->L, &gate);
+        gated_add_rows(m, ws, ws->L, R, &rgate);
+        if (ws->S > r1) gated_add_rows(m, ws, r1, ws->S - r1, &gate);
+    } else {
+        op_gated_add(m->be, ws->x, &gate, ws->part);
+    }
     return 0;
 }

@@ -50,7 +50,8 @@ void flux2_attention(flux2_model *m, tensor *o, const tensor *q, const tensor *k
 static void ws_free(flux2_ws *ws) {
     if (!ws) return;
     tensor *all[] = {ws->x, ws->nrm, ws->proj, ws->cat, ws->part, ws->xin, ws->out, ws->temb, ws->silu_temb,
-                     ws->hid, ws->sinus, ws->mod_img, ws->mod_txt, ws->mod_single, ws->mod_out};
+                     ws->hid, ws->sinus, ws->mod_img, ws->mod_txt, ws->mod_single, ws->mod_out,
+                     ws->mod_img_ref, ws->mod_single_ref, ws->kcat, ws->vcat};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
     free(ws);
 }
@@ -224,26 +225,51 @@ static int check_args(const flux2_model *m, const float *x, int64_t N, const int
     return 0;
 }
 
+/* extract mode: the reference rows' modulation, from the embedding of the
+ * fixed reference timestep (the step's temb is no longer needed: its
+ * output-layer modulation is already in mod_out) */
+static int ref_modulation(flux2_model *m, flux2_ws *ws, float ref_timestep, const float *guidance) {
+    if (!ws->mod_img_ref) ws->mod_img_ref = tensor_new(m->be, m->act, 1, 6 * m->cfg.D);
+    if (!ws->mod_single_ref) ws->mod_single_ref = tensor_new(m->be, m->act, 1, 3 * m->cfg.D);
+    if (!ws->mod_img_ref || !ws->mod_single_ref) return -1;
+    if (embed_scalar(m, ws, scaled_time(m, ref_timestep), m->t_lin1, m->t_lin2, ws->temb)) return -1;
+    if (guidance && m->g_lin1) {
+        if (embed_scalar(m, ws, scaled_time(m, *guidance), m->g_lin1, m->g_lin2, ws->silu_temb)) return -1;
+        op_add(m->be, ws->temb, ws->temb, ws->silu_temb);
+    }
+    op_silu(m->be, ws->silu_temb, ws->temb);
+    flux2_gemm(m, ws->mod_img_ref, ws->silu_temb, m->mod_img);
+    flux2_gemm(m, ws->mod_single_ref, ws->silu_temb, m->mod_single);
+    return 0;
+}
+
 static int forward_body(flux2_model *m, flux2_ws *ws, const float *x, const int32_t *img_ids, const float *txt,
                         const int32_t *txt_ids, float timestep, const float *guidance) {
     int64_t N = ws->N, L = ws->L, D = m->cfg.D;
     if (time_embedding(m, ws, timestep, guidance)) return -1;
+    if (ws->kv_mode == FLUX2_KV_EXTRACT && ws->R && ref_modulation(m, ws, ws->ref_t, guidance)) return -1;
     const tensor *tp = text_projection(m, txt, L);
     if (!tp || rope_tables(m, txt_ids, L, img_ids, N)) return -1;
     tensor x_txt = tensor_rows(ws->x, 0, L), x_img = tensor_rows(ws->x, L, N);
     op_copy(m->be, &x_txt, tp);
     if (tensor_upload_f32(ws->xin, x)) return -1;
     flux2_gemm(m, &x_img, ws->xin, m->x_emb);
-    for (int i = 0; i < m->cfg.num_layers; i++)
+    for (int i = 0; i < m->cfg.num_layers; i++) {
+        ws->kv_layer = i;
         if (flux2_double_block(m, &m->dbl[i], ws)) return tp_error_context("double block %d", i);
-    for (int j = 0; j < m->cfg.num_single_layers; j++)
+    }
+    for (int j = 0; j < m->cfg.num_single_layers; j++) {
+        ws->kv_layer = m->cfg.num_layers + j;
         if (flux2_single_block(m, &m->sgl[j], ws)) return tp_error_context("single block %d", j);
-    /* output layer on the image rows; norm_out chunks are (scale, shift) */
+    }
+    /* output layer on the image rows (extract: the noise rows after the
+     * references); norm_out chunks are (scale, shift) */
+    int64_t R = ws->kv_mode == FLUX2_KV_EXTRACT ? ws->R : 0;
     tensor scale = tensor_cols(ws->mod_out, 0, D), shift = tensor_cols(ws->mod_out, D, D);
-    tensor n_img = tensor_rows(ws->nrm, L, N);
-    x_img = tensor_rows(ws->x, L, N);
+    tensor n_img = tensor_rows(ws->nrm, L + R, N - R), o = tensor_rows(ws->out, 0, N - R);
+    x_img = tensor_rows(ws->x, L + R, N - R);
     op_layernorm_mod(m->be, &n_img, &x_img, &shift, &scale, m->cfg.eps);
-    flux2_gemm(m, ws->out, &n_img, m->proj_out);
+    flux2_gemm(m, &o, &n_img, m->proj_out);
     return 0;
 }
 
@@ -253,9 +279,76 @@ int flux2_forward(flux2_model *m, const float *x, int64_t N, const int32_t *img_
     double t0 = MPI_Wtime();
     flux2_ws *ws = ws_get(m, N, L);
     if (!ws) return -1;
+    ws->kv_mode = FLUX2_KV_NONE, ws->R = 0, ws->kv = NULL;
     if (forward_body(m, ws, x, img_ids, txt, txt_ids, timestep, guidance) || tensor_download_f32(ws->out, out) ||
         be_sync(m->be))
         return tp_error_context("flux2 forward");
+    m->stats.forwards++;
+    m->stats.seconds += MPI_Wtime() - t0;
+    return 0;
+}
+
+/* ---- KV-cached references ---- */
+
+flux2_kv_cache *flux2_kv_new(void) { return xcalloc(1, sizeof(flux2_kv_cache)); }
+
+static void kv_clear(flux2_kv_cache *kv) {
+    for (int i = 0; i < kv->n_layers; i++) tensor_free(kv->k[i]), tensor_free(kv->v[i]);
+    free(kv->k), free(kv->v);
+    kv->k = kv->v = NULL;
+    kv->n_layers = 0, kv->R = 0;
+}
+
+void flux2_kv_free(flux2_kv_cache *kv) {
+    if (!kv) return;
+    kv_clear(kv);
+    free(kv);
+}
+
+static int kv_alloc(flux2_model *m, flux2_kv_cache *kv, int64_t R) {
+    kv_clear(kv);
+    int n = m->cfg.num_layers + m->cfg.num_single_layers;
+    kv->k = xcalloc((size_t)n, sizeof *kv->k);
+    kv->v = xcalloc((size_t)n, sizeof *kv->v);
+    kv->n_layers = n, kv->R = R;
+    for (int i = 0; i < n; i++)
+        if (!(kv->k[i] = tensor_new(m->be, m->act, R, m->Dl)) || !(kv->v[i] = tensor_new(m->be, m->act, R, m->Dl)))
+            return tp_error_context("flux2: KV cache of %lld reference tokens", (long long)R);
+    return 0;
+}
+
+int flux2_forward_kv(flux2_model *m, int mode, flux2_kv_cache *kv, const float *x, int64_t N, int64_t R,
+                     const int32_t *img_ids, const float *txt, int64_t L, const int32_t *txt_ids, float timestep,
+                     const float *guidance, float ref_timestep, float *out) {
+    if (mode == FLUX2_KV_NONE || !kv)
+        return flux2_forward(m, x, N, img_ids, txt, L, txt_ids, timestep, guidance, out);
+    if (check_args(m, x, N, img_ids, txt, L, txt_ids, timestep, out)) return -1;
+    if (mode == FLUX2_KV_EXTRACT && (R < 1 || R >= N))
+        return tp_error("flux2 forward (KV extract): %lld reference tokens of %lld image rows; need 0 < R < N",
+                        (long long)R, (long long)N);
+    if (mode == FLUX2_KV_CACHED && (kv->R < 1 || kv->n_layers != m->cfg.num_layers + m->cfg.num_single_layers))
+        return tp_error("flux2 forward (KV cached): the cache is empty; run an extract pass first");
+    double t0 = MPI_Wtime();
+    flux2_ws *ws = ws_get(m, N, L);
+    if (!ws) return -1;
+    ws->kv_mode = mode, ws->kv = kv, ws->ref_t = ref_timestep;
+    ws->R = mode == FLUX2_KV_EXTRACT ? R : 0;
+    if (mode == FLUX2_KV_EXTRACT && kv_alloc(m, kv, R)) return -1;
+    if (mode == FLUX2_KV_CACHED) {
+        int64_t rows = L + kv->R + N;
+        if (!ws->kcat || ws->kcat->rows != rows) {
+            tensor_free(ws->kcat), tensor_free(ws->vcat);
+            ws->kcat = tensor_new(m->be, m->act, rows, m->Dl);
+            ws->vcat = ws->kcat ? tensor_new(m->be, m->act, rows, m->Dl) : NULL;
+            if (!ws->vcat) return tp_error_context("flux2: attention keys with %lld cached tokens", (long long)kv->R);
+        }
+    }
+    int64_t n_out = mode == FLUX2_KV_EXTRACT ? N - R : N;
+    tensor o = tensor_rows(ws->out, 0, n_out);
+    int rc = forward_body(m, ws, x, img_ids, txt, txt_ids, timestep, guidance) || tensor_download_f32(&o, out) ||
+             be_sync(m->be);
+    ws->kv_mode = FLUX2_KV_NONE, ws->kv = NULL, ws->R = 0;
+    if (rc) return tp_error_context("flux2 forward (KV %s)", mode == FLUX2_KV_EXTRACT ? "extract" : "cached");
     m->stats.forwards++;
     m->stats.seconds += MPI_Wtime() - t0;
     return 0;

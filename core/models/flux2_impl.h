@@ -77,7 +77,22 @@ typedef struct flux2_ws {
     tensor *out;      /* [N, out_dim] */
     tensor *temb, *silu_temb, *hid, *sinus;            /* [1, D], [1, D], [1, D], [1, Ct] */
     tensor *mod_img, *mod_txt, *mod_single, *mod_out;  /* [1, 6D], [1, 6D], [1, 3D], [1, 2D] */
+    /* KV-cached references (flux2_forward_kv), set per forward */
+    int kv_mode;      /* FLUX2_KV_NONE / _EXTRACT / _CACHED */
+    int64_t R;        /* extract: the first R image rows are reference tokens */
+    float ref_t;      /* extract: the reference rows' timestep (the pipeline's ref_fixed_timestep) */
+    int kv_layer;     /* block index into the cache (double blocks, then single) */
+    struct flux2_kv_cache *kv;
+    tensor *mod_img_ref, *mod_single_ref;  /* extract: modulation of the reference rows [1, 6D], [1, 3D] */
+    tensor *kcat, *vcat;                   /* cached: [L + R + N, Dl] keys/values with the cached rows injected */
 } flux2_ws;
+
+/* Reference K/V of every block (after QK norm and RoPE), this rank's heads. */
+struct flux2_kv_cache {
+    int64_t R;        /* reference tokens */
+    int n_layers;
+    tensor **k, **v;  /* [n_layers] of [R, Dl] */
+};
 
 /* flux2_forward.c */
 void flux2_release_caches(flux2_model *m);

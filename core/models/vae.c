@@ -127,12 +127,15 @@ static int bind_all(vae_model *v, vae_getter get, void *ctx) {
     int n = vae_bn_channels(&v->cfg);
     const tensor *mean = get_vec(get, ctx, "bn.running_mean", n);
     const tensor *var = mean ? get_vec(get, ctx, "bn.running_var", n) : NULL;
-    if (!var || vae_bind(v, get, ctx)) return -1;
+    if (!var) return -1;
+    if ((v->parts & VAE_DECODER) && vae_bind(v, get, ctx)) return -1;
+    if ((v->parts & VAE_ENCODER) && vae_bind_encoder(v, get, ctx)) return -1;
     return bn_prepare(v, mean, var);
 }
 
-static vae_model *model_new(const vae_config *cfg, backend *be, dtype_t dt) {
+static vae_model *model_new(const vae_config *cfg, backend *be, dtype_t dt, int parts) {
     vae_model *v = xcalloc(1, sizeof *v);
+    v->parts = parts;
     v->cfg = *cfg;
     v->be = be;
     v->dt = dt;
@@ -151,8 +154,9 @@ static const tensor *load_get(void *vctx, const char *name, int64_t rows, int64_
     load_ctx *lc = vctx;
     const tensor *t = weights_get(lc->w, name);
     if (!t)
-        return tp_error("%s: tensor %s is missing; the decoder needs the diffusers AutoencoderKLFlux2 names "
-                        "(spec §6.4) and a checkpoint that matches config.json", lc->dir, name), NULL;
+        return tp_error("%s: tensor %s is missing; the VAE needs the diffusers AutoencoderKLFlux2 names "
+                        "(spec §6.4; the encoder.* tensors for reference images) and a checkpoint that matches "
+                        "config.json", lc->dir, name), NULL;
     if (t->rows != rows || t->cols != cols)
         return tp_error("%s: tensor %s is [%lld, %lld] as a matrix, config.json implies [%lld, %lld]; "
                         "config.json and the weights do not match", lc->dir, name, (long long)t->rows,
@@ -161,10 +165,11 @@ static const tensor *load_get(void *vctx, const char *name, int64_t rows, int64_
     return t;
 }
 
-static int want_decoder(const char *name, void *ctx) {
-    (void)ctx;
-    return !strncmp(name, "decoder.", 8) || !strncmp(name, "post_quant_conv.", 16) ||
-           !strcmp(name, "bn.running_mean") || !strcmp(name, "bn.running_var");
+static int want_parts(const char *name, void *ctx) {
+    int parts = *(const int *)ctx;
+    if ((parts & VAE_DECODER) && (!strncmp(name, "decoder.", 8) || !strncmp(name, "post_quant_conv.", 16))) return 1;
+    if ((parts & VAE_ENCODER) && (!strncmp(name, "encoder.", 8) || !strncmp(name, "quant_conv.", 11))) return 1;
+    return !strcmp(name, "bn.running_mean") || !strcmp(name, "bn.running_var");
 }
 
 static int read_config(const char *vae_dir, vae_config *cfg) {
@@ -180,6 +185,10 @@ static int read_config(const char *vae_dir, vae_config *cfg) {
 }
 
 int vae_load(const char *vae_dir, backend *be, dtype_t precision, vae_model **out) {
+    return vae_load_parts(vae_dir, be, precision, VAE_DECODER, out);
+}
+
+int vae_load_parts(const char *vae_dir, backend *be, dtype_t precision, int parts, vae_model **out) {
     *out = NULL;
     if (precision != DT_F32 && precision != DT_BF16)
         return tp_error("VAE precision must be f32 or bf16, not %s", dtype_name(precision));
@@ -192,8 +201,8 @@ int vae_load(const char *vae_dir, backend *be, dtype_t precision, vae_model **ou
         return tp_error("%s holds a VAE in the original BFL layout (decoder.mid.attn_1...); convert it to the "
                         "diffusers layout (diffusers scripts/convert_flux2_to_diffusers.py)", vae_dir);
     }
-    vae_model *v = model_new(&cfg, be, precision);
-    load_opts o = {.tp = 1, .rank = 0, .be = be, .dtype = precision, .want = want_decoder};
+    vae_model *v = model_new(&cfg, be, precision, parts);
+    load_opts o = {.tp = 1, .rank = 0, .be = be, .dtype = precision, .want = want_parts, .want_ctx = &parts};
     load_stats st;
     int rc = weights_load(ck, NULL, &o, &v->w, &st);
     checkpoint_close(ck);
@@ -259,8 +268,13 @@ static const tensor *random_get(void *vctx, const char *name, int64_t rows, int6
 }
 
 int vae_create_random(const vae_config *cfg, backend *be, dtype_t precision, unsigned seed, vae_model **out) {
+    return vae_create_random_parts(cfg, be, precision, seed, VAE_DECODER, out);
+}
+
+int vae_create_random_parts(const vae_config *cfg, backend *be, dtype_t precision, unsigned seed, int parts,
+                            vae_model **out) {
     *out = NULL;
-    vae_model *v = model_new(cfg, be, precision);
+    vae_model *v = model_new(cfg, be, precision, parts);
     random_ctx rc = {v, 0x5eedull ^ ((uint64_t)seed << 20)};
     if (bind_all(v, random_get, &rc)) {
         vae_free(v);

@@ -26,6 +26,12 @@ typedef struct vae_config {
     int post_quant_conv;          /* use_post_quant_conv */
     float bn_eps;                 /* batch_norm_eps (latent BatchNorm) */
     float norm_eps;               /* GroupNorm eps inside the decoder: 1e-6 in diffusers */
+    /* encoder side (reference images) */
+    int in_channels;              /* must be 3 (RGB) for the encoder */
+    int enc_n_blocks;             /* len(block_out_channels) */
+    int enc_block_out[VAE_MAX_BLOCKS]; /* block_out_channels (the encoder ignores decoder_block_out_channels) */
+    int quant_conv;               /* use_quant_conv */
+    int enc_blocks_ok;            /* down_block_types are all DownEncoderBlock2D (or absent) */
 } vae_config;
 
 /* Parse and check a vae/config.json object; `where` names the file in errors. */
@@ -37,13 +43,23 @@ static inline int vae_pixels_per_token(const vae_config *c) { return 2 * vae_ups
 
 typedef struct vae_model vae_model;
 
+/* Which halves of the autoencoder to load (vae_load_parts). */
+enum { VAE_DECODER = 1, VAE_ENCODER = 2 };
+
 /* Load the decoder from a vae/ folder (config.json + safetensors) onto be,
  * weights held in `precision` (DT_F32 or DT_BF16; activations use the same
  * dtype). Only decoder.*, post_quant_conv.* and bn.running_* are read. */
 int vae_load(const char *vae_dir, backend *be, dtype_t precision, vae_model **out);
+/* The same for the parts named by `parts` (VAE_DECODER and/or VAE_ENCODER);
+ * the encoder reads encoder.*, quant_conv.* and bn.running_*. A folder
+ * without encoder tensors fails with an error naming the missing tensor. */
+int vae_load_parts(const char *vae_dir, backend *be, dtype_t precision, int parts, vae_model **out);
 /* A decoder with random weights in backend memory (benchmarks): no file is read. */
 int vae_create_random(const vae_config *cfg, backend *be, dtype_t precision, unsigned seed,
                       vae_model **out);
+/* The same with the parts named by `parts` (benchmarks of the encoder). */
+int vae_create_random_parts(const vae_config *cfg, backend *be, dtype_t precision, unsigned seed, int parts,
+                            vae_model **out);
 void vae_free(vae_model *v);
 const vae_config *vae_get_config(const vae_model *v);
 /* Bytes of backend memory the weights occupy. */
@@ -69,10 +85,24 @@ int vae_decode_packed(vae_model *v, const float *packed, int hl, int wl, float *
  * chw [3, h, w] -> rgb [h, w, 3]. */
 void vae_to_rgb8(const float *chw, int h, int w, int bf16, uint8_t *rgb);
 
+/* ---- the encoder (vae_encode.c; reference images for editing) ---- */
+
+/* Encode preprocessed pixels [3, H, W] (host f32 in [-1, 1], H and W
+ * multiples of 16) as the Flux2 pipelines' _encode_vae_image does: encoder
+ * -> quant_conv -> the mean half (sample_mode "argmax") -> patchify 2x2 ->
+ * (z - running_mean) / sqrt(running_var + eps). Outputs (each optional):
+ *   mode     [lc, H/8, W/8]       latent_dist.mode()
+ *   latents  [4·lc, H/16, W/16]   after patchify and the normalisation
+ *   packed   [(H/16)·(W/16), 4·lc] the same as row-major tokens
+ * In bf16 precision the normalisation rounds as the bf16 pipeline does.
+ * Needs a model loaded with VAE_ENCODER. */
+int vae_encode_image(vae_model *v, const float *pixels, int H, int W, float *mode, float *latents, float *packed);
+
 /* Write a tiny random VAE folder (config.json + diffusion_pytorch_model.safetensors,
  * BF16, blocks [32,32,64,64], 8 latent channels, 8 groups, mid attention,
  * non-trivial BatchNorm statistics) for `tpgen make-tiny` and the tests.
- * The folder is created when missing. Decoder tensors only (no encoder). */
+ * The folder is created when missing. Decoder and encoder tensors (the
+ * decoder's values do not depend on the encoder being there). */
 int vae_write_tiny(const char *vae_dir, unsigned seed);
 
 #endif

@@ -88,6 +88,23 @@ int vae_config_parse(const json_t *j, const char *where, vae_config *c) {
         bool_key(j, "mid_block_add_attention", 1, &c->mid_attention, where) ||
         bool_key(j, "use_post_quant_conv", 1, &c->post_quant_conv, where))
         return -1;
+    /* the encoder's channels are block_out_channels even when the decoder has its own */
+    json_t *enc = json_object_get(j, "block_out_channels");
+    if (enc && !json_is_null(enc)) {
+        vae_config tmp = {0};
+        if (channels_key(enc, "block_out_channels", &tmp, where)) return -1;
+        c->enc_n_blocks = tmp.n_blocks;
+        memcpy(c->enc_block_out, tmp.block_out, sizeof tmp.block_out);
+    }
+    if (int_key(j, "in_channels", 3, &c->in_channels, where) ||
+        bool_key(j, "use_quant_conv", 1, &c->quant_conv, where))
+        return -1;
+    c->enc_blocks_ok = 1;
+    json_t *dtypes = json_object_get(j, "down_block_types");
+    for (size_t i = 0; json_is_array(dtypes) && i < json_array_size(dtypes); i++) {
+        const char *t = json_string_value(json_array_get(dtypes, i));
+        if (!t || strcmp(t, "DownEncoderBlock2D")) c->enc_blocks_ok = 0;
+    }
     json_t *eps = json_object_get(j, "batch_norm_eps");
     if (eps && !json_is_number(eps)) return tp_error("%s: \"batch_norm_eps\" must be a number", where);
     c->bn_eps = eps ? (float)json_number_value(eps) : 1e-4f;

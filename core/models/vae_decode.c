@@ -25,7 +25,7 @@ static void pool_trim(vae_model *v) {
         }
 }
 
-static int pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out) {
+int vae_pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out) {
     size_t need = (size_t)rows * (size_t)cols * dtype_size(v->dt);
     int best = -1;
     for (int i = 0; i < VAE_POOL_MAX; i++) {
@@ -48,13 +48,13 @@ static int pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out) {
     return 0;
 }
 
-static void pool_put(vae_model *v, const tensor *t) {
+void vae_pool_put(vae_model *v, const tensor *t) {
     for (int i = 0; i < VAE_POOL_MAX; i++)
         if (v->pool[i].data == t->data && v->pool[i].busy) { v->pool[i].busy = 0; return; }
     tp_fatal("vae: buffer returned to the pool twice or not from it");
 }
 
-static void pool_release(vae_model *v) {
+void vae_pool_release(vae_model *v) {
     be_sync(v->be);
     for (int i = 0; i < VAE_POOL_MAX; i++) {
         be_free(v->be, v->pool[i].data);
@@ -96,21 +96,21 @@ static int conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *
         int64_t sa = ia / 2, sb = (ib + 1) / 2;   /* source rows covering [ia, ib) */
         int64_t ba = 2 * sa, bb = 2 * sb;
         tensor upb;
-        if (pool_get(v, x->rows, (bb - ba) * W, &upb)) return -1;
+        if (vae_pool_get(v, x->rows, (bb - ba) * W, &upb)) return -1;
         tensor src = tensor_cols(x, sa * wd, (sb - sa) * wd);
         op_upsample2x(v->be, &upb, &src, sb - sa, wd);
         if (ba == 0 && bb == H && r0 == 0 && r1 == H) {   /* one band: straight into y */
             op_conv2d(v->be, y, &upb, w, b, H, W, 3);
         } else {
             tensor tmp;
-            if (pool_get(v, y->rows, (bb - ba) * W, &tmp)) return -1;
+            if (vae_pool_get(v, y->rows, (bb - ba) * W, &tmp)) return -1;
             op_conv2d(v->be, &tmp, &upb, w, b, bb - ba, W, 3);
             tensor keep = tensor_cols(&tmp, (r0 - ba) * W, (r1 - r0) * W);
             tensor dst = tensor_cols(y, r0 * W, (r1 - r0) * W);
             op_copy(v->be, &dst, &keep);
-            pool_put(v, &tmp);
+            vae_pool_put(v, &tmp);
         }
-        pool_put(v, &upb);
+        vae_pool_put(v, &upb);
     }
     pool_trim(v);
     return 0;
@@ -123,60 +123,60 @@ static int conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *
  * normalised in place: the widest ResNet (cin > cout, at the highest
  * resolution of its block) then holds 1 cin-sized + 2 cout-sized buffers
  * instead of 2 + 1. Identity ResNets keep x for the residual. */
-static int resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, int64_t w) {
+int vae_resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, int64_t w) {
     const vae_config *c = &v->cfg;
     int64_t hw = h * w;
     tensor t, a, o, skip;
     if (r->short_w) {
-        if (pool_get(v, r->cout, hw, &skip)) return -1;
+        if (vae_pool_get(v, r->cout, hw, &skip)) return -1;
         op_conv2d(v->be, &skip, x, r->short_w, r->short_b, h, w, 1);
         t = *x;
     } else {
         skip = *x;
-        if (pool_get(v, r->cin, hw, &t)) return -1;
+        if (vae_pool_get(v, r->cin, hw, &t)) return -1;
     }
     op_group_norm(v->be, &t, x, r->norm1_w, r->norm1_b, c->norm_groups, c->norm_eps, 1);
-    if (pool_get(v, r->cout, hw, &a)) return -1;
+    if (vae_pool_get(v, r->cout, hw, &a)) return -1;
     if (conv3_banded(v, &a, &t, r->conv1_w, r->conv1_b, h, w, 0)) return -1;
-    pool_put(v, &t);   /* x itself when normalised in place */
+    vae_pool_put(v, &t);   /* x itself when normalised in place */
     op_group_norm(v->be, &a, &a, r->norm2_w, r->norm2_b, c->norm_groups, c->norm_eps, 1);
-    if (pool_get(v, r->cout, hw, &o)) return -1;
+    if (vae_pool_get(v, r->cout, hw, &o)) return -1;
     if (conv3_banded(v, &o, &a, r->conv2_w, r->conv2_b, h, w, 0)) return -1;
-    pool_put(v, &a);
+    vae_pool_put(v, &a);
     op_add(v->be, &o, &o, &skip);
-    pool_put(v, &skip);
+    vae_pool_put(v, &skip);
     *x = o;
     return 0;
 }
 
 /* Single-head attention over the h*w tokens; residual added into x in place. */
-static int attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw) {
+int vae_attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw) {
     const vae_config *c = &v->cfg;
     tensor t, tok, q, k, val, o, p, back;
-    if (pool_get(v, a->c, hw, &t)) return -1;
+    if (vae_pool_get(v, a->c, hw, &t)) return -1;
     op_group_norm(v->be, &t, x, a->norm_w, a->norm_b, c->norm_groups, c->norm_eps, 0);
-    if (pool_get(v, hw, a->c, &tok)) return -1;
+    if (vae_pool_get(v, hw, a->c, &tok)) return -1;
     op_transpose(v->be, &tok, &t);   /* [C, HW] -> tokens [HW, C], token index y*W + x */
-    pool_put(v, &t);
-    if (pool_get(v, hw, a->c, &q) || pool_get(v, hw, a->c, &k) || pool_get(v, hw, a->c, &val)) return -1;
+    vae_pool_put(v, &t);
+    if (vae_pool_get(v, hw, a->c, &q) || vae_pool_get(v, hw, a->c, &k) || vae_pool_get(v, hw, a->c, &val)) return -1;
     op_gemm(v->be, &q, &tok, a->q_w, a->q_b);
     op_gemm(v->be, &k, &tok, a->k_w, a->k_b);
     op_gemm(v->be, &val, &tok, a->v_w, a->v_b);
-    pool_put(v, &tok);
-    if (pool_get(v, hw, a->c, &o)) return -1;
+    vae_pool_put(v, &tok);
+    if (vae_pool_get(v, hw, a->c, &o)) return -1;
     attn_params ap = {.n_q_heads = 1, .n_kv_heads = 1, .head_dim = a->c, .scale = 1.0f / sqrtf((float)a->c)};
     op_attention(v->be, &o, &q, &k, &val, &ap);
-    pool_put(v, &q);
-    pool_put(v, &k);
-    pool_put(v, &val);
-    if (pool_get(v, hw, a->c, &p)) return -1;
+    vae_pool_put(v, &q);
+    vae_pool_put(v, &k);
+    vae_pool_put(v, &val);
+    if (vae_pool_get(v, hw, a->c, &p)) return -1;
     op_gemm(v->be, &p, &o, a->o_w, a->o_b);
-    pool_put(v, &o);
-    if (pool_get(v, a->c, hw, &back)) return -1;
+    vae_pool_put(v, &o);
+    if (vae_pool_get(v, a->c, hw, &back)) return -1;
     op_transpose(v->be, &back, &p);
-    pool_put(v, &p);
+    vae_pool_put(v, &p);
     op_add(v->be, x, x, &back);
-    pool_put(v, &back);
+    vae_pool_put(v, &back);
     return 0;
 }
 
@@ -186,31 +186,31 @@ static int decoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
     tensor y;
     int top = c->block_out[c->n_blocks - 1];
     if (v->pq_w) {
-        if (pool_get(v, c->latent_channels, *h * *w, &y)) return -1;
+        if (vae_pool_get(v, c->latent_channels, *h * *w, &y)) return -1;
         op_conv2d(v->be, &y, x, v->pq_w, v->pq_b, *h, *w, 1);
-        pool_put(v, x);
+        vae_pool_put(v, x);
         *x = y;
     }
-    if (pool_get(v, top, *h * *w, &y) || conv3_banded(v, &y, x, v->in_w, v->in_b, *h, *w, 0)) return -1;
-    pool_put(v, x);
+    if (vae_pool_get(v, top, *h * *w, &y) || conv3_banded(v, &y, x, v->in_w, v->in_b, *h, *w, 0)) return -1;
+    vae_pool_put(v, x);
     *x = y;
-    if (resnet_forward(v, &v->mid_res[0], x, *h, *w)) return -1;
-    if (v->mid_attn.norm_w && attn_forward(v, &v->mid_attn, x, *h * *w)) return -1;
-    if (resnet_forward(v, &v->mid_res[1], x, *h, *w)) return -1;
+    if (vae_resnet_forward(v, &v->mid_res[0], x, *h, *w)) return -1;
+    if (v->mid_attn.norm_w && vae_attn_forward(v, &v->mid_attn, x, *h * *w)) return -1;
+    if (vae_resnet_forward(v, &v->mid_res[1], x, *h, *w)) return -1;
     for (int i = 0; i < c->n_blocks; i++) {
         const vae_up_block *u = &v->up[i];
         for (int j = 0; j < u->n_res; j++)
-            if (resnet_forward(v, &u->res[j], x, *h, *w)) return -1;
+            if (vae_resnet_forward(v, &u->res[j], x, *h, *w)) return -1;
         if (!u->up_w) continue;
-        if (pool_get(v, u->cout, 4 * *h * *w, &y) || conv3_banded(v, &y, x, u->up_w, u->up_b, *h, *w, 1)) return -1;
-        pool_put(v, x);
+        if (vae_pool_get(v, u->cout, 4 * *h * *w, &y) || conv3_banded(v, &y, x, u->up_w, u->up_b, *h, *w, 1)) return -1;
+        vae_pool_put(v, x);
         *x = y;
         *h *= 2;
         *w *= 2;
     }
     op_group_norm(v->be, x, x, v->out_norm_w, v->out_norm_b, c->norm_groups, c->norm_eps, 1);
-    if (pool_get(v, c->out_channels, *h * *w, &y) || conv3_banded(v, &y, x, v->out_w, v->out_b, *h, *w, 0)) return -1;
-    pool_put(v, x);
+    if (vae_pool_get(v, c->out_channels, *h * *w, &y) || conv3_banded(v, &y, x, v->out_w, v->out_b, *h, *w, 0)) return -1;
+    vae_pool_put(v, x);
     *x = y;
     return 0;
 }
@@ -252,7 +252,7 @@ int vae_decode_latent(vae_model *v, const float *xh, int h, int w, float *image_
     if (h <= 0 || w <= 0) return tp_error("VAE decode: latent size %dx%d is empty", h, w);
     int64_t H = h, W = w;
     tensor x;
-    int rc = pool_get(v, v->cfg.latent_channels, H * W, &x);
+    int rc = vae_pool_get(v, v->cfg.latent_channels, H * W, &x);
     if (!rc) rc = tensor_upload_f32(&x, xh);
     if (!rc) rc = decoder_forward(v, &x, &H, &W);
     float *img = NULL;
@@ -260,7 +260,7 @@ int vae_decode_latent(vae_model *v, const float *xh, int h, int w, float *image_
         img = image_chw ? image_chw : xmalloc((size_t)3 * (size_t)H * (size_t)W * sizeof(float));
         rc = tensor_download_f32(&x, img);
     }
-    pool_release(v);
+    vae_pool_release(v);
     int64_t bad = rc ? -1 : first_nonfinite_f32(img, (size_t)3 * (size_t)H * (size_t)W);
     if (bad >= 0)   /* would be written as black pixels */
         rc = tp_error("VAE decode: the decoded image is not finite (%s at channel %lld, pixel %lld); the latents or "

@@ -26,6 +26,25 @@ typedef struct vae_up_block {
     const tensor *up_w, *up_b;         /* NULL on the last block (no upsampler) */
 } vae_up_block;
 
+/* Encoder down block: layers_per_block ResNets, then (all but the last
+ * block) a stride-2 3x3 convolution (op_conv2d_down). */
+typedef struct vae_down_block {
+    int cin, cout, n_res;
+    vae_resnet res[VAE_MAX_BLOCKS];
+    const tensor *down_w, *down_b;     /* NULL on the last block */
+} vae_down_block;
+
+/* The encoder (vae_encode.c), bound only when asked for (VAE_ENCODER). */
+typedef struct vae_encoder {
+    int in_channels;                   /* 3 */
+    const tensor *in_w, *in_b;         /* encoder.conv_in */
+    vae_down_block down[VAE_MAX_BLOCKS];
+    vae_resnet mid_res[2];
+    vae_attn mid_attn;                 /* norm_w NULL without mid attention */
+    const tensor *out_norm_w, *out_norm_b, *out_w, *out_b;  /* conv_out: top -> 2·lc */
+    const tensor *qc_w, *qc_b;         /* quant_conv (2·lc -> 2·lc), NULL when unused */
+} vae_encoder;
+
 /* One reusable activation buffer of the decode pool. */
 typedef struct vae_buf {
     void *data;
@@ -52,6 +71,8 @@ struct vae_model {
     const tensor *out_norm_w, *out_norm_b, *out_w, *out_b;
     size_t band_bytes;
     vae_buf pool[VAE_POOL_MAX];
+    int parts;                         /* VAE_DECODER | VAE_ENCODER: what was bound */
+    vae_encoder enc;
 };
 
 /* Fetch the tensor `name`, which must be a [rows, cols] matrix (weights.h
@@ -67,6 +88,18 @@ void vae_random_values(const char *name, int64_t rows, int64_t cols, uint64_t *r
 
 /* Point every decoder field of v at the tensors that get returns (v->cfg set). */
 int vae_bind(vae_model *v, vae_getter get, void *ctx);
+
+/* Point the encoder fields of v at the tensors that get returns
+ * (encoder.*, quant_conv.*; v->cfg set). */
+int vae_bind_encoder(vae_model *v, vae_getter get, void *ctx);
+
+/* The activation pool and the blocks the encoder shares with the decoder
+ * (vae_decode.c). */
+int vae_pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out);
+void vae_pool_put(vae_model *v, const tensor *t);
+void vae_pool_release(vae_model *v);
+int vae_resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, int64_t w);
+int vae_attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw);
 
 /* Shape of the BatchNorm statistics: 4·lc values (the 2x2 patch channels). */
 static inline int vae_bn_channels(const vae_config *c) { return 4 * c->latent_channels; }

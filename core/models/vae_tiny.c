@@ -74,6 +74,11 @@ static void tiny_config(vae_config *c) {
     c->post_quant_conv = 1;
     c->bn_eps = 1e-4f;
     c->norm_eps = 1e-6f;
+    c->in_channels = 3;
+    c->enc_n_blocks = 4;
+    memcpy(c->enc_block_out, blocks, sizeof blocks);
+    c->quant_conv = 1;
+    c->enc_blocks_ok = 1;
 }
 
 int vae_write_tiny(const char *vae_dir, unsigned seed) {
@@ -85,6 +90,8 @@ int vae_write_tiny(const char *vae_dir, unsigned seed) {
     rec_get(&rc, "bn.running_mean", 1, vae_bn_channels(&cfg), 0);
     rec_get(&rc, "bn.running_var", 1, vae_bn_channels(&cfg), 0);
     int err = vae_bind(&v, rec_get, &rc);
+    /* the encoder after the decoder: the decoder's random values stay what they were without it */
+    if (!err) err = vae_bind_encoder(&v, rec_get, &rc);
     st_write_tensor *t = xcalloc((size_t)rc.n + 1, sizeof *t);
     for (int i = 0; i < rc.n; i++) {
         t[i].name = rc.e[i].name;

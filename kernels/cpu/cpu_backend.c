@@ -88,6 +88,7 @@ static const backend_vtable k_cpu_vt = {
     .gated_add = cpu_gated_add,
     .gather_rows = cpu_gather_rows,
     .conv2d = cpu_conv2d,
+    .conv2d_down = cpu_conv2d_down,
     .group_norm = cpu_group_norm,
     .upsample2x = cpu_upsample2x,
     .transpose = cpu_transpose,

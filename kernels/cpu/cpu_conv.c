@@ -205,3 +205,83 @@ void cpu_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const 
     free(col);
     free(bf);
 }
+
+/* ---- stride-2 downsampling convolution (op_conv2d_down) ---- */
+
+/* col[(ci*3 + ky)*3 + kx][p] = x[ci, 2yo+ky, 2xo+kx] (0 past the last
+ * row/column: the bottom/right padding) for output rows [r0, r0+nr) of the
+ * (h/2) x (wd/2) output, p = (yo-r0)*wo + xo */
+static void im2col_down(const tensor *x, int64_t h, int64_t wd, int64_t r0, int64_t nr, float *col) {
+    int64_t Cin = x->rows, wo = wd / 2, np = nr * wo;
+#pragma omp parallel if (Cin * np * 9 > CPU_PAR_MIN)
+    {
+        float *buf = xmalloc((size_t)(h * wd) * sizeof(float));
+#pragma omp for
+        for (int64_t ci = 0; ci < Cin; ci++) {
+            int64_t lo = 2 * r0, hi = 2 * (r0 + nr) + 1 > h ? h : 2 * (r0 + nr) + 1;
+            const float *img = row_f32(x, ci, lo * wd, (hi - lo) * wd, buf);
+            for (int ky = 0; ky < 3; ky++)
+                for (int kx = 0; kx < 3; kx++) {
+                    float *dst = col + ((ci * 3 + ky) * 3 + kx) * np;
+                    for (int64_t r = 0; r < nr; r++) {
+                        int64_t iy = 2 * (r0 + r) + ky;
+                        float *d = dst + r * wo;
+                        if (iy >= h) { memset(d, 0, (size_t)wo * sizeof(float)); continue; }
+                        const float *s = img + (iy - lo) * wd;
+                        for (int64_t xo = 0; xo < wo; xo++) {
+                            int64_t ix = 2 * xo + kx;
+                            d[xo] = ix < wd ? s[ix] : 0.0f;
+                        }
+                    }
+                }
+        }
+        free(buf);
+    }
+}
+
+/* The same band / (Cout panel, pixel block) structure as the sgemm route
+ * of cpu_conv2d; the downsamplers are a small share of the encoder's work,
+ * so they have no bf16 dot-product route of their own. */
+void cpu_conv2d_down(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
+                     int64_t h, int64_t wd) {
+    (void)be;
+    int64_t Cin = x->rows, Cout = w->rows, KK = Cin * 9, ho = h / 2, wo = wd / 2;
+    CPU_REQUIRE(h % 2 == 0 && wd % 2 == 0 && x->cols == h * wd && y->cols == ho * wo && y->rows == Cout &&
+                    w->cols == KK,
+                "op_conv2d_down: x [%lld,%lld] w [%lld,%lld] y [%lld,%lld] do not fit %lldx%lld (even sizes)",
+                (long long)Cin, (long long)x->cols, (long long)Cout, (long long)w->cols, (long long)y->rows,
+                (long long)y->cols, (long long)h, (long long)wd);
+    CPU_REQUIRE(!bias || bias->rows * bias->cols == Cout, "op_conv2d_down: bias must have %lld values", (long long)Cout);
+    if (ho * wo == 0 || Cout == 0) return;
+    float *bf = NULL;
+    if (bias) { bf = xmalloc((size_t)Cout * sizeof(float)); convert_to_f32(bf, bias->data, bias->dtype, (size_t)Cout); }
+    int64_t band = (int64_t)(cpu_tile_budget(COL_BYTES) / (sizeof(float) * (size_t)KK * (size_t)wo));
+    band = band < 1 ? 1 : band > ho ? ho : band;
+    float *col = xmalloc(sizeof(float) * (size_t)KK * (size_t)(band * wo));
+    int threads = omp_get_max_threads();
+    for (int64_t r0 = 0; r0 < ho; r0 += band) {
+        int64_t nr = ho - r0 < band ? ho - r0 : band, np = nr * wo;
+        im2col_down(x, h, wd, r0, nr, col);
+        int64_t npanel = (Cout + CO_PANEL - 1) / CO_PANEL;
+        int64_t pb = (np * npanel + 2 * threads - 1) / (2 * threads);
+        pb = pb < PIX_BLOCK_MIN ? PIX_BLOCK_MIN : pb;
+        pb = pb > np ? np : pb;
+        int64_t nblk = (np + pb - 1) / pb;
+#pragma omp parallel
+        {
+            float *wbuf = w->dtype == DT_F32 ? NULL : xmalloc(sizeof(float) * CO_PANEL * (size_t)KK);
+            float *cbuf = y->dtype == DT_F32 ? NULL : xmalloc(sizeof(float) * CO_PANEL * (size_t)pb);
+#pragma omp for collapse(2) schedule(dynamic)
+            for (int64_t pi = 0; pi < npanel; pi++)
+                for (int64_t bi = 0; bi < nblk; bi++) {
+                    int64_t co0 = pi * CO_PANEL, nc = Cout - co0 < CO_PANEL ? Cout - co0 : CO_PANEL;
+                    int64_t p0 = bi * pb, pn = np - p0 < pb ? np - p0 : pb;
+                    conv_item(y, w, bf, col, np, KK, co0, nc, r0 * wo, p0, pn, wbuf, cbuf);
+                }
+            free(wbuf);
+            free(cbuf);
+        }
+    }
+    free(col);
+    free(bf);
+}

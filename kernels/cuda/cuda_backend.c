@@ -191,7 +191,7 @@ static const backend_vtable k_cuda_vt = {
     .upload2d = cuda_upload2d, .memset0 = cuda_memset0, .sync = cuda_sync, .destroy = cuda_destroy,
     .gemm = cuda_gemm, .copy = cuda_copy, .layernorm_mod = cuda_layernorm_mod, .rmsnorm = cuda_rmsnorm,
     .rope = cuda_rope, .attention = cuda_attention, .swiglu = cuda_swiglu, .silu = cuda_silu, .add = cuda_add,
-    .gated_add = cuda_gated_add, .gather_rows = cuda_gather_rows, .conv2d = cuda_conv2d,
+    .gated_add = cuda_gated_add, .gather_rows = cuda_gather_rows, .conv2d = cuda_conv2d, .conv2d_down = cuda_conv2d_down,
     .group_norm = cuda_group_norm, .upsample2x = cuda_upsample2x, .transpose = cuda_transpose,
     .upload_file = cuda_upload_file,
 };

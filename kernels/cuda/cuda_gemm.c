@@ -106,17 +106,19 @@ void cuda_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const t
  * y[:, p0:p0+np] (row-major [Cout, np], ld y.ld) = W[Cout, CinKK] · col[CinKK, np],
  * i.e. column-major yᵀ = colᵀ · Wᵀ with both operands untransposed.
  * Chunks keep the im2col buffer near 128 MB whatever the image size. */
-void cuda_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h, int64_t wd,
-                 int k) {
+/* down != 0: op_conv2d_down (3x3, stride 2, output (h/2) x (wd/2) pixels) */
+static void conv_impl(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h,
+                      int64_t wd, int k, int down) {
     need_float(y, "conv2d"); need_float(x, "conv2d"); need_float(w, "conv2d");
     int64_t hw = h * wd, cin = x->rows, cout = w->rows, ckk = cin * k * k;
-    if ((k != 1 && k != 3) || x->cols != hw || y->cols != hw || y->rows != cout || w->cols != ckk ||
-        (bias && bias->cols != cout))
-        tp_fatal("cuda conv2d: bad shapes (x [%lld,%lld], w [%lld,%lld], y [%lld,%lld], %lldx%lld, k %d)",
+    int64_t ohw = down ? (h / 2) * (wd / 2) : hw;
+    if ((k != 1 && k != 3) || x->cols != hw || y->cols != ohw || y->rows != cout || w->cols != ckk ||
+        (bias && bias->cols != cout) || (down && (k != 3 || h % 2 || wd % 2)))
+        tp_fatal("cuda conv2d: bad shapes (x [%lld,%lld], w [%lld,%lld], y [%lld,%lld], %lldx%lld, k %d%s)",
                  (long long)x->rows, (long long)x->cols, (long long)w->rows, (long long)w->cols, (long long)y->rows,
-                 (long long)y->cols, (long long)h, (long long)wd, k);
+                 (long long)y->cols, (long long)h, (long long)wd, k, down ? ", stride 2" : "");
     if (bias) need_float(bias, "conv2d bias");
-    if (hw == 0 || cout == 0) return;
+    if (ohw == 0 || cout == 0) return;
     dtype_t ct = (x->dtype == DT_F32 || w->dtype == DT_F32) ? DT_F32 : DT_BF16;
     const void *W = w->data;
     int64_t wld = w->ld;
@@ -124,10 +126,10 @@ void cuda_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const
     size_t es = dtype_size(ct);
     int64_t chunk = (int64_t)(((size_t)128 << 20) / ((size_t)ckk * es));
     if (chunk < 256) chunk = 256;
-    if (chunk > hw) chunk = hw;
+    if (chunk > ohw) chunk = ohw;
     int direct = direct_output(ct, y->dtype, bias);
-    for (int64_t p0 = 0; p0 < hw; p0 += chunk) {
-        int64_t np = hw - p0 < chunk ? hw - p0 : chunk;
+    for (int64_t p0 = 0; p0 < ohw; p0 += chunk) {
+        int64_t np = ohw - p0 < chunk ? ohw - p0 : chunk;
         const void *col;
         int64_t cld;
         if (k == 1 && x->dtype == ct) {  /* a 1x1 convolution reads x in place */
@@ -135,7 +137,8 @@ void cuda_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const
             cld = x->ld;
         } else {
             void *c = cuda_scratch(be, 0, (size_t)ckk * (size_t)np * es);
-            cuda_im2col(be, c, ct, x->data, x->dtype, x->ld, cin, h, wd, k, p0, np);
+            if (down) cuda_im2col_down(be, c, ct, x->data, x->dtype, x->ld, cin, h, wd, p0, np);
+            else cuda_im2col(be, c, ct, x->data, x->dtype, x->ld, cin, h, wd, k, p0, np);
             col = c;
             cld = np;
         }
@@ -153,4 +156,14 @@ void cuda_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const
             cuda_convert_2d(be, (char *)y->data + (size_t)p0 * dtype_size(y->dtype), y->dtype, y->ld, C, DT_F32, np,
                             cout, np);
     }
+}
+
+void cuda_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h, int64_t wd,
+                 int k) {
+    conv_impl(be, y, x, w, bias, h, wd, k, 0);
+}
+
+void cuda_conv2d_down(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h,
+                      int64_t wd) {
+    conv_impl(be, y, x, w, bias, h, wd, 3, 1);
 }

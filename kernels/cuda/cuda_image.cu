@@ -19,6 +19,22 @@ __global__ void k_im2col(void *col, int cdt, const void *x, int xdt, int64_t xld
     }
 }
 
+/* op_conv2d_down's im2col: col[(ci*3 + dy)*3 + dx][j] = x[ci][(2oy+dy)*wd + 2ox+dx]
+ * (0 past the last row/column), output pixel p0 + j = oy*(wd/2) + ox. */
+__global__ void k_im2col_down(void *col, int cdt, const void *x, int xdt, int64_t xld, int64_t cin, int64_t h,
+                              int64_t wd, int64_t p0, int64_t np) {
+    int64_t n = cin * 9 * np, wo = wd / 2;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t row = i / np, j = i % np;
+        int64_t ci = row / 9;
+        int t = (int)(row % 9), dy = t / 3, dx = t % 3;
+        int64_t p = p0 + j, py = 2 * (p / wo) + dy, px = 2 * (p % wo) + dx;
+        float v = 0.0f;
+        if (py < h && px < wd) v = ld_el(x, xdt, ci * xld + py * wd + px);
+        st_el(col, cdt, i, v);
+    }
+}
+
 __global__ void k_upsample2x(void *y, int ydt, int64_t yld, const void *x, int xdt, int64_t xld, int64_t C,
                              int64_t h, int64_t wd) {
     int64_t ow = 2 * wd, n = C * 4 * h * wd;
@@ -59,6 +75,14 @@ void cuda_im2col(backend *be, void *col, dtype_t cdt, const void *x, dtype_t xdt
     if (n == 0) return;
     k_im2col<<<cuda_blocks(n, 256), 256, 0, cuda_stream(be)>>>(col, cdt, x, xdt, xld, cin, h, wd, k, p0, np);
     CUDA_LAUNCHED("im2col");
+}
+
+void cuda_im2col_down(backend *be, void *col, dtype_t cdt, const void *x, dtype_t xdt, int64_t xld, int64_t cin,
+                      int64_t h, int64_t wd, int64_t p0, int64_t np) {
+    int64_t n = cin * 9 * np;
+    if (n == 0) return;
+    k_im2col_down<<<cuda_blocks(n, 256), 256, 0, cuda_stream(be)>>>(col, cdt, x, xdt, xld, cin, h, wd, p0, np);
+    CUDA_LAUNCHED("im2col_down");
 }
 
 void cuda_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd) {

@@ -76,6 +76,8 @@ void cuda_gather_rows(backend *, tensor *y, const tensor *table, const int32_t *
                       int64_t row0);
 void cuda_conv2d(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
                  int64_t h, int64_t wd, int k);
+void cuda_conv2d_down(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
+                      int64_t h, int64_t wd);
 void cuda_group_norm(backend *, tensor *y, const tensor *x, const tensor *gamma,
                      const tensor *beta, int groups, float eps, int apply_silu);
 void cuda_upsample2x(backend *, tensor *y, const tensor *x, int64_t h, int64_t wd);
@@ -95,6 +97,10 @@ void cuda_convert_2d(backend *, void *dst, dtype_t ddt, int64_t dld, const void 
  * col [Cin*k*k, np] (dtype cdt) from x [Cin, h*wd] (ld xld). */
 void cuda_im2col(backend *, void *col, dtype_t cdt, const void *x, dtype_t xdt, int64_t xld,
                  int64_t cin, int64_t h, int64_t wd, int k, int64_t p0, int64_t np);
+/* the same for op_conv2d_down: 3x3, stride 2, no top/left padding, over
+ * output pixels [p0, p0+np) of the (h/2) x (wd/2) output */
+void cuda_im2col_down(backend *, void *col, dtype_t cdt, const void *x, dtype_t xdt, int64_t xld,
+                      int64_t cin, int64_t h, int64_t wd, int64_t p0, int64_t np);
 
 /* Proposed vtable extension `upload_file` (docs/cuda.md): copy `height`
  * rows of `width` bytes, row r read from file offset off + r*spitch, to

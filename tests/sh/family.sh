@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The model family follows model_index.json's _class_name (generate on the
 # tiny klein model with its model_index.json edited): a contradiction with
-# guidance_embeds is followed with one warning, klein-kv and foreign
-# classes are refused on every rank before anything is loaded.
+# guidance_embeds is followed with one warning, klein-kv is klein with
+# KV-cached references, foreign classes are refused on every rank before
+# anything is loaded.
 . "$TPGEN_ROOT/tests/lib.sh"
 ASAN=$TPGEN_ROOT/build-asan/tpgen
 M=$TMP/m
@@ -26,8 +27,10 @@ n=$(echo "$out" | grep -c 'warning: .*model_index.json names Flux2Pipeline.*tran
     || fail "contradiction ($n warnings): $(echo "$out" | tail -3)"
 
 set_class '{_class_name: "Flux2KleinKVPipeline", is_distilled: true}'
-expect_fail "Flux2KleinKVPipeline is refused (klein-kv not implemented)" 'rank 0: .*Flux2KleinKVPipeline.*klein-kv' \
-    $MPIRUN -np 2 "$TPGEN" "${args[@]}" --save-latents "$TMP/c.safetensors"
+out=$($MPIRUN -np 2 "$TPGEN" "${args[@]}" --save-latents "$TMP/kv.safetensors" --json-metrics "$TMP/kv.json" 2>&1)
+grep -q '"family": "FLUX.2-klein-kv (distilled)"' "$TMP/kv.json" 2>/dev/null \
+    && ok "Flux2KleinKVPipeline: klein-kv (distilled), references KV-cached (docs/editing.md)" \
+    || fail "Flux2KleinKVPipeline: $(echo "$out" | tail -3)"
 set_class '{_class_name: "FluxPipeline"}'
 expect_fail "a FLUX.1 pipeline class is refused, naming the file" "model_index.json: _class_name 'FluxPipeline' is not a FLUX.2" \
     $MPIRUN -np 2 "$TPGEN" "${args[@]}" --save-latents "$TMP/d.safetensors"
@@ -36,4 +39,4 @@ if [ -x "$ASAN" ]; then
 else
     fail "no sanitized build at $ASAN (make asan)"
 fi
-[ ! -e "$TMP/c.safetensors" ] && [ ! -e "$TMP/d.safetensors" ] && ok "nothing written for a refused folder" || fail "a refused run wrote latents"
+[ ! -e "$TMP/d.safetensors" ] && ok "nothing written for a refused folder" || fail "a refused run wrote latents"

@@ -1,0 +1,193 @@
+/* The FLUX.2 VAE encoder (diffusers AutoencoderKLFlux2.encode, the Encoder
+ * class of models/autoencoders/vae.py) and the reference-image tail of the
+ * Flux2 pipelines (_encode_vae_image): pixels [3, H, W] in [-1, 1] ->
+ * conv_in -> down blocks (ResNets, then a stride-2 3x3 convolution padded
+ * only on the bottom/right, Downsample2D(padding=0)) -> mid block (ResNet,
+ * single-head attention, ResNet) -> GroupNorm + SiLU -> conv_out (2·lc
+ * channels: mean and log-variance) -> quant_conv -> the mean half
+ * (sample_mode "argmax") -> patchify 2x2 -> BatchNorm normalisation.
+ *
+ * It shares the ResNet and attention blocks and the activation pool with
+ * the decoder (vae_decode.c), so the peak memory follows the same rule: the
+ * widest ResNet at the highest resolution holds about four of its
+ * activations (input kept for the residual, normalised copy, two convolution
+ * outputs). */
+#include "vae_internal.h"
+#include "../err.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAME_LEN 160
+
+static const tensor *vec(vae_getter get, void *ctx, const char *name, int n) { return get(ctx, name, 1, n, 0); }
+
+/* the encoder's ResNets have the decoder's layout (norm1, conv1, norm2,
+ * conv2, conv_shortcut when the width changes) */
+static int bind_res(vae_resnet *r, const char *p, int cin, int cout, vae_getter get, void *ctx) {
+    char n[NAME_LEN];
+    r->cin = cin;
+    r->cout = cout;
+#define V(field, suf, len) (snprintf(n, sizeof n, "%s.%s", p, suf), (r->field = vec(get, ctx, n, len)) != NULL)
+#define C(field, suf, co, ci, k) \
+    (snprintf(n, sizeof n, "%s.%s", p, suf), (r->field = get(ctx, n, co, (int64_t)(ci) * (k) * (k), k)) != NULL)
+    int ok = V(norm1_w, "norm1.weight", cin) && V(norm1_b, "norm1.bias", cin) && C(conv1_w, "conv1.weight", cout, cin, 3) &&
+             V(conv1_b, "conv1.bias", cout) && V(norm2_w, "norm2.weight", cout) && V(norm2_b, "norm2.bias", cout) &&
+             C(conv2_w, "conv2.weight", cout, cout, 3) && V(conv2_b, "conv2.bias", cout);
+    if (ok && cin != cout) ok = C(short_w, "conv_shortcut.weight", cout, cin, 1) && V(short_b, "conv_shortcut.bias", cout);
+#undef V
+#undef C
+    return ok ? 0 : -1;
+}
+
+static int bind_attn(vae_attn *a, const char *p, int c, vae_getter get, void *ctx) {
+    char n[NAME_LEN];
+    a->c = c;
+#define V(field, suf) (snprintf(n, sizeof n, "%s.%s", p, suf), (a->field = vec(get, ctx, n, c)) != NULL)
+#define M(field, suf) (snprintf(n, sizeof n, "%s.%s", p, suf), (a->field = get(ctx, n, c, c, 0)) != NULL)
+    int ok = V(norm_w, "group_norm.weight") && V(norm_b, "group_norm.bias") && M(q_w, "to_q.weight") &&
+             V(q_b, "to_q.bias") && M(k_w, "to_k.weight") && V(k_b, "to_k.bias") && M(v_w, "to_v.weight") &&
+             V(v_b, "to_v.bias") && M(o_w, "to_out.0.weight") && V(o_b, "to_out.0.bias");
+#undef V
+#undef M
+    return ok ? 0 : -1;
+}
+
+int vae_bind_encoder(vae_model *v, vae_getter get, void *ctx) {
+    const vae_config *c = &v->cfg;
+    vae_encoder *e = &v->enc;
+    if (c->in_channels != 3)
+        return tp_error("VAE config: in_channels is %d; the encoder reads RGB reference images and needs 3",
+                        c->in_channels);
+    if (!c->enc_blocks_ok)
+        return tp_error("VAE config: down_block_types other than DownEncoderBlock2D are not supported by the encoder");
+    if (c->enc_n_blocks < 1) return tp_error("VAE config: block_out_channels is missing (the encoder's widths)");
+    for (int i = 0; i < c->enc_n_blocks; i++)
+        if (c->enc_block_out[i] % c->norm_groups)
+            return tp_error("VAE config: norm_num_groups %d does not divide encoder channel count %d", c->norm_groups,
+                            c->enc_block_out[i]);
+    /* the encoder halves the image n_blocks - 1 times, the patch 2x2 once
+     * more: the same 16 pixels per token as the decoder when both have the
+     * same number of blocks */
+    if (c->enc_n_blocks != c->n_blocks)
+        return tp_error("VAE config: the encoder has %d blocks and the decoder %d; their scale factors differ",
+                        c->enc_n_blocks, c->n_blocks);
+    int lc = c->latent_channels, nb = c->enc_n_blocks, top = c->enc_block_out[nb - 1];
+    e->in_channels = 3;
+    char n[NAME_LEN];
+    if (!(e->in_w = get(ctx, "encoder.conv_in.weight", c->enc_block_out[0], 3 * 9, 3)) ||
+        !(e->in_b = vec(get, ctx, "encoder.conv_in.bias", c->enc_block_out[0])))
+        return -1;
+    int prev = c->enc_block_out[0];
+    for (int i = 0; i < nb; i++) {
+        vae_down_block *d = &e->down[i];
+        d->cin = prev;
+        d->cout = c->enc_block_out[i];
+        d->n_res = c->layers_per_block;
+        for (int j = 0; j < d->n_res; j++) {
+            snprintf(n, sizeof n, "encoder.down_blocks.%d.resnets.%d", i, j);
+            if (bind_res(&d->res[j], n, j == 0 ? d->cin : d->cout, d->cout, get, ctx)) return -1;
+        }
+        if (i < nb - 1) {
+            snprintf(n, sizeof n, "encoder.down_blocks.%d.downsamplers.0.conv.weight", i);
+            if (!(d->down_w = get(ctx, n, d->cout, (int64_t)d->cout * 9, 3))) return -1;
+            snprintf(n, sizeof n, "encoder.down_blocks.%d.downsamplers.0.conv.bias", i);
+            if (!(d->down_b = vec(get, ctx, n, d->cout))) return -1;
+        }
+        prev = d->cout;
+    }
+    if (bind_res(&e->mid_res[0], "encoder.mid_block.resnets.0", top, top, get, ctx) ||
+        bind_res(&e->mid_res[1], "encoder.mid_block.resnets.1", top, top, get, ctx))
+        return -1;
+    if (c->mid_attention && bind_attn(&e->mid_attn, "encoder.mid_block.attentions.0", top, get, ctx)) return -1;
+    if (!(e->out_norm_w = vec(get, ctx, "encoder.conv_norm_out.weight", top)) ||
+        !(e->out_norm_b = vec(get, ctx, "encoder.conv_norm_out.bias", top)) ||
+        !(e->out_w = get(ctx, "encoder.conv_out.weight", 2 * lc, (int64_t)top * 9, 3)) ||
+        !(e->out_b = vec(get, ctx, "encoder.conv_out.bias", 2 * lc)))
+        return -1;
+    if (c->quant_conv &&
+        (!(e->qc_w = get(ctx, "quant_conv.weight", 2 * lc, 2 * lc, 1)) ||
+         !(e->qc_b = vec(get, ctx, "quant_conv.bias", 2 * lc))))
+        return -1;
+    return 0;
+}
+
+/* x [3, H*W] -> the moments [2·lc, (H/8)*(W/8)]; *x is replaced (in the pool) */
+static int encoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
+    const vae_config *c = &v->cfg;
+    const vae_encoder *e = &v->enc;
+    tensor y;
+    if (vae_pool_get(v, e->in_w->rows, *h * *w, &y)) return -1;
+    op_conv2d(v->be, &y, x, e->in_w, e->in_b, *h, *w, 3);
+    vae_pool_put(v, x);
+    *x = y;
+    for (int i = 0; i < c->enc_n_blocks; i++) {
+        const vae_down_block *d = &e->down[i];
+        for (int j = 0; j < d->n_res; j++)
+            if (vae_resnet_forward(v, &d->res[j], x, *h, *w)) return -1;
+        if (!d->down_w) continue;
+        if (vae_pool_get(v, d->cout, (*h / 2) * (*w / 2), &y)) return -1;
+        op_conv2d_down(v->be, &y, x, d->down_w, d->down_b, *h, *w);
+        vae_pool_put(v, x);
+        *x = y;
+        *h /= 2;
+        *w /= 2;
+    }
+    if (vae_resnet_forward(v, &e->mid_res[0], x, *h, *w)) return -1;
+    if (e->mid_attn.norm_w && vae_attn_forward(v, &e->mid_attn, x, *h * *w)) return -1;
+    if (vae_resnet_forward(v, &e->mid_res[1], x, *h, *w)) return -1;
+    op_group_norm(v->be, x, x, e->out_norm_w, e->out_norm_b, c->norm_groups, c->norm_eps, 1);
+    if (vae_pool_get(v, e->out_w->rows, *h * *w, &y)) return -1;
+    op_conv2d(v->be, &y, x, e->out_w, e->out_b, *h, *w, 3);
+    vae_pool_put(v, x);
+    *x = y;
+    if (e->qc_w) {
+        if (vae_pool_get(v, e->qc_w->rows, *h * *w, &y)) return -1;
+        op_conv2d(v->be, &y, x, e->qc_w, e->qc_b, *h, *w, 1);
+        vae_pool_put(v, x);
+        *x = y;
+    }
+    return 0;
+}
+
+int vae_encode_image(vae_model *v, const float *pixels, int H, int W, float *mode, float *latents, float *packed) {
+    const vae_config *c = &v->cfg;
+    if (!(v->parts & VAE_ENCODER)) return tp_error("VAE encode: the encoder was not loaded");
+    int px = vae_pixels_per_token(c);
+    if (H <= 0 || W <= 0 || H % px || W % px)
+        return tp_error("VAE encode: image size %dx%d must be a positive multiple of %d", W, H, px);
+    int64_t h = H, w = W;
+    int lc = c->latent_channels;
+    tensor x;
+    int rc = vae_pool_get(v, 3, h * w, &x);
+    if (!rc) rc = tensor_upload_f32(&x, pixels);
+    if (!rc) rc = encoder_forward(v, &x, &h, &w);
+    float *z = NULL;
+    if (!rc) {
+        z = xmalloc((size_t)lc * (size_t)(h * w) * sizeof(float));
+        tensor mean = tensor_rows(&x, 0, lc);   /* the first lc channels: latent_dist.mode() */
+        rc = tensor_download_f32(&mean, z);
+    }
+    vae_pool_release(v);
+    if (rc) {
+        free(z);
+        return tp_error_context("VAE encoder");
+    }
+    if (mode) memcpy(mode, z, (size_t)lc * (size_t)(h * w) * sizeof(float));
+    /* patchify: channel 4·c + 2·dy + dx of token (r, q) is z[c, 2r+dy, 2q+dx];
+     * then (z - mean) / std, in bf16 as bf16(bf16(z - mean) / std) */
+    int bf = v->dt == DT_BF16, c4 = 4 * lc;
+    int64_t hl = h / 2, wl = w / 2, nt = hl * wl;
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t r = t / wl, q = t % wl;
+        for (int ch = 0; ch < c4; ch++) {
+            int cz = ch / 4, dy = (ch / 2) % 2, dx = ch % 2;
+            float val = z[((int64_t)cz * h + 2 * r + dy) * w + 2 * q + dx];
+            float o = bf ? bf16r(bf16r(val - v->bn_mean[ch]) / v->bn_std[ch]) : (val - v->bn_mean[ch]) / v->bn_std[ch];
+            if (latents) latents[(int64_t)ch * nt + t] = o;
+            if (packed) packed[t * c4 + ch] = o;
+        }
+    }
+    free(z);
+    return 0;
+}

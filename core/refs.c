@@ -1,0 +1,47 @@
+/* Reference tokens for editing (refs.h). */
+#include "refs.h"
+#include "image.h"
+#include "err.h"
+#include <stdlib.h>
+#include <string.h>
+
+void refs_free(ref_set *r) {
+    free(r->tokens);
+    free(r->ids);
+    free(r->grid);
+    memset(r, 0, sizeof *r);
+}
+
+int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out) {
+    memset(out, 0, sizeof *out);
+    const vae_config *c = vae_get_config(v);
+    out->C = 4 * c->latent_channels;
+    out->n = n;
+    out->grid = xcalloc((size_t)(n > 0 ? n : 1) * 2, sizeof(int));
+    for (int k = 0; k < n; k++) {
+        float *px = NULL;
+        int pw, ph;
+        if (image_load_reference(paths[k], &px, &pw, &ph)) goto fail;
+        int hl = ph / 16, wl = pw / 16;
+        int64_t t0 = out->R, nt = (int64_t)hl * wl;
+        out->R += nt;
+        out->tokens = xrealloc(out->tokens, (size_t)out->R * (size_t)out->C * sizeof(float));
+        out->ids = xrealloc(out->ids, (size_t)out->R * 4 * sizeof(int32_t));
+        int rc = vae_encode_image(v, px, ph, pw, NULL, NULL, out->tokens + (size_t)t0 * out->C);
+        free(px);
+        if (rc) {
+            tp_error_context("encoding reference image %s", paths[k]);
+            goto fail;
+        }
+        for (int64_t t = 0; t < nt; t++) {
+            int32_t *id = out->ids + (t0 + t) * 4;
+            id[0] = refs_time_coord(k), id[1] = (int32_t)(t / wl), id[2] = (int32_t)(t % wl), id[3] = 0;
+        }
+        out->grid[2 * k] = hl;
+        out->grid[2 * k + 1] = wl;
+    }
+    return 0;
+fail:
+    refs_free(out);
+    return -1;
+}

@@ -1,0 +1,30 @@
+/* Reference-image tokens for editing (diffusers Flux2Pipeline /
+ * Flux2KleinPipeline prepare_image_latents + _prepare_image_ids): each
+ * reference is preprocessed (core/image.h), VAE-encoded (vae_encode_image:
+ * argmax latents, patchify, BatchNorm normalisation) and packed to
+ * row-major tokens; the references' tokens are concatenated in order, and
+ * reference k's token (y, x) gets the position id (10 + 10k, y, x, 0). The
+ * denoising loop appends them after the noise tokens (core/pipeline.h). */
+#ifndef TPGEN_REFS_H
+#define TPGEN_REFS_H
+#include "models/vae.h"
+#include <stdint.h>
+
+typedef struct ref_set {
+    int n;                 /* references */
+    int64_t R;             /* tokens, all references */
+    int C;                 /* channels per token (4 x latent channels) */
+    float *tokens;         /* [R, C] */
+    int32_t *ids;          /* [R, 4] */
+    int *grid;             /* [n][2]: token grid (h, w) of each reference */
+} ref_set;
+
+/* The time coordinate of reference k: 10 + 10·k. */
+static inline int32_t refs_time_coord(int k) { return 10 + 10 * k; }
+
+/* Read, preprocess and encode the n references (paths in order) with v
+ * (loaded with VAE_ENCODER). -1 + tp_error naming the file on failure. */
+int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out);
+void refs_free(ref_set *r);
+
+#endif
