@@ -142,6 +142,19 @@ void serve_metrics_count(serve_metrics *m, serve_outcome o) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void serve_metrics_add_job(serve_metrics *m, const serve_job *j) {
+    pthread_mutex_lock(&m->mu);
+    if (j->status == 200) m->images += (uint64_t)j->n_pngs;
+    m->steps += (uint64_t)j->timing.steps;
+    m->step_seconds += j->timing.step_seconds;
+    m->encode_seconds += j->timing.encode_seconds;
+    m->denoise_seconds += j->timing.denoise_seconds;
+    m->decode_seconds += j->timing.decode_seconds;
+    if (j->timing.cache_hit == 1) m->cache_hits++;
+    if (j->timing.cache_hit == 0) m->cache_misses++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 serve_outcome serve_outcome_of(int status) {
     switch (status) {
     case 200: return OUT_OK;

@@ -8,6 +8,14 @@
 #include <pthread.h>
 #include <stdint.h>
 
+/* What a render took, reported with its result (GET /metrics). */
+typedef struct serve_timing {
+    int steps;
+    double step_seconds;         /* summed over the steps */
+    double encode_seconds, denoise_seconds, decode_seconds;
+    int cache_hit;               /* 1 hit, 0 miss, -1 no lookup */
+} serve_timing;
+
 typedef struct serve_job {
     serve_request req;
     uint64_t id;                 /* set by serve_queue_submit */
@@ -18,6 +26,7 @@ typedef struct serve_job {
     uint8_t **pngs;              /* req.n PNG files (malloc'ed each) */
     size_t *png_sizes;
     int n_pngs;
+    serve_timing timing;
     int done;
     struct serve_job *next;
 } serve_job;
@@ -71,6 +80,8 @@ typedef struct serve_metrics {
 
 void serve_metrics_init(serve_metrics *m, int n_ranks);
 void serve_metrics_count(serve_metrics *m, serve_outcome o);
+/* Add a finished job's images and timings. */
+void serve_metrics_add_job(serve_metrics *m, const serve_job *j);
 /* The outcome a finished request's status counts as. */
 serve_outcome serve_outcome_of(int status);
 /* Prometheus text exposition format (version 0.0.4), malloc'ed. */
