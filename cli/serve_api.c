@@ -1,0 +1,240 @@
+/* The images API's request and response bodies (serve_api.h). */
+#include "serve_api.h"
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void serve_limits_default(serve_limits *l, const char *model_id) {
+    l->model_id = model_id;
+    l->max_n = 4;
+    l->max_side = 2048;
+    l->max_pixels = (int64_t)2048 * 2048;
+    l->max_steps = 200;
+    l->max_prompt_bytes = 64 * 1024;   /* as a prompts-file line */
+}
+
+void serve_request_free(serve_request *r) {
+    free(r->prompt);
+    free(r->negative_prompt);
+    free(r->precision);
+    memset(r, 0, sizeof *r);
+}
+
+int serve_error_set(serve_error *e, int status, const char *type, const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+char *serve_error_json(const serve_error *e) {
+    json_t *err = json_pack("{s:s, s:s, s:o, s:n}", "message", e->message, "type", e->type ? e->type : "server_error",
+                            "param", e->param[0] ? json_string(e->param) : json_null(), "code");
+    json_t *root = json_pack("{s:o}", "error", err);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+static int bad(serve_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad(serve_error *e, const char *param, const char *fmt, ...) {
+    char msg[sizeof e->message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return serve_error_set(e, 400, "invalid_request_error", param, "%s", msg);
+}
+
+/* A JSON string field: no NUL inside (jansson allows \u0000), bounded. */
+static int get_text(json_t *v, const char *key, size_t max, char **out, serve_error *e) {
+    if (!json_is_string(v)) return bad(e, key, "'%s' must be a string", key);
+    size_t n = json_string_length(v);
+    const char *s = json_string_value(v);
+    if (memchr(s, 0, n)) return bad(e, key, "'%s' contains a NUL character at byte %zu", key, (size_t)((const char *)memchr(s, 0, n) - s));
+    if (n > max) return bad(e, key, "'%s' is %zu bytes long; the limit is %zu", key, n, max);
+    *out = strdup(s);
+    return 0;
+}
+
+static int get_int(json_t *v, const char *key, long long lo, long long hi, long long *out, serve_error *e) {
+    if (!json_is_integer(v)) return bad(e, key, "'%s' must be an integer", key);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return bad(e, key, "'%s' is %lld; it must be between %lld and %lld", key, x, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int parse_size(json_t *v, const serve_limits *lim, serve_request *r, serve_error *e) {
+    if (!json_is_string(v)) return bad(e, "size", "'size' must be a string \"WIDTHxHEIGHT\" such as \"1024x1024\"");
+    const char *s = json_string_value(v);
+    if (!strcmp(s, "auto")) return 0;
+    int w = 0, h = 0, used = 0;
+    if (sscanf(s, "%5d%*[x]%5d%n", &w, &h, &used) != 2 || (size_t)used != strlen(s) || s[0] < '0' || s[0] > '9')
+        return bad(e, "size", "'size' is \"%.40s\"; expected \"WIDTHxHEIGHT\" in pixels, such as \"1024x768\"", s);
+    if (w < 16 || h < 16 || w % 16 || h % 16)
+        return bad(e, "size", "'size' %dx%d: width and height must be positive multiples of 16", w, h);
+    if (w > lim->max_side || h > lim->max_side || (int64_t)w * h > lim->max_pixels)
+        return bad(e, "size", "'size' %dx%d is larger than this server allows (each side at most %d, at most %lld pixels)",
+                   w, h, lim->max_side, (long long)lim->max_pixels);
+    r->width = w;
+    r->height = h;
+    return 0;
+}
+
+static int parse_field(const char *key, json_t *v, const serve_limits *lim, serve_request *r, serve_error *e) {
+    long long x;
+    if (!strcmp(key, "prompt")) return get_text(v, key, lim->max_prompt_bytes, &r->prompt, e);
+    if (!strcmp(key, "negative_prompt")) return get_text(v, key, lim->max_prompt_bytes, &r->negative_prompt, e);
+    if (!strcmp(key, "n")) {
+        if (get_int(v, key, 1, lim->max_n, &x, e)) return -1;
+        r->n = (int)x;
+        return 0;
+    }
+    if (!strcmp(key, "size")) return parse_size(v, lim, r, e);
+    if (!strcmp(key, "seed")) {
+        if (get_int(v, key, 0, INT64_MAX, &x, e)) return -1;
+        r->has_seed = 1;
+        r->seed = (uint64_t)x;
+        return 0;
+    }
+    if (!strcmp(key, "steps")) {
+        if (get_int(v, key, 1, lim->max_steps, &x, e)) return -1;
+        r->steps = (int)x;
+        return 0;
+    }
+    if (!strcmp(key, "guidance")) {
+        double g = json_number_value(v);
+        if (!json_is_number(v) || !isfinite(g) || g < 0 || g > 100)
+            return bad(e, key, "'guidance' must be a number between 0 and 100");
+        r->has_guidance = 1;
+        r->guidance = g;
+        return 0;
+    }
+    if (!strcmp(key, "precision")) {
+        const char *p = json_string_value(v);
+        if (!p || (strcmp(p, "bf16") && strcmp(p, "f32"))) return bad(e, key, "'precision' must be \"bf16\" or \"f32\"");
+        r->precision = strdup(p);
+        return 0;
+    }
+    if (!strcmp(key, "response_format")) {
+        if (json_is_null(v)) return 0;
+        const char *f = json_string_value(v);
+        if (f && !strcmp(f, "b64_json")) return 0;
+        if (f && !strcmp(f, "url"))
+            return bad(e, key, "response_format \"url\" is not supported: this server keeps no files; use \"b64_json\"");
+        return bad(e, key, "'response_format' must be \"b64_json\"");
+    }
+    if (!strcmp(key, "output_format")) {
+        const char *f = json_string_value(v);
+        if (f && !strcmp(f, "png")) return 0;
+        return bad(e, key, "'output_format' must be \"png\": tpgen writes PNG files");
+    }
+    if (!strcmp(key, "model")) {
+        const char *m = json_string_value(v);
+        if (!m) return bad(e, key, "'model' must be a string");
+        if (strcmp(m, lim->model_id))
+            return bad(e, key, "model \"%.100s\" is not served here; this server serves \"%s\" (GET /v1/models)", m,
+                       lim->model_id);
+        return 0;
+    }
+    if (!strcmp(key, "user")) {   /* an OpenAI field for abuse tracking: accepted, not used */
+        if (!json_is_string(v)) return bad(e, key, "'user' must be a string");
+        return 0;
+    }
+    return bad(e, key,
+               "unknown field '%.60s'; accepted: prompt, n, size, response_format, model, user, output_format, seed, "
+               "steps, guidance, negative_prompt, precision",
+               key);
+}
+
+int serve_parse_generation(const char *body, size_t len, const serve_limits *lim, serve_request *out,
+                           serve_error *e) {
+    memset(out, 0, sizeof *out);
+    out->n = 1;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return bad(e, NULL, "the request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    int rc = 0;
+    if (!json_is_object(root)) {
+        rc = bad(e, NULL, "the request body must be a JSON object such as {\"prompt\": \"a red fox\"}");
+    } else {
+        const char *key;
+        json_t *v;
+        json_object_foreach(root, key, v) {
+            if ((rc = parse_field(key, v, lim, out, e))) break;
+        }
+        if (!rc && !out->prompt) rc = bad(e, "prompt", "'prompt' is required");
+    }
+    json_decref(root);
+    if (rc) serve_request_free(out);
+    return rc;
+}
+
+static const char k_b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+char *serve_base64(const uint8_t *p, size_t n) {
+    char *s = malloc((n + 2) / 3 * 4 + 1), *o = s;
+    if (!s) return NULL;
+    size_t i = 0;
+    for (; i + 2 < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+        *o++ = k_b64[v >> 18];
+        *o++ = k_b64[(v >> 12) & 63];
+        *o++ = k_b64[(v >> 6) & 63];
+        *o++ = k_b64[v & 63];
+    }
+    if (i < n) {
+        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0);
+        *o++ = k_b64[v >> 18];
+        *o++ = k_b64[(v >> 12) & 63];
+        *o++ = i + 1 < n ? k_b64[(v >> 6) & 63] : '=';
+        *o++ = '=';
+    }
+    *o = 0;
+    return s;
+}
+
+char *serve_images_json(long created, const uint8_t *const *pngs, const size_t *sizes, int n) {
+    json_t *data = json_array();
+    for (int i = 0; i < n; i++) {
+        char *b = serve_base64(pngs[i], sizes[i]);
+        if (!b) {
+            json_decref(data);
+            return NULL;
+        }
+        json_array_append_new(data, json_pack("{s:s}", "b64_json", b));
+        free(b);
+    }
+    json_t *root = json_pack("{s:I, s:o}", "created", (json_int_t)created, "data", data);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+char *serve_models_json(const char *model_id, long created) {
+    json_t *root = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", model_id, "object",
+                             "model", "created", (json_int_t)created, "owned_by", "tpgen");
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+int serve_token_equal(const char *given, size_t given_len, const char *expected, size_t expected_len) {
+    /* compare over the expected length whatever was given, so the time
+     * tells nothing about the first differing byte */
+    unsigned diff = given_len != expected_len;
+    for (size_t i = 0; i < expected_len; i++) {
+        unsigned char g = i < given_len ? (unsigned char)given[i] : 0;
+        diff |= g ^ (unsigned char)expected[i];
+    }
+    return diff == 0;
+}

@@ -1,0 +1,265 @@
+/* The HTTP front of `tpgen serve` (serve_http.h), on libmicrohttpd with a
+ * thread per connection: a generations request blocks its own thread until
+ * the render loop has answered it, which keeps the code straight-line. */
+#include "serve_http.h"
+#include "../core/err.h"
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+
+struct serve_http {
+    const serve_http_config *cfg;
+    struct MHD_Daemon *d;
+    volatile int ready;
+    long started;
+    int port;
+};
+
+/* per-request state kept by MHD between the calls of one request */
+typedef struct req_ctx {
+    char *body;
+    size_t n, cap;
+    int too_large;
+} req_ctx;
+
+int serve_parse_listen(const char *listen, struct sockaddr_storage *ss, unsigned *len) {
+    char host[256];
+    const char *colon = strrchr(listen, ':');
+    if (!colon || colon == listen || !colon[1])
+        return tp_error("--listen '%s': expected HOST:PORT, e.g. 127.0.0.1:8080 or [::1]:8080", listen);
+    size_t hl = (size_t)(colon - listen);
+    if (hl >= sizeof host) return tp_error("--listen '%s': host too long", listen);
+    memcpy(host, listen, hl);
+    host[hl] = 0;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port < 0 || port > 65535) return tp_error("--listen '%s': port must be 0..65535", listen);
+    memset(ss, 0, sizeof *ss);
+    if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
+        host[hl - 1] = 0;
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+        if (inet_pton(AF_INET6, host + 1, &a->sin6_addr) != 1)
+            return tp_error("--listen '%s': '%s' is not an IPv6 address", listen, host + 1);
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)port);
+        *len = sizeof *a;
+        return 0;
+    }
+    struct sockaddr_in *a = (struct sockaddr_in *)ss;
+    if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
+    if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+        return tp_error("--listen '%s': '%s' is not a numeric IPv4 address (use e.g. 127.0.0.1 or 0.0.0.0)", listen,
+                        host);
+    a->sin_family = AF_INET;
+    a->sin_port = htons((uint16_t)port);
+    *len = sizeof *a;
+    return 0;
+}
+
+static enum MHD_Result send_body(struct MHD_Connection *c, serve_metrics *m, int status, const char *type,
+                                 char *body) {
+    if (!body) {
+        status = 500;
+        type = "application/json";
+        body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", type);
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "5");
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    if (m) serve_metrics_count(m, serve_outcome_of(status));
+    return ok;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, serve_metrics *m, const serve_error *e) {
+    return send_body(c, m, e->status, "application/json", serve_error_json(e));
+}
+
+static int authorized(const serve_http *h, struct MHD_Connection *c) {
+    const char *key = h->cfg->api_key;
+    if (!key) return 1;
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!v || strncmp(v, "Bearer ", 7)) return 0;
+    v += 7;
+    return serve_token_equal(v, strlen(v), key, strlen(key));
+}
+
+static enum MHD_Result generations(serve_http *h, struct MHD_Connection *c, const req_ctx *rc) {
+    const serve_http_config *cfg = h->cfg;
+    serve_error e;
+    serve_job *j = calloc(1, sizeof *j);
+    if (!j) return send_body(c, cfg->metrics, 500, "application/json", NULL);
+    if (serve_parse_generation(rc->body ? rc->body : "", rc->n, &cfg->limits, &j->req, &e) ||
+        serve_queue_submit(cfg->queue, j, &e)) {
+        serve_request_free(&j->req);
+        free(j);
+        return send_error(c, cfg->metrics, &e);
+    }
+    serve_job_wait(cfg->queue, j);
+    enum MHD_Result ok;
+    if (j->status == 200)
+        ok = send_body(c, cfg->metrics, 200, "application/json",
+                       serve_images_json((long)time(NULL), (const uint8_t *const *)j->pngs, j->png_sizes, j->n_pngs));
+    else
+        ok = send_error(c, cfg->metrics, &j->err);
+    serve_job_free_result(j);
+    serve_request_free(&j->req);
+    free(j);
+    return ok;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                              const char *version, const char *upload, size_t *upload_size, void **state) {
+    serve_http *h = cls;
+    const serve_http_config *cfg = h->cfg;
+    req_ctx *rc = *state;
+    if (!rc) {   /* first call: headers only */
+        rc = calloc(1, sizeof *rc);
+        if (!rc) return MHD_NO;
+        *state = rc;
+        return MHD_YES;
+    }
+    if (*upload_size) {   /* body data: keep up to the limit, count the rest */
+        if (rc->n + *upload_size > cfg->max_body_bytes) rc->too_large = 1;
+        if (!rc->too_large) {
+            if (rc->n + *upload_size + 1 > rc->cap) {
+                size_t cap = (rc->n + *upload_size + 1) * 2;
+                if (cap > cfg->max_body_bytes + 1) cap = cfg->max_body_bytes + 1;
+                char *b = realloc(rc->body, cap);
+                if (!b) return MHD_NO;
+                rc->body = b;
+                rc->cap = cap;
+            }
+            memcpy(rc->body + rc->n, upload, *upload_size);
+            rc->n += *upload_size;
+            rc->body[rc->n] = 0;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    serve_error e;
+    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/health")) {
+        if (!get) return send_error(c, cfg->metrics, (serve_error[]){{405, "invalid_request_error", "", "use GET /health"}});
+        return send_body(c, cfg->metrics, h->ready ? 200 : 503, "application/json",
+                         strdup(h->ready ? "{\"status\":\"ready\"}" : "{\"status\":\"loading\"}"));
+    }
+    if (!authorized(h, c)) {
+        serve_error_set(&e, 401, "invalid_request_error", NULL,
+                        "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
+        return send_error(c, cfg->metrics, &e);
+    }
+    if (rc->too_large) {
+        serve_error_set(&e, 413, "invalid_request_error", NULL, "the request body is over this server's limit of %zu bytes",
+                        cfg->max_body_bytes);
+        return send_error(c, cfg->metrics, &e);
+    }
+    if (!strcmp(url, "/v1/models") && get)
+        return send_body(c, cfg->metrics, 200, "application/json", serve_models_json(cfg->limits.model_id, h->started));
+    if (!strcmp(url, "/metrics") && get)
+        return send_body(c, NULL, 200, "text/plain; version=0.0.4",
+                         serve_metrics_text(cfg->metrics, serve_queue_depth(cfg->queue)));
+    if (!strcmp(url, "/v1/images/generations") && post) {
+        if (!h->ready) {
+            serve_error_set(&e, 503, "server_error", NULL, "the model is still loading; poll GET /health");
+            return send_error(c, cfg->metrics, &e);
+        }
+        return generations(h, c, rc);
+    }
+    if (!strcmp(url, "/v1/images/edits") && post) {
+        serve_error_set(&e, 501, "invalid_request_error", NULL,
+                        "image edits are not served yet: reference images work with `tpgen generate`, not yet through the "
+                        "server");
+        return send_error(c, cfg->metrics, &e);
+    }
+    int known = !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strcmp(url, "/v1/images/generations") ||
+                !strcmp(url, "/v1/images/edits");
+    if (known) {
+        serve_error_set(&e, 405, "invalid_request_error", NULL, "%s is not allowed on %s", method, url);
+        return send_error(c, cfg->metrics, &e);
+    }
+    serve_error_set(&e, 404, "invalid_request_error", NULL,
+                    "no such endpoint %.200s; this server has POST /v1/images/generations, GET /v1/models, GET /health, "
+                    "GET /metrics",
+                    url);
+    return send_error(c, cfg->metrics, &e);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **state, enum MHD_RequestTerminationCode code) {
+    req_ctx *rc = *state;
+    if (rc) {
+        free(rc->body);
+        free(rc);
+        *state = NULL;
+    }
+}
+
+serve_http *serve_http_start(const serve_http_config *cfg) {
+    struct sockaddr_storage ss;
+    unsigned len;
+    if (serve_parse_listen(cfg->listen, &ss, &len)) return NULL;
+    serve_http *h = calloc(1, sizeof *h);
+    if (!h) {
+        tp_error("out of memory");
+        return NULL;
+    }
+    h->cfg = cfg;
+    h->started = (long)time(NULL);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections > 0 ? cfg->max_connections : 64),
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+                            MHD_OPTION_END);
+    if (!h->d) {
+        free(h);
+        tp_error("cannot listen on %s (address in use, or not an address of this machine); choose another with --listen",
+                 cfg->listen);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = info ? (int)info->port : 0;
+    return h;
+}
+
+int serve_http_port(const serve_http *h) { return h->port; }
+void serve_http_set_ready(serve_http *h, int ready) { h->ready = ready; }
+
+void serve_http_stop(serve_http *h) {
+    if (!h) return;
+    MHD_stop_daemon(h->d);
+    free(h);
+}
+
+char *serve_read_api_key(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        tp_error("--api-key-file %s: cannot read it", path);
+        return NULL;
+    }
+    struct stat st;
+    if (!fstat(fileno(f), &st) && (st.st_mode & 077))
+        fprintf(stderr, "tpgen: warning: --api-key-file %s can be read by other users (chmod 600 it)\n", path);
+    char line[4096];
+    char *got = fgets(line, sizeof line, f);
+    fclose(f);
+    if (!got) {
+        tp_error("--api-key-file %s is empty; put the key on its first line", path);
+        return NULL;
+    }
+    size_t n = strlen(line);
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t')) line[--n] = 0;
+    if (!n) {
+        tp_error("--api-key-file %s: the first line is blank; put the key there", path);
+        return NULL;
+    }
+    return strdup(line);
+}

@@ -1,0 +1,90 @@
+/* `tpgen serve`: the bounded job queue between the HTTP threads (which
+ * parse, submit and wait) and world rank 0's render loop (which takes jobs
+ * and hands them to the TP groups), and the server's counters for
+ * GET /metrics. Thread-safe; no MPI here. */
+#ifndef TPGEN_SERVE_QUEUE_H
+#define TPGEN_SERVE_QUEUE_H
+#include "serve_api.h"
+#include <pthread.h>
+#include <stdint.h>
+
+/* What a render took, reported with its result (GET /metrics). */
+typedef struct serve_timing {
+    int steps;
+    double step_seconds;         /* summed over the steps */
+    double encode_seconds, denoise_seconds, decode_seconds;
+    int cache_hit;               /* 1 hit, 0 miss, -1 no lookup */
+} serve_timing;
+
+typedef struct serve_job {
+    serve_request req;
+    uint64_t id;                 /* set by serve_queue_submit */
+    double t_submitted;
+    /* the result, set by the render side before serve_job_finish */
+    int status;                  /* 200, or the error's HTTP status */
+    serve_error err;
+    uint8_t **pngs;              /* req.n PNG files (malloc'ed each) */
+    size_t *png_sizes;
+    int n_pngs;
+    serve_timing timing;
+    int done;
+    struct serve_job *next;
+} serve_job;
+
+void serve_job_free_result(serve_job *j);
+
+typedef struct serve_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    serve_job *head, *tail;
+    int depth, cap;
+    int closing;
+    uint64_t next_id;
+} serve_queue;
+
+int serve_queue_init(serve_queue *q, int cap);
+void serve_queue_destroy(serve_queue *q);
+/* Queue a job: 0, or -1 with e = 429 (queue full) or 503 (shutting down). */
+int serve_queue_submit(serve_queue *q, serve_job *j, serve_error *e);
+/* The next job, waiting up to timeout_s; NULL on time-out, or when the
+ * queue is closed and empty. */
+serve_job *serve_queue_take(serve_queue *q, double timeout_s);
+/* Publish a job's result (status, err / pngs filled) and wake its waiter. */
+void serve_job_finish(serve_queue *q, serve_job *j);
+/* Block until the job is finished. */
+void serve_job_wait(serve_queue *q, serve_job *j);
+/* Refuse new jobs and answer every queued one with 503; the job being
+ * rendered is not touched and finishes normally. */
+void serve_queue_close(serve_queue *q);
+int serve_queue_depth(serve_queue *q);
+
+/* Counters behind GET /metrics. */
+typedef enum {
+    OUT_OK = 0, OUT_BAD_REQUEST, OUT_UNAUTHORIZED, OUT_NOT_FOUND, OUT_TOO_LARGE, OUT_QUEUE_FULL, OUT_UNAVAILABLE,
+    OUT_FAILED, OUT_COUNT
+} serve_outcome;
+
+#define SERVE_MAX_RANKS 1024
+
+typedef struct serve_metrics {
+    pthread_mutex_t mu;
+    uint64_t requests[OUT_COUNT];
+    uint64_t images;
+    uint64_t steps;
+    double step_seconds;          /* summed over steps */
+    double encode_seconds, denoise_seconds, decode_seconds, load_seconds;
+    uint64_t cache_hits, cache_misses;
+    int n_ranks;
+    uint64_t resident_bytes[SERVE_MAX_RANKS];
+} serve_metrics;
+
+void serve_metrics_init(serve_metrics *m, int n_ranks);
+void serve_metrics_count(serve_metrics *m, serve_outcome o);
+/* Add a finished job's images and timings. */
+void serve_metrics_add_job(serve_metrics *m, const serve_job *j);
+/* The outcome a finished request's status counts as. */
+serve_outcome serve_outcome_of(int status);
+/* Prometheus text exposition format (version 0.0.4), malloc'ed. */
+char *serve_metrics_text(serve_metrics *m, int queue_depth);
+
+#endif

@@ -1,0 +1,347 @@
+/* The ranks of `tpgen serve` (serve_ranks.h). */
+#include "serve_ranks.h"
+#include "../core/err.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { T_READY = 7101, T_JOB, T_STOP, T_RESULT };
+enum { MSG_JOB = 1, MSG_STOP = 2 };
+
+/* ---- bytes ---- */
+
+typedef struct { uint8_t *p; size_t n, cap; int bad; } wbuf;
+typedef struct { const uint8_t *p; size_t n, at; int bad; } rbuf;
+
+static void w_raw(wbuf *b, const void *x, size_t n) {
+    if (b->n + n > b->cap) {
+        size_t cap = (b->cap + n) * 2;
+        uint8_t *p = realloc(b->p, cap);
+        if (!p) { b->bad = 1; return; }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, x, n);
+    b->n += n;
+}
+static void w_i64(wbuf *b, int64_t v) { w_raw(b, &v, sizeof v); }
+static void w_f64(wbuf *b, double v) { w_raw(b, &v, sizeof v); }
+static void w_str(wbuf *b, const char *s) {
+    w_i64(b, s ? (int64_t)strlen(s) : -1);
+    if (s) w_raw(b, s, strlen(s));
+}
+static void r_raw(rbuf *b, void *x, size_t n) {
+    if (b->bad || b->n - b->at < n) { b->bad = 1; memset(x, 0, n); return; }
+    memcpy(x, b->p + b->at, n);
+    b->at += n;
+}
+static int64_t r_i64(rbuf *b) { int64_t v; r_raw(b, &v, sizeof v); return v; }
+static double r_f64(rbuf *b) { double v; r_raw(b, &v, sizeof v); return v; }
+static char *r_str(rbuf *b) {
+    int64_t n = r_i64(b);
+    if (b->bad || n < 0) return NULL;
+    if ((uint64_t)n > b->n - b->at) { b->bad = 1; return NULL; }
+    char *s = malloc((size_t)n + 1);
+    if (!s) { b->bad = 1; return NULL; }
+    r_raw(b, s, (size_t)n);
+    s[n] = 0;
+    return s;
+}
+
+uint8_t *serve_request_pack(const serve_request *r, uint64_t id, size_t *n) {
+    wbuf b = {0};
+    w_i64(&b, (int64_t)id);
+    w_str(&b, r->prompt);
+    w_str(&b, r->negative_prompt);
+    w_str(&b, r->precision);
+    int64_t ints[] = {r->n, r->width, r->height, r->has_seed, (int64_t)r->seed, r->steps, r->has_guidance};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) w_i64(&b, ints[i]);
+    w_f64(&b, r->guidance);
+    if (b.bad) { free(b.p); return NULL; }
+    *n = b.n;
+    return b.p;
+}
+
+int serve_request_unpack(const uint8_t *p, size_t n, serve_request *r, uint64_t *id) {
+    rbuf b = {p, n, 0, 0};
+    memset(r, 0, sizeof *r);
+    *id = (uint64_t)r_i64(&b);
+    r->prompt = r_str(&b);
+    r->negative_prompt = r_str(&b);
+    r->precision = r_str(&b);
+    r->n = (int)r_i64(&b);
+    r->width = (int)r_i64(&b);
+    r->height = (int)r_i64(&b);
+    r->has_seed = (int)r_i64(&b);
+    r->seed = (uint64_t)r_i64(&b);
+    r->steps = (int)r_i64(&b);
+    r->has_guidance = (int)r_i64(&b);
+    r->guidance = r_f64(&b);
+    if (b.bad || b.at != n || !r->prompt || r->n < 1) {
+        serve_request_free(r);
+        return tp_error("serve: a job message of %zu bytes could not be decoded (ranks out of step?)", n);
+    }
+    return 0;
+}
+
+static uint8_t *result_pack(const serve_job *j, size_t *n) {
+    wbuf b = {0};
+    w_i64(&b, (int64_t)j->id);
+    w_i64(&b, j->status);
+    w_str(&b, j->err.type);
+    w_str(&b, j->err.param);
+    w_str(&b, j->err.message);
+    w_i64(&b, j->timing.steps);
+    w_f64(&b, j->timing.step_seconds);
+    w_f64(&b, j->timing.encode_seconds);
+    w_f64(&b, j->timing.denoise_seconds);
+    w_f64(&b, j->timing.decode_seconds);
+    w_i64(&b, j->timing.cache_hit);
+    w_i64(&b, j->n_pngs);
+    for (int i = 0; i < j->n_pngs; i++) {
+        w_i64(&b, (int64_t)j->png_sizes[i]);
+        w_raw(&b, j->pngs[i], j->png_sizes[i]);
+    }
+    if (b.bad) { free(b.p); return NULL; }
+    *n = b.n;
+    return b.p;
+}
+
+static const char *k_types[] = {"invalid_request_error", "server_error", "rate_limit_error"};
+
+static int result_unpack(const uint8_t *p, size_t n, serve_job *j) {
+    rbuf b = {p, n, 0, 0};
+    uint64_t id = (uint64_t)r_i64(&b);
+    j->status = (int)r_i64(&b);
+    char *type = r_str(&b), *param = r_str(&b), *msg = r_str(&b);
+    j->err.status = j->status;
+    j->err.type = "server_error";
+    for (size_t i = 0; type && i < sizeof k_types / sizeof k_types[0]; i++)
+        if (!strcmp(type, k_types[i])) j->err.type = k_types[i];
+    snprintf(j->err.param, sizeof j->err.param, "%s", param ? param : "");
+    snprintf(j->err.message, sizeof j->err.message, "%s", msg ? msg : "");
+    free(type), free(param), free(msg);
+    j->timing.steps = (int)r_i64(&b);
+    j->timing.step_seconds = r_f64(&b);
+    j->timing.encode_seconds = r_f64(&b);
+    j->timing.denoise_seconds = r_f64(&b);
+    j->timing.decode_seconds = r_f64(&b);
+    j->timing.cache_hit = (int)r_i64(&b);
+    int64_t np = r_i64(&b);
+    if (b.bad || np < 0 || np > 1024 || id != j->id) return -1;
+    j->n_pngs = 0;
+    j->pngs = calloc((size_t)np + 1, sizeof *j->pngs);
+    j->png_sizes = calloc((size_t)np + 1, sizeof *j->png_sizes);
+    for (int64_t i = 0; i < np && !b.bad; i++) {
+        int64_t sz = r_i64(&b);
+        if (sz < 0 || (uint64_t)sz > b.n - b.at) { b.bad = 1; break; }
+        j->pngs[i] = malloc((size_t)sz + 1);
+        r_raw(&b, j->pngs[i], (size_t)sz);
+        j->png_sizes[i] = (size_t)sz;
+        j->n_pngs++;
+    }
+    return b.bad || b.at != n ? -1 : 0;
+}
+
+/* ---- waiting without spinning ---- */
+
+static void nap(void) {
+    struct timespec t = {0, 2 * 1000 * 1000};
+    nanosleep(&t, NULL);
+}
+
+static void wait_request(MPI_Request *r) {
+    int done = 0;
+    for (;;) {
+        MPI_Test(r, &done, MPI_STATUS_IGNORE);
+        if (done) return;
+        nap();
+    }
+}
+
+/* ---- the group: leader broadcasts a job or STOP ---- */
+
+static void group_send(serve_ranks *s, int type, const uint8_t *p, size_t n) {
+    int64_t hdr[2] = {type, (int64_t)n};
+    MPI_Request r;
+    MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->d->tp_comm, &r);
+    wait_request(&r);
+    if (n) MPI_Bcast((void *)p, (int)n, MPI_BYTE, 0, s->d->tp_comm);
+}
+
+static int group_recv(serve_ranks *s, uint8_t **p, size_t *n) {
+    int64_t hdr[2];
+    MPI_Request r;
+    MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->d->tp_comm, &r);
+    wait_request(&r);
+    *n = (size_t)hdr[1];
+    *p = NULL;
+    if (hdr[1] > 0) {
+        *p = malloc(*n);
+        MPI_Bcast(*p, (int)*n, MPI_BYTE, 0, s->d->tp_comm);
+    }
+    return (int)hdr[0];
+}
+
+static void render_job(serve_ranks *s, serve_job *j) {
+    j->status = 500;
+    serve_error_set(&j->err, 500, "server_error", NULL, "the job was not rendered");
+    j->timing = (serve_timing){.cache_hit = -1};
+    s->render(s->ctx, &j->req, j);
+}
+
+/* ---- world rank 0 ---- */
+
+static int leader_of(const serve_ranks *s, int g) { return g * s->d->tp; }
+
+void serve_ranks_service(serve_ranks *s) {
+    const dist *d = s->d;
+    if (d->world_rank != 0 || !s->inflight) return;
+    int flag;
+    MPI_Status st;
+    while (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s->msg, &flag, &st), flag) {
+        int g = st.MPI_SOURCE / d->tp, cnt = 0;
+        MPI_Get_count(&st, MPI_BYTE, &cnt);
+        uint8_t *buf = malloc((size_t)cnt + 1);
+        MPI_Recv(buf, cnt, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, s->msg, MPI_STATUS_IGNORE);
+        if (st.MPI_TAG == T_READY) {
+            s->ready[g] = 1;
+        } else if (st.MPI_TAG == T_RESULT && s->inflight[g]) {
+            serve_job *j = s->inflight[g];
+            if (result_unpack(buf, (size_t)cnt, j)) {
+                serve_job_free_result(j);
+                j->status = 500;
+                serve_error_set(&j->err, 500, "server_error", NULL, "the result of TP group %d could not be decoded", g);
+            }
+            if (s->metrics) serve_metrics_add_job(s->metrics, j);
+            s->inflight[g] = NULL;
+            serve_job_finish(s->queue, j);
+        }
+        free(buf);
+    }
+    for (int g = 1; g < d->dp && !s->stopping; g++) {
+        if (!s->ready[g] || s->inflight[g]) continue;
+        serve_job *j = serve_queue_take(s->queue, 0);
+        if (!j) break;
+        size_t n = 0;
+        uint8_t *p = serve_request_pack(&j->req, j->id, &n);
+        if (!p) {
+            j->status = 500;
+            serve_error_set(&j->err, 500, "server_error", NULL, "out of memory packing the job");
+            serve_job_finish(s->queue, j);
+            continue;
+        }
+        MPI_Send(p, (int)n, MPI_BYTE, leader_of(s, g), T_JOB, s->msg);
+        free(p);
+        s->ready[g] = 0;
+        s->inflight[g] = j;
+    }
+}
+
+static int run_world_rank0(serve_ranks *s) {
+    const dist *d = s->d;
+    s->inflight = calloc((size_t)d->dp, sizeof *s->inflight);
+    s->ready = calloc((size_t)d->dp, sizeof *s->ready);
+    int *stopped = calloc((size_t)d->dp, sizeof *stopped), n_stopped = 1;   /* group 0 is stopped last */
+    for (;;) {
+        if (*s->stop && !s->stopping) {
+            s->stopping = 1;
+            serve_queue_close(s->queue);
+        }
+        serve_ranks_service(s);
+        if (s->stopping) {
+            for (int g = 1; g < d->dp; g++)
+                if (!stopped[g] && !s->inflight[g] && s->ready[g]) {
+                    MPI_Send(NULL, 0, MPI_BYTE, leader_of(s, g), T_STOP, s->msg);
+                    stopped[g] = 1;
+                    n_stopped++;
+                }
+            if (n_stopped == d->dp) break;
+            nap();
+            continue;
+        }
+        serve_job *j = serve_queue_take(s->queue, 0.005);
+        if (!j) continue;
+        size_t n = 0;
+        uint8_t *p = serve_request_pack(&j->req, j->id, &n);
+        if (!p) {
+            j->status = 500;
+            serve_error_set(&j->err, 500, "server_error", NULL, "out of memory packing the job");
+            serve_job_finish(s->queue, j);
+            continue;
+        }
+        group_send(s, MSG_JOB, p, n);
+        free(p);
+        render_job(s, j);
+        if (s->metrics) serve_metrics_add_job(s->metrics, j);
+        serve_job_finish(s->queue, j);
+    }
+    group_send(s, MSG_STOP, NULL, 0);
+    free(stopped);
+    free(s->inflight);
+    free(s->ready);
+    s->inflight = NULL;
+    s->ready = NULL;
+    return 0;
+}
+
+/* ---- other ranks ---- */
+
+static int run_group_rank(serve_ranks *s) {
+    const dist *d = s->d;
+    int leader = d->tp_rank == 0;
+    for (;;) {
+        uint8_t *p = NULL;
+        size_t n = 0;
+        int type;
+        if (leader) {
+            MPI_Send(NULL, 0, MPI_BYTE, 0, T_READY, s->msg);
+            MPI_Status st;
+            int flag = 0;
+            for (;;) {
+                MPI_Iprobe(0, MPI_ANY_TAG, s->msg, &flag, &st);
+                if (flag) break;
+                nap();
+            }
+            int cnt = 0;
+            MPI_Get_count(&st, MPI_BYTE, &cnt);
+            p = malloc((size_t)cnt + 1);
+            MPI_Recv(p, cnt, MPI_BYTE, 0, st.MPI_TAG, s->msg, MPI_STATUS_IGNORE);
+            n = (size_t)cnt;
+            type = st.MPI_TAG == T_STOP ? MSG_STOP : MSG_JOB;
+            group_send(s, type, p, n);
+        } else {
+            type = group_recv(s, &p, &n);
+        }
+        if (type == MSG_STOP) {
+            free(p);
+            return 0;
+        }
+        serve_job j = {0};
+        int rc = serve_request_unpack(p, n, &j.req, &j.id);
+        free(p);
+        if (rc) return -1;   /* every rank of the group got the same bytes: all fail alike */
+        render_job(s, &j);
+        if (leader && d->world_rank != 0) {
+            uint8_t *r = result_pack(&j, &n);
+            if (!r) {   /* still answer, so that rank 0 never waits forever */
+                serve_job_free_result(&j);
+                j.status = 500;
+                serve_error_set(&j.err, 500, "server_error", NULL, "out of memory sending the result");
+                r = result_pack(&j, &n);
+            }
+            MPI_Send(r, r ? (int)n : 0, MPI_BYTE, 0, T_RESULT, s->msg);
+            free(r);
+        }
+        serve_job_free_result(&j);
+        serve_request_free(&j.req);
+    }
+}
+
+int serve_ranks_run(serve_ranks *s) {
+    MPI_Comm_dup(s->d->world, &s->msg);
+    int rc = s->d->world_rank == 0 ? run_world_rank0(s) : run_group_rank(s);
+    MPI_Comm_free(&s->msg);
+    return rc;
+}
