@@ -57,13 +57,9 @@ static int parse_args(int argc, char **argv, decode_opts *o, int *help) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { *help = 1; return 0; }
-        const char *eq = strchr(a, '='), *val;
-        size_t klen = eq ? (size_t)(eq - a) : strlen(a);
+        const char *val;
         char key[64];
-        snprintf(key, sizeof key, "%.*s", (int)(klen < 63 ? klen : 63), a);
-        if (eq) val = eq + 1;
-        else if (i + 1 < argc) val = argv[++i];
-        else return tp_error("decode: %s needs a value (see tpgen decode --help)", key);
+        if (cli_flag(argc, argv, &i, "decode", key, &val)) return -1;
         if (!strcmp(key, "--model")) o->model = val;
         else if (!strcmp(key, "--latents")) o->latents = val;
         else if (!strcmp(key, "--output")) o->output = val;

@@ -44,13 +44,9 @@ static int parse_args(int argc, char **argv, enc_opts *o, int *help) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { *help = 1; return 0; }
-        const char *eq = strchr(a, '='), *val;
-        size_t klen = eq ? (size_t)(eq - a) : strlen(a);
+        const char *val;
         char key[64];
-        snprintf(key, sizeof key, "%.*s", (int)(klen < 63 ? klen : 63), a);
-        if (eq) val = eq + 1;
-        else if (i + 1 < argc) val = argv[++i];
-        else return tp_error("encode-image: %s needs a value (see tpgen encode-image --help)", key);
+        if (cli_flag(argc, argv, &i, "encode-image", key, &val)) return -1;
         if (!strcmp(key, "--model")) o->model = val;
         else if (!strcmp(key, "--image")) o->image = val;
         else if (!strcmp(key, "--output")) o->output = val;

@@ -7,6 +7,11 @@
 
 typedef int (*command_fn)(int argc, char **argv);
 
+/* One "--key value" or "--key=value" argument at argv[*i] (cli/flags.c):
+ * the key (at most 63 bytes) into key and its value into *val, advancing
+ * *i past a separate value; -1 + tp_error naming cmd when there is none. */
+int cli_flag(int argc, char **argv, int *i, const char *cmd, char key[64], const char **val);
+
 int cmd_generate(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

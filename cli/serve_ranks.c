@@ -193,6 +193,17 @@ static void render_job(serve_ranks *s, serve_job *j) {
 
 /* ---- world rank 0 ---- */
 
+/* The job as a message; NULL when out of memory, the job then answered 500. */
+static uint8_t *pack_or_fail(serve_ranks *s, serve_job *j, size_t *n) {
+    uint8_t *p = serve_request_pack(&j->req, j->id, n);
+    if (!p) {
+        j->status = 500;
+        serve_error_set(&j->err, 500, "server_error", NULL, "out of memory packing the job");
+        serve_job_finish(s->queue, j);
+    }
+    return p;
+}
+
 static int leader_of(const serve_ranks *s, int g) { return g * s->d->tp; }
 
 void serve_ranks_service(serve_ranks *s) {
@@ -225,13 +236,8 @@ void serve_ranks_service(serve_ranks *s) {
         serve_job *j = serve_queue_take(s->queue, 0);
         if (!j) break;
         size_t n = 0;
-        uint8_t *p = serve_request_pack(&j->req, j->id, &n);
-        if (!p) {
-            j->status = 500;
-            serve_error_set(&j->err, 500, "server_error", NULL, "out of memory packing the job");
-            serve_job_finish(s->queue, j);
-            continue;
-        }
+        uint8_t *p = pack_or_fail(s, j, &n);
+        if (!p) continue;
         MPI_Send(p, (int)n, MPI_BYTE, leader_of(s, g), T_JOB, s->msg);
         free(p);
         s->ready[g] = 0;
@@ -264,13 +270,8 @@ static int run_world_rank0(serve_ranks *s) {
         serve_job *j = serve_queue_take(s->queue, 0.005);
         if (!j) continue;
         size_t n = 0;
-        uint8_t *p = serve_request_pack(&j->req, j->id, &n);
-        if (!p) {
-            j->status = 500;
-            serve_error_set(&j->err, 500, "server_error", NULL, "out of memory packing the job");
-            serve_job_finish(s->queue, j);
-            continue;
-        }
+        uint8_t *p = pack_or_fail(s, j, &n);
+        if (!p) continue;
         group_send(s, MSG_JOB, p, n);
         free(p);
         render_job(s, j);

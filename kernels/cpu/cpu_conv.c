@@ -153,6 +153,32 @@ static void conv_item(tensor *y, const tensor *w, const float *bias, const float
     }
 }
 
+/* The output channels x pixels of one band from its im2col columns, as
+ * CO_PANEL-channel panels x pixel blocks, with enough pixel blocks for two
+ * items per thread; b0 is the band's first output pixel. */
+static void conv_panels(tensor *y, const tensor *w, const float *bf, const float *col, int64_t np, int64_t KK,
+                        int64_t Cout, int threads, int64_t b0) {
+    int64_t npanel = (Cout + CO_PANEL - 1) / CO_PANEL;
+    int64_t pb = (np * npanel + 2 * threads - 1) / (2 * threads);
+    pb = pb < PIX_BLOCK_MIN ? PIX_BLOCK_MIN : pb;
+    pb = pb > np ? np : pb;
+    int64_t nblk = (np + pb - 1) / pb;
+#pragma omp parallel
+    {
+        float *wbuf = w->dtype == DT_F32 ? NULL : xmalloc(sizeof(float) * CO_PANEL * (size_t)KK);
+        float *cbuf = y->dtype == DT_F32 ? NULL : xmalloc(sizeof(float) * CO_PANEL * (size_t)pb);
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int64_t pi = 0; pi < npanel; pi++)
+            for (int64_t bi = 0; bi < nblk; bi++) {
+                int64_t co0 = pi * CO_PANEL, nc = Cout - co0 < CO_PANEL ? Cout - co0 : CO_PANEL;
+                int64_t p0 = bi * pb, pn = np - p0 < pb ? np - p0 : pb;
+                conv_item(y, w, bf, col, np, KK, co0, nc, b0, p0, pn, wbuf, cbuf);
+            }
+        free(wbuf);
+        free(cbuf);
+    }
+}
+
 void cpu_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
                 int64_t h, int64_t wd, int k) {
     int64_t Cin = x->rows, Cout = w->rows, KK = Cin * k * k;
@@ -181,26 +207,7 @@ void cpu_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const 
             continue;
         }
         im2col(x, h, wd, k, r0, nr, col);
-        int64_t npanel = (Cout + CO_PANEL - 1) / CO_PANEL;
-        /* enough pixel blocks for two items per thread */
-        int64_t pb = (np * npanel + 2 * threads - 1) / (2 * threads);
-        pb = pb < PIX_BLOCK_MIN ? PIX_BLOCK_MIN : pb;
-        pb = pb > np ? np : pb;
-        int64_t nblk = (np + pb - 1) / pb;
-#pragma omp parallel
-        {
-            float *wbuf = w->dtype == DT_F32 ? NULL : xmalloc(sizeof(float) * CO_PANEL * (size_t)KK);
-            float *cbuf = y->dtype == DT_F32 ? NULL : xmalloc(sizeof(float) * CO_PANEL * (size_t)pb);
-#pragma omp for collapse(2) schedule(dynamic)
-            for (int64_t pi = 0; pi < npanel; pi++)
-                for (int64_t bi = 0; bi < nblk; bi++) {
-                    int64_t co0 = pi * CO_PANEL, nc = Cout - co0 < CO_PANEL ? Cout - co0 : CO_PANEL;
-                    int64_t p0 = bi * pb, pn = np - p0 < pb ? np - p0 : pb;
-                    conv_item(y, w, bf, col, np, KK, co0, nc, r0 * wd, p0, pn, wbuf, cbuf);
-                }
-            free(wbuf);
-            free(cbuf);
-        }
+        conv_panels(y, w, bf, col, np, KK, Cout, threads, r0 * wd);
     }
     free(col);
     free(bf);
@@ -262,25 +269,7 @@ void cpu_conv2d_down(backend *be, tensor *y, const tensor *x, const tensor *w, c
     for (int64_t r0 = 0; r0 < ho; r0 += band) {
         int64_t nr = ho - r0 < band ? ho - r0 : band, np = nr * wo;
         im2col_down(x, h, wd, r0, nr, col);
-        int64_t npanel = (Cout + CO_PANEL - 1) / CO_PANEL;
-        int64_t pb = (np * npanel + 2 * threads - 1) / (2 * threads);
-        pb = pb < PIX_BLOCK_MIN ? PIX_BLOCK_MIN : pb;
-        pb = pb > np ? np : pb;
-        int64_t nblk = (np + pb - 1) / pb;
-#pragma omp parallel
-        {
-            float *wbuf = w->dtype == DT_F32 ? NULL : xmalloc(sizeof(float) * CO_PANEL * (size_t)KK);
-            float *cbuf = y->dtype == DT_F32 ? NULL : xmalloc(sizeof(float) * CO_PANEL * (size_t)pb);
-#pragma omp for collapse(2) schedule(dynamic)
-            for (int64_t pi = 0; pi < npanel; pi++)
-                for (int64_t bi = 0; bi < nblk; bi++) {
-                    int64_t co0 = pi * CO_PANEL, nc = Cout - co0 < CO_PANEL ? Cout - co0 : CO_PANEL;
-                    int64_t p0 = bi * pb, pn = np - p0 < pb ? np - p0 : pb;
-                    conv_item(y, w, bf, col, np, KK, co0, nc, r0 * wo, p0, pn, wbuf, cbuf);
-                }
-            free(wbuf);
-            free(cbuf);
-        }
+        conv_panels(y, w, bf, col, np, KK, Cout, threads, r0 * wo);
     }
     free(col);
     free(bf);
