@@ -4,6 +4,7 @@
  * bf16); --quantize fp8 against an independent absmax quantiser; and the
  * bad inputs (bad_* tests also run under the sanitizers). */
 #include "test.h"
+#include "golden_case.h"
 #include "../core/checkpoint.h"
 #include "../core/comm.h"
 #include "../core/err.h"
@@ -189,44 +190,13 @@ TEST_MPI(fp8_golden_dequant_bit_exact_per_rank) {
     st_close(cases);
 }
 
-typedef struct gcase {
-    float *x, *txt, *ref, ts, g;
-    int32_t *img_ids, *txt_ids;
-    int64_t N, L;
-} gcase;
 
-static int32_t *ids32(const st_file *f, const char *name, int64_t *n) {
-    int64_t *v;
-    const st_tensor_info *info;
-    if (st_read_i64(f, name, &v, &info)) return NULL;
-    *n = st_numel(info) / 4;
-    int32_t *r = malloc((size_t)st_numel(info) * 4);
-    for (int64_t i = 0; i < st_numel(info); i++) r[i] = (int32_t)v[i];
-    free(v);
-    return r;
-}
-
-static int read_case(const st_file *src, const st_file *out, const char *variant, int k, gcase *c) {
+static int read_case(const st_file *src, const st_file *out, const char *variant, int k, golden_case *c) {
     char key[96];
-    float *t = NULL, *g = NULL;
-    int64_t nl = 0;
-#define K(s) (snprintf(key, sizeof key, "case%d.%s", k, s), key)
-    int rc = st_read_f32(src, K("hidden_states"), &c->x, NULL) || st_read_f32(src, K("encoder_hidden_states"), &c->txt, NULL) ||
-             st_read_f32(src, K("timestep"), &t, NULL) || st_read_f32(src, K("guidance"), &g, NULL) ||
-             !(c->img_ids = ids32(src, K("img_ids"), &c->N)) || !(c->txt_ids = ids32(src, K("txt_ids"), &nl));
-#undef K
     snprintf(key, sizeof key, "%s.case%d.output", variant, k);
-    if (!rc) rc = st_read_f32(out, key, &c->ref, NULL);
-    c->L = nl;
-    if (!rc) c->ts = t[0], c->g = g[0];
-    free(t), free(g);
-    return rc ? -1 : 0;
+    return golden_case_read(src, k, c) || golden_case_read_ref(out, key, c) ? -1 : 0;
 }
 
-static void free_case(gcase *c) {
-    free(c->x), free(c->txt), free(c->ref), free(c->img_ids), free(c->txt_ids);
-    memset(c, 0, sizeof *c);
-}
 
 /* Every variant's three cases at this np against diffusers' forward on the
  * exactly dequantised weights. */
@@ -248,7 +218,7 @@ static void golden_forward(dtype_t prec, double tol) {
         if (!all_ok(rc == 0)) { flux2_free(m); break; }
         if (prec == DT_BF16) flux2_set_exact_timestep(m, 1);
         for (int k = 0; k < 3; k++) {
-            gcase c = {0};
+            golden_case c = {0};
             int okc = read_case(src, out, k_variants[v], k, &c) == 0;
             CHECK(okc, "%s case%d: %s", k_variants[v], k, tp_error_msg());
             if (!all_ok(okc)) break;
@@ -261,7 +231,7 @@ static void golden_forward(dtype_t prec, double tol) {
             worst = err > worst ? err : worst;
             CHECK(err <= tol, "%s case%d (%s): rel_err %.3g > %.3g", k_variants[v], k, prec == DT_F32 ? "f32" : "bf16", err, tol);
             free(y);
-            free_case(&c);
+            golden_case_free(&c);
         }
         flux2_free(m);
         int rk, np;
@@ -361,14 +331,14 @@ TEST_MPI(fp8_quantize_flux2_tiny_close_to_golden) {
     st_file *src = NULL;
     int ok = st_open(sp, &src) == 0;
     free(sp);
-    gcase c = {0};
+    golden_case c = {0};
     char key[64];
     float *t = NULL, *g = NULL;
     int64_t nl = 0;
     ok = ok && st_read_f32(src, "case0.hidden_states", &c.x, NULL) == 0 &&
          st_read_f32(src, "case0.encoder_hidden_states", &c.txt, NULL) == 0 && st_read_f32(src, "case0.output", &c.ref, NULL) == 0 &&
          st_read_f32(src, "case0.timestep", &t, NULL) == 0 && st_read_f32(src, "case0.guidance", &g, NULL) == 0 &&
-         (c.img_ids = ids32(src, "case0.img_ids", &c.N)) && (c.txt_ids = ids32(src, "case0.txt_ids", &nl));
+         (c.img_ids = golden_ids32(src, "case0.img_ids", &c.N)) && (c.txt_ids = golden_ids32(src, "case0.txt_ids", &nl));
     (void)key;
     CHECK(ok, "case0: %s", tp_error_msg());
     if (all_ok(ok)) {
@@ -385,7 +355,7 @@ TEST_MPI(fp8_quantize_flux2_tiny_close_to_golden) {
         free(y);
     }
     free(t), free(g);
-    free_case(&c);
+    golden_case_free(&c);
     if (src) st_close(src);
 out:
     flux2_free(m);
@@ -581,7 +551,7 @@ TEST_GPU(gpu_fp8_golden_variants) {
             if (p) flux2_set_exact_timestep(m, 1);
             double worst = 0;
             for (int k = 0; k < 3; k++) {
-                gcase c = {0};
+                golden_case c = {0};
                 if (read_case(src, out, k_variants[v], k, &c)) { CHECK(0, "%s", tp_error_msg()); break; }
                 size_t n = (size_t)c.N * 32;
                 float *y = malloc(n * 4);
@@ -589,7 +559,7 @@ TEST_GPU(gpu_fp8_golden_variants) {
                 double e = rc ? INFINITY : rel_l2(y, c.ref, n);
                 worst = e > worst ? e : worst;
                 free(y);
-                free_case(&c);
+                golden_case_free(&c);
             }
             printf("# cuda fp8 golden %s %s: max rel_l2 %.3g\n", k_variants[v], p ? "bf16" : "f32", worst);
             CHECK(worst <= (p ? 1e-1 : 1e-4), "%s %s: max rel_l2 %.3g", k_variants[v], p ? "bf16" : "f32", worst);
@@ -741,7 +711,7 @@ TEST_MPI(fp8_bfl_transformer_matches_dequantised) {
     free(sp), free(op);
     backend *be = backend_cpu_create(1);
     comm *cm = comm_create_mpi(MPI_COMM_WORLD, be);
-    gcase c = {0};
+    golden_case c = {0};
     ok = ok && read_case(src, out, "scaled", 1, &c) == 0;
     if (all_ok(ok)) {
         size_t n = (size_t)c.N * 32;
@@ -764,7 +734,7 @@ TEST_MPI(fp8_bfl_transformer_matches_dequantised) {
     } else {
         CHECK(0, "setup: %s", tp_error_msg());
     }
-    free_case(&c);
+    golden_case_free(&c);
     if (src) st_close(src);
     if (out) st_close(out);
     comm_destroy(cm);

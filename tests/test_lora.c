@@ -4,6 +4,7 @@
  * against a formula from the adapter's shapes, the BFL final-layer swap
  * against a double-precision computation, and every bad adapter. */
 #include "test.h"
+#include "golden_case.h"
 #include "../core/comm.h"
 #include "../core/err.h"
 #include "../core/lora.h"
@@ -46,47 +47,17 @@ static int case_specs(json_t *c, lora_spec *sp) {
     return n;
 }
 
-typedef struct gcase {
-    float *x, *txt, ts, g;
-    int32_t *img_ids, *txt_ids;
-    int64_t N, L;
-} gcase;
 
-static int32_t *ids32(const st_file *f, const char *name, int64_t *n) {
-    int64_t *v;
-    const st_tensor_info *info;
-    if (st_read_i64(f, name, &v, &info)) return NULL;
-    *n = st_numel(info) / 4;
-    int32_t *r = xmalloc((size_t)st_numel(info) * 4);
-    for (int64_t i = 0; i < st_numel(info); i++) r[i] = (int32_t)v[i];
-    free(v);
-    return r;
-}
-
-static int read_inputs(const st_file *f, int k, gcase *c) {
-    char key[64];
-    float *t = NULL, *g = NULL;
-#define K(s) (snprintf(key, sizeof key, "case%d.%s", k, s), key)
-    int rc = st_read_f32(f, K("hidden_states"), &c->x, NULL) || st_read_f32(f, K("encoder_hidden_states"), &c->txt, NULL) ||
-             st_read_f32(f, K("timestep"), &t, NULL) || st_read_f32(f, K("guidance"), &g, NULL) ||
-             !(c->img_ids = ids32(f, K("img_ids"), &c->N)) || !(c->txt_ids = ids32(f, K("txt_ids"), &c->L));
-#undef K
-    if (!rc) c->ts = t[0], c->g = g[0];
-    free(t), free(g);
-    return rc ? -1 : 0;
-}
-
-static void free_inputs(gcase *c) { free(c->x), free(c->txt), free(c->img_ids), free(c->txt_ids); }
 
 /* outputs of the 3 golden inputs with model m (out: 3 arrays, malloc'ed) */
 static int run_inputs(flux2_model *m, const st_file *in, float *out[3], size_t n_out[3]) {
     for (int k = 0; k < 3; k++) {
-        gcase c = {0};
-        if (read_inputs(in, k, &c)) return -1;
+        golden_case c = {0};
+        if (golden_case_read(in, k, &c)) return -1;
         n_out[k] = (size_t)c.N * 32;
         out[k] = xmalloc(n_out[k] * sizeof(float));
         int rc = flux2_forward(m, c.x, c.N, c.img_ids, c.txt, c.L, c.txt_ids, c.ts, &c.g, out[k]);
-        free_inputs(&c);
+        golden_case_free(&c);
         if (rc) return -1;
     }
     return 0;
