@@ -1,7 +1,7 @@
 /* Internals of `tpgen generate`, split by phase:
  *   generate_setup.c    model defaults, every check that needs no heavy work
- *   generate_run.c      text encoding, transformer load, noise, denoising,
- *                       decoding and writing, job by job
+ *   generate_run.c      the jobs on the pipeline library (core/flux2_pipe.h):
+ *                       chunks of prompts, rendering, the files of each job
  *   generate_metrics.c  timings, peak RSS per rank, summary and JSON
  *   generate_jobs.c     the batch: jobs, output patterns, DP split (runspec.h)
  *   cmd_generate.c      the command: MPI, parsing, error agreement */
@@ -10,18 +10,8 @@
 #include "runspec.h"
 #include "../core/dist.h"
 #include "../core/tensor.h"
+#include "../core/flux2_pipe.h"
 #include <stdint.h>
-
-typedef enum { FAMILY_DEV = 0, FAMILY_KLEIN_DISTILLED, FAMILY_KLEIN_BASE, FAMILY_KLEIN_KV } model_family;
-
-/* The family of a pipeline folder (cli/model_family.c): model_index.json's
- * _class_name when present (index may be NULL), else the transformer
- * config's guidance_embeds. *name is the display name; a class that
- * contradicts guidance_embeds leaves a warning (naming both) in warning.
- * -1 + tp_error for a _class_name that is not a FLUX.2 pipeline. */
-#include <jansson.h>
-int model_family_resolve(const json_t *index, const char *index_path, int guidance_embeds, const char *config_path,
-                         model_family *family, const char **name, char *warning, size_t warning_len);
 
 typedef struct gen_lora gen_lora;   /* cli/generate_lora.c */
 struct lora_set;
@@ -29,23 +19,17 @@ struct lora_set;
 typedef struct gen_setup {
     run_spec *spec;              /* defaults filled in (steps, guidance, size, output) */
     dist *d;
-    model_family family;
-    const char *family_name;
-    int embedded_guidance;       /* FLUX.2-dev: guidance goes into the model */
+    flux2_pipe_info info;        /* the model folder: family, sizes, components */
     int use_cfg;                 /* klein base with guidance > 1: two passes per step */
-    int in_channels, joint_dim;
-    int has_vae, has_text_encoder;
     int write_png;               /* VAE present and not --no-decode */
     dtype_t precision;
     int quantize_fp8;            /* --quantize fp8 */
-    char *transformer_dir, *vae_dir;
     /* --prompt-embeds, read at setup (small) */
     float *embeds;
     int64_t embeds_len;
     char *embeds_desc;           /* "FILE:TENSOR" for the PNG parameters */
     /* reference images (editing): every distinct file, checked at setup */
     int has_refs;                /* some job has references: the VAE encoder is loaded */
-    int kv_refs;                 /* Flux2KleinKVPipeline: reference K/V cached after step 0 */
     int n_ref_files;
     char **ref_files;            /* distinct paths, in order of first use */
     char (*ref_sha256)[65];      /* their sha256 */
@@ -107,7 +91,7 @@ double gen_now(void);
  * read are recorded after the load; the PNG parameters line; the metrics
  * entries (collective over the world; the array on world rank 0). */
 int gen_lora_setup(gen_setup *g);
-void gen_lora_loaded(gen_setup *g, const struct lora_set *ls);
+void gen_lora_loaded(gen_setup *g, const uint64_t *bytes);
 void gen_lora_free(gen_setup *g);
 char *gen_lora_parameters(const gen_setup *g);
 struct json_t;
@@ -116,10 +100,5 @@ struct json_t *gen_lora_gather(const gen_setup *g);
 void gen_job_size(const gen_setup *g, int job, int *w, int *h);
 /* Index in g->ref_files of a reference path (-1 if unknown). */
 int gen_ref_index(const gen_setup *g, const char *path);
-
-/* The initial noise of a job, as the bf16 diffusers pipeline draws it:
- * torch.randn([1, C, h, w], generator=manual_seed(seed), dtype=bf16),
- * packed to tokens: x[(y*w + x)*C + c] (malloc'ed, f32 values of bf16). */
-float *gen_noise_packed(uint64_t seed, int C, int h, int w);
 
 #endif

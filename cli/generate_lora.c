@@ -32,7 +32,7 @@ int gen_lora_setup(gen_setup *g) {
     L->n = s->n_loras;
     checkpoint *ck = NULL;
     lora_set *ls = NULL;
-    int rc = checkpoint_open(g->transformer_dir, &ck);
+    int rc = checkpoint_open(g->info.transformer_dir, &ck);
     if (!rc) rc = lora_set_open(s->loras, s->n_loras, ck, 0, &ls);   /* the load warns (DoRA) */
     for (int i = 0; !rc && i < L->n; i++) {
         L->format[i] = lora_format_name(ls->ad[i].fmt);
@@ -46,8 +46,8 @@ int gen_lora_setup(gen_setup *g) {
     return rc;
 }
 
-void gen_lora_loaded(gen_setup *g, const struct lora_set *ls) {
-    for (int i = 0; g->lora && ls && i < ls->n && i < g->lora->n; i++) g->lora->bytes[i] = ls->ad[i].bytes_read;
+void gen_lora_loaded(gen_setup *g, const uint64_t *bytes) {
+    for (int i = 0; g->lora && i < g->lora->n; i++) g->lora->bytes[i] = bytes[i];
 }
 
 void gen_lora_free(gen_setup *g) {

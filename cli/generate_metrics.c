@@ -63,7 +63,7 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
 static void print_summary(const gen_setup *g, const summary *s) {
     const run_spec *sp = g->spec;
     printf("tpgen: %d job%s (%s, %dx%d, %d steps, %s, tp %d x dp %d) in %.2f s: %.0f PNG, %.0f latents file%s\n",
-           g->n_jobs, g->n_jobs == 1 ? "" : "s", g->family_name, sp->width, sp->height, sp->steps,
+           g->n_jobs, g->n_jobs == 1 ? "" : "s", g->info.family_name, sp->width, sp->height, sp->steps,
            g->precision == DT_F32 ? "f32" : "bf16", g->d->tp, g->d->dp, s->phase[PH_TOTAL], s->images, s->latents,
            s->latents == 1 ? "" : "s");
     if (sp->skip_existing)
@@ -91,7 +91,7 @@ static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
     for (int i = 0; i < N_PH; i++) json_object_set_new(ph, k_phase[i], json_real(s->phase[i]));
     for (int r = 0; r < g->d->world_size; r++) json_array_append_new(rss, json_integer((json_int_t)s->rss[r]));
     json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:o, s:f, s:I, s:f, s:i, s:i, s:i, s:i, s:o}",
-                          "tpgen", TPGEN_VERSION, "model", sp->model, "family", g->family_name, "world_size",
+                          "tpgen", TPGEN_VERSION, "model", sp->model, "family", g->info.family_name, "world_size",
                           g->d->world_size, "tp", g->d->tp, "dp", g->d->dp, "precision",
                           g->precision == DT_F32 ? "f32" : "bf16", "backend", sp->backend ? sp->backend : "auto",
                           "jobs", g->n_jobs, "width", sp->width, "height", sp->height, "steps", sp->steps,

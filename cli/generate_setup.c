@@ -25,74 +25,11 @@ static int is_file(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static json_t *load_json(const char *path, int required) {
-    if (!is_file(path)) {
-        if (required) tp_error("%s is missing", path);
-        return NULL;
-    }
-    json_error_t e;
-    json_t *j = json_load_file(path, 0, &e);
-    if (!j || !json_is_object(j)) {
-        tp_error("%s:%d: not a valid JSON object (%s)", path, e.line, j ? "not an object" : e.text);
-        json_decref(j);
-        return NULL;
-    }
-    return j;
-}
-
-static int json_int(const json_t *o, const char *key, int def, const char *where, int *out) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) return *out = def, 0;
-    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 20))
-        return tp_error("%s: '%s' must be an integer from 1 to %d", where, key, 1 << 20);
-    *out = (int)json_integer_value(v);
-    return 0;
-}
-
-/* transformer/config.json and model_index.json -> family and sizes */
+/* the model folder: family, sizes, components (core/flux2_pipe.c) */
 static int read_model(gen_setup *g, const char *root) {
-    if (!is_dir(root))
-        return tp_error("model folder %s does not exist (give --model a FLUX.2 pipeline folder in the diffusers layout)", root);
-    g->transformer_dir = xasprintf("%s/transformer", root);
-    char *cfg_path = xasprintf("%s/config.json", g->transformer_dir);
-    /* a BFL single-file checkpoint may come without config.json: derived from its shapes */
-    json_t *cfg = is_dir(g->transformer_dir) && !is_file(cfg_path)
-                      ? flux2_transformer_config(g->transformer_dir, NULL) : load_json(cfg_path, 1);
-    int rc = cfg ? 0 : -1;
-    if (!cfg && !is_dir(g->transformer_dir))
-        rc = tp_error("%s has no transformer/ folder: is it a FLUX.2 pipeline folder (diffusers layout)?", root);
-    if (!rc) rc = json_int(cfg, "in_channels", 128, cfg_path, &g->in_channels);
-    if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, cfg_path, &g->joint_dim);
-    json_t *ge = cfg ? json_object_get(cfg, "guidance_embeds") : NULL;
-    g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
-    json_decref(cfg);
-    if (rc) return free(cfg_path), -1;
-
-    char *idx_path = xasprintf("%s/model_index.json", root);
-    json_t *idx = load_json(idx_path, 0);
-    if (!idx && is_file(idx_path)) rc = -1;
     char warning[1024];
-    if (!rc) rc = model_family_resolve(idx, idx_path, g->embedded_guidance, cfg_path, &g->family, &g->family_name,
-                                       warning, sizeof warning);
-    if (!rc && warning[0] && g->d->world_rank == 0) fprintf(stderr, "tpgen: warning: %s\n", warning);
-    if (!rc && g->family == FAMILY_KLEIN_KV) {
-        /* Flux2KleinKVPipeline (e.g. FLUX.2-klein-9b-kv): a klein model whose reference K/V are cached after step 0 */
-        int distilled = json_is_true(json_object_get(idx, "is_distilled"));
-        g->kv_refs = 1;
-        g->family = distilled ? FAMILY_KLEIN_DISTILLED : FAMILY_KLEIN_BASE;
-        g->family_name = distilled ? "FLUX.2-klein-kv (distilled)" : "FLUX.2-klein-kv (base)";
-    }
-    free(idx_path);
-    free(cfg_path);
-    json_decref(idx);
-    if (rc) return -1;
-
-    g->vae_dir = xasprintf("%s/vae", root);
-    char *vc = xasprintf("%s/config.json", g->vae_dir), *te = xasprintf("%s/text_encoder", root);
-    g->has_vae = is_file(vc);
-    g->has_text_encoder = is_dir(te);
-    free(vc);
-    free(te);
+    if (flux2_pipe_probe(root, &g->info, warning, sizeof warning)) return -1;
+    if (warning[0] && g->d->world_rank == 0) fprintf(stderr, "tpgen: warning: %s\n", warning);
     return 0;
 }
 
@@ -138,19 +75,19 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
         g->prompt_h[p] = height_given ? s->height : first >= 0 ? g->ref_h[first] : s->height;
     }
     if (!g->has_refs) return 0;
-    if (g->kv_refs && g->use_cfg)
+    if (g->info.kv_refs && g->use_cfg)
         return tp_error("%s is a Flux2KleinKVPipeline: its KV-cached references run one pass per step, without CFG; "
                         "use --guidance 1", s->model);
-    if (!g->has_vae)
+    if (!g->info.has_vae)
         return tp_error("reference images need the VAE encoder, but %s has no vae/ folder (vae/config.json)", s->model);
     if (g->d->tp_rank == 0) {   /* the VAE file is only opened where the VAE runs */
         checkpoint *ck = NULL;
-        if (checkpoint_open(g->vae_dir, &ck)) return tp_error_context("checking the VAE for reference images");
+        if (checkpoint_open(g->info.vae_dir, &ck)) return tp_error_context("checking the VAE for reference images");
         int has = checkpoint_find(ck, "encoder.conv_in.weight", NULL) != NULL;
         checkpoint_close(ck);
         if (!has)
             return tp_error("%s has no encoder (tensor encoder.conv_in.weight is missing), so reference images cannot "
-                            "be encoded; use the full AutoencoderKLFlux2 checkpoint", g->vae_dir);
+                            "be encoded; use the full AutoencoderKLFlux2 checkpoint", g->info.vae_dir);
     }
     return 0;
 }
@@ -169,16 +106,16 @@ void gen_job_size(const gen_setup *g, int job, int *w, int *h) {
 }
 
 static void apply_defaults(gen_setup *g, run_spec *s) {
-    if (g->family == FAMILY_KLEIN_DISTILLED && s->guidance >= 0 && g->d->world_rank == 0)
+    if (g->info.family == FAMILY_KLEIN_DISTILLED && s->guidance >= 0 && g->d->world_rank == 0)
         fprintf(stderr, "tpgen: note: %s is a guidance-distilled model; --guidance %g is ignored\n", s->model, s->guidance);
-    if (!s->steps) s->steps = g->family == FAMILY_KLEIN_DISTILLED ? 4 : 50;
-    if (s->guidance < 0) s->guidance = g->family == FAMILY_KLEIN_DISTILLED ? 1.0 : 4.0;
+    if (!s->steps) s->steps = flux2_default_steps(&g->info);
+    if (s->guidance < 0) s->guidance = flux2_default_guidance(&g->info);
     if (!s->width) s->width = 1024;
     if (!s->height) s->height = 1024;
     if (!s->max_sequence_length) s->max_sequence_length = 512;
     if (!s->negative_prompt) s->negative_prompt = xstrdup("");
     if (!s->output) s->output = xstrdup(runspec_n_jobs(s) > 1 ? "tpgen-{index:04}-{seed}.png" : "tpgen.png");
-    g->use_cfg = g->family == FAMILY_KLEIN_BASE && s->guidance > 1.0;
+    g->use_cfg = flux2_uses_cfg(&g->info, s->guidance);
     g->precision = s->precision && !strcmp(s->precision, "f32") ? DT_F32 : DT_BF16;
     g->quantize_fp8 = s->quantize && !strcmp(s->quantize, "fp8");
 }
@@ -201,12 +138,12 @@ static int read_embeds(gen_setup *g, const char *arg) {
         int ok3 = t->ndim == 3 && t->shape[0] == 1, ok2 = t->ndim == 2;
         int64_t L = ok3 ? t->shape[1] : ok2 ? t->shape[0] : 0, J = ok3 ? t->shape[2] : ok2 ? t->shape[1] : 0;
         if ((!ok3 && !ok2) || L < 1)
-            rc = tp_error("--prompt-embeds: %s:%s must have shape [1, L, %d] (or [L, %d])", file, tensor, g->joint_dim,
-                          g->joint_dim);
-        else if (J != g->joint_dim)
+            rc = tp_error("--prompt-embeds: %s:%s must have shape [1, L, %d] (or [L, %d])", file, tensor, g->info.joint_dim,
+                          g->info.joint_dim);
+        else if (J != g->info.joint_dim)
             rc = tp_error("--prompt-embeds: %s:%s has %lld features per token but the transformer's "
                           "joint_attention_dim is %d (embeddings from another model?)", file, tensor, (long long)J,
-                          g->joint_dim);
+                          g->info.joint_dim);
         else g->embeds_len = L;
     }
     if (!rc) rc = st_read_f32(f, tensor, &g->embeds, NULL);
@@ -252,8 +189,8 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     if (read_model(g, s->model)) return -1;
     int width_given = s->width != 0, height_given = s->height != 0;
     apply_defaults(g, s);
-    g->write_png = g->has_vae && !s->no_decode;
-    if (s->n_prompts && !g->has_text_encoder)
+    g->write_png = g->info.has_vae && !s->no_decode;
+    if (s->n_prompts && !g->info.has_text_encoder)
         return tp_error("%s has no text encoder (text_encoder/), so --prompt cannot be used; pass precomputed "
                         "embeddings with --prompt-embeds FILE[:TENSOR] (e.g. from 'tpgen encode' on a full model)",
                         s->model);
@@ -312,8 +249,7 @@ int gen_skip_existing(gen_setup *g) {
 }
 
 void gen_setup_free(gen_setup *g) {
-    free(g->transformer_dir);
-    free(g->vae_dir);
+    flux2_pipe_info_free(&g->info);
     free(g->embeds);
     free(g->embeds_desc);
     free(g->my_jobs);
@@ -332,7 +268,7 @@ char *gen_parameters_text(const gen_setup *g, int job) {
     const run_spec *s = g->spec;
     const char *prompt = runspec_job_prompt(s, job);
     char guidance[96];
-    if (g->embedded_guidance) snprintf(guidance, sizeof guidance, "%g (embedded)", s->guidance);
+    if (g->info.embedded_guidance) snprintf(guidance, sizeof guidance, "%g (embedded)", s->guidance);
     else if (g->use_cfg) snprintf(guidance, sizeof guidance, "%g (CFG)", s->guidance);
     else snprintf(guidance, sizeof guidance, "none (distilled)");
     char *neg = g->use_cfg ? xasprintf("negative_prompt: %s\n", s->negative_prompt) : xstrdup("");
@@ -353,7 +289,7 @@ char *gen_parameters_text(const gen_setup *g, int job) {
                           "model: %s (%s)\n%stp: %d\nprecision: %s\ntpgen: %s\n",
                           prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
                           refs, (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, w, h,
-                          s->model, g->family_name, loras, g->d->tp,
+                          s->model, g->info.family_name, loras, g->d->tp,
                           g->precision == DT_F32 ? (g->quantize_fp8 ? "f32, fp8 weights (--quantize)" : "f32")
                           : g->quantize_fp8 ? "bf16, fp8 weights (--quantize)" : "bf16",
                           TPGEN_VERSION);

@@ -2,7 +2,7 @@
  * _class_name decides when present, guidance_embeds otherwise, and a
  * contradiction is followed with a warning naming both files. */
 #include "test.h"
-#include "../cli/generate.h"
+#include "../core/flux2_pipe.h"
 #include "../core/err.h"
 #include <string.h>
 

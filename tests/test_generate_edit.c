@@ -225,7 +225,7 @@ TEST_MPI(edit_denoise_steps_match_golden) {
         int64_t N = (int64_t)h * w;
         size_t n = (size_t)N * C;
         /* the seeded noise is diffusers' initial_latents (bf16 torch.randn), packed */
-        float *noise = gen_noise_packed(seed, C, h, w), *init = NULL;
+        float *noise = flux2_noise_packed(seed, C, h, w), *init = NULL;
         char key[64];
         snprintf(key, sizeof key, "case%d.initial_latents", k);
         REQUIRE(st_read_f32(f, key, &init, NULL) == 0, "%s", tp_error_msg());

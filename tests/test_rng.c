@@ -87,7 +87,7 @@ TEST(rng_u64_is_two_u32) {
 
 /* The pipeline's initial noise (cli/generate_run.c) is what diffusers drew
  * for the golden runs: flux2-tiny-a (seed 1) and the three klein-tiny cases. */
-#include "../cli/generate.h"
+#include "../core/flux2_pipe.h"
 #include <jansson.h>
 
 static void check_noise(const char *file, const char *latents_key, const char *seed_key, uint64_t seed_default) {
@@ -107,7 +107,7 @@ static void check_noise(const char *file, const char *latents_key, const char *s
     REQUIRE(st_read_f32(f, latents_key, &ref, &t) == 0, "%s", tp_error_msg());
     REQUIRE(t->ndim == 4 && t->shape[0] == 1, "%s: shape", latents_key);
     int C = (int)t->shape[1], h = (int)t->shape[2], w = (int)t->shape[3];
-    float *x = gen_noise_packed(seed, C, h, w);
+    float *x = flux2_noise_packed(seed, C, h, w);
     size_t bad = 0;
     for (int c = 0; c < C; c++)
         for (int y = 0; y < h; y++)

@@ -5,8 +5,8 @@
  * guidance_embeds decides only when there is no class name. A class that
  * contradicts the transformer (dev without guidance embeds, klein with
  * them) is followed, with a warning naming both. */
-#include "generate.h"
-#include "../core/err.h"
+#include "flux2_pipe.h"
+#include "err.h"
 #include <stdio.h>
 #include <string.h>
 

@@ -1,0 +1,361 @@
+/* The FLUX.2 pipeline object (flux2_pipe.h): the work of a generation job
+ * without its files. Text encoding (the encoder loaded on demand and freed
+ * again unless kept), the transformer shard of each rank, the VAE on the
+ * TP group's first rank, and per job: seeded noise, reference tokens
+ * (encoded where the VAE is, broadcast to the group), denoising in
+ * lockstep, decoding. */
+#include "flux2_pipe.h"
+#include "comm.h"
+#include "dist.h"
+#include "embed_cache.h"
+#include "err.h"
+#include "models/flux2.h"
+#include "models/textenc.h"
+#include "models/vae.h"
+#include "refs.h"
+#include "rng.h"
+#include "schedule.h"
+#include "../kernels/ops.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct flux2_pipe {
+    flux2_pipe_config cfg;
+    const flux2_pipe_info *info;
+    MPI_Comm tp_comm;
+    int tp_rank;
+    backend *be;
+    comm *c;
+    textenc *te;
+    flux2_model *model;
+    vae_model *vae;
+    embed_cache *cache;
+    flux2_pipe_stats st;
+    /* the current job's step callback, wrapped to count steps */
+    denoise_step_fn user_step;
+    void *user_ctx;
+};
+
+/* ---- probing a folder ---- */
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static json_t *load_json(const char *path, int required) {
+    if (!is_file(path)) {
+        if (required) tp_error("%s is missing", path);
+        return NULL;
+    }
+    json_error_t e;
+    json_t *j = json_load_file(path, 0, &e);
+    if (!j || !json_is_object(j)) {
+        tp_error("%s:%d: not a valid JSON object (%s)", path, e.line, j ? "not an object" : e.text);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+static int json_int(const json_t *o, const char *key, int def, const char *where, int *out) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return *out = def, 0;
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 20))
+        return tp_error("%s: '%s' must be an integer from 1 to %d", where, key, 1 << 20);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+int flux2_pipe_probe(const char *root, flux2_pipe_info *g, char *warning, size_t warning_len) {
+    memset(g, 0, sizeof *g);
+    if (warning_len) warning[0] = 0;
+    if (!is_dir(root))
+        return tp_error("model folder %s does not exist (give --model a FLUX.2 pipeline folder in the diffusers layout)", root);
+    g->transformer_dir = xasprintf("%s/transformer", root);
+    char *cfg_path = xasprintf("%s/config.json", g->transformer_dir);
+    /* a BFL single-file checkpoint may come without config.json: derived from its shapes */
+    json_t *cfg = is_dir(g->transformer_dir) && !is_file(cfg_path)
+                      ? flux2_transformer_config(g->transformer_dir, NULL) : load_json(cfg_path, 1);
+    int rc = cfg ? 0 : -1;
+    if (!cfg && !is_dir(g->transformer_dir))
+        rc = tp_error("%s has no transformer/ folder: is it a FLUX.2 pipeline folder (diffusers layout)?", root);
+    if (!rc) rc = json_int(cfg, "in_channels", 128, cfg_path, &g->in_channels);
+    if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, cfg_path, &g->joint_dim);
+    json_t *ge = cfg ? json_object_get(cfg, "guidance_embeds") : NULL;
+    g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
+    json_decref(cfg);
+    if (rc) return free(cfg_path), -1;
+
+    char *idx_path = xasprintf("%s/model_index.json", root);
+    json_t *idx = load_json(idx_path, 0);
+    if (!idx && is_file(idx_path)) rc = -1;
+    if (!rc) rc = model_family_resolve(idx, idx_path, g->embedded_guidance, cfg_path, &g->family, &g->family_name,
+                                       warning, warning_len);
+    if (!rc && g->family == FAMILY_KLEIN_KV) {
+        /* Flux2KleinKVPipeline (e.g. FLUX.2-klein-9b-kv): a klein model whose reference K/V are cached after step 0 */
+        int distilled = json_is_true(json_object_get(idx, "is_distilled"));
+        g->kv_refs = 1;
+        g->family = distilled ? FAMILY_KLEIN_DISTILLED : FAMILY_KLEIN_BASE;
+        g->family_name = distilled ? "FLUX.2-klein-kv (distilled)" : "FLUX.2-klein-kv (base)";
+    }
+    free(idx_path);
+    free(cfg_path);
+    json_decref(idx);
+    if (rc) return -1;
+
+    g->vae_dir = xasprintf("%s/vae", root);
+    char *vc = xasprintf("%s/config.json", g->vae_dir), *te = xasprintf("%s/text_encoder", root);
+    g->has_vae = is_file(vc);
+    g->has_text_encoder = is_dir(te);
+    free(vc);
+    free(te);
+    return 0;
+}
+
+void flux2_pipe_info_free(flux2_pipe_info *info) {
+    free(info->transformer_dir);
+    free(info->vae_dir);
+    memset(info, 0, sizeof *info);
+}
+
+int flux2_default_steps(const flux2_pipe_info *info) { return info->family == FAMILY_KLEIN_DISTILLED ? 4 : 50; }
+double flux2_default_guidance(const flux2_pipe_info *info) { return info->family == FAMILY_KLEIN_DISTILLED ? 1.0 : 4.0; }
+int flux2_uses_cfg(const flux2_pipe_info *info, double guidance) {
+    return info->family == FAMILY_KLEIN_BASE && guidance > 1.0;
+}
+
+/* ---- the object ---- */
+
+static int agree(flux2_pipe *p, int rc) { return dist_agree(p->tp_comm, rc); }
+
+int flux2_pipe_open(const flux2_pipe_config *cfg, const flux2_pipe_info *info, MPI_Comm tp_comm, int local_rank,
+                    int local_size, flux2_pipe **out) {
+    *out = NULL;
+    flux2_pipe *p = xcalloc(1, sizeof *p);
+    p->cfg = *cfg;
+    p->info = info;
+    p->tp_comm = tp_comm;
+    MPI_Comm_rank(tp_comm, &p->tp_rank);
+    int rc = agree(p, backend_select(cfg->backend, local_rank, local_size, &p->be));
+    if (!rc) {
+        p->c = comm_create(tp_comm, p->be);
+        rc = agree(p, p->c ? 0 : -1);
+    }
+    if (!rc && cfg->prompt_cache_bytes) p->cache = embed_cache_create(cfg->prompt_cache_bytes);
+    if (rc) {
+        flux2_pipe_free(p);
+        return -1;
+    }
+    *out = p;
+    return 0;
+}
+
+void flux2_pipe_free(flux2_pipe *p) {
+    if (!p) return;
+    if (p->te) textenc_free(p->te);
+    if (p->vae) vae_free(p->vae);
+    if (p->model) flux2_free(p->model);
+    embed_cache_free(p->cache);
+    if (p->c) comm_destroy(p->c);
+    if (p->be) backend_destroy(p->be);
+    free(p);
+}
+
+const flux2_pipe_stats *flux2_pipe_get_stats(const flux2_pipe *p) { return &p->st; }
+uint64_t flux2_pipe_resident_bytes(const flux2_pipe *p) { return p->be ? p->be->bytes_in_use : 0; }
+int flux2_pipe_loaded(const flux2_pipe *p) { return p->model != NULL; }
+
+/* ---- text ---- */
+
+static int load_text_encoder(flux2_pipe *p) {
+    if (p->te) return 0;
+    load_stats ls = {0};
+    int rc = agree(p, textenc_load(p->cfg.model, p->be, p->c, p->cfg.precision, &p->te, &ls));
+    p->st.bytes_loaded += ls.bytes_read;
+    p->st.load_seconds += ls.seconds;
+    if (!rc && textenc_embed_dim(p->te) != p->info->joint_dim)
+        rc = tp_error("the text encoder gives %d features per token but the transformer expects %d (joint_attention_dim)",
+                      textenc_embed_dim(p->te), p->info->joint_dim);
+    return rc;
+}
+
+int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float *out, int *hit) {
+    double t0 = MPI_Wtime();
+    int L = p->cfg.max_sequence_length;
+    size_t n = (size_t)L * (size_t)p->info->joint_dim;
+    /* the embedding depends on the prompt, the length and the precision */
+    char *key = p->cache ? xasprintf("%d|%s|%s", L, dtype_name(p->cfg.precision), prompt) : NULL;
+    size_t got = 0;
+    const float *cached = key ? embed_cache_get(p->cache, key, &got) : NULL;
+    /* every rank of the group must take the same branch (the encoder is collective) */
+    int mine = cached && got == n, all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, p->tp_comm);
+    int rc = 0;
+    if (all) {
+        memcpy(out, cached, n * sizeof *out);
+        p->st.cache_hits++;
+    } else {
+        rc = load_text_encoder(p);
+        if (!rc) rc = agree(p, textenc_encode(p->te, prompt, L, out, NULL, NULL));
+        if (!rc && key && embed_cache_put(p->cache, key, out, n) < 0) rc = 0;   /* a full cache only costs speed */
+        if (key) p->st.cache_misses++;
+    }
+    if (hit) *hit = all;
+    free(key);
+    p->st.t_encode += MPI_Wtime() - t0;
+    return rc ? tp_error_context("encoding the prompts") : 0;
+}
+
+void flux2_pipe_text_done(flux2_pipe *p) {
+    if (p->te && !p->cfg.keep_text_encoder) {
+        textenc_free(p->te);
+        p->te = NULL;
+    }
+}
+
+/* ---- weights ---- */
+
+/* the VAE lives on the first rank of each TP group, which decodes the
+ * images and encodes the reference images */
+static int load_vae(flux2_pipe *p) {
+    const flux2_pipe_info *g = p->info;
+    if (p->vae || !(p->cfg.decoder || p->cfg.encoder) || p->tp_rank != 0) return 0;
+    int parts = (p->cfg.decoder ? VAE_DECODER : 0) | (p->cfg.encoder ? VAE_ENCODER : 0);
+    if (vae_load_parts(g->vae_dir, p->be, p->cfg.precision, parts, &p->vae))
+        return tp_error_context("loading %s", g->vae_dir);
+    /* the image is (H/16) x (W/16) tokens of in_channels = 4 x latent channels */
+    const vae_config *vc = vae_get_config(p->vae);
+    if (vae_pixels_per_token(vc) != 16 || 4 * vc->latent_channels != g->in_channels)
+        return tp_error("%s does not fit the transformer: %d latent channels and %d pixels per token, the transformer "
+                        "needs %d channels (4 x latent channels) and 16 pixels per token", g->vae_dir,
+                        vc->latent_channels, vae_pixels_per_token(vc), g->in_channels);
+    return 0;
+}
+
+int flux2_pipe_load(flux2_pipe *p) {
+    double t0 = MPI_Wtime();
+    int rc = 0;
+    if (!p->model) {
+        load_stats ls = {0};
+        struct lora_set *lset = NULL;
+        flux2_load_extras x = {.loras = p->cfg.loras, .n_loras = p->cfg.n_loras, .quantize_fp8 = p->cfg.quantize_fp8,
+                               .lora_set_out = &lset};
+        rc = flux2_load_ex(p->info->transformer_dir, p->be, p->c, p->cfg.precision, &x, &p->model, &ls);
+        for (int i = 0; lset && i < lset->n && i < LORA_MAX_ADAPTERS; i++) p->st.lora_bytes[i] = lset->ad[i].bytes_read;
+        lora_set_free(lset);
+        p->st.bytes_loaded += ls.bytes_read;
+        p->st.load_seconds += ls.seconds;
+        if (rc) tp_error_context("loading %s", p->info->transformer_dir);
+    }
+    rc = agree(p, rc);
+    if (!rc) rc = agree(p, load_vae(p));
+    p->st.t_load += MPI_Wtime() - t0;
+    return rc;
+}
+
+void flux2_pipe_unload(flux2_pipe *p) {
+    if (p->model) flux2_free(p->model);
+    p->model = NULL;
+}
+
+/* ---- one job ---- */
+
+float *flux2_noise_packed(uint64_t seed, int C, int h, int w) {
+    size_t n = (size_t)C * (size_t)h * (size_t)w;
+    uint16_t *raw = xmalloc(n * sizeof *raw);
+    tp_rng rng;
+    rng_seed(&rng, seed);
+    rng_randn_bf16(&rng, raw, n);
+    float *x = xmalloc(n * sizeof *x);
+    for (int c = 0; c < C; c++)
+        for (int t = 0; t < h * w; t++) x[(size_t)t * C + c] = bf16_to_f32(raw[(size_t)c * h * w + t]);
+    free(raw);
+    return x;
+}
+
+static int count_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
+    flux2_pipe *p = ctx;
+    p->st.steps++;
+    p->st.step_seconds += seconds;
+    return p->user_step ? p->user_step(step, steps, seconds, v, x, p->user_ctx) : 0;
+}
+
+/* The job's reference tokens: encoded by the group's first rank (where the
+ * VAE is), then broadcast to the group. */
+static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
+    memset(rs, 0, sizeof *rs);
+    if (!j->n_images) return 0;
+    double t0 = MPI_Wtime();
+    int rc = 0;
+    if (p->tp_rank == 0)
+        rc = p->vae ? refs_encode(p->vae, j->images, j->n_images, rs)
+                    : tp_error("reference images need the VAE encoder, which this pipeline did not load");
+    if (agree(p, rc)) return -1;
+    int64_t hdr[2] = {rs->R, rs->C};
+    MPI_Bcast(hdr, 2, MPI_INT64_T, 0, p->tp_comm);
+    if (p->tp_rank != 0) {
+        rs->R = hdr[0], rs->C = (int)hdr[1], rs->n = j->n_images;
+        rs->tokens = xmalloc(sizeof(float) * (size_t)rs->R * (size_t)rs->C);
+        rs->ids = xmalloc(sizeof(int32_t) * 4 * (size_t)rs->R);
+    }
+    MPI_Bcast(rs->tokens, (int)(rs->R * rs->C), MPI_FLOAT, 0, p->tp_comm);
+    MPI_Bcast(rs->ids, (int)(rs->R * 4), MPI_INT32_T, 0, p->tp_comm);
+    p->st.t_refs += MPI_Wtime() - t0;
+    p->st.refs_encoded += p->tp_rank == 0 ? j->n_images : 0;
+    if (rs->C != p->info->in_channels)
+        return tp_error("reference tokens have %d channels but the transformer takes %d", rs->C, p->info->in_channels);
+    return 0;
+}
+
+static int denoise(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float *latents) {
+    if (!p->model) return tp_error("flux2_pipe_render: the transformer is not loaded (call flux2_pipe_load)");
+    int h = j->height / 16, w = j->width / 16, C = p->info->in_channels;
+    int64_t N = (int64_t)h * w;
+    float *noise = flux2_noise_packed(j->seed, C, h, w);
+    float *sigmas = xmalloc(sizeof(float) * (size_t)(j->steps + 1)), *ts = xmalloc(sizeof(float) * (size_t)j->steps);
+    int32_t *img_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)N), *txt_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)j->L);
+    flux2_image_ids(h, w, 0, img_ids);
+    flux2_text_ids(j->L, txt_ids);
+    float gval = (float)j->guidance;
+    p->user_step = j->on_step;
+    p->user_ctx = j->ctx;
+    denoise_params dp = {
+        .latents = noise, .N = N, .img_ids = img_ids,
+        .prompt_embeds = j->embeds, .L = j->L, .txt_ids = txt_ids,
+        .neg_embeds = j->neg_embeds, .Ln = j->L, .neg_txt_ids = txt_ids, .cfg_scale = gval,
+        .sigmas = sigmas, .steps = j->steps, .guidance = p->info->embedded_guidance ? &gval : NULL,
+        .on_step = count_step, .ctx = p,
+        .ref_tokens = rs->R ? rs->tokens : NULL, .R = rs->R, .ref_ids = rs->ids,
+        .kv_refs = p->info->kv_refs, .ref_timestep = 0.0f,
+    };
+    int rc = schedule_flux2(N, j->steps, sigmas, ts);
+    double t0 = MPI_Wtime();
+    if (!rc) rc = flux2_denoise(p->model, &dp, latents);
+    p->st.t_denoise += MPI_Wtime() - t0;
+    free(noise), free(sigmas), free(ts), free(img_ids), free(txt_ids);
+    return rc;
+}
+
+int flux2_pipe_render(flux2_pipe *p, const flux2_job *j, float *latents) {
+    ref_set rs;
+    int rc = agree(p, job_refs(p, j, &rs));
+    if (!rc) rc = agree(p, denoise(p, j, &rs, latents));
+    refs_free(&rs);
+    return rc;
+}
+
+int flux2_pipe_decode(flux2_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds) {
+    double t0 = MPI_Wtime();
+    int rc = p->vae ? vae_decode_packed(p->vae, latents, height / 16, width / 16, NULL, rgb)
+                    : tp_error("decoding needs the VAE decoder, which this rank did not load");
+    if (seconds) *seconds = MPI_Wtime() - t0;
+    return rc;
+}

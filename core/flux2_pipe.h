@@ -1,0 +1,139 @@
+/* The FLUX.2 generation pipeline as a library object, shared by the front
+ * ends (`tpgen generate`, `tpgen serve`, benchmarks): a model folder is
+ * probed (no weights), opened on a TP group, its weights loaded once, and
+ * then any number of jobs rendered.
+ *
+ *   flux2_pipe_probe     the folder: family, sizes, components (cheap)
+ *   flux2_pipe_open      backend and communicator of the TP group
+ *   flux2_pipe_encode    prompt -> embeddings (text encoder loaded on demand,
+ *                        freed by flux2_pipe_text_done unless kept resident;
+ *                        an LRU cache skips repeated prompts)
+ *   flux2_pipe_load      transformer shard (LoRA, fp8) and, on the group's
+ *                        first rank, the VAE parts that are needed
+ *   flux2_pipe_render    one job: seeded noise, references, denoising in
+ *                        lockstep -> final latents on every rank
+ *   flux2_pipe_decode    latents -> RGB, on the group's first rank
+ *
+ * Every call but probe and decode is collective over the TP group and
+ * returns the same status on every rank of it (errors agreed inside the
+ * group), so a failed job leaves the group in lockstep. File names, output
+ * patterns and PNG parameters belong to the front ends. */
+#ifndef TPGEN_FLUX2_PIPE_H
+#define TPGEN_FLUX2_PIPE_H
+#include "lora.h"
+#include "pipeline.h"
+#include "tensor.h"
+#include <jansson.h>
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { FAMILY_DEV = 0, FAMILY_KLEIN_DISTILLED, FAMILY_KLEIN_BASE, FAMILY_KLEIN_KV } model_family;
+
+/* The family of a pipeline folder (core/model_family.c): model_index.json's
+ * _class_name when present (index may be NULL), else the transformer
+ * config's guidance_embeds. *name is the display name; a class that
+ * contradicts guidance_embeds leaves a warning (naming both) in warning.
+ * -1 + tp_error for a _class_name that is not a FLUX.2 pipeline. */
+int model_family_resolve(const json_t *index, const char *index_path, int guidance_embeds, const char *config_path,
+                         model_family *family, const char **name, char *warning, size_t warning_len);
+
+/* What a model folder is, read from its JSON files (no weights). */
+typedef struct flux2_pipe_info {
+    model_family family;         /* FAMILY_KLEIN_KV is resolved to distilled/base with kv_refs set */
+    const char *family_name;
+    int embedded_guidance;       /* FLUX.2-dev: guidance goes into the model */
+    int kv_refs;                 /* Flux2KleinKVPipeline: reference K/V cached after step 0 */
+    int in_channels, joint_dim;
+    int has_vae, has_text_encoder;
+    char *transformer_dir, *vae_dir;
+} flux2_pipe_info;
+
+/* Probe a pipeline folder (diffusers layout). A contradiction between
+ * model_index.json and the transformer config leaves a warning in warning.
+ * -1 + tp_error naming the file on a missing or malformed folder. */
+int flux2_pipe_probe(const char *root, flux2_pipe_info *info, char *warning, size_t warning_len);
+void flux2_pipe_info_free(flux2_pipe_info *info);
+/* The model's defaults (diffusers' pipelines): klein distilled 4 steps and
+ * no guidance, the others 50 steps and guidance 4. */
+int flux2_default_steps(const flux2_pipe_info *info);
+double flux2_default_guidance(const flux2_pipe_info *info);
+/* klein base with guidance > 1 runs classifier-free guidance (two passes). */
+int flux2_uses_cfg(const flux2_pipe_info *info, double guidance);
+
+typedef struct flux2_pipe_config {
+    const char *model;           /* the folder (as the user named it) */
+    const char *backend;         /* "cpu" | "cuda" | NULL (default) */
+    dtype_t precision;
+    int quantize_fp8;            /* quantise the transformer's weights at load */
+    const lora_spec *loras;
+    int n_loras;
+    int decoder, encoder;        /* VAE halves to load on the group's first rank */
+    int keep_text_encoder;       /* keep the text encoder resident between encodes */
+    size_t prompt_cache_bytes;   /* LRU cache of embeddings (0: none) */
+    int max_sequence_length;     /* L: tokens per prompt */
+} flux2_pipe_config;
+
+/* Cumulative figures of this rank. */
+typedef struct flux2_pipe_stats {
+    double t_encode, t_load, t_refs, t_denoise;
+    double load_seconds;         /* inside the loaders (disk + transfer) */
+    uint64_t bytes_loaded;       /* transformer + text encoder, this rank */
+    int refs_encoded;            /* reference images this rank encoded */
+    int steps;
+    double step_seconds;
+    uint64_t cache_hits, cache_misses;
+    uint64_t lora_bytes[LORA_MAX_ADAPTERS];  /* read from each adapter at the last load */
+} flux2_pipe_stats;
+
+typedef struct flux2_pipe flux2_pipe;
+
+/* Select the backend (device local_rank of local_size) and create the TP
+ * group's communicator; info must outlive the pipe. Collective over tp_comm. */
+int flux2_pipe_open(const flux2_pipe_config *cfg, const flux2_pipe_info *info, MPI_Comm tp_comm, int local_rank,
+                    int local_size, flux2_pipe **out);
+void flux2_pipe_free(flux2_pipe *p);
+
+/* The embedding of a prompt, [L, joint_dim] floats into out. *hit (may be
+ * NULL) is 1 when the cache answered. Loads the text encoder when needed. */
+int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float *out, int *hit);
+/* Done with prompts for now: the text encoder is freed (its memory goes
+ * back to the transformer) unless keep_text_encoder. */
+void flux2_pipe_text_done(flux2_pipe *p);
+
+/* Load the transformer shard (and, the first time, the VAE): no-op when
+ * loaded. flux2_pipe_unload frees the transformer only. */
+int flux2_pipe_load(flux2_pipe *p);
+void flux2_pipe_unload(flux2_pipe *p);
+int flux2_pipe_loaded(const flux2_pipe *p);
+
+typedef struct flux2_job {
+    uint64_t seed;
+    int steps;
+    double guidance;             /* embedded (dev) or CFG scale (klein base) */
+    int width, height;           /* pixels, multiples of 16 */
+    const float *embeds;         /* [L, joint_dim] */
+    int64_t L;
+    const float *neg_embeds;     /* CFG (flux2_uses_cfg): the negative prompt's, else NULL */
+    char *const *images;         /* reference images in order (read on the group's first rank) */
+    int n_images;
+    denoise_step_fn on_step;     /* NULL ok; called on every rank after each step */
+    void *ctx;
+} flux2_job;
+
+/* Render a job: latents [(H/16)*(W/16), in_channels] on every rank. */
+int flux2_pipe_render(flux2_pipe *p, const flux2_job *job, float *latents);
+/* On the group's first rank (loaded with decoder): latents -> RGB
+ * [H, W, 3]. Not collective. */
+int flux2_pipe_decode(flux2_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds);
+
+const flux2_pipe_stats *flux2_pipe_get_stats(const flux2_pipe *p);
+/* Bytes the backend holds now (weights and buffers), this rank. */
+uint64_t flux2_pipe_resident_bytes(const flux2_pipe *p);
+
+/* The initial noise of a job, as the bf16 diffusers pipeline draws it:
+ * torch.randn([1, C, h, w], generator=manual_seed(seed), dtype=bf16),
+ * packed to tokens: x[(y*w + x)*C + c] (malloc'ed, f32 values of bf16). */
+float *flux2_noise_packed(uint64_t seed, int C, int h, int w);
+
+#endif
