@@ -13,6 +13,7 @@ typedef int (*command_fn)(int argc, char **argv);
 int cli_flag(int argc, char **argv, int *i, const char *cmd, char key[64], const char **val);
 
 int cmd_generate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 /* inspect --lora (cli/inspect_lora.c): the adapters' targets and the bytes

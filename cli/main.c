@@ -8,6 +8,7 @@ static const struct {
     const char *help;
 } k_commands[] = {
     {"generate", "render images from prompts (default)"},
+    {"serve", "serve the model over HTTP (OpenAI images API), weights resident"},
     {"check", "compare the TP transformer with a reference (golden cases or unsharded)"},
     {"inspect", "show the TP plan, shapes and per-rank bytes of a model"},
     {"decode", "decode saved latents to a PNG with the VAE"},
@@ -21,6 +22,7 @@ static const struct {
 
 static command_fn lookup(const char *name) {
     if (!strcmp(name, "generate")) return cmd_generate;
+    if (!strcmp(name, "serve")) return cmd_serve;
     if (!strcmp(name, "check")) return cmd_check;
     if (!strcmp(name, "inspect")) return cmd_inspect;
     if (!strcmp(name, "decode")) return cmd_decode;

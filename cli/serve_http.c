@@ -92,13 +92,27 @@ static int authorized(const serve_http *h, struct MHD_Connection *c) {
     return serve_token_equal(v, strlen(v), key, strlen(key));
 }
 
+/* 48 random bits: the seed of a request that names none (any seed is
+ * valid; 48 bits print short and survive a JSON double) */
+static uint64_t random_seed(void) {
+    uint64_t x = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&x, sizeof x, 1, f) != 1) x = (uint64_t)time(NULL) * 6364136223846793005ull;
+    if (f) fclose(f);
+    return x & ((1ull << 48) - 1);
+}
+
 static enum MHD_Result generations(serve_http *h, struct MHD_Connection *c, const req_ctx *rc) {
     const serve_http_config *cfg = h->cfg;
     serve_error e;
     serve_job *j = calloc(1, sizeof *j);
     if (!j) return send_body(c, cfg->metrics, 500, "application/json", NULL);
-    if (serve_parse_generation(rc->body ? rc->body : "", rc->n, &cfg->limits, &j->req, &e) ||
-        serve_queue_submit(cfg->queue, j, &e)) {
+    int bad = serve_parse_generation(rc->body ? rc->body : "", rc->n, &cfg->limits, &j->req, &e);
+    if (!bad && !j->req.has_seed) {   /* a request without a seed gets a fresh one, recorded in the PNG */
+        j->req.seed = random_seed();
+        j->req.has_seed = 1;
+    }
+    if (bad || serve_queue_submit(cfg->queue, j, &e)) {
         serve_request_free(&j->req);
         free(j);
         return send_error(c, cfg->metrics, &e);
