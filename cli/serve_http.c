@@ -12,11 +12,13 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 struct serve_http {
     const serve_http_config *cfg;
     struct MHD_Daemon *d;
     volatile int ready;
+    int active;                  /* requests being answered (atomic) */
     long started;
     int port;
 };
@@ -139,6 +141,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         rc = calloc(1, sizeof *rc);
         if (!rc) return MHD_NO;
         *state = rc;
+        __atomic_add_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
         return MHD_YES;
     }
     if (*upload_size) {   /* body data: keep up to the limit, count the rest */
@@ -208,8 +211,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **state, enum MHD_RequestTerminationCode code) {
+    (void)c, (void)code;
+    serve_http *h = cls;
     req_ctx *rc = *state;
     if (rc) {
+        __atomic_sub_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
         free(rc->body);
         free(rc);
         *state = NULL;
@@ -227,11 +233,12 @@ serve_http *serve_http_start(const serve_http_config *cfg) {
     }
     h->cfg = cfg;
     h->started = (long)time(NULL);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    /* ITC: MHD_quiesce_daemon at stop */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     h->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections > 0 ? cfg->max_connections : 64),
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
                             MHD_OPTION_END);
     if (!h->d) {
         free(h);
@@ -249,6 +256,14 @@ void serve_http_set_ready(serve_http *h, int ready) { h->ready = ready; }
 
 void serve_http_stop(serve_http *h) {
     if (!h) return;
+    /* no new connections; the answers being sent (the last jobs, the 503s
+     * of a closing queue) go out before the daemon stops, within 30 s */
+    MHD_socket s = MHD_quiesce_daemon(h->d);
+    if (s != MHD_INVALID_SOCKET) close(s);
+    for (int i = 0; i < 3000 && __atomic_load_n(&h->active, __ATOMIC_SEQ_CST) > 0; i++) {
+        struct timespec t = {0, 10 * 1000 * 1000};
+        nanosleep(&t, NULL);
+    }
     MHD_stop_daemon(h->d);
     free(h);
 }

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Clients of `tpgen serve` for tests/sh/serve.sh. Prints "ok - NAME" or
+"FAIL - NAME: why" lines (tests/run.sh counts them).
+
+  serve_client.py openai PORT OUT.png PROMPT SEED STEPS SIZE [API_KEY]
+      the official openai package: client.images.generate(...)
+  serve_client.py load PORT REFDIR CLIENTS PER_CLIENT FIRST_SEED
+      concurrent clients; every answer must equal REFDIR/ref-SEED.png
+  serve_client.py bad PORT
+      malformed requests, one per test; /health must answer after each
+  serve_client.py flood PORT N
+      N concurrent slow requests against a short queue: all answered, some 429
+  serve_client.py edit PORT OUT.png PROMPT SEED STEPS IMAGE...
+      multipart POST /v1/images/edits
+"""
+import base64
+import json
+import sys
+import threading
+import urllib.error
+import urllib.request
+import uuid
+
+
+def ok(name):
+    print(f"ok - {name}", flush=True)
+
+
+def fail(name, why):
+    print(f"FAIL - {name}: {why}", flush=True)
+
+
+def post(port, path, body, headers=None, timeout=120):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=h, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def get(port, path, method="GET", headers=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def png_of(body):
+    return base64.b64decode(json.loads(body)["data"][0]["b64_json"])
+
+
+def cmd_openai(port, out, prompt, seed, steps, size, key="unused"):
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, timeout=120, max_retries=0)
+    r = client.images.generate(model="tiny", prompt=prompt, n=1, size=size, response_format="b64_json",
+                               extra_body={"seed": int(seed), "steps": int(steps)})
+    with open(out, "wb") as f:
+        f.write(base64.b64decode(r.data[0].b64_json))
+    print(f"wrote {out}")
+
+
+def cmd_load(port, refdir, clients, per_client, first_seed):
+    clients, per_client, first_seed = int(clients), int(per_client), int(first_seed)
+    results = {}
+    lock = threading.Lock()
+
+    def client(c):
+        for k in range(per_client):
+            seed = first_seed + c * per_client + k
+            st, body = post(port, "/v1/images/generations",
+                            {"prompt": "a fox", "size": "64x64", "seed": seed, "steps": 2})
+            with lock:
+                results.setdefault(seed, []).append((st, body))
+
+    ts = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=300)
+    n = clients * per_client
+    answered = sum(len(v) for v in results.values())
+    if answered != n or any(t.is_alive() for t in ts):
+        return fail("load: every request answered", f"{answered} of {n}")
+    ok(f"load: {clients} clients x {per_client} requests, all {n} answered")
+    wrong = []
+    for seed, rs in sorted(results.items()):
+        st, body = rs[0]
+        ref = open(f"{refdir}/ref-{seed}.png", "rb").read()
+        if len(rs) != 1 or st != 200 or png_of(body) != ref:
+            wrong.append(f"seed {seed}: status {st}, {len(rs)} answers")
+    if wrong:
+        fail("load: each answer byte-identical to generate for its seed", "; ".join(wrong[:4]))
+    else:
+        ok(f"load: each of the {n} PNGs is byte-identical to generate's for its seed (none lost or duplicated)")
+
+
+BAD = [
+    # name, body (bytes or dict), status, param (None: not checked), message part
+    ("malformed JSON", b'{"prompt": "a fox",', 400, None, "JSON"),
+    ("body not an object", b'[1, 2]', 400, None, "object"),
+    ("unknown field", {"prompt": "a fox", "sizes": "64x64"}, 400, "sizes", "sizes"),
+    ("no prompt", {"size": "64x64"}, 400, "prompt", "prompt"),
+    ("prompt not a string", {"prompt": 7}, 400, "prompt", "prompt"),
+    ("size not WxH", {"prompt": "a", "size": "big"}, 400, "size", "size"),
+    ("size not a multiple of 16", {"prompt": "a", "size": "100x100"}, 400, "size", "16"),
+    ("size over the limit", {"prompt": "a", "size": "8192x8192"}, 400, "size", ""),
+    ("n = 0", {"prompt": "a", "n": 0}, 400, "n", "n"),
+    ("n over the limit", {"prompt": "a", "n": 1000}, 400, "n", "n"),
+    ("steps = 0", {"prompt": "a", "steps": 0}, 400, "steps", "steps"),
+    ("steps a string", {"prompt": "a", "steps": "two"}, 400, "steps", "steps"),
+    ("seed negative", {"prompt": "a", "seed": -1}, 400, "seed", "seed"),
+    ("guidance not a number", {"prompt": "a", "guidance": "high"}, 400, "guidance", "guidance"),
+    ("response_format url", {"prompt": "a", "response_format": "url"}, 400, "response_format", "b64_json"),
+    ("another model", {"prompt": "a", "model": "dall-e-3"}, 400, "model", "model"),
+    ("precision unknown", {"prompt": "a", "precision": "fp4"}, 400, "precision", "precision"),
+    ("precision other than the server's", {"prompt": "a", "size": "64x64", "steps": 1, "precision": "f32"}, 400,
+     "precision", "bf16"),
+    ("a file path field", {"prompt": "a", "output": "/etc/passwd"}, 400, "output", "output"),
+    ("body over the limit", b'{"prompt": "' + b"a" * (2 << 20) + b'"}', 413, None, "limit"),
+]
+
+
+def cmd_bad(port):
+    for name, body, status, param, part in BAD:
+        st, resp = post(port, "/v1/images/generations", body)
+        try:
+            err = json.loads(resp)["error"]
+            shaped = all(k in err for k in ("message", "type", "param"))
+        except Exception:
+            err, shaped = {}, False
+        why = []
+        if st != status:
+            why.append(f"status {st}, expected {status}")
+        if not shaped:
+            why.append(f"not an OpenAI error body: {resp[:120]!r}")
+        elif param is not None and err.get("param") != param:
+            why.append(f"param {err.get('param')!r}, expected {param!r}")
+        elif part and part.lower() not in err.get("message", "").lower():
+            why.append(f"message {err.get('message')!r} lacks {part!r}")
+        hs, _ = get(port, "/health")
+        if hs != 200:
+            why.append(f"/health answered {hs} afterwards")
+        if why:
+            fail(f"bad request: {name}", "; ".join(why))
+        else:
+            ok(f"bad request: {name} -> {status} ({err.get('message', '')[:70]})")
+    for name, path, method, status in [("unknown path", "/v1/nothing", "GET", 404),
+                                       ("GET on generations", "/v1/images/generations", "GET", 405)]:
+        st, resp = get(port, path, method)
+        hs, _ = get(port, "/health")
+        if st == status and hs == 200 and "error" in json.loads(resp):
+            ok(f"bad request: {name} -> {status}")
+        else:
+            fail(f"bad request: {name}", f"status {st}, /health {hs}")
+
+
+def cmd_flood(port, n):
+    n = int(n)
+    res = []
+    lock = threading.Lock()
+
+    def one(i):
+        st, body = post(port, "/v1/images/generations",
+                        {"prompt": "a slow fox", "size": "256x256", "seed": i, "steps": 30})
+        with lock:
+            res.append((st, body))
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=300)
+    codes = sorted(st for st, _ in res)
+    full = [b for st, b in res if st == 429]
+    if len(res) != n:
+        return fail("flood: every request answered", f"{len(res)} of {n}")
+    if not full or codes.count(200) < 1 or any(c not in (200, 429) for c in codes):
+        return fail("flood: a full queue answers 429, the rest 200", f"statuses {codes}")
+    e = json.loads(full[0])["error"]
+    if e.get("type") != "rate_limit_error" and "queue" not in e.get("message", ""):
+        return fail("flood: the 429 says the queue is full", str(e))
+    ok(f"flood: {n} concurrent requests against --queue 1: {codes.count(200)} x 200, {len(full)} x 429 "
+       f"({e.get('message', '')[:60]})")
+
+
+def cmd_edit(port, out, prompt, seed, steps, *images):
+    boundary = uuid.uuid4().hex
+    parts = []
+    for k, v in (("prompt", prompt), ("seed", seed), ("steps", steps), ("response_format", "b64_json")):
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode())
+    for path in images:
+        data = open(path, "rb").read()
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="image[]"; filename="x.png"\r\n'
+                     f'Content-Type: image/png\r\n\r\n'.encode() + data + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    st, body = post(port, "/v1/images/edits", b"".join(parts),
+                    {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    if st != 200:
+        print(f"status {st}: {body[:300]!r}")
+        sys.exit(1)
+    with open(out, "wb") as f:
+        f.write(png_of(body))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    cmds = {"openai": cmd_openai, "load": cmd_load, "bad": cmd_bad, "flood": cmd_flood, "edit": cmd_edit}
+    cmds[sys.argv[1]](*sys.argv[2:])

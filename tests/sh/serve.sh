@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# `tpgen serve` end to end on a make-tiny model at tp 2: the official
+# openai client and curl get PNGs byte-identical to `tpgen generate`; a
+# bounded load test from concurrent clients; a full queue answers 429; bad
+# requests one by one (also under the sanitizers); API keys; the graceful
+# stop (SIGTERM mid-job: the job finishes, the queued one gets 503, exit 0)
+# and a killed rank (the server exits non-zero within seconds).
+. "$TPGEN_ROOT/tests/lib.sh"
+M=$TMP/tiny
+$TPGEN make-tiny --out "$M" --seed 3 >/dev/null 2>&1 || fail "make-tiny"
+CLIENT=$TPGEN_ROOT/tests/serve_client.py
+
+# the official client, from PyPI, in a venv kept in build/
+VENV=$TPGEN_ROOT/build/venv-serve
+if ! "$VENV/bin/python" -c "import openai" 2>/dev/null; then
+    rm -rf "$VENV"
+    /usr/bin/python3 -m venv "$VENV" && "$VENV/bin/pip" install -q openai >"$TMP/pip.log" 2>&1 ||
+        fail "installing the openai client into $VENV: $(tail -3 "$TMP/pip.log")"
+fi
+PY=$VENV/bin/python
+
+# start_server LOG TPGEN_BINARY ARGS...: sets SRV (mpirun's pid), PORT, R0 (world rank 0's pid)
+start_server() {
+    local log=$1 bin=$2; shift 2
+    $MPIRUN -np 2 "$bin" serve --model "$M" --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
+    SRV=$!
+    PORT= R0=
+    for _ in $(seq 1 300); do
+        if grep -q "ready after" "$log"; then
+            PORT=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$log" | head -1)
+            R0=$(sed -n 's/.*to pid \([0-9]*\).*/\1/p' "$log" | head -1)
+            return 0
+        fi
+        kill -0 $SRV 2>/dev/null || break
+        sleep 0.2
+    done
+    return 1
+}
+# wait_exit SECONDS: mpirun's exit status, or 124 after SECONDS (then killed)
+wait_exit() {
+    for _ in $(seq 1 $(($1 * 5))); do
+        if ! kill -0 $SRV 2>/dev/null; then wait $SRV; return $?; fi
+        sleep 0.2
+    done
+    kill -9 $SRV 2>/dev/null; wait $SRV 2>/dev/null
+    return 124
+}
+stop_server() { kill -USR1 $SRV 2>/dev/null; wait_exit 30; }
+
+# the references: generate with the same settings (one run, a PNG per seed)
+printf 'prompts: ["a fox"]\nseeds: {from: 100, count: 20}\nwidth: 64\nheight: 64\nsteps: 2\noutput: %s/ref-{seed}.png\n' "$TMP" >"$TMP/ref.yaml"
+out=$($MPIRUN -np 2 $TPGEN --model "$M" --spec "$TMP/ref.yaml" 2>&1) || fail "generate the references: $(echo "$out" | tail -3)"
+$MPIRUN -np 2 $TPGEN --model "$M" --prompt "a fox" --width 64 --height 64 --seed 7 --steps 2 --output "$TMP/gen7.png" >/dev/null 2>&1 ||
+    fail "generate the seed-7 reference"
+
+if ! start_server "$TMP/s1.log" "$TPGEN" --queue 32; then
+    fail "serve: did not become ready: $(tail -5 "$TMP/s1.log")"
+else
+    ok "serve: ready on port $PORT (tp 2)"
+    h=$(curl -s "http://127.0.0.1:$PORT/health")
+    [ "$h" = '{"status":"ready"}' ] && ok "GET /health: ready" || fail "GET /health: $h"
+    curl -s "http://127.0.0.1:$PORT/v1/models" | jq -e '.data[0].id == "tiny"' >/dev/null &&
+        ok "GET /v1/models lists the model" || fail "GET /v1/models"
+
+    # the official openai client
+    out=$("$PY" "$CLIENT" openai "$PORT" "$TMP/oa.png" "a fox" 7 2 64x64 2>&1)
+    if cmp -s "$TMP/oa.png" "$TMP/gen7.png"; then ok "openai client: images.generate PNG byte-identical to tpgen generate"
+    else fail "openai client: PNG differs from generate's: $(echo "$out" | tail -3)"; fi
+    # curl
+    curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -H 'Content-Type: application/json' \
+        -d '{"prompt": "a fox", "size": "64x64", "seed": 7, "steps": 2, "response_format": "b64_json"}' |
+        jq -r '.data[0].b64_json' | base64 -d >"$TMP/curl.png"
+    cmp -s "$TMP/curl.png" "$TMP/gen7.png" && ok "curl: PNG byte-identical to tpgen generate" ||
+        fail "curl: PNG differs from generate's"
+    # n = 2 gives seeds 100 and 101
+    curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -H 'Content-Type: application/json' \
+        -d '{"prompt": "a fox", "size": "64x64", "seed": 100, "steps": 2, "n": 2}' >"$TMP/n2.json"
+    jq -r '.data[1].b64_json' "$TMP/n2.json" | base64 -d >"$TMP/n2b.png"
+    [ "$(jq '.data | length' "$TMP/n2.json")" = 2 ] && cmp -s "$TMP/n2b.png" "$TMP/ref-101.png" &&
+        ok "n = 2: two images, the second with seed + 1" || fail "n = 2: $(head -c 200 "$TMP/n2.json")"
+    # a request without a seed gets one, recorded in the PNG
+    curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -d '{"prompt": "a fox", "size": "64x64", "steps": 1}' |
+        jq -r '.data[0].b64_json' | base64 -d >"$TMP/noseed.png"
+    grep -aq "seed: [0-9]" "$TMP/noseed.png" && ok "no seed: a random one, recorded in the PNG parameters" ||
+        fail "no seed: no seed in the PNG parameters"
+
+    "$PY" "$CLIENT" load "$PORT" "$TMP" 4 5 100
+    "$PY" "$CLIENT" bad "$PORT"
+    # the prompt cache: "a fox" was encoded once
+    curl -s "http://127.0.0.1:$PORT/metrics" >"$TMP/metrics.txt"
+    hits=$(sed -n 's/^tpgen_prompt_cache_lookups_total{result="hit"} //p' "$TMP/metrics.txt")
+    okn=$(sed -n 's/^tpgen_images_total //p' "$TMP/metrics.txt")
+    [ "${hits:-0}" -ge 20 ] && [ "${okn:-0}" -ge 24 ] && grep -q '^tpgen_resident_bytes{rank="1"} [1-9]' "$TMP/metrics.txt" &&
+        ok "GET /metrics: $okn images, $hits prompt-cache hits, resident bytes per rank" ||
+        fail "GET /metrics: hits '$hits', images '$okn': $(head -c 300 "$TMP/metrics.txt")"
+    stop_server; rc=$?
+    [ $rc -eq 0 ] && grep -q "serve: stopped" "$TMP/s1.log" && ok "SIGUSR1 to mpirun: graceful stop, exit 0" ||
+        fail "graceful stop via mpirun: rc $rc: $(tail -3 "$TMP/s1.log")"
+fi
+
+# a full queue: 429
+if start_server "$TMP/s2.log" "$TPGEN" --queue 1; then
+    "$PY" "$CLIENT" flood "$PORT" 6
+    stop_server >/dev/null
+else fail "serve --queue 1: not ready: $(tail -3 "$TMP/s2.log")"; fi
+
+# an API key
+echo "s3cret-token" >"$TMP/key"; chmod 600 "$TMP/key"
+if start_server "$TMP/s3.log" "$TPGEN" --api-key-file "$TMP/key"; then
+    st=$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$PORT/v1/images/generations" -d '{"prompt": "a"}')
+    st2=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer wrong-token!' "http://127.0.0.1:$PORT/v1/models")
+    st3=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health")
+    [ "$st" = 401 ] && [ "$st2" = 401 ] && [ "$st3" = 200 ] && ok "--api-key-file: 401 without or with a wrong token, /health open" ||
+        fail "--api-key-file: $st $st2 $st3"
+    out=$("$PY" "$CLIENT" openai "$PORT" "$TMP/key.png" "a fox" 7 2 64x64 s3cret-token 2>&1)
+    cmp -s "$TMP/key.png" "$TMP/gen7.png" && ok "--api-key-file: the openai client with the key gets the image" ||
+        fail "--api-key-file with the key: $(echo "$out" | tail -2)"
+    stop_server >/dev/null
+else fail "serve --api-key-file: not ready: $(tail -3 "$TMP/s3.log")"; fi
+
+# SIGTERM mid-job: the running job finishes (200), the queued one gets 503, every rank exits 0
+if start_server "$TMP/s4.log" "$TPGEN"; then
+    slow='{"prompt": "a slow fox", "size": "512x512", "seed": 1, "steps": 30}'
+    curl -s -o "$TMP/j1.json" -w '%{http_code}' -X POST "http://127.0.0.1:$PORT/v1/images/generations" -d "$slow" >"$TMP/j1.code" &
+    c1=$!
+    sleep 1
+    curl -s -o "$TMP/j2.json" -w '%{http_code}' -X POST "http://127.0.0.1:$PORT/v1/images/generations" -d "$slow" >"$TMP/j2.code" &
+    c2=$!
+    for _ in $(seq 1 100); do   # the second job waits in the queue
+        curl -s "http://127.0.0.1:$PORT/metrics" | grep -q '^tpgen_queue_depth 1' && break
+        sleep 0.1
+    done
+    kill -TERM "$R0"
+    wait $c1 $c2
+    wait_exit 60; rc=$?
+    [ "$(cat "$TMP/j1.code")" = 200 ] && [ "$(cat "$TMP/j2.code")" = 503 ] && [ $rc -eq 0 ] &&
+        ok "SIGTERM mid-job: running job answered 200, queued one 503, exit 0 on every rank" ||
+        fail "SIGTERM mid-job: job1 $(cat "$TMP/j1.code"), job2 $(cat "$TMP/j2.code"), rc $rc: $(tail -3 "$TMP/s4.log")"
+else fail "serve (SIGTERM test): not ready: $(tail -3 "$TMP/s4.log")"; fi
+
+# a rank dies: the server exits non-zero within seconds
+if start_server "$TMP/s5.log" "$TPGEN"; then
+    r1=$(pgrep -f "tpgen serve --model $M" | grep -v "^$R0\$" | while read -r p; do
+        [ "$(cat /proc/$p/comm 2>/dev/null)" = tpgen ] && echo "$p"; done | head -1)
+    t0=$(date +%s)
+    kill -9 "$r1"
+    wait_exit 30; rc=$?
+    dt=$(( $(date +%s) - t0 ))
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && ok "a killed rank: the server exits non-zero (rc $rc) after ${dt} s" ||
+        fail "a killed rank: rc $rc after ${dt} s"
+    pgrep -f "tpgen serve --model $M" >/dev/null && { fail "a killed rank: processes left"; pkill -9 -f "tpgen serve --model $M"; } ||
+        ok "a killed rank: no process left"
+else fail "serve (killed rank test): not ready: $(tail -3 "$TMP/s5.log")"; fi
+
+# start-up errors: clear, non-zero, no hang
+expect_fail "serve: generate's --prompt refused" "is an option of generate" $MPIRUN -np 2 $TPGEN serve --model "$M" --prompt x
+expect_fail "serve: no --model" "--model DIR is required" $MPIRUN -np 2 $TPGEN serve
+expect_fail "serve: bad --listen" "listen|address" $MPIRUN -np 2 $TPGEN serve --model "$M" --listen nowhere:99999
+expect_fail "serve: bad --queue" "--queue" $MPIRUN -np 2 $TPGEN serve --model "$M" --queue 0
+
+# the bad requests under the sanitizers
+ASAN=$TPGEN_ROOT/build-asan
+if [ -x "$ASAN/tpgen" ]; then
+    export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+    if start_server "$TMP/sa.log" "$ASAN/tpgen"; then
+        "$PY" "$CLIENT" bad "$PORT" | sed 's/^\(ok\|FAIL\) - /\1 - asan: /'
+        stop_server; rc=$?
+        ! grep -qE "AddressSanitizer|runtime error" "$TMP/sa.log" && [ $rc -eq 0 ] &&
+            ok "asan: bad requests leave no sanitizer report, clean exit" ||
+            fail "asan: rc $rc: $(grep -E -A3 'AddressSanitizer|runtime error' "$TMP/sa.log" | head -5)"
+    else fail "asan serve: not ready: $(tail -5 "$TMP/sa.log")"; fi
+else
+    fail "sanitizer runs: build-asan/ not found (make test builds it; or run 'make asan')"
+fi
