@@ -13,7 +13,10 @@
 #include "serve_http.h"
 #include "serve_ranks.h"
 #include "../core/err.h"
+#include "../core/checkpoint.h"
+#include "../core/image.h"
 #include "../core/png.h"
+#include "../core/sha256.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +31,7 @@ typedef struct serve_opts {
     int keep_text_encoder;
     double prompt_cache_mb;
     int queue, max_n, max_side;
+    double max_upload_mb;
 } serve_opts;
 
 static void print_help(void) {
@@ -35,6 +39,8 @@ static void print_help(void) {
            "Serve a FLUX.2 model split over N ranks (tp x dp) through the OpenAI images API:\n"
            "  POST /v1/images/generations   {\"prompt\", \"n\", \"size\": \"WxH\", \"response_format\": \"b64_json\",\n"
            "                                 \"seed\", \"steps\", \"guidance\", \"negative_prompt\", \"precision\"}\n"
+           "  POST /v1/images/edits        multipart: prompt, image or image[] (1 to 10 reference images),\n"
+           "                                 and the fields above\n"
            "  GET /health, GET /v1/models, GET /metrics (Prometheus)\n\n"
            "server options:\n"
            "  --listen HOST:PORT        address to bind (default 127.0.0.1:8080; 0.0.0.0:PORT for every interface)\n"
@@ -43,7 +49,8 @@ static void print_help(void) {
            "  --prompt-cache-mb MB      LRU cache of prompt embeddings per rank (default 256; 0: off)\n"
            "  --queue N                 requests waiting at most (default 16; more get 429)\n"
            "  --max-images N            images per request at most (default 4)\n"
-           "  --max-side PX             pixels per side at most (default 2048)\n\n"
+           "  --max-side PX             pixels per side at most (default 2048)\n"
+           "  --max-upload-mb MB        largest edit request (its reference images), default 50\n\n"
            "model options (as for generate): --model DIR (required), --tp T, --precision bf16|f32,\n"
            "  --backend cpu|cuda, --quantize fp8, --lora FILE[:WEIGHT] (repeatable), --max-sequence-length L,\n"
            "  and the defaults of requests that leave them out: --steps, --guidance, --width, --height,\n"
@@ -66,7 +73,7 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
             continue;
         }
         static const char *own[] = {"--listen", "--api-key-file", "--prompt-cache-mb", "--queue", "--max-images",
-                                    "--max-side"};
+                                    "--max-side", "--max-upload-mb"};
         int mine = 0;
         for (size_t k = 0; k < sizeof own / sizeof own[0]; k++) {
             size_t n = strlen(own[k]);
@@ -82,10 +89,12 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
         char *end;
         if (!strcmp(key, "--listen")) o->listen = v;
         else if (!strcmp(key, "--api-key-file")) o->api_key_file = v;
-        else if (!strcmp(key, "--prompt-cache-mb")) {
-            o->prompt_cache_mb = strtod(v, &end);
-            if (*end || end == v || !(o->prompt_cache_mb >= 0 && o->prompt_cache_mb <= 1 << 20))
-                rc = tp_error("serve: --prompt-cache-mb '%s' must be a number of MB from 0 to %d", v, 1 << 20);
+        else if (!strcmp(key, "--prompt-cache-mb") || !strcmp(key, "--max-upload-mb")) {
+            double x = strtod(v, &end);
+            if (*end || end == v || !(x >= 0 && x <= 1 << 20))
+                rc = tp_error("serve: %s '%s' must be a number of MB from 0 to %d", key, v, 1 << 20);
+            else if (!strcmp(key, "--prompt-cache-mb")) o->prompt_cache_mb = x;
+            else o->max_upload_mb = x;
         } else {
             long x = strtol(v, &end, 10);
             int lo = 1, hi = !strcmp(key, "--queue") ? 4096 : !strcmp(key, "--max-images") ? 64 : 16384;
@@ -121,7 +130,70 @@ typedef struct serve_ctx {
     flux2_pipe *pipe;
     serve_ranks *ranks;
     int L;
+    int has_encoder;             /* the VAE can encode reference images (same on every rank) */
 } serve_ctx;
+
+/* An edit's references on the group's first rank: the uploads written to a
+ * private temporary folder (the VAE encoder reads files), probed and
+ * checked as generate checks --image files, hashed for the PNG parameters.
+ * Errors name the upload, not the folder. */
+typedef struct req_refs {
+    char dir[64];
+    char **paths;
+    char (*sha)[65];
+    int w, h;                    /* the first reference's processed size */
+} req_refs;
+
+static void refs_cleanup(req_refs *r, int n) {
+    for (int i = 0; r->paths && i < n; i++) {
+        if (r->paths[i]) remove(r->paths[i]);
+        free(r->paths[i]);
+    }
+    if (r->dir[0]) rmdir(r->dir);
+    free(r->paths);
+    free(r->sha);
+    memset(r, 0, sizeof *r);
+}
+
+static int refs_prepare(const serve_request *q, req_refs *r) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(r->dir, sizeof r->dir, "%.40s/tpgen-serve-XXXXXX", tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
+    if (!mkdtemp(r->dir)) {
+        r->dir[0] = 0;
+        return tp_error("cannot create a temporary folder for the reference images (TMPDIR)");
+    }
+    r->paths = xcalloc((size_t)q->n_images, sizeof *r->paths);
+    r->sha = xcalloc((size_t)q->n_images, sizeof *r->sha);
+    for (int k = 0; k < q->n_images; k++) {
+        r->paths[k] = xasprintf("%s/%d-%s", r->dir, k + 1, q->image_names[k]);
+        int w, h;
+        if (file_write_atomic(r->paths[k], q->images[k], q->image_sizes[k]) || image_probe(r->paths[k], &w, &h) ||
+            image_check_reference(r->paths[k], w, h) || file_sha256(r->paths[k], r->sha[k]))
+            return -1;
+        uint8_t *rgb = NULL;   /* decoded whole here, so that a truncated file is a bad request */
+        int dw, dh;
+        if (image_read_rgb(r->paths[k], &rgb, &dw, &dh)) return -1;
+        free(rgb);
+        if (k == 0) image_reference_size(w, h, &r->w, &r->h);
+    }
+    return 0;
+}
+
+/* tp_error's message with the temporary folder taken out */
+static void message_without(const char *dir, char *out, size_t n) {
+    const char *m = tp_error_msg();
+    size_t dl = strlen(dir), k = 0;
+    for (const char *p = m; *p && k + 1 < n;) {
+        if (dl && !strncmp(p, dir, dl) && p[dl] == '/') {
+            p += dl + 1;
+            while (*p >= '0' && *p <= '9') p++;   /* the "K-" of K-name */
+            if (*p == '-') p++;
+            continue;
+        }
+        out[k++] = *p++;
+    }
+    out[k] = 0;
+}
 
 static int on_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
     (void)step, (void)steps, (void)seconds, (void)v, (void)x;
@@ -173,6 +245,37 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         out->status = 400;
         return;
     }
+    if (q->n_images && !sc->has_encoder) {
+        serve_error_set(&out->err, 400, "invalid_request_error", "image",
+                        "this model's VAE has no encoder (encoder.conv_in.weight), so it cannot take reference images");
+        out->status = 400;
+        return;
+    }
+    if (q->n_images && g->info.kv_refs && gs.use_cfg) {
+        serve_error_set(&out->err, 400, "invalid_request_error", "guidance",
+                        "this Flux2KleinKVPipeline runs its KV-cached references without CFG; use guidance 1");
+        out->status = 400;
+        return;
+    }
+    /* the references, on the group's first rank; the group agrees, and learns the output size */
+    req_refs refs = {0};
+    if (q->n_images) {
+        int bad = d->tp_rank == 0 ? refs_prepare(q, &refs) : 0;
+        if (dist_agree(d->tp_comm, bad)) {
+            char msg[sizeof out->err.message];
+            message_without(refs.dir, msg, sizeof msg);
+            refs_cleanup(&refs, q->n_images);
+            serve_error_set(&out->err, 400, "invalid_request_error", "image", "%s", msg);
+            out->status = 400;
+            return;
+        }
+        int wh[2] = {refs.w, refs.h};
+        MPI_Bcast(wh, 2, MPI_INT, 0, d->tp_comm);
+        if (!q->width) rs.width = wh[0], rs.height = wh[1];   /* diffusers: the first reference's size */
+        /* the PNG parameters name the uploads and their sha256 */
+        rs.images = q->image_names, rs.n_images = q->n_images;
+        gs.ref_files = q->image_names, gs.n_ref_files = q->n_images, gs.ref_sha256 = refs.sha;
+    }
     const flux2_pipe_stats *st = flux2_pipe_get_stats(sc->pipe);
     double t_enc = st->t_encode, t_den = st->t_denoise, s_steps = st->step_seconds;
     int n_steps = st->steps;
@@ -194,7 +297,8 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     for (int k = 0; k < q->n && !rc; k++) {
         seed = q->seed + (uint64_t)k;
         flux2_job j = {.seed = seed, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
-                       .embeds = emb, .L = sc->L, .neg_embeds = neg, .on_step = on_step, .ctx = sc};
+                       .embeds = emb, .L = sc->L, .neg_embeds = neg, .on_step = on_step, .ctx = sc,
+                       .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images};
         rc = flux2_pipe_render(sc->pipe, &j, lat);
         if (rc) break;
         int mine = 0;
@@ -210,6 +314,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         rc = dist_agree(d->tp_comm, mine);
     }
     free(emb), free(neg), free(lat), free(rgb);
+    if (q->n_images) refs_cleanup(&refs, q->n_images);
     out->timing = (serve_timing){
         .steps = st->steps - n_steps, .step_seconds = st->step_seconds - s_steps,
         .encode_seconds = st->t_encode - t_enc, .denoise_seconds = st->t_denoise - t_den, .decode_seconds = t_dec,
@@ -269,7 +374,8 @@ int cmd_serve(int argc, char **argv) {
     sigaction(SIGUSR1, &sa, NULL);   /* mpirun forwards SIGUSR1; its SIGTERM kills after a few seconds */
     signal(SIGPIPE, SIG_IGN);
 
-    serve_opts o = {.listen = "127.0.0.1:8080", .prompt_cache_mb = 256, .queue = 16, .max_n = 4, .max_side = 2048};
+    serve_opts o = {.listen = "127.0.0.1:8080", .prompt_cache_mb = 256, .queue = 16, .max_n = 4, .max_side = 2048,
+                    .max_upload_mb = 50};
     run_spec spec;
     runspec_init(&spec);
     gen_setup g;
@@ -294,6 +400,7 @@ int cmd_serve(int argc, char **argv) {
             hc.listen = o.listen;
             hc.api_key = api_key;
             hc.max_body_bytes = 1 << 20;
+            hc.max_upload_bytes = (size_t)(o.max_upload_mb * 1048576.0);
             hc.max_connections = 64;
             serve_limits_default(&hc.limits, base_name(spec.model));
             hc.limits.max_n = o.max_n;
@@ -311,10 +418,20 @@ int cmd_serve(int argc, char **argv) {
         rc = dist_agree(d.world, mine);
     }
     serve_ctx sc = {.g = &g, .L = spec.max_sequence_length};
+    if (!rc) {   /* edits need the VAE encoder: the group's first rank looks, the group follows */
+        if (d.tp_rank == 0) {
+            checkpoint *ck = NULL;
+            if (!checkpoint_open(g.info.vae_dir, &ck)) {
+                sc.has_encoder = checkpoint_find(ck, "encoder.conv_in.weight", NULL) != NULL;
+                checkpoint_close(ck);
+            }
+        }
+        MPI_Bcast(&sc.has_encoder, 1, MPI_INT, 0, d.tp_comm);
+    }
     if (!rc) {
         flux2_pipe_config cfg = {
             .model = spec.model, .backend = spec.backend, .precision = g.precision, .quantize_fp8 = g.quantize_fp8,
-            .loras = spec.loras, .n_loras = spec.n_loras, .decoder = 1, .encoder = 0,
+            .loras = spec.loras, .n_loras = spec.n_loras, .decoder = 1, .encoder = sc.has_encoder,
             .keep_text_encoder = o.keep_text_encoder, .prompt_cache_bytes = (size_t)(o.prompt_cache_mb * 1048576.0),
             .max_sequence_length = spec.max_sequence_length,
         };

@@ -20,6 +20,13 @@ void serve_request_free(serve_request *r) {
     free(r->prompt);
     free(r->negative_prompt);
     free(r->precision);
+    for (int i = 0; i < r->n_images; i++) {
+        free(r->images[i]);
+        free(r->image_names[i]);
+    }
+    free(r->images);
+    free(r->image_sizes);
+    free(r->image_names);
     memset(r, 0, sizeof *r);
 }
 
@@ -177,6 +184,76 @@ int serve_parse_generation(const char *body, size_t len, const serve_limits *lim
     json_decref(root);
     if (rc) serve_request_free(out);
     return rc;
+}
+
+int serve_parse_edit(char *const *keys, char *const *values, int n, const serve_limits *lim, uint8_t **images,
+                     size_t *image_sizes, char **image_names, int n_images, serve_request *out, serve_error *e) {
+    memset(out, 0, sizeof *out);
+    json_t *root = json_object();
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        const char *k = keys[i], *v = values[i];
+        if (!strcmp(k, "mask"))
+            rc = bad(e, "mask", "masks are not supported: FLUX.2 edits by reference images and a prompt, not by inpainting");
+        else if (json_object_get(root, k))
+            rc = bad(e, k, "the field '%s' is given twice", k);
+        if (rc) break;
+        /* form values are text: numbers where the API takes numbers, so
+         * that the generations checks apply (a non-number stays text and
+         * gets their error) */
+        char *end;
+        json_t *jv = NULL;
+        if (!strcmp(k, "n") || !strcmp(k, "steps") || !strcmp(k, "seed")) {
+            long long x = strtoll(v, &end, 10);
+            if (*v && !*end) jv = json_integer(x);
+        } else if (!strcmp(k, "guidance")) {
+            double x = strtod(v, &end);
+            if (*v && !*end) jv = json_real(x);
+        }
+        json_object_set_new(root, k, jv ? jv : json_stringn_nocheck(v, strlen(v)));
+    }
+    char *body = rc ? NULL : json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!rc && !body) rc = serve_error_set(e, 500, "server_error", NULL, "out of memory");
+    if (!rc) rc = serve_parse_generation(body, strlen(body), lim, out, e);
+    free(body);
+    if (!rc && n_images < 1)
+        rc = bad(e, "image", "an edit needs at least one reference image (multipart file field 'image' or 'image[]')");
+    if (!rc && n_images > SERVE_MAX_IMAGES)
+        rc = bad(e, "image", "%d reference images; this server takes at most %d per request", n_images, SERVE_MAX_IMAGES);
+    if (rc) {
+        serve_request_free(out);
+        return -1;
+    }
+    out->n_images = n_images;
+    out->images = images;
+    out->image_sizes = image_sizes;
+    out->image_names = image_names;
+    return 0;
+}
+
+char *serve_upload_name(const char *filename, int k) {
+    const char *base = filename ? strrchr(filename, '/') : NULL;
+    base = base ? base + 1 : filename ? filename : "";
+    const char *b2 = strrchr(base, '\\');   /* a Windows client's path */
+    if (b2) base = b2 + 1;
+    char out[65];
+    size_t n = 0;
+    for (; *base && n < 64; base++) {
+        char c = *base;
+        int keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+                   c == '_';
+        out[n++] = keep ? c : '_';
+    }
+    out[n] = 0;
+    int empty = 1;
+    for (size_t i = 0; i < n; i++)
+        if (out[i] != '.' && out[i] != '_') empty = 0;
+    char *r = malloc(80);
+    if (!r) return NULL;
+    if (empty) snprintf(r, 80, "image-%d.png", k + 1);
+    else snprintf(r, 80, "%s", out);
+    return r;
 }
 
 static const char k_b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

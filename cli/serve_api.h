@@ -35,7 +35,17 @@ typedef struct serve_request {
     int has_guidance;
     double guidance;
     char *precision;             /* NULL: the server's */
+    /* POST /v1/images/edits: the reference images, in order (their bytes
+     * as uploaded; names are display names for the PNG parameters, never
+     * paths) */
+    int n_images;
+    uint8_t **images;
+    size_t *image_sizes;
+    char **image_names;
 } serve_request;
+
+/* References per edit request at most. */
+#define SERVE_MAX_IMAGES 10
 
 void serve_request_free(serve_request *r);
 
@@ -57,6 +67,19 @@ char *serve_error_json(const serve_error *e);
  * serve_request_free), -1 with *e filled (status 400). */
 int serve_parse_generation(const char *body, size_t len, const serve_limits *lim, serve_request *out,
                            serve_error *e);
+
+/* POST /v1/images/edits: the multipart form's text fields (keys[i] =
+ * values[i], n of them) as a generations body, with the images added:
+ * numbers where the API has numbers, the same checks and errors as
+ * serve_parse_generation; at least one image (field image or image[]);
+ * a `mask` is refused (FLUX.2 edits by reference, not by inpainting).
+ * The image arrays are moved into out on success. */
+int serve_parse_edit(char *const *keys, char *const *values, int n, const serve_limits *lim, uint8_t **images,
+                     size_t *image_sizes, char **image_names, int n_images, serve_request *out, serve_error *e);
+/* A display name for an uploaded file name: its last path part, with
+ * characters other than [A-Za-z0-9._-] replaced by '_', at most 64 bytes;
+ * "image-K.png" when nothing is left (malloc'ed). */
+char *serve_upload_name(const char *filename, int k);
 
 /* The response body: {"created": T, "data": [{"b64_json": ...}, ...]} for
  * n PNG files (malloc'ed). */

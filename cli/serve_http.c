@@ -2,6 +2,7 @@
  * thread per connection: a generations request blocks its own thread until
  * the render loop has answered it, which keeps the code straight-line. */
 #include "serve_http.h"
+#include "serve_form.h"
 #include "../core/err.h"
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -28,6 +29,8 @@ typedef struct req_ctx {
     char *body;
     size_t n, cap;
     int too_large;
+    serve_form *form;            /* POST /v1/images/edits: the multipart body */
+    int not_form;                /* edits without a multipart body */
 } req_ctx;
 
 int serve_parse_listen(const char *listen, struct sockaddr_storage *ss, unsigned *len) {
@@ -104,17 +107,15 @@ static uint64_t random_seed(void) {
     return x & ((1ull << 48) - 1);
 }
 
-static enum MHD_Result generations(serve_http *h, struct MHD_Connection *c, const req_ctx *rc) {
+/* Queue a parsed request, wait for its result, answer. */
+static enum MHD_Result submit_and_answer(serve_http *h, struct MHD_Connection *c, serve_job *j) {
     const serve_http_config *cfg = h->cfg;
     serve_error e;
-    serve_job *j = calloc(1, sizeof *j);
-    if (!j) return send_body(c, cfg->metrics, 500, "application/json", NULL);
-    int bad = serve_parse_generation(rc->body ? rc->body : "", rc->n, &cfg->limits, &j->req, &e);
-    if (!bad && !j->req.has_seed) {   /* a request without a seed gets a fresh one, recorded in the PNG */
+    if (!j->req.has_seed) {   /* a request without a seed gets a fresh one, recorded in the PNG */
         j->req.seed = random_seed();
         j->req.has_seed = 1;
     }
-    if (bad || serve_queue_submit(cfg->queue, j, &e)) {
+    if (serve_queue_submit(cfg->queue, j, &e)) {
         serve_request_free(&j->req);
         free(j);
         return send_error(c, cfg->metrics, &e);
@@ -132,6 +133,30 @@ static enum MHD_Result generations(serve_http *h, struct MHD_Connection *c, cons
     return ok;
 }
 
+static enum MHD_Result generations(serve_http *h, struct MHD_Connection *c, const req_ctx *rc) {
+    const serve_http_config *cfg = h->cfg;
+    serve_error e;
+    serve_job *j = calloc(1, sizeof *j);
+    if (!j) return send_body(c, cfg->metrics, 500, "application/json", NULL);
+    if (serve_parse_generation(rc->body ? rc->body : "", rc->n, &cfg->limits, &j->req, &e)) {
+        free(j);
+        return send_error(c, cfg->metrics, &e);
+    }
+    return submit_and_answer(h, c, j);
+}
+
+static enum MHD_Result edits(serve_http *h, struct MHD_Connection *c, req_ctx *rc) {
+    const serve_http_config *cfg = h->cfg;
+    serve_error e;
+    serve_job *j = calloc(1, sizeof *j);
+    if (!j) return send_body(c, cfg->metrics, 500, "application/json", NULL);
+    if (serve_form_finish(rc->form, &cfg->limits, &j->req, &e)) {
+        free(j);
+        return send_error(c, cfg->metrics, &e);
+    }
+    return submit_and_answer(h, c, j);
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                               const char *version, const char *upload, size_t *upload_size, void **state) {
     serve_http *h = cls;
@@ -142,6 +167,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (!rc) return MHD_NO;
         *state = rc;
         __atomic_add_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
+        if (!strcmp(url, "/v1/images/edits") && !strcmp(method, "POST")) {
+            rc->form = serve_form_create(c, cfg->max_upload_bytes);
+            rc->not_form = !rc->form;
+        }
+        return MHD_YES;
+    }
+    if (*upload_size && rc->form) {
+        serve_form_feed(rc->form, upload, *upload_size);
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {   /* body data: keep up to the limit, count the rest */
@@ -192,10 +226,17 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return generations(h, c, rc);
     }
     if (!strcmp(url, "/v1/images/edits") && post) {
-        serve_error_set(&e, 501, "invalid_request_error", NULL,
-                        "image edits are not served yet: reference images work with `tpgen generate`, not yet through the "
-                        "server");
-        return send_error(c, cfg->metrics, &e);
+        if (!h->ready) {
+            serve_error_set(&e, 503, "server_error", NULL, "the model is still loading; poll GET /health");
+            return send_error(c, cfg->metrics, &e);
+        }
+        if (rc->not_form) {
+            serve_error_set(&e, 400, "invalid_request_error", NULL,
+                            "an edit is a multipart/form-data body: fields prompt, image (or image[], one per reference "
+                            "image), and the options of /v1/images/generations");
+            return send_error(c, cfg->metrics, &e);
+        }
+        return edits(h, c, rc);
     }
     int known = !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strcmp(url, "/v1/images/generations") ||
                 !strcmp(url, "/v1/images/edits");
@@ -204,7 +245,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return send_error(c, cfg->metrics, &e);
     }
     serve_error_set(&e, 404, "invalid_request_error", NULL,
-                    "no such endpoint %.200s; this server has POST /v1/images/generations, GET /v1/models, GET /health, "
+                    "no such endpoint %.200s; this server has POST /v1/images/generations, POST /v1/images/edits, GET /v1/models, GET /health, "
                     "GET /metrics",
                     url);
     return send_error(c, cfg->metrics, &e);
@@ -216,6 +257,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
     req_ctx *rc = *state;
     if (rc) {
         __atomic_sub_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
+        serve_form_free(rc->form);
         free(rc->body);
         free(rc);
         *state = NULL;

@@ -3,13 +3,14 @@
  * (serve_queue.c) and answered when the render loop finishes them.
  *
  *   POST /v1/images/generations   the OpenAI images API (serve_api.h)
- *   POST /v1/images/edits         501 until reference images reach the server
+ *   POST /v1/images/edits         multipart: prompt, image / image[] (references), options
  *   GET  /health                  200 {"status":"ready"} or 503 {"status":"loading"}
  *   GET  /v1/models               the served model
  *   GET  /metrics                 Prometheus text format
  *
  * With an API key every endpoint but /health needs `Authorization: Bearer
- * KEY` (compared in constant time). Bodies over max_body_bytes get 413. */
+ * KEY` (compared in constant time). Bodies over max_body_bytes (edits:
+ * max_upload_bytes) get 413. */
 #ifndef TPGEN_SERVE_HTTP_H
 #define TPGEN_SERVE_HTTP_H
 #include "serve_queue.h"
@@ -18,7 +19,8 @@
 typedef struct serve_http_config {
     const char *listen;          /* "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", "0.0.0.0:8080") */
     const char *api_key;         /* NULL: no authentication */
-    size_t max_body_bytes;
+    size_t max_body_bytes;       /* JSON bodies */
+    size_t max_upload_bytes;     /* multipart edits (reference images) */
     int max_connections;
     serve_limits limits;
     serve_queue *queue;

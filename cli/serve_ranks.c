@@ -58,6 +58,12 @@ uint8_t *serve_request_pack(const serve_request *r, uint64_t id, size_t *n) {
     int64_t ints[] = {r->n, r->width, r->height, r->has_seed, (int64_t)r->seed, r->steps, r->has_guidance};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) w_i64(&b, ints[i]);
     w_f64(&b, r->guidance);
+    w_i64(&b, r->n_images);
+    for (int i = 0; i < r->n_images; i++) {
+        w_str(&b, r->image_names[i]);
+        w_i64(&b, (int64_t)r->image_sizes[i]);
+        w_raw(&b, r->images[i], r->image_sizes[i]);
+    }
     if (b.bad) { free(b.p); return NULL; }
     *n = b.n;
     return b.p;
@@ -78,6 +84,26 @@ int serve_request_unpack(const uint8_t *p, size_t n, serve_request *r, uint64_t 
     r->steps = (int)r_i64(&b);
     r->has_guidance = (int)r_i64(&b);
     r->guidance = r_f64(&b);
+    int64_t ni = r_i64(&b);
+    if (!b.bad && ni >= 0 && ni <= SERVE_MAX_IMAGES) {
+        r->images = calloc((size_t)ni + 1, sizeof *r->images);
+        r->image_sizes = calloc((size_t)ni + 1, sizeof *r->image_sizes);
+        r->image_names = calloc((size_t)ni + 1, sizeof *r->image_names);
+        for (int64_t i = 0; i < ni && !b.bad && r->images && r->image_sizes && r->image_names; i++) {
+            r->image_names[i] = r_str(&b);
+            int64_t sz = r_i64(&b);
+            if (b.bad || sz < 0 || (uint64_t)sz > b.n - b.at || !(r->images[i] = malloc((size_t)sz + 1))) {
+                b.bad = 1;
+                free(r->image_names[i]);
+                break;
+            }
+            r_raw(&b, r->images[i], (size_t)sz);
+            r->image_sizes[i] = (size_t)sz;
+            r->n_images++;
+        }
+    } else {
+        b.bad = 1;
+    }
     if (b.bad || b.at != n || !r->prompt || r->n < 1) {
         serve_request_free(r);
         return tp_error("serve: a job message of %zu bytes could not be decoded (ranks out of step?)", n);

@@ -65,6 +65,17 @@ def cmd_openai(port, out, prompt, seed, steps, size, key="unused"):
     print(f"wrote {out}")
 
 
+def cmd_openai_edit(port, out, prompt, seed, steps, *images):
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120, max_retries=0)
+    files = [open(p, "rb") for p in images]
+    r = client.images.edit(model="tiny", image=files if len(files) > 1 else files[0], prompt=prompt,
+                           response_format="b64_json", extra_body={"seed": int(seed), "steps": int(steps)})
+    with open(out, "wb") as f:
+        f.write(base64.b64decode(r.data[0].b64_json))
+    print(f"wrote {out}")
+
+
 def cmd_load(port, refdir, clients, per_client, first_seed):
     clients, per_client, first_seed = int(clients), int(per_client), int(first_seed)
     results = {}
@@ -196,7 +207,8 @@ def cmd_edit(port, out, prompt, seed, steps, *images):
         parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode())
     for path in images:
         data = open(path, "rb").read()
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="image[]"; filename="x.png"\r\n'
+        name = path.rsplit("/", 1)[-1]
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="image[]"; filename="{name}"\r\n'
                      f'Content-Type: image/png\r\n\r\n'.encode() + data + b"\r\n")
     parts.append(f"--{boundary}--\r\n".encode())
     st, body = post(port, "/v1/images/edits", b"".join(parts),
@@ -210,5 +222,6 @@ def cmd_edit(port, out, prompt, seed, steps, *images):
 
 
 if __name__ == "__main__":
-    cmds = {"openai": cmd_openai, "load": cmd_load, "bad": cmd_bad, "flood": cmd_flood, "edit": cmd_edit}
+    cmds = {"openai": cmd_openai, "load": cmd_load, "bad": cmd_bad, "flood": cmd_flood, "edit": cmd_edit,
+            "openai-edit": cmd_openai_edit}
     cmds[sys.argv[1]](*sys.argv[2:])

@@ -226,7 +226,8 @@ TEST(serve_http_routes_auth_limits_and_queue) {
     free(b);
     CHECK(http(port, "GET", "/v1/images/generations", auth, NULL, &b) == 405, "GET on a POST endpoint: 405");
     free(b);
-    CHECK(http(port, "POST", "/v1/images/edits", auth, "{}", &b) == 501, "edits: 501");
+    CHECK(http(port, "POST", "/v1/images/edits", auth, "{}", &b) == 400 && strstr(b, "multipart/form-data"),
+          "edits with a JSON body: 400 asking for multipart: %s", b);
     free(b);
     CHECK(http(port, "POST", "/v1/images/generations", auth, "{\"prompt\": \"x\", \"size\": \"10x10\"}", &b) == 400 &&
               !strcmp(err_param(b), "size"), "bad size: 400 naming size: %s", b);
@@ -286,4 +287,50 @@ TEST(serve_listen_addresses) {
     CHECK(serve_parse_listen("8080", &ss, &len) == -1, "no host");
     CHECK(serve_parse_listen("example.com:80", &ss, &len) == -1, "names are refused (numeric only)");
     CHECK(serve_parse_listen("127.0.0.1:70000", &ss, &len) == -1, "port range");
+}
+
+/* the edits form's fields become a generations request: numbers where the
+ * API has numbers, the same errors; images required, masks refused */
+TEST(serve_parse_edit_fields_and_images) {
+    serve_limits l = limits();
+    serve_error e;
+    serve_request r;
+    char *keys[] = {"prompt", "seed", "steps", "guidance", "size"}, *vals[] = {"a fox", "12", "3", "2.5", "64x80"};
+    uint8_t **imgs = calloc(2, sizeof *imgs);
+    size_t *sizes = calloc(2, sizeof *sizes);
+    char **names = calloc(2, sizeof *names);
+    imgs[0] = (uint8_t *)strdup("PNGDATA");
+    sizes[0] = 7;
+    names[0] = strdup("fox.png");
+    REQUIRE(serve_parse_edit(keys, vals, 5, &l, imgs, sizes, names, 1, &r, &e) == 0, "%s", e.message);
+    CHECK(!strcmp(r.prompt, "a fox") && r.has_seed && r.seed == 12 && r.steps == 3 && r.has_guidance &&
+              r.guidance == 2.5 && r.width == 64 && r.height == 80 && r.n_images == 1 && r.image_sizes[0] == 7 &&
+              !strcmp(r.image_names[0], "fox.png"),
+          "fields of the form");
+    serve_request_free(&r);
+    char *k2[] = {"prompt", "steps"}, *v2[] = {"a", "two"};
+    CHECK(serve_parse_edit(k2, v2, 2, &l, NULL, NULL, NULL, 0, &r, &e) == -1 && e.status == 400 &&
+              !strcmp(e.param, "steps"), "steps 'two': 400 naming steps, got '%s'", e.param);
+    CHECK(serve_parse_edit(k2, v2, 1, &l, NULL, NULL, NULL, 0, &r, &e) == -1 && !strcmp(e.param, "image"),
+          "no image: 400 naming image, got '%s'", e.param);
+    char *k3[] = {"prompt", "mask"}, *v3[] = {"a", "x"};
+    CHECK(serve_parse_edit(k3, v3, 2, &l, NULL, NULL, NULL, 1, &r, &e) == -1 && !strcmp(e.param, "mask"),
+          "a mask: 400 naming mask");
+    char *k4[] = {"prompt", "prompt"}, *v4[] = {"a", "b"};
+    CHECK(serve_parse_edit(k4, v4, 2, &l, NULL, NULL, NULL, 1, &r, &e) == -1 && strstr(e.message, "twice"),
+          "a field twice: 400");
+    CHECK(serve_parse_edit(k2, v2, 1, &l, NULL, NULL, NULL, SERVE_MAX_IMAGES + 1, &r, &e) == -1 &&
+              strstr(e.message, "at most"), "too many references: 400");
+}
+
+TEST(serve_upload_names_are_never_paths) {
+    const char *in[] = {"fox.png", "../../etc/passwd", "C:\\Users\\me\\cat.jpg", "a b;$(rm).png", "", NULL, "...", "/"};
+    const char *want[] = {"fox.png", "passwd", "cat.jpg", "a_b___rm_.png", "image-5.png", "image-6.png", "image-7.png",
+                          "image-8.png"};
+    for (int i = 0; i < 8; i++) {
+        char *n = serve_upload_name(in[i], i);
+        CHECK(n && !strcmp(n, want[i]), "upload name %d: '%s' -> '%s', expected '%s'", i, in[i] ? in[i] : "(null)",
+              n ? n : "(null)", want[i]);
+        free(n);
+    }
 }

@@ -164,5 +164,26 @@ TEST(serve_request_pack_roundtrip) {
     CHECK(serve_request_unpack(p, n - 1, &b, &id) == -1, "a truncated message was accepted");
     free(p);
     serve_request_free(&b);
+    /* with reference images (edits): bytes and names survive */
+    r.n_images = 2;
+    r.images = calloc(2, sizeof *r.images);
+    r.image_sizes = calloc(2, sizeof *r.image_sizes);
+    r.image_names = calloc(2, sizeof *r.image_names);
+    for (int i = 0; i < 2; i++) {
+        r.image_sizes[i] = 1000 + (size_t)i;
+        r.images[i] = malloc(r.image_sizes[i]);
+        for (size_t k = 0; k < r.image_sizes[i]; k++) r.images[i][k] = (uint8_t)(k * 7 + (size_t)i);
+        r.image_names[i] = strdup(i ? "b.jpg" : "a.png");
+    }
+    p = serve_request_pack(&r, 43, &n);
+    REQUIRE(p && serve_request_unpack(p, n, &b, &id) == 0, "%s", tp_error_msg());
+    int same = b.n_images == 2;
+    for (int i = 0; same && i < 2; i++)
+        same = b.image_sizes[i] == r.image_sizes[i] && !memcmp(b.images[i], r.images[i], r.image_sizes[i]) &&
+               !strcmp(b.image_names[i], r.image_names[i]);
+    CHECK(id == 43 && same, "reference images differ after the round trip");
+    CHECK(serve_request_unpack(p, n - 500, &b, &id) == -1, "a message cut inside an image was accepted");
+    free(p);
+    serve_request_free(&b);
     serve_request_free(&r);
 }

@@ -2,7 +2,8 @@
 # `tpgen serve` end to end on a make-tiny model at tp 2: the official
 # openai client and curl get PNGs byte-identical to `tpgen generate`; a
 # bounded load test from concurrent clients; a full queue answers 429; bad
-# requests one by one (also under the sanitizers); API keys; the graceful
+# requests one by one (also under the sanitizers); edits with reference
+# images (multipart, byte-identical to generate --image); API keys; the graceful
 # stop (SIGTERM mid-job: the job finishes, the queued one gets 503, exit 0)
 # and a killed rank (the server exits non-zero within seconds).
 . "$TPGEN_ROOT/tests/lib.sh"
@@ -84,6 +85,40 @@ else
     grep -aq "seed: [0-9]" "$TMP/noseed.png" && ok "no seed: a random one, recorded in the PNG parameters" ||
         fail "no seed: no seed in the PNG parameters"
 
+    # edits: multipart references, byte-identical to generate --image (same file names: the PNG parameters name them)
+    cp "$TMP/ref-100.png" "$TMP/fox.png"; cp "$TMP/ref-101.png" "$TMP/cat.png"
+    (cd "$TMP" && $MPIRUN -np 2 $TPGEN --model "$M" --prompt "the fox in the snow" --image fox.png --image cat.png \
+        --seed 5 --steps 2 --output "$TMP/edit-gen.png" >/dev/null 2>&1) || fail "generate --image (edit reference)"
+    out=$("$PY" "$CLIENT" openai-edit "$PORT" "$TMP/edit-oa.png" "the fox in the snow" 5 2 "$TMP/fox.png" "$TMP/cat.png" 2>&1)
+    cmp -s "$TMP/edit-oa.png" "$TMP/edit-gen.png" &&
+        ok "edits: openai client images.edit with 2 references, byte-identical to generate --image" ||
+        fail "edits (openai client): $(echo "$out" | tail -2)"
+    curl -s -F prompt="the fox in the snow" -F seed=5 -F steps=2 -F "image[]=@$TMP/fox.png" -F "image[]=@$TMP/cat.png" \
+        "http://127.0.0.1:$PORT/v1/images/edits" | jq -r '.data[0].b64_json' | base64 -d >"$TMP/edit-curl.png"
+    cmp -s "$TMP/edit-curl.png" "$TMP/edit-gen.png" && ok "edits: curl -F, byte-identical to generate --image" ||
+        fail "edits (curl): PNG differs"
+    # bad edits
+    printf 'not an image' >"$TMP/text.png"
+    head -c 300 "$TMP/fox.png" >"$TMP/trunc.png"
+    edit_bad() {   # NAME STATUS PATTERN CURL-ARGS...
+        local name=$1 want=$2 pat=$3; shift 3
+        local st body
+        st=$(curl -s -o "$TMP/eb.json" -w '%{http_code}' "$@" "http://127.0.0.1:$PORT/v1/images/edits")
+        body=$(cat "$TMP/eb.json")
+        if [ "$st" = "$want" ] && echo "$body" | jq -e '.error.message' >/dev/null 2>&1 && echo "$body" | grep -qE -- "$pat" &&
+            [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health")" = 200 ]; then
+            ok "bad edit: $name -> $want"
+        else fail "bad edit: $name: status $st: $body"; fi
+    }
+    edit_bad "no image" 400 "at least one reference image" -F prompt=x
+    edit_bad "not an image" 400 "text.png: not a PNG or JPEG" -F prompt=x -F "image=@$TMP/text.png"
+    edit_bad "truncated PNG" 400 "trunc.png: cannot decode" -F prompt=x -F "image=@$TMP/trunc.png"
+    edit_bad "a mask" 400 "masks are not supported" -F prompt=x -F "image=@$TMP/fox.png" -F "mask=@$TMP/fox.png"
+    edit_bad "a JSON body" 400 "multipart/form-data" -H 'Content-Type: application/json' -d '{"prompt": "x"}'
+    edit_bad "unknown field" 400 "unknown field 'strength'" -F prompt=x -F strength=0.5 -F "image=@$TMP/fox.png"
+    edit_bad "steps not a number" 400 "'steps' must be an integer" -F prompt=x -F steps=two -F "image=@$TMP/fox.png"
+    eleven=(); for i in $(seq 1 11); do eleven+=(-F "image[]=@$TMP/fox.png"); done
+    edit_bad "11 references" 400 "at most 10" -F prompt=x "${eleven[@]}"
     "$PY" "$CLIENT" load "$PORT" "$TMP" 4 5 100
     "$PY" "$CLIENT" bad "$PORT"
     # the prompt cache: "a fox" was encoded once
@@ -99,8 +134,11 @@ else
 fi
 
 # a full queue: 429
-if start_server "$TMP/s2.log" "$TPGEN" --queue 1; then
+if start_server "$TMP/s2.log" "$TPGEN" --queue 1 --max-upload-mb 0.01; then
     "$PY" "$CLIENT" flood "$PORT" 6
+    head -c 20000 /dev/urandom >"$TMP/big.bin"
+    st=$(curl -s -o "$TMP/413.json" -w '%{http_code}' -F prompt=x -F "image=@$TMP/big.bin" "http://127.0.0.1:$PORT/v1/images/edits")
+    [ "$st" = 413 ] && grep -q "limit" "$TMP/413.json" && ok "edits over --max-upload-mb: 413" || fail "edit upload limit: $st $(cat "$TMP/413.json")"
     stop_server >/dev/null
 else fail "serve --queue 1: not ready: $(tail -3 "$TMP/s2.log")"; fi
 
