@@ -23,7 +23,7 @@ PY=$VENV/bin/python
 # start_server LOG TPGEN_BINARY ARGS...: sets SRV (mpirun's pid), PORT, R0 (world rank 0's pid)
 start_server() {
     local log=$1 bin=$2; shift 2
-    $MPIRUN -np 2 "$bin" serve --model "$M" --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
+    $MPIRUN -np "${NP:-2}" "$bin" serve --model "$M" --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
     SRV=$!
     PORT= R0=
     for _ in $(seq 1 300); do
@@ -132,6 +132,16 @@ else
     [ $rc -eq 0 ] && grep -q "serve: stopped" "$TMP/s1.log" && ok "SIGUSR1 to mpirun: graceful stop, exit 0" ||
         fail "graceful stop via mpirun: rc $rc: $(tail -3 "$TMP/s1.log")"
 fi
+
+# dp 2 (4 ranks, tp 2) with the text encoder resident: the TP groups take
+# jobs as they come; every answer is still generate's image for its seed
+if NP=4 start_server "$TMP/s6.log" "$TPGEN" --tp 2 --keep-text-encoder; then
+    "$PY" "$CLIENT" load "$PORT" "$TMP" 3 4 100 | sed 's/^\(ok\|FAIL\) - load:/\1 - tp 2 x dp 2, --keep-text-encoder, load:/'
+    curl -s "http://127.0.0.1:$PORT/metrics" | grep -q '^tpgen_resident_bytes{rank="3"} [1-9]' &&
+        ok "tp 2 x dp 2: resident bytes reported for all 4 ranks" || fail "tp 2 x dp 2: no resident bytes for rank 3"
+    stop_server; rc=$?
+    [ $rc -eq 0 ] && ok "tp 2 x dp 2: graceful stop, exit 0" || fail "tp 2 x dp 2: stop rc $rc: $(tail -3 "$TMP/s6.log")"
+else fail "serve tp 2 x dp 2: not ready: $(tail -3 "$TMP/s6.log")"; fi
 
 # a full queue: 429
 if start_server "$TMP/s2.log" "$TPGEN" --queue 1 --max-upload-mb 0.01; then
