@@ -28,13 +28,26 @@
 
 /* the tiny transformer: D = 4 x 32, M = 3D, text width 96 = 3 x 32 (the
  * tiny text encoder's hidden size), 32 latent channels (8 VAE channels x 2x2) */
-enum { T_IN = 32, T_HEADS = 4, T_HD = 32, T_D = T_HEADS * T_HD, T_M = 3 * T_D, T_JT = 96, T_CT = 64,
-       T_DOUBLE = 1, T_SINGLE = 2, T_EMBED_LEN = 16 };
+enum { T_IN = 32, T_JT = 96, T_CT = 64, T_EMBED_LEN = 16 };
+
+/* the transformer's widths: tiny, or klein-4B's (D 3072 = 24 heads x 128,
+ * MLP 9216) with 2 + 2 blocks and the tiny VAE and text encoder, for
+ * benchmarks of whole runs at real widths (`--widths klein-4b`, 1.5 GB) */
+typedef struct tiny_dims {
+    int heads, hd, n_double, n_single, rope;   /* rope: each of the 4 axes */
+} tiny_dims;
+static tiny_dims g_dims = {4, 32, 1, 2, 8};
+#define T_HEADS (g_dims.heads)
+#define T_HD (g_dims.hd)
+#define T_D (g_dims.heads * g_dims.hd)
+#define T_M (3 * T_D)
+#define T_DOUBLE (g_dims.n_double)
+#define T_SINGLE (g_dims.n_single)
 
 typedef struct tensor_list {
-    st_write_tensor t[64];
-    char *names[64];
-    uint16_t *data[64];
+    st_write_tensor t[96];
+    char *names[96];
+    uint16_t *data[96];
     int n;
 } tensor_list;
 
@@ -136,7 +149,7 @@ static json_t *transformer_config(int guidance) {
                      "patch_size", 1, "in_channels", T_IN, "out_channels", "num_layers", T_DOUBLE,
                      "num_single_layers", T_SINGLE, "attention_head_dim", T_HD, "num_attention_heads", T_HEADS,
                      "joint_attention_dim", T_JT, "timestep_guidance_channels", T_CT, "mlp_ratio", 3.0,
-                     "axes_dims_rope", 8, 8, 8, 8, "rope_theta", 2000, "eps", 1e-6, "guidance_embeds", guidance);
+                     "axes_dims_rope", g_dims.rope, g_dims.rope, g_dims.rope, g_dims.rope, "rope_theta", 2000, "eps", 1e-6, "guidance_embeds", guidance);
 }
 
 static json_t *scheduler_config(void) {
@@ -241,13 +254,15 @@ int cmd_make_tiny(int argc, char **argv) {
     unsigned long seed = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: tpgen make-tiny --out DIR [--seed S] [--family klein|dev]\n\n"
+            printf("usage: tpgen make-tiny --out DIR [--seed S] [--family klein|dev] [--widths tiny|klein-4b]\n\n"
                    "Write a tiny random FLUX.2 pipeline folder (diffusers layout) to DIR:\n"
                    "transformer/, scheduler/, model_index.json, prompt_embeds.safetensors (random),\n"
                    "and vae/, text_encoder/, tokenizer/ when this build has them. Same seed, same files.\n\n"
                    "  --family klein   FLUX.2-klein (distilled, default): Qwen3 text encoder, no guidance input\n"
                    "  --family dev     FLUX.2-dev: transformer with guidance embeds, Mistral3 text encoder\n"
-                   "                   (31 layers) with a mini Tekken tokenizer\n");
+                   "                   (31 layers) with a mini Tekken tokenizer\n"
+                   "  --widths klein-4b the transformer at klein-4B's widths (D 3072, 24 heads, MLP 9216), 2 double +\n"
+                   "                   2 single blocks, 1.5 GB; VAE and text encoder stay tiny (benchmarks)\n");
             return 0;
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
@@ -255,6 +270,13 @@ int cmd_make_tiny(int argc, char **argv) {
             family = argv[++i];
             if (strcmp(family, "klein") && strcmp(family, "dev")) {
                 fprintf(stderr, "tpgen: error: --family: expected klein or dev, got '%s'\n", family);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--widths") && i + 1 < argc) {
+            const char *w = argv[++i];
+            if (!strcmp(w, "klein-4b")) g_dims = (tiny_dims){24, 128, 2, 2, 32};
+            else if (strcmp(w, "tiny")) {
+                fprintf(stderr, "tpgen: error: --widths: expected tiny or klein-4b, got '%s'\n", w);
                 return 2;
             }
         } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
