@@ -15,16 +15,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static int is_dir(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static int is_file(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* the model folder: family, sizes, components (core/flux2_pipe.c) */
 static int read_model(gen_setup *g, const char *root) {
     char warning[1024];
@@ -126,7 +116,7 @@ static int read_embeds(gen_setup *g, const char *arg) {
     char *file = xstrdup(arg);
     const char *tensor = "prompt_embeds";
     char *colon = strrchr(file, ':');
-    if (colon && !is_file(arg)) {
+    if (colon && !path_is_file(arg)) {
         *colon = 0;
         tensor = colon + 1;
     }
@@ -157,7 +147,7 @@ static int check_parent_dir(const char *path, const char *what) {
     const char *slash = strrchr(path, '/');
     if (!slash) return 0;
     char *dir = slash == path ? xstrdup("/") : xasprintf("%.*s", (int)(slash - path), path);
-    int ok = is_dir(dir);
+    int ok = path_is_dir(dir);
     int rc = ok ? 0 : tp_error("%s %s: the directory %s does not exist (create it first)", what, path, dir);
     free(dir);
     return rc;
@@ -221,7 +211,7 @@ static int job_outputs_exist(const gen_setup *g, int job) {
     for (int i = 0; i < 2; i++) {
         if (!pats[i]) continue;
         char *p = runspec_output_path(s, pats[i], job);   /* checked at setup: cannot fail */
-        int there = p && is_file(p);
+        int there = p && path_is_file(p);
         free(p);
         if (!there) return 0;
     }

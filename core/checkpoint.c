@@ -11,9 +11,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int is_dir(const char *p) {
+int path_is_dir(const char *p) {
     struct stat sb;
     return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+int path_is_file(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
 static json_t *load_json(const char *path, const char *what) {
@@ -34,7 +39,7 @@ static json_t *load_json(const char *path, const char *what) {
 
 int model_dir_open(const char *root, model_dir **out) {
     *out = NULL;
-    if (!is_dir(root))
+    if (!path_is_dir(root))
         return tp_error("model folder %s does not exist or is not a folder (pass --model DIR, the folder with "
                         "model_index.json and transformer/)", root);
     model_dir *m = xcalloc(1, sizeof *m);
@@ -61,7 +66,7 @@ char *model_dir_path(const model_dir *m, const char *component) { return xasprin
 
 int model_dir_has(const model_dir *m, const char *component) {
     char *p = model_dir_path(m, component);
-    int r = is_dir(p);
+    int r = path_is_dir(p);
     free(p);
     return r;
 }
@@ -195,7 +200,7 @@ static int open_single(checkpoint *c, const char *name) {
 
 int checkpoint_open(const char *dir, checkpoint **out) {
     *out = NULL;
-    if (!is_dir(dir)) return tp_error("checkpoint folder %s does not exist", dir);
+    if (!path_is_dir(dir)) return tp_error("checkpoint folder %s does not exist", dir);
     checkpoint *c = xcalloc(1, sizeof *c);
     c->dir = xstrdup(dir);
     char *idx = NULL, *single = NULL;

@@ -48,4 +48,8 @@ void checkpoint_close(checkpoint *c);
 int checkpoint_scan_finite(const checkpoint *c, int verbose);
 const st_tensor_info *checkpoint_find(const checkpoint *c, const char *name, const st_file **file);
 
+/* Whether a path is a directory / a regular file (following links). */
+int path_is_dir(const char *p);
+int path_is_file(const char *p);
+
 #endif

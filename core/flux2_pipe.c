@@ -5,6 +5,7 @@
  * (encoded where the VAE is, broadcast to the group), denoising in
  * lockstep, decoding. */
 #include "flux2_pipe.h"
+#include "checkpoint.h"
 #include "comm.h"
 #include "dist.h"
 #include "embed_cache.h"
@@ -19,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 struct flux2_pipe {
     flux2_pipe_config cfg;
@@ -40,18 +40,8 @@ struct flux2_pipe {
 
 /* ---- probing a folder ---- */
 
-static int is_dir(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static int is_file(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 static json_t *load_json(const char *path, int required) {
-    if (!is_file(path)) {
+    if (!path_is_file(path)) {
         if (required) tp_error("%s is missing", path);
         return NULL;
     }
@@ -77,15 +67,15 @@ static int json_int(const json_t *o, const char *key, int def, const char *where
 int flux2_pipe_probe(const char *root, flux2_pipe_info *g, char *warning, size_t warning_len) {
     memset(g, 0, sizeof *g);
     if (warning_len) warning[0] = 0;
-    if (!is_dir(root))
+    if (!path_is_dir(root))
         return tp_error("model folder %s does not exist (give --model a FLUX.2 pipeline folder in the diffusers layout)", root);
     g->transformer_dir = xasprintf("%s/transformer", root);
     char *cfg_path = xasprintf("%s/config.json", g->transformer_dir);
     /* a BFL single-file checkpoint may come without config.json: derived from its shapes */
-    json_t *cfg = is_dir(g->transformer_dir) && !is_file(cfg_path)
+    json_t *cfg = path_is_dir(g->transformer_dir) && !path_is_file(cfg_path)
                       ? flux2_transformer_config(g->transformer_dir, NULL) : load_json(cfg_path, 1);
     int rc = cfg ? 0 : -1;
-    if (!cfg && !is_dir(g->transformer_dir))
+    if (!cfg && !path_is_dir(g->transformer_dir))
         rc = tp_error("%s has no transformer/ folder: is it a FLUX.2 pipeline folder (diffusers layout)?", root);
     if (!rc) rc = json_int(cfg, "in_channels", 128, cfg_path, &g->in_channels);
     if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, cfg_path, &g->joint_dim);
@@ -96,7 +86,7 @@ int flux2_pipe_probe(const char *root, flux2_pipe_info *g, char *warning, size_t
 
     char *idx_path = xasprintf("%s/model_index.json", root);
     json_t *idx = load_json(idx_path, 0);
-    if (!idx && is_file(idx_path)) rc = -1;
+    if (!idx && path_is_file(idx_path)) rc = -1;
     if (!rc) rc = model_family_resolve(idx, idx_path, g->embedded_guidance, cfg_path, &g->family, &g->family_name,
                                        warning, warning_len);
     if (!rc && g->family == FAMILY_KLEIN_KV) {
@@ -113,8 +103,8 @@ int flux2_pipe_probe(const char *root, flux2_pipe_info *g, char *warning, size_t
 
     g->vae_dir = xasprintf("%s/vae", root);
     char *vc = xasprintf("%s/config.json", g->vae_dir), *te = xasprintf("%s/text_encoder", root);
-    g->has_vae = is_file(vc);
-    g->has_text_encoder = is_dir(te);
+    g->has_vae = path_is_file(vc);
+    g->has_text_encoder = path_is_dir(te);
     free(vc);
     free(te);
     return 0;
