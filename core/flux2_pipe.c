@@ -161,7 +161,6 @@ void flux2_pipe_free(flux2_pipe *p) {
 
 const flux2_pipe_stats *flux2_pipe_get_stats(const flux2_pipe *p) { return &p->st; }
 uint64_t flux2_pipe_resident_bytes(const flux2_pipe *p) { return p->be ? p->be->bytes_in_use : 0; }
-int flux2_pipe_loaded(const flux2_pipe *p) { return p->model != NULL; }
 
 /* ---- text ---- */
 

@@ -105,7 +105,6 @@ void flux2_pipe_text_done(flux2_pipe *p);
  * loaded. flux2_pipe_unload frees the transformer only. */
 int flux2_pipe_load(flux2_pipe *p);
 void flux2_pipe_unload(flux2_pipe *p);
-int flux2_pipe_loaded(const flux2_pipe *p);
 
 typedef struct flux2_job {
     uint64_t seed;

@@ -143,6 +143,17 @@ if NP=4 start_server "$TMP/s6.log" "$TPGEN" --tp 2 --keep-text-encoder; then
     [ $rc -eq 0 ] && ok "tp 2 x dp 2: graceful stop, exit 0" || fail "tp 2 x dp 2: stop rc $rc: $(tail -3 "$TMP/s6.log")"
 else fail "serve tp 2 x dp 2: not ready: $(tail -3 "$TMP/s6.log")"; fi
 
+# generate's model options are the server's start-up options: --quantize fp8
+if start_server "$TMP/s7.log" "$TPGEN" --quantize fp8; then
+    $MPIRUN -np 2 $TPGEN --model "$M" --quantize fp8 --prompt "a fox" --width 64 --height 64 --seed 7 --steps 2 \
+        --output "$TMP/gen7-fp8.png" >/dev/null 2>&1 || fail "generate --quantize fp8"
+    curl -s "http://127.0.0.1:$PORT/v1/images/generations" -d '{"prompt": "a fox", "size": "64x64", "seed": 7, "steps": 2}' |
+        jq -r '.data[0].b64_json' | base64 -d >"$TMP/fp8.png"
+    cmp -s "$TMP/fp8.png" "$TMP/gen7-fp8.png" && grep -aq "fp8 weights" "$TMP/fp8.png" &&
+        ok "serve --quantize fp8: PNG byte-identical to generate --quantize fp8" || fail "serve --quantize fp8: PNG differs"
+    stop_server >/dev/null
+else fail "serve --quantize fp8: not ready: $(tail -3 "$TMP/s7.log")"; fi
+
 # a full queue: 429
 if start_server "$TMP/s2.log" "$TPGEN" --queue 1 --max-upload-mb 0.01; then
     "$PY" "$CLIENT" flood "$PORT" 6

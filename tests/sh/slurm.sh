@@ -167,6 +167,28 @@ m2=$W/out/metrics-$job2.json
     && [ "$(stat -c %Y "$W"/out/*.png | sort | tr '\n' ' ')" = "$before" ] \
     && ok "resubmitted with --skip-existing: 4 jobs skipped, 0 rendered, PNGs untouched" \
     || fail "skip-existing job $job2 ($state): $(tr -d '\n' <"$m2" 2>&1 | head -c 300) $(tail -3 "$W/tpgen-$job2.log" 2>&1)"
+# --- scripts/slurm-serve.sbatch unchanged: a server in a job, a request, scancel --full --signal=USR1 ---
+echo "slurm-serve-test-key" >"$W/key" && chmod 600 "$W/key"
+sjob=$(cd "$W" && MODEL="$W/model" TPGEN="$TPGEN" KEY_FILE="$W/key" PORT=0 timeout 30 sbatch --parsable --nodes=1 \
+    --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 --time=00:10:00 "$TPGEN_ROOT/scripts/slurm-serve.sbatch" \
+    2>"$D/sbatch.err") || die "sbatch slurm-serve failed: $(cat "$D/sbatch.err")"
+slog=$W/tpgen-serve-$sjob.log
+for _ in $(seq 1 600); do grep -q "ready after" "$slog" 2>/dev/null && break; sleep 0.2; done
+sport=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$slog" 2>/dev/null | head -1)
+if [ -n "$sport" ]; then
+    curl -s -H "Authorization: Bearer slurm-serve-test-key" "http://127.0.0.1:$sport/v1/images/generations" \
+        -d '{"prompt": "a red fox in the snow", "size": "64x48", "seed": 5, "steps": 2}' | jq -r '.data[0].b64_json' |
+        base64 -d >"$W/served.png" 2>/dev/null
+    grep -aq "prompt: a red fox in the snow" "$W/served.png" && grep -aq "tp: 2" "$W/served.png" &&
+        ok "sbatch scripts/slurm-serve.sbatch: the server answers with the API key (tp 2 over srun)" ||
+        fail "slurm-serve: no image: $(tail -3 "$slog")"
+else
+    fail "slurm-serve: the server did not become ready: $(tail -5 "$slog" 2>&1)"
+fi
+timeout 10 scancel --full --signal=USR1 "$sjob"
+state=$(wait_job "$sjob")
+[ "$state" = COMPLETED ] && grep -q "serve: stopped" "$slog" && ok "scancel --full --signal=USR1: graceful stop, job COMPLETED" ||
+    fail "slurm-serve job $sjob ended $state: $(tail -3 "$slog" 2>&1)"
 stop_daemons
 left=$(pgrep -f "$D/" | wc -l)
 [ "$left" = 0 ] && ok "every daemon stopped" || fail "$left processes of this Slurm still run"

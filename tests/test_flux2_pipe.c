@@ -1,0 +1,90 @@
+/* The pipeline library on its own (core/flux2_pipe.h), without generate's
+ * front end: golden/klein-tiny case 0 (diffusers' Flux2KleinPipeline, f32)
+ * rendered through probe / open / encode / load / render / decode at the
+ * test's world size; the prompt cache (a hit gives the very same
+ * embedding, agreed over the group); a render before the load fails on
+ * every rank alike and the pipe still works afterwards. */
+#include "test.h"
+#include "../core/err.h"
+#include "../core/flux2_pipe.h"
+#include "../core/safetensors.h"
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    char model[1024], golden[1024], e2e[1024];
+    snprintf(model, sizeof model, "%s/klein-tiny/model", test_golden_dir());
+    snprintf(golden, sizeof golden, "%s/klein-tiny/e2e.safetensors", test_golden_dir());
+    snprintf(e2e, sizeof e2e, "%s/klein-tiny/e2e.json", test_golden_dir());
+    json_t *j = json_load_file(e2e, 0, NULL);
+    json_t *c0 = json_array_get(json_object_get(j, "cases"), 0);
+    REQUIRE(c0, "%s: no case 0", e2e);
+    char *prompt = strdup(json_string_value(json_object_get(c0, "prompt")));
+    uint64_t seed = (uint64_t)json_integer_value(json_object_get(c0, "seed"));
+    int W = (int)json_integer_value(json_object_get(c0, "width")), H = (int)json_integer_value(json_object_get(c0, "height"));
+    int L = (int)json_integer_value(json_object_get(j, "max_sequence_length"));
+    json_decref(j);
+
+    flux2_pipe_info info;
+    char warn[256];
+    REQUIRE(flux2_pipe_probe(model, &info, warn, sizeof warn) == 0, "%s", tp_error_msg());
+    CHECK(info.family == FAMILY_KLEIN_DISTILLED && info.has_vae && info.has_text_encoder && !warn[0],
+          "probe: klein distilled with a VAE and a text encoder");
+    flux2_pipe_config cfg = {.model = model, .backend = "cpu", .precision = DT_F32, .decoder = 1,
+                             .prompt_cache_bytes = 1 << 20, .max_sequence_length = L};
+    flux2_pipe *p = NULL;
+    REQUIRE(flux2_pipe_open(&cfg, &info, MPI_COMM_WORLD, rank, size, &p) == 0, "%s", tp_error_msg());
+
+    size_t ne = (size_t)L * (size_t)info.joint_dim;
+    float *e1 = malloc(ne * sizeof(float)), *e2 = malloc(ne * sizeof(float));
+    int hit1 = -1, hit2 = -1;
+    int rc = flux2_pipe_encode(p, prompt, e1, &hit1);
+    flux2_pipe_text_done(p);   /* freed: a miss would load it again */
+    if (!rc) rc = flux2_pipe_encode(p, prompt, e2, &hit2);
+    REQUIRE(rc == 0, "%s", tp_error_msg());
+    CHECK(hit1 == 0 && hit2 == 1 && !memcmp(e1, e2, ne * sizeof(float)), "the second encode is a cache hit (%d, %d) "
+          "with the same embedding", hit1, hit2);
+    const flux2_pipe_stats *st = flux2_pipe_get_stats(p);
+    CHECK(st->cache_hits == 1 && st->cache_misses == 1, "stats: %llu hits, %llu misses",
+          (unsigned long long)st->cache_hits, (unsigned long long)st->cache_misses);
+
+    size_t nl = (size_t)(H / 16) * (W / 16) * (size_t)info.in_channels;
+    float *lat = malloc(nl * sizeof(float));
+    flux2_job job = {.seed = seed, .steps = 4, .guidance = 1.0, .width = W, .height = H, .embeds = e1, .L = L};
+    rc = flux2_pipe_render(p, &job, lat);
+    CHECK(rc == -1 && strstr(tp_error_msg(), "not loaded"), "render before load: an error on every rank (%s)",
+          tp_error_msg());
+    REQUIRE(flux2_pipe_load(p) == 0, "%s", tp_error_msg());
+    REQUIRE(flux2_pipe_render(p, &job, lat) == 0, "%s", tp_error_msg());
+    CHECK(st->steps == 4, "4 steps counted, got %d", st->steps);
+
+    st_file *ref = NULL;
+    REQUIRE(st_open(golden, &ref) == 0, "%s", tp_error_msg());
+    float *want = NULL;
+    const st_tensor_info *tw = NULL;
+    REQUIRE(st_read_f32(ref, "case0.final_packed_latents", &want, &tw) == 0, "%s", tp_error_msg());
+    REQUIRE((size_t)tw->shape[1] * (size_t)tw->shape[2] == nl, "latents size");
+    double num = 0, den = 0;
+    for (size_t i = 0; i < nl; i++) num += (lat[i] - want[i]) * (double)(lat[i] - want[i]), den += (double)want[i] * want[i];
+    CHECK(sqrt(num / den) < 1e-4, "final latents differ from diffusers: rel L2 %g", sqrt(num / den));
+    if (rank == 0) {   /* the decoder lives on the group's first rank */
+        const st_tensor_info *tu = st_find(ref, "case0.image_u8");
+        REQUIRE(tu, "case0.image_u8 missing");
+        size_t np = (size_t)W * H * 3;
+        uint8_t *rgb = malloc(np), *img = malloc(np);
+        REQUIRE(flux2_pipe_decode(p, lat, W, H, rgb, NULL) == 0 && st_read_raw(ref, tu, img) == 0, "%s", tp_error_msg());
+        int worst = 0;
+        for (size_t i = 0; i < np; i++) worst = abs(rgb[i] - img[i]) > worst ? abs(rgb[i] - img[i]) : worst;
+        CHECK(worst <= 1, "decoded image differs from diffusers by up to %d levels", worst);
+        free(rgb), free(img);
+    }
+    st_close(ref);
+    free(want), free(lat), free(e1), free(e2), free(prompt);
+    flux2_pipe_free(p);
+    flux2_pipe_info_free(&info);
+}
