@@ -9,6 +9,7 @@
 #include "../kernels/cpu/cpu_ops.h"
 #include "../core/err.h"
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +186,39 @@ TEST(ops_gemm_row_chunks) { /* the tiled path: x in several chunks of rows (smal
     gemm_case(30, 50, 2100, DT_F32, DT_BF16, DT_F32, 1);
     cpu_gemm_force_portable(0);
     cpu_set_tile_budget(0);
+}
+
+TEST(ops_gemm_portable_panel_edges) {
+    /* The portable tiled path (cpu_gemm.c) with budgets small enough that
+     * every block edge is crossed: at 64 KB, panels of at most 64 weight rows
+     * (N = 300: 64,64,64,64,44 at 2 threads), k blocks of 256 (K = 1000:
+     * 3 full + 232), x chunks of 16 rows (M = 70: 4 x 16 + 6); at 4 KB,
+     * panels of 16 rows and k blocks of 64. M, N, K are multiples of none of
+     * them. 1, 2 and 3 threads change the panel split. Every dtype
+     * combination that takes the path, against the double reference. */
+    int saved = omp_get_max_threads();
+    cpu_gemm_force_portable(1);
+    static const int thr[] = {1, 2, 3};
+    for (int t = 0; t < 3; t++) {
+        omp_set_num_threads(thr[t]);
+        cpu_set_tile_budget(65536);
+        gemm_case(70, 300, 1000, DT_BF16, DT_BF16, DT_BF16, 1);
+        gemm_case(70, 300, 1000, DT_BF16, DT_BF16, DT_F32, 0);
+        gemm_case(70, 300, 1000, DT_F32, DT_BF16, DT_F32, 1);
+        gemm_case(70, 300, 1000, DT_F32, DT_F32, DT_BF16, 1);  /* f32 w used in place, blocked */
+        gemm_case(70, 300, 1000, DT_BF16, DT_F32, DT_F32, 0);
+        gemm_case(1, 300, 1000, DT_BF16, DT_BF16, DT_BF16, 1); /* one token */
+        cpu_set_tile_budget(4096);
+        gemm_case(23, 47, 333, DT_BF16, DT_BF16, DT_BF16, 1);
+        gemm_case(23, 47, 333, DT_F32, DT_BF16, DT_F32, 0);
+        gemm_case(23, 9, 70, DT_BF16, DT_BF16, DT_F32, 1);    /* fewer rows than one panel per thread */
+    }
+    cpu_set_tile_budget(0);
+    /* default blocking: K over one k block of 1024 with a tail, N over two panels per thread */
+    omp_set_num_threads(2);
+    gemm_case(33, 6200, 1100, DT_BF16, DT_BF16, DT_BF16, 1);
+    cpu_gemm_force_portable(0);
+    omp_set_num_threads(saved);
 }
 
 /* ------------------------------------------------------------- attention */

@@ -3,8 +3,10 @@
  * shapes. Columns: OpenBLAS sgemm (f32 x, f32 W), op_gemm with f32 weights,
  * op_gemm with bf16 weights and f32 activations (the f32 reference mode),
  * and bf16 x bf16 (the bf16 mode) through the portable path (widen panels +
- * sgemm) and through the AVX512-BF16 kernel when this CPU has it. Each
- * figure is the best of --reps timed runs after one warm-up. With --ops it
+ * sgemm) and through the AVX512-BF16 kernel when this CPU has it, fp8
+ * weights on both routes, and the portable path as a share of sgemm. Each
+ * figure is the best of --reps rounds after one warm-up round; a round runs
+ * every column once, one after the other (side by side). With --ops it
  * also times op_attention and op_conv2d (the other sgemm / vdpbf16ps users)
  * on transformer and VAE shapes. */
 #include "cpu_ops.h"
@@ -25,21 +27,34 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-typedef enum { RUN_SGEMM, RUN_OP } run_kind;
+/* One column of the table: plain sgemm, or op_gemm on (y, x, w) with the
+ * AVX512-BF16 routes on or forced off. */
+typedef struct { int sgemm, portable; tensor *y; const tensor *x, *w; double best; } variant;
 
-static double best_seconds(backend *be, run_kind kind, tensor *y, const tensor *x, const tensor *w, int reps) {
-    double best = 1e30;
-    for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
-        double t0 = now();
-        if (kind == RUN_SGEMM)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->rows, (int)w->rows, (int)x->cols, 1.0f,
-                        x->data, (int)x->ld, w->data, (int)w->ld, 0.0f, y->data, (int)y->ld);
-        else
-            op_gemm(be, y, x, w, NULL);
-        double t = now() - t0;
-        if (r >= 0 && t < best) best = t;
+static void run_variant(backend *be, variant *v) {
+    if (v->sgemm)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)v->x->rows, (int)v->w->rows, (int)v->x->cols, 1.0f,
+                    v->x->data, (int)v->x->ld, v->w->data, (int)v->w->ld, 0.0f, v->y->data, (int)v->y->ld);
+    else {
+        cpu_gemm_force_portable(v->portable);
+        op_gemm(be, v->y, v->x, v->w, NULL);
+        cpu_gemm_force_portable(0);
     }
-    return best;
+}
+
+/* Best seconds of every variant, measured side by side: each round runs
+ * each variant once, in order, so load from other processes on a shared
+ * machine falls on all columns alike and their ratios stay comparable.
+ * Round 0 is the warm-up. */
+static void time_variants(backend *be, variant *v, int nv, int reps) {
+    for (int i = 0; i < nv; i++) v[i].best = 1e30;
+    for (int r = -1; r < reps; r++)
+        for (int i = 0; i < nv; i++) {
+            double t0 = now();
+            run_variant(be, &v[i]);
+            double t = now() - t0;
+            if (r >= 0 && t < v[i].best) v[i].best = t;
+        }
 }
 
 static tensor *random_tensor(backend *be, dtype_t dt, int64_t rows, int64_t cols) {
@@ -183,8 +198,8 @@ int bench_gemm(int argc, char **argv) {
     printf("# op_gemm GFLOP/s, M = %lld tokens, %d threads, best of %d (%s time); AVX512-BF16 kernel: %s\n",
            (long long)M, omp_get_max_threads(), reps, g_cpu_time ? "CPU" : "wall",
            avx ? "yes" : "not available on this CPU/build");
-    printf("%-14s %10s %10s %12s %14s %14s %12s %14s\n", "W [N x K]", "sgemm f32", "op f32", "op bf16w/f32x", "op bf16 port.",
-           "op bf16 avx512", "op fp8w/f32x", "op fp8w avx512");
+    printf("%-14s %10s %10s %12s %14s %14s %12s %14s %12s\n", "W [N x K]", "sgemm f32", "op f32", "op bf16w/f32x",
+           "op bf16 port.", "op bf16 avx512", "op fp8w/f32x", "op fp8w avx512", "port./sgemm");
     int rc = 0;
     for (int s = 0; s < nshape && !rc; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
@@ -196,21 +211,20 @@ int bench_gemm(int argc, char **argv) {
             fprintf(stderr, "tpgen: error: bench gemm: %s\n", tp_error_msg());
             rc = 1;
         } else {
-            double g_sg = flop / best_seconds(be, RUN_SGEMM, y, x, w, reps) * 1e-9;
-            double g_f32 = flop / best_seconds(be, RUN_OP, y, x, w, reps) * 1e-9;
-            double g_wb = flop / best_seconds(be, RUN_OP, y, x, wb, reps) * 1e-9;
-            cpu_gemm_force_portable(1);
-            double g_port = flop / best_seconds(be, RUN_OP, yb, xb, wb, reps) * 1e-9;
-            cpu_gemm_force_portable(0);
-            char avxs[32] = "-";
-            if (avx) snprintf(avxs, sizeof avxs, "%.1f", flop / best_seconds(be, RUN_OP, yb, xb, wb, reps) * 1e-9);
             /* fp8 weights: widened to f32 panels (f32 x), on the AVX512-BF16 kernel (bf16 x) */
-            double g_8f = flop / best_seconds(be, RUN_OP, y, x, w8, reps) * 1e-9;
-            char avx8[32] = "-";
-            if (avx) snprintf(avx8, sizeof avx8, "%.1f", flop / best_seconds(be, RUN_OP, yb, xb, w8, reps) * 1e-9);
+            variant v[] = {{.sgemm = 1, .y = y, .x = x, .w = w}, {.y = y, .x = x, .w = w}, {.y = y, .x = x, .w = wb},
+                           {.portable = 1, .y = yb, .x = xb, .w = wb}, {.y = y, .x = x, .w = w8},
+                           {.y = yb, .x = xb, .w = wb}, {.y = yb, .x = xb, .w = w8}};
+            time_variants(be, v, avx ? 7 : 5, reps); /* the last two only with the AVX512-BF16 kernel */
+            double g_sg = flop / v[0].best * 1e-9, g_f32 = flop / v[1].best * 1e-9, g_wb = flop / v[2].best * 1e-9;
+            double g_port = flop / v[3].best * 1e-9, g_8f = flop / v[4].best * 1e-9;
+            char avxs[32] = "-", avx8[32] = "-";
+            if (avx) snprintf(avxs, sizeof avxs, "%.1f", flop / v[5].best * 1e-9);
+            if (avx) snprintf(avx8, sizeof avx8, "%.1f", flop / v[6].best * 1e-9);
             char shape[32];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)N, (long long)K);
-            printf("%-14s %10.1f %10.1f %12.1f %14.1f %14s %12.1f %14s\n", shape, g_sg, g_f32, g_wb, g_port, avxs, g_8f, avx8);
+            printf("%-14s %10.1f %10.1f %12.1f %14.1f %14s %12.1f %14s %11.1f%%\n", shape, g_sg, g_f32, g_wb, g_port, avxs,
+                   g_8f, avx8, 100 * g_port / g_sg);
             fflush(stdout);
         }
         tensor_free(x); tensor_free(xb); tensor_free(w); tensor_free(wb); tensor_free(y); tensor_free(yb); tensor_free(w8);
