@@ -221,6 +221,35 @@ static void request_spec(const serve_ctx *sc, const serve_request *q, run_spec *
     gs->use_cfg = flux2_uses_cfg(&g->info, rs->guidance);
 }
 
+/* The text encoder was loaded for this request: while it is there, world
+ * rank 0's group also encodes the prompts waiting in the queue into the
+ * cache (as generate encodes a chunk of prompts per load), so that they do
+ * not load it again. Other groups (no queue of their own) skip this. A
+ * failure here only costs the cache entries: the waiting requests encode
+ * their prompts themselves. Collective over the group. */
+enum { PREFETCH_PROMPTS = 8 };
+static void encode_queued(serve_ctx *sc) {
+    const dist *d = sc->g->d;
+    char *prompts[PREFETCH_PROMPTS];
+    int n = d->world_rank == 0 && sc->ranks->queue ? serve_queue_peek_prompts(sc->ranks->queue, prompts, PREFETCH_PROMPTS)
+                                                   : 0;
+    MPI_Bcast(&n, 1, MPI_INT, 0, d->tp_comm);
+    for (int i = 0; i < n; i++) {
+        int64_t len = d->tp_rank == 0 ? (int64_t)strlen(prompts[i]) : 0;
+        MPI_Bcast(&len, 1, MPI_INT64_T, 0, d->tp_comm);
+        if (d->tp_rank != 0) prompts[i] = xmalloc((size_t)len + 1);
+        MPI_Bcast(prompts[i], (int)len, MPI_CHAR, 0, d->tp_comm);
+        prompts[i][len] = 0;
+    }
+    size_t sz = (size_t)sc->L * (size_t)sc->g->info.joint_dim;
+    float *tmp = xmalloc(sz * sizeof(float));
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) rc = flux2_pipe_prefetch(sc->pipe, prompts[i], tmp);
+    if (rc) tp_error_clear();   /* agreed inside the group; each waiting request will encode its own */
+    for (int i = 0; i < n; i++) free(prompts[i]);
+    free(tmp);
+}
+
 static void render(void *ctx, const serve_request *q, serve_job *out) {
     serve_ctx *sc = ctx;
     const gen_setup *g = sc->g;
@@ -279,11 +308,12 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     const flux2_pipe_stats *st = flux2_pipe_get_stats(sc->pipe);
     double t_enc = st->t_encode, t_den = st->t_denoise, s_steps = st->step_seconds;
     int n_steps = st->steps;
-    uint64_t hits = st->cache_hits;
+    uint64_t hits = st->cache_hits, misses = st->cache_misses;
     size_t sz = (size_t)sc->L * (size_t)g->info.joint_dim;
     float *emb = xmalloc(sz * sizeof(float)), *neg = gs.use_cfg ? xmalloc(sz * sizeof(float)) : NULL;
     int rc = flux2_pipe_encode(sc->pipe, prompt, emb, NULL);
     if (!rc && neg) rc = flux2_pipe_encode(sc->pipe, rs.negative_prompt, neg, NULL);
+    if (!rc && st->cache_misses > misses) encode_queued(sc);
     flux2_pipe_text_done(sc->pipe);
     int W = rs.width, H = rs.height;
     size_t nlat = (size_t)(H / 16) * (W / 16) * (size_t)g->info.in_channels;

@@ -128,6 +128,15 @@ int serve_queue_depth(serve_queue *q) {
     return d;
 }
 
+int serve_queue_peek_prompts(serve_queue *q, char **out, int max) {
+    int n = 0;
+    pthread_mutex_lock(&q->mu);
+    for (serve_job *j = q->head; j && n < max; j = j->next)
+        if (j->req.prompt && (out[n] = strdup(j->req.prompt))) n++;
+    pthread_mutex_unlock(&q->mu);
+    return n;
+}
+
 /* ---- metrics ---- */
 
 void serve_metrics_init(serve_metrics *m, int n_ranks) {

@@ -57,6 +57,9 @@ void serve_job_wait(serve_queue *q, serve_job *j);
  * rendered is not touched and finishes normally. */
 void serve_queue_close(serve_queue *q);
 int serve_queue_depth(serve_queue *q);
+/* Copies (strdup) of the prompts of up to max waiting jobs, in queue order;
+ * returns how many. */
+int serve_queue_peek_prompts(serve_queue *q, char **out, int max);
 
 /* Counters behind GET /metrics. */
 typedef enum {

@@ -176,7 +176,8 @@ static int load_text_encoder(flux2_pipe *p) {
     return rc;
 }
 
-int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float *out, int *hit) {
+/* count: lookups of requests count as hits and misses; prefetches do not */
+static int encode(flux2_pipe *p, const char *prompt, float *out, int *hit, int count) {
     double t0 = MPI_Wtime();
     int L = p->cfg.max_sequence_length;
     size_t n = (size_t)L * (size_t)p->info->joint_dim;
@@ -190,17 +191,26 @@ int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float *out, int *hit) {
     int rc = 0;
     if (all) {
         memcpy(out, cached, n * sizeof *out);
-        p->st.cache_hits++;
+        if (count) p->st.cache_hits++;
     } else {
         rc = load_text_encoder(p);
         if (!rc) rc = agree(p, textenc_encode(p->te, prompt, L, out, NULL, NULL));
         if (!rc && key && embed_cache_put(p->cache, key, out, n) < 0) rc = 0;   /* a full cache only costs speed */
-        if (key) p->st.cache_misses++;
+        if (key && count) p->st.cache_misses++;
+        if (key && !count) p->st.prefetched++;
     }
     if (hit) *hit = all;
     free(key);
     p->st.t_encode += MPI_Wtime() - t0;
     return rc ? tp_error_context("encoding the prompts") : 0;
+}
+
+int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float *out, int *hit) {
+    return encode(p, prompt, out, hit, 1);
+}
+
+int flux2_pipe_prefetch(flux2_pipe *p, const char *prompt, float *tmp) {
+    return p->cache ? encode(p, prompt, tmp, NULL, 0) : 0;
 }
 
 void flux2_pipe_text_done(flux2_pipe *p) {

@@ -83,6 +83,7 @@ typedef struct flux2_pipe_stats {
     int steps;
     double step_seconds;
     uint64_t cache_hits, cache_misses;
+    uint64_t prefetched;         /* prompts encoded ahead into the cache */
     uint64_t lora_bytes[LORA_MAX_ADAPTERS];  /* read from each adapter at the last load */
 } flux2_pipe_stats;
 
@@ -97,6 +98,10 @@ void flux2_pipe_free(flux2_pipe *p);
 /* The embedding of a prompt, [L, joint_dim] floats into out. *hit (may be
  * NULL) is 1 when the cache answered. Loads the text encoder when needed. */
 int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float *out, int *hit);
+/* Encode a prompt into the cache only (tmp: room for one embedding), for a
+ * prompt that will be asked for soon, while the encoder is loaded; not
+ * counted as a hit or a miss. No-op without a cache. */
+int flux2_pipe_prefetch(flux2_pipe *p, const char *prompt, float *tmp);
 /* Done with prompts for now: the text encoder is freed (its memory goes
  * back to the transformer) unless keep_text_encoder. */
 void flux2_pipe_text_done(flux2_pipe *p);

@@ -143,6 +143,28 @@ if NP=4 start_server "$TMP/s6.log" "$TPGEN" --tp 2 --keep-text-encoder; then
     [ $rc -eq 0 ] && ok "tp 2 x dp 2: graceful stop, exit 0" || fail "tp 2 x dp 2: stop rc $rc: $(tail -3 "$TMP/s6.log")"
 else fail "serve tp 2 x dp 2: not ready: $(tail -3 "$TMP/s6.log")"; fi
 
+# the text encoder, loaded for one request, also encodes the prompts waiting in the queue
+if start_server "$TMP/s8.log" "$TPGEN"; then
+    gen=(-X POST "http://127.0.0.1:$PORT/v1/images/generations")
+    curl -s -o /dev/null "${gen[@]}" -d '{"prompt": "a slow fox", "size": "512x512", "seed": 1, "steps": 30}' &
+    ca=$!
+    sleep 1
+    curl -s -o "$TMP/pb.json" "${gen[@]}" -d '{"prompt": "prompt b", "size": "64x64", "seed": 3, "steps": 2}' &
+    cb=$!
+    sleep 0.3
+    curl -s -o "$TMP/pc.json" "${gen[@]}" -d '{"prompt": "prompt c", "size": "64x64", "seed": 3, "steps": 2}' &
+    cc=$!
+    wait $ca $cb $cc
+    curl -s "http://127.0.0.1:$PORT/metrics" >"$TMP/m8.txt"
+    jq -r '.data[0].b64_json' "$TMP/pc.json" | base64 -d >"$TMP/pc.png"
+    $MPIRUN -np 2 $TPGEN --model "$M" --prompt "prompt c" --width 64 --height 64 --seed 3 --steps 2 --output "$TMP/pc-gen.png" >/dev/null 2>&1
+    grep -q '^tpgen_prompt_cache_lookups_total{result="hit"} 1$' "$TMP/m8.txt" &&
+        grep -q '^tpgen_prompt_cache_lookups_total{result="miss"} 2$' "$TMP/m8.txt" && cmp -s "$TMP/pc.png" "$TMP/pc-gen.png" &&
+        ok "a waiting request's prompt is encoded with the one before it (1 hit, 2 misses), image byte-identical" ||
+        fail "prefetch of queued prompts: $(grep prompt_cache_lookups "$TMP/m8.txt" | tr '\n' ' ')"
+    stop_server >/dev/null
+else fail "serve (prefetch test): not ready: $(tail -3 "$TMP/s8.log")"; fi
+
 # generate's model options are the server's start-up options: --quantize fp8
 if start_server "$TMP/s7.log" "$TPGEN" --quantize fp8; then
     $MPIRUN -np 2 $TPGEN --model "$M" --quantize fp8 --prompt "a fox" --width 64 --height 64 --seed 7 --steps 2 \
