@@ -250,6 +250,36 @@ static void encode_queued(serve_ctx *sc) {
     free(tmp);
 }
 
+/* What can be refused from the request alone (the same answer on every
+ * rank, before anything collective): -1 with e filled (400). */
+static int check_request(const serve_ctx *sc, const serve_request *q, const run_spec *rs, const gen_setup *gs,
+                         serve_error *e) {
+    const gen_setup *g = sc->g;
+    const char *prec = g->precision == DT_F32 ? "f32" : "bf16";
+    if (q->precision && strcmp(q->precision, prec)) {
+        serve_error_set(e, 400, "invalid_request_error", "precision",
+                        "this server runs %s; start one with --precision %s for %s requests", prec, q->precision,
+                        q->precision);
+        return -1;
+    }
+    if (rs->width % 16 || rs->height % 16) {
+        serve_error_set(e, 400, "invalid_request_error", "size", "the size %dx%d must be a multiple of 16",
+                        rs->width, rs->height);
+        return -1;
+    }
+    if (q->n_images && !sc->has_encoder) {
+        serve_error_set(e, 400, "invalid_request_error", "image",
+                        "this model's VAE has no encoder (encoder.conv_in.weight), so it cannot take reference images");
+        return -1;
+    }
+    if (q->n_images && g->info.kv_refs && gs->use_cfg) {
+        serve_error_set(e, 400, "invalid_request_error", "guidance",
+                        "this Flux2KleinKVPipeline runs its KV-cached references without CFG; use guidance 1");
+        return -1;
+    }
+    return 0;
+}
+
 static void render(void *ctx, const serve_request *q, serve_job *out) {
     serve_ctx *sc = ctx;
     const gen_setup *g = sc->g;
@@ -259,30 +289,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     char *prompt;
     uint64_t seed = q->seed;
     request_spec(sc, q, &rs, &gs, &prompt, &seed);
-    const char *prec = g->precision == DT_F32 ? "f32" : "bf16";
-    /* decided from the request alone: the same answer on every rank */
-    if (q->precision && strcmp(q->precision, prec)) {
-        serve_error_set(&out->err, 400, "invalid_request_error", "precision",
-                        "this server runs %s; start one with --precision %s for %s requests", prec, q->precision,
-                        q->precision);
-        out->status = 400;
-        return;
-    }
-    if (rs.width % 16 || rs.height % 16) {
-        serve_error_set(&out->err, 400, "invalid_request_error", "size", "the size %dx%d must be a multiple of 16",
-                        rs.width, rs.height);
-        out->status = 400;
-        return;
-    }
-    if (q->n_images && !sc->has_encoder) {
-        serve_error_set(&out->err, 400, "invalid_request_error", "image",
-                        "this model's VAE has no encoder (encoder.conv_in.weight), so it cannot take reference images");
-        out->status = 400;
-        return;
-    }
-    if (q->n_images && g->info.kv_refs && gs.use_cfg) {
-        serve_error_set(&out->err, 400, "invalid_request_error", "guidance",
-                        "this Flux2KleinKVPipeline runs its KV-cached references without CFG; use guidance 1");
+    if (check_request(sc, q, &rs, &gs, &out->err)) {
         out->status = 400;
         return;
     }
