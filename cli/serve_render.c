@@ -1,0 +1,249 @@
+/* `tpgen serve`: rendering one request on every rank of a TP group
+ * (serve_render.h). A request is a one-job run spec over the server's
+ * settings; an edit's uploads become files in a private folder on the
+ * group's first rank. */
+#include "serve_render.h"
+#include "../core/err.h"
+#include "../core/image.h"
+#include "../core/png.h"
+#include "../core/sha256.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+
+/* An edit's references on the group's first rank: the uploads written to a
+ * private temporary folder (the VAE encoder reads files), probed and
+ * checked as generate checks --image files, hashed for the PNG parameters.
+ * Errors name the upload, not the folder. */
+typedef struct req_refs {
+    char dir[64];
+    char **paths;
+    char (*sha)[65];
+    int w, h;                    /* the first reference's processed size */
+} req_refs;
+
+static void refs_cleanup(req_refs *r, int n) {
+    for (int i = 0; r->paths && i < n; i++) {
+        if (r->paths[i]) remove(r->paths[i]);
+        free(r->paths[i]);
+    }
+    if (r->dir[0]) rmdir(r->dir);
+    free(r->paths);
+    free(r->sha);
+    memset(r, 0, sizeof *r);
+}
+
+static int refs_prepare(const serve_request *q, req_refs *r) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(r->dir, sizeof r->dir, "%.40s/tpgen-serve-XXXXXX", tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
+    if (!mkdtemp(r->dir)) {
+        r->dir[0] = 0;
+        return tp_error("cannot create a temporary folder for the reference images (TMPDIR)");
+    }
+    r->paths = xcalloc((size_t)q->n_images, sizeof *r->paths);
+    r->sha = xcalloc((size_t)q->n_images, sizeof *r->sha);
+    for (int k = 0; k < q->n_images; k++) {
+        r->paths[k] = xasprintf("%s/%d-%s", r->dir, k + 1, q->image_names[k]);
+        int w, h;
+        if (file_write_atomic(r->paths[k], q->images[k], q->image_sizes[k]) || image_probe(r->paths[k], &w, &h) ||
+            image_check_reference(r->paths[k], w, h) || file_sha256(r->paths[k], r->sha[k]))
+            return -1;
+        uint8_t *rgb = NULL;   /* decoded whole here, so that a truncated file is a bad request */
+        int dw, dh;
+        if (image_read_rgb(r->paths[k], &rgb, &dw, &dh)) return -1;
+        free(rgb);
+        if (k == 0) image_reference_size(w, h, &r->w, &r->h);
+    }
+    return 0;
+}
+
+/* tp_error's message with the temporary folder taken out */
+static void message_without(const char *dir, char *out, size_t n) {
+    const char *m = tp_error_msg();
+    size_t dl = strlen(dir), k = 0;
+    for (const char *p = m; *p && k + 1 < n;) {
+        if (dl && !strncmp(p, dir, dl) && p[dl] == '/') {
+            p += dl + 1;
+            while (*p >= '0' && *p <= '9') p++;   /* the "K-" of K-name */
+            if (*p == '-') p++;
+            continue;
+        }
+        out[k++] = *p++;
+    }
+    out[k] = 0;
+}
+
+static int on_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
+    (void)step, (void)steps, (void)seconds, (void)v, (void)x;
+    serve_ranks_service(((serve_ctx *)ctx)->ranks);   /* feed the other TP groups between steps */
+    return 0;
+}
+
+/* The request as a one-job run spec over the server's (shallow copies:
+ * nothing here is freed). */
+static void request_spec(const serve_ctx *sc, const serve_request *q, run_spec *rs, gen_setup *gs, char **prompt,
+                         uint64_t *seed) {
+    const gen_setup *g = sc->g;
+    *rs = *g->spec;
+    *gs = *g;
+    gs->spec = rs;
+    *prompt = q->prompt;
+    rs->prompts = prompt, rs->n_prompts = 1;
+    rs->seeds = seed, rs->n_seeds = 1;
+    if (q->steps) rs->steps = q->steps;
+    if (q->has_guidance) rs->guidance = q->guidance;
+    if (q->width) rs->width = q->width, rs->height = q->height;
+    if (q->negative_prompt) rs->negative_prompt = q->negative_prompt;
+    rs->images = NULL, rs->n_images = 0, rs->prompt_images = NULL;
+    gs->prompt_w = gs->prompt_h = NULL;
+    gs->use_cfg = flux2_uses_cfg(&g->info, rs->guidance);
+}
+
+/* The text encoder was loaded for this request: while it is there, world
+ * rank 0's group also encodes the prompts waiting in the queue into the
+ * cache (as generate encodes a chunk of prompts per load), so that they do
+ * not load it again. Other groups (no queue of their own) skip this. A
+ * failure here only costs the cache entries: the waiting requests encode
+ * their prompts themselves. Collective over the group. */
+enum { PREFETCH_PROMPTS = 8 };
+static void encode_queued(serve_ctx *sc) {
+    const dist *d = sc->g->d;
+    char *prompts[PREFETCH_PROMPTS];
+    int n = d->world_rank == 0 && sc->ranks->queue ? serve_queue_peek_prompts(sc->ranks->queue, prompts, PREFETCH_PROMPTS)
+                                                   : 0;
+    MPI_Bcast(&n, 1, MPI_INT, 0, d->tp_comm);
+    for (int i = 0; i < n; i++) {
+        int64_t len = d->tp_rank == 0 ? (int64_t)strlen(prompts[i]) : 0;
+        MPI_Bcast(&len, 1, MPI_INT64_T, 0, d->tp_comm);
+        if (d->tp_rank != 0) prompts[i] = xmalloc((size_t)len + 1);
+        MPI_Bcast(prompts[i], (int)len, MPI_CHAR, 0, d->tp_comm);
+        prompts[i][len] = 0;
+    }
+    size_t sz = (size_t)sc->L * (size_t)sc->g->info.joint_dim;
+    float *tmp = xmalloc(sz * sizeof(float));
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) rc = flux2_pipe_prefetch(sc->pipe, prompts[i], tmp);
+    if (rc) tp_error_clear();   /* agreed inside the group; each waiting request will encode its own */
+    for (int i = 0; i < n; i++) free(prompts[i]);
+    free(tmp);
+}
+
+/* What can be refused from the request alone (the same answer on every
+ * rank, before anything collective): -1 with e filled (400). */
+static int check_request(const serve_ctx *sc, const serve_request *q, const run_spec *rs, const gen_setup *gs,
+                         serve_error *e) {
+    const gen_setup *g = sc->g;
+    const char *prec = g->precision == DT_F32 ? "f32" : "bf16";
+    if (q->precision && strcmp(q->precision, prec)) {
+        serve_error_set(e, 400, "invalid_request_error", "precision",
+                        "this server runs %s; start one with --precision %s for %s requests", prec, q->precision,
+                        q->precision);
+        return -1;
+    }
+    if (rs->width % 16 || rs->height % 16) {
+        serve_error_set(e, 400, "invalid_request_error", "size", "the size %dx%d must be a multiple of 16",
+                        rs->width, rs->height);
+        return -1;
+    }
+    if (q->n_images && !sc->has_encoder) {
+        serve_error_set(e, 400, "invalid_request_error", "image",
+                        "this model's VAE has no encoder (encoder.conv_in.weight), so it cannot take reference images");
+        return -1;
+    }
+    if (q->n_images && g->info.kv_refs && gs->use_cfg) {
+        serve_error_set(e, 400, "invalid_request_error", "guidance",
+                        "this Flux2KleinKVPipeline runs its KV-cached references without CFG; use guidance 1");
+        return -1;
+    }
+    return 0;
+}
+
+void serve_render(void *ctx, const serve_request *q, serve_job *out) {
+    serve_ctx *sc = ctx;
+    const gen_setup *g = sc->g;
+    const dist *d = g->d;
+    run_spec rs;
+    gen_setup gs;
+    char *prompt;
+    uint64_t seed = q->seed;
+    request_spec(sc, q, &rs, &gs, &prompt, &seed);
+    if (check_request(sc, q, &rs, &gs, &out->err)) {
+        out->status = 400;
+        return;
+    }
+    /* the references, on the group's first rank; the group agrees, and learns the output size */
+    req_refs refs = {0};
+    if (q->n_images) {
+        int bad = d->tp_rank == 0 ? refs_prepare(q, &refs) : 0;
+        if (dist_agree(d->tp_comm, bad)) {
+            char msg[sizeof out->err.message];
+            message_without(refs.dir, msg, sizeof msg);
+            refs_cleanup(&refs, q->n_images);
+            serve_error_set(&out->err, 400, "invalid_request_error", "image", "%s", msg);
+            out->status = 400;
+            return;
+        }
+        int wh[2] = {refs.w, refs.h};
+        MPI_Bcast(wh, 2, MPI_INT, 0, d->tp_comm);
+        if (!q->width) rs.width = wh[0], rs.height = wh[1];   /* diffusers: the first reference's size */
+        /* the PNG parameters name the uploads and their sha256 */
+        rs.images = q->image_names, rs.n_images = q->n_images;
+        gs.ref_files = q->image_names, gs.n_ref_files = q->n_images, gs.ref_sha256 = refs.sha;
+    }
+    const flux2_pipe_stats *st = flux2_pipe_get_stats(sc->pipe);
+    double t_enc = st->t_encode, t_den = st->t_denoise, s_steps = st->step_seconds;
+    int n_steps = st->steps;
+    uint64_t hits = st->cache_hits, misses = st->cache_misses;
+    size_t sz = (size_t)sc->L * (size_t)g->info.joint_dim;
+    float *emb = xmalloc(sz * sizeof(float)), *neg = gs.use_cfg ? xmalloc(sz * sizeof(float)) : NULL;
+    int rc = flux2_pipe_encode(sc->pipe, prompt, emb, NULL);
+    if (!rc && neg) rc = flux2_pipe_encode(sc->pipe, rs.negative_prompt, neg, NULL);
+    if (!rc && st->cache_misses > misses) encode_queued(sc);
+    flux2_pipe_text_done(sc->pipe);
+    int W = rs.width, H = rs.height;
+    size_t nlat = (size_t)(H / 16) * (W / 16) * (size_t)g->info.in_channels;
+    float *lat = xmalloc(nlat * sizeof(float));
+    uint8_t *rgb = d->tp_rank == 0 ? xmalloc((size_t)W * H * 3) : NULL;
+    double t_dec = 0;
+    if (!rc) {
+        out->pngs = xcalloc((size_t)q->n, sizeof *out->pngs);
+        out->png_sizes = xcalloc((size_t)q->n, sizeof *out->png_sizes);
+    }
+    for (int k = 0; k < q->n && !rc; k++) {
+        seed = q->seed + (uint64_t)k;
+        flux2_job j = {.seed = seed, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
+                       .embeds = emb, .L = sc->L, .neg_embeds = neg, .on_step = on_step, .ctx = sc,
+                       .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images};
+        rc = flux2_pipe_render(sc->pipe, &j, lat);
+        if (rc) break;
+        int mine = 0;
+        if (d->tp_rank == 0) {
+            double dt = 0;
+            mine = flux2_pipe_decode(sc->pipe, lat, W, H, rgb, &dt);
+            t_dec += dt;
+            char *params = mine ? NULL : gen_parameters_text(&gs, 0);
+            if (!mine) mine = png_encode_rgb(rgb, W, H, "parameters", params, &out->pngs[k], &out->png_sizes[k]);
+            free(params);
+            if (!mine) out->n_pngs++;
+        }
+        rc = dist_agree(d->tp_comm, mine);
+    }
+    free(emb), free(neg), free(lat), free(rgb);
+    if (q->n_images) refs_cleanup(&refs, q->n_images);
+    out->timing = (serve_timing){
+        .steps = st->steps - n_steps, .step_seconds = st->step_seconds - s_steps,
+        .encode_seconds = st->t_encode - t_enc, .denoise_seconds = st->t_denoise - t_den, .decode_seconds = t_dec,
+        .cache_hit = st->cache_hits > hits ? 1 : g->info.has_text_encoder ? 0 : -1,
+    };
+    if (rc) {
+        serve_job_free_result(out);
+        out->status = 500;
+        serve_error_set(&out->err, 500, "server_error", NULL, "rendering failed: %s", tp_error_msg());
+        if (d->world_rank == 0) fprintf(stderr, "tpgen: serve: request %llu failed: %s\n", (unsigned long long)out->id,
+                                        tp_error_msg());
+        return;
+    }
+    out->status = 200;
+}
