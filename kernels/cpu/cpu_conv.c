@@ -28,7 +28,9 @@
 #include <omp.h>
 #include <stdlib.h>
 
-#define COL_BYTES (8u << 20)
+/* columns per item: f32 columns feed OpenBLAS, which packs them itself;
+ * bf16 pair columns are read in place by the tiles and should stay in L2 */
+enum { ITEM_BYTES_F32 = 4 << 20, ITEM_BYTES_BF16 = 1 << 20 };
 
 /* input h x wd, output ho x wo; input row st*yo + ky - pad feeds output row yo */
 typedef struct {
@@ -46,46 +48,36 @@ static void tap_cols(const conv_geom *g, int64_t off, int64_t *a, int64_t *b) {
     *b = hi < lo ? lo : hi;
 }
 
-/* col[(ci*k + ky)*k + kx][p] for output rows [r0, r0+nr), p = (yo-r0)*wo + xo */
-static void im2col_f32(const tensor *x, const conv_geom *g, int64_t r0, int64_t nr, float *col) {
+/* col[(ci*k + ky)*k + kx][p] for output rows [r0, r0+nr), p = (yo-r0)*wo + xo;
+ * buf: room for the band's input rows of one channel when x is not f32 */
+static void im2col_f32(const tensor *x, const conv_geom *g, int64_t r0, int64_t nr, float *col, float *buf) {
     int64_t Cin = x->rows, wd = g->wd, wo = g->wo, np = nr * wo, k = g->k, st = g->st;
     /* the input rows the band touches */
     int64_t lo = st * r0 - g->pad, hi = st * (r0 + nr - 1) + k - g->pad;
     lo = lo < 0 ? 0 : lo;
     hi = hi > g->h ? g->h : hi;
     hi = hi < lo ? lo : hi;
-#pragma omp parallel if (Cin * np * k * k > CPU_PAR_MIN)
-    {
-        float *buf = x->dtype == DT_F32 ? NULL : xmalloc((size_t)((hi - lo) * wd + 1) * sizeof(float));
-#pragma omp for
-        for (int64_t ci = 0; ci < Cin; ci++) {
-            const float *img = hi > lo ? row_f32(x, ci, lo * wd, (hi - lo) * wd, buf) : NULL; /* input row lo first */
-            for (int ky = 0; ky < k; ky++)
-                for (int kx = 0; kx < k; kx++) {
-                    float *dst = col + ((ci * k + ky) * k + kx) * np;
-                    int64_t off = kx - g->pad, xa, xb;
-                    tap_cols(g, off, &xa, &xb);
-                    for (int64_t r = 0; r < nr; r++) {
-                        int64_t iy = st * (r0 + r) + ky - g->pad;
-                        float *d = dst + r * wo;
-                        if (iy < 0 || iy >= g->h) { memset(d, 0, (size_t)wo * sizeof(float)); continue; }
-                        const float *s = img + (iy - lo) * wd;
-                        for (int64_t xo = 0; xo < xa; xo++) d[xo] = 0.0f;
-                        if (st == 1) memcpy(d + xa, s + xa + off, (size_t)(xb - xa) * sizeof(float));
-                        else for (int64_t xo = xa; xo < xb; xo++) d[xo] = s[st * xo + off];
-                        for (int64_t xo = xb; xo < wo; xo++) d[xo] = 0.0f;
-                    }
+    for (int64_t ci = 0; ci < Cin; ci++) {
+        const float *img = hi > lo ? row_f32(x, ci, lo * wd, (hi - lo) * wd, buf) : NULL; /* input row lo first */
+        for (int ky = 0; ky < k; ky++)
+            for (int kx = 0; kx < k; kx++) {
+                float *dst = col + ((ci * k + ky) * k + kx) * np;
+                int64_t off = kx - g->pad, xa, xb;
+                tap_cols(g, off, &xa, &xb);
+                for (int64_t r = 0; r < nr; r++) {
+                    int64_t iy = st * (r0 + r) + ky - g->pad;
+                    float *d = dst + r * wo;
+                    if (iy < 0 || iy >= g->h) { memset(d, 0, (size_t)wo * sizeof(float)); continue; }
+                    const float *s = img + (iy - lo) * wd;
+                    for (int64_t xo = 0; xo < xa; xo++) d[xo] = 0.0f;
+                    if (st == 1) memcpy(d + xa, s + xa + off, (size_t)(xb - xa) * sizeof(float));
+                    else for (int64_t xo = xa; xo < xb; xo++) d[xo] = s[st * xo + off];
+                    for (int64_t xo = xb; xo < wo; xo++) d[xo] = 0.0f;
                 }
-        }
-        free(buf);
+            }
     }
 }
 
-/* im2col of a bf16 x into pair-interleaved form: the 32-bit word
- * colp[q*ldp + p] holds (col[2q][p], col[2q+1][p]) with col as in
- * im2col_f32 (0 for k >= KK), for q < kp; pixels np..np32 are 0. This is
- * the B operand of the AMX tiles, and the vdpbf16ps route copies panels of
- * 32 pixels out of it. */
 static inline uint32_t pair_at(const uint16_t *const s[2], const int64_t a[2], const int64_t b[2], const int64_t off[2],
                                int64_t st, int64_t xo) {
     uint32_t v0 = xo >= a[0] && xo < b[0] ? s[0][st * xo + off[0]] : 0;
@@ -93,18 +85,36 @@ static inline uint32_t pair_at(const uint16_t *const s[2], const int64_t a[2], c
     return v0 | v1 << 16;
 }
 
+/* d[i] = p0[i] | p1[i] << 16 (stride 1) and p0[2i] | p1[2i] << 16 (stride 2): the bulk of the pair im2col */
 static void pairs_run1(uint32_t *restrict d, const uint16_t *restrict p0, const uint16_t *restrict p1, int64_t n) {
-    for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)p0[i] | (uint32_t)p1[i] << 16;
+    int64_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 16 <= n; i += 16) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(p0 + i)), b = _mm256_loadu_si256((const __m256i *)(p1 + i));
+        __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b); /* per 128-bit lane */
+        _mm256_storeu_si256((__m256i *)(d + i), _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256((__m256i *)(d + i + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+#endif
+    for (; i < n; i++) d[i] = (uint32_t)p0[i] | (uint32_t)p1[i] << 16;
 }
 
 static void pairs_run2(uint32_t *restrict d, const uint16_t *restrict p0, const uint16_t *restrict p1, int64_t n) {
-    for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)p0[2 * i] | (uint32_t)p1[2 * i] << 16;
+    int64_t i = 0;
+#if defined(__AVX2__)
+    /* 32-bit loads take p[2i] and p[2i+1]; the last one read, p[2i+15], must be a tap (i + 8 < n) */
+    const __m256i low = _mm256_set1_epi32(0xffff);
+    for (; i + 8 < n; i += 8) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(p0 + 2 * i)), b = _mm256_loadu_si256((const __m256i *)(p1 + 2 * i));
+        _mm256_storeu_si256((__m256i *)(d + i), _mm256_or_si256(_mm256_and_si256(a, low), _mm256_slli_epi32(b, 16)));
+    }
+#endif
+    for (; i < n; i++) d[i] = (uint32_t)p0[2 * i] | (uint32_t)p1[2 * i] << 16;
 }
 
 static void im2col_pairs(const tensor *x, const conv_geom *g, int64_t r0, int64_t nr, int64_t KK, int64_t kp,
                          int64_t ldp, uint32_t *colp) {
     int64_t np = nr * g->wo, np32 = (np + 31) / 32 * 32, k = g->k, st = g->st, wo = g->wo;
-#pragma omp parallel for if (kp * np > CPU_PAR_MIN)
     for (int64_t q = 0; q < kp; q++) {
         int64_t ci[2], ky[2], off[2], xa[2], xb[2];
         for (int e = 0; e < 2; e++) { /* the pair's two (channel, ky, kx) taps */
@@ -139,45 +149,29 @@ static void im2col_pairs(const tensor *x, const conv_geom *g, int64_t r0, int64_
     }
 }
 
-/* One band with vdpbf16ps: items of (32-pixel panel, range of output
- * channels); y[co, b0 + p] for the panel's pixels. */
-static void conv_band_vdp(tensor *y, const tensor *w, const float *bias, const uint32_t *colp, int64_t np,
-                          int64_t ldp, int64_t kp, int64_t b0) {
-    int64_t Cout = w->rows, npan = (np + 31) / 32;
-    int threads = omp_get_max_threads();
-    /* split the channels too when there are fewer than two panels per thread */
-    int64_t nch = npan >= 2 * threads ? 1 : (2 * threads + npan - 1) / npan;
-    int64_t cc = (Cout + nch - 1) / nch;
-    cc = (cc + 7) / 8 * 8;
-    nch = (Cout + cc - 1) / cc;
-#pragma omp parallel
-    {
-        float *out = xmalloc(sizeof(float) * BF16_PANEL_ROWS * (size_t)cc);
-        uint32_t *panel = xmalloc(sizeof(uint32_t) * BF16_PANEL_ROWS * (size_t)kp);
-#pragma omp for collapse(2) schedule(dynamic)
-        for (int64_t pi = 0; pi < npan; pi++)
-            for (int64_t ch = 0; ch < nch; ch++) {
-                int64_t p0 = pi * BF16_PANEL_ROWS, nn = np - p0 < BF16_PANEL_ROWS ? np - p0 : BF16_PANEL_ROWS;
-                int64_t co0 = ch * cc, nc = Cout - co0 < cc ? Cout - co0 : cc;
-                if (nc <= 0) continue;
-                const uint32_t *src = colp + p0;
-                for (int64_t q = 0; q < kp; q++)
-                    memcpy(panel + q * BF16_PANEL_ROWS, src + q * ldp, BF16_PANEL_ROWS * sizeof(uint32_t));
-                bf16_panel_gemm(row_ptr(w, co0), w->ld, nc, panel, BF16_PANEL_ROWS, kp, out, BF16_PANEL_ROWS, nn);
-                for (int64_t r = 0; r < nc; r++) {
-                    float *o = out + r * BF16_PANEL_ROWS;
-                    if (bias) for (int64_t j = 0; j < nn; j++) o[j] += bias[co0 + r];
-                    row_store(y, co0 + r, b0 + p0, nn, o);
-                }
-            }
-        free(out);
-        free(panel);
+/* The product for one item's pixels [b0, b0+np) with every output channel, on the calling thread. */
+
+/* vdpbf16ps: 32 pixels at a time packed as a panel, the weight rows read in place */
+static void item_vdp(tensor *y, const tensor *w, const float *bias, const uint32_t *colp, int64_t np, int64_t ldp,
+                     int64_t kp, int64_t b0, uint32_t *panel, float *out) {
+    int64_t Cout = w->rows;
+    for (int64_t p0 = 0; p0 < np; p0 += BF16_PANEL_ROWS) {
+        int64_t nn = np - p0 < BF16_PANEL_ROWS ? np - p0 : BF16_PANEL_ROWS;
+        for (int64_t q = 0; q < kp; q++)
+            memcpy(panel + q * BF16_PANEL_ROWS, colp + q * ldp + p0, BF16_PANEL_ROWS * sizeof(uint32_t));
+        bf16_panel_gemm(row_ptr(w, 0), w->ld, Cout, panel, BF16_PANEL_ROWS, kp, out, BF16_PANEL_ROWS, nn);
+        for (int64_t r = 0; r < Cout; r++) {
+            float *o = out + r * BF16_PANEL_ROWS;
+            if (bias) for (int64_t j = 0; j < nn; j++) o[j] += bias[r];
+            row_store(y, r, b0 + p0, nn, o);
+        }
     }
 }
 
-/* One band with sgemm: y[:, b0 .. b0+np) = wf · col (+ bias), wf f32 [Cout, KK] with leading dimension ldw. */
-static void conv_band_sgemm(tensor *y, const float *wf, int64_t ldw, const float *bias, const float *col, int64_t np,
-                            int64_t KK, int64_t b0, float *ybuf) {
+/* sgemm, single-threaded (OpenBLAS runs so inside a parallel region): the
+ * columns are packed once, the weight once per item */
+static void item_sgemm(tensor *y, const float *wf, int64_t ldw, const float *bias, const float *col, int64_t np,
+                       int64_t KK, int64_t b0, float *ybuf) {
     int64_t Cout = y->rows;
     int direct = y->dtype == DT_F32;
     float *c = direct ? (float *)y->data + b0 : ybuf;
@@ -185,7 +179,6 @@ static void conv_band_sgemm(tensor *y, const float *wf, int64_t ldw, const float
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Cout, (int)np, (int)KK, 1.0f, wf, (int)ldw, col,
                 (int)np, 0.0f, c, (int)ldc);
     if (!bias && direct) return;
-#pragma omp parallel for if (Cout * np > CPU_PAR_MIN)
     for (int64_t r = 0; r < Cout; r++) {
         float *cr = c + r * ldc;
         if (bias) for (int64_t j = 0; j < np; j++) cr[j] += bias[r];
@@ -195,31 +188,40 @@ static void conv_band_sgemm(tensor *y, const float *wf, int64_t ldw, const float
 
 typedef enum { ROUTE_SGEMM, ROUTE_VDP, ROUTE_AMX } conv_route;
 
+/* The work is cut into items of whole output rows, about ITEM_BYTES of
+ * columns each (at least one row, at least two items per thread when there
+ * are enough rows), and every item makes its own columns in a buffer of
+ * its thread: one parallel region per convolution, no barrier between the
+ * im2col and the product (on a busy machine a barrier per band cost more
+ * than the product), and the columns are still in L2 when the product
+ * reads them. */
 static void conv_run(tensor *y, const tensor *x, const tensor *w, const tensor *bias, const conv_geom *g) {
     int64_t Cout = w->rows, KK = x->rows * g->k * g->k, wo = g->wo;
     if (g->ho * wo == 0 || Cout == 0) return;
     float *bf = NULL;
     if (bias) { bf = xmalloc((size_t)Cout * sizeof(float)); convert_to_f32(bf, bias->data, bias->dtype, (size_t)Cout); }
     int bf16 = x->dtype == DT_BF16 && w->dtype == DT_BF16;
-    conv_route route = bf16 && cpu_conv_amx_enabled()                           ? ROUTE_AMX
+    conv_route route = bf16 && cpu_conv_amx_enabled()                      ? ROUTE_AMX
                        : bf16 && KK % 2 == 0 && cpu_bf16_kernels_enabled() ? ROUTE_VDP
-                                                                               : ROUTE_SGEMM;
+                                                                           : ROUTE_SGEMM;
     int64_t kp = (KK + 1) / 2;
     uint16_t *wp = route == ROUTE_AMX ? amx_pack_weights(w, &kp) : NULL;
-    /* bytes of columns per output row */
     size_t per_row = route == ROUTE_SGEMM ? sizeof(float) * (size_t)KK * (size_t)wo : sizeof(uint32_t) * (size_t)kp * (size_t)wo;
-    int64_t band = (int64_t)(cpu_tile_budget(COL_BYTES) / (per_row ? per_row : 1));
-    band = band < 1 ? 1 : band > g->ho ? g->ho : band;
+    size_t budget = cpu_tile_budget(route == ROUTE_SGEMM ? ITEM_BYTES_F32 : ITEM_BYTES_BF16);
+    int threads = omp_get_max_threads();
+    int64_t rows = (int64_t)(budget / (per_row ? per_row : 1));
+    int64_t fair = (g->ho + 2 * threads - 1) / (2 * threads);
+    rows = rows > fair ? fair : rows;
+    rows = rows < 1 ? 1 : rows;
+    int64_t nitems = (g->ho + rows - 1) / rows, npx = rows * wo;
     /* pair rows: whole panels of 32 pixels, and ldp/16 odd so that a tile's 16 rows fall in distinct cache sets */
-    int64_t ldp = (band * wo + 31) / 32 * 32 + 16;
-    void *col = route == ROUTE_SGEMM ? xmalloc(sizeof(float) * (size_t)KK * (size_t)(band * wo))
-                                     : xmalloc(sizeof(uint32_t) * (size_t)kp * (size_t)ldp);
+    int64_t ldp = (npx + 31) / 32 * 32 + 16;
     const float *wf = NULL;
-    float *wbuf = NULL, *ybuf = NULL;
+    float *wbuf = NULL;
     int64_t ldw = KK;
     if (route == ROUTE_SGEMM) {
         if (w->dtype == DT_F32) { wf = w->data; ldw = w->ld; }
-        else {
+        else { /* widened once per call */
             wbuf = xmalloc(sizeof(float) * (size_t)(Cout * KK));
 #pragma omp parallel for if (Cout * KK > CPU_PAR_MIN)
             for (int64_t r = 0; r < Cout; r++) {
@@ -228,21 +230,33 @@ static void conv_run(tensor *y, const tensor *x, const tensor *w, const tensor *
             }
             wf = wbuf;
         }
-        if (y->dtype != DT_F32) ybuf = xmalloc(sizeof(float) * (size_t)(Cout * band * wo));
     }
-    for (int64_t r0 = 0; r0 < g->ho; r0 += band) {
-        int64_t nr = g->ho - r0 < band ? g->ho - r0 : band, np = nr * wo;
-        if (route == ROUTE_SGEMM) {
-            im2col_f32(x, g, r0, nr, col);
-            conv_band_sgemm(y, wf, ldw, bf, col, np, KK, r0 * wo, ybuf);
-            continue;
+#pragma omp parallel if (nitems > 1)
+    {
+        void *col = route == ROUTE_SGEMM ? xmalloc(sizeof(float) * (size_t)KK * (size_t)npx)
+                                         : xmalloc(sizeof(uint32_t) * (size_t)kp * (size_t)ldp);
+        int64_t in_rows = g->st * (rows - 1) + g->k; /* input rows an item reads */
+        float *xbuf = route == ROUTE_SGEMM && x->dtype != DT_F32 ? xmalloc(sizeof(float) * (size_t)(in_rows * g->wd)) : NULL;
+        float *ybuf = route == ROUTE_SGEMM && y->dtype != DT_F32 ? xmalloc(sizeof(float) * (size_t)(Cout * npx)) : NULL;
+        uint32_t *panel = route == ROUTE_VDP ? xmalloc(sizeof(uint32_t) * BF16_PANEL_ROWS * (size_t)kp) : NULL;
+        float *out = route == ROUTE_VDP ? xmalloc(sizeof(float) * BF16_PANEL_ROWS * (size_t)Cout) : NULL;
+        if (route == ROUTE_AMX) amx_tiles_begin();
+#pragma omp for schedule(dynamic)
+        for (int64_t it = 0; it < nitems; it++) {
+            int64_t r0 = it * rows, nr = g->ho - r0 < rows ? g->ho - r0 : rows, np = nr * wo;
+            if (route == ROUTE_SGEMM) {
+                im2col_f32(x, g, r0, nr, col, xbuf);
+                item_sgemm(y, wf, ldw, bf, col, np, KK, r0 * wo, ybuf);
+                continue;
+            }
+            im2col_pairs(x, g, r0, nr, KK, kp, ldp, col);
+            if (route == ROUTE_AMX) amx_conv_block(y, wp, kp, bf, col, ldp, np, r0 * wo);
+            else item_vdp(y, w, bf, col, np, ldp, kp, r0 * wo, panel, out);
         }
-        int64_t ldb = route == ROUTE_AMX ? ldp : (np + 31) / 32 * 32; /* this band's pair-row stride */
-        im2col_pairs(x, g, r0, nr, KK, kp, ldb, col);
-        if (route == ROUTE_AMX) amx_conv_band(y, wp, kp, bf, col, ldb, np, r0 * wo);
-        else conv_band_vdp(y, w, bf, col, np, ldb, kp, r0 * wo);
+        if (route == ROUTE_AMX) amx_tiles_end();
+        free(col), free(xbuf), free(ybuf), free(panel), free(out);
     }
-    free(col), free(wp), free(wbuf), free(ybuf), free(bf);
+    free(wp), free(wbuf), free(bf);
 }
 
 void cpu_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias,

@@ -13,9 +13,8 @@
  *   sets), pixel columns padded to 32 and pair rows to kp (= K/2 padded)
  *   with zeros;
  * - C: 2x2 accumulator tiles, 32 output channels x 32 pixels.
- * A thread's item is a group of pixel blocks for a range of channels; the
- * group's B columns (kp·128 bytes a block) stay in L2 while the weight
- * tiles of every channel block stream past them.
+ * A thread's item (cpu_conv.c) is a few output rows: its B columns stay in
+ * L2 while the weight tiles of every channel block stream past them.
  *
  * The tile registers need the OS's permission (arch_prctl
  * ARCH_REQ_XCOMP_PERM) and a tile configuration per thread; both are done
@@ -160,38 +159,23 @@ uint16_t *amx_pack_weights(const tensor *w, int64_t *kp_out) {
     return p;
 }
 
-enum { GROUP_BLOCKS = 4 }; /* pixel blocks of 32 per item, when there are enough */
+void amx_tiles_begin(void) { tiles_begin(); }
+void amx_tiles_end(void) { tiles_end(); }
 
-void amx_conv_band(tensor *y, const uint16_t *wp, int64_t kp, const float *bias, const uint32_t *colp, int64_t ldp,
-                   int64_t np, int64_t b0) {
+/* The weight tiles of 32 channels (72 KB at K = 1152, 288 KB at 4608) meet
+ * the pixel blocks one after the other from L2; the item's pixel columns
+ * (kp·128 bytes a block) stay in L2 too. */
+void amx_conv_block(tensor *y, const uint16_t *wp, int64_t kp, const float *bias, const uint32_t *colp, int64_t ldp,
+                    int64_t np, int64_t b0) {
     int64_t Cout = y->rows, nblk = (np + 31) / 32, nks = kp / 16, ncb = (Cout + 31) / 32;
-    int threads = omp_get_max_threads();
-    /* items: groups of pixel blocks x ranges of channel blocks, at least two per thread when the band allows */
-    int64_t gb = nblk >= GROUP_BLOCKS * 2 * threads ? GROUP_BLOCKS : 1;
-    int64_t ngroups = (nblk + gb - 1) / gb;
-    int64_t nch = ngroups >= 2 * threads ? 1 : (2 * threads + ngroups - 1) / ngroups;
-    if (nch > ncb) nch = ncb;
-    int64_t cpc = (ncb + nch - 1) / nch; /* channel blocks per chunk */
-    nch = (ncb + cpc - 1) / cpc;
-#pragma omp parallel if (ngroups * nch > 1)
-    {
-        tiles_begin();
-        float out[32 * 32];
-#pragma omp for collapse(2) schedule(dynamic)
-        for (int64_t g = 0; g < ngroups; g++)
-            for (int64_t ch = 0; ch < nch; ch++) {
-                int64_t blk1 = (g + 1) * gb < nblk ? (g + 1) * gb : nblk;
-                int64_t cb1 = (ch + 1) * cpc < ncb ? (ch + 1) * cpc : ncb;
-                for (int64_t cb = ch * cpc; cb < cb1; cb++)
-                    for (int64_t blk = g * gb; blk < blk1; blk++) {
-                        int64_t p0 = blk * 32, nn = np - p0 < 32 ? np - p0 : 32;
-                        int64_t co0 = cb * 32, nc = Cout - co0 < 32 ? Cout - co0 : 32;
-                        block32(wp + 2 * cb * nks * 512, nks, colp + p0, ldp, kp, out);
-                        store_block(y, out, bias, co0, nc, b0 + p0, nn);
-                    }
-            }
-        tiles_end();
-    }
+    float out[32 * 32];
+    for (int64_t cb = 0; cb < ncb; cb++)
+        for (int64_t blk = 0; blk < nblk; blk++) {
+            int64_t p0 = blk * 32, nn = np - p0 < 32 ? np - p0 : 32;
+            int64_t co0 = cb * 32, nc = Cout - co0 < 32 ? Cout - co0 : 32;
+            block32(wp + 2 * cb * nks * 512, nks, colp + p0, ldp, kp, out);
+            store_block(y, out, bias, co0, nc, b0 + p0, nn);
+        }
 }
 
 #else /* no AMX in this build */
@@ -200,9 +184,11 @@ int cpu_conv_amx_enabled(void) { return 0; }
 uint16_t *amx_pack_weights(const tensor *w, int64_t *kp_out) {
     tp_fatal("amx_pack_weights: this build has no AMX kernel");
 }
-void amx_conv_band(tensor *y, const uint16_t *wp, int64_t kp, const float *bias, const uint32_t *colp, int64_t ldp,
-                   int64_t np, int64_t b0) {
-    tp_fatal("amx_conv_band: this build has no AMX kernel");
+void amx_tiles_begin(void) { tp_fatal("amx_tiles_begin: this build has no AMX kernel"); }
+void amx_tiles_end(void) {}
+void amx_conv_block(tensor *y, const uint16_t *wp, int64_t kp, const float *bias, const uint32_t *colp, int64_t ldp,
+                    int64_t np, int64_t b0) {
+    tp_fatal("amx_conv_block: this build has no AMX kernel");
 }
 
 #endif
