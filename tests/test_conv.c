@@ -160,15 +160,17 @@ TEST(conv_bf16_shapes_every_route) {
     all_shapes(DT_BF16, DT_F32, 2, "f32 weights: sgemm"); /* mixed dtypes take the sgemm route */
 }
 
-/* items of one output row (the tile budget), and two threads sharing them */
+/* items of one output row and K in chunks of one 16-pair tile step (a tile
+ * budget of 1 byte: partial sums carried between chunks), and two threads
+ * sharing the items; K = 2700 in one chunk and in 85 */
 TEST(conv_items_and_threads) {
     int before = omp_get_max_threads();
-    static const conv_shape s[] = {{5, 70, 7, 9, 3, 0}, {33, 40, 10, 66, 3, 1}, {64, 33, 5, 7, 1, 0}};
+    static const conv_shape s[] = {{5, 70, 7, 9, 3, 0}, {33, 40, 10, 66, 3, 1}, {64, 33, 5, 7, 1, 0}, {300, 40, 6, 5, 3, 0}};
     for (int threads = 1; threads <= 2; threads++) {
         cpu_set_threads(threads);
         for (int budget = 0; budget < 2; budget++) {
             cpu_set_tile_budget(budget ? 1 : 0); /* 1 byte: one output row per item */
-            const char *note = budget ? (threads > 1 ? "1-row items, 2 threads" : "1-row items")
+            const char *note = budget ? (threads > 1 ? "1-row items, 16-pair K chunks, 2 threads" : "1-row items, 16-pair K chunks")
                                       : (threads > 1 ? "2 threads" : "1 thread");
             for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
                 conv_check(s[i], DT_F32, DT_F32, 1, 2, note);

@@ -31,6 +31,8 @@
 /* columns per item: f32 columns feed OpenBLAS, which packs them itself;
  * bf16 pair columns are read in place by the tiles and should stay in L2 */
 enum { ITEM_BYTES_F32 = 4 << 20, ITEM_BYTES_BF16 = 1 << 20 };
+/* AMX items: about this many pixels, K in chunks of at most ITEM_BYTES_BF16 of columns */
+enum { AMX_ITEM_PIXELS = 256 };
 
 /* input h x wd, output ho x wo; input row st*yo + ky - pad feeds output row yo */
 typedef struct {
@@ -112,10 +114,10 @@ static void pairs_run2(uint32_t *restrict d, const uint16_t *restrict p0, const 
     for (; i < n; i++) d[i] = (uint32_t)p0[2 * i] | (uint32_t)p1[2 * i] << 16;
 }
 
-static void im2col_pairs(const tensor *x, const conv_geom *g, int64_t r0, int64_t nr, int64_t KK, int64_t kp,
-                         int64_t ldp, uint32_t *colp) {
+static void im2col_pairs(const tensor *x, const conv_geom *g, int64_t r0, int64_t nr, int64_t KK, int64_t q0,
+                         int64_t q1, int64_t ldp, uint32_t *colp) {
     int64_t np = nr * g->wo, np32 = (np + 31) / 32 * 32, k = g->k, st = g->st, wo = g->wo;
-    for (int64_t q = 0; q < kp; q++) {
+    for (int64_t q = q0; q < q1; q++) {
         int64_t ci[2], ky[2], off[2], xa[2], xb[2];
         for (int e = 0; e < 2; e++) { /* the pair's two (channel, ky, kx) taps */
             int64_t kk = 2 * q + e;
@@ -124,7 +126,7 @@ static void im2col_pairs(const tensor *x, const conv_geom *g, int64_t r0, int64_
             off[e] = kk % k - g->pad;
             tap_cols(g, off[e], &xa[e], &xb[e]);
         }
-        uint32_t *dst = colp + q * ldp;
+        uint32_t *dst = colp + (q - q0) * ldp;
         for (int64_t r = 0; r < nr; r++) {
             const uint16_t *s[2];
             int64_t a[2], b[2];
@@ -210,12 +212,16 @@ static void conv_run(tensor *y, const tensor *x, const tensor *w, const tensor *
     size_t budget = cpu_tile_budget(route == ROUTE_SGEMM ? ITEM_BYTES_F32 : ITEM_BYTES_BF16);
     int threads = omp_get_max_threads();
     int64_t rows = (int64_t)(budget / (per_row ? per_row : 1));
+    if (route == ROUTE_AMX) rows = (AMX_ITEM_PIXELS + wo - 1) / wo; /* K comes in chunks, the item's size is free */
     int64_t fair = (g->ho + 2 * threads - 1) / (2 * threads);
     rows = rows > fair ? fair : rows;
     rows = rows < 1 ? 1 : rows;
     int64_t nitems = (g->ho + rows - 1) / rows, npx = rows * wo;
     /* pair rows: whole panels of 32 pixels, and ldp/16 odd so that a tile's 16 rows fall in distinct cache sets */
     int64_t ldp = (npx + 31) / 32 * 32 + 16;
+    /* AMX: pairs of K per chunk, so that a chunk's columns stay in L2 (a multiple of the 16-pair tile step) */
+    int64_t kc = (int64_t)(cpu_tile_budget(ITEM_BYTES_BF16) / (sizeof(uint32_t) * (size_t)ldp)) / 16 * 16;
+    kc = route != ROUTE_AMX ? kp : kc < 16 ? 16 : kc > kp ? kp : kc;
     const float *wf = NULL;
     float *wbuf = NULL;
     int64_t ldw = KK;
@@ -234,7 +240,8 @@ static void conv_run(tensor *y, const tensor *x, const tensor *w, const tensor *
 #pragma omp parallel if (nitems > 1)
     {
         void *col = route == ROUTE_SGEMM ? xmalloc(sizeof(float) * (size_t)KK * (size_t)npx)
-                                         : xmalloc(sizeof(uint32_t) * (size_t)kp * (size_t)ldp);
+                                         : xmalloc(sizeof(uint32_t) * (size_t)kc * (size_t)ldp);
+        float *acc = kc < kp ? xmalloc(sizeof(float) * (size_t)((Cout + 31) / 32 * 32) * (size_t)ldp) : NULL;
         int64_t in_rows = g->st * (rows - 1) + g->k; /* input rows an item reads */
         float *xbuf = route == ROUTE_SGEMM && x->dtype != DT_F32 ? xmalloc(sizeof(float) * (size_t)(in_rows * g->wd)) : NULL;
         float *ybuf = route == ROUTE_SGEMM && y->dtype != DT_F32 ? xmalloc(sizeof(float) * (size_t)(Cout * npx)) : NULL;
@@ -249,12 +256,19 @@ static void conv_run(tensor *y, const tensor *x, const tensor *w, const tensor *
                 item_sgemm(y, wf, ldw, bf, col, np, KK, r0 * wo, ybuf);
                 continue;
             }
-            im2col_pairs(x, g, r0, nr, KK, kp, ldp, col);
-            if (route == ROUTE_AMX) amx_conv_block(y, wp, kp, bf, col, ldp, np, r0 * wo);
-            else item_vdp(y, w, bf, col, np, ldp, kp, r0 * wo, panel, out);
+            if (route == ROUTE_VDP) {
+                im2col_pairs(x, g, r0, nr, KK, 0, kp, ldp, col);
+                item_vdp(y, w, bf, col, np, ldp, kp, r0 * wo, panel, out);
+                continue;
+            }
+            for (int64_t q0 = 0; q0 < kp; q0 += kc) {
+                int64_t q1 = q0 + kc < kp ? q0 + kc : kp;
+                im2col_pairs(x, g, r0, nr, KK, q0, q1, ldp, col);
+                amx_conv_block(y, wp, kp, q0 / 16, (q1 - q0) / 16, bf, col, ldp, np, r0 * wo, acc, q0 == 0, q1 == kp);
+            }
         }
         if (route == ROUTE_AMX) amx_tiles_end();
-        free(col), free(xbuf), free(ybuf), free(panel), free(out);
+        free(col), free(acc), free(xbuf), free(ybuf), free(panel), free(out);
     }
     free(wp), free(wbuf), free(bf);
 }

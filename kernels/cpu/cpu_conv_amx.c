@@ -84,16 +84,25 @@ static TARGET void tiles_begin(void) { _tile_loadconfig(&g_tiles); }
 
 static TARGET void tiles_end(void) { _tile_release(); }
 
-/* out[32][32] = the 32 channels of weight tile pair (wa, wa + tile) times the
- * 32 pixel columns at b (pair rows ldp words apart), over kp pairs */
-static TARGET void block32(const uint16_t *wa, int64_t nks, const uint32_t *b, int64_t ldp, int64_t kp, float *out) {
-    const uint16_t *wb = wa + nks * 512; /* the next 16 channels */
-    size_t bstride = (size_t)ldp * 4;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t ks = 0; ks < kp / 16; ks++) {
+/* acc (32 x 32 floats, rows lda apart) = [acc +] the 32 channels of the
+ * weight tile pair at wa (the next 16 channels nks tiles further) times the
+ * 32 pixel columns at b (pair rows ldp words apart), over nk tile steps */
+static TARGET void block32(const uint16_t *wa, int64_t nks, const uint32_t *b, int64_t ldp, int64_t nk, float *acc,
+                           int64_t lda, int load) {
+    const uint16_t *wb = wa + nks * 512;
+    size_t bstride = (size_t)ldp * 4, cstride = (size_t)lda * 4;
+    if (load) {
+        _tile_loadd(0, acc, cstride);
+        _tile_loadd(1, acc + 16, cstride);
+        _tile_loadd(2, acc + 16 * lda, cstride);
+        _tile_loadd(3, acc + 16 * lda + 16, cstride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t ks = 0; ks < nk; ks++) {
         _tile_loadd(4, wa + ks * 512, 64);
         _tile_loadd(5, wb + ks * 512, 64);
         const uint32_t *bk = b + ks * 16 * ldp;
@@ -104,21 +113,21 @@ static TARGET void block32(const uint16_t *wa, int64_t nks, const uint32_t *b, i
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    _tile_stored(0, out, 128);
-    _tile_stored(1, out + 16, 128);
-    _tile_stored(2, out + 16 * 32, 128);
-    _tile_stored(3, out + 16 * 32 + 16, 128);
+    _tile_stored(0, acc, cstride);
+    _tile_stored(1, acc + 16, cstride);
+    _tile_stored(2, acc + 16 * lda, cstride);
+    _tile_stored(3, acc + 16 * lda + 16, cstride);
 }
 
 /* rows [co0, co0+nc) x pixels [c0, c0+nn) of y = out (32 x 32) + bias, rounded
  * to y's dtype; f32 and bf16 (round to nearest even, NaN kept quiet, as
  * f32_to_bf16) 16 at a time */
-static TARGET void store_block(tensor *y, const float *out, const float *bias, int64_t co0, int64_t nc, int64_t c0,
-                               int64_t nn) {
+static TARGET void store_block(tensor *y, const float *out, int64_t ldo, const float *bias, int64_t co0, int64_t nc,
+                               int64_t c0, int64_t nn) {
     if (y->dtype != DT_F32 && y->dtype != DT_BF16) {
         float tmp[32];
         for (int64_t r = 0; r < nc; r++) {
-            for (int64_t j = 0; j < nn; j++) tmp[j] = out[r * 32 + j] + (bias ? bias[co0 + r] : 0.0f);
+            for (int64_t j = 0; j < nn; j++) tmp[j] = out[r * ldo + j] + (bias ? bias[co0 + r] : 0.0f);
             row_store(y, co0 + r, c0, nn, tmp);
         }
         return;
@@ -131,7 +140,7 @@ static TARGET void store_block(tensor *y, const float *out, const float *bias, i
         for (int64_t j = 0; j < nn; j += 16) {
             int64_t left = nn - j;
             __mmask16 m = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-            __m512 v = _mm512_add_ps(_mm512_loadu_ps(out + r * 32 + j), b);
+            __m512 v = _mm512_add_ps(_mm512_loadu_ps(out + r * ldo + j), b);
             if (y->dtype == DT_F32) { _mm512_mask_storeu_ps((float *)row + c0 + j, m, v); continue; }
             __m512i u = _mm512_castps_si512(v);
             __mmask16 isnan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absmask), inf);
@@ -162,19 +171,22 @@ uint16_t *amx_pack_weights(const tensor *w, int64_t *kp_out) {
 void amx_tiles_begin(void) { tiles_begin(); }
 void amx_tiles_end(void) { tiles_end(); }
 
-/* The weight tiles of 32 channels (72 KB at K = 1152, 288 KB at 4608) meet
- * the pixel blocks one after the other from L2; the item's pixel columns
- * (kp·128 bytes a block) stay in L2 too. */
-void amx_conv_block(tensor *y, const uint16_t *wp, int64_t kp, const float *bias, const uint32_t *colp, int64_t ldp,
-                    int64_t np, int64_t b0) {
+/* The weight tiles of 32 channels (64 KB for a chunk of 1024 k) meet the
+ * item's pixel blocks one after the other from L1/L2; the chunk's pixel
+ * columns (at most CHUNK bytes) stay in L2. */
+void amx_conv_block(tensor *y, const uint16_t *wp, int64_t kp, int64_t ks0, int64_t nk, const float *bias,
+                    const uint32_t *colp, int64_t ldp, int64_t np, int64_t b0, float *acc, int first, int last) {
     int64_t Cout = y->rows, nblk = (np + 31) / 32, nks = kp / 16, ncb = (Cout + 31) / 32;
     float out[32 * 32];
     for (int64_t cb = 0; cb < ncb; cb++)
         for (int64_t blk = 0; blk < nblk; blk++) {
             int64_t p0 = blk * 32, nn = np - p0 < 32 ? np - p0 : 32;
             int64_t co0 = cb * 32, nc = Cout - co0 < 32 ? Cout - co0 : 32;
-            block32(wp + 2 * cb * nks * 512, nks, colp + p0, ldp, kp, out);
-            store_block(y, out, bias, co0, nc, b0 + p0, nn);
+            int whole = first && last; /* one chunk: no partial sums to keep */
+            float *a = whole ? out : acc + co0 * ldp + p0;
+            int64_t lda = whole ? 32 : ldp;
+            block32(wp + (2 * cb * nks + ks0) * 512, nks, colp + p0, ldp, nk, a, lda, !first);
+            if (last) store_block(y, a, lda, bias, co0, nc, b0 + p0, nn);
         }
 }
 
@@ -186,8 +198,8 @@ uint16_t *amx_pack_weights(const tensor *w, int64_t *kp_out) {
 }
 void amx_tiles_begin(void) { tp_fatal("amx_tiles_begin: this build has no AMX kernel"); }
 void amx_tiles_end(void) {}
-void amx_conv_block(tensor *y, const uint16_t *wp, int64_t kp, const float *bias, const uint32_t *colp, int64_t ldp,
-                    int64_t np, int64_t b0) {
+void amx_conv_block(tensor *y, const uint16_t *wp, int64_t kp, int64_t ks0, int64_t nk, const float *bias,
+                    const uint32_t *colp, int64_t ldp, int64_t np, int64_t b0, float *acc, int first, int last) {
     tp_fatal("amx_conv_block: this build has no AMX kernel");
 }
 
