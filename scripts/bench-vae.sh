@@ -5,7 +5,7 @@
 # both; each run is a fresh process (model construction and torch's import are not timed; torch gets
 # one untimed warm-up run first, as oneDNN builds its kernels on the first call; tpgen gets none). Not part of the test suite.
 #
-#   scripts/bench-vae.sh [SIZE] [REPEAT] [THREADS]      (defaults 512 3 2)
+#   scripts/bench-vae.sh [SIZE] [REPEAT] [THREADS]      (defaults 512 3 2; PARTS="decoder encoder", PRECS="f32 bf16")
 #
 # Needs build/tpgen and a venv with torch + diffusers (see scripts/bench-vae-torch.py for the setup);
 # TORCH_PY overrides the venv's python (default /work/venv-torch/bin/python).
@@ -19,9 +19,9 @@ export OMP_NUM_THREADS=$threads
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc --all) CPUs," \
      "load average $(cut -d' ' -f1-3 /proc/loadavg), $threads threads, size $size, $repeat repeats"
 med() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-for part in decoder encoder; do
+for part in ${PARTS:-decoder encoder}; do
     flag=; [ $part = encoder ] && flag=--encoder
-    for prec in f32 bf16; do
+    for prec in ${PRECS:-f32 bf16}; do
         ts=() ps=() tc=() pc=()
         for r in $(seq "$repeat"); do # alternate the two sides run by run
             read -r a b < <(build/tpgen bench vae $flag --sizes "$size" --precision $prec --repeat 1 |
