@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void flux2_vae_config(vae_config *c) {
     memset(c, 0, sizeof *c);
@@ -74,12 +75,41 @@ static double decoder_flops(const vae_config *c, int h, int w) {
     return f + 2.0 * hw * 9.0 * c->block_out[0] * c->out_channels;
 }
 
+static int g_profile;
+
+/* CPU seconds of the whole process (every thread): robust to time-slicing by other jobs */
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double median(double *t, int n) {
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of repeats */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x; }
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* seconds per op kind, averaged over the repeats, and their share of the median time */
+static void print_profile(const double *prof, int repeat, double total) {
+    static const char *names[VAE_PROF_N] = {"conv 3x3", "conv 1x1", "conv 3x3 stride 2", "group norm (+SiLU)",
+                                            "attention (norm, qkv/out GEMMs, softmax)", "upsample x2",
+                                            "add / copy"};
+    double sum = 0;
+    for (int i = 0; i < VAE_PROF_N; i++) sum += prof[i] / repeat;
+    for (int i = 0; i < VAE_PROF_N; i++)
+        if (prof[i] > 0) printf("#   %-42s %8.3f s %5.1f %%\n", names[i], prof[i] / repeat, 100 * prof[i] / repeat / total);
+    printf("#   %-42s %8.3f s %5.1f %%\n", "rest (host tail, pool, uploads)", total - sum, 100 * (total - sum) / total);
+}
+
 static void usage(void) {
     printf("usage: tpgen bench vae [--sizes 512,1024] [--precision f32,bf16] [--backend cpu|cuda|auto]\n"
-           "                      [--repeat N] [--band-mb MB] [--encoder]\n"
+           "                      [--repeat N] [--band-mb MB] [--encoder] [--profile]\n"
            "Decodes random latents with a randomly initialised FLUX.2-shaped VAE decoder and reports time,\n"
            "GFLOP/s and peak backend memory (weights + activations). --encoder: the encoder instead\n"
-           "(a reference image of size x size pixels, as editing encodes it).\n");
+           "(a reference image of size x size pixels, as editing encodes it). time_s is the best of --repeat\n"
+           "runs, median_s their median, cpu_s the median CPU seconds of the process (all threads); --profile adds the seconds per op kind (the backend synced around\n"
+           "each op), averaged over the runs.\n");
 }
 
 static int bench_encoder_one(backend *be, const vae_config *cfg, dtype_t dt, int size, int repeat) {
@@ -94,20 +124,24 @@ static int bench_encoder_one(backend *be, const vae_config *cfg, dtype_t dt, int
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         px[i] = (float)((s >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
     }
-    double best = 1e30;
+    double best = 1e30, times[64], cpus[64], prof[VAE_PROF_N] = {0};
     int rc = 0;
+    if (g_profile) vae_set_profile(v, prof);
     be->peak_bytes = be->bytes_in_use;
     for (int r = 0; r < repeat && !rc; r++) {
-        double t0 = omp_get_wtime();
+        double t0 = omp_get_wtime(), c0 = cpu_now();
         rc = vae_encode_image(v, px, size, size, NULL, NULL, tok);
         be_sync(be);
         double t = omp_get_wtime() - t0;
+        times[r] = t;
+        cpus[r] = cpu_now() - c0;
         if (t < best) best = t;
     }
     if (!rc) {
-        double gf = encoder_flops(cfg, size, size) / 1e9;
-        printf("%6d  %-5s %9.2f %9.0f %9.1f %12.0f %10.0f  encoder\n", size, dt == DT_F32 ? "f32" : "bf16", best, gf,
-               gf / best, (be->peak_bytes - base - weights) / 1e6, weights / 1e6);
+        double gf = encoder_flops(cfg, size, size) / 1e9, med = median(times, repeat);
+        printf("%6d  %-5s %9.2f %9.2f %9.0f %9.1f %12.0f %10.0f %8.2f  encoder\n", size, dt == DT_F32 ? "f32" : "bf16",
+               best, med, gf, gf / best, (be->peak_bytes - base - weights) / 1e6, weights / 1e6, median(cpus, repeat));
+        if (g_profile) print_profile(prof, repeat, med);
         fflush(stdout);
     }
     free(px), free(tok);
@@ -139,21 +173,25 @@ static int bench_one(backend *be, const vae_config *cfg, dtype_t dt, int size, i
         lat[i] = (float)((s >> 40) * (1.0 / 16777216.0)) * 4.0f - 2.0f;
     }
     uint8_t *rgb = xmalloc((size_t)size * size * 3);
-    double best = 1e30;
+    double best = 1e30, times[64], cpus[64], prof[VAE_PROF_N] = {0};
     int rc = 0;
     size_t weights = be->bytes_in_use - base;
+    if (g_profile) vae_set_profile(v, prof);
     be->peak_bytes = be->bytes_in_use;
     for (int r = 0; r < repeat && !rc; r++) {
-        double t0 = omp_get_wtime();
+        double t0 = omp_get_wtime(), c0 = cpu_now();
         rc = vae_decode_packed(v, lat, hl, hl, NULL, rgb);
         be_sync(be);
         double t = omp_get_wtime() - t0;
+        times[r] = t;
+        cpus[r] = cpu_now() - c0;
         if (t < best) best = t;
     }
     if (!rc) {
-        double gf = decoder_flops(cfg, 2 * hl, 2 * hl) / 1e9;
-        printf("%6d  %-5s %9.2f %9.0f %9.1f %12.0f %10.0f\n", size, dt == DT_F32 ? "f32" : "bf16", best, gf, gf / best,
-               (be->peak_bytes - base - weights) / 1e6, weights / 1e6);
+        double gf = decoder_flops(cfg, 2 * hl, 2 * hl) / 1e9, med = median(times, repeat);
+        printf("%6d  %-5s %9.2f %9.2f %9.0f %9.1f %12.0f %10.0f %8.2f\n", size, dt == DT_F32 ? "f32" : "bf16", best, med,
+               gf, gf / best, (be->peak_bytes - base - weights) / 1e6, weights / 1e6, median(cpus, repeat));
+        if (g_profile) print_profile(prof, repeat, med);
         fflush(stdout);
     }
     free(lat);
@@ -170,11 +208,12 @@ int bench_vae(int argc, char **argv) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
         if (!strcmp(a, "--encoder")) { encoder = 1; continue; }
+        if (!strcmp(a, "--profile")) { g_profile = 1; continue; }
         if (!val) { fprintf(stderr, "tpgen: error: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--sizes")) sizes_s = val;
         else if (!strcmp(a, "--precision")) prec_s = val;
         else if (!strcmp(a, "--backend")) backend_s = val;
-        else if (!strcmp(a, "--repeat")) repeat = atoi(val) > 0 ? atoi(val) : 1;
+        else if (!strcmp(a, "--repeat")) repeat = atoi(val) > 0 ? (atoi(val) < 64 ? atoi(val) : 64) : 1;
         else if (!strcmp(a, "--band-mb")) band = (size_t)atoi(val) << 20;
         else { fprintf(stderr, "tpgen: error: unknown option %s (see tpgen bench vae --help)\n", a); return 2; }
         i++;
@@ -187,9 +226,10 @@ int bench_vae(int argc, char **argv) {
     }
     vae_config cfg;
     flux2_vae_config(&cfg);
-    printf("# VAE %s, FLUX.2 shapes [128,256,512,512], random weights, backend %s, %d threads, best of %d\n",
+    printf("# VAE %s, FLUX.2 shapes [128,256,512,512], random weights, backend %s, %d threads, best and median of %d\n",
            encoder ? "encoder" : "decoder", be->vt->name, be->threads, repeat);
-    printf("%6s  %-5s %9s %9s %9s %12s %10s\n", "size", "prec", "time_s", "GFLOP", "GFLOP/s", "peak_act_MB", "weights_MB");
+    printf("%6s  %-5s %9s %9s %9s %9s %12s %10s %8s\n", "size", "prec", "time_s", "median_s", "GFLOP", "GFLOP/s",
+           "peak_act_MB", "weights_MB", "cpu_s");
     int rc = 0;
     for (int i = 0; i < ns && !rc; i++) {
         char *copy = xstrdup(prec_s), *save = NULL;

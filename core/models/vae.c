@@ -2,6 +2,7 @@
  * flux2-text-vae.md §6.4) to the model, from a checkpoint or from random
  * values, and the latent BatchNorm statistics. */
 #include "vae_internal.h"
+#include <omp.h>
 #include "../err.h"
 #include <math.h>
 #include <stdio.h>
@@ -299,6 +300,19 @@ void vae_free(vae_model *v) {
 
 const vae_config *vae_get_config(const vae_model *v) { return &v->cfg; }
 void vae_set_band_bytes(vae_model *v, size_t bytes) { v->band_bytes = bytes; }
+void vae_set_profile(vae_model *v, double *seconds) { v->prof = seconds; }
+
+double vae_prof_begin(const vae_model *v) {
+    if (!v->prof) return 0;
+    be_sync(v->be);
+    return omp_get_wtime();
+}
+
+void vae_prof_end(const vae_model *v, int slot, double t0) {
+    if (!v->prof) return;
+    be_sync(v->be);
+    v->prof[slot] += omp_get_wtime() - t0;
+}
 
 size_t vae_weight_bytes(const vae_model *v) {
     size_t n = 0;

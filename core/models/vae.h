@@ -67,6 +67,11 @@ size_t vae_weight_bytes(const vae_model *v);
 /* Cap on the per-band buffers of the banded upsampling convolutions (bytes;
  * default 64 MB). Smaller caps mean more, thinner row bands. */
 void vae_set_band_bytes(vae_model *v, size_t bytes);
+/* Per-op time accounting (bench vae --profile): seconds[VAE_PROF_N], added
+ * to by every decode/encode until set to NULL; the caller owns the array. */
+enum { VAE_PROF_CONV3, VAE_PROF_CONV1, VAE_PROF_CONV_DOWN, VAE_PROF_NORM, VAE_PROF_ATTN, VAE_PROF_UPSAMPLE,
+       VAE_PROF_OTHER, VAE_PROF_N };
+void vae_set_profile(vae_model *v, double *seconds);
 
 /* The host-side pipeline tail. packed [hl*wl, 4·lc] tokens in row-major grid
  * order -> x [lc, 2hl, 2wl]. The optional outputs receive the intermediates

@@ -85,7 +85,7 @@ static int64_t band_rows(const vae_model *v, int64_t cin, int64_t cout, int64_t 
 static int conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b,
                         int64_t h, int64_t wd, int up) {
     if (!up) {
-        op_conv2d(v->be, y, x, w, b, h, wd, 3);
+        vae_conv(v, y, x, w, b, h, wd, 3);
         return 0;
     }
     int64_t H = 2 * h, W = 2 * wd;
@@ -98,16 +98,20 @@ static int conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *
         tensor upb;
         if (vae_pool_get(v, x->rows, (bb - ba) * W, &upb)) return -1;
         tensor src = tensor_cols(x, sa * wd, (sb - sa) * wd);
+        double t0 = vae_prof_begin(v);
         op_upsample2x(v->be, &upb, &src, sb - sa, wd);
+        vae_prof_end(v, VAE_PROF_UPSAMPLE, t0);
         if (ba == 0 && bb == H && r0 == 0 && r1 == H) {   /* one band: straight into y */
-            op_conv2d(v->be, y, &upb, w, b, H, W, 3);
+            vae_conv(v, y, &upb, w, b, H, W, 3);
         } else {
             tensor tmp;
             if (vae_pool_get(v, y->rows, (bb - ba) * W, &tmp)) return -1;
-            op_conv2d(v->be, &tmp, &upb, w, b, bb - ba, W, 3);
+            vae_conv(v, &tmp, &upb, w, b, bb - ba, W, 3);
             tensor keep = tensor_cols(&tmp, (r0 - ba) * W, (r1 - r0) * W);
             tensor dst = tensor_cols(y, r0 * W, (r1 - r0) * W);
+            t0 = vae_prof_begin(v);
             op_copy(v->be, &dst, &keep);
+            vae_prof_end(v, VAE_PROF_OTHER, t0);
             vae_pool_put(v, &tmp);
         }
         vae_pool_put(v, &upb);
@@ -124,33 +128,34 @@ static int conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *
  * resolution of its block) then holds 1 cin-sized + 2 cout-sized buffers
  * instead of 2 + 1. Identity ResNets keep x for the residual. */
 int vae_resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, int64_t w) {
-    const vae_config *c = &v->cfg;
     int64_t hw = h * w;
     tensor t, a, o, skip;
     if (r->short_w) {
         if (vae_pool_get(v, r->cout, hw, &skip)) return -1;
-        op_conv2d(v->be, &skip, x, r->short_w, r->short_b, h, w, 1);
+        vae_conv(v, &skip, x, r->short_w, r->short_b, h, w, 1);
         t = *x;
     } else {
         skip = *x;
         if (vae_pool_get(v, r->cin, hw, &t)) return -1;
     }
-    op_group_norm(v->be, &t, x, r->norm1_w, r->norm1_b, c->norm_groups, c->norm_eps, 1);
+    vae_norm(v, &t, x, r->norm1_w, r->norm1_b, 1);
     if (vae_pool_get(v, r->cout, hw, &a)) return -1;
     if (conv3_banded(v, &a, &t, r->conv1_w, r->conv1_b, h, w, 0)) return -1;
     vae_pool_put(v, &t);   /* x itself when normalised in place */
-    op_group_norm(v->be, &a, &a, r->norm2_w, r->norm2_b, c->norm_groups, c->norm_eps, 1);
+    vae_norm(v, &a, &a, r->norm2_w, r->norm2_b, 1);
     if (vae_pool_get(v, r->cout, hw, &o)) return -1;
     if (conv3_banded(v, &o, &a, r->conv2_w, r->conv2_b, h, w, 0)) return -1;
     vae_pool_put(v, &a);
+    double t0 = vae_prof_begin(v);
     op_add(v->be, &o, &o, &skip);
+    vae_prof_end(v, VAE_PROF_OTHER, t0);
     vae_pool_put(v, &skip);
     *x = o;
     return 0;
 }
 
 /* Single-head attention over the h*w tokens; residual added into x in place. */
-int vae_attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw) {
+static int attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw) {
     const vae_config *c = &v->cfg;
     tensor t, tok, q, k, val, o, p, back;
     if (vae_pool_get(v, a->c, hw, &t)) return -1;
@@ -180,6 +185,13 @@ int vae_attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw) {
     return 0;
 }
 
+int vae_attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw) {
+    double t0 = vae_prof_begin(v);
+    int rc = attn_forward(v, a, x, hw);
+    vae_prof_end(v, VAE_PROF_ATTN, t0);
+    return rc;
+}
+
 /* x [lc, h*w] -> [3, H*W]; on success *x is the output (in the pool). */
 static int decoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
     const vae_config *c = &v->cfg;
@@ -187,7 +199,7 @@ static int decoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
     int top = c->block_out[c->n_blocks - 1];
     if (v->pq_w) {
         if (vae_pool_get(v, c->latent_channels, *h * *w, &y)) return -1;
-        op_conv2d(v->be, &y, x, v->pq_w, v->pq_b, *h, *w, 1);
+        vae_conv(v, &y, x, v->pq_w, v->pq_b, *h, *w, 1);
         vae_pool_put(v, x);
         *x = y;
     }
@@ -208,7 +220,7 @@ static int decoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
         *h *= 2;
         *w *= 2;
     }
-    op_group_norm(v->be, x, x, v->out_norm_w, v->out_norm_b, c->norm_groups, c->norm_eps, 1);
+    vae_norm(v, x, x, v->out_norm_w, v->out_norm_b, 1);
     if (vae_pool_get(v, c->out_channels, *h * *w, &y) || conv3_banded(v, &y, x, v->out_w, v->out_b, *h, *w, 0)) return -1;
     vae_pool_put(v, x);
     *x = y;

@@ -118,7 +118,7 @@ static int encoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
     const vae_encoder *e = &v->enc;
     tensor y;
     if (vae_pool_get(v, e->in_w->rows, *h * *w, &y)) return -1;
-    op_conv2d(v->be, &y, x, e->in_w, e->in_b, *h, *w, 3);
+    vae_conv(v, &y, x, e->in_w, e->in_b, *h, *w, 3);
     vae_pool_put(v, x);
     *x = y;
     for (int i = 0; i < c->enc_n_blocks; i++) {
@@ -127,7 +127,7 @@ static int encoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
             if (vae_resnet_forward(v, &d->res[j], x, *h, *w)) return -1;
         if (!d->down_w) continue;
         if (vae_pool_get(v, d->cout, (*h / 2) * (*w / 2), &y)) return -1;
-        op_conv2d_down(v->be, &y, x, d->down_w, d->down_b, *h, *w);
+        vae_conv_down(v, &y, x, d->down_w, d->down_b, *h, *w);
         vae_pool_put(v, x);
         *x = y;
         *h /= 2;
@@ -136,14 +136,14 @@ static int encoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
     if (vae_resnet_forward(v, &e->mid_res[0], x, *h, *w)) return -1;
     if (e->mid_attn.norm_w && vae_attn_forward(v, &e->mid_attn, x, *h * *w)) return -1;
     if (vae_resnet_forward(v, &e->mid_res[1], x, *h, *w)) return -1;
-    op_group_norm(v->be, x, x, e->out_norm_w, e->out_norm_b, c->norm_groups, c->norm_eps, 1);
+    vae_norm(v, x, x, e->out_norm_w, e->out_norm_b, 1);
     if (vae_pool_get(v, e->out_w->rows, *h * *w, &y)) return -1;
-    op_conv2d(v->be, &y, x, e->out_w, e->out_b, *h, *w, 3);
+    vae_conv(v, &y, x, e->out_w, e->out_b, *h, *w, 3);
     vae_pool_put(v, x);
     *x = y;
     if (e->qc_w) {
         if (vae_pool_get(v, e->qc_w->rows, *h * *w, &y)) return -1;
-        op_conv2d(v->be, &y, x, e->qc_w, e->qc_b, *h, *w, 1);
+        vae_conv(v, &y, x, e->qc_w, e->qc_b, *h, *w, 1);
         vae_pool_put(v, x);
         *x = y;
     }

@@ -73,7 +73,31 @@ struct vae_model {
     vae_buf pool[VAE_POOL_MAX];
     int parts;                         /* VAE_DECODER | VAE_ENCODER: what was bound */
     vae_encoder enc;
+    double *prof;                      /* NULL, or seconds per VAE_PROF_* slot (vae_set_profile) */
 };
+
+/* Per-op time accounting for `tpgen bench vae --profile`: each wrapper
+ * syncs the backend around its op when v->prof is set (costing a little on
+ * CUDA, nothing on the CPU) and adds the seconds to its slot. */
+double vae_prof_begin(const vae_model *v);
+void vae_prof_end(const vae_model *v, int slot, double t0);
+static inline void vae_conv(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+                            int64_t wd, int k) {
+    double t0 = vae_prof_begin(v);
+    op_conv2d(v->be, y, x, w, b, h, wd, k);
+    vae_prof_end(v, k == 1 ? VAE_PROF_CONV1 : VAE_PROF_CONV3, t0);
+}
+static inline void vae_conv_down(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+                                 int64_t wd) {
+    double t0 = vae_prof_begin(v);
+    op_conv2d_down(v->be, y, x, w, b, h, wd);
+    vae_prof_end(v, VAE_PROF_CONV_DOWN, t0);
+}
+static inline void vae_norm(vae_model *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
+    double t0 = vae_prof_begin(v);
+    op_group_norm(v->be, y, x, g, b, v->cfg.norm_groups, v->cfg.norm_eps, silu);
+    vae_prof_end(v, VAE_PROF_NORM, t0);
+}
 
 /* Fetch the tensor `name`, which must be a [rows, cols] matrix (weights.h
  * 2-D view); NULL + tp_error when it is missing or has another shape.

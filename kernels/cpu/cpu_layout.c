@@ -24,11 +24,32 @@ void cpu_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t 
     }
 }
 
+/* each value twice: d[j] = (s[j], s[j]) */
+static void dup16(uint32_t *restrict d, const uint16_t *restrict s, int64_t n) {
+    for (int64_t j = 0; j < n; j++) d[j] = (uint32_t)s[j] * 0x10001u;
+}
+static void dup32(uint64_t *restrict d, const uint32_t *restrict s, int64_t n) {
+    for (int64_t j = 0; j < n; j++) d[j] = (uint64_t)s[j] * 0x100000001ull;
+}
+
 void cpu_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd) {
     CPU_REQUIRE(x->cols == h * wd && y->rows == x->rows && y->cols == 4 * h * wd,
                 "op_upsample2x: x [%lld,%lld] y [%lld,%lld] for %lldx%lld", (long long)x->rows, (long long)x->cols,
                 (long long)y->rows, (long long)y->cols, (long long)h, (long long)wd);
     int64_t C = x->rows, W2 = 2 * wd;
+    if (x->dtype == y->dtype && (x->dtype == DT_F32 || x->dtype == DT_BF16)) { /* no conversion: copy the values */
+        int bf = x->dtype == DT_BF16;
+#pragma omp parallel for if (C * h * wd > CPU_PAR_MIN)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t i = 0; i < h; i++) {
+                const char *src = (const char *)row_ptr(x, c) + (size_t)(i * wd) * (bf ? 2 : 4);
+                char *d0 = (char *)row_ptr(y, c) + (size_t)(2 * i * W2) * (bf ? 2 : 4);
+                if (bf) dup16((uint32_t *)d0, (const uint16_t *)src, wd);
+                else dup32((uint64_t *)d0, (const uint32_t *)src, wd);
+                memcpy(d0 + (size_t)W2 * (bf ? 2 : 4), d0, (size_t)W2 * (bf ? 2 : 4));
+            }
+        return;
+    }
 #pragma omp parallel if (C * h * wd > CPU_PAR_MIN)
     {
         float *buf = xmalloc((size_t)(h * wd) * sizeof(float)), *line = xmalloc((size_t)W2 * sizeof(float));

@@ -3,6 +3,7 @@
  * VAE groups 8 million), the normalisation itself is fp32 as in PyTorch. */
 #include "cpu_ops.h"
 #include "cpu_rows.h"
+#include "cpu_vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -79,23 +80,64 @@ void cpu_rmsnorm(backend *be, tensor *y, const tensor *x, const tensor *w, int g
 }
 
 /* Sum over each channel (row) of x of (x - center[group])^p, p = 1 or 2. */
+/* sum of v[i] (p = 1) or of (v[i] - m)^2 (p = 2) in double; 8 floats at a
+ * time into independent double lanes with AVX2 (a scalar double chain is
+ * 4 cycles per value, the biggest part of a VAE GroupNorm) */
+static double sum_pow(const float *v, int64_t n, double m, int p) {
+    int64_t i = 0;
+    double s = 0;
+#ifdef CPU_VEC_AVX2
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd(), vm = _mm256_set1_pd(m);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(v + i);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+        if (p == 1) { a0 = _mm256_add_pd(a0, lo); a1 = _mm256_add_pd(a1, hi); continue; }
+        lo = _mm256_sub_pd(lo, vm);
+        hi = _mm256_sub_pd(hi, vm);
+        a0 = _mm256_add_pd(a0, _mm256_mul_pd(lo, lo));
+        a1 = _mm256_add_pd(a1, _mm256_mul_pd(hi, hi));
+    }
+    double t[4];
+    _mm256_storeu_pd(t, _mm256_add_pd(a0, a1));
+    s = (t[0] + t[1]) + (t[2] + t[3]);
+#endif
+    if (p == 1) for (; i < n; i++) s += v[i];
+    else for (; i < n; i++) { double d = v[i] - m; s += d * d; }
+    return s;
+}
+
 static void channel_sums(const tensor *x, int cpg, const double *center, int p, double *out) {
     int64_t C = x->rows, HW = x->cols;
 #pragma omp parallel if (C * HW > CPU_PAR_MIN)
     {
         float *bx = xmalloc((size_t)HW * sizeof(float));
 #pragma omp for schedule(dynamic)
-        for (int64_t c = 0; c < C; c++) {
-            const float *v = row_f32(x, c, 0, HW, bx);
-            double s = 0, m = center ? center[c / cpg] : 0;
-            if (p == 1) for (int64_t i = 0; i < HW; i++) s += v[i];
-            else for (int64_t i = 0; i < HW; i++) { double d = v[i] - m; s += d * d; }
-            out[c] = s;
-        }
+        for (int64_t c = 0; c < C; c++)
+            out[c] = sum_pow(row_f32(x, c, 0, HW, bx), HW, center ? center[c / cpg] : 0, p);
         free(bx);
     }
 }
 
+/* out[i] = v[i]*a + b, then with silu: rounded to dt, t / (1 + exp(-t)) */
+static void affine_silu(const float *v, float *out, int64_t n, float a, float b, int silu, dtype_t dt) {
+    int64_t i = 0;
+#ifdef CPU_VEC_AVX2
+    __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), va), vb);
+        if (silu) {
+            if (dt == DT_BF16) t = bf16_round8(t);
+            t = _mm256_div_ps(t, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), t))));
+        }
+        _mm256_storeu_ps(out + i, t);
+    }
+#endif
+    for (; i < n; i++) {
+        float t = v[i] * a + b;
+        if (silu) { t = round_to(dt, t); t = t / (1.0f + exp_scalar(-t)); }
+        out[i] = t;
+    }
+}
 void cpu_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma,
                     const tensor *beta, int groups, float eps, int apply_silu) {
     int64_t C = x->rows, HW = x->cols;
@@ -128,12 +170,9 @@ void cpu_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma
             /* PyTorch's kernel folds the affine: y = x*a + b with a = rstd*gamma, b = beta - mu*a */
             float a = rstd * ga[c], b = be_[c] - mu * a;
             const float *v = row_f32(x, c, 0, HW, bx);
-            for (int64_t i = 0; i < HW; i++) {
-                float t = v[i] * a + b;
-                if (apply_silu) { t = round_to(dt, t); t = t / (1.0f + expf(-t)); }
-                out[i] = t;
-            }
-            row_store(y, c, 0, HW, out);
+            float *o = dt == DT_F32 ? row_ptr(y, c) : out; /* in place is fine: element i is read before it is written */
+            affine_silu(v, o, HW, a, b, apply_silu, dt);
+            if (o == out) row_store(y, c, 0, HW, out);
         }
         free(bx);
         free(out);

@@ -49,6 +49,10 @@ void cpu_upsample2x(backend *, tensor *y, const tensor *x, int64_t h, int64_t wd
 void cpu_transpose(backend *, tensor *y, const tensor *x);
 
 /* cpu_conv.c */
+/* Testing hook: keep the bf16 convolution off AMX (the vdpbf16ps route). */
+void cpu_conv_amx_force_off(int on);
+/* the bf16 convolution runs on AMX (cpu_conv_amx.c) */
+int cpu_conv_amx_enabled(void);
 void cpu_conv2d_down(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
                      int64_t h, int64_t wd);
 void cpu_conv2d(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias,

@@ -35,6 +35,17 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_andnot_ps(zero_mask, p);
 }
 
+/* round 8 floats to bf16 precision (nearest even, NaN kept), as bf16r() */
+static inline __m256 bf16_round8(__m256 x) {
+    __m256i u = _mm256_castps_si256(x);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                     _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
+    __m256i nan = _mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)), _mm256_set1_epi32(0x400000));
+    __m256 isnan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(nan), isnan);
+}
+
 static inline float hmax8(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
