@@ -7,6 +7,8 @@
 #include "test.h"
 #include "../kernels/ops.h"
 #include "../kernels/cpu/cpu_ops.h"
+#include "../kernels/cpu/cpu_amx.h"
+#include "../kernels/cpu/cpu_gemm_amx.h"
 #include "../core/err.h"
 #include <math.h>
 #include <omp.h>
@@ -218,6 +220,94 @@ TEST(ops_gemm_portable_panel_edges) {
     omp_set_num_threads(2);
     gemm_case(33, 6200, 1100, DT_BF16, DT_BF16, DT_BF16, 1);
     cpu_gemm_force_portable(0);
+    omp_set_num_threads(saved);
+}
+
+/* bf16 x with an fp8 weight (random finite codes, a scale per output channel
+ * or one for the tensor, or none) against the double reference
+ * sum x·(decode(code)·scale) + bias, rounded to y's dtype */
+static void gemm_fp8_case(int64_t M, int64_t N, int64_t K, dtype_t wd, int scales, dtype_t yd, int with_bias) {
+    char what[160];
+    snprintf(what, sizeof what, "gemm %lldx%lldx%lld x=bf16 w=%s scales=%d y=%s bias=%d", (long long)M, (long long)N,
+             (long long)K, dtype_name(wd), scales, dtype_name(yd), with_bias);
+    tbuf x = tb_new(DT_BF16, M, K, 3), b = tb_new(DT_F32, 1, N, 0), y = tb_out(yd, M, N);
+    tensor *w = tensor_new(cpu(), wd, N, K);
+    float *hx = tb_rand(&x, -1, 1), *hb = tb_rand(&b, -1, 1), *sc = malloc((size_t)N * sizeof(float));
+    uint8_t *q = w->data;
+    for (int64_t i = 0; i < N * K; i++) {
+        q[i] = (uint8_t)(urand() * 256);
+        if (!isfinite(fp8_to_f32(wd, q[i])) || fabsf(fp8_to_f32(wd, q[i])) > 64) q[i] = 0x31;
+    }
+    for (int64_t i = 0; i < N; i++) sc[i] = frand(0.01f, 0.1f);
+    w->scale = scales ? sc : NULL, w->scale_per_row = scales == 2;
+    op_gemm(cpu(), &y.t, &x.t, w, with_bias ? &b.t : NULL);
+    float *got = tb_get(&y), *ref = malloc((size_t)(M * N) * sizeof(float));
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = with_bias ? hb[j] : 0, f = scales ? sc[scales == 2 ? j : 0] : 1;
+            for (int64_t k = 0; k < K; k++) s += (double)hx[i * K + k] * ((double)fp8_to_f32(wd, q[j * K + k]) * f);
+            ref[i * N + j] = rnd_to(yd, s);
+        }
+    check_close(what, yd, got, ref, (size_t)(M * N), F32_TOL);
+    CHECK(pads_untouched(&y), "%s: wrote outside the output view", what);
+    w->scale = NULL;
+    tensor_free(w);
+    free(hx); free(hb); free(sc); free(got); free(ref);
+    tb_free(&x); tb_free(&b); tb_free(&y);
+}
+
+TEST(ops_gemm_amx) {
+    /* The AMX route (cpu_gemm_amx.c): 16-row A tiles, 32-row/32-column
+     * blocks of 2x2 C tiles, k steps of 32 in blocks of 1024, items of 256
+     * columns, x packed in chunks of rows. M, N, K are off every one of
+     * these multiples, below a tile (N 5, K 7 and odd K, whose last pair is
+     * half zero), across two k blocks with a tail (K 2100, 2101), across two
+     * column items (N 300), the x chunking (budget 64 KB: chunks of 32 rows),
+     * and the row split of few-column shapes, at 1, 2 and 3 threads; bf16
+     * and fp8 weights, f32 and bf16 y, with and without bias, fp8 without,
+     * with one and with per-channel scales. Each call must take the route
+     * (the route counter), and M < 16 and f32 x must not. On a CPU without
+     * AMX (or with TPGEN_NO_AMX=1) the same cases run on the other routes
+     * and the counter must not move. */
+    int saved = omp_get_max_threads(), amx = cpu_amx_enabled();
+    if (!amx) printf("# ops_gemm_amx: AMX is off on this CPU/run: the cases run on the other routes\n");
+    static const int thr[] = {1, 2, 3};
+    static const int64_t shp[][3] = {{16, 16, 32}, {17, 5, 7}, {33, 47, 45}, {70, 300, 1000}, {40, 33, 2101},
+                                     {20, 64, 2100}, {100, 19, 64}};
+    for (int t = 0; t < 3; t++) {
+        omp_set_num_threads(thr[t]);
+        for (size_t i = 0; i < sizeof shp / sizeof shp[0]; i++) {
+            int64_t M = shp[i][0], N = shp[i][1], K = shp[i][2];
+            long c0 = cpu_gemm_amx_calls();
+            gemm_case(M, N, K, DT_BF16, DT_BF16, DT_BF16, 1);
+            gemm_case(M, N, K, DT_BF16, DT_BF16, DT_F32, 0);
+            gemm_case(M, N, K, DT_BF16, DT_BF16, DT_F32, 1);
+            gemm_fp8_case(M, N, K, i % 2 ? DT_F8_E5M2 : DT_F8_E4M3, (int)(i % 3), DT_BF16, (int)(i % 2));
+            gemm_fp8_case(M, N, K, DT_F8_E4M3, 2, DT_F32, 1);
+            CHECK(cpu_gemm_amx_calls() - c0 == (amx ? 5 : 0), "%lldx%lldx%lld: %ld of 5 calls took the AMX route",
+                  (long long)M, (long long)N, (long long)K, cpu_gemm_amx_calls() - c0);
+        }
+        cpu_set_tile_budget(65536); /* x packed in chunks of 32 rows (Kp 1024) */
+        long c0 = cpu_gemm_amx_calls();
+        gemm_case(70, 300, 1000, DT_BF16, DT_BF16, DT_BF16, 1);
+        gemm_fp8_case(70, 300, 1000, DT_F8_E4M3, 2, DT_BF16, 1);
+        cpu_set_tile_budget(0);
+        CHECK(cpu_gemm_amx_calls() - c0 == (amx ? 2 : 0), "chunked x: AMX route not taken");
+        /* not for AMX: one token, 15 rows, f32 activations */
+        c0 = cpu_gemm_amx_calls();
+        gemm_case(1, 300, 1000, DT_BF16, DT_BF16, DT_BF16, 1);
+        gemm_case(15, 40, 64, DT_BF16, DT_BF16, DT_F32, 1);
+        gemm_case(40, 40, 64, DT_F32, DT_BF16, DT_F32, 1);
+        gemm_fp8_case(1, 70, 96, DT_F8_E4M3, 2, DT_BF16, 1);
+        CHECK(cpu_gemm_amx_calls() == c0, "M < 16 or f32 x took the AMX route");
+    }
+    /* the route switched off in process: the AVX512-BF16 kernel / portable path, same cases */
+    cpu_gemm_amx_force_off(1);
+    long c0 = cpu_gemm_amx_calls();
+    gemm_case(70, 300, 1000, DT_BF16, DT_BF16, DT_BF16, 1);
+    gemm_fp8_case(70, 300, 1000, DT_F8_E5M2, 1, DT_F32, 0);
+    CHECK(cpu_gemm_amx_calls() == c0, "cpu_gemm_amx_force_off(1): the AMX route was still taken");
+    cpu_gemm_amx_force_off(0);
     omp_set_num_threads(saved);
 }
 

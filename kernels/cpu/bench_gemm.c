@@ -3,13 +3,17 @@
  * shapes. Columns: OpenBLAS sgemm (f32 x, f32 W), op_gemm with f32 weights,
  * op_gemm with bf16 weights and f32 activations (the f32 reference mode),
  * and bf16 x bf16 (the bf16 mode) through the portable path (widen panels +
- * sgemm) and through the AVX512-BF16 kernel when this CPU has it, fp8
- * weights on both routes, and the portable path as a share of sgemm. Each
+ * sgemm), through the AVX512-BF16 kernel when this CPU has it (AMX off) and
+ * through the AMX kernel when it has AMX, fp8 weights with f32 x (widened)
+ * and with bf16 x (the default route: AMX, else AVX512-BF16), and the
+ * portable and AMX paths as shares of sgemm. Each
  * figure is the best of --reps rounds after one warm-up round; a round runs
  * every column once, one after the other (side by side). With --ops it
  * also times op_attention and op_conv2d (the other sgemm / vdpbf16ps users)
  * on transformer and VAE shapes. */
 #include "cpu_ops.h"
+#include "cpu_amx.h"
+#include "cpu_gemm_amx.h"
 #include "../../core/err.h"
 #include <cblas.h>
 #include <math.h>
@@ -28,8 +32,8 @@ static double now(void) {
 }
 
 /* One column of the table: plain sgemm, or op_gemm on (y, x, w) with the
- * AVX512-BF16 routes on or forced off. */
-typedef struct { int sgemm, portable; tensor *y; const tensor *x, *w; double best; } variant;
+ * AVX512-BF16 routes (and AMX) on or forced off, or only AMX off. */
+typedef struct { int sgemm, portable, no_amx; tensor *y; const tensor *x, *w; double best; } variant;
 
 static void run_variant(backend *be, variant *v) {
     if (v->sgemm)
@@ -37,8 +41,10 @@ static void run_variant(backend *be, variant *v) {
                     v->x->data, (int)v->x->ld, v->w->data, (int)v->w->ld, 0.0f, v->y->data, (int)v->y->ld);
     else {
         cpu_gemm_force_portable(v->portable);
+        cpu_gemm_amx_force_off(v->no_amx);
         op_gemm(be, v->y, v->x, v->w, NULL);
         cpu_gemm_force_portable(0);
+        cpu_gemm_amx_force_off(0);
     }
 }
 
@@ -193,13 +199,14 @@ int bench_gemm(int argc, char **argv) {
         return 2;
     }
     static const int64_t shapes[][2] = {{3072, 3072}, {18432, 3072}, {3072, 9216}, {27648, 3072}, {3072, 12288}};
-    int nshape = quick ? 2 : 5, avx = cpu_has_avx512bf16();
+    int nshape = quick ? 2 : 5, avx = cpu_has_avx512bf16(), amx = avx && cpu_amx_enabled();
     backend *be = backend_cpu_create(threads);
-    printf("# op_gemm GFLOP/s, M = %lld tokens, %d threads, best of %d (%s time); AVX512-BF16 kernel: %s\n",
+    printf("# op_gemm GFLOP/s, M = %lld tokens, %d threads, best of %d (%s time); AVX512-BF16 kernel: %s; AMX: %s\n",
            (long long)M, omp_get_max_threads(), reps, g_cpu_time ? "CPU" : "wall",
-           avx ? "yes" : "not available on this CPU/build");
-    printf("%-14s %10s %10s %12s %14s %14s %12s %14s %12s\n", "W [N x K]", "sgemm f32", "op f32", "op bf16w/f32x",
-           "op bf16 port.", "op bf16 avx512", "op fp8w/f32x", "op fp8w avx512", "port./sgemm");
+           avx ? "yes" : "not available on this CPU/build", amx ? "yes" : "no");
+    printf("%-14s %10s %10s %12s %14s %14s %12s %12s %14s %12s %10s\n", "W [N x K]", "sgemm f32", "op f32",
+           "op bf16w/f32x", "op bf16 port.", "op bf16 avx512", "op bf16 amx", "op fp8w/f32x", "op fp8w bf16x",
+           "port./sgemm", "amx/sgemm");
     int rc = 0;
     for (int s = 0; s < nshape && !rc; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
@@ -211,20 +218,24 @@ int bench_gemm(int argc, char **argv) {
             fprintf(stderr, "tpgen: error: bench gemm: %s\n", tp_error_msg());
             rc = 1;
         } else {
-            /* fp8 weights: widened to f32 panels (f32 x), on the AVX512-BF16 kernel (bf16 x) */
+            /* fp8 weights: widened to f32 panels (f32 x), on the default route (bf16 x: AMX, else AVX512-BF16) */
             variant v[] = {{.sgemm = 1, .y = y, .x = x, .w = w}, {.y = y, .x = x, .w = w}, {.y = y, .x = x, .w = wb},
                            {.portable = 1, .y = yb, .x = xb, .w = wb}, {.y = y, .x = x, .w = w8},
-                           {.y = yb, .x = xb, .w = wb}, {.y = yb, .x = xb, .w = w8}};
-            time_variants(be, v, avx ? 7 : 5, reps); /* the last two only with the AVX512-BF16 kernel */
+                           {.y = yb, .x = xb, .w = w8}, {.no_amx = 1, .y = yb, .x = xb, .w = wb},
+                           {.y = yb, .x = xb, .w = wb}};
+            /* the fp8/bf16 column only with a bf16 kernel, the AVX512-BF16 column with it, AMX with AMX */
+            time_variants(be, v, amx ? 8 : avx ? 7 : 5, reps);
             double g_sg = flop / v[0].best * 1e-9, g_f32 = flop / v[1].best * 1e-9, g_wb = flop / v[2].best * 1e-9;
             double g_port = flop / v[3].best * 1e-9, g_8f = flop / v[4].best * 1e-9;
-            char avxs[32] = "-", avx8[32] = "-";
-            if (avx) snprintf(avxs, sizeof avxs, "%.1f", flop / v[5].best * 1e-9);
-            if (avx) snprintf(avx8, sizeof avx8, "%.1f", flop / v[6].best * 1e-9);
+            char avxs[32] = "-", avx8[32] = "-", amxs[32] = "-", amxr[32] = "-";
+            if (avx) snprintf(avx8, sizeof avx8, "%.1f", flop / v[5].best * 1e-9);
+            if (avx) snprintf(avxs, sizeof avxs, "%.1f", flop / v[6].best * 1e-9);
+            if (amx) snprintf(amxs, sizeof amxs, "%.1f", flop / v[7].best * 1e-9);
+            if (amx) snprintf(amxr, sizeof amxr, "%.2fx", v[0].best / v[7].best);
             char shape[32];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)N, (long long)K);
-            printf("%-14s %10.1f %10.1f %12.1f %14.1f %14s %12.1f %14s %11.1f%%\n", shape, g_sg, g_f32, g_wb, g_port, avxs,
-                   g_8f, avx8, 100 * g_port / g_sg);
+            printf("%-14s %10.1f %10.1f %12.1f %14.1f %14s %12s %12.1f %14s %11.1f%% %10s\n", shape, g_sg, g_f32, g_wb,
+                   g_port, avxs, amxs, g_8f, avx8, 100 * g_port / g_sg, amxr);
             fflush(stdout);
         }
         tensor_free(x); tensor_free(xb); tensor_free(w); tensor_free(wb); tensor_free(y); tensor_free(yb); tensor_free(w8);

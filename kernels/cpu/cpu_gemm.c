@@ -1,7 +1,8 @@
 /* y[M,N] = x[M,K] · w[N,K]ᵀ (+ bias) on the CPU.
  *
  * f32 x, f32 w, f32 y: one multi-threaded cblas_sgemm straight on the views.
- * With bf16 x and bf16 w on a CPU with AVX512-BF16 the dot products run on
+ * With bf16 x and bf16 or fp8 w on a CPU with AMX (Sapphire Rapids and
+ * later), M >= 16: the tile kernel of cpu_gemm_amx.c. Otherwise, with bf16 x and bf16 w on a CPU with AVX512-BF16 the dot products run on
  * vdpbf16ps (cpu_gemm_bf16.c), and bf16 x with fp8 w on the same kernel
  * (cpu_gemm_fp8.c). Anything else (bf16 weights with f32 activations, bf16
  * output, every bf16 GEMM on a CPU without AVX512-BF16, fp8 weights there)
@@ -11,6 +12,7 @@
  * never has a full f32 copy. y is rounded once, after the bias. */
 #include "cpu_ops.h"
 #include "cpu_rows.h"
+#include "cpu_gemm_amx.h"
 #include "cpu_gemm_bf16.h"
 #include "cpu_gemm_fp8.h"
 #include <cblas.h>
@@ -176,6 +178,8 @@ void cpu_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const te
         free(zero);
     } else if (x->dtype == DT_F32 && w->dtype == DT_F32 && y->dtype == DT_F32) {
         gemm_f32_direct(y, x, w, b);
+    } else if (cpu_gemm_amx_usable(x, w)) {
+        cpu_gemm_amx(y, x, w, b);   /* bf16 x with bf16 or fp8 w on an AMX CPU, M >= 16 */
     } else if (cpu_bf16_kernels_enabled() && x->dtype == DT_BF16 && w->dtype == DT_BF16 && cpu_gemm_bf16_usable(M, N, K)) {
         cpu_gemm_bf16(y, x, w, b);
     } else if (cpu_gemm_fp8_usable(x, w)) {

@@ -27,7 +27,7 @@ enum { NR = BF16_PANEL_ROWS, MR = 64 };
  * value times 2^-8 (normal and subnormal alike). F16C widens 8 at a time;
  * the f32 result is a bf16 value, so its top 16 bits are the bf16. The NaN
  * codes are restored afterwards (E4M3 S.1111.111 would read as 480). */
-static void decode_row(const uint8_t *q, int64_t n, int e5m2, uint16_t *out) {
+void fp8_decode_bf16(const uint8_t *q, int64_t n, int e5m2, uint16_t *out) {
     int64_t i = 0;
 #if defined(__F16C__) && defined(__AVX2__)
     const __m256 k256 = _mm256_set1_ps(256.0f);
@@ -55,7 +55,7 @@ static void decode_row(const uint8_t *q, int64_t n, int e5m2, uint16_t *out) {
 /* decode nn rows into rows[32][K] bf16, then the bf16 kernel's packing */
 static void pack_fp8(const tensor *w, int64_t n0, int64_t nn, int64_t K, uint16_t *rows, uint32_t *panel) {
     int e5m2 = w->dtype == DT_F8_E5M2;
-    for (int64_t c = 0; c < nn; c++) decode_row((const uint8_t *)row_ptr(w, n0 + c), K, e5m2, rows + c * K);
+    for (int64_t c = 0; c < nn; c++) fp8_decode_bf16((const uint8_t *)row_ptr(w, n0 + c), K, e5m2, rows + c * K);
     bf16_pack_panel(rows, K, nn, K / 2, panel);
 }
 

@@ -7,5 +7,8 @@
 int cpu_gemm_fp8_usable(const tensor *x, const tensor *w);
 /* y = x · (decode(w) * scale)ᵀ (+ bias), rounded once to y's dtype */
 void cpu_gemm_fp8(tensor *y, const tensor *x, const tensor *w, const float *bias);
+/* n E4M3 (e5m2 = 0) or E5M2 codes -> their exact bf16 values (no scale);
+ * also used by the AMX GEMM (cpu_gemm_amx.c) to pack fp8 weight panels */
+void fp8_decode_bf16(const uint8_t *q, int64_t n, int e5m2, uint16_t *out);
 
 #endif

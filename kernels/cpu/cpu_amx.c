@@ -1,0 +1,78 @@
+/* AMX detection, permission and tile configuration (see cpu_amx.h).
+ *
+ * Three things must hold before a tile instruction may run:
+ *  1. cpuid.(7,0):EDX reports AMX-TILE (bit 24) and AMX-BF16 (bit 22);
+ *  2. the OS has enabled the XTILECFG and XTILEDATA state components in
+ *     XCR0 (bits 17 and 18, read with xgetbv), i.e. it saves them on a
+ *     context switch;
+ *  3. on Linux (5.16+) the 8 KB tile data state is handed out per process
+ *     only on request: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+ *     Without it the first tile instruction kills the process (SIGILL).
+ * Then each thread loads a tile configuration (ldtilecfg) before using the
+ * tiles. Compiled with a target attribute only around the tile
+ * instructions, so the rest of tpgen keeps its baseline ISA. */
+#include "cpu_amx.h"
+#include "cpu_ops.h"
+#include "../../core/err.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__)) && defined(__linux__)
+#define HAVE_AMX 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#ifdef HAVE_AMX
+
+enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+
+static int detect(void) {
+    /* TPGEN_NO_AMX=1: as on a CPU without AMX (the AVX512-BF16 or portable routes) */
+    const char *off = getenv("TPGEN_NO_AMX");
+    if (off && *off && strcmp(off, "0")) return 0;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return 0; /* XTILECFG + XTILEDATA enabled by the OS */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return 0;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 0;
+    return 1;
+}
+
+int cpu_amx_available(void) {
+    static int cached = -1; /* the same value from every thread, so a race is harmless */
+    if (cached < 0) cached = detect();
+    return cached;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* A static object, not a local: GCC 12 may drop stores into a local
+ * struct as dead, not seeing that ldtilecfg reads it. */
+static const tile_config g_config = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+__attribute__((target("amx-tile"))) void cpu_amx_tiles_begin(void) { _tile_loadconfig(&g_config); }
+__attribute__((target("amx-tile"))) void cpu_amx_tiles_end(void) { _tile_release(); }
+
+#else /* no AMX in this build */
+
+int cpu_amx_available(void) { return 0; }
+void cpu_amx_tiles_begin(void) { tp_fatal("cpu_amx_tiles_begin: this build has no AMX support"); }
+void cpu_amx_tiles_end(void) {}
+
+#endif
+
+int cpu_amx_enabled(void) { return cpu_bf16_kernels_enabled() && cpu_amx_available(); }

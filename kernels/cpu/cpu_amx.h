@@ -1,0 +1,28 @@
+/* AMX (Advanced Matrix Extensions) support shared by the CPU kernels that
+ * use the tile registers (private to kernels/cpu): detection, the Linux
+ * permission request, and the per-thread tile configuration. */
+#ifndef TPGEN_CPU_AMX_H
+#define TPGEN_CPU_AMX_H
+
+/* 1 when this build has the AMX kernels, the CPU has AMX-TILE and AMX-BF16,
+ * the OS saves the tile state, Linux granted this process the tile data
+ * (arch_prctl ARCH_REQ_XCOMP_PERM) and TPGEN_NO_AMX is unset (or 0). The
+ * result is computed once and cached; call it once before any parallel
+ * region that uses tiles. It does not look at AVX512 (cpu_amx_enabled). */
+int cpu_amx_available(void);
+/* cpu_amx_available() and the AVX512-BF16 kernels enabled (not forced off
+ * by cpu_gemm_force_portable or TPGEN_NO_AVX512=1): the AMX kernels pack
+ * their operands with AVX-512, and the test/bench switch that selects the
+ * portable routes turns AMX off too. */
+int cpu_amx_enabled(void);
+
+/* Every AMX kernel uses one configuration: palette 1, tiles 0-7 all 16 rows
+ * of 64 bytes (a 16x16 fp32 C tile, a 16x32 bf16 A tile, or a 16 x 16-pair
+ * B tile). Tile state is per thread: each thread that runs tile code calls
+ * cpu_amx_tiles_begin() first and cpu_amx_tiles_end() when done (releasing
+ * the state keeps context switches cheap). Only valid when
+ * cpu_amx_available(). */
+void cpu_amx_tiles_begin(void);
+void cpu_amx_tiles_end(void);
+
+#endif
