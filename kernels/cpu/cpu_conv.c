@@ -23,6 +23,7 @@
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include "cpu_gemm_bf16.h"
+#include "cpu_amx.h"
 #include "cpu_conv_amx.h"
 #include <cblas.h>
 #include <omp.h>
@@ -247,7 +248,7 @@ static void conv_run(tensor *y, const tensor *x, const tensor *w, const tensor *
         float *ybuf = route == ROUTE_SGEMM && y->dtype != DT_F32 ? xmalloc(sizeof(float) * (size_t)(Cout * npx)) : NULL;
         uint32_t *panel = route == ROUTE_VDP ? xmalloc(sizeof(uint32_t) * BF16_PANEL_ROWS * (size_t)kp) : NULL;
         float *out = route == ROUTE_VDP ? xmalloc(sizeof(float) * BF16_PANEL_ROWS * (size_t)Cout) : NULL;
-        if (route == ROUTE_AMX) amx_tiles_begin();
+        if (route == ROUTE_AMX) cpu_amx_tiles_begin();
 #pragma omp for schedule(dynamic)
         for (int64_t it = 0; it < nitems; it++) {
             int64_t r0 = it * rows, nr = g->ho - r0 < rows ? g->ho - r0 : rows, np = nr * wo;
@@ -267,7 +268,7 @@ static void conv_run(tensor *y, const tensor *x, const tensor *w, const tensor *
                 amx_conv_block(y, wp, kp, q0 / 16, (q1 - q0) / 16, bf, col, ldp, np, r0 * wo, acc, q0 == 0, q1 == kp);
             }
         }
-        if (route == ROUTE_AMX) amx_tiles_end();
+        if (route == ROUTE_AMX) cpu_amx_tiles_end();
         free(col), free(acc), free(xbuf), free(ybuf), free(panel), free(out);
     }
     free(wp), free(wbuf), free(bf);

@@ -16,11 +16,12 @@
  * A thread's item (cpu_conv.c) is a few output rows: its B columns stay in
  * L2 while the weight tiles of every channel block stream past them.
  *
- * The tile registers need the OS's permission (arch_prctl
- * ARCH_REQ_XCOMP_PERM) and a tile configuration per thread; both are done
- * here. Compiled with a target attribute so the rest of tpgen keeps its
- * baseline ISA. */
+ * Detection, the OS's permission for the tile registers and the per-thread
+ * tile configuration are kernels/cpu/cpu_amx.c's, shared with the GEMM.
+ * Compiled with a target attribute so the rest of tpgen keeps its baseline
+ * ISA. */
 #include "cpu_conv_amx.h"
+#include "cpu_amx.h"
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include <omp.h>
@@ -29,10 +30,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__)) && defined(__linux__)
 #define HAVE_AMX_KERNEL 1
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 static int g_amx_off;
@@ -40,49 +38,12 @@ void cpu_conv_amx_force_off(int on) { g_amx_off = on; }
 
 #ifdef HAVE_AMX_KERNEL
 
-enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-
-static int amx_supported(void) {
-    static int cached = -1;
-    if (cached >= 0) return cached;
-    cached = 0;
-    /* TPGEN_NO_AMX=1: as on a CPU without AMX (the vdpbf16ps route) */
-    const char *off = getenv("TPGEN_NO_AMX");
-    if (off && *off && strcmp(off, "0")) return cached;
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & (1u << 27))) return cached; /* OSXSAVE */
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & (3u << 17)) != (3u << 17)) return cached; /* XTILECFG and XTILEDATA state enabled by the OS */
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return cached; /* AMX-BF16, -TILE */
-    /* Linux hands out the tile data state only on request, per process */
-    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return cached;
-    cached = 1;
-    return cached;
-}
-
-int cpu_conv_amx_enabled(void) { return !g_amx_off && cpu_bf16_kernels_enabled() && amx_supported(); }
+int cpu_conv_amx_enabled(void) { return !g_amx_off && cpu_amx_enabled(); }
 
 #define TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-/* tiles 0-3: C (32 channels x 32 pixels as 2x2), 4-5: A, 6-7: B; all 16
- * rows of 64 bytes. A static object: GCC 12 dropped the stores into a local
- * one as dead, not seeing that ldtilecfg reads them. */
-static const tile_config g_tiles = {
-    .palette = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
-};
-
-static TARGET void tiles_begin(void) { _tile_loadconfig(&g_tiles); }
-
-static TARGET void tiles_end(void) { _tile_release(); }
+/* tiles 0-3: C (32 channels x 32 pixels as 2x2), 4-5: A, 6-7: B, in the
+ * one configuration of cpu_amx.h */
 
 /* acc (32 x 32 floats, rows lda apart) = [acc +] the 32 channels of the
  * weight tile pair at wa (the next 16 channels nks tiles further) times the
@@ -168,9 +129,6 @@ uint16_t *amx_pack_weights(const tensor *w, int64_t *kp_out) {
     return p;
 }
 
-void amx_tiles_begin(void) { tiles_begin(); }
-void amx_tiles_end(void) { tiles_end(); }
-
 /* The weight tiles of 32 channels (64 KB for a chunk of 1024 k) meet the
  * item's pixel blocks one after the other from L1/L2; the chunk's pixel
  * columns (at most CHUNK bytes) stay in L2. */
@@ -196,8 +154,6 @@ int cpu_conv_amx_enabled(void) { return 0; }
 uint16_t *amx_pack_weights(const tensor *w, int64_t *kp_out) {
     tp_fatal("amx_pack_weights: this build has no AMX kernel");
 }
-void amx_tiles_begin(void) { tp_fatal("amx_tiles_begin: this build has no AMX kernel"); }
-void amx_tiles_end(void) {}
 void amx_conv_block(tensor *y, const uint16_t *wp, int64_t kp, int64_t ks0, int64_t nk, const float *bias,
                     const uint32_t *colp, int64_t ldp, int64_t np, int64_t b0, float *acc, int first, int last) {
     tp_fatal("amx_conv_block: this build has no AMX kernel");
