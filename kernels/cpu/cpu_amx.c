@@ -67,11 +67,47 @@ static const tile_config g_config = {
 __attribute__((target("amx-tile"))) void cpu_amx_tiles_begin(void) { _tile_loadconfig(&g_config); }
 __attribute__((target("amx-tile"))) void cpu_amx_tiles_end(void) { _tile_release(); }
 
+__attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(const uint16_t *a0, const uint16_t *a1,
+                                                                const uint32_t *b, int64_t b_step, int64_t ldb,
+                                                                int64_t nk, float *c, int64_t ldc, int load) {
+    size_t bs = (size_t)ldb * 4, cs = (size_t)ldc * 4;
+    if (load) {
+        _tile_loadd(0, c, cs);
+        _tile_loadd(1, c + 16, cs);
+        _tile_loadd(2, c + 16 * ldc, cs);
+        _tile_loadd(3, c + 16 * ldc + 16, cs);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t ks = 0; ks < nk; ks++) {
+        _tile_loadd(4, a0 + ks * 512, 64);
+        _tile_loadd(5, a1 + ks * 512, 64);
+        const uint32_t *bk = b + ks * b_step;
+        _tile_loadd(6, bk, bs);
+        _tile_loadd(7, bk + 16, bs);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, cs);
+    _tile_stored(1, c + 16, cs);
+    _tile_stored(2, c + 16 * ldc, cs);
+    _tile_stored(3, c + 16 * ldc + 16, cs);
+}
+
 #else /* no AMX in this build */
 
 int cpu_amx_available(void) { return 0; }
 void cpu_amx_tiles_begin(void) { tp_fatal("cpu_amx_tiles_begin: this build has no AMX support"); }
 void cpu_amx_tiles_end(void) {}
+void cpu_amx_block(const uint16_t *a0, const uint16_t *a1, const uint32_t *b, int64_t b_step, int64_t ldb, int64_t nk,
+                   float *c, int64_t ldc, int load) {
+    tp_fatal("cpu_amx_block: this build has no AMX support");
+}
 
 #endif
 

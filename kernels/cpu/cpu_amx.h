@@ -3,6 +3,7 @@
  * permission request, and the per-thread tile configuration. */
 #ifndef TPGEN_CPU_AMX_H
 #define TPGEN_CPU_AMX_H
+#include <stdint.h>
 
 /* 1 when this build has the AMX kernels, the CPU has AMX-TILE and AMX-BF16,
  * the OS saves the tile state, Linux granted this process the tile data
@@ -24,5 +25,14 @@ int cpu_amx_enabled(void);
  * cpu_amx_available(). */
 void cpu_amx_tiles_begin(void);
 void cpu_amx_tiles_end(void);
+
+/* The one micro-kernel: a 32x32 fp32 block C (2x2 tiles at c, rows ldc
+ * floats apart) = [C +, load] sum over nk steps of A · B, where step ks
+ * takes the 1 KB A tiles (16 rows of 32 bf16 k) of rows 0-15 at a0 + 512·ks
+ * and of rows 16-31 at a1 + 512·ks, and the B tiles (16 rows of 16 (k, k+1)
+ * pairs as 32-bit words, ldb words apart; columns 16-31 at +16 words) at
+ * b + b_step·ks. On a thread holding the tile configuration. */
+void cpu_amx_block(const uint16_t *a0, const uint16_t *a1, const uint32_t *b, int64_t b_step, int64_t ldb, int64_t nk,
+                   float *c, int64_t ldc, int load);
 
 #endif

@@ -45,40 +45,6 @@ int cpu_conv_amx_enabled(void) { return !g_amx_off && cpu_amx_enabled(); }
 /* tiles 0-3: C (32 channels x 32 pixels as 2x2), 4-5: A, 6-7: B, in the
  * one configuration of cpu_amx.h */
 
-/* acc (32 x 32 floats, rows lda apart) = [acc +] the 32 channels of the
- * weight tile pair at wa (the next 16 channels nks tiles further) times the
- * 32 pixel columns at b (pair rows ldp words apart), over nk tile steps */
-static TARGET void block32(const uint16_t *wa, int64_t nks, const uint32_t *b, int64_t ldp, int64_t nk, float *acc,
-                           int64_t lda, int load) {
-    const uint16_t *wb = wa + nks * 512;
-    size_t bstride = (size_t)ldp * 4, cstride = (size_t)lda * 4;
-    if (load) {
-        _tile_loadd(0, acc, cstride);
-        _tile_loadd(1, acc + 16, cstride);
-        _tile_loadd(2, acc + 16 * lda, cstride);
-        _tile_loadd(3, acc + 16 * lda + 16, cstride);
-    } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    }
-    for (int64_t ks = 0; ks < nk; ks++) {
-        _tile_loadd(4, wa + ks * 512, 64);
-        _tile_loadd(5, wb + ks * 512, 64);
-        const uint32_t *bk = b + ks * 16 * ldp;
-        _tile_loadd(6, bk, bstride);
-        _tile_loadd(7, bk + 16, bstride);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, acc, cstride);
-    _tile_stored(1, acc + 16, cstride);
-    _tile_stored(2, acc + 16 * lda, cstride);
-    _tile_stored(3, acc + 16 * lda + 16, cstride);
-}
 
 /* rows [co0, co0+nc) x pixels [c0, c0+nn) of y = out (32 x 32) + bias, rounded
  * to y's dtype; f32 and bf16 (round to nearest even, NaN kept quiet, as
@@ -143,7 +109,8 @@ void amx_conv_block(tensor *y, const uint16_t *wp, int64_t kp, int64_t ks0, int6
             int whole = first && last; /* one chunk: no partial sums to keep */
             float *a = whole ? out : acc + co0 * ldp + p0;
             int64_t lda = whole ? 32 : ldp;
-            block32(wp + (2 * cb * nks + ks0) * 512, nks, colp + p0, ldp, nk, a, lda, !first);
+            const uint16_t *wa = wp + (2 * cb * nks + ks0) * 512;   /* channels 0-15; 16-31 nks tiles further */
+            cpu_amx_block(wa, wa + nks * 512, colp + p0, 16 * ldp, ldp, nk, a, lda, !first);
             if (last) store_block(y, a, lda, bias, co0, nc, b0 + p0, nn);
         }
 }

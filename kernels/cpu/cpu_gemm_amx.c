@@ -121,39 +121,6 @@ static void pack_w(const tensor *w, int64_t n, int64_t nn, int64_t k0, int64_t k
     memset(dst + kp * 32, 0, (size_t)(kn / 2 - kp) * 32 * 4);
 }
 
-#define TARGET __attribute__((target("amx-tile,amx-bf16")))
-
-/* c (32x32 f32, rows 32 floats apart) = [c +] A · B over nk k steps: the
- * A tiles of rows 0-15 at a0, 16-31 at a1 (one 1 KB tile per step), the
- * B panel at b (512 words per step, columns 16-31 at +16 words) */
-static TARGET void block(const uint16_t *a0, const uint16_t *a1, const uint32_t *b, int64_t nk, float *c, int load) {
-    if (load) {
-        _tile_loadd(0, c, 128);
-        _tile_loadd(1, c + 16, 128);
-        _tile_loadd(2, c + 512, 128);
-        _tile_loadd(3, c + 528, 128);
-    } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    }
-    for (int64_t ks = 0; ks < nk; ks++) {
-        _tile_loadd(4, a0 + ks * 512, 64);
-        _tile_loadd(5, a1 + ks * 512, 64);
-        _tile_loadd(6, b + ks * 512, 128);
-        _tile_loadd(7, b + ks * 512 + 16, 128);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, c, 128);
-    _tile_stored(1, c + 16, 128);
-    _tile_stored(2, c + 512, 128);
-    _tile_stored(3, c + 528, 128);
-}
-
 typedef struct {
     tensor *y;
     const tensor *x, *w;
@@ -189,7 +156,7 @@ static void item(const job *j, const uint16_t *xp, int64_t m0, int64_t mn, int64
             const uint16_t *a0 = xp + ((r / 16) * j->nks + ks0) * 512, *a1 = a0 + j->nks * 512;
             for (int64_t p = 0; p < npn; p++) {
                 float *c = acc + (((r - r0) / 32) * npn + p) * 1024;
-                block(a0, a1, wp + p * (kn / 2) * 32, kn / 32, c, !first);
+                cpu_amx_block(a0, a1, wp + p * (kn / 2) * 32, 512, 32, kn / 32, c, 32, !first);
                 if (last)
                     epilogue(j, c, m0 + r, mn - r < 32 ? mn - r : 32, n0 + 32 * p, nn - 32 * p < 32 ? nn - 32 * p : 32);
             }
