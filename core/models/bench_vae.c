@@ -84,6 +84,16 @@ static double cpu_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* one timed run: wall and CPU seconds, the best wall time so far */
+typedef struct { double wall, cpu; } run_timer;
+static run_timer timer_start(void) { return (run_timer){omp_get_wtime(), cpu_now()}; }
+static void timer_stop(const run_timer *t, backend *be, double *wall, double *cpu, double *best) {
+    be_sync(be);
+    *wall = omp_get_wtime() - t->wall;
+    *cpu = cpu_now() - t->cpu;
+    if (*wall < *best) *best = *wall;
+}
+
 static double median(double *t, int n) {
     for (int i = 1; i < n; i++) /* insertion sort: a handful of repeats */
         for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x; }
@@ -129,13 +139,9 @@ static int bench_encoder_one(backend *be, const vae_config *cfg, dtype_t dt, int
     if (g_profile) vae_set_profile(v, prof);
     be->peak_bytes = be->bytes_in_use;
     for (int r = 0; r < repeat && !rc; r++) {
-        double t0 = omp_get_wtime(), c0 = cpu_now();
+        run_timer t = timer_start();
         rc = vae_encode_image(v, px, size, size, NULL, NULL, tok);
-        be_sync(be);
-        double t = omp_get_wtime() - t0;
-        times[r] = t;
-        cpus[r] = cpu_now() - c0;
-        if (t < best) best = t;
+        timer_stop(&t, be, &times[r], &cpus[r], &best);
     }
     if (!rc) {
         double gf = encoder_flops(cfg, size, size) / 1e9, med = median(times, repeat);
@@ -179,13 +185,9 @@ static int bench_one(backend *be, const vae_config *cfg, dtype_t dt, int size, i
     if (g_profile) vae_set_profile(v, prof);
     be->peak_bytes = be->bytes_in_use;
     for (int r = 0; r < repeat && !rc; r++) {
-        double t0 = omp_get_wtime(), c0 = cpu_now();
+        run_timer t = timer_start();
         rc = vae_decode_packed(v, lat, hl, hl, NULL, rgb);
-        be_sync(be);
-        double t = omp_get_wtime() - t0;
-        times[r] = t;
-        cpus[r] = cpu_now() - c0;
-        if (t < best) best = t;
+        timer_stop(&t, be, &times[r], &cpus[r], &best);
     }
     if (!rc) {
         double gf = decoder_flops(cfg, 2 * hl, 2 * hl) / 1e9, med = median(times, repeat);
