@@ -1,7 +1,9 @@
 /* The CPU convolutions (kernels/cpu/cpu_conv.c, cpu_conv_amx.c) on the
  * shapes their blocking creates, on every route this machine has: AMX
  * (bf16, AMX-BF16 CPUs), vdpbf16ps (bf16, AVX512-BF16; AMX forced off) and
- * sgemm (f32, and bf16 with the bf16 kernels forced off). Each case is
+ * sgemm (f32, and bf16 with the bf16 kernels forced off), and the
+ * Winograd F(4x4, 3x3) route that replaces sgemm for 3x3 stride-1
+ * convolutions of at least 8 input channels (cpu_conv_wino.c). Each case is
  * checked element by element against a direct convolution written here,
  * accumulated in double from the values as stored (bf16-rounded inputs),
  * with a bound from the sum of |w·x| (fp32 sums) plus half a bf16 ulp of
@@ -55,7 +57,7 @@ static view view_new(dtype_t dt, int64_t rows, int64_t cols, float *host, float 
 typedef struct { int64_t cin, cout, h, wd; int k, down; } conv_shape;
 
 static const char *route_name(dtype_t xd, int route) {
-    if (xd == DT_F32) return "sgemm";
+    if (xd == DT_F32 || route == 2) return "sgemm/winograd";
     return route == 0 ? "amx" : route == 1 ? "vdpbf16ps" : "sgemm";
 }
 
@@ -182,6 +184,42 @@ TEST(conv_items_and_threads) {
             }
         }
     }
+    cpu_set_tile_budget(0);
+    cpu_set_threads(before);
+}
+
+/* Winograd F(4x4, 3x3) on its own edges: sides that are not multiples of
+ * the 4-pixel tile, one tile, a pixel, widths past the 32-pixel vector
+ * blocks of the phase split/join (37, 70) and under them; bands of one
+ * tile row (budget of 1 byte) and of the default size; 1 and 2 threads;
+ * f32, f32 x with bf16 w, and bf16 with the bf16 kernels off. The same
+ * shapes with Winograd turned off take im2col + sgemm, so both are held
+ * to the same direct reference. */
+TEST(conv_winograd_tiles) {
+    int before = omp_get_max_threads();
+    static const conv_shape s[] = {{8, 8, 4, 4, 3, 0},   {9, 5, 5, 6, 3, 0},   {16, 24, 13, 70, 3, 0},
+                                   {12, 7, 9, 33, 3, 0}, {8, 3, 1, 1, 3, 0},   {20, 10, 2, 37, 3, 0},
+                                   {40, 9, 11, 3, 3, 0}, {8, 16, 21, 64, 3, 0}};
+    for (int wino = 1; wino >= 0; wino--) {
+        cpu_conv_wino_force_off(!wino);
+        for (int threads = 1; threads <= 2; threads++) {
+            cpu_set_threads(threads);
+            for (int budget = 0; budget < 2; budget++) {
+                cpu_set_tile_budget(budget ? 1 : 0); /* 1 byte: bands of one tile row */
+                char note[96];
+                snprintf(note, sizeof note, "%s, %d thread%s%s", wino ? "winograd" : "winograd off", threads,
+                         threads > 1 ? "s" : "", budget ? ", 1-row bands" : "");
+                for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+                    conv_check(s[i], DT_F32, DT_F32, i % 2 == 0, 2, note);
+                    conv_check(s[i], DT_F32, DT_BF16, 1, 2, note);
+                    set_route(2);
+                    conv_check(s[i], DT_BF16, DT_BF16, i % 2, 2, note);
+                    set_route(0);
+                }
+            }
+        }
+    }
+    cpu_conv_wino_force_off(0);
     cpu_set_tile_budget(0);
     cpu_set_threads(before);
 }

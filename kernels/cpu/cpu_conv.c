@@ -207,6 +207,11 @@ static void conv_run(tensor *y, const tensor *x, const tensor *w, const tensor *
     conv_route route = bf16 && cpu_conv_amx_enabled()                      ? ROUTE_AMX
                        : bf16 && KK % 2 == 0 && cpu_bf16_kernels_enabled() ? ROUTE_VDP
                                                                            : ROUTE_SGEMM;
+    if (route == ROUTE_SGEMM && cpu_conv_wino_usable(x->rows, g->k, g->st)) { /* 3x3 in f32 arithmetic: cpu_conv_wino.c */
+        cpu_conv_wino(y, x, w, bf, g->h, g->wd);
+        free(bf);
+        return;
+    }
     int64_t kp = (KK + 1) / 2;
     uint16_t *wp = route == ROUTE_AMX ? amx_pack_weights(w, &kp) : NULL;
     size_t per_row = route == ROUTE_SGEMM ? sizeof(float) * (size_t)KK * (size_t)wo : sizeof(uint32_t) * (size_t)kp * (size_t)wo;

@@ -48,6 +48,12 @@ void cpu_gather_rows(backend *, tensor *y, const tensor *table, const int32_t *i
 void cpu_upsample2x(backend *, tensor *y, const tensor *x, int64_t h, int64_t wd);
 void cpu_transpose(backend *, tensor *y, const tensor *x);
 
+/* cpu_conv_wino.c: the f32 3x3 stride-1 convolution as Winograd F(4x4, 3x3).
+ * Usable for k 3, stride 1, at least 8 input channels, unless turned off
+ * (the hook below for tests, TPGEN_NO_WINOGRAD=1 for benchmarks). */
+void cpu_conv_wino_force_off(int on);
+int cpu_conv_wino_usable(int64_t cin, int k, int stride);
+void cpu_conv_wino(tensor *y, const tensor *x, const tensor *w, const float *bias, int64_t h, int64_t wd);
 /* cpu_conv.c */
 /* Testing hook: keep the bf16 convolution off AMX (the vdpbf16ps route). */
 void cpu_conv_amx_force_off(int on);
