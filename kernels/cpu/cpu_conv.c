@@ -19,7 +19,10 @@
  *   this file did before, made OpenBLAS re-pack the columns once per panel,
  *   through strides of whole 64 MB bands: a third of the time went into
  *   sgemm_itcopy.) bf16 weights are widened once per call (at most
- *   512x4608 values). */
+ *   512x4608 values).
+ * A 3x3 stride-1 convolution that would take the sgemm route (f32, or bf16
+ * without the bf16 kernels) with at least 8 input channels runs as
+ * Winograd F(4x4, 3x3) instead (cpu_conv_wino.c: 4x fewer products). */
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include "cpu_gemm_bf16.h"

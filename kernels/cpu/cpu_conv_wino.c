@@ -29,7 +29,7 @@
 #include <omp.h>
 #include <stdlib.h>
 
-enum { T = 6, TT = 36, BAND_BYTES = 128 << 20 };
+enum { T = 6, TT = 36, BAND_BYTES = 64 << 20 };
 
 static int g_off = -1;
 void cpu_conv_wino_force_off(int on) { g_off = on; }
