@@ -18,11 +18,10 @@
  * route to 4e-6 of it: Winograd's worst is about 8e-7, im2col's 1.5e-7;
  * the VAE golden tests pass unchanged).
  *
- * Work: the output is cut into bands of tile rows (sized in cpu_conv_wino).
- * Per band, one parallel region's threads transform the input (by input
- * channel), then share out the 36 products (each U[ξ] is read by one
- * thread only), then transform the output (by output channel): three
- * barriers per band, a few dozen per convolution. */
+ * Work: the output is cut into bands of tile rows (band_rows). A band is
+ * transformed in, multiplied (36 products) and transformed out either by
+ * one thread (when there are enough bands) or by all of them, step by step
+ * (cpu_conv_wino). */
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include <cblas.h>
@@ -262,23 +261,46 @@ static float *kept(keep *k, size_t n) {
     return k->p;
 }
 
-void cpu_conv_wino(tensor *y, const tensor *x, const tensor *w, const float *bias, int64_t h, int64_t wd) {
-    int64_t Cin = x->rows, Cout = w->rows, ntx = (wd + 3) / 4, nty_all = (h + 3) / 4;
-    float *U = kept(&t_u, TT * (size_t)Cout * (size_t)Cin);
-    weight_transform(w, Cout, Cin, U);
-    /* tiles per band: each band repacks all of U (36·Cout·Cin values) for
-     * its products, so wide convolutions want long bands (Cout·Cin / 256
-     * tiles: 1024 at 512 channels), narrow ones short bands whose V and M
-     * stay in cache (at least 256 tiles); whole tile rows, at least one,
-     * V and M within BAND_BYTES */
+/* 36 products of one band: M[ξ] = U[ξ] · V[ξ], on the calling thread */
+static void band_products(const float *U, int64_t Cout, int64_t Cin, const float *V, size_t vplane, float *M,
+                          size_t mplane, int64_t nt, int64_t ldv, int xi) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Cout, (int)nt, (int)Cin, 1.0f,
+                U + (size_t)xi * (size_t)Cout * (size_t)Cin, (int)Cin, V + xi * vplane, (int)ldv, 0.0f, M + xi * mplane,
+                (int)ldv);
+}
+
+/* tile rows per band: each band repacks all of U (36·Cout·Cin values) in
+ * its products, so wide convolutions want long bands (Cout·Cin / 256
+ * tiles: 1024 at 512 channels), narrow ones short bands whose V and M stay
+ * in cache (at least 256 tiles); whole tile rows, at least one, V and M
+ * within `budget` bytes */
+static int64_t band_rows(int64_t Cin, int64_t Cout, int64_t ntx, int64_t nty_all, size_t budget) {
     size_t per_row = sizeof(float) * TT * (size_t)(Cin + Cout) * (size_t)ntx;
     int64_t want = Cin * Cout / 256 > 256 ? Cin * Cout / 256 : 256, nty = (want + ntx - 1) / ntx;
-    int64_t fit = (int64_t)(cpu_tile_budget(BAND_BYTES) / per_row);
+    int64_t fit = (int64_t)(cpu_tile_budget(budget) / per_row);
     nty = nty > fit ? fit : nty;
-    nty = nty < 1 ? 1 : nty > nty_all ? nty_all : nty;
-    int64_t ldv = (nty * ntx + 15) / 16 * 16;
-    size_t vplane = (size_t)Cin * (size_t)ldv, mplane = (size_t)Cout * (size_t)ldv;
-    float *V = kept(&t_vm, TT * (vplane + mplane)), *M = V + TT * vplane;
+    return nty < 1 ? 1 : nty > nty_all ? nty_all : nty;
+}
+
+/* Two ways to share the bands between threads. With at least two bands per
+ * thread, each band belongs to one thread from its input to its output
+ * (own V and M, BAND_BYTES split between the threads): no barrier at all,
+ * so a thread that another process holds up delays only its own bands
+ * (with a barrier per step, 128 channels at 512² ran 2.6x slower on two
+ * threads than on one while another job held a core). Wide convolutions
+ * have fewer, longer bands: there the threads share each band's three
+ * steps, with a barrier after each. */
+void cpu_conv_wino(tensor *y, const tensor *x, const tensor *w, const float *bias, int64_t h, int64_t wd) {
+    int64_t Cin = x->rows, Cout = w->rows, ntx = (wd + 3) / 4, nty_all = (h + 3) / 4;
+    int threads = omp_get_max_threads();
+    float *U = kept(&t_u, TT * (size_t)Cout * (size_t)Cin);
+    weight_transform(w, Cout, Cin, U);
+    int64_t nty = band_rows(Cin, Cout, ntx, nty_all, BAND_BYTES);
+    int own = threads == 1 || (nty_all + nty - 1) / nty >= 2 * threads;
+    if (own && threads > 1) nty = band_rows(Cin, Cout, ntx, nty_all, BAND_BYTES / (size_t)threads);
+    int64_t nbands = (nty_all + nty - 1) / nty, ldv = (nty * ntx + 15) / 16 * 16;
+    size_t vplane = (size_t)Cin * (size_t)ldv, mplane = (size_t)Cout * (size_t)ldv, per = TT * (vplane + mplane);
+    float *VM = kept(&t_vm, per * (own ? (size_t)threads : 1));
 #pragma omp parallel
     {
         int64_t n1 = ntx + 1;
@@ -286,18 +308,26 @@ void cpu_conv_wino(tensor *y, const tensor *x, const tensor *w, const float *bia
         float *s = xmalloc(sizeof(float) * (size_t)(T * 4 * n1)), *o = xmalloc(sizeof(float) * (size_t)(16 * ntx));
         float *rowbuf = x->dtype == DT_F32 ? NULL : xmalloc(sizeof(float) * (size_t)wd);
         float *rows = y->dtype == DT_F32 ? NULL : xmalloc(sizeof(float) * 4 * (size_t)wd);
-        for (int64_t ty0 = 0; ty0 < nty_all; ty0 += nty) {
-            band b = {.h = h, .wd = wd, .ntx = ntx, .ty0 = ty0, .nty = nty_all - ty0 < nty ? nty_all - ty0 : nty, .ldv = ldv};
-            int64_t nt = b.nty * ntx;
-#pragma omp for schedule(dynamic, 4)
-            for (int64_t ci = 0; ci < Cin; ci++) input_transform(x, ci, &b, V, vplane, q, s, rowbuf);
+        float *V = VM + (own ? (size_t)omp_get_thread_num() * per : 0), *M = V + TT * vplane;
+        if (own) {
 #pragma omp for schedule(dynamic)
-            for (int xi = 0; xi < TT; xi++)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Cout, (int)nt, (int)Cin, 1.0f,
-                            U + (size_t)xi * (size_t)Cout * (size_t)Cin, (int)Cin, V + xi * vplane, (int)ldv, 0.0f,
-                            M + xi * mplane, (int)ldv);
+            for (int64_t bi = 0; bi < nbands; bi++) {
+                int64_t ty0 = bi * nty;
+                band b = {.h = h, .wd = wd, .ntx = ntx, .ty0 = ty0, .nty = nty_all - ty0 < nty ? nty_all - ty0 : nty, .ldv = ldv};
+                for (int64_t ci = 0; ci < Cin; ci++) input_transform(x, ci, &b, V, vplane, q, s, rowbuf);
+                for (int xi = 0; xi < TT; xi++) band_products(U, Cout, Cin, V, vplane, M, mplane, b.nty * ntx, ldv, xi);
+                for (int64_t co = 0; co < Cout; co++) output_transform(y, co, &b, M, mplane, bias ? bias[co] : 0.0f, s, o, rows);
+            }
+        } else {
+            for (int64_t ty0 = 0; ty0 < nty_all; ty0 += nty) {
+                band b = {.h = h, .wd = wd, .ntx = ntx, .ty0 = ty0, .nty = nty_all - ty0 < nty ? nty_all - ty0 : nty, .ldv = ldv};
 #pragma omp for schedule(dynamic, 4)
-            for (int64_t co = 0; co < Cout; co++) output_transform(y, co, &b, M, mplane, bias ? bias[co] : 0.0f, s, o, rows);
+                for (int64_t ci = 0; ci < Cin; ci++) input_transform(x, ci, &b, V, vplane, q, s, rowbuf);
+#pragma omp for schedule(dynamic)
+                for (int xi = 0; xi < TT; xi++) band_products(U, Cout, Cin, V, vplane, M, mplane, b.nty * ntx, ldv, xi);
+#pragma omp for schedule(dynamic, 4)
+                for (int64_t co = 0; co < Cout; co++) output_transform(y, co, &b, M, mplane, bias ? bias[co] : 0.0f, s, o, rows);
+            }
         }
         free(q), free(s), free(o), free(rowbuf), free(rows);
     }
