@@ -14,6 +14,7 @@
 #include "cpu_ops.h"
 #include "cpu_amx.h"
 #include "cpu_gemm_amx.h"
+#include "cpu_gemm_packed.h"
 #include "../../core/err.h"
 #include <cblas.h>
 #include <math.h>
@@ -201,9 +202,10 @@ int bench_gemm(int argc, char **argv) {
     static const int64_t shapes[][2] = {{3072, 3072}, {18432, 3072}, {3072, 9216}, {27648, 3072}, {3072, 12288}};
     int nshape = quick ? 2 : 5, avx = cpu_has_avx512bf16(), amx = avx && cpu_amx_enabled();
     backend *be = backend_cpu_create(threads);
-    printf("# op_gemm GFLOP/s, M = %lld tokens, %d threads, best of %d (%s time); AVX512-BF16 kernel: %s; AMX: %s\n",
-           (long long)M, omp_get_max_threads(), reps, g_cpu_time ? "CPU" : "wall",
-           avx ? "yes" : "not available on this CPU/build", amx ? "yes" : "no");
+    printf("# op_gemm GFLOP/s, M = %lld tokens, %d threads, best of %d (%s time); portable kernel: %s; OpenBLAS: %s; "
+           "AVX512-BF16 kernel: %s; AMX: %s\n",
+           (long long)M, omp_get_max_threads(), reps, g_cpu_time ? "CPU" : "wall", cpu_gemm_packed_kernel(),
+           openblas_get_corename(), avx ? "yes" : "not available on this CPU/build", amx ? "yes" : "no");
     printf("%-14s %10s %10s %12s %14s %14s %12s %12s %14s %12s %10s\n", "W [N x K]", "sgemm f32", "op f32",
            "op bf16w/f32x", "op bf16 port.", "op bf16 avx512", "op bf16 amx", "op fp8w/f32x", "op fp8w bf16x",
            "port./sgemm", "amx/sgemm");
