@@ -241,7 +241,7 @@ TEST(ops_gemm_packed_edges) {
             /* 64 KB: k blocks of 64, B blocks of NR rows, panels of up to 240 rows, 68-row chunks of a
              * non-f32 y at 1 thread (240 rows of panel) */
             cpu_set_tile_budget(65536);
-            packed_edges(150, 530, 200);
+            packed_edges(151, 530, 200);
             /* 4 KB: k blocks of 4 */
             cpu_set_tile_budget(4096);
             packed_edges(47, 290, 23);

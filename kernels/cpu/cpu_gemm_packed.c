@@ -34,7 +34,7 @@
  * buffers belong to their thread and are kept between calls.
  *
  * Kernels: AVX-512F (8 x 48 tile, 24 zmm accumulators) when the CPU has it,
- * else AVX2+FMA (4 x 24, 12 ymm), else a scalar one (a build for CPUs
+ * else AVX2+FMA (6 x 16, 12 ymm), else a scalar one (a build for CPUs
  * without AVX2, e.g. the sanitizer build, on such a CPU). One source,
  * included per ISA. TPGEN_NO_AVX512=2 (or cpu_gemm_packed_force) keeps
  * the AVX-512F kernel off, as on an AVX2-only CPU. */
@@ -82,8 +82,8 @@ typedef struct { const char *name; int mr, nr, avx2_pack; ukern_fn fn; } ukernel
 
 #define UK_NAME uk_avx2
 #define UK_TARGET __attribute__((target("avx2,fma")))
-#define UK_MR 4
-#define UK_NV 3
+#define UK_MR 6
+#define UK_NV 2
 #define UK_PF 16
 #define VEC __m256
 #define VW 8
@@ -113,7 +113,7 @@ typedef struct { const char *name; int mr, nr, avx2_pack; ukern_fn fn; } ukernel
 
 static const ukernel K_SCALAR = {"scalar", 4, 8, 0, uk_scalar};
 #ifdef HAVE_X86_KERNELS
-static const ukernel K_AVX512 = {"avx512f", 8, 48, 1, uk_avx512}, K_AVX2 = {"avx2", 4, 24, 1, uk_avx2};
+static const ukernel K_AVX512 = {"avx512f", 8, 48, 1, uk_avx512}, K_AVX2 = {"avx2", 6, 16, 1, uk_avx2};
 #endif
 
 static int g_force; /* 1: not AVX-512F, 2: scalar */
@@ -140,22 +140,15 @@ const char *cpu_gemm_packed_kernel(void) { return kernel()->name; }
 /* ---- packing ----
  * pack(t, r0, n, k0, kb, P, dst): rows [r0, r0+n) x k [k0, k0+kb) of t into
  * ceil(n / P) micro-panels of P rows, dst[(i/P)·kb·P + k·P + i%P] =
- * t[r0+i][k0+k] as f32, rows past n zero. P is 4 or a multiple of 8. Rows
- * go 8 at a time; with AVX2, 8 x 8 blocks are loaded (bf16 widened by a
- * shift), transposed in registers and stored as 8 k-lines of 8 rows. */
+ * t[r0+i][k0+k] as f32, rows past n zero. Rows go in groups of G = 8 (P a
+ * multiple of 8) or G = P (P < 8), each group inside one panel; with AVX2,
+ * blocks of G rows x 8 k are loaded (bf16 widened by a shift), transposed
+ * 8 x 8 in registers and stored as 8 k-lines of G values. */
 
 static const float g_zero[KC]; /* a missing row, as f32 or bf16 zeros */
 
 static inline float load1(const void *row, int64_t k, int bf16) {
     return bf16 ? bf16_to_f32(((const uint16_t *)row)[k]) : ((const float *)row)[k];
-}
-
-/* the 8 values of rows src[0..8) at k go to where row g + j, k belongs */
-static inline void put_scalar(float *dst, int64_t g, int64_t k, int64_t kb, int P, int64_t npan, const float *v) {
-    for (int j = 0; j < 8; j++) {
-        int64_t i = g + j;
-        if (i / P < npan) dst[(i / P) * kb * P + k * P + i % P] = v[j];
-    }
 }
 
 #ifdef HAVE_X86_KERNELS
@@ -185,24 +178,29 @@ static inline T2 void transpose8(__m256 r[8]) {
     r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
-/* one group of 8 rows, k in steps of 8 (returns the k where the tail starts) */
-static T2 int64_t pack_group_avx2(const void *const src[8], const char *const pf[8], int bf16, int64_t g, int64_t kb,
-                                  int P, int64_t npan, float *dst) {
+/* one group of G rows (src[G..8) are zero rows) from k = 0 in steps of 8 to
+ * d (the group's first value in its panel, k-lines P apart); returns the k
+ * where the scalar tail starts. pf: rows to prefetch meanwhile (the next
+ * group), one line per row every 64 bytes of source. */
+static T2 int64_t pack_group_avx2(const void *const src[8], const char *const pf[8], int bf16, int G, int64_t kb,
+                                  int P, float *d) {
     int64_t k = 0, pfk = bf16 ? 32 : 16; /* elements per cache line */
-    float *p0 = dst + (g / P) * kb * P + g % P; /* P % 8 == 0: the 8 rows are in one panel */
     for (; k + 8 <= kb; k += 8) {
         __m256 r[8];
         for (int j = 0; j < 8; j++) r[j] = load8(src[j], k, bf16);
         if (k % pfk == 0)
-            for (int j = 0; j < 8; j++) _mm_prefetch(pf[j] + k * (4 >> bf16), _MM_HINT_T0);
+            for (int j = 0; j < G; j++) _mm_prefetch(pf[j] + k * (4 >> bf16), _MM_HINT_T0);
         transpose8(r);
-        if (P % 8 == 0) {
-            for (int q = 0; q < 8; q++) _mm256_storeu_ps(p0 + (k + q) * P, r[q]);
-        } else { /* P == 4: rows g..g+3 in panel g/4, g+4..g+7 in the next one (if there is one) */
-            float *a = dst + (g / 4) * kb * 4, *b = a + kb * 4;
-            for (int q = 0; q < 8; q++) _mm_storeu_ps(a + (k + q) * 4, _mm256_castps256_ps128(r[q]));
-            if (g / 4 + 1 < npan)
-                for (int q = 0; q < 8; q++) _mm_storeu_ps(b + (k + q) * 4, _mm256_extractf128_ps(r[q], 1));
+        float *o = d + k * P;
+        if (G == 8) {
+            for (int q = 0; q < 8; q++) _mm256_storeu_ps(o + q * P, r[q]);
+        } else if (G == 4) {
+            for (int q = 0; q < 8; q++) _mm_storeu_ps(o + q * P, _mm256_castps256_ps128(r[q]));
+        } else { /* G == 6 */
+            for (int q = 0; q < 8; q++) {
+                _mm_storeu_ps(o + q * P, _mm256_castps256_ps128(r[q]));
+                _mm_storel_pi((__m64 *)(o + q * P + 4), _mm256_extractf128_ps(r[q], 1));
+            }
         }
     }
     return k;
@@ -211,30 +209,29 @@ static T2 int64_t pack_group_avx2(const void *const src[8], const char *const pf
 
 static void pack(const tensor *t, int64_t r0, int64_t n, int64_t k0, int64_t kb, int P, int avx2, float *dst,
                  float *tmp) {
-    int64_t npan = (n + P - 1) / P, rows = npan * P;
+    int64_t rows = (n + P - 1) / P * P;
+    int G = P < 8 ? P : 8;
     int direct = t->dtype == DT_BF16 || t->dtype == DT_F32;
-    int bf16 = t->dtype == DT_BF16;
+    int sbf = t->dtype == DT_BF16; /* rows read through row_f32 are f32 */
     size_t es = dtype_size(t->dtype);
-    for (int64_t g = 0; g < rows; g += 8) {
+    for (int64_t g = 0; g < rows; g += G) {
         const void *src[8];
-        const char *pf[8]; /* the next group's rows, prefetched while this one is packed */
+        const char *pf[8];
         for (int j = 0; j < 8; j++) {
             int64_t i = g + j;
-            if (i >= n) src[j] = g_zero;
+            if (j >= G || i >= n) src[j] = g_zero;
             else if (direct) src[j] = (const char *)row_ptr(t, r0 + i) + (size_t)k0 * es;
             else src[j] = row_f32(t, r0 + i, k0, kb, tmp + j * kb); /* f16, fp8 (with its scale) */
-            pf[j] = direct && i + 8 < n ? (const char *)row_ptr(t, r0 + i + 8) + (size_t)k0 * es : (const char *)g_zero;
+            pf[j] = direct && i + G < n ? (const char *)row_ptr(t, r0 + i + G) + (size_t)k0 * es : (const char *)g_zero;
         }
-        int sbf = direct && bf16; /* rows read through row_f32 are f32 */
+        if (!direct) sbf = 0;
+        float *d = dst + (g / P) * kb * P + g % P;
         int64_t k = 0;
 #ifdef HAVE_X86_KERNELS
-        if (avx2) k = pack_group_avx2(src, pf, sbf, g, kb, P, npan, dst);
+        if (avx2) k = pack_group_avx2(src, pf, sbf, G, kb, P, d);
 #endif
-        for (; k < kb; k++) {
-            float v[8];
-            for (int j = 0; j < 8; j++) v[j] = load1(src[j], k, sbf);
-            put_scalar(dst, g, k, kb, P, npan, v);
-        }
+        for (; k < kb; k++)
+            for (int j = 0; j < G; j++) d[k * P + j] = load1(src[j], k, sbf);
     }
 }
 
@@ -280,11 +277,14 @@ void cpu_gemm_packed_blocking(int64_t M, int64_t N, int64_t K, dtype_t ydt, int6
 typedef struct { float *p; size_t n; } scratch;
 static _Thread_local scratch t_a, t_b, t_c, t_tmp;
 
-/* a thread's buffer of at least n floats, kept for the next call */
+/* a thread's buffer of at least n floats, kept for the next call; 64-byte
+ * aligned, so that micro-panel lines are cache lines */
 static float *scratch_get(scratch *s, size_t n) {
     if (s->n < n) {
         free(s->p);
-        s->p = xmalloc(n * sizeof(float));
+        void *p = NULL;
+        if (posix_memalign(&p, 64, n * sizeof(float))) tp_fatal("out of memory allocating %zu bytes", n * sizeof(float));
+        s->p = p;
         s->n = n;
     }
     return s->p;

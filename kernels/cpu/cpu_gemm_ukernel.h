@@ -24,7 +24,7 @@ static UK_TARGET void UK_NAME(int64_t kc, const float *restrict a, const float *
 #pragma GCC unroll 4
         for (int j = 0; j < UK_NV; j++) r[i][j] = V_ZERO();
 #pragma GCC unroll 4
-        for (int l = 0; l < UK_NV * VW; l += 16) __builtin_prefetch(c + i * ldc + l, 1, 3);
+        for (int l = 0; l < UK_NV * VW + 15; l += 16) __builtin_prefetch(c + i * ldc + l, 1, 3);
     }
     for (int64_t k = 0; k < kc; k++) {
         VEC bv[UK_NV];
