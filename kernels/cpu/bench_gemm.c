@@ -2,8 +2,10 @@
  * FLUX.2 klein-4B linear shapes, against plain cblas_sgemm on the same
  * shapes. Columns: OpenBLAS sgemm (f32 x, f32 W), op_gemm with f32 weights,
  * op_gemm with bf16 weights and f32 activations (the f32 reference mode),
- * and bf16 x bf16 (the bf16 mode) through the portable path (widen panels +
- * sgemm), through the AVX512-BF16 kernel when this CPU has it (AMX off) and
+ * and bf16 x bf16 (the bf16 mode) through the portable path (the packed GEMM
+ * of cpu_gemm_packed.c, its micro-kernel named in the header line with
+ * OpenBLAS's core type, so that TPGEN_NO_AVX512=2 OPENBLAS_CORETYPE=Haswell
+ * compares the AVX2 kernels of both), through the AVX512-BF16 kernel when this CPU has it (AMX off) and
  * through the AMX kernel when it has AMX, fp8 weights with f32 x (widened)
  * and with bf16 x (the default route: AMX, else AVX512-BF16), and the
  * portable and AMX paths as shares of sgemm. Each
