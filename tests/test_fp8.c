@@ -468,7 +468,7 @@ TEST(bad_fp8_files) {
 }
 
 /* ---- the CPU fp8 GEMM paths against a naive double reference ---- */
-void cpu_gemm_force_portable(int on);   /* kernels/cpu: the tiled path even with AVX512-BF16 */
+void cpu_gemm_force_portable(int on);   /* kernels/cpu: the packed portable path even with AVX512-BF16 */
 
 static void fp8_gemm_case(dtype_t wdt, dtype_t xdt, int per_row, int64_t M, int64_t N, int64_t K, int portable) {
     backend *be = backend_cpu_create(2);

@@ -9,6 +9,7 @@
 #include "../kernels/cpu/cpu_ops.h"
 #include "../kernels/cpu/cpu_amx.h"
 #include "../kernels/cpu/cpu_gemm_amx.h"
+#include "../kernels/cpu/cpu_gemm_packed.h"
 #include "../core/err.h"
 #include <math.h>
 #include <omp.h>
@@ -33,7 +34,9 @@ static double urand(void) { /* splitmix64, seeded from the harness's srand */
     return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
 }
 static float frand(float lo, float hi) { return lo + (hi - lo) * (float)urand(); }
-static float rnd_to(dtype_t dt, double v) { return dt == DT_BF16 ? bf16r((float)v) : (float)v; }
+static float rnd_to(dtype_t dt, double v) {
+    return dt == DT_BF16 ? bf16r((float)v) : dt == DT_F16 ? f16_to_f32(f32_to_f16((float)v)) : (float)v;
+}
 
 /* A tensor view with one pad column on the left and `pad` on the right, so
  * ld > cols and data is not at the start of the allocation. */
@@ -179,7 +182,7 @@ TEST(ops_gemm_bf16_paths) { /* the AVX512-BF16 kernel (when present) and the por
     cpu_gemm_force_portable(0);
 }
 
-TEST(ops_gemm_row_chunks) { /* the tiled path: x in several chunks of rows (small budget), a long K */
+TEST(ops_gemm_row_chunks) { /* the packed path with a small budget (rows in chunks, short k blocks), a long K */
     cpu_set_tile_budget(4096);
     gemm_case(50, 40, 100, DT_BF16, DT_BF16, DT_BF16, 1);
     gemm_case(50, 40, 100, DT_F32, DT_BF16, DT_F32, 0);
@@ -190,35 +193,70 @@ TEST(ops_gemm_row_chunks) { /* the tiled path: x in several chunks of rows (smal
     cpu_set_tile_budget(0);
 }
 
-TEST(ops_gemm_portable_panel_edges) {
-    /* The portable tiled path (cpu_gemm.c) with budgets small enough that
-     * every block edge is crossed: at 64 KB, panels of at most 64 weight rows
-     * (N = 300: 64,64,64,64,44 at 2 threads), k blocks of 256 (K = 1000:
-     * 3 full + 232), x chunks of 16 rows (M = 70: 4 x 16 + 6); at 4 KB,
-     * panels of 16 rows and k blocks of 64. M, N, K are multiples of none of
-     * them. 1, 2 and 3 threads change the panel split. Every dtype
-     * combination that takes the path, against the double reference. */
+/* One kernel of the packed path (cpu_gemm_packed.c) on shapes that cross
+ * every edge of its blocking at the current budget and thread count: M not
+ * a multiple of MR and over several row chunks (non-f32 y), N not a
+ * multiple of NR, of the B block nc or of the thread panel nb, K over
+ * several k blocks with a tail; then M < MR, N < NR and K < 8 (the scalar
+ * tail of the packing). Every dtype combination that takes the path, with
+ * and without bias, against the double reference. The blocking is read
+ * back (cpu_gemm_packed_blocking) so that a change of the defaults cannot
+ * silently stop the shapes from crossing the edges. */
+static void packed_edges(int64_t M, int64_t N, int64_t K) {
+    int64_t b[6], bf[6];
+    cpu_gemm_packed_blocking(M, N, K, DT_BF16, b);
+    cpu_gemm_packed_blocking(M, N, K, DT_F32, bf);
+    int64_t MR = b[0], NR = b[1], kc = b[2], nc = b[3], nb = b[4], mch = b[5];
+    CHECK(M % MR && N % NR && N % nb % nc && K > kc && K % kc && N > nb && M > mch && M % mch && bf[5] >= M,
+          "%s kernel, shape %lldx%lldx%lld: MR %lld NR %lld kc %lld nc %lld nb %lld rows per chunk %lld/%lld do not "
+          "cross every edge", cpu_gemm_packed_kernel(), (long long)M, (long long)N, (long long)K, (long long)MR,
+          (long long)NR, (long long)kc, (long long)nc, (long long)nb, (long long)mch, (long long)bf[5]);
+    const dtype_t c[][3] = {{DT_BF16, DT_BF16, DT_BF16}, {DT_BF16, DT_BF16, DT_F32}, {DT_F32, DT_BF16, DT_F32},
+                            {DT_F32, DT_BF16, DT_BF16}, {DT_F32, DT_F32, DT_BF16}, {DT_BF16, DT_F32, DT_F32},
+                            {DT_F16, DT_BF16, DT_F32}}; /* f16 x: packed through row_f32 */
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        for (int bias = 0; bias < 2; bias++) gemm_case(M, N, K, c[i][0], c[i][1], c[i][2], bias);
+    gemm_case(MR - 1, NR - 3, 7, DT_BF16, DT_BF16, DT_BF16, 1); /* one partial tile, k only in the tail */
+    gemm_case(1, N, K, DT_BF16, DT_BF16, DT_BF16, 0);          /* one token */
+    gemm_case(MR + 1, 2, K, DT_F32, DT_BF16, DT_F32, 1);       /* two output columns */
+}
+
+TEST(ops_gemm_packed_edges) {
     int saved = omp_get_max_threads();
     cpu_gemm_force_portable(1);
-    static const int thr[] = {1, 2, 3};
-    for (int t = 0; t < 3; t++) {
-        omp_set_num_threads(thr[t]);
-        cpu_set_tile_budget(65536);
-        gemm_case(70, 300, 1000, DT_BF16, DT_BF16, DT_BF16, 1);
-        gemm_case(70, 300, 1000, DT_BF16, DT_BF16, DT_F32, 0);
-        gemm_case(70, 300, 1000, DT_F32, DT_BF16, DT_F32, 1);
-        gemm_case(70, 300, 1000, DT_F32, DT_F32, DT_BF16, 1);  /* f32 w used in place, blocked */
-        gemm_case(70, 300, 1000, DT_BF16, DT_F32, DT_F32, 0);
-        gemm_case(1, 300, 1000, DT_BF16, DT_BF16, DT_BF16, 1); /* one token */
-        cpu_set_tile_budget(4096);
-        gemm_case(23, 47, 333, DT_BF16, DT_BF16, DT_BF16, 1);
-        gemm_case(23, 47, 333, DT_F32, DT_BF16, DT_F32, 0);
-        gemm_case(23, 9, 70, DT_BF16, DT_BF16, DT_F32, 1);    /* fewer rows than one panel per thread */
+    int have512 = 0;
+    for (int level = 0; level < 3; level++) { /* AVX-512F (when the CPU has it), AVX2, scalar */
+        cpu_gemm_packed_force(level);
+        if (level == 0 && strcmp(cpu_gemm_packed_kernel(), "avx512f")) {
+            printf("# ops_gemm_packed_edges: no AVX-512F kernel on this CPU/run: the avx2 and scalar kernels only\n");
+            continue;
+        }
+        have512 |= level == 0;
+        static const char *want[] = {"avx512f", "avx2", "scalar"};
+        CHECK(!strcmp(cpu_gemm_packed_kernel(), want[level]), "forced level %d runs the %s kernel", level,
+              cpu_gemm_packed_kernel());
+        static const int thr[] = {1, 2, 3};
+        for (int t = 0; t < 3; t++) {
+            omp_set_num_threads(thr[t]);
+            /* 64 KB: k blocks of 64, B blocks of NR rows, panels of up to 240 rows, 68-row chunks of a
+             * non-f32 y at 1 thread (240 rows of panel) */
+            cpu_set_tile_budget(65536);
+            packed_edges(151, 530, 200);
+            /* 4 KB: k blocks of 4 */
+            cpu_set_tile_budget(4096);
+            packed_edges(47, 290, 23);
+        }
+        cpu_set_tile_budget(0);
+        omp_set_num_threads(2);
+        /* default blocking: K over one k block of 512 with a tail, N over two panels per thread */
+        gemm_case(33, 6200, 1100, DT_BF16, DT_BF16, DT_BF16, 1);
+        gemm_case(20, 700, 530, DT_F32, DT_BF16, DT_F32, 0);
     }
-    cpu_set_tile_budget(0);
-    /* default blocking: K over one k block of 1024 with a tail, N over two panels per thread */
-    omp_set_num_threads(2);
-    gemm_case(33, 6200, 1100, DT_BF16, DT_BF16, DT_BF16, 1);
+    const char *off = getenv("TPGEN_NO_AVX512");
+    int want512 = __builtin_cpu_supports("avx512f") && !(off && !strcmp(off, "2"));
+    CHECK(have512 == want512, "the AVX-512F kernel is %s, the CPU %s it (TPGEN_NO_AVX512=%s)", have512 ? "on" : "off",
+          __builtin_cpu_supports("avx512f") ? "has" : "lacks", off ? off : "");
+    cpu_gemm_packed_force(0);
     cpu_gemm_force_portable(0);
     omp_set_num_threads(saved);
 }

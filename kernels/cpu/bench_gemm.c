@@ -2,8 +2,10 @@
  * FLUX.2 klein-4B linear shapes, against plain cblas_sgemm on the same
  * shapes. Columns: OpenBLAS sgemm (f32 x, f32 W), op_gemm with f32 weights,
  * op_gemm with bf16 weights and f32 activations (the f32 reference mode),
- * and bf16 x bf16 (the bf16 mode) through the portable path (widen panels +
- * sgemm), through the AVX512-BF16 kernel when this CPU has it (AMX off) and
+ * and bf16 x bf16 (the bf16 mode) through the portable path (the packed GEMM
+ * of cpu_gemm_packed.c, its micro-kernel named in the header line with
+ * OpenBLAS's core type, so that TPGEN_NO_AVX512=2 OPENBLAS_CORETYPE=Haswell
+ * compares the AVX2 kernels of both), through the AVX512-BF16 kernel when this CPU has it (AMX off) and
  * through the AMX kernel when it has AMX, fp8 weights with f32 x (widened)
  * and with bf16 x (the default route: AMX, else AVX512-BF16), and the
  * portable and AMX paths as shares of sgemm. Each
@@ -14,6 +16,7 @@
 #include "cpu_ops.h"
 #include "cpu_amx.h"
 #include "cpu_gemm_amx.h"
+#include "cpu_gemm_packed.h"
 #include "../../core/err.h"
 #include <cblas.h>
 #include <math.h>
@@ -201,9 +204,10 @@ int bench_gemm(int argc, char **argv) {
     static const int64_t shapes[][2] = {{3072, 3072}, {18432, 3072}, {3072, 9216}, {27648, 3072}, {3072, 12288}};
     int nshape = quick ? 2 : 5, avx = cpu_has_avx512bf16(), amx = avx && cpu_amx_enabled();
     backend *be = backend_cpu_create(threads);
-    printf("# op_gemm GFLOP/s, M = %lld tokens, %d threads, best of %d (%s time); AVX512-BF16 kernel: %s; AMX: %s\n",
-           (long long)M, omp_get_max_threads(), reps, g_cpu_time ? "CPU" : "wall",
-           avx ? "yes" : "not available on this CPU/build", amx ? "yes" : "no");
+    printf("# op_gemm GFLOP/s, M = %lld tokens, %d threads, best of %d (%s time); portable kernel: %s; OpenBLAS: %s; "
+           "AVX512-BF16 kernel: %s; AMX: %s\n",
+           (long long)M, omp_get_max_threads(), reps, g_cpu_time ? "CPU" : "wall", cpu_gemm_packed_kernel(),
+           openblas_get_corename(), avx ? "yes" : "not available on this CPU/build", amx ? "yes" : "no");
     printf("%-14s %10s %10s %12s %14s %14s %12s %12s %14s %12s %10s\n", "W [N x K]", "sgemm f32", "op f32",
            "op bf16w/f32x", "op bf16 port.", "op bf16 avx512", "op bf16 amx", "op fp8w/f32x", "op fp8w bf16x",
            "port./sgemm", "amx/sgemm");

@@ -17,8 +17,9 @@ size_t cpu_tile_budget(size_t default_bytes);
 void cpu_gemm(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
 /* 1 when the AVX512-BF16 GEMM kernel is compiled in and the CPU supports it */
 int cpu_has_avx512bf16(void);
-/* Force the portable bf16 paths (widen to f32 + sgemm) in GEMM and
- * attention even when AVX512-BF16 is available: for benchmarks and tests. */
+/* Force the portable bf16 paths (GEMM: the packed f32 path of
+ * cpu_gemm_packed.c; attention: widen to f32 + sgemm) even when
+ * AVX512-BF16 is available: for benchmarks and tests. */
 void cpu_gemm_force_portable(int on);
 /* AVX512-BF16 available and not forced off */
 int cpu_bf16_kernels_enabled(void);

@@ -3,8 +3,9 @@
 # emulated Westmere, no AVX/AVX2/FMA, under qemu-user) tpgen stops with a
 # clear error naming them and how to rebuild, not SIGILL; on an emulated
 # Haswell it runs. The CUDA build targets SASS for each architecture of
-# 80 89 90 100 120 that nvcc knows, plus PTX for the newest. TPGEN_NO_AVX512
-# switches the AVX512-BF16 kernels off, and the GEMM op tests pass that way.
+# 80 89 90 100 120 that nvcc knows, plus PTX for the newest. TPGEN_NO_AVX512=1
+# switches the AVX512-BF16 kernels off, =2 also the portable GEMM's AVX-512F
+# micro-kernel, and the GEMM op tests pass both ways.
 . "$TPGEN_ROOT/tests/lib.sh"
 if ! command -v qemu-x86_64 >/dev/null; then
     fail "qemu-x86_64 is missing (scripts/install-deps.sh installs qemu-user)"
@@ -27,14 +28,26 @@ fi
 out=$(TPGEN_NO_AVX512=1 "$TPGEN" bench gemm --quick --reps 1 --m 8 --threads 1 2>&1)
 echo "$out" | grep -q 'AVX512-BF16 kernel: not available' && ok "TPGEN_NO_AVX512=1 switches the AVX512-BF16 kernels off" \
     || fail "TPGEN_NO_AVX512: $(echo "$out" | head -2)"
-# the GEMM op tests (double references) with the AVX512-BF16 kernels off from the start, as on a CPU without them
-out=$(TPGEN_NO_AVX512=1 "$TPGEN_TESTS" ops_gemm 2>&1)
-n=$(echo "$out" | grep -c '^ok - ops_gemm')
-if echo "$out" | grep -q '^# unit np=1: [0-9]* passed, 0 failed' && [ "$n" -ge 4 ]; then
-    ok "GEMM op tests pass with TPGEN_NO_AVX512=1 ($n tests)"
-else
-    fail "GEMM op tests with TPGEN_NO_AVX512=1: $(echo "$out" | grep -v '^ok' | head -5)"
-fi
+# the portable GEMM's micro-kernel: AVX-512F when the CPU has it (also with =1), AVX2 with TPGEN_NO_AVX512=2
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then k2=avx2; else k2=scalar; fi
+if grep -qw avx512f /proc/cpuinfo; then k1=avx512f; else k1=$k2; fi
+for v in 1 2; do
+    want=$k1; [ $v = 2 ] && want=$k2
+    out=$(TPGEN_NO_AVX512=$v "$TPGEN" bench gemm --quick --reps 1 --m 8 --threads 1 2>&1)
+    echo "$out" | grep -q "; portable kernel: $want;" && ok "TPGEN_NO_AVX512=$v: the portable GEMM runs its $want kernel" \
+        || fail "TPGEN_NO_AVX512=$v, expected the $want kernel: $(echo "$out" | head -1)"
+done
+# the GEMM op tests (double references) with the AVX512-BF16 kernels off from the start, as on a CPU without
+# them, and (=2) with the portable GEMM's AVX-512F kernel off too, as on an AVX2-only CPU
+for v in 1 2; do
+    out=$(TPGEN_NO_AVX512=$v "$TPGEN_TESTS" ops_gemm 2>&1)
+    n=$(echo "$out" | grep -c '^ok - ops_gemm')
+    if echo "$out" | grep -q '^# unit np=1: [0-9]* passed, 0 failed' && [ "$n" -ge 5 ]; then
+        ok "GEMM op tests pass with TPGEN_NO_AVX512=$v ($n tests)"
+    else
+        fail "GEMM op tests with TPGEN_NO_AVX512=$v: $(echo "$out" | grep -v '^ok' | head -5)"
+    fi
+done
 
 nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [ -n "$nvcc" ]; then
