@@ -249,17 +249,7 @@ static void output_transform(tensor *y, int64_t co, const band *b, const float *
 /* U, V and M are kept for the calling thread between calls (fresh pages
  * for 50-100 MB per convolution cost a tenth of its time in page faults):
  * at most the U of the largest convolution plus BAND_BYTES stay allocated. */
-typedef struct { float *p; size_t n; } keep;
-static _Thread_local keep t_u, t_vm;
-
-static float *kept(keep *k, size_t n) {
-    if (k->n < n) {
-        free(k->p);
-        k->p = xmalloc(n * sizeof(float));
-        k->n = n;
-    }
-    return k->p;
-}
+static _Thread_local cpu_scratch t_u, t_vm;
 
 /* 36 products of one band: M[ξ] = U[ξ] · V[ξ], on the calling thread */
 static void band_products(const float *U, int64_t Cout, int64_t Cin, const float *V, size_t vplane, float *M,
@@ -293,14 +283,14 @@ static int64_t band_rows(int64_t Cin, int64_t Cout, int64_t ntx, int64_t nty_all
 void cpu_conv_wino(tensor *y, const tensor *x, const tensor *w, const float *bias, int64_t h, int64_t wd) {
     int64_t Cin = x->rows, Cout = w->rows, ntx = (wd + 3) / 4, nty_all = (h + 3) / 4;
     int threads = omp_get_max_threads();
-    float *U = kept(&t_u, TT * (size_t)Cout * (size_t)Cin);
+    float *U = cpu_scratch_get(&t_u, sizeof(float) * (TT * (size_t)Cout * (size_t)Cin));
     weight_transform(w, Cout, Cin, U);
     int64_t nty = band_rows(Cin, Cout, ntx, nty_all, BAND_BYTES);
     int own = threads == 1 || (nty_all + nty - 1) / nty >= 2 * threads;
     if (own && threads > 1) nty = band_rows(Cin, Cout, ntx, nty_all, BAND_BYTES / (size_t)threads);
     int64_t nbands = (nty_all + nty - 1) / nty, ldv = (nty * ntx + 15) / 16 * 16;
     size_t vplane = (size_t)Cin * (size_t)ldv, mplane = (size_t)Cout * (size_t)ldv, per = TT * (vplane + mplane);
-    float *VM = kept(&t_vm, per * (own ? (size_t)threads : 1));
+    float *VM = cpu_scratch_get(&t_vm, sizeof(float) * (per * (own ? (size_t)threads : 1)));
 #pragma omp parallel
     {
         int64_t n1 = ntx + 1;

@@ -72,20 +72,7 @@ int cpu_gemm_amx_usable(const tensor *x, const tensor *w) {
 
 #ifdef HAVE_AMX_GEMM
 
-/* a buffer of at least `bytes`, 64-byte aligned, kept for the next call */
-typedef struct { void *p; size_t n; } buf;
-static _Thread_local buf t_xp, t_wp, t_acc, t_rows;
-
-static void *buf_get(buf *b, size_t bytes) {
-    if (b->n < bytes) {
-        free(b->p);
-        size_t n = (bytes + 63) / 64 * 64;
-        b->p = aligned_alloc(64, n);
-        if (!b->p) tp_fatal("op_gemm (AMX): out of memory for %zu bytes of scratch", n);
-        b->n = n;
-    }
-    return b->p;
-}
+static _Thread_local cpu_scratch t_xp, t_wp, t_acc, t_rows;
 
 /* packed row i of a chunk: x row m (or zeros when m < 0) into the tiles
  * xp[i/16][s] (nks tiles of 32 k per 16 rows), as row i%16 of each */
@@ -174,12 +161,12 @@ void cpu_gemm_amx(tensor *y, const tensor *x, const tensor *w, const float *bias
     int64_t mc = (int64_t)(cpu_tile_budget(X_BYTES) / ((size_t)Kp * 2)) / 32 * 32, mall = (M + 31) / 32 * 32;
     mc = mc < 32 ? 32 : mc > mall ? mall : mc;
     int64_t nsub = (N + NC - 1) / NC;
-    uint16_t *xp = buf_get(&t_xp, (size_t)mc * (size_t)Kp * 2);
+    uint16_t *xp = cpu_scratch_get(&t_xp, (size_t)mc * (size_t)Kp * 2);
 #pragma omp parallel
     {
         cpu_amx_tiles_begin();
-        uint32_t *wp = buf_get(&t_wp, (size_t)NC * KC * 2);
-        uint16_t *rows = dtype_is_fp8(w->dtype) ? buf_get(&t_rows, (size_t)32 * KC * 2) : NULL;
+        uint32_t *wp = cpu_scratch_get(&t_wp, (size_t)NC * KC * 2);
+        uint16_t *rows = dtype_is_fp8(w->dtype) ? cpu_scratch_get(&t_rows, (size_t)32 * KC * 2) : NULL;
         for (int64_t m0 = 0; m0 < M; m0 += mc) {
             int64_t mn = M - m0 < mc ? M - m0 : mc, mp = (mn + 31) / 32 * 32, nmb = mp / 32;
 #pragma omp for
@@ -189,7 +176,7 @@ void cpu_gemm_amx(tensor *y, const tensor *x, const tensor *w, const float *bias
             parts = parts > nmb ? nmb : parts;
             int64_t per = (nmb + parts - 1) / parts;
             parts = (nmb + per - 1) / per;
-            float *acc = buf_get(&t_acc, (size_t)per * 32 * NC * sizeof(float));
+            float *acc = cpu_scratch_get(&t_acc, (size_t)per * 32 * NC * sizeof(float));
 #pragma omp for collapse(2) schedule(dynamic)
             for (int64_t s = 0; s < nsub; s++)
                 for (int64_t q = 0; q < parts; q++) {

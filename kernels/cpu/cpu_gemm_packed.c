@@ -278,21 +278,8 @@ void cpu_gemm_packed_blocking(int64_t M, int64_t N, int64_t K, dtype_t ydt, int6
 
 /* ---- the driver ---- */
 
-typedef struct { float *p; size_t n; } scratch;
-static _Thread_local scratch t_a, t_b, t_c, t_tmp;
-
-/* a thread's buffer of at least n floats, kept for the next call; 64-byte
- * aligned, so that micro-panel lines are cache lines */
-static float *scratch_get(scratch *s, size_t n) {
-    if (s->n < n) {
-        free(s->p);
-        void *p = NULL;
-        if (posix_memalign(&p, 64, n * sizeof(float))) tp_fatal("out of memory allocating %zu bytes", n * sizeof(float));
-        s->p = p;
-        s->n = n;
-    }
-    return s->p;
-}
+/* kept for the next call; 64-byte aligned, so that micro-panel lines are cache lines */
+static _Thread_local cpu_scratch t_a, t_b, t_c, t_tmp;
 
 typedef struct {
     tensor *y;
@@ -338,10 +325,10 @@ static void panel(const job *g, int64_t n0, int64_t nn) {
     const blocking *bl = &g->b;
     int64_t M = g->x->rows, K = g->x->cols, MR = u->mr, NR = u->nr;
     int yf32 = g->y->dtype == DT_F32;
-    float *bp = scratch_get(&t_b, (size_t)bl->nc * (size_t)bl->kc);
-    float *ap = scratch_get(&t_a, (size_t)((bl->mch + MR - 1) / MR * MR) * (size_t)bl->kc);
-    float *tmp = scratch_get(&t_tmp, 8 * (size_t)bl->kc);
-    float *cb = yf32 ? NULL : scratch_get(&t_c, (size_t)bl->mch * (size_t)bl->nb);
+    float *bp = cpu_scratch_get(&t_b, sizeof(float) * ((size_t)bl->nc * (size_t)bl->kc));
+    float *ap = cpu_scratch_get(&t_a, sizeof(float) * ((size_t)((bl->mch + MR - 1) / MR * MR) * (size_t)bl->kc));
+    float *tmp = cpu_scratch_get(&t_tmp, sizeof(float) * (8 * (size_t)bl->kc));
+    float *cb = yf32 ? NULL : cpu_scratch_get(&t_c, sizeof(float) * ((size_t)bl->mch * (size_t)bl->nb));
     for (int64_t m0 = 0; m0 < M; m0 += bl->mch) {
         int64_t mb = M - m0 < bl->mch ? M - m0 : bl->mch;
         for (int64_t k0 = 0; k0 < K; k0 += bl->kc) {

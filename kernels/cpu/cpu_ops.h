@@ -12,6 +12,11 @@ void cpu_set_threads(int threads);
  * 0 restores the defaults. */
 void cpu_set_tile_budget(size_t bytes);
 size_t cpu_tile_budget(size_t default_bytes);
+/* A scratch buffer that stays allocated between calls (the kernels keep
+ * theirs in _Thread_local variables, one per thread): at least `bytes`,
+ * 64-byte aligned; exits with a message when memory runs out. */
+typedef struct { void *p; size_t bytes; } cpu_scratch;
+void *cpu_scratch_get(cpu_scratch *s, size_t bytes);
 
 /* cpu_gemm.c */
 void cpu_gemm(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
