@@ -316,9 +316,6 @@ static void tile(const job *g, const float *a, const float *b, int64_t kb, int f
     }
 }
 
-#include <time.h>
-double g_tpa, g_tpb;
-static double tnow(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
 /* y[:, n0 .. n0+nn) for all rows, by one thread */
 static void panel(const job *g, int64_t n0, int64_t nn) {
     const ukernel *u = g->u;
@@ -334,14 +331,10 @@ static void panel(const job *g, int64_t n0, int64_t nn) {
         for (int64_t k0 = 0; k0 < K; k0 += bl->kc) {
             int64_t kb = K - k0 < bl->kc ? K - k0 : bl->kc;
             int first = k0 == 0, last = k0 + kb == K;
-            double t0 = tnow();
             pack(g->x, m0, mb, k0, kb, (int)MR, u->avx2_pack, ap, tmp);
-            g_tpa += tnow() - t0;
             for (int64_t j0 = 0; j0 < nn; j0 += bl->nc) {
                 int64_t jb = nn - j0 < bl->nc ? nn - j0 : bl->nc;
-                double t1 = tnow();
                 pack(g->w, n0 + j0, jb, k0, kb, (int)NR, u->avx2_pack, bp, tmp);
-                g_tpb += tnow() - t1;
                 for (int64_t ir = 0; ir < mb; ir += MR) {
                     const float *a = ap + (ir / MR) * kb * MR;
                     int mr = (int)(mb - ir < MR ? mb - ir : MR);
