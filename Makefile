@@ -25,8 +25,11 @@ LDLIBS  += $(if $(BLAS_DIR),-L$(BLAS_DIR) -Wl$(comma)-rpath$(comma)$(BLAS_DIR)) 
 HOST_LDLIBS := -ldl -rdynamic
 comma := ,
 
-LIB_SRC  := $(wildcard core/*.c core/models/*.c plans/*.c kernels/*.c kernels/cpu/*.c) \
-            $(filter-out cli/main.c,$(wildcard cli/*.c))
+# the layers, top to bottom (docs/architecture.md): front ends, pipeline and
+# models, formats / dist / image I/O, plans, kernels
+LIB_SRC  := $(filter-out cli/main.c,$(wildcard cli/*.c cli/bench/*.c)) \
+            $(wildcard core/*.c core/models/*.c core/formats/*.c core/dist/*.c core/image/*.c) \
+            $(wildcard plans/*.c kernels/*.c kernels/cpu/*.c)
 TEST_SRC := $(wildcard tests/*.c)
 
 ifeq ($(CUDA),1)
@@ -55,7 +58,7 @@ ISA_NEEDS := $(shell echo | $(CC) $(OPT) -dM -E - 2>/dev/null | sed -n 's/^\#def
 ifneq ($(filter x86_64 i%86,$(shell uname -m)),)
   CHECK_ARCH := -march=x86-64 -mtune=generic
 endif
-$(BUILD)/core/cpu_check.o: CFLAGS += $(CHECK_ARCH) $(ISA_NEEDS) -DTPGEN_BUILD_OPT='"$(OPT)"'
+$(BUILD)/core/dist/cpu_check.o: CFLAGS += $(CHECK_ARCH) $(ISA_NEEDS) -DTPGEN_BUILD_OPT='"$(OPT)"'
 CUDA_OBJ := $(CUDA_C:%.c=$(BUILD)/%.o) $(CUDA_CU:%.cu=$(BUILD)/%.cu.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 

@@ -1,12 +1,12 @@
 /* `tpgen affinity`: each rank's CPUs and thread count, as tpgen's start-up
- * binding logic left them (core/affinity.h), printed by world rank 0 in rank
+ * binding logic left them (core/dist/affinity.h), printed by world rank 0 in rank
  * order, one line per rank:
  *   rank=0 local=0/2 host=node1 source=ompi-default before=0 cpus=0-7 ncpus=8 threads=8
  * For checking a launcher's binding before a long run. */
 #include "commands.h"
-#include "../core/affinity.h"
-#include "../core/dist.h"
-#include "../core/err.h"
+#include "core/dist/affinity.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

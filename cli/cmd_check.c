@@ -11,15 +11,15 @@
  * this check only). One line per case "caseK rel_err=E", then
  * "max_rel_err=E tol=T PASS|FAIL"; exit 0 iff every case passes. */
 #include "commands.h"
-#include "../core/checkpoint.h"
-#include "../core/comm.h"
-#include "../core/dist.h"
-#include "../core/err.h"
-#include "../core/lora.h"
-#include "../core/models/flux2.h"
-#include "../core/pipeline.h"
-#include "../core/safetensors.h"
-#include "../kernels/ops.h"
+#include "core/formats/checkpoint.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "core/formats/lora.h"
+#include "core/models/flux2.h"
+#include "core/pipeline.h"
+#include "core/formats/safetensors.h"
+#include "kernels/ops.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,12 +3,12 @@
  * with the model's VAE. Rank 0 does the work; other ranks (under mpirun)
  * only agree on the outcome, and never read the VAE file. */
 #include "commands.h"
-#include "../core/dist.h"
-#include "../core/err.h"
-#include "../core/png.h"
-#include "../core/safetensors.h"
-#include "../core/models/vae.h"
-#include "../kernels/ops.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "core/image/png.h"
+#include "core/formats/safetensors.h"
+#include "core/models/vae.h"
+#include "kernels/ops.h"
 #include <errno.h>
 #include <omp.h>
 #include <stdio.h>

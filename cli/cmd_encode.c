@@ -2,12 +2,12 @@
  * prompt_embeds [1, L, 3H] (f32), input_ids and attention_mask [1, L] (i64)
  * with st_write; `tpgen generate --prompt-embeds FILE` reads them back. */
 #include "commands.h"
-#include "../core/comm.h"
-#include "../core/dist.h"
-#include "../core/err.h"
-#include "../core/safetensors.h"
-#include "../core/models/textenc.h"
-#include "../kernels/ops.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "core/formats/safetensors.h"
+#include "core/models/textenc.h"
+#include "kernels/ops.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,17 +1,17 @@
 /* `tpgen encode-image`: one reference image through the editing
- * preprocessing (core/image.h) and the VAE encoder (vae_encode_image), for
+ * preprocessing (core/image/image.h) and the VAE encoder (vae_encode_image), for
  * inspection and tests: writes the preprocessed `pixels` [1, 3, h, w] and
  * the reference `latents` [1, 4·lc, h/16, w/16] (after patchify and the
  * BatchNorm normalisation; what the transformer receives, packed). Rank 0
  * does the work; other ranks only agree on the outcome. */
 #include "commands.h"
-#include "../core/dist.h"
-#include "../core/err.h"
-#include "../core/sha256.h"
-#include "../core/image.h"
-#include "../core/safetensors.h"
-#include "../core/models/vae.h"
-#include "../kernels/ops.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "core/image/sha256.h"
+#include "core/image/image.h"
+#include "core/formats/safetensors.h"
+#include "core/models/vae.h"
+#include "kernels/ops.h"
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * message printed once, before any weight is read. */
 #include "commands.h"
 #include "generate.h"
-#include "../core/err.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <string.h>
 

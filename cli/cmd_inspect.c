@@ -5,11 +5,11 @@
  * dtype) and the largest host staging buffer it needs. One process
  * computes every rank of the requested tp. */
 #include "commands.h"
-#include "../core/err.h"
-#include "../core/fp8.h"
-#include "../core/weights.h"
-#include "../core/lora.h"
-#include "../core/models/flux2.h"
+#include "kernels/err.h"
+#include "core/formats/fp8.h"
+#include "core/formats/weights.h"
+#include "core/formats/lora.h"
+#include "core/models/flux2.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -11,12 +11,12 @@
  * folder can also be rendered with --prompt-embeds.
  * The weights are random: images show structured noise, not pictures. */
 #include "commands.h"
-#include "../core/err.h"
-#include "../core/models/textenc.h"
-#include "../core/models/vae.h"
-#include "../core/rng.h"
-#include "../core/safetensors.h"
-#include "../core/tensor.h"
+#include "kernels/err.h"
+#include "core/models/textenc.h"
+#include "core/models/vae.h"
+#include "core/rng.h"
+#include "core/formats/safetensors.h"
+#include "kernels/tensor.h"
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>

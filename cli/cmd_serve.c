@@ -13,8 +13,8 @@
 #include "generate.h"
 #include "serve_http.h"
 #include "serve_render.h"
-#include "../core/err.h"
-#include "../core/checkpoint.h"
+#include "kernels/err.h"
+#include "core/formats/checkpoint.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,8 @@
 /* `tpgen tokenize`: print the token ids of a prompt, raw or inside the
  * model's prompt layout, optionally truncated/padded like the pipeline. */
 #include "commands.h"
-#include "core/dist.h"
-#include "core/err.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
 #include "core/models/prompt.h"
 #include "core/models/tokenizer.h"
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* Flag parsing shared by the subcommands with --key value / --key=value
  * arguments (commands.h). */
 #include "commands.h"
-#include "../core/err.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <string.h>
 

@@ -8,9 +8,9 @@
 #ifndef TPGEN_GENERATE_H
 #define TPGEN_GENERATE_H
 #include "runspec.h"
-#include "../core/dist.h"
-#include "../core/tensor.h"
-#include "../core/flux2_pipe.h"
+#include "core/dist/dist.h"
+#include "kernels/tensor.h"
+#include "core/flux2_pipe.h"
 #include <stdint.h>
 
 typedef struct gen_lora gen_lora;   /* cli/generate_lora.c */

@@ -2,7 +2,7 @@
  * path of each job from its pattern, the check that no two jobs write the
  * same file, and the data-parallel split of the jobs over TP groups. */
 #include "runspec.h"
-#include "../core/err.h"
+#include "kernels/err.h"
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>

@@ -1,11 +1,11 @@
-/* `tpgen generate`, LoRA adapters (core/lora.h): checked against the
+/* `tpgen generate`, LoRA adapters (core/formats/lora.h): checked against the
  * transformer checkpoint at setup (before the text encoder or any weight is
  * loaded), hashed by the ranks that write PNGs, and reported in the PNG
  * parameters and --json-metrics with the bytes each rank read from them. */
 #include "generate.h"
-#include "../core/err.h"
-#include "../core/sha256.h"
-#include "../core/lora.h"
+#include "kernels/err.h"
+#include "core/image/sha256.h"
+#include "core/formats/lora.h"
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>

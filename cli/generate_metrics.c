@@ -4,8 +4,8 @@
  * maximum over ranks (the slowest rank is what the user waits for). */
 #include "generate.h"
 #include "commands.h"
-#include "../core/err.h"
-#include "../core/png.h"
+#include "kernels/err.h"
+#include "core/image/png.h"
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>

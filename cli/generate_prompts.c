@@ -4,7 +4,7 @@
  * byte, a line over the length limit. A UTF-8 byte-order mark and CRLF line
  * ends (files from Windows editors) are accepted; blank lines are skipped. */
 #include "runspec.h"
-#include "../core/err.h"
+#include "kernels/err.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

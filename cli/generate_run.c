@@ -3,9 +3,9 @@
  * its shard), and per job: denoising in lockstep across the TP group, then
  * on the group's first rank the latents file, VAE decode and PNG. */
 #include "generate.h"
-#include "../core/err.h"
-#include "../core/png.h"
-#include "../core/safetensors.h"
+#include "kernels/err.h"
+#include "core/image/png.h"
+#include "core/formats/safetensors.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -2,12 +2,12 @@
  * check that can fail before heavy work starts (see generate.h). */
 #include "generate.h"
 #include "commands.h"
-#include "../core/checkpoint.h"
-#include "../core/err.h"
-#include "../core/sha256.h"
-#include "../core/image.h"
-#include "../core/safetensors.h"
-#include "../core/models/flux2.h"
+#include "core/formats/checkpoint.h"
+#include "kernels/err.h"
+#include "core/image/sha256.h"
+#include "core/image/image.h"
+#include "core/formats/safetensors.h"
+#include "core/models/flux2.h"
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>

@@ -1,10 +1,10 @@
 /* `tpgen inspect --lora FILE[:W]`: what an adapter does to this model
  * without reading a weight: its format, rank and scale, every module it
  * targets (the checkpoint tensor, rows and plan style) and the bytes each
- * rank of the requested tp reads from it (core/lora.h). */
+ * rank of the requested tp reads from it (core/formats/lora.h). */
 #include "commands.h"
-#include "../core/err.h"
-#include "../core/lora.h"
+#include "kernels/err.h"
+#include "core/formats/lora.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* Run settings: one table of keys drives the YAML run spec, the flags and
  * --help, so the three never disagree (see runspec.h). */
 #include "runspec.h"
-#include "../core/err.h"
+#include "kernels/err.h"
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>

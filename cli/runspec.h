@@ -8,7 +8,7 @@
  * own file. */
 #ifndef TPGEN_RUNSPEC_H
 #define TPGEN_RUNSPEC_H
-#include "../core/lora.h"
+#include "core/formats/lora.h"
 #include <stddef.h>
 #include <stdint.h>
 

@@ -3,7 +3,7 @@
  * the render loop has answered it, which keeps the code straight-line. */
 #include "serve_http.h"
 #include "serve_form.h"
-#include "../core/err.h"
+#include "kernels/err.h"
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>

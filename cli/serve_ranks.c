@@ -1,6 +1,6 @@
 /* The ranks of `tpgen serve` (serve_ranks.h). */
 #include "serve_ranks.h"
-#include "../core/err.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

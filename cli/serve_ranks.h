@@ -19,7 +19,7 @@
 #ifndef TPGEN_SERVE_RANKS_H
 #define TPGEN_SERVE_RANKS_H
 #include "serve_queue.h"
-#include "../core/dist.h"
+#include "core/dist/dist.h"
 #include <signal.h>
 
 /* Render one job on every rank of the group in lockstep (same req

@@ -3,10 +3,10 @@
  * settings; an edit's uploads become files in a private folder on the
  * group's first rank. */
 #include "serve_render.h"
-#include "../core/err.h"
-#include "../core/image.h"
-#include "../core/png.h"
-#include "../core/sha256.h"
+#include "kernels/err.h"
+#include "core/image/image.h"
+#include "core/image/png.h"
+#include "core/image/sha256.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -5,18 +5,18 @@
  * (encoded where the VAE is, broadcast to the group), denoising in
  * lockstep, decoding. */
 #include "flux2_pipe.h"
-#include "checkpoint.h"
-#include "comm.h"
-#include "dist.h"
+#include "core/formats/checkpoint.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
 #include "embed_cache.h"
-#include "err.h"
-#include "models/flux2.h"
-#include "models/textenc.h"
-#include "models/vae.h"
+#include "kernels/err.h"
+#include "core/models/flux2.h"
+#include "core/models/textenc.h"
+#include "core/models/vae.h"
 #include "refs.h"
 #include "rng.h"
 #include "schedule.h"
-#include "../kernels/ops.h"
+#include "kernels/ops.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -20,9 +20,9 @@
  * patterns and PNG parameters belong to the front ends. */
 #ifndef TPGEN_FLUX2_PIPE_H
 #define TPGEN_FLUX2_PIPE_H
-#include "lora.h"
+#include "core/formats/lora.h"
 #include "pipeline.h"
-#include "tensor.h"
+#include "kernels/tensor.h"
 #include <jansson.h>
 #include <mpi.h>
 #include <stddef.h>

@@ -6,7 +6,7 @@
  * contradicts the transformer (dev without guidance embeds, klein with
  * them) is followed, with a warning naming both. */
 #include "flux2_pipe.h"
-#include "err.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <string.h>
 

@@ -8,7 +8,7 @@
  * bf16(bf16(t)/1000), dt·v is rounded to bf16 before it is added to the
  * fp32-upcast sample, and the sum is rounded to bf16. */
 #include "pipeline.h"
-#include "err.h"
+#include "kernels/err.h"
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * comes from core/schedule.c. */
 #ifndef TPGEN_PIPELINE_H
 #define TPGEN_PIPELINE_H
-#include "models/flux2.h"
+#include "core/models/flux2.h"
 #include <stdint.h>
 
 /* Called after each step on every rank: v is the velocity used in this step

@@ -1,7 +1,7 @@
 /* Reference tokens for editing (refs.h). */
 #include "refs.h"
-#include "image.h"
-#include "err.h"
+#include "core/image/image.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,13 +1,13 @@
 /* Reference-image tokens for editing (diffusers Flux2Pipeline /
  * Flux2KleinPipeline prepare_image_latents + _prepare_image_ids): each
- * reference is preprocessed (core/image.h), VAE-encoded (vae_encode_image:
+ * reference is preprocessed (core/image/image.h), VAE-encoded (vae_encode_image:
  * argmax latents, patchify, BatchNorm normalisation) and packed to
  * row-major tokens; the references' tokens are concatenated in order, and
  * reference k's token (y, x) gets the position id (10 + 10k, y, x, 0). The
  * denoising loop appends them after the noise tokens (core/pipeline.h). */
 #ifndef TPGEN_REFS_H
 #define TPGEN_REFS_H
-#include "models/vae.h"
+#include "core/models/vae.h"
 #include <stdint.h>
 
 typedef struct ref_set {

@@ -11,8 +11,8 @@
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=off")
 #endif
-#include "tensor.h"
-#include "err.h"
+#include "kernels/tensor.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * linspace and mu in float64, each base sigma rounded to fp32, then the
  * exponential time shift evaluated in fp32 with E = fl32(exp(mu)). */
 #include "schedule.h"
-#include "err.h"
+#include "kernels/err.h"
 #include <math.h>
 
 double schedule_mu(long n, int steps) {

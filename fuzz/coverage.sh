@@ -11,12 +11,12 @@ out=build-fuzz-cov
 mkdir -p "$out"
 CF="-std=c17 -D_GNU_SOURCE -O1 -g -fopenmp -I. $(mpicc --showme:compile) -I/usr/include/x86_64-linux-gnu/openblas-openmp"
 LIBS="-L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -lyaml -ljansson -lpcre2-8 -lutf8proc -lz -lm $(mpicc --showme:link) -ldl -rdynamic"
-src=$(ls core/*.c core/models/*.c plans/*.c kernels/*.c kernels/cpu/*.c cli/*.c | grep -v '^cli/main.c$')
+src=$(ls core/*.c core/*/*.c plans/*.c kernels/*.c kernels/cpu/*.c cli/*.c cli/bench/*.c | grep -v '^cli/main.c$')
 declare -A files=(
-    [safetensors]="core/safetensors.c core/checkpoint.c plans/plan.c"
+    [safetensors]="core/formats/safetensors.c core/formats/checkpoint.c plans/plan.c"
     [runspec]="cli/runspec.c cli/generate_jobs.c cli/generate_prompts.c"
     [tokenizer]="core/models/tokenizer.c core/models/tokenizer_hf.c core/models/tokenizer_scan.c core/models/tokenizer_tekken.c core/models/tokenizer_vocab.c"
-    [config]="core/models/flux2_host.c plans/flux2_plan.c core/models/llm.c core/models/vae_config.c core/checkpoint.c"
+    [config]="core/models/flux2_host.c plans/flux2_plan.c core/models/llm.c core/models/vae_config.c core/formats/checkpoint.c"
 )
 if [ ! -f "$out/lib.a" ]; then
     objs=()

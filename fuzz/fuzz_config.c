@@ -2,8 +2,8 @@
  * and plan), a text-encoder config.json, a VAE config.json, a
  * model_index.json (model_dir_open) and a sharded checkpoint's
  * *.safetensors.index.json (checkpoint_open next to one valid shard). */
-#include "core/checkpoint.h"
-#include "core/err.h"
+#include "core/formats/checkpoint.h"
+#include "kernels/err.h"
 #include "core/models/flux2.h"
 #include "core/models/llm.h"
 #include "core/models/vae.h"

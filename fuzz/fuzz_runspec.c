@@ -2,7 +2,7 @@
  * then the consistency checks and the output paths), and as a prompts
  * file (runspec_parse_prompt_lines). */
 #include "cli/runspec.h"
-#include "core/err.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
 

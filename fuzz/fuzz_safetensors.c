@@ -2,8 +2,8 @@
  * st_open, every tensor planned with the FLUX.2 plan at tp 1..4, and the
  * same bytes as the only file of a checkpoint folder (checkpoint_open);
  * the tensors are read back as f32 and i64. */
-#include "core/checkpoint.h"
-#include "core/err.h"
+#include "core/formats/checkpoint.h"
+#include "kernels/err.h"
 #include "plans/plan.h"
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * (both fail, or both load and give the same ids), else the harness
  * aborts: the fast path must never change the answer. A loaded tokenizer
  * encodes a fixed text and the input's own first bytes. */
-#include "core/err.h"
+#include "kernels/err.h"
 #include "core/models/tokenizer_int.h"
 #include <stdio.h>
 #include <stdlib.h>

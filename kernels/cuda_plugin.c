@@ -8,8 +8,8 @@
  * The plugin is found at $TPGEN_CUDA_PLUGIN, else next to the executable.
  * On a machine without /dev/nvidiactl it is never opened. */
 #include "ops.h"
-#include "../core/comm.h"
-#include "../core/err.h"
+#include "comm.h"
+#include "err.h"
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* Dispatch from the op interface to the backend's vtable, plus the
  * host<->tensor helpers shared by all backends. */
 #include "ops.h"
-#include "../core/err.h"
+#include "err.h"
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
@@ -80,7 +80,7 @@ void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma,
 void op_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd) { DISPATCH(upsample2x, y, x, h, wd); }
 void op_transpose(backend *be, tensor *y, const tensor *x) { DISPATCH(transpose, y, x); }
 
-static int g_cpu_threads;   /* set from the rank's CPU binding (core/affinity.c) */
+static int g_cpu_threads;   /* set from the rank's CPU binding (core/dist/affinity.c) */
 void backend_set_cpu_threads(int threads) { g_cpu_threads = threads; }
 
 int backend_select(const char *name, int local_rank, int local_size, backend **out) {

@@ -18,7 +18,7 @@
  */
 #ifndef TPGEN_OPS_H
 #define TPGEN_OPS_H
-#include "../core/tensor.h"
+#include "tensor.h"
 #include <stdint.h>
 #include <stddef.h>
 
@@ -124,14 +124,14 @@ int tensor_download_raw(const tensor *t, void *host);
 
 /* y[M,N] = x[M,K] · w[N,K]ᵀ (+ bias[1,N] when not NULL). fp32 accumulation;
  * y rounded once to its dtype. w is a weight (f32 or bf16, contiguous rows,
- * ld >= K) or fp8 (F8_E4M3/F8_E5M2 with its scales, core/tensor.h: the
+ * ld >= K) or fp8 (F8_E4M3/F8_E5M2 with its scales, kernels/tensor.h: the
  * product is x · (decode(w) * scale)ᵀ; the CPU widens fp8 panels inside
  * the GEMM, CUDA runs an fp8 tensor-core GEMM or dequantises to bf16).
  * Shapes: x.cols == w.cols, y.rows == x.rows, y.cols == w.rows. */
 void op_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
 
 /* y = x with dtype conversion; same shape; views allowed. An fp8 x (a
- * weight, core/tensor.h) is dequantised: y = decode(code) * scale, one
+ * weight, kernels/tensor.h) is dequantised: y = decode(code) * scale, one
  * f32 multiply rounded to y's dtype (f32: the exact dequantised value). */
 void op_copy(backend *be, tensor *y, const tensor *x);
 
@@ -207,7 +207,7 @@ void op_transpose(backend *be, tensor *y, const tensor *x);
  * cores between the ranks of one node. */
 int backend_select(const char *name, int local_rank, int local_size, backend **out);
 /* The CPU backend's thread count for backend_select, from the rank's CPU
- * binding (core/affinity.c, at dist_init); OMP_NUM_THREADS still wins. */
+ * binding (core/dist/affinity.c, at dist_init); OMP_NUM_THREADS still wins. */
 void backend_set_cpu_threads(int threads);
 
 #endif

@@ -8,7 +8,7 @@
  * not listed (img_in, txt_in, time_in, guidance_in, modulations, norms,
  * final_layer) is replicated. */
 #include "plan.h"
-#include "../core/err.h"
+#include "kernels/err.h"
 #include <string.h>
 
 static const plan_rule k_flux2_bfl_rules[] = {

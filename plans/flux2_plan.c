@@ -2,7 +2,7 @@
  * not listed (embedders, modulations, norms, norm_out, proj_out) is
  * replicated. D = heads * head_dim, M = int(D * mlp_ratio). */
 #include "plan.h"
-#include "../core/err.h"
+#include "kernels/err.h"
 
 static const plan_rule k_flux2_rules[] = {
     /* double-stream attention: heads split, outputs all-reduced */

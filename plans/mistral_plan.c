@@ -3,7 +3,7 @@
  * prefix the checkpoint uses (model.language_model., language_model.model.
  * or model., spec flux2-text-vae.md §3.6); the vision tower, projector and
  * lm_head match no rule and are never loaded (llm_want_tensor). */
-#include "../core/models/llm.h"
+#include "core/models/llm.h"
 
 static const llm_rule k_mistral_rules[] = {
     {"embed_tokens.weight", STYLE_COLWISE, LLM_RULE_IF_TP_DIVIDES_VOCAB},

@@ -2,8 +2,8 @@
  * and the per-rank pieces (spec flux2-transformer.md §7, §8.2). Plans
  * themselves are data (plans/<model>_plan.c). */
 #include "plan.h"
-#include "../core/err.h"
-#include "../core/models/llm.h"
+#include "kernels/err.h"
+#include "core/models/llm.h"
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
  * Validation (plan_validate) happens before any weight byte is read. */
 #ifndef TPGEN_PLAN_H
 #define TPGEN_PLAN_H
-#include "../core/checkpoint.h"
+#include "core/formats/checkpoint.h"
 #include <jansson.h>
 #include <stdint.h>
 

@@ -2,7 +2,7 @@
  * attention and MLP; q_norm/k_norm and the RMSNorm weights are replicated
  * (no rule). K/V are sharded only when tp divides the KV heads, and the
  * embedding table only when tp divides the vocabulary (llm.h). */
-#include "../core/models/llm.h"
+#include "core/models/llm.h"
 
 static const llm_rule k_qwen3_rules[] = {
     {"embed_tokens.weight", STYLE_COLWISE, LLM_RULE_IF_TP_DIVIDES_VOCAB},

@@ -57,7 +57,7 @@ build_into() {
     libs="$libs $(make -s --no-print-directory BUILD="$dir" CUDA=1 "$@" --eval 'tpgen-print-%: ; @echo $($*)' tpgen-print-CUDA_LIBS)"
     objs=$(find "$dir" -name '*.o' ! -path "$dir/tests/*" ! -path "$dir/cli/main.o")
     # shellcheck disable=SC2086
-    ${CC:-gcc} $cflags -o "$dir/cuda_bench" kernels/cuda/tools/cuda_bench.c $objs $libs
+    ${CC:-gcc} $cflags -o "$dir/cuda_bench" cli/bench/cuda/cuda_bench.c $objs $libs
 }
 
 if [ $mode = prepare ]; then

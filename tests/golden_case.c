@@ -1,6 +1,6 @@
 /* Golden transformer cases (golden_case.h). */
 #include "golden_case.h"
-#include "../core/err.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * the transformer, fp8 and LoRA tests. */
 #ifndef TPGEN_TEST_GOLDEN_CASE_H
 #define TPGEN_TEST_GOLDEN_CASE_H
-#include "../core/safetensors.h"
+#include "core/formats/safetensors.h"
 #include <stdint.h>
 
 typedef struct golden_case {

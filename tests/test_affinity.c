@@ -1,8 +1,8 @@
-/* The CPU-binding rules (core/affinity.h) on synthetic environments and
+/* The CPU-binding rules (core/dist/affinity.h) on synthetic environments and
  * masks: which bindings are kept, how a default one is re-bound, how
  * threads are counted, and when tpgen warns. */
 #include "test.h"
-#include "../core/affinity.h"
+#include "core/dist/affinity.h"
 #include <string.h>
 
 /* a fake environment: "NAME=VALUE" entries, NULL-terminated */

@@ -9,14 +9,14 @@
  * set it writes the converted folder there (for `tpgen check`), leaving out
  * the tensor named by TPGEN_BFL_SKIP when that is set. */
 #include "test.h"
-#include "../core/checkpoint.h"
-#include "../core/comm.h"
-#include "../core/err.h"
-#include "../core/models/flux2.h"
-#include "../core/models/flux2_impl.h"
-#include "../core/safetensors.h"
-#include "../kernels/ops.h"
-#include "../plans/plan.h"
+#include "core/formats/checkpoint.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "core/models/flux2.h"
+#include "core/models/flux2_impl.h"
+#include "core/formats/safetensors.h"
+#include "kernels/ops.h"
+#include "plans/plan.h"
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>

@@ -4,10 +4,10 @@
  * (relative error ~1e-6); bf16 rounds after each pairwise addition as NCCL
  * does, so the result may be off by (ranks-1) roundings. */
 #include "test.h"
-#include "../core/comm.h"
-#include "../core/dist.h"
-#include "../core/err.h"
-#include "../kernels/ops.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

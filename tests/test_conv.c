@@ -10,9 +10,9 @@
  * the result for bf16 outputs. Inputs and outputs are column views
  * (ld > cols) and the output's pad columns must stay untouched. */
 #include "test.h"
-#include "../kernels/ops.h"
-#include "../kernels/cpu/cpu_ops.h"
-#include "../core/tensor.h"
+#include "kernels/ops.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/tensor.h"
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>

@@ -7,10 +7,10 @@
  *   fresh random data, outputs poisoned with NaN first; each comparison
  *   prints a line "# op NAME DTYPE rel_l2=... max_abs=..." for the table. */
 #include "test.h"
-#include "../kernels/ops.h"
-#include "../core/comm.h"
-#include "../core/dist.h"
-#include "../core/err.h"
+#include "kernels/ops.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>

@@ -4,13 +4,13 @@
  * the VAE encoder, the packed reference tokens and their ids. The whole
  * pipeline at tp 1, 2 and 4 is in tests/test_generate_edit.c. */
 #include "test.h"
-#include "../core/err.h"
-#include "../core/image.h"
-#include "../core/refs.h"
-#include "../core/safetensors.h"
-#include "../core/models/vae.h"
-#include "../cli/runspec.h"
-#include "../kernels/ops.h"
+#include "kernels/err.h"
+#include "core/image/image.h"
+#include "core/refs.h"
+#include "core/formats/safetensors.h"
+#include "core/models/vae.h"
+#include "cli/runspec.h"
+#include "kernels/ops.h"
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>

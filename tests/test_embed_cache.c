@@ -3,7 +3,7 @@
  * lookups and stores must give the same hits, misses, evictions and
  * contents. */
 #include "test.h"
-#include "../core/embed_cache.h"
+#include "core/embed_cache.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -2,8 +2,8 @@
  * _class_name decides when present, guidance_embeds otherwise, and a
  * contradiction is followed with a warning naming both files. */
 #include "test.h"
-#include "../core/flux2_pipe.h"
-#include "../core/err.h"
+#include "core/flux2_pipe.h"
+#include "kernels/err.h"
 #include <string.h>
 
 static int resolve(const char *index_json, int ge, model_family *f, const char **name, char *warn) {

@@ -3,12 +3,12 @@
  * against the golden diffusers outputs of flux2-tiny-a at every np. */
 #include "test.h"
 #include "golden_case.h"
-#include "../core/comm.h"
-#include "../core/err.h"
-#include "../core/models/flux2.h"
-#include "../core/models/flux2_impl.h"
-#include "../core/safetensors.h"
-#include "../kernels/ops.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "core/models/flux2.h"
+#include "core/models/flux2_impl.h"
+#include "core/formats/safetensors.h"
+#include "kernels/ops.h"
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>

@@ -5,9 +5,9 @@
  * embedding, agreed over the group); a render before the load fails on
  * every rank alike and the pipe still works afterwards. */
 #include "test.h"
-#include "../core/err.h"
-#include "../core/flux2_pipe.h"
-#include "../core/safetensors.h"
+#include "kernels/err.h"
+#include "core/flux2_pipe.h"
+#include "core/formats/safetensors.h"
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>

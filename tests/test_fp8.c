@@ -5,14 +5,14 @@
  * bad inputs (bad_* tests also run under the sanitizers). */
 #include "test.h"
 #include "golden_case.h"
-#include "../core/checkpoint.h"
-#include "../core/comm.h"
-#include "../core/err.h"
-#include "../core/fp8.h"
-#include "../core/models/flux2.h"
-#include "../core/safetensors.h"
-#include "../core/weights.h"
-#include "../kernels/ops.h"
+#include "core/formats/checkpoint.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "core/formats/fp8.h"
+#include "core/models/flux2.h"
+#include "core/formats/safetensors.h"
+#include "core/formats/weights.h"
+#include "kernels/ops.h"
 #include <mpi.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -577,7 +577,7 @@ TEST_GPU(gpu_fp8_golden_variants) {
  * embedding table included, norms kept), must give the same hidden states
  * as an F32 copy holding the exactly dequantised weights (decoded by this
  * test's own formula), at np 1/2/4 ---- */
-#include "../core/models/llm.h"
+#include "core/models/llm.h"
 
 static int is_fp8_candidate(const st_tensor_info *t) {
     return t->ndim == 2 && strstr(t->name, ".weight") && !strstr(t->name, "norm");

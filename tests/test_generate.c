@@ -3,9 +3,9 @@
  * FLUX.2 pipeline: the final latents must equal diffusers' within 1e-4
  * relative at every TP degree (run.sh runs this at np 1, 2 and 4). */
 #include "test.h"
-#include "../cli/generate.h"
-#include "../core/err.h"
-#include "../core/safetensors.h"
+#include "cli/generate.h"
+#include "kernels/err.h"
+#include "core/formats/safetensors.h"
 #include <stdlib.h>
 #include <string.h>
 #include <jansson.h>

@@ -9,14 +9,14 @@
  *    noise_pred_step0 and every step's latents within 1e-4;
  *  - bf16 (the default precision) within the project's bf16 tolerance. */
 #include "test.h"
-#include "../cli/generate.h"
-#include "../core/comm.h"
-#include "../core/err.h"
-#include "../core/pipeline.h"
-#include "../core/refs.h"
-#include "../core/safetensors.h"
-#include "../core/schedule.h"
-#include "../kernels/ops.h"
+#include "cli/generate.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "core/pipeline.h"
+#include "core/refs.h"
+#include "core/formats/safetensors.h"
+#include "core/schedule.h"
+#include "kernels/ops.h"
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>

@@ -5,8 +5,8 @@
  * tests/sh/hostile.sh. */
 #include "test.h"
 #include "cli/runspec.h"
-#include "core/err.h"
-#include "core/tensor.h"
+#include "kernels/err.h"
+#include "kernels/tensor.h"
 #include "core/models/tokenizer_int.h"
 #include "plans/plan.h"
 #include <float.h>

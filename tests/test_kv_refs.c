@@ -12,13 +12,13 @@
  *  - the denoising loop with KV (extract at step 0, cached after) equals a
  *    loop written here that runs a fresh extract pass every step. */
 #include "test.h"
-#include "../core/comm.h"
-#include "../core/err.h"
-#include "../core/pipeline.h"
-#include "../core/refs.h"
-#include "../core/schedule.h"
-#include "../core/models/flux2_impl.h"
-#include "../kernels/ops.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "core/pipeline.h"
+#include "core/refs.h"
+#include "core/schedule.h"
+#include "core/models/flux2_impl.h"
+#include "kernels/ops.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -3,12 +3,12 @@
  * mistral-tiny, padded and unpadded, at every TP degree in {1, 2, 4} that
  * divides the world (tp 4 exercises the replicated-KV rule: 2 KV heads). */
 #include "test.h"
-#include "../core/checkpoint.h"
-#include "../core/comm.h"
-#include "../core/err.h"
-#include "../core/models/llm.h"
-#include "../core/safetensors.h"
-#include "../kernels/ops.h"
+#include "core/formats/checkpoint.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "core/models/llm.h"
+#include "core/formats/safetensors.h"
+#include "kernels/ops.h"
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>

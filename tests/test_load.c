@@ -5,10 +5,10 @@
  * with the spec's row/column ranges written out independently of the
  * plan engine. */
 #include "test.h"
-#include "../core/dist.h"
-#include "../core/err.h"
-#include "../core/weights.h"
-#include "../kernels/ops.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "core/formats/weights.h"
+#include "kernels/ops.h"
 #include <fcntl.h>
 #include <mpi.h>
 #include <stdlib.h>

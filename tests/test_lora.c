@@ -1,19 +1,19 @@
-/* LoRA adapters (core/lora.h) against the golden flux2-lora set (diffusers'
+/* LoRA adapters (core/formats/lora.h) against the golden flux2-lora set (diffusers'
  * LoRA loading + PEFT on flux2-tiny-a) at every np, the merged tensors
  * against the golden f32 fuse_lora result, the bytes each rank reads
  * against a formula from the adapter's shapes, the BFL final-layer swap
  * against a double-precision computation, and every bad adapter. */
 #include "test.h"
 #include "golden_case.h"
-#include "../core/comm.h"
-#include "../core/err.h"
-#include "../core/lora.h"
-#include "../core/models/flux2.h"
-#include "../core/safetensors.h"
-#include "../core/weights.h"
-#include "../cli/runspec.h"
-#include "../kernels/ops.h"
-#include "../plans/plan.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "core/formats/lora.h"
+#include "core/models/flux2.h"
+#include "core/formats/safetensors.h"
+#include "core/formats/weights.h"
+#include "cli/runspec.h"
+#include "kernels/ops.h"
+#include "plans/plan.h"
 #include <jansson.h>
 #include <mpi.h>
 #include <stdlib.h>

@@ -5,12 +5,12 @@
  * (relative L2); bf16 results are compared with the reference rounded at the
  * same points and may differ by one bf16 ulp (fp32 vs double). */
 #include "test.h"
-#include "../kernels/ops.h"
-#include "../kernels/cpu/cpu_ops.h"
-#include "../kernels/cpu/cpu_amx.h"
-#include "../kernels/cpu/cpu_gemm_amx.h"
-#include "../kernels/cpu/cpu_gemm_packed.h"
-#include "../core/err.h"
+#include "kernels/ops.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_amx.h"
+#include "kernels/cpu/cpu_gemm_amx.h"
+#include "kernels/cpu/cpu_gemm_packed.h"
+#include "kernels/err.h"
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>

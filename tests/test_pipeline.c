@@ -3,12 +3,12 @@
  * against an unsharded bf16 loop on rank 0; CFG against an independent
  * step computed from two plain forwards; the id helpers. */
 #include "test.h"
-#include "../core/comm.h"
-#include "../core/err.h"
-#include "../core/pipeline.h"
-#include "../core/safetensors.h"
-#include "../core/schedule.h"
-#include "../kernels/ops.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "core/pipeline.h"
+#include "core/formats/safetensors.h"
+#include "core/schedule.h"
+#include "kernels/ops.h"
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>

@@ -2,10 +2,10 @@
  * byte ranges of spec flux2-transformer.md §8.3, and per-rank bytes of the
  * real FLUX.2 shapes (sparse checkpoints) against spec §2.3 / §7.4. */
 #include "test.h"
-#include "../core/err.h"
-#include "../core/weights.h"
-#include "../core/models/textenc.h"
-#include "../kernels/ops.h"
+#include "kernels/err.h"
+#include "core/formats/weights.h"
+#include "core/models/textenc.h"
+#include "kernels/ops.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -2,8 +2,8 @@
  * decoder (stb_image) and chunk walker, CRCs checked with zlib; atomic
  * writes that fail leave nothing behind and never clobber a file. */
 #include "test.h"
-#include "../core/png.h"
-#include "../core/err.h"
+#include "core/image/png.h"
+#include "kernels/err.h"
 #include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>

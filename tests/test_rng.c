@@ -4,13 +4,13 @@
  * three seeds. The aim is bit equality; the largest difference is reported.
  * The repository keeps the 64x64 shape of seed 0 only (tests/data/golden/README.md). */
 #include "test.h"
-#include "../core/rng.h"
-#include "../core/safetensors.h"
-#include "../core/err.h"
+#include "core/rng.h"
+#include "core/formats/safetensors.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
 
-/* the reader lives in core/safetensors.c (loader area) */
+/* the reader lives in core/formats/safetensors.c (loader area) */
 
 static const char *k_shapes[] = {"7", "2x16x3", "1x3x5x5", "1x128x4x4", "1x128x64x64"};
 static const uint64_t k_seeds[] = {0, 42, 1234567};
@@ -87,7 +87,7 @@ TEST(rng_u64_is_two_u32) {
 
 /* The pipeline's initial noise (cli/generate_run.c) is what diffusers drew
  * for the golden runs: flux2-tiny-a (seed 1) and the three klein-tiny cases. */
-#include "../core/flux2_pipe.h"
+#include "core/flux2_pipe.h"
 #include <jansson.h>
 
 static void check_noise(const char *file, const char *latents_key, const char *seed_key, uint64_t seed_default) {

@@ -2,9 +2,9 @@
  * flags overriding the spec, output patterns, and the data-parallel split
  * of the batch (each job rendered exactly once). */
 #include "test.h"
-#include "../cli/runspec.h"
-#include "../core/dist.h"
-#include "../core/err.h"
+#include "cli/runspec.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,8 +1,8 @@
 /* safetensors reader and writer: round trips, out-of-order data areas,
  * the golden shards, and one test per kind of corrupt file (bad_*). */
 #include "test.h"
-#include "../core/err.h"
-#include "../core/safetensors.h"
+#include "kernels/err.h"
+#include "core/formats/safetensors.h"
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -233,7 +233,7 @@ TEST(bad_st_unknown_dtype) {
     const char *h = "{\"w\":{\"dtype\":\"Q4_K\",\"shape\":[12],\"data_offsets\":[0,12]}}";
     write_raw(path, strlen(h), h, "0123456789ab", 12);
     expect_open_fails(path, "unknown dtype 'Q4_K'");
-    /* F8_E4M3/F8_E5M2 are storage dtypes now (core/fp8.h); other low-precision ones are named as such */
+    /* F8_E4M3/F8_E5M2 are storage dtypes now (core/formats/fp8.h); other low-precision ones are named as such */
     const char *h8 = "{\"w\":{\"dtype\":\"F8_E8M0\",\"shape\":[12],\"data_offsets\":[0,12]}}";
     write_raw(path, strlen(h8), h8, "0123456789ab", 12);
     expect_open_fails(path, "low-precision dtype 'F8_E8M0'");

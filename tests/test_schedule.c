@@ -1,8 +1,8 @@
 /* The FLUX.2 schedule against golden/schedules.json (diffusers'
  * compute_empirical_mu + FlowMatchEulerDiscreteScheduler.set_timesteps). */
 #include "test.h"
-#include "../core/schedule.h"
-#include "../core/err.h"
+#include "core/schedule.h"
+#include "kernels/err.h"
 #include <jansson.h>
 #include <stdlib.h>
 

@@ -5,10 +5,10 @@
  * plays the render loop: it answers each job with bytes derived from its
  * request, so that the test can tell which request got which answer. */
 #include "test.h"
-#include "../cli/serve_api.h"
-#include "../cli/serve_http.h"
-#include "../cli/serve_queue.h"
-#include "../core/err.h"
+#include "cli/serve_api.h"
+#include "cli/serve_http.h"
+#include "cli/serve_queue.h"
+#include "kernels/err.h"
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <pthread.h>

@@ -6,8 +6,8 @@
  * ends every rank's loop. The render here is the test's: image k of a
  * request is the bytes "PROMPT|SEED+k", computed on the group's first rank. */
 #include "test.h"
-#include "../cli/serve_ranks.h"
-#include "../core/err.h"
+#include "cli/serve_ranks.h"
+#include "kernels/err.h"
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>

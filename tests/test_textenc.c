@@ -2,12 +2,12 @@
  * prompt_embeds from diffusers' Flux2KleinPipeline), the tiny writer, and
  * bad model folders. */
 #include "test.h"
-#include "../core/comm.h"
-#include "../core/err.h"
-#include "../core/models/textenc.h"
-#include "../core/models/llm_internal.h"
-#include "../core/safetensors.h"
-#include "../kernels/ops.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "core/models/textenc.h"
+#include "core/models/llm_internal.h"
+#include "core/formats/safetensors.h"
+#include "kernels/ops.h"
 #include <jansson.h>
 #include <mpi.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * tokenizer (tests/data/tekken-mini) against hand-derived ids in both file
  * forms, the prompt layouts, padding, and bad input. */
 #include "test.h"
-#include "core/err.h"
+#include "kernels/err.h"
 #include "core/models/prompt.h"
 #include "core/models/tokenizer.h"
 #include <jansson.h>

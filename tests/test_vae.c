@@ -4,10 +4,10 @@
  * through a naive reference backend, banded convolutions, configs and
  * load errors. */
 #include "test.h"
-#include "../core/err.h"
-#include "../core/safetensors.h"
-#include "../core/models/vae_internal.h"
-#include "../kernels/ops.h"
+#include "kernels/err.h"
+#include "core/formats/safetensors.h"
+#include "core/models/vae_internal.h"
+#include "kernels/ops.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -2,10 +2,10 @@
  * generating random weights for benchmarks), binding the weight tensors by
  * name, and checking every shape against the config. */
 #include "flux2_impl.h"
-#include "../err.h"
-#include "../checkpoint.h"
-#include "../lora.h"
-#include "../../plans/plan.h"
+#include "kernels/err.h"
+#include "core/formats/checkpoint.h"
+#include "core/formats/lora.h"
+#include "plans/plan.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>

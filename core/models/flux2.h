@@ -13,8 +13,8 @@
  * group must call flux2_forward in lockstep with the same inputs. */
 #ifndef TPGEN_FLUX2_H
 #define TPGEN_FLUX2_H
-#include "../tensor.h"
-#include "../weights.h"
+#include "kernels/tensor.h"
+#include "core/formats/weights.h"
 #include <jansson.h>
 #include <stdint.h>
 
@@ -78,11 +78,11 @@ typedef struct flux2_model flux2_model;
 int flux2_load(const char *transformer_dir, struct backend *be, struct comm *c, dtype_t precision,
                flux2_model **out, load_stats *st);
 /* flux2_load with load-time transformations of each rank's shard:
- * LoRA adapters merged in (core/lora.h; every adapter is validated against
+ * LoRA adapters merged in (core/formats/lora.h; every adapter is validated against
  * the checkpoint before any weight is read; *lora_set_out, if given,
  * receives the opened set with the bytes each adapter gave this rank, free
  * with lora_set_free), then --quantize fp8 (the sharded linears become E4M3
- * with per-row absmax scales, core/fp8.h). x may be NULL. */
+ * with per-row absmax scales, core/formats/fp8.h). x may be NULL. */
 struct lora_spec;
 struct lora_set;
 typedef struct flux2_load_extras {

@@ -4,7 +4,7 @@
  * denoising loop allocates once; the context projection and the RoPE tables
  * are cached because they do not change across steps. */
 #include "flux2_impl.h"
-#include "../err.h"
+#include "kernels/err.h"
 #include <math.h>
 #include <mpi.h>
 #include <stdlib.h>

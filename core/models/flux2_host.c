@@ -3,8 +3,8 @@
  * to the GEMMs, so they run on the host in exactly the precision the
  * reference uses and are uploaded. */
 #include "flux2.h"
-#include "../err.h"
-#include "../checkpoint.h"
+#include "kernels/err.h"
+#include "core/formats/checkpoint.h"
 #include <stdio.h>
 #include <math.h>
 #include <string.h>

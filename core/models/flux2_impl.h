@@ -7,8 +7,8 @@
 #ifndef TPGEN_FLUX2_IMPL_H
 #define TPGEN_FLUX2_IMPL_H
 #include "flux2.h"
-#include "../comm.h"
-#include "../../kernels/ops.h"
+#include "kernels/comm.h"
+#include "kernels/ops.h"
 
 typedef struct flux2_double_w {
     const tensor *to_q, *to_k, *to_v, *norm_q, *norm_k, *to_out;

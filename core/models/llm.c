@@ -1,10 +1,10 @@
 /* Decoder LLM: configuration, weight selection and loading (the forward
  * pass is in llm_forward.c). */
 #include "llm_internal.h"
-#include "../comm.h"
-#include "../dist.h"
-#include "../err.h"
-#include "../../kernels/ops.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -20,9 +20,9 @@
  *   otherwise replicated. */
 #ifndef TPGEN_LLM_H
 #define TPGEN_LLM_H
-#include "../checkpoint.h"
-#include "../weights.h"
-#include "../../plans/plan.h"
+#include "core/formats/checkpoint.h"
+#include "core/formats/weights.h"
+#include "plans/plan.h"
 #include <jansson.h>
 #include <stdint.h>
 

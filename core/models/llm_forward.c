@@ -5,10 +5,10 @@
  * bf16 x bf16 GEMMs run on the CPU's bf16 dot-product units (about 3x the
  * f32-activation path on AVX512-BF16; docs/text-encoder.md). */
 #include "llm_internal.h"
-#include "../comm.h"
-#include "../dist.h"
-#include "../err.h"
-#include "../../kernels/ops.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <math.h>
 #include <stdlib.h>
 

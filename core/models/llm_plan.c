@@ -1,7 +1,7 @@
 /* Instantiating an LLM plan table for one checkpoint and TP degree, and the
  * shard layout the forward pass derives from the same rules (llm.h). */
 #include "llm_internal.h"
-#include "../err.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <string.h>
 

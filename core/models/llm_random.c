@@ -3,10 +3,10 @@
  * weights 1 + 0.1 N(0,1), embeddings N(0,1), linears N(0,1)/sqrt(fan_in)
  * with o/down further / sqrt(layers), so the residual stream stays O(1). */
 #include "llm_internal.h"
-#include "../comm.h"
-#include "../err.h"
-#include "../safetensors.h"
-#include "../../kernels/ops.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "core/formats/safetensors.h"
+#include "kernels/ops.h"
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* Prompt layouts of the FLUX.2 pipelines, truncation and padding (spec §2). */
 #include "prompt.h"
-#include "core/err.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -3,11 +3,11 @@
  * text_encoder/config.json, cross-checked with model_index.json. */
 #include "textenc.h"
 #include "llm_internal.h"
-#include "../checkpoint.h"
-#include "../comm.h"
-#include "../dist.h"
-#include "../err.h"
-#include "../../kernels/ops.h"
+#include "core/formats/checkpoint.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -16,8 +16,8 @@
  * what gives the denoiser its memory back. */
 #ifndef TPGEN_TEXTENC_H
 #define TPGEN_TEXTENC_H
-#include "../tensor.h"
-#include "../weights.h"
+#include "kernels/tensor.h"
+#include "core/formats/weights.h"
 #include <stdint.h>
 
 struct backend;

@@ -3,7 +3,7 @@
  * copied from tests/data of the source tree into <model_dir>/tokenizer. */
 #include "textenc.h"
 #include "llm_internal.h"
-#include "../err.h"
+#include "kernels/err.h"
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * Loading lives in tokenizer_hf.c / tokenizer_tekken.c, the tables in
  * tokenizer_vocab.c. */
 #include "tokenizer_int.h"
-#include "core/err.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>

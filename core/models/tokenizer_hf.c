@@ -5,7 +5,7 @@
  * message rather than tokenised differently from the reference. */
 #include "tokenizer_int.h"
 #include "tokenizer_scan.h"
-#include "core/err.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>

@@ -7,7 +7,7 @@
  * the caller falls back to jansson for the whole file, which also produces
  * the error message with line and column. */
 #include "tokenizer_scan.h"
-#include "core/err.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
 

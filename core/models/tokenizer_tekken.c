@@ -6,7 +6,7 @@
  * merged) table the tokenizer.json path builds, so one BPE engine serves
  * both files and the two forms give the same ids. */
 #include "tokenizer_int.h"
-#include "core/err.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
 

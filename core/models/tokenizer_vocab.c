@@ -3,7 +3,7 @@
  * open addressing with linear probing, sized to a load factor <= 1/2 at
  * reserve time, so the 150k-entry Qwen vocabulary loads without rehashing. */
 #include "tokenizer_int.h"
-#include "core/err.h"
+#include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>

@@ -3,7 +3,7 @@
  * values, and the latent BatchNorm statistics. */
 #include "vae_internal.h"
 #include <omp.h>
-#include "../err.h"
+#include "kernels/err.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

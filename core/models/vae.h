@@ -8,8 +8,8 @@
  * Activations are [channels, height*width] matrices. */
 #ifndef TPGEN_VAE_H
 #define TPGEN_VAE_H
-#include "../tensor.h"
-#include "../../kernels/ops.h"
+#include "kernels/tensor.h"
+#include "kernels/ops.h"
 #include <jansson.h>
 #include <stdint.h>
 

@@ -1,7 +1,7 @@
 /* vae/config.json: parse what the decoder needs and refuse what it cannot
  * serve, with the key and the file named. */
 #include "vae_internal.h"
-#include "../err.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

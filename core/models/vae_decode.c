@@ -7,7 +7,7 @@
  * largest live set is the first ResNet of the last up block at full
  * resolution: its input (normalised in place) and two output-sized buffers. */
 #include "vae_internal.h"
-#include "../err.h"
+#include "kernels/err.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

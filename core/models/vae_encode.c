@@ -13,7 +13,7 @@
  * activations (input kept for the residual, normalised copy, two convolution
  * outputs). */
 #include "vae_internal.h"
-#include "../err.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

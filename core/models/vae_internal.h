@@ -2,7 +2,7 @@
 #ifndef TPGEN_VAE_INTERNAL_H
 #define TPGEN_VAE_INTERNAL_H
 #include "vae.h"
-#include "../weights.h"
+#include "core/formats/weights.h"
 
 /* ResNet block: GN1+SiLU -> conv3 -> GN2+SiLU -> conv3, plus a 1x1
  * shortcut when the channel count changes. */

@@ -2,8 +2,8 @@
  * through the same name/shape binding the loader uses, so that the file
  * always matches what vae_load expects. */
 #include "vae_internal.h"
-#include "../err.h"
-#include "../safetensors.h"
+#include "kernels/err.h"
+#include "core/formats/safetensors.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

@@ -13,7 +13,7 @@
  * instructions, so the rest of tpgen keeps its baseline ISA. */
 #include "cpu_amx.h"
 #include "cpu_ops.h"
-#include "../../core/err.h"
+#include "kernels/err.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

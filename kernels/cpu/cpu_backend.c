@@ -4,7 +4,7 @@
  * (cpu_gemm.c, cpu_attention.c, cpu_norm.c, cpu_eltwise.c, cpu_layout.c,
  * cpu_conv.c). */
 #include "cpu_ops.h"
-#include "../../core/err.h"
+#include "kernels/err.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

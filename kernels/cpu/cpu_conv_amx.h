@@ -2,7 +2,7 @@
  * see cpu_conv_amx.c for the layouts). */
 #ifndef TPGEN_CPU_CONV_AMX_H
 #define TPGEN_CPU_CONV_AMX_H
-#include "../../core/tensor.h"
+#include "kernels/tensor.h"
 
 /* 1 when the kernel is compiled in, the CPU has AMX-BF16 with the OS's
  * permission for the tile state, the bf16 kernels are not forced off

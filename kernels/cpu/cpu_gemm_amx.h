@@ -2,7 +2,7 @@
  * kernels/cpu). */
 #ifndef TPGEN_CPU_GEMM_AMX_H
 #define TPGEN_CPU_GEMM_AMX_H
-#include "../../core/tensor.h"
+#include "kernels/tensor.h"
 
 /* 1 when AMX is enabled (cpu_amx_enabled), x is bf16, w bf16 or fp8, and x
  * has enough rows for 16-row tiles to pay (M >= 16). */

@@ -2,7 +2,7 @@
  * kernels/cpu). */
 #ifndef TPGEN_CPU_GEMM_BF16_H
 #define TPGEN_CPU_GEMM_BF16_H
-#include "../../core/tensor.h"
+#include "kernels/tensor.h"
 
 /* 1 when the kernel is compiled in, the CPU has avx512_bf16 and the shape
  * is worth it. */

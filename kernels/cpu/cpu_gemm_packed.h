@@ -2,7 +2,7 @@
  * f32 x f32 -> f32 (OpenBLAS) and not on the AMX / AVX512-BF16 kernels. */
 #ifndef TPGEN_CPU_GEMM_PACKED_H
 #define TPGEN_CPU_GEMM_PACKED_H
-#include "../../core/tensor.h"
+#include "kernels/tensor.h"
 
 /* y = x · wᵀ (+ bias, f32 or NULL); any float x/y dtype, any weight dtype
  * (bf16, f32, f16, fp8 with its scale); f32 sums, y rounded once. */

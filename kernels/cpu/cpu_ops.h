@@ -2,7 +2,7 @@
  * the signature of its vtable entry; cpu_backend.c puts them in the table. */
 #ifndef TPGEN_CPU_OPS_H
 #define TPGEN_CPU_OPS_H
-#include "../ops.h"
+#include "kernels/ops.h"
 
 /* Set the OpenMP / OpenBLAS thread count for this process (<= 0: leave). */
 void cpu_set_threads(int threads);

@@ -4,8 +4,8 @@
  * with round-to-nearest-even. */
 #ifndef TPGEN_CPU_ROWS_H
 #define TPGEN_CPU_ROWS_H
-#include "../../core/tensor.h"
-#include "../../core/err.h"
+#include "kernels/tensor.h"
+#include "kernels/err.h"
 #include <stdint.h>
 #if defined(__AVX2__)
 #include <immintrin.h>

@@ -1,5 +1,5 @@
 #include "cpu_ops.h"
-#include "../../core/err.h"
+#include "kernels/err.h"
 #include <omp.h>
 #include <cblas.h>
 #include <stdlib.h>

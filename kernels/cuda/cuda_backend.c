@@ -12,7 +12,7 @@
  * memory pools (or TPGEN_CUDA_ALLOC=plain) plain cudaMalloc/cudaFree are
  * used instead. */
 #include "cuda_internal.h"
-#include "../../core/err.h"
+#include "kernels/err.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -7,7 +7,7 @@
 #include <cuda_bf16.h>
 #include "cuda_internal.h"
 extern "C" {
-#include "../../core/err.h"
+#include "kernels/err.h"
 }
 
 __device__ __forceinline__ float ld_el(const void *p, int dt, int64_t i) {

@@ -4,7 +4,7 @@
  * and runs the bf16/f32 cuBLAS GEMM (the sm_80 path of issue 12, used on
  * every GPU for now: a cuBLASLt FP8 tensor-core GEMM for sm_89/sm_90 is not
  * written yet, docs/fp8.md). The decode is arithmetic from the format
- * definitions, the same values as core/tensor.c's table. UNVERIFIED on
+ * definitions, the same values as kernels/tensor.c's table. UNVERIFIED on
  * hardware: compiled here, op-tested against the CPU backend by
  * scripts/gpu-check.sh (TEST_GPU gpu_fp8_*). */
 #include "cuda_dtype.cuh"

@@ -11,7 +11,7 @@
  * inputs, or an f32 bias into a bf16 output) are computed in an f32 scratch
  * and converted, so y is always rounded once, after the bias. */
 #include "cuda_internal.h"
-#include "../../core/err.h"
+#include "kernels/err.h"
 
 static cudaDataType_t cuda_type(dtype_t dt) { return dt == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 

@@ -17,7 +17,7 @@
  * (cuda_fp8.cu). UNVERIFIED on hardware (no GPU has been lent to this
  * project): TEST_GPU gpu_fp8_tensor_core_gemm compares it with the CPU. */
 #include "cuda_internal.h"
-#include "../../core/err.h"
+#include "kernels/err.h"
 #include <cublasLt.h>
 #include <stdlib.h>
 #include <string.h>

@@ -8,7 +8,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../ops.h"
+#include "kernels/ops.h"
 
 /* Number of pinned staging buffers for host->device uploads, and their size:
  * while one buffer's DMA runs the CPU fills the next. 3 x 32 MB of pinned

@@ -1,4 +1,4 @@
-/* NCCL communicator for GPU ranks (core/comm.h). The unique id travels from
+/* NCCL communicator for GPU ranks (kernels/comm.h). The unique id travels from
  * group rank 0 with MPI_Bcast, together with a status word so that a failure
  * on rank 0 fails every rank instead of leaving them waiting. Collectives run
  * on the backend's compute stream, so they are ordered with the ops around
@@ -9,8 +9,8 @@
  * (at the next collective or at destroy), so the figure may lag by the
  * collectives still in flight. */
 #include "cuda_internal.h"
-#include "../../core/comm.h"
-#include "../../core/err.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
 #include <nccl.h>
 #include <stdlib.h>
 #include <string.h>

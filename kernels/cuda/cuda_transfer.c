@@ -11,7 +11,7 @@
  * ring, then cudaMemcpy2DAsync (rowwise shards pick their columns on the
  * GPU side of the copy), so no other host copy exists. */
 #include "cuda_internal.h"
-#include "../../core/err.h"
+#include "kernels/err.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* PNG output (see png.h). stb_image_write encodes, zlib compresses and
  * computes the chunk CRC; the text chunk is spliced in after IHDR. */
 #include "png.h"
-#include "err.h"
+#include "kernels/err.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* `tpgen bench WHAT [OPTIONS]`: benchmarks, never tests. Each benchmark
  * lives beside the code it measures. */
-#include "commands.h"
+#include "cli/commands.h"
 #include <stdio.h>
 #include <string.h>
 

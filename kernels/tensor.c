@@ -1,6 +1,6 @@
 #include "tensor.h"
 #include "err.h"
-#include "../kernels/ops.h"
+#include "ops.h"
 #include <math.h>
 #include <stdlib.h>
 

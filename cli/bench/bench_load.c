@@ -7,11 +7,11 @@
  * The generated checkpoint has the real tensor names and shapes (spec
  * flux2-transformer.md §2) with random BF16 data, or holes (--sparse: a
  * header-only file of the real size that costs no disk). */
-#include "weights.h"
-#include "dist.h"
-#include "lora.h"
-#include "err.h"
-#include "../kernels/ops.h"
+#include "core/formats/weights.h"
+#include "core/dist/dist.h"
+#include "core/formats/lora.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
  * truncated file fails in st_open with a message naming the file and the
  * tensor, never in the middle of a load. */
 #include "safetensors.h"
-#include "err.h"
+#include "kernels/err.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>

@@ -9,8 +9,8 @@
 #ifndef TPGEN_WEIGHTS_H
 #define TPGEN_WEIGHTS_H
 #include "checkpoint.h"
-#include "tensor.h"
-#include "../plans/plan.h"
+#include "kernels/tensor.h"
+#include "plans/plan.h"
 
 struct backend;
 typedef struct weights weights;
@@ -26,12 +26,12 @@ typedef struct load_opts {
     size_t staging_cap;         /* host staging bound in bytes (0: WEIGHTS_STAGING_CAP) */
     int io_threads;             /* threads reading CPU-backend tensors in place (0: WEIGHTS_IO_THREADS) */
     /* optional load-time transformation of each tensor's shard once it is
-     * read (a LoRA merge: core/lora.h): called on the calling thread, in
+     * read (a LoRA merge: core/formats/lora.h): called on the calling thread, in
      * file order, with the plan's shard (rule, style, blocks) and the
      * rank; t holds the rank's local tensor in the target dtype. */
     int (*transform)(void *ctx, const shard_info *si, int tp, int rank, tensor *t);
     void *transform_ctx;
-    int quantize_fp8;           /* --quantize fp8: sharded linear weights become E4M3 + per-row scales (core/fp8.h) */
+    int quantize_fp8;           /* --quantize fp8: sharded linear weights become E4M3 + per-row scales (core/formats/fp8.h) */
 } load_opts;
 
 /* Host staging never exceeds this per rank (CUDA copies go through it, as

@@ -2,8 +2,8 @@
  * of raw fp8 files, their validation, and the per-rank scale slices (see
  * fp8.h). Everything here reads headers and small tensors only. */
 #include "fp8.h"
-#include "err.h"
-#include "../kernels/ops.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>

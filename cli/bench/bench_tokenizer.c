@@ -1,6 +1,6 @@
 /* `tpgen bench tokenizer`: tokenizer load time and encoding throughput.
  * Timings only; correctness is the tests' job. */
-#include "core/err.h"
+#include "kernels/err.h"
 #include "core/models/prompt.h"
 #include "core/models/tokenizer.h"
 #include <stdio.h>

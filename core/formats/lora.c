@@ -1,14 +1,14 @@
-/* LoRA adapters: formats, names and validation (core/lora.h). Everything
+/* LoRA adapters: formats, names and validation (core/formats/lora.h). Everything
  * here reads headers and alpha scalars only; the merge itself is in
- * core/lora_merge.c. The name rules follow diffusers' FLUX.2 converters
+ * core/formats/lora_merge.c. The name rules follow diffusers' FLUX.2 converters
  * (lora_state_dict, _convert_non_diffusers_flux2_lora_to_diffusers,
  * _convert_kohya_flux2_lora_to_diffusers), with two differences documented
  * in docs/lora.md: diffusion_model.*.lora_down/up files are read as
  * ai-toolkit files (diffusers takes them for kohya and drops every key), and
  * the BFL final layer's (shift, scale) halves are swapped onto norm_out. */
 #include "lora.h"
-#include "err.h"
-#include "../kernels/ops.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <ctype.h>
 #include <jansson.h>
 #include <math.h>

@@ -6,9 +6,9 @@
  * bounded by the staging cap, in batches of whole runs. Either way no rank
  * ever holds a full-size host copy of a sharded tensor. */
 #include "weights.h"
-#include "err.h"
+#include "kernels/err.h"
 #include "fp8.h"
-#include "../kernels/ops.h"
+#include "kernels/ops.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

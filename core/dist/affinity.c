@@ -1,7 +1,7 @@
 /* CPU binding at start-up: see affinity.h for the rules. */
 #include "affinity.h"
 #include "dist.h"
-#include "../kernels/ops.h"
+#include "kernels/ops.h"
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>

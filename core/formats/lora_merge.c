@@ -1,4 +1,4 @@
-/* The per-shard LoRA merge (core/lora.h): W' = W + sum_i coef_i * B_i A_i
+/* The per-shard LoRA merge (core/formats/lora.h): W' = W + sum_i coef_i * B_i A_i
  * on the rows and columns of W that this rank holds.
  *
  * A rank's shard is a list of plan pieces; each piece is a rectangle of the
@@ -12,8 +12,8 @@
  * are added to the shard in f32 in row chunks (bounded scratch), then
  * rounded once to the tensor's dtype. */
 #include "lora.h"
-#include "err.h"
-#include "../kernels/ops.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* Reference images: decoding (stb_image), diffusers' checks, PIL's LANCZOS
  * resize, the centre crop and the normalisation (image.h). */
 #include "image.h"
-#include "err.h"
+#include "kernels/err.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

@@ -4,8 +4,8 @@
  * for every Linear inside the blocks of DIR/transformer (double-block
  * q/k/v, out, added q/k/v, add-out, both MLPs; single-block fused
  * projections), values ~ U(+-2^-4) so a merged model stays finite. */
-#include "checkpoint.h"
-#include "err.h"
+#include "core/formats/checkpoint.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

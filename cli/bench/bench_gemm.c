@@ -13,11 +13,11 @@
  * every column once, one after the other (side by side). With --ops it
  * also times op_attention and op_conv2d (the other sgemm / vdpbf16ps users)
  * on transformer and VAE shapes. */
-#include "cpu_ops.h"
-#include "cpu_amx.h"
-#include "cpu_gemm_amx.h"
-#include "cpu_gemm_packed.h"
-#include "../../core/err.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_amx.h"
+#include "kernels/cpu/cpu_gemm_amx.h"
+#include "kernels/cpu/cpu_gemm_packed.h"
+#include "kernels/err.h"
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>

@@ -15,14 +15,14 @@
  * diffusers' converter splits it); a BFL final-layer LoRA on a diffusers
  * checkpoint is two segments with the (shift, scale) halves swapped.
  *
- * During weights_load the merge hook (lora_merge_shard, core/lora_merge.c)
+ * During weights_load the merge hook (lora_merge_shard, core/formats/lora_merge.c)
  * reads only the rows of B and the columns of A that the rank's shard
  * touches, adds the deltas in f32 and rounds once to the stored dtype. */
 #ifndef TPGEN_LORA_H
 #define TPGEN_LORA_H
 #include "checkpoint.h"
-#include "tensor.h"
-#include "../plans/plan.h"
+#include "kernels/tensor.h"
+#include "plans/plan.h"
 #include <stdint.h>
 
 #define LORA_MAX_ADAPTERS 16
@@ -88,7 +88,7 @@ int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbo
 void lora_set_free(lora_set *s);
 
 /* The weights_load hook (load_opts.transform): merge every segment of the
- * tensor si->info into the rank's shard t (core/lora_merge.c). */
+ * tensor si->info into the rank's shard t (core/formats/lora_merge.c). */
 int lora_merge_shard(void *set, const shard_info *si, int tp, int rank, tensor *t);
 
 /* Bytes rank `rank` of tp reads from each adapter (bytes[adapter]) through

@@ -4,11 +4,11 @@
  * achieved GFLOP/s, GEMM time against plain OpenBLAS sgemm of exactly the
  * same shapes, and the share of time in all-reduce and attention, with
  * fused (one all-reduce per sub-layer) and unfused all-reduces. */
-#include "flux2_impl.h"
-#include "../comm.h"
-#include "../dist.h"
-#include "../err.h"
-#include "../fp8.h"
+#include "core/models/flux2_impl.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "core/formats/fp8.h"
 #include <cblas.h>
 #include <mpi.h>
 #include <stdio.h>

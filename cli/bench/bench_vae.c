@@ -2,8 +2,8 @@
  * real FLUX.2 VAE shapes (block_out_channels [128,256,512,512], 32 latent
  * channels, 2 layers per block, 32 groups, mid attention) with random
  * weights in memory: no checkpoint is needed. */
-#include "vae.h"
-#include "../err.h"
+#include "core/models/vae.h"
+#include "kernels/err.h"
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>

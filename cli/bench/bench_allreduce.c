@@ -5,10 +5,10 @@
  * rank counts). Each size is also checked: every rank contributes rank+1,
  * so every element must come back as n(n+1)/2 (exact in bf16 while that
  * is at most 256, i.e. up to 22 ranks); the "wrong" column counts misses. */
-#include "comm.h"
-#include "dist.h"
-#include "err.h"
-#include "../kernels/ops.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

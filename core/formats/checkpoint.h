@@ -31,7 +31,7 @@ typedef struct checkpoint {
     int n;                         /* tensors in total */
     const st_tensor_info **infos;  /* sorted by name */
     int *file_of;                  /* index into files for each info */
-    struct fp8_info *fp8;          /* fp8 layers and scales (core/fp8.h); NULL when none */
+    struct fp8_info *fp8;          /* fp8 layers and scales (core/formats/fp8.h); NULL when none */
 } checkpoint;
 
 /* Open every safetensors file of a component folder. With an index, every

@@ -1,9 +1,9 @@
 /* MPI communicator for host tensors. bf16 has no MPI datatype: it travels
  * as 16-bit words and is summed by a user-defined op that rounds each
  * pairwise sum to bf16, which is what NCCL does on GPUs. */
-#include "comm.h"
-#include "err.h"
-#include "../kernels/ops.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -8,7 +8,7 @@
  * or reversed. Tensor order in the file is never assumed. */
 #ifndef TPGEN_SAFETENSORS_H
 #define TPGEN_SAFETENSORS_H
-#include "tensor.h"
+#include "kernels/tensor.h"
 #include <stdint.h>
 
 #define ST_MAX_DIMS 8

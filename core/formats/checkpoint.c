@@ -1,7 +1,7 @@
 /* Model folders (diffusers layout) and component checkpoints: one
  * *.safetensors file, or shards listed by a *.safetensors.index.json. */
 #include "checkpoint.h"
-#include "err.h"
+#include "kernels/err.h"
 #include "fp8.h"
 #include <dirent.h>
 #include <errno.h>

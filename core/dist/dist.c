@@ -1,5 +1,5 @@
 #include "dist.h"
-#include "err.h"
+#include "kernels/err.h"
 #include "affinity.h"
 #include <limits.h>
 #include <stdio.h>

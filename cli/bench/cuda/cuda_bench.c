@@ -6,8 +6,8 @@
  *   cuda_bench gemm [M]          klein-4B linear shapes, M tokens (default 4608)
  *   cuda_bench attention [S]     hd 128, 24 and 48 heads, S tokens (default 4608); each kernel
  * Output: one line per case "bench KIND SHAPE ... TFLOP/s". */
-#include "../cuda_internal.h"
-#include "../../../core/err.h"
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

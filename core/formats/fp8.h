@@ -21,8 +21,8 @@
 #ifndef TPGEN_FP8_H
 #define TPGEN_FP8_H
 #include "checkpoint.h"
-#include "tensor.h"
-#include "../plans/plan.h"
+#include "kernels/tensor.h"
+#include "plans/plan.h"
 
 typedef struct fp8_layer {
     const st_tensor_info *scale;  /* the scale tensor (NULL: raw fp8, s = 1) */

@@ -5,11 +5,11 @@
  * (Qwen3-4B, 27 of 36 layers) and FLUX.2-dev (Mistral Small 24B, 30 of 40
  * layers) at several TP degrees, computed through the TP plan on
  * header-only (sparse) checkpoints with the real tensor shapes. */
-#include "llm_internal.h"
-#include "../comm.h"
-#include "../dist.h"
-#include "../err.h"
-#include "../../kernels/ops.h"
+#include "core/models/llm_internal.h"
+#include "kernels/comm.h"
+#include "core/dist/dist.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>

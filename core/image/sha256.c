@@ -1,6 +1,6 @@
 /* SHA-256 of a file (sha256.h). */
 #include "sha256.h"
-#include "err.h"
+#include "kernels/err.h"
 #include <errno.h>
 #include <nettle/sha2.h>
 #include <stdint.h>
