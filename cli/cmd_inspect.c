@@ -10,6 +10,7 @@
 #include "core/formats/weights.h"
 #include "core/formats/lora.h"
 #include "core/models/flux2.h"
+#include "core/models/model_plan.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,8 +66,7 @@ static int parse(int argc, char **argv, inspect_args *a) {
 }
 
 /* Local shape in the file's dimensions: the split dim divided by tp. */
-static void local_shape(const shard_info *si, int tp, int64_t *out) {
-    const st_tensor_info *t = si->info;
+static void local_shape(const st_tensor_info *t, const shard_info *si, int tp, int64_t *out) {
     for (int d = 0; d < t->ndim; d++) out[d] = t->shape[d];
     if (si->style == STYLE_REPLICATED) return;
     int dim = si->style == STYLE_COLWISE || si->style == STYLE_PACKED_COLWISE ? 0 : 1;
@@ -103,10 +103,10 @@ static json_t *tensor_table(const checkpoint *c, const component_plan *cp, int t
     for (int k = 0; k < c->n; k++) {
         shard_info si;
         /* a tensor that this tp cannot split gets no local shape */
-        int ok = plan_shard(p, c->infos[k], tp, &si) == 0 || (plan_shard(p, c->infos[k], 1, &si), 0);
-        int64_t loc[ST_MAX_DIMS];
-        local_shape(&si, tp, loc);
         const st_tensor_info *t = c->infos[k];
+        int ok = plan_shard(p, st_plan_tensor(t), tp, &si) == 0 || (plan_shard(p, st_plan_tensor(t), 1, &si), 0);
+        int64_t loc[ST_MAX_DIMS];
+        local_shape(t, &si, tp, loc);
         const char *blocks = si.rule >= 0 ? p->rules[si.rule].blocks : NULL;
         int loaded = !cp->want || cp->want(t->name, cp->want_ctx);
         char style[64], g[64], l[64];
@@ -205,7 +205,7 @@ int cmd_inspect(int argc, char **argv) {
     component_plan cp = {0};
     int opened = open_component(&a, &m, &cfg, &c) == 0;
     int planned = opened && plan_for_component(a.component, cfg, c, a.tp, &cp) >= 0;
-    int valid = planned && plan_validate(&cp.p, c, a.tp) == 0;
+    int valid = planned && checkpoint_validate_plan(c, &cp.p, a.tp) == 0;
     /* --scan-weights: the shapes may be valid and the values not */
     int n_bad = valid && a.scan ? checkpoint_scan_finite(c, 1) : 0;
     if (n_bad) valid = 0;

@@ -34,7 +34,7 @@ json_t *inspect_loras(const lora_spec *specs, int n, const checkpoint *c, const 
             const lora_segment *g = &ls->seg[k];
             if (g->adapter != a) continue;
             shard_info si;
-            const char *style = plan_shard(p, checkpoint_find(c, g->tensor, NULL), tp, &si) ? "?"
+            const char *style = plan_shard(p, st_plan_tensor(checkpoint_find(c, g->tensor, NULL)), tp, &si) ? "?"
                                                                                             : shard_style_name(si.style);
             char rows[48];
             snprintf(rows, sizeof rows, "[%lld, %lld)", (long long)g->row0, (long long)(g->row0 + g->nrows));

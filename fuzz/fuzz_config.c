@@ -2,6 +2,7 @@
  * and plan), a text-encoder config.json, a VAE config.json, a
  * model_index.json (model_dir_open) and a sharded checkpoint's
  * *.safetensors.index.json (checkpoint_open next to one valid shard). */
+#include "core/models/model_plan.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/err.h"
 #include "core/models/flux2.h"
@@ -47,7 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         (void)flux2_config_parse(cfg, "fuzz", &fc);
         if (plan_flux2(cfg, &p) == 0) {
             checkpoint empty = {.dir = "fuzz"};
-            for (int tp = 1; tp <= 8; tp *= 2) (void)plan_validate(&p, &empty, tp);
+            for (int tp = 1; tp <= 8; tp *= 2) (void)checkpoint_validate_plan(&empty, &p, tp);
         }
         llm_config lc;
         (void)llm_config_parse(cfg, "fuzz", &lc);

@@ -2,6 +2,7 @@
  * st_open, every tensor planned with the FLUX.2 plan at tp 1..4, and the
  * same bytes as the only file of a checkpoint folder (checkpoint_open);
  * the tensors are read back as f32 and i64. */
+#include "core/models/model_plan.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/err.h"
 #include "plans/plan.h"
@@ -35,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 for (int tp = 1; tp <= 4; tp++) {
                     shard_info si;
                     shard_piece pc[PLAN_MAX_PIECES];
-                    if (plan_shard(&p, &st->tensors[i], tp, &si) == 0) plan_shard_pieces(&si, tp, tp - 1, pc);
+                    if (plan_shard(&p, st_plan_tensor(&st->tensors[i]), tp, &si) == 0) plan_shard_pieces(&si, tp, tp - 1, pc);
                 }
         json_decref(cfg);
         for (int i = 0; i < st->n_meta; i++) (void)st_meta(st, st->meta_keys[i]);

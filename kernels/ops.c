@@ -10,15 +10,6 @@ void backend_destroy(backend *be) {
     if (be && be->vt->destroy) be->vt->destroy(be);
 }
 
-/* Backends keep be->bytes_in_use and be->peak_bytes up to date in their
- * alloc and free (they know each block's size). */
-void *be_alloc(backend *be, size_t bytes) { return be->vt->alloc(be, bytes); }
-void be_free(backend *be, void *p) {
-    if (p) be->vt->free(be, p);
-}
-int be_upload(backend *be, void *dst, const void *src, size_t n) { return be->vt->upload(be, dst, src, n); }
-int be_download(backend *be, void *dst, const void *src, size_t n) { return be->vt->download(be, dst, src, n); }
-int be_sync(backend *be) { return be->vt->sync(be); }
 int be_upload_file(backend *be, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch, size_t width,
                    size_t height) {
     if (!be->vt->upload_file) return tp_error("backend %s cannot read files directly (no upload_file)", be->vt->name);

@@ -102,12 +102,21 @@ int tpgen_has_cuda(void);         /* 1 when the binary was built with the CUDA b
 int backend_cuda_device_count(void); /* 0 when none is usable (or no CUDA build) */
 void backend_destroy(backend *be);
 
-/* ---- memory (thin wrappers over the vtable) ---- */
-void *be_alloc(backend *be, size_t bytes);
-void be_free(backend *be, void *p);
-int be_upload(backend *be, void *dst, const void *host_src, size_t bytes);
-int be_download(backend *be, void *host_dst, const void *src, size_t bytes);
-int be_sync(backend *be);
+/* ---- memory (thin wrappers over the vtable; inline, so that the tensor
+ * type, which allocates through them, needs nothing of ops.c) ----
+ * Backends keep be->bytes_in_use and be->peak_bytes up to date in their
+ * alloc and free (they know each block's size). */
+static inline void *be_alloc(backend *be, size_t bytes) { return be->vt->alloc(be, bytes); }
+static inline void be_free(backend *be, void *p) {
+    if (p) be->vt->free(be, p);
+}
+static inline int be_upload(backend *be, void *dst, const void *host_src, size_t bytes) {
+    return be->vt->upload(be, dst, host_src, bytes);
+}
+static inline int be_download(backend *be, void *host_dst, const void *src, size_t bytes) {
+    return be->vt->download(be, host_dst, src, bytes);
+}
+static inline int be_sync(backend *be) { return be->vt->sync(be); }
 /* vt->upload_file, or a tp_error when the backend has none */
 int be_upload_file(backend *be, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch, size_t width,
                    size_t height);

@@ -8,36 +8,22 @@
  * not listed (img_in, txt_in, time_in, guidance_in, modulations, norms,
  * final_layer) is replicated. */
 #include "plan.h"
-#include "kernels/err.h"
-#include <string.h>
 
 static const plan_rule k_flux2_bfl_rules[] = {
     /* double-stream attention: fused [Q; K; V] per stream, heads split */
-    {"double_blocks.*.img_attn.qkv.weight", STYLE_PACKED_COLWISE, "D,D,D"},
-    {"double_blocks.*.txt_attn.qkv.weight", STYLE_PACKED_COLWISE, "D,D,D"},
-    {"double_blocks.*.img_attn.proj.weight", STYLE_ROWWISE, NULL},
-    {"double_blocks.*.txt_attn.proj.weight", STYLE_ROWWISE, NULL},
+    {"double_blocks.*.img_attn.qkv.weight", STYLE_PACKED_COLWISE, "D,D,D", NULL},
+    {"double_blocks.*.txt_attn.qkv.weight", STYLE_PACKED_COLWISE, "D,D,D", NULL},
+    {"double_blocks.*.img_attn.proj.weight", STYLE_ROWWISE, NULL, NULL},
+    {"double_blocks.*.txt_attn.proj.weight", STYLE_ROWWISE, NULL, NULL},
     /* double-stream MLPs: [gate; up] rows split block by block */
-    {"double_blocks.*.img_mlp.0.weight", STYLE_PACKED_COLWISE, "1,1"},
-    {"double_blocks.*.img_mlp.2.weight", STYLE_ROWWISE, NULL},
-    {"double_blocks.*.txt_mlp.0.weight", STYLE_PACKED_COLWISE, "1,1"},
-    {"double_blocks.*.txt_mlp.2.weight", STYLE_ROWWISE, NULL},
+    {"double_blocks.*.img_mlp.0.weight", STYLE_PACKED_COLWISE, "1,1", NULL},
+    {"double_blocks.*.img_mlp.2.weight", STYLE_ROWWISE, NULL, NULL},
+    {"double_blocks.*.txt_mlp.0.weight", STYLE_PACKED_COLWISE, "1,1", NULL},
+    {"double_blocks.*.txt_mlp.2.weight", STYLE_ROWWISE, NULL, NULL},
     /* single-stream fused projections */
-    {"single_blocks.*.linear1.weight", STYLE_PACKED_COLWISE, "D,D,D,M,M"},
-    {"single_blocks.*.linear2.weight", STYLE_PACKED_ROWWISE, "D,M"},
+    {"single_blocks.*.linear1.weight", STYLE_PACKED_COLWISE, "D,D,D,M,M", NULL},
+    {"single_blocks.*.linear2.weight", STYLE_PACKED_ROWWISE, "D,M", NULL},
 };
 
-/* A BFL checkpoint names its image embedder img_in (diffusers: x_embedder). */
-int plan_flux2_is_bfl(const checkpoint *c) {
-    return c && checkpoint_find(c, "img_in.weight", NULL) != NULL;
-}
-
-int plan_flux2_bfl(const json_t *config, plan *out) {
-    plan diffusers;
-    if (plan_flux2(config, &diffusers)) return -1;   /* same symbols and divisors */
-    *out = diffusers;
-    out->model = "flux2 (BFL names)";
-    out->rules = k_flux2_bfl_rules;
-    out->n_rules = (int)(sizeof k_flux2_bfl_rules / sizeof k_flux2_bfl_rules[0]);
-    return 0;
-}
+const plan_table plan_table_flux2_bfl = {"flux2 (BFL names)", k_flux2_bfl_rules,
+                                        (int)(sizeof k_flux2_bfl_rules / sizeof k_flux2_bfl_rules[0])};

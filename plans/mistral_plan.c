@@ -3,20 +3,18 @@
  * prefix the checkpoint uses (model.language_model., language_model.model.
  * or model., spec flux2-text-vae.md §3.6); the vision tower, projector and
  * lm_head match no rule and are never loaded (llm_want_tensor). */
-#include "core/models/llm.h"
+#include "plan.h"
 
-static const llm_rule k_mistral_rules[] = {
-    {"embed_tokens.weight", STYLE_COLWISE, LLM_RULE_IF_TP_DIVIDES_VOCAB},
-    {"layers.*.self_attn.q_proj.weight", STYLE_COLWISE, LLM_RULE_ALWAYS},
-    {"layers.*.self_attn.k_proj.weight", STYLE_COLWISE, LLM_RULE_IF_TP_DIVIDES_KV},
-    {"layers.*.self_attn.v_proj.weight", STYLE_COLWISE, LLM_RULE_IF_TP_DIVIDES_KV},
-    {"layers.*.self_attn.o_proj.weight", STYLE_ROWWISE, LLM_RULE_ALWAYS},
-    {"layers.*.mlp.gate_proj.weight", STYLE_COLWISE, LLM_RULE_ALWAYS},
-    {"layers.*.mlp.up_proj.weight", STYLE_COLWISE, LLM_RULE_ALWAYS},
-    {"layers.*.mlp.down_proj.weight", STYLE_ROWWISE, LLM_RULE_ALWAYS},
+static const plan_rule k_mistral_rules[] = {
+    {"embed_tokens.weight", STYLE_COLWISE, NULL, "V"},
+    {"layers.*.self_attn.q_proj.weight", STYLE_COLWISE, NULL, NULL},
+    {"layers.*.self_attn.k_proj.weight", STYLE_COLWISE, NULL, "KV"},
+    {"layers.*.self_attn.v_proj.weight", STYLE_COLWISE, NULL, "KV"},
+    {"layers.*.self_attn.o_proj.weight", STYLE_ROWWISE, NULL, NULL},
+    {"layers.*.mlp.gate_proj.weight", STYLE_COLWISE, NULL, NULL},
+    {"layers.*.mlp.up_proj.weight", STYLE_COLWISE, NULL, NULL},
+    {"layers.*.mlp.down_proj.weight", STYLE_ROWWISE, NULL, NULL},
 };
 
-int plan_mistral(const llm_config *cfg, int tp, llm_plan *out) {
-    return llm_plan_fill(cfg, tp, "mistral", k_mistral_rules,
-                         (int)(sizeof k_mistral_rules / sizeof k_mistral_rules[0]), out);
-}
+const plan_table plan_table_mistral = {"mistral", k_mistral_rules,
+                                       (int)(sizeof k_mistral_rules / sizeof k_mistral_rules[0])};

@@ -3,7 +3,6 @@
  * themselves are data (plans/<model>_plan.c). */
 #include "plan.h"
 #include "kernels/err.h"
-#include "core/models/llm.h"
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,15 +108,15 @@ static int check_divisible(const plan_rule *r, const char *tname, const shard_in
     return 0;
 }
 
-static void global_shape(const st_tensor_info *t, shard_info *si) {
+static void global_shape(const plan_tensor *t, shard_info *si) {
     si->global_rows = t->ndim >= 2 ? t->shape[0] : 1;
     si->global_cols = 1;
     for (int d = t->ndim >= 2 ? 1 : 0; d < t->ndim; d++) si->global_cols *= t->shape[d];
 }
 
-int plan_shard(const plan *p, const st_tensor_info *t, int tp, shard_info *out) {
+int plan_shard(const plan *p, plan_tensor tensor, int tp, shard_info *out) {
+    const plan_tensor *t = &tensor;
     memset(out, 0, sizeof *out);
-    out->info = t;
     global_shape(t, out);
     out->local_rows = out->global_rows, out->local_cols = out->global_cols;
     const plan_rule *r = find_rule(p, t->name, &out->rule);
@@ -172,7 +171,7 @@ static int tp_hint(const plan *p, int64_t div, char *buf, size_t n) {
     return 0;
 }
 
-int plan_validate(const plan *p, const checkpoint *c, int tp) {
+int plan_validate(const plan *p, const plan_tensor *ts, int n, const char *where, int tp) {
     if (tp < 1 || tp > PLAN_MAX_TP) return tp_error("tp must be from 1 to %d (got %d)", PLAN_MAX_TP, tp);
     if (!p) return 0;
     for (int i = 0; i < p->n_divisors; i++) {
@@ -187,69 +186,39 @@ int plan_validate(const plan *p, const checkpoint *c, int tp) {
         if (s && strchr(s + 1, '*'))
             return tp_error("plan %s rule '%s': at most one '*' (a block index) per glob", p->model, g);
         int hits = 0;
-        for (int k = 0; k < c->n && !hits; k++) hits = glob_match(g, c->infos[k]->name);
+        for (int k = 0; k < n && !hits; k++) hits = glob_match(g, ts[k].name);
         if (!hits)
             return tp_error("plan %s rule '%s' (%s) matches no tensor in %s: the checkpoint is not a %s model or "
-                            "its tensor names differ", p->model, g, shard_style_name(p->rules[i].style), c->dir,
+                            "its tensor names differ", p->model, g, shard_style_name(p->rules[i].style), where,
                             p->model);
     }
-    for (int k = 0; k < c->n; k++) {
+    for (int k = 0; k < n; k++) {
         shard_info si;
-        if (plan_shard(p, c->infos[k], tp, &si)) return tp_error_context("%s at tp %d", c->dir, tp);
+        if (plan_shard(p, ts[k], tp, &si)) return tp_error_context("%s at tp %d", where, tp);
     }
     return 0;
 }
 
-/* ---- which plan each pipeline component uses ---- */
-
-static int transformer_plan(const json_t *config, const checkpoint *c, int tp, component_plan *out) {
-    return plan_flux2_is_bfl(c) ? plan_flux2_bfl(config, &out->p) : plan_flux2(config, &out->p);
-}
-
-/* The LLM text encoder (Qwen3 for klein, Mistral for dev): its plan
- * depends on tp (K/V and the embedding are split only when tp divides
- * them) and on the checkpoint's name prefix; only the layers that produce
- * the prompt embeddings are loaded (hidden states 9/18/27 for Qwen3,
- * 10/20/30 for Mistral, as core/models/textenc.c chooses). */
-typedef struct text_encoder_storage {
-    llm_config cfg;
-    llm_plan lp;
-    llm_want want;
-} text_encoder_storage;
-
-static int text_encoder_plan(const json_t *config, const checkpoint *c, int tp, component_plan *out) {
-    text_encoder_storage *s = xcalloc(1, sizeof *s);
-    out->storage = s;
-    if (llm_config_parse(config, "text_encoder/config.json", &s->cfg) || llm_config_resolve_prefix(&s->cfg, c) ||
-        llm_plan_build(&s->cfg, tp, &s->lp))
-        return -1;
-    int top = s->cfg.arch == LLM_QWEN3 ? 27 : 30;
-    s->want = (llm_want){&s->cfg, top < s->cfg.n_layers ? top : s->cfg.n_layers, top >= s->cfg.n_layers};
-    out->p = s->lp.p;
-    out->want = llm_want_tensor;
-    out->want_ctx = &s->want;
+int plan_use_table(plan_built *b, const plan_table *t, const char *prefix, int tp) {
+    if (tp < 1 || tp > PLAN_MAX_TP) return tp_error("tp must be from 1 to %d (got %d)", PLAN_MAX_TP, tp);
+    if (t->n_rules > PLAN_MAX_RULES)
+        return tp_error("plan %s: %d rules, at most %d", t->model, t->n_rules, PLAN_MAX_RULES);
+    int k = 0;
+    for (int i = 0; i < t->n_rules; i++) {
+        const plan_rule *r = &t->rules[i];
+        if (r->if_divides) {
+            int64_t v = plan_symbol(&b->p, r->if_divides);
+            if (v < 0) tp_fatal("plan %s rule '%s': symbol %s is not set", t->model, r->glob, r->if_divides);
+            if (v % tp) continue;
+        }
+        int len = snprintf(b->globs[k], sizeof b->globs[k], "%s%s", prefix ? prefix : "", r->glob);
+        if (len < 0 || (size_t)len >= sizeof b->globs[k])
+            return tp_error("plan %s: glob '%s%s' is too long", t->model, prefix ? prefix : "", r->glob);
+        b->rules[k] = (plan_rule){b->globs[k], r->style, r->blocks, NULL};
+        k++;
+    }
+    if (!b->p.model) b->p.model = t->model;
+    b->p.rules = b->rules;
+    b->p.n_rules = k;
     return 0;
-}
-
-static const struct {
-    const char *component;
-    int (*make)(const json_t *config, const checkpoint *c, int tp, component_plan *out);
-} k_component_plans[] = {
-    {"transformer", transformer_plan},
-    {"text_encoder", text_encoder_plan},
-};
-
-int plan_for_component(const char *component, const json_t *config, const checkpoint *c, int tp,
-                       component_plan *out) {
-    memset(out, 0, sizeof *out);
-    for (size_t i = 0; i < sizeof k_component_plans / sizeof k_component_plans[0]; i++)
-        if (!strcmp(component, k_component_plans[i].component)) return k_component_plans[i].make(config, c, tp, out);
-    out->p.model = component;
-    return 1;
-}
-
-void component_plan_free(component_plan *cp) {
-    if (!cp) return;
-    free(cp->storage);
-    memset(cp, 0, sizeof *cp);
 }

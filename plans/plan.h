@@ -2,13 +2,15 @@
  * says how each tensor of a checkpoint is split across tp ranks. Tensors
  * that no rule matches are replicated. At most one '*' per glob, standing
  * for a block index. Blocks are proportions ("1,1") or sizes named by the
- * plan's symbols from the model config ("D,D,D,M,M").
+ * plan's symbols ("D,D,D,M,M").
  *
+ * The engine knows no model and no file format: a model hands it a rule
+ * table (plans/<model>_plan.c) with the symbols and divisors it reads from
+ * its config, and a format hands it tensor names and shapes (plan_tensor).
  * Validation (plan_validate) happens before any weight byte is read. */
 #ifndef TPGEN_PLAN_H
 #define TPGEN_PLAN_H
-#include "core/formats/checkpoint.h"
-#include <jansson.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum {
@@ -26,7 +28,28 @@ typedef struct plan_rule {
     const char *glob;
     shard_style style;
     const char *blocks;         /* NULL, or "1,1" / "D,D,D,M,M" */
+    const char *if_divides;     /* NULL, or a symbol: the rule holds only when tp divides its value
+                                   (otherwise the tensor is replicated) */
 } plan_rule;
+
+/* A model's rule table: data, in plans/<model>_plan.c. */
+typedef struct plan_table {
+    const char *model;
+    const plan_rule *rules;
+    int n_rules;
+} plan_table;
+
+extern const plan_table plan_table_flux2;       /* FLUX.2 transformer, diffusers names (D, M) */
+extern const plan_table plan_table_flux2_bfl;   /* the same under Black Forest Labs names */
+extern const plan_table plan_table_qwen3;       /* Qwen3 text encoder (KV, V), globs behind a prefix */
+extern const plan_table plan_table_mistral;     /* Mistral Small 3.x language model (KV, V) */
+
+/* One tensor as the engine sees it: a name and a row-major shape. */
+typedef struct plan_tensor {
+    const char *name;
+    int ndim;
+    const int64_t *shape;
+} plan_tensor;
 
 /* the largest tensor-parallel degree accepted (loops over tp values stop here) */
 #define PLAN_MAX_TP 4096
@@ -49,35 +72,21 @@ typedef struct plan {
 void plan_add_symbol(plan *p, const char *name, int64_t value);
 void plan_add_divisor(plan *p, const char *name, int64_t value);
 
-/* The FLUX.2 transformer plan (spec flux2-transformer.md §7.2), with its
- * symbols (D, M) and divisors (heads) taken from config.json. */
-int plan_flux2(const json_t *config, plan *out);
-/* The same plan under the names of a Black Forest Labs single-file
- * checkpoint (spec Appendix A; plans/flux2_bfl_plan.c), and the test that
- * picks it: 1 when the checkpoint has BFL names (img_in.weight). */
-int plan_flux2_bfl(const json_t *config, plan *out);
-int plan_flux2_is_bfl(const checkpoint *c);
-
-/* The plan of a pipeline component ("transformer", "text_encoder", ...)
- * at degree tp, chosen by a small table in plan.c (add a row for a new
- * component). Some plans depend on tp and on the checkpoint's tensor
- * names (the LLM text encoders), and a component may load only some of
- * its tensors (want). Returns 1 with an empty plan when the component has
- * none (everything replicated), 0 when *out was filled, -1 on a bad config
- * or a tp the plan cannot take. Free with component_plan_free. */
-typedef struct component_plan {
+/* A plan instantiated from a table for one checkpoint and degree tp:
+ * rules whose if_divides symbol tp does not divide are dropped and every
+ * glob gets `prefix` in front (e.g. "model." for an LLM). Set the symbols
+ * and divisors of b->p first (plan_add_*), then call plan_use_table. The
+ * plan points into *b: do not copy a plan_built after filling it. */
+#define PLAN_MAX_RULES 24
+typedef struct plan_built {
     plan p;
-    int (*want)(const char *name, void *ctx);   /* tensors the component loads; NULL: all */
-    void *want_ctx;
-    void *storage;                              /* owned by the plan (rules, globs, want_ctx) */
-} component_plan;
-int plan_for_component(const char *component, const json_t *config, const checkpoint *c, int tp,
-                       component_plan *out);
-void component_plan_free(component_plan *cp);
+    plan_rule rules[PLAN_MAX_RULES];
+    char globs[PLAN_MAX_RULES][160];
+} plan_built;
+int plan_use_table(plan_built *b, const plan_table *t, const char *prefix, int tp);
 
 /* How one tensor maps onto a rank. */
 typedef struct shard_info {
-    const st_tensor_info *info;
     shard_style style;
     int n_blocks;
     int64_t blocks[8];          /* absolute sizes along the split dim */
@@ -110,11 +119,12 @@ static inline int64_t shard_local_numel(const shard_info *si) { return si->local
 /* Look a symbol up ("D"); -1 when the plan has none of that name. */
 int64_t plan_symbol(const plan *p, const char *name);
 
-/* Resolve and validate a plan against a checkpoint for degree tp: every
- * glob must match at least one tensor, every divisibility rule must hold.
- * On failure the message names the tensor (or glob) and the rule. */
-int plan_validate(const plan *p, const checkpoint *c, int tp);
+/* Resolve and validate a plan against the n tensors of a checkpoint
+ * (`where`: its name in messages) for degree tp: every glob must match at
+ * least one tensor, every divisibility rule must hold. On failure the
+ * message names the tensor (or glob) and the rule. */
+int plan_validate(const plan *p, const plan_tensor *tensors, int n, const char *where, int tp);
 /* The shard of tensor `t` under plan p at degree tp (p NULL: replicated). */
-int plan_shard(const plan *p, const st_tensor_info *t, int tp, shard_info *out);
+int plan_shard(const plan *p, plan_tensor t, int tp, shard_info *out);
 
 #endif

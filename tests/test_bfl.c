@@ -8,6 +8,7 @@
  * bfl_write_golden_as_bfl also serves tests/sh/bfl.sh: with TPGEN_BFL_OUT
  * set it writes the converted folder there (for `tpgen check`), leaving out
  * the tensor named by TPGEN_BFL_SKIP when that is set. */
+#include "core/models/model_plan.h"
 #include "test.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/comm.h"
@@ -159,7 +160,7 @@ TEST(bfl_config_derived_from_shapes) {
     checkpoint *c = NULL, *dc = NULL;
     char *src = golden_transformer();
     REQUIRE(checkpoint_open(dir, &c) == 0 && checkpoint_open(src, &dc) == 0, "%s", tp_error_msg());
-    CHECK(plan_flux2_is_bfl(c) && !plan_flux2_is_bfl(dc), "BFL detection");
+    CHECK(checkpoint_is_bfl(c) && !checkpoint_is_bfl(dc), "BFL detection");
     json_t *derived = flux2_config_from_bfl(c), *golden = golden_config();
     flux2_config a, b;
     REQUIRE(derived && golden, "derive: %s", tp_error_msg());
@@ -174,11 +175,11 @@ TEST(bfl_config_derived_from_shapes) {
           "derived config differs from config.json: %s", json_dumps(derived, JSON_COMPACT));
     /* the BFL plan is the diffusers plan's split: qkv packed [D, D, D] */
     component_plan cp;
-    REQUIRE(plan_for_component("transformer", derived, c, 4, &cp) == 0 && plan_validate(&cp.p, c, 4) == 0, "%s",
+    REQUIRE(plan_for_component("transformer", derived, c, 4, &cp) == 0 && checkpoint_validate_plan(c, &cp.p, 4) == 0, "%s",
             tp_error_msg());
     shard_info si;
     const st_tensor_info *qkv = checkpoint_find(c, "double_blocks.1.txt_attn.qkv.weight", NULL);
-    REQUIRE(qkv && plan_shard(&cp.p, qkv, 4, &si) == 0, "%s", tp_error_msg());
+    REQUIRE(qkv && plan_shard(&cp.p, st_plan_tensor(qkv), 4, &si) == 0, "%s", tp_error_msg());
     CHECK(si.style == STYLE_PACKED_COLWISE && si.n_blocks == 3 && si.blocks[0] == a.D && si.local_rows == 3 * a.D / 4,
           "qkv shard: %s, %d blocks, local rows %lld", shard_style_name(si.style), si.n_blocks,
           (long long)si.local_rows);
@@ -220,7 +221,7 @@ static uint64_t sharded_bytes(const checkpoint *c, const plan *p) {
     uint64_t s = 0;
     for (int i = 0; i < c->n; i++) {
         shard_info si;
-        if (plan_shard(p, c->infos[i], 1, &si) == 0 && si.style != STYLE_REPLICATED)
+        if (plan_shard(p, st_plan_tensor(c->infos[i]), 1, &si) == 0 && si.style != STYLE_REPLICATED)
             s += c->infos[i]->end - c->infos[i]->begin;
     }
     return s;

@@ -3,6 +3,7 @@
  * tensors bit-exact, per rank at np 1/2/4; diffusers' outputs at f32 and
  * bf16); --quantize fp8 against an independent absmax quantiser; and the
  * bad inputs (bad_* tests also run under the sanitizers). */
+#include "core/models/model_plan.h"
 #include "test.h"
 #include "golden_case.h"
 #include "core/formats/checkpoint.h"

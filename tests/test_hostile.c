@@ -171,8 +171,8 @@ TEST(hostile_plan_tp_hint_bounded) {
     /* the hint lists divisors up to PLAN_MAX_TP: this returns at all (a loop
      * up to 2^61 would not), and names only 1 */
     tp_error_clear();
-    CHECK(plan_validate(&p, &c, 2) != 0 && strstr(tp_error_msg(), "valid tp values: 1") &&
+    CHECK(checkpoint_validate_plan(&c, &p, 2) != 0 && strstr(tp_error_msg(), "valid tp values: 1") &&
               !strstr(tp_error_msg(), "valid tp values: 1,"), "%s", tp_error_msg());
     tp_error_clear();
-    CHECK(plan_validate(&p, &c, PLAN_MAX_TP + 1) != 0 && strstr(tp_error_msg(), "from 1 to 4096"), "%s", tp_error_msg());
+    CHECK(checkpoint_validate_plan(&c, &p, PLAN_MAX_TP + 1) != 0 && strstr(tp_error_msg(), "from 1 to 4096"), "%s", tp_error_msg());
 }

@@ -4,6 +4,7 @@
  * expected slices are cut here from whole tensors read with st_read_raw,
  * with the spec's row/column ranges written out independently of the
  * plan engine. */
+#include "core/models/model_plan.h"
 #include "test.h"
 #include "core/dist/dist.h"
 #include "kernels/err.h"
@@ -385,8 +386,8 @@ TEST(load_converts_dtypes) {
     char *dir = xasprintf("%s/dtypes", test_tmp_dir()), *cmd = xasprintf("mkdir -p %s", dir);
     char *path = xasprintf("%s/model.safetensors", dir);
     REQUIRE(system(cmd) == 0 && st_write(path, wt, 4, NULL) == 0, "%s", tp_error_msg());
-    static const plan_rule rules[] = {{"c.w", STYLE_COLWISE, NULL}, {"r.w", STYLE_ROWWISE, NULL},
-                                      {"p.w", STYLE_PACKED_COLWISE, "1,3"}};
+    static const plan_rule rules[] = {{"c.w", STYLE_COLWISE, NULL, NULL}, {"r.w", STYLE_ROWWISE, NULL, NULL},
+                                      {"p.w", STYLE_PACKED_COLWISE, "1,3", NULL}};
     plan p = {.model = "test", .rules = rules, .n_rules = 3};
     checkpoint *c;
     REQUIRE(checkpoint_open(dir, &c) == 0, "%s", tp_error_msg());

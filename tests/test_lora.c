@@ -3,6 +3,7 @@
  * against the golden f32 fuse_lora result, the bytes each rank reads
  * against a formula from the adapter's shapes, the BFL final-layer swap
  * against a double-precision computation, and every bad adapter. */
+#include "core/models/model_plan.h"
 #include "test.h"
 #include "golden_case.h"
 #include "kernels/comm.h"
@@ -236,7 +237,7 @@ static json_t *golden_config(void) {
 static int load_with(const char *dir, const lora_spec *sp, int n, int tp, int rank, dtype_t dt, backend *be,
                      weights **w, lora_set **ls, checkpoint **ck, plan *p) {
     json_t *cfg = golden_config();
-    int rc = checkpoint_open(dir, ck) || (plan_flux2_is_bfl(*ck) ? plan_flux2_bfl(cfg, p) : plan_flux2(cfg, p)) ||
+    int rc = checkpoint_open(dir, ck) || (checkpoint_is_bfl(*ck) ? plan_flux2_bfl(cfg, p) : plan_flux2(cfg, p)) ||
              lora_set_open(sp, n, *ck, 0, ls);
     json_decref(cfg);
     if (rc) return -1;
@@ -248,7 +249,7 @@ static int load_with(const char *dir, const lora_spec *sp, int n, int tp, int ra
 static float *slice(const checkpoint *ck, const plan *p, const char *name, const float *full, int tp, int rank,
                     int64_t *n) {
     shard_info si;
-    plan_shard(p, checkpoint_find(ck, name, NULL), tp, &si);
+    plan_shard(p, st_plan_tensor(checkpoint_find(ck, name, NULL)), tp, &si);
     shard_piece pc[PLAN_MAX_PIECES];
     int np = plan_shard_pieces(&si, tp, rank, pc);
     *n = shard_local_numel(&si);

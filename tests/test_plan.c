@@ -1,6 +1,7 @@
 /* The plan engine: globs, block resolution, divisibility errors, the
  * byte ranges of spec flux2-transformer.md §8.3, and per-rank bytes of the
  * real FLUX.2 shapes (sparse checkpoints) against spec §2.3 / §7.4. */
+#include "core/models/model_plan.h"
 #include "test.h"
 #include "kernels/err.h"
 #include "core/formats/weights.h"
@@ -22,8 +23,8 @@ static checkpoint mem_ckpt(st_tensor_info *t, const st_tensor_info **ptrs, int n
 }
 
 static const plan_rule k_test_rules[] = {
-    {"blocks.*.w", STYLE_COLWISE, NULL},
-    {"blocks.*.*", STYLE_ROWWISE, NULL},     /* never valid: two stars (only used by bad_plan_two_stars) */
+    {"blocks.*.w", STYLE_COLWISE, NULL, NULL},
+    {"blocks.*.*", STYLE_ROWWISE, NULL, NULL},     /* never valid: two stars (only used by bad_plan_two_stars) */
 };
 
 TEST(plan_glob_star_is_block_index) {
@@ -33,12 +34,12 @@ TEST(plan_glob_star_is_block_index) {
     for (int i = 0; i < 2; i++) {
         st_tensor_info t = info2(yes[i], 8, 4);
         shard_info si;
-        CHECK(plan_shard(&p, &t, 2, &si) == 0 && si.style == STYLE_COLWISE && si.rule == 0, "%s not matched", yes[i]);
+        CHECK(plan_shard(&p, st_plan_tensor(&t), 2, &si) == 0 && si.style == STYLE_COLWISE && si.rule == 0, "%s not matched", yes[i]);
     }
     for (int i = 0; i < 6; i++) {
         st_tensor_info t = info2(no[i], 8, 4);
         shard_info si;
-        CHECK(plan_shard(&p, &t, 2, &si) == 0 && si.style == STYLE_REPLICATED && si.rule == -1, "%s matched", no[i]);
+        CHECK(plan_shard(&p, st_plan_tensor(&t), 2, &si) == 0 && si.style == STYLE_REPLICATED && si.rule == -1, "%s matched", no[i]);
     }
 }
 
@@ -55,25 +56,25 @@ TEST(plan_pieces_spec_examples_dev_tp4) {
     for (int k = 0; k < 4; k++) {
         shard_info si;
         shard_piece pc[PLAN_MAX_PIECES];
-        REQUIRE(plan_shard(&p, &q, 4, &si) == 0, "%s", tp_error_msg());
+        REQUIRE(plan_shard(&p, st_plan_tensor(&q), 4, &si) == 0, "%s", tp_error_msg());
         CHECK(plan_shard_pieces(&si, 4, k, pc) == 1 && pc[0].height == 1 && pc[0].width * 2 == 18874368 &&
                   pc[0].src_off * 2 == k * 18874368ll, "to_q rank %d", k);
-        REQUIRE(plan_shard(&p, &li, 4, &si) == 0, "%s", tp_error_msg());
+        REQUIRE(plan_shard(&p, st_plan_tensor(&li), 4, &si) == 0, "%s", tp_error_msg());
         CHECK(plan_shard_pieces(&si, 4, k, pc) == 2 && pc[0].width * 2 == 56623104 && pc[1].width * 2 == 56623104 &&
                   pc[0].src_off == 4608ll * k * 6144 && pc[1].src_off == (18432 + 4608ll * k) * 6144 &&
                   pc[1].dst_off == 4608ll * 6144, "linear_in rank %d", k);
-        REQUIRE(plan_shard(&p, &lo, 4, &si) == 0, "%s", tp_error_msg());
+        REQUIRE(plan_shard(&p, st_plan_tensor(&lo), 4, &si) == 0, "%s", tp_error_msg());
         CHECK(plan_shard_pieces(&si, 4, k, pc) == 1 && pc[0].height == 6144 && pc[0].width * 2 == 9216 &&
                   pc[0].src_pitch * 2 == 36864 && pc[0].src_off * 2 == 9216ll * k && pc[0].dst_pitch == 4608,
               "linear_out rank %d", k);
-        REQUIRE(plan_shard(&p, &qkv, 4, &si) == 0, "%s", tp_error_msg());
+        REQUIRE(plan_shard(&p, st_plan_tensor(&qkv), 4, &si) == 0, "%s", tp_error_msg());
         int64_t starts[5] = {1536ll * k, 6144 + 1536ll * k, 12288 + 1536ll * k, 18432 + 4608ll * k, 36864 + 4608ll * k},
                 lens[5] = {1536, 1536, 1536, 4608, 4608}, dst = 0;
         CHECK(plan_shard_pieces(&si, 4, k, pc) == 5 && si.local_rows == 13824 && si.local_cols == 6144, "qkv local");
         for (int j = 0; j < 5; dst += lens[j] * 6144, j++)
             CHECK(pc[j].src_off == starts[j] * 6144 && pc[j].width == lens[j] * 6144 && pc[j].dst_off == dst,
                   "qkv rank %d block %d", k, j);
-        REQUIRE(plan_shard(&p, &out, 4, &si) == 0, "%s", tp_error_msg());
+        REQUIRE(plan_shard(&p, st_plan_tensor(&out), 4, &si) == 0, "%s", tp_error_msg());
         CHECK(plan_shard_pieces(&si, 4, k, pc) == 2 && si.local_rows == 6144 && si.local_cols == 6144 &&
                   pc[0].src_off == 1536ll * k && pc[0].width == 1536 && pc[1].src_off == 6144 + 4608ll * k &&
                   pc[1].width == 4608 && pc[1].dst_off == 1536 && pc[1].dst_pitch == 6144 && pc[1].height == 6144,
@@ -145,17 +146,17 @@ TEST(plan_real_shapes_per_rank_bytes) {
 }
 
 TEST(plan_proportional_and_symbolic_blocks) {
-    static const plan_rule rules[] = {{"a", STYLE_PACKED_COLWISE, "1,3"}, {"b", STYLE_PACKED_ROWWISE, "X,Y"}};
+    static const plan_rule rules[] = {{"a", STYLE_PACKED_COLWISE, "1,3", NULL}, {"b", STYLE_PACKED_ROWWISE, "X,Y", NULL}};
     plan p = {.model = "test", .rules = rules, .n_rules = 2};
     plan_add_symbol(&p, "X", 4);
     plan_add_symbol(&p, "Y", 8);
     st_tensor_info a = info2("a", 16, 3), b = info2("b", 3, 12);
     shard_info si;
     shard_piece pc[PLAN_MAX_PIECES];
-    REQUIRE(plan_shard(&p, &a, 2, &si) == 0, "%s", tp_error_msg());
+    REQUIRE(plan_shard(&p, st_plan_tensor(&a), 2, &si) == 0, "%s", tp_error_msg());
     CHECK(si.n_blocks == 2 && si.blocks[0] == 4 && si.blocks[1] == 12 && si.local_rows == 8, "a blocks");
     CHECK(plan_shard_pieces(&si, 2, 1, pc) == 2 && pc[0].src_off == 2 * 3 && pc[1].src_off == (4 + 6) * 3, "a pieces");
-    REQUIRE(plan_shard(&p, &b, 4, &si) == 0, "%s", tp_error_msg());
+    REQUIRE(plan_shard(&p, st_plan_tensor(&b), 4, &si) == 0, "%s", tp_error_msg());
     CHECK(si.local_cols == 3 && plan_shard_pieces(&si, 4, 3, pc) == 2 && pc[0].src_off == 3 && pc[0].width == 1 &&
               pc[1].src_off == 4 + 6 && pc[1].width == 2 && pc[1].dst_off == 1, "b pieces");
 }
@@ -171,29 +172,29 @@ TEST(bad_plan_packed_block_not_divisible) {
                           info2("single_transformer_blocks.0.attn.to_out.weight", 128, 128 + 385)};
     const st_tensor_info *ptr[2];
     static const plan_rule one[] = {{"single_transformer_blocks.*.attn.to_qkv_mlp_proj.weight", STYLE_PACKED_COLWISE,
-                                     "D,D,D,M,M"}};
+                                     "D,D,D,M,M", NULL}};
     plan q = p;
     q.rules = one, q.n_rules = 1;
     checkpoint c = mem_ckpt(t, ptr, 1);
-    CHECK(plan_validate(&q, &c, 2) == -1, "accepted");
+    CHECK(checkpoint_validate_plan(&c, &q, 2) == -1, "accepted");
     CHECK(strstr(tp_error_msg(), "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight") &&
               strstr(tp_error_msg(), "block 3 of size 385 is not divisible by tp 2"), "message: %s", tp_error_msg());
-    CHECK(plan_validate(&q, &c, 1) == 0, "tp 1 rejected: %s", tp_error_msg());
+    CHECK(checkpoint_validate_plan(&c, &q, 1) == 0, "tp 1 rejected: %s", tp_error_msg());
     json_decref(cfg);
 }
 
 TEST(bad_plan_colwise_rowwise_not_divisible) {
-    static const plan_rule rules[] = {{"c", STYLE_COLWISE, NULL}, {"r", STYLE_ROWWISE, NULL}};
+    static const plan_rule rules[] = {{"c", STYLE_COLWISE, NULL, NULL}, {"r", STYLE_ROWWISE, NULL, NULL}};
     plan p = {.model = "test", .rules = rules, .n_rules = 2};
     st_tensor_info t[] = {info2("c", 6, 8), info2("r", 8, 6)};
     const st_tensor_info *ptr[2];
     checkpoint c = mem_ckpt(t, ptr, 2);
-    CHECK(plan_validate(&p, &c, 4) == -1 && strstr(tp_error_msg(), "tensor 'c' (colwise): out_features 6 is not divisible by tp 4"),
+    CHECK(checkpoint_validate_plan(&c, &p, 4) == -1 && strstr(tp_error_msg(), "tensor 'c' (colwise): out_features 6 is not divisible by tp 4"),
           "%s", tp_error_msg());
     t[0] = info2("c", 8, 6);
-    CHECK(plan_validate(&p, &c, 4) == -1 && strstr(tp_error_msg(), "tensor 'r' (rowwise): in_features 6 is not divisible by tp 4"),
+    CHECK(checkpoint_validate_plan(&c, &p, 4) == -1 && strstr(tp_error_msg(), "tensor 'r' (rowwise): in_features 6 is not divisible by tp 4"),
           "%s", tp_error_msg());
-    CHECK(plan_validate(&p, &c, 2) == 0, "tp 2: %s", tp_error_msg());
+    CHECK(checkpoint_validate_plan(&c, &p, 2) == 0, "tp 2: %s", tp_error_msg());
 }
 
 TEST(bad_plan_glob_matches_nothing) {
@@ -201,7 +202,7 @@ TEST(bad_plan_glob_matches_nothing) {
     st_tensor_info t[] = {info2("other.w", 8, 8)};
     const st_tensor_info *ptr[1];
     checkpoint c = mem_ckpt(t, ptr, 1);
-    CHECK(plan_validate(&p, &c, 2) == -1 && strstr(tp_error_msg(), "rule 'blocks.*.w' (colwise) matches no tensor"),
+    CHECK(checkpoint_validate_plan(&c, &p, 2) == -1 && strstr(tp_error_msg(), "rule 'blocks.*.w' (colwise) matches no tensor"),
           "%s", tp_error_msg());
 }
 
@@ -210,17 +211,17 @@ TEST(bad_plan_two_stars) {
     st_tensor_info t[] = {info2("blocks.1.2", 8, 8)};
     const st_tensor_info *ptr[1];
     checkpoint c = mem_ckpt(t, ptr, 1);
-    CHECK(plan_validate(&p, &c, 2) == -1 && strstr(tp_error_msg(), "at most one '*'"), "%s", tp_error_msg());
+    CHECK(checkpoint_validate_plan(&c, &p, 2) == -1 && strstr(tp_error_msg(), "at most one '*'"), "%s", tp_error_msg());
 }
 
 TEST(bad_plan_blocks_do_not_add_up) {
-    static const plan_rule rules[] = {{"a", STYLE_PACKED_COLWISE, "X,X"}};
+    static const plan_rule rules[] = {{"a", STYLE_PACKED_COLWISE, "X,X", NULL}};
     plan p = {.model = "test", .rules = rules, .n_rules = 1};
     plan_add_symbol(&p, "X", 4);
     st_tensor_info t[] = {info2("a", 10, 2)};
     const st_tensor_info *ptr[1];
     checkpoint c = mem_ckpt(t, ptr, 1);
-    CHECK(plan_validate(&p, &c, 2) == -1 && strstr(tp_error_msg(), "tensor 'a': blocks X,X add up to 8"), "%s",
+    CHECK(checkpoint_validate_plan(&c, &p, 2) == -1 && strstr(tp_error_msg(), "tensor 'a': blocks X,X add up to 8"), "%s",
           tp_error_msg());
 }
 

@@ -86,12 +86,12 @@ static int plan_bytes(const char *label, const llm_config *base, const char *pre
     for (int tp = 1; !rc && tp <= 8; tp *= 2) {
         llm_plan p;
         rc = llm_plan_build(&c, tp, &p);
-        if (!rc) rc = plan_validate(&p.p, ck, tp);
+        if (!rc) rc = checkpoint_validate_plan(ck, &p.p, tp);
         uint64_t held = 0, sharded = 0;
         for (int i = 0; !rc && i < ck->n; i++) {
             if (!llm_want_tensor(ck->infos[i]->name, &want)) continue;
             shard_info si;
-            rc = plan_shard(&p.p, ck->infos[i], tp, &si);
+            rc = plan_shard(&p.p, st_plan_tensor(ck->infos[i]), tp, &si);
             uint64_t b = (uint64_t)si.local_rows * (uint64_t)si.local_cols * 2;
             held += b;
             if (si.style != STYLE_REPLICATED) sharded += b;

@@ -11,6 +11,7 @@
 #include "core/dist/dist.h"
 #include "core/formats/lora.h"
 #include "kernels/err.h"
+#include "core/models/model_plan.h"
 #include "kernels/ops.h"
 #include <fcntl.h>
 #include <jansson.h>
@@ -263,14 +264,14 @@ static int load_naive(const checkpoint *c, const plan *p, const load_opts *o, we
     memset(st, 0, sizeof *st);
     *w_out = NULL;
     double t0 = MPI_Wtime();
-    if (plan_validate(p, c, o->tp)) return -1;
+    if (checkpoint_validate_plan(c, p, o->tp)) return -1;
     tensor **ts = xcalloc((size_t)c->n, sizeof *ts);
     for (int k = 0; k < c->n; k++) {
         const st_file *f;
         const st_tensor_info *ti = checkpoint_find(c, c->infos[k]->name, &f);
         size_t sz = dtype_size(ti->dtype), nb = (size_t)(ti->end - ti->begin);
         shard_info si;
-        if (plan_shard(p, ti, o->tp, &si)) return -1;
+        if (plan_shard(p, st_plan_tensor(ti), o->tp, &si)) return -1;
         char *full = xmalloc(nb ? nb : 1);
         if (st_read_raw(f, ti, full)) { free(full); return -1; }
         st->bytes_read += nb;

@@ -280,3 +280,13 @@ int checkpoint_scan_finite(const checkpoint *c, int verbose) {
     free(f), free(raw);
     return n_bad;
 }
+
+int checkpoint_validate_plan(const checkpoint *c, const plan *p, int tp) {
+    plan_tensor *ts = xcalloc((size_t)(c->n ? c->n : 1), sizeof *ts);
+    for (int k = 0; k < c->n; k++) ts[k] = st_plan_tensor(c->infos[k]);
+    int rc = plan_validate(p, ts, c->n, c->dir, tp);
+    free(ts);
+    return rc;
+}
+
+int checkpoint_is_bfl(const checkpoint *c) { return c && checkpoint_find(c, "img_in.weight", NULL) != NULL; }

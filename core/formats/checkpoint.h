@@ -4,6 +4,7 @@
 #ifndef TPGEN_CHECKPOINT_H
 #define TPGEN_CHECKPOINT_H
 #include "safetensors.h"
+#include "plans/plan.h"
 #include <jansson.h>
 
 typedef struct model_dir {
@@ -47,6 +48,14 @@ void checkpoint_close(checkpoint *c);
  * else only the first; tp_error names the first), or -1 on a read error. */
 int checkpoint_scan_finite(const checkpoint *c, int verbose);
 const st_tensor_info *checkpoint_find(const checkpoint *c, const char *name, const st_file **file);
+
+/* A tensor as the plan engine sees it (name and shape). */
+static inline plan_tensor st_plan_tensor(const st_tensor_info *t) { return (plan_tensor){t->name, t->ndim, t->shape}; }
+/* plan_validate over every tensor of the checkpoint (p NULL: all replicated). */
+int checkpoint_validate_plan(const checkpoint *c, const plan *p, int tp);
+/* 1 when the checkpoint is a Black Forest Labs single-file FLUX.2
+ * transformer: it names its image embedder img_in (diffusers: x_embedder). */
+int checkpoint_is_bfl(const checkpoint *c);
 
 /* Whether a path is a directory / a regular file (following links). */
 int path_is_dir(const char *p);

@@ -420,10 +420,10 @@ int fp8_attach_scale(const checkpoint *c, int k, const shard_info *si, int tp, i
 
 /* ---- --quantize fp8 ---- */
 
-int fp8_quantize_eligible(const shard_info *si) {
-    const char *n = si->info->name;
-    return si->rule >= 0 && si->info->ndim == 2 && ends_with(n, ".weight") && !strstr(n, "embed") &&
-           (si->info->dtype == DT_BF16 || si->info->dtype == DT_F16 || si->info->dtype == DT_F32);
+int fp8_quantize_eligible(const st_tensor_info *t, const shard_info *si) {
+    const char *n = t->name;
+    return si->rule >= 0 && t->ndim == 2 && ends_with(n, ".weight") && !strstr(n, "embed") &&
+           (t->dtype == DT_BF16 || t->dtype == DT_F16 || t->dtype == DT_F32);
 }
 
 int fp8_quantize_tensor(tensor *t, const char *name) {

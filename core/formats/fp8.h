@@ -66,7 +66,7 @@ uint64_t fp8_scale_bytes(const checkpoint *c, int k, const shard_info *si, int t
 /* --quantize fp8: 1 when a loaded tensor should be quantised (a sharded
  * linear weight, as mixed fp8 files have them; embeddings, norms,
  * modulation, embedders and the final layer stay as they are). */
-int fp8_quantize_eligible(const shard_info *si);
+int fp8_quantize_eligible(const st_tensor_info *t, const shard_info *si);
 /* Replace t's data (bf16/f16/f32, on its backend) by E4M3 codes with one
  * absmax scale per row: s[r] = absmax(row)/448 (1 for an all-zero row),
  * code = fp8(clamp(x / s)). Works in bounded row chunks through the host. */

@@ -489,7 +489,7 @@ int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbo
     *out = NULL;
     if (n > LORA_MAX_ADAPTERS) return tp_error("at most %d LoRA adapters (got %d)", LORA_MAX_ADAPTERS, n);
     lora_set *s = xcalloc(1, sizeof *s);
-    int ck_bfl = plan_flux2_is_bfl(ck);
+    int ck_bfl = checkpoint_is_bfl(ck);
     for (int i = 0; i < n; i++) {
         lora_adapter *ad = &s->ad[s->n++];
         ad->path = xstrdup(specs[i].path);

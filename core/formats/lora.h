@@ -88,8 +88,8 @@ int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbo
 void lora_set_free(lora_set *s);
 
 /* The weights_load hook (load_opts.transform): merge every segment of the
- * tensor si->info into the rank's shard t (core/formats/lora_merge.c). */
-int lora_merge_shard(void *set, const shard_info *si, int tp, int rank, tensor *t);
+ * tensor ti into the rank's shard t (core/formats/lora_merge.c). */
+int lora_merge_shard(void *set, const st_tensor_info *ti, const shard_info *si, int tp, int rank, tensor *t);
 
 /* Bytes rank `rank` of tp reads from each adapter (bytes[adapter]) through
  * plan p, without reading: the same pieces the merge reads. */

@@ -201,14 +201,14 @@ static int chunk_store(tensor *v, const float *W, int threads) {
 }
 
 /* Merge (or, dry, count) every segment of si's tensor into the shard. */
-static int merge_rects(merge_ctx *M, const shard_info *si, int tp, int rank, tensor *t) {
+static int merge_rects(merge_ctx *M, const st_tensor_info *ti, const shard_info *si, int tp, int rank, tensor *t) {
     int lo, hi;
-    find_segments(M->s, si->info->name, &lo, &hi);
+    find_segments(M->s, ti->name, &lo, &hi);
     if (lo == hi) return 0;
-    if (dtype_is_fp8(si->info->dtype))
+    if (dtype_is_fp8(ti->dtype))
         return tp_error("the tensor is stored in fp8 (%s), and LoRA adapters are merged into bf16/f32 weights only; "
                         "use the bf16 checkpoint (with --quantize fp8 the adapters are merged first, then quantised)",
-                        dtype_name(si->info->dtype));
+                        dtype_name(ti->dtype));
     shard_piece pc[PLAN_MAX_PIECES];
     int np = plan_shard_pieces(si, si->style == STYLE_REPLICATED ? 1 : tp, rank, pc);
     float *W = NULL, *delta = NULL;
@@ -265,12 +265,12 @@ static int merge_rects(merge_ctx *M, const shard_info *si, int tp, int rank, ten
     return rc;
 }
 
-int lora_merge_shard(void *set, const shard_info *si, int tp, int rank, tensor *t) {
+int lora_merge_shard(void *set, const st_tensor_info *ti, const shard_info *si, int tp, int rank, tensor *t) {
     merge_ctx M = {.s = set};
-    int rc = merge_rects(&M, si, tp, rank, t);
+    int rc = merge_rects(&M, ti, si, tp, rank, t);
     cache_clear(&M);
     free(M.cache), free(M.raw);
-    if (rc) return tp_error_context("merging LoRA adapters into tensor '%s' (rank %d of tp %d)", si->info->name,
+    if (rc) return tp_error_context("merging LoRA adapters into tensor '%s' (rank %d of tp %d)", ti->name,
                                     rank, tp);
     return 0;
 }
@@ -283,9 +283,9 @@ int lora_estimate(const lora_set *s, const checkpoint *ck, const plan *p, int tp
     int rc = 0;
     for (int k = 0; k < ck->n && !rc; k++) {
         shard_info si;
-        if (plan_shard(p, ck->infos[k], tp, &si)) { rc = -1; break; }
+        if (plan_shard(p, st_plan_tensor(ck->infos[k]), tp, &si)) { rc = -1; break; }
         merge_ctx M = {.s = w, .dry = 1};
-        rc = merge_rects(&M, &si, tp, rank, NULL);
+        rc = merge_rects(&M, ck->infos[k], &si, tp, rank, NULL);
         free(M.cache);
     }
     for (int i = 0; i < s->n; i++) bytes[i] = w->ad[i].bytes_read, w->ad[i].bytes_read = saved[i];

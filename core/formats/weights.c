@@ -166,9 +166,9 @@ static load_path pick_path(const loader *L, dtype_t stored, dtype_t target) {
  * their bytes without locks). */
 static int prepare(loader *L, int k, wentry *e, const plan *p, job *j) {
     const st_tensor_info *ti = L->c->infos[k];
-    if (plan_shard(p, ti, p ? L->o->tp : 1, &j->si)) return -1;
+    if (plan_shard(p, st_plan_tensor(ti), p ? L->o->tp : 1, &j->si)) return -1;
     dtype_t dt = is_float(ti->dtype) ? L->o->dtype : ti->dtype;
-    j->quantize = L->o->quantize_fp8 && fp8_quantize_eligible(&j->si);
+    j->quantize = L->o->quantize_fp8 && fp8_quantize_eligible(ti, &j->si);
     if (j->quantize) dt = ti->dtype;   /* no upcast of what becomes fp8 */
     e->info = *ti;
     e->info.name = xstrdup(ti->name);
@@ -268,7 +268,7 @@ int weights_load(const checkpoint *c, const plan *p, const load_opts *o, weights
     double t0 = now_s();
     if (o->tp < 1 || o->rank < 0 || o->rank >= o->tp) return tp_error("bad shard: rank %d of tp %d", o->rank, o->tp);
     if (o->dtype != DT_F32 && o->dtype != DT_BF16) return tp_error("weights can be loaded as F32 or BF16 only");
-    if (p && plan_validate(p, c, o->tp)) return -1;
+    if (p && checkpoint_validate_plan(c, p, o->tp)) return -1;
     loader L = {.c = c, .o = o, .st = st, .cap = o->staging_cap ? o->staging_cap : WEIGHTS_STAGING_CAP};
     L.maps = xcalloc((size_t)c->n_files, sizeof *L.maps);
     int *order = xmalloc((size_t)(c->n ? c->n : 1) * sizeof *order);
@@ -288,7 +288,7 @@ int weights_load(const checkpoint *c, const plan *p, const load_opts *o, weights
     }
     if (!rc) rc = read_all(&L, jobs, w->n);
     for (int i = 0; i < w->n && !rc && o->transform; i++)
-        rc = o->transform(o->transform_ctx, &jobs[i].si, o->tp, o->rank, w->e[i].t);
+        rc = o->transform(o->transform_ctx, &w->e[i].info, &jobs[i].si, o->tp, o->rank, w->e[i].t);
     for (int i = 0; i < w->n && !rc; i++) {
         if (!jobs[i].quantize) continue;
         tensor *t = w->e[i].t;
@@ -317,15 +317,15 @@ int weights_estimate(const checkpoint *c, const plan *p, int tp, int rank, load_
 int weights_estimate_want(const checkpoint *c, const plan *p, int tp, int rank,
                           int (*want)(const char *name, void *ctx), void *want_ctx, load_estimate *out) {
     memset(out, 0, sizeof *out);
-    if (plan_validate(p, c, tp)) return -1;
+    if (checkpoint_validate_plan(c, p, tp)) return -1;
     for (int k = 0; k < c->n; k++) {
         if (want && !want(c->infos[k]->name, want_ctx)) continue;
         shard_info si;
-        if (plan_shard(p, c->infos[k], tp, &si)) return -1;
+        if (plan_shard(p, st_plan_tensor(c->infos[k]), tp, &si)) return -1;
         shard_piece pc[PLAN_MAX_PIECES];
         int np = plan_shard_pieces(&si, tp, rank, pc);
         uint64_t bytes = 0;
-        for (int j = 0; j < np; j++) bytes += (uint64_t)(pc[j].width * pc[j].height) * dtype_size(si.info->dtype);
+        for (int j = 0; j < np; j++) bytes += (uint64_t)(pc[j].width * pc[j].height) * dtype_size(c->infos[k]->dtype);
         bytes += fp8_scale_bytes(c, k, &si, tp);   /* fp8 scales held with the weight */
         if (si.style == STYLE_REPLICATED) out->bytes_replicated += bytes;
         else out->bytes_sharded += bytes, out->n_sharded++;

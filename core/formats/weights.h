@@ -29,7 +29,7 @@ typedef struct load_opts {
      * read (a LoRA merge: core/formats/lora.h): called on the calling thread, in
      * file order, with the plan's shard (rule, style, blocks) and the
      * rank; t holds the rank's local tensor in the target dtype. */
-    int (*transform)(void *ctx, const shard_info *si, int tp, int rank, tensor *t);
+    int (*transform)(void *ctx, const st_tensor_info *ti, const shard_info *si, int tp, int rank, tensor *t);
     void *transform_ctx;
     int quantize_fp8;           /* --quantize fp8: sharded linear weights become E4M3 + per-row scales (core/formats/fp8.h) */
 } load_opts;

@@ -5,7 +5,7 @@
 #include "kernels/err.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/lora.h"
-#include "plans/plan.h"
+#include "model_plan.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -276,7 +276,7 @@ json_t *flux2_transformer_config(const char *dir, char **where) {
     if (access(path, F_OK) == 0) {
         if (!(cfg = json_load_file(path, 0, &jerr)))
             tp_error("%s: cannot read the transformer config (%s, line %d)", path, jerr.text, jerr.line);
-    } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 && plan_flux2_is_bfl(ck)) {
+    } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 && checkpoint_is_bfl(ck)) {
         free(path);
         path = xasprintf("%s (config derived from the BFL checkpoint's tensor shapes)", dir);
         cfg = flux2_config_from_bfl(ck);
@@ -313,7 +313,7 @@ int flux2_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     if (!cfg_json) goto done;
     if (flux2_config_parse(cfg_json, cfg_path, &cfg) || model_new(&cfg, be, c, precision, &m)) goto done;
     if (checkpoint_open(dir, &ck)) goto done;
-    int bfl = plan_flux2_is_bfl(ck);
+    int bfl = checkpoint_is_bfl(ck);
     if (ck->n != expected_tensor_count(&cfg, bfl)) {
         /* name the first tensor the config expects and the file lacks */
         binder dry = {.m = m, .dir = dir, .bfl = bfl, .dry = 1, .ck = ck};

@@ -1,5 +1,6 @@
 /* The FLUX.2 forward pass (spec §4): timestep/guidance embedding, global
- * modulation, embedders, RoPE tables, the blocks (flux2_blocks.c) and the
+ * modulation, embedders, RoPE tables, the blocks (flux2_blocks.c, on the
+ * layers of flux2_layers.c) and the
  * output layer. Activation buffers are kept for the last (N, L) so that a
  * denoising loop allocates once; the context projection and the RoPE tables
  * are cached because they do not change across steps. */
@@ -9,41 +10,6 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- shared helpers ---- */
-
-void flux2_gemm(flux2_model *m, tensor *y, const tensor *x, const tensor *w) {
-    double t0 = MPI_Wtime();
-    op_gemm(m->be, y, x, w, NULL);
-    if (m->profiling) be_sync(m->be);
-    m->stats.gemm_seconds += MPI_Wtime() - t0;
-    m->stats.gemm_flops += 2.0 * (double)x->rows * (double)x->cols * (double)w->rows;
-    if (m->gemm_log) m->gemm_log(m->gemm_log_ctx, x->rows, w->rows, x->cols);
-}
-
-int flux2_allreduce(flux2_model *m, tensor *t) {
-    if (m->tp == 1) return 0;
-    if (m->profiling) be_sync(m->be);
-    double t0 = MPI_Wtime();
-    int rc = comm_allreduce_sum(m->comm, t);
-    if (m->profiling) be_sync(m->be);
-    m->stats.allreduce_seconds += MPI_Wtime() - t0;
-    m->stats.allreduces++;
-    m->stats.allreduce_bytes += tensor_nbytes(t);
-    return rc ? tp_error_context("flux2 forward: all-reduce of a [%lld, %lld] partial", (long long)t->rows,
-                                 (long long)t->cols) : 0;
-}
-
-void flux2_attention(flux2_model *m, tensor *o, const tensor *q, const tensor *k, const tensor *v) {
-    attn_params p = {.n_q_heads = m->heads_local, .n_kv_heads = m->heads_local, .head_dim = m->cfg.head_dim,
-                     .scale = 1.0f / sqrtf((float)m->cfg.head_dim)};
-    if (m->profiling) be_sync(m->be);
-    double t0 = MPI_Wtime();
-    op_attention(m->be, o, q, k, v, &p);
-    if (m->profiling) be_sync(m->be);
-    m->stats.attention_seconds += MPI_Wtime() - t0;
-    m->stats.attention_flops += 4.0 * (double)q->rows * (double)k->rows * m->cfg.head_dim * m->heads_local;
-}
 
 /* ---- workspace ---- */
 

@@ -1,5 +1,6 @@
-/* Private layout of flux2_model, shared by flux2.c (load, random init) and
- * flux2_forward.c. Weight tensors hold this rank's shard (plan_flux2):
+/* Private layout of flux2_model, shared by flux2.c (load, random init),
+ * flux2_forward.c, flux2_blocks.c and flux2_layers.c. Weight tensors hold
+ * this rank's shard (plan_flux2):
  * colwise Q/K/V [D/tp, D], packed linear_in [2M/tp, D] = [gate_k ; up_k],
  * rowwise outputs [D, D/tp] / [D, M/tp], packed single in-projection
  * [(3D+2M)/tp, D] = [Q_k ; K_k ; V_k ; gate_k ; up_k] and its out-projection
@@ -96,8 +97,9 @@ struct flux2_kv_cache {
 
 /* flux2_forward.c */
 void flux2_release_caches(flux2_model *m);
-/* helpers shared with flux2_blocks.c: GEMM with FLOP counting, the
- * all-reduce of a partial-sum buffer, attention over local heads */
+/* flux2_layers.c, used by the blocks and the forward pass: GEMM with FLOP
+ * counting, the all-reduce of a partial-sum buffer, attention over local
+ * heads */
 void flux2_gemm(flux2_model *m, tensor *y, const tensor *x, const tensor *w);
 int flux2_allreduce(flux2_model *m, tensor *t);
 void flux2_attention(flux2_model *m, tensor *o, const tensor *q, const tensor *k, const tensor *v);

@@ -50,30 +50,14 @@ const char *llm_arch_name(llm_arch a);
 
 /* The TP plan for degree tp (rule tables in plans/qwen3_plan.c and
  * plans/mistral_plan.c; globs are the table's suffixes behind the
- * checkpoint's prefix). The plan points into its own llm_plan: do not copy
- * an llm_plan after filling it. Fails when tp does not divide the query
- * heads or the MLP size. */
-#define LLM_PLAN_MAX_RULES 12
-typedef struct llm_plan {
-    plan p;
-    plan_rule rules[LLM_PLAN_MAX_RULES];
-    char globs[LLM_PLAN_MAX_RULES][160];
-} llm_plan;
-
-/* One row of a plan table: glob suffix, style, and when the rule applies. */
-typedef enum { LLM_RULE_ALWAYS = 0, LLM_RULE_IF_TP_DIVIDES_KV, LLM_RULE_IF_TP_DIVIDES_VOCAB } llm_rule_when;
-typedef struct llm_rule {
-    const char *suffix;
-    shard_style style;
-    llm_rule_when when;
-} llm_rule;
-
+ * checkpoint's prefix; symbols KV and V are the KV heads and the
+ * vocabulary). The plan points into its own llm_plan: do not copy an
+ * llm_plan after filling it. Fails when tp does not divide the query heads
+ * or the MLP size. */
+typedef plan_built llm_plan;
 int plan_qwen3(const llm_config *cfg, int tp, llm_plan *out);
 int plan_mistral(const llm_config *cfg, int tp, llm_plan *out);
 int llm_plan_build(const llm_config *cfg, int tp, llm_plan *out);   /* dispatches on arch */
-/* Shared by both plans: instantiate `table` for cfg's prefix and degree tp. */
-int llm_plan_fill(const llm_config *cfg, int tp, const char *model, const llm_rule *table, int n,
-                  llm_plan *out);
 
 /* Layer-selection filter for weights_load: the embedding table, layers
  * [0, n_run) and the final norm when with_norm; never lm_head or the

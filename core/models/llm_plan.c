@@ -15,35 +15,29 @@ void llm_shard_layout(const llm_config *c, int tp, int rank, int *nq_local, int 
     *vocab_sharded = c->vocab % tp == 0;
 }
 
-int llm_plan_fill(const llm_config *cfg, int tp, const char *model, const llm_rule *table, int n,
-                  llm_plan *out) {
+/* Both LLM tables: symbols for their conditional rules, divisors for the
+ * counts tp must divide (with a message naming the field). */
+static int llm_plan_fill(const llm_config *cfg, int tp, const plan_table *t, llm_plan *out) {
     memset(out, 0, sizeof *out);
     if (tp < 1) return tp_error("tensor-parallel degree must be >= 1 (got %d)", tp);
     if (cfg->n_heads % tp)
         return tp_error("%s text encoder: --tp %d does not divide num_attention_heads %d; use a tp that "
-                        "divides it", model, tp, cfg->n_heads);
+                        "divides it", t->model, tp, cfg->n_heads);
     if (cfg->ffn % tp)
         return tp_error("%s text encoder: --tp %d does not divide intermediate_size %d; use a tp that "
-                        "divides it", model, tp, cfg->ffn);
-    if (n > LLM_PLAN_MAX_RULES) return tp_error("%s plan: %d rules, at most %d", model, n, LLM_PLAN_MAX_RULES);
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        const llm_rule *r = &table[i];
-        if (r->when == LLM_RULE_IF_TP_DIVIDES_KV && cfg->n_kv_heads % tp) continue;
-        if (r->when == LLM_RULE_IF_TP_DIVIDES_VOCAB && cfg->vocab % tp) continue;
-        snprintf(out->globs[k], sizeof out->globs[k], "%s%s", cfg->prefix, r->suffix);
-        out->rules[k] = (plan_rule){out->globs[k], r->style, NULL};
-        k++;
-    }
-    out->p.model = model;
-    out->p.rules = out->rules;
-    out->p.n_rules = k;
-    out->p.n_divisors = 2;
-    out->p.div_names[0] = "num_attention_heads";
-    out->p.div_values[0] = cfg->n_heads;
-    out->p.div_names[1] = "intermediate_size";
-    out->p.div_values[1] = cfg->ffn;
-    return 0;
+                        "divides it", t->model, tp, cfg->ffn);
+    plan *p = &out->p;
+    p->model = t->model;
+    plan_add_symbol(p, "KV", cfg->n_kv_heads);
+    plan_add_symbol(p, "V", cfg->vocab);
+    plan_add_divisor(p, "num_attention_heads", cfg->n_heads);
+    plan_add_divisor(p, "intermediate_size", cfg->ffn);
+    return plan_use_table(out, t, cfg->prefix, tp);
+}
+
+int plan_qwen3(const llm_config *cfg, int tp, llm_plan *out) { return llm_plan_fill(cfg, tp, &plan_table_qwen3, out); }
+int plan_mistral(const llm_config *cfg, int tp, llm_plan *out) {
+    return llm_plan_fill(cfg, tp, &plan_table_mistral, out);
 }
 
 int llm_plan_build(const llm_config *cfg, int tp, llm_plan *out) {

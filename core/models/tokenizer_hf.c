@@ -1,5 +1,5 @@
-/* Loading a Hugging Face tokenizer.json ("fast" format) with jansson, and
- * tokenizer_config.json. Only what the FLUX.2 text encoders use is accepted:
+/* Building a tokenizer from a Hugging Face tokenizer.json ("fast" format),
+ * parsed by jansson (or scanned, tokenizer_scan.h). Only what the FLUX.2 text encoders use is accepted:
  * a BPE model over a ByteLevel alphabet, an optional NFC normaliser and a
  * Split(regex, Isolated) pre-tokenizer. Anything else is rejected with a
  * message rather than tokenised differently from the reference. */
@@ -8,107 +8,10 @@
 #include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
 
 /* GPT-2's pattern, used by a ByteLevel pre-tokenizer with use_regex = true */
 static const char *k_gpt2_pattern =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
-/* The whole file in memory: jansson's own file reader goes through getc. */
-static char *read_whole(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        tp_error("cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 20, n = 0, k;
-    char *buf = xmalloc(cap);
-    while ((k = fread(buf + n, 1, cap - n, f)) > 0)
-        if ((n += k) == cap) buf = xrealloc(buf, cap *= 2);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        tp_error("cannot read %s", path);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
-
-tokenizer *tok_load_json(const char *path, const char *config_path) { return tok_load_json_ex(path, config_path, 1); }
-
-tokenizer *tok_load_json_ex(const char *path, const char *config_path, int fast_scan) {
-    json_error_t jerr;
-    size_t len;
-    char *text = read_whole(path, &len);
-    if (!text) return NULL;
-    /* fast path: vocab and merges read directly, jansson parses the rest */
-    uint32_t byte_to_cp[256];
-    int16_t cp_to_byte[0x144];
-    byte_unicode_tables(byte_to_cp, cp_to_byte);
-    hf_fast fast = {0};
-    int have_fast = fast_scan && hf_fast_scan(text, &len, cp_to_byte, &fast) == 0;
-    if (fast_scan && !have_fast) hf_fast_free(&fast);
-    /* duplicate keys are errors on both paths: jansson would keep the last
-     * value, the scanner the first */
-    json_t *root = json_loadb(text, len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
-    free(text);
-    tokenizer *t = NULL;
-    if (!root)
-        tp_error("%s:%d:%d: cannot read the tokenizer file: %s", path, jerr.line, jerr.column, jerr.text);
-    else if (json_is_object(root) && json_object_get(root, "model"))
-        t = tok_from_hf_json(root, path, config_path, have_fast ? &fast : NULL);
-    else if (json_is_object(root) && json_is_array(json_object_get(root, "vocab")) && json_object_get(root, "config"))
-        t = tok_from_tekken_json(root, path, config_path);
-    else
-        tp_error("%s is neither a Hugging Face tokenizer.json (no \"model\" key) nor a mistral-common "
-                 "tekken.json (no \"config\" and \"vocab\")", path);
-    json_decref(root);
-    if (have_fast) hf_fast_free(&fast);
-    return t;
-}
-
-static int side_of(json_t *v, tokenizer_side *side, const char *key, const char *path) {
-    if (!v || json_is_null(v)) return 0;
-    const char *s = json_string_value(v);
-    if (s && !strcmp(s, "left")) *side = TOKENIZER_PAD_LEFT;
-    else if (s && !strcmp(s, "right")) *side = TOKENIZER_PAD_RIGHT;
-    else return tp_error("%s: %s must be \"left\" or \"right\"", path, key);
-    return 0;
-}
-
-/* transformers tokenizer classes whose class attribute padding_side is
- * "left" (used when the config does not say): the Llama fast tokenizer that
- * converted Mistral/Tekken tokenizers load as, and the mistral-common one */
-static int class_pads_left(const char *cls) {
-    static const char *const left[] = {"LlamaTokenizer", "LlamaTokenizerFast", "MistralCommonTokenizer",
-                                       "MistralCommonBackend"};
-    for (size_t i = 0; cls && i < sizeof left / sizeof *left; i++)
-        if (!strcmp(cls, left[i])) return 1;
-    return 0;
-}
-
-int tok_read_config(tokenizer *t, const char *config_path, char **pad_token, tokenizer_side default_side) {
-    *pad_token = NULL;
-    t->padding_side = default_side;
-    t->truncation_side = TOKENIZER_PAD_RIGHT; /* the transformers default */
-    if (!config_path) return 0;
-    json_error_t jerr;
-    /* configs carry huge integers (model_max_length 1e30) that only fit a double */
-    json_t *root = json_load_file(config_path, JSON_DECODE_INT_AS_REAL, &jerr);
-    if (!root) return tp_error("%s:%d:%d: cannot read the tokenizer config: %s", config_path, jerr.line, jerr.column, jerr.text);
-    int rc = 0;
-    if (class_pads_left(json_string_value(json_object_get(root, "tokenizer_class")))) t->padding_side = TOKENIZER_PAD_LEFT;
-    if (side_of(json_object_get(root, "padding_side"), &t->padding_side, "padding_side", config_path) ||
-        side_of(json_object_get(root, "truncation_side"), &t->truncation_side, "truncation_side", config_path))
-        rc = -1;
-    json_t *pad = json_object_get(root, "pad_token");
-    if (json_is_object(pad)) pad = json_object_get(pad, "content"); /* AddedToken form */
-    if (json_is_string(pad)) *pad_token = xstrdup(json_string_value(pad));
-    json_decref(root);
-    return rc;
-}
 
 /* Undo the byte-level mapping of a vocabulary key: each code point stands for
  * one byte. Returns the byte count, -1 for a code point outside the table. */

@@ -1,5 +1,6 @@
-/* Internals of the tokenizer shared by its loaders (tokenizer_hf.c,
- * tokenizer_tekken.c) and the encoder (tokenizer.c). Not a public API. */
+/* Internals of the tokenizer shared by its loaders (tokenizer_load.c over
+ * tokenizer_hf.c and tokenizer_tekken.c), the tables they build
+ * (tokenizer_vocab.c) and the encoder (tokenizer.c). Not a public API. */
 #ifndef TPGEN_TOKENIZER_INT_H
 #define TPGEN_TOKENIZER_INT_H
 #include "tokenizer.h"

@@ -1,12 +1,12 @@
 /* Tokenizer tables: id -> bytes, bytes -> id, merge pairs, added tokens,
- * plus loading dispatch and the small accessors. The hash tables are plain
+ * tokenizer_config.json's sides and pad token, and the small accessors:
+ * the builder both loaders (tokenizer_hf.c, tokenizer_tekken.c) fill. The hash tables are plain
  * open addressing with linear probing, sized to a load factor <= 1/2 at
  * reserve time, so the 150k-entry Qwen vocabulary loads without rehashing. */
 #include "tokenizer_int.h"
 #include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 void byte_unicode_tables(uint32_t byte_to_cp[256], int16_t cp_to_byte[0x144]) {
     for (int i = 0; i < 0x144; i++) cp_to_byte[i] = -1;
@@ -203,53 +203,6 @@ void tokenizer_free(tokenizer *t) {
     free(t);
 }
 
-static int file_exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static int dir_exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-tokenizer *tokenizer_load(const char *dir) {
-    if (file_exists(dir)) { /* a tokenizer.json or tekken.json named directly */
-        char *slash = strrchr(dir, '/');
-        char *cfg = xasprintf("%.*stokenizer_config.json", slash ? (int)(slash - dir + 1) : 0, dir);
-        tokenizer *t = tokenizer_load_files(dir, file_exists(cfg) ? cfg : NULL);
-        free(cfg);
-        return t;
-    }
-    if (!dir_exists(dir)) {
-        tp_error("tokenizer folder '%s' does not exist; pass --model with a pipeline folder (containing "
-                 "tokenizer/) or a folder holding tokenizer.json or tekken.json", dir);
-        return NULL;
-    }
-    char *sub = xasprintf("%s/tokenizer", dir);
-    const char *base = dir_exists(sub) ? sub : dir;
-    char *hf = xasprintf("%s/tokenizer.json", base);
-    char *tek = xasprintf("%s/tekken.json", base);
-    char *cfg = xasprintf("%s/tokenizer_config.json", base);
-    const char *config = file_exists(cfg) ? cfg : NULL;
-    tokenizer *t = NULL;
-    if (file_exists(hf)) t = tok_load_json(hf, config);
-    else if (file_exists(tek)) t = tok_load_json(tek, config);
-    else
-        tp_error("no tokenizer in '%s': neither %s nor %s exists (a FLUX.2 pipeline folder has "
-                 "tokenizer/tokenizer.json)", dir, hf, tek);
-    free(sub), free(hf), free(tek), free(cfg);
-    return t;
-}
-
-tokenizer *tokenizer_load_files(const char *json_path, const char *config_path) {
-    if (!file_exists(json_path)) {
-        tp_error("tokenizer file '%s' does not exist", json_path);
-        return NULL;
-    }
-    return tok_load_json(json_path, config_path);
-}
-
 tokenizer_family tokenizer_get_family(const tokenizer *t) { return t->family; }
 int tokenizer_vocab_size(const tokenizer *t) { return t->n_ids; }
 int tokenizer_pad_id(const tokenizer *t) { return t->pad_id; }
@@ -266,4 +219,47 @@ const char *tokenizer_token_bytes(const tokenizer *t, int id, int *len) {
     if (id < 0 || id >= t->n_ids || t->tok_len[id] < 0) return NULL;
     *len = t->tok_len[id];
     return t->arena + t->tok_off[id];
+}
+
+/* ---- tokenizer_config.json: padding and truncation sides, pad token ---- */
+
+static int side_of(json_t *v, tokenizer_side *side, const char *key, const char *path) {
+    if (!v || json_is_null(v)) return 0;
+    const char *s = json_string_value(v);
+    if (s && !strcmp(s, "left")) *side = TOKENIZER_PAD_LEFT;
+    else if (s && !strcmp(s, "right")) *side = TOKENIZER_PAD_RIGHT;
+    else return tp_error("%s: %s must be \"left\" or \"right\"", path, key);
+    return 0;
+}
+
+/* transformers tokenizer classes whose class attribute padding_side is
+ * "left" (used when the config does not say): the Llama fast tokenizer that
+ * converted Mistral/Tekken tokenizers load as, and the mistral-common one */
+static int class_pads_left(const char *cls) {
+    static const char *const left[] = {"LlamaTokenizer", "LlamaTokenizerFast", "MistralCommonTokenizer",
+                                       "MistralCommonBackend"};
+    for (size_t i = 0; cls && i < sizeof left / sizeof *left; i++)
+        if (!strcmp(cls, left[i])) return 1;
+    return 0;
+}
+
+int tok_read_config(tokenizer *t, const char *config_path, char **pad_token, tokenizer_side default_side) {
+    *pad_token = NULL;
+    t->padding_side = default_side;
+    t->truncation_side = TOKENIZER_PAD_RIGHT; /* the transformers default */
+    if (!config_path) return 0;
+    json_error_t jerr;
+    /* configs carry huge integers (model_max_length 1e30) that only fit a double */
+    json_t *root = json_load_file(config_path, JSON_DECODE_INT_AS_REAL, &jerr);
+    if (!root) return tp_error("%s:%d:%d: cannot read the tokenizer config: %s", config_path, jerr.line, jerr.column, jerr.text);
+    int rc = 0;
+    if (class_pads_left(json_string_value(json_object_get(root, "tokenizer_class")))) t->padding_side = TOKENIZER_PAD_LEFT;
+    if (side_of(json_object_get(root, "padding_side"), &t->padding_side, "padding_side", config_path) ||
+        side_of(json_object_get(root, "truncation_side"), &t->truncation_side, "truncation_side", config_path))
+        rc = -1;
+    json_t *pad = json_object_get(root, "pad_token");
+    if (json_is_object(pad)) pad = json_object_get(pad, "content"); /* AddedToken form */
+    if (json_is_string(pad)) *pad_token = xstrdup(json_string_value(pad));
+    json_decref(root);
+    return rc;
 }

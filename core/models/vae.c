@@ -2,7 +2,6 @@
  * flux2-text-vae.md §6.4) to the model, from a checkpoint or from random
  * values, and the latent BatchNorm statistics. */
 #include "vae_internal.h"
-#include <omp.h>
 #include "kernels/err.h"
 #include <math.h>
 #include <stdio.h>
@@ -10,43 +9,6 @@
 #include <string.h>
 
 #define NAME_MAX_LEN 160
-
-static const tensor *get_vec(vae_getter get, void *ctx, const char *name, int n) {
-    return get(ctx, name, 1, n, 0);
-}
-
-static int bind_resnet(vae_resnet *r, const char *prefix, int cin, int cout, vae_getter get, void *ctx) {
-    char n[NAME_MAX_LEN];
-    r->cin = cin;
-    r->cout = cout;
-#define VEC(field, suffix, len) \
-    (snprintf(n, sizeof n, "%s.%s", prefix, suffix), (r->field = get_vec(get, ctx, n, len)) != NULL)
-#define CONV(field, suffix, co, ci, k) \
-    (snprintf(n, sizeof n, "%s.%s", prefix, suffix), (r->field = get(ctx, n, co, (int64_t)(ci) * (k) * (k), k)) != NULL)
-    int ok = VEC(norm1_w, "norm1.weight", cin) && VEC(norm1_b, "norm1.bias", cin) &&
-             CONV(conv1_w, "conv1.weight", cout, cin, 3) && VEC(conv1_b, "conv1.bias", cout) &&
-             VEC(norm2_w, "norm2.weight", cout) && VEC(norm2_b, "norm2.bias", cout) &&
-             CONV(conv2_w, "conv2.weight", cout, cout, 3) && VEC(conv2_b, "conv2.bias", cout);
-    if (ok && cin != cout)
-        ok = CONV(short_w, "conv_shortcut.weight", cout, cin, 1) && VEC(short_b, "conv_shortcut.bias", cout);
-#undef VEC
-#undef CONV
-    return ok ? 0 : -1;
-}
-
-static int bind_attn(vae_attn *a, const char *prefix, int c, vae_getter get, void *ctx) {
-    char n[NAME_MAX_LEN];
-    a->c = c;
-#define VEC(field, suffix) (snprintf(n, sizeof n, "%s.%s", prefix, suffix), (a->field = get_vec(get, ctx, n, c)) != NULL)
-#define MAT(field, suffix) (snprintf(n, sizeof n, "%s.%s", prefix, suffix), (a->field = get(ctx, n, c, c, 0)) != NULL)
-    int ok = VEC(norm_w, "group_norm.weight") && VEC(norm_b, "group_norm.bias") &&
-             MAT(q_w, "to_q.weight") && VEC(q_b, "to_q.bias") && MAT(k_w, "to_k.weight") && VEC(k_b, "to_k.bias") &&
-             MAT(v_w, "to_v.weight") && VEC(v_b, "to_v.bias") && MAT(o_w, "to_out.0.weight") &&
-             VEC(o_b, "to_out.0.bias");
-#undef VEC
-#undef MAT
-    return ok ? 0 : -1;
-}
 
 /* Up block i uses reversed(block_out)[i] channels; its first resnet takes
  * the previous block's channels; all but the last block upsample. */
@@ -61,13 +23,13 @@ static int bind_up_blocks(vae_model *v, vae_getter get, void *ctx) {
         u->n_res = c->layers_per_block + 1;
         for (int j = 0; j < u->n_res; j++) {
             snprintf(n, sizeof n, "decoder.up_blocks.%d.resnets.%d", i, j);
-            if (bind_resnet(&u->res[j], n, j == 0 ? u->cin : u->cout, u->cout, get, ctx)) return -1;
+            if (vae_bind_resnet(&u->res[j], n, j == 0 ? u->cin : u->cout, u->cout, get, ctx)) return -1;
         }
         if (i < c->n_blocks - 1) {
             snprintf(n, sizeof n, "decoder.up_blocks.%d.upsamplers.0.conv.weight", i);
             if (!(u->up_w = get(ctx, n, u->cout, (int64_t)u->cout * 9, 3))) return -1;
             snprintf(n, sizeof n, "decoder.up_blocks.%d.upsamplers.0.conv.bias", i);
-            if (!(u->up_b = get_vec(get, ctx, n, u->cout))) return -1;
+            if (!(u->up_b = vae_vec(get, ctx, n, u->cout))) return -1;
         }
         prev = u->cout;
     }
@@ -79,21 +41,21 @@ int vae_bind(vae_model *v, vae_getter get, void *ctx) {
     int lc = c->latent_channels, top = c->block_out[c->n_blocks - 1];
     if (c->post_quant_conv &&
         (!(v->pq_w = get(ctx, "post_quant_conv.weight", lc, lc, 1)) ||
-         !(v->pq_b = get_vec(get, ctx, "post_quant_conv.bias", lc))))
+         !(v->pq_b = vae_vec(get, ctx, "post_quant_conv.bias", lc))))
         return -1;
     if (!(v->in_w = get(ctx, "decoder.conv_in.weight", top, (int64_t)lc * 9, 3)) ||
-        !(v->in_b = get_vec(get, ctx, "decoder.conv_in.bias", top)))
+        !(v->in_b = vae_vec(get, ctx, "decoder.conv_in.bias", top)))
         return -1;
-    if (bind_resnet(&v->mid_res[0], "decoder.mid_block.resnets.0", top, top, get, ctx) ||
-        bind_resnet(&v->mid_res[1], "decoder.mid_block.resnets.1", top, top, get, ctx))
+    if (vae_bind_resnet(&v->mid_res[0], "decoder.mid_block.resnets.0", top, top, get, ctx) ||
+        vae_bind_resnet(&v->mid_res[1], "decoder.mid_block.resnets.1", top, top, get, ctx))
         return -1;
-    if (c->mid_attention && bind_attn(&v->mid_attn, "decoder.mid_block.attentions.0", top, get, ctx)) return -1;
+    if (c->mid_attention && vae_bind_attn(&v->mid_attn, "decoder.mid_block.attentions.0", top, get, ctx)) return -1;
     if (bind_up_blocks(v, get, ctx)) return -1;
     int last = c->block_out[0];
-    if (!(v->out_norm_w = get_vec(get, ctx, "decoder.conv_norm_out.weight", last)) ||
-        !(v->out_norm_b = get_vec(get, ctx, "decoder.conv_norm_out.bias", last)) ||
+    if (!(v->out_norm_w = vae_vec(get, ctx, "decoder.conv_norm_out.weight", last)) ||
+        !(v->out_norm_b = vae_vec(get, ctx, "decoder.conv_norm_out.bias", last)) ||
         !(v->out_w = get(ctx, "decoder.conv_out.weight", c->out_channels, (int64_t)last * 9, 3)) ||
-        !(v->out_b = get_vec(get, ctx, "decoder.conv_out.bias", c->out_channels)))
+        !(v->out_b = vae_vec(get, ctx, "decoder.conv_out.bias", c->out_channels)))
         return -1;
     return 0;
 }
@@ -126,8 +88,8 @@ static int bn_prepare(vae_model *v, const tensor *mean_t, const tensor *var_t) {
 
 static int bind_all(vae_model *v, vae_getter get, void *ctx) {
     int n = vae_bn_channels(&v->cfg);
-    const tensor *mean = get_vec(get, ctx, "bn.running_mean", n);
-    const tensor *var = mean ? get_vec(get, ctx, "bn.running_var", n) : NULL;
+    const tensor *mean = vae_vec(get, ctx, "bn.running_mean", n);
+    const tensor *var = mean ? vae_vec(get, ctx, "bn.running_var", n) : NULL;
     if (!var) return -1;
     if ((v->parts & VAE_DECODER) && vae_bind(v, get, ctx)) return -1;
     if ((v->parts & VAE_ENCODER) && vae_bind_encoder(v, get, ctx)) return -1;
@@ -301,18 +263,6 @@ void vae_free(vae_model *v) {
 const vae_config *vae_get_config(const vae_model *v) { return &v->cfg; }
 void vae_set_band_bytes(vae_model *v, size_t bytes) { v->band_bytes = bytes; }
 void vae_set_profile(vae_model *v, double *seconds) { v->prof = seconds; }
-
-double vae_prof_begin(const vae_model *v) {
-    if (!v->prof) return 0;
-    be_sync(v->be);
-    return omp_get_wtime();
-}
-
-void vae_prof_end(const vae_model *v, int slot, double t0) {
-    if (!v->prof) return;
-    be_sync(v->be);
-    v->prof[slot] += omp_get_wtime() - t0;
-}
 
 size_t vae_weight_bytes(const vae_model *v) {
     size_t n = 0;

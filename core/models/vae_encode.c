@@ -8,7 +8,7 @@
  * (sample_mode "argmax") -> patchify 2x2 -> BatchNorm normalisation.
  *
  * It shares the ResNet and attention blocks and the activation pool with
- * the decoder (vae_decode.c), so the peak memory follows the same rule: the
+ * the decoder (vae_blocks.c), so the peak memory follows the same rule: the
  * widest ResNet at the highest resolution holds about four of its
  * activations (input kept for the residual, normalised copy, two convolution
  * outputs). */
@@ -19,39 +19,6 @@
 #include <string.h>
 
 #define NAME_LEN 160
-
-static const tensor *vec(vae_getter get, void *ctx, const char *name, int n) { return get(ctx, name, 1, n, 0); }
-
-/* the encoder's ResNets have the decoder's layout (norm1, conv1, norm2,
- * conv2, conv_shortcut when the width changes) */
-static int bind_res(vae_resnet *r, const char *p, int cin, int cout, vae_getter get, void *ctx) {
-    char n[NAME_LEN];
-    r->cin = cin;
-    r->cout = cout;
-#define V(field, suf, len) (snprintf(n, sizeof n, "%s.%s", p, suf), (r->field = vec(get, ctx, n, len)) != NULL)
-#define C(field, suf, co, ci, k) \
-    (snprintf(n, sizeof n, "%s.%s", p, suf), (r->field = get(ctx, n, co, (int64_t)(ci) * (k) * (k), k)) != NULL)
-    int ok = V(norm1_w, "norm1.weight", cin) && V(norm1_b, "norm1.bias", cin) && C(conv1_w, "conv1.weight", cout, cin, 3) &&
-             V(conv1_b, "conv1.bias", cout) && V(norm2_w, "norm2.weight", cout) && V(norm2_b, "norm2.bias", cout) &&
-             C(conv2_w, "conv2.weight", cout, cout, 3) && V(conv2_b, "conv2.bias", cout);
-    if (ok && cin != cout) ok = C(short_w, "conv_shortcut.weight", cout, cin, 1) && V(short_b, "conv_shortcut.bias", cout);
-#undef V
-#undef C
-    return ok ? 0 : -1;
-}
-
-static int bind_attn(vae_attn *a, const char *p, int c, vae_getter get, void *ctx) {
-    char n[NAME_LEN];
-    a->c = c;
-#define V(field, suf) (snprintf(n, sizeof n, "%s.%s", p, suf), (a->field = vec(get, ctx, n, c)) != NULL)
-#define M(field, suf) (snprintf(n, sizeof n, "%s.%s", p, suf), (a->field = get(ctx, n, c, c, 0)) != NULL)
-    int ok = V(norm_w, "group_norm.weight") && V(norm_b, "group_norm.bias") && M(q_w, "to_q.weight") &&
-             V(q_b, "to_q.bias") && M(k_w, "to_k.weight") && V(k_b, "to_k.bias") && M(v_w, "to_v.weight") &&
-             V(v_b, "to_v.bias") && M(o_w, "to_out.0.weight") && V(o_b, "to_out.0.bias");
-#undef V
-#undef M
-    return ok ? 0 : -1;
-}
 
 int vae_bind_encoder(vae_model *v, vae_getter get, void *ctx) {
     const vae_config *c = &v->cfg;
@@ -76,7 +43,7 @@ int vae_bind_encoder(vae_model *v, vae_getter get, void *ctx) {
     e->in_channels = 3;
     char n[NAME_LEN];
     if (!(e->in_w = get(ctx, "encoder.conv_in.weight", c->enc_block_out[0], 3 * 9, 3)) ||
-        !(e->in_b = vec(get, ctx, "encoder.conv_in.bias", c->enc_block_out[0])))
+        !(e->in_b = vae_vec(get, ctx, "encoder.conv_in.bias", c->enc_block_out[0])))
         return -1;
     int prev = c->enc_block_out[0];
     for (int i = 0; i < nb; i++) {
@@ -86,28 +53,28 @@ int vae_bind_encoder(vae_model *v, vae_getter get, void *ctx) {
         d->n_res = c->layers_per_block;
         for (int j = 0; j < d->n_res; j++) {
             snprintf(n, sizeof n, "encoder.down_blocks.%d.resnets.%d", i, j);
-            if (bind_res(&d->res[j], n, j == 0 ? d->cin : d->cout, d->cout, get, ctx)) return -1;
+            if (vae_bind_resnet(&d->res[j], n, j == 0 ? d->cin : d->cout, d->cout, get, ctx)) return -1;
         }
         if (i < nb - 1) {
             snprintf(n, sizeof n, "encoder.down_blocks.%d.downsamplers.0.conv.weight", i);
             if (!(d->down_w = get(ctx, n, d->cout, (int64_t)d->cout * 9, 3))) return -1;
             snprintf(n, sizeof n, "encoder.down_blocks.%d.downsamplers.0.conv.bias", i);
-            if (!(d->down_b = vec(get, ctx, n, d->cout))) return -1;
+            if (!(d->down_b = vae_vec(get, ctx, n, d->cout))) return -1;
         }
         prev = d->cout;
     }
-    if (bind_res(&e->mid_res[0], "encoder.mid_block.resnets.0", top, top, get, ctx) ||
-        bind_res(&e->mid_res[1], "encoder.mid_block.resnets.1", top, top, get, ctx))
+    if (vae_bind_resnet(&e->mid_res[0], "encoder.mid_block.resnets.0", top, top, get, ctx) ||
+        vae_bind_resnet(&e->mid_res[1], "encoder.mid_block.resnets.1", top, top, get, ctx))
         return -1;
-    if (c->mid_attention && bind_attn(&e->mid_attn, "encoder.mid_block.attentions.0", top, get, ctx)) return -1;
-    if (!(e->out_norm_w = vec(get, ctx, "encoder.conv_norm_out.weight", top)) ||
-        !(e->out_norm_b = vec(get, ctx, "encoder.conv_norm_out.bias", top)) ||
+    if (c->mid_attention && vae_bind_attn(&e->mid_attn, "encoder.mid_block.attentions.0", top, get, ctx)) return -1;
+    if (!(e->out_norm_w = vae_vec(get, ctx, "encoder.conv_norm_out.weight", top)) ||
+        !(e->out_norm_b = vae_vec(get, ctx, "encoder.conv_norm_out.bias", top)) ||
         !(e->out_w = get(ctx, "encoder.conv_out.weight", 2 * lc, (int64_t)top * 9, 3)) ||
-        !(e->out_b = vec(get, ctx, "encoder.conv_out.bias", 2 * lc)))
+        !(e->out_b = vae_vec(get, ctx, "encoder.conv_out.bias", 2 * lc)))
         return -1;
     if (c->quant_conv &&
         (!(e->qc_w = get(ctx, "quant_conv.weight", 2 * lc, 2 * lc, 1)) ||
-         !(e->qc_b = vec(get, ctx, "quant_conv.bias", 2 * lc))))
+         !(e->qc_b = vae_vec(get, ctx, "quant_conv.bias", 2 * lc))))
         return -1;
     return 0;
 }

@@ -104,6 +104,10 @@ static inline void vae_norm(vae_model *v, tensor *y, const tensor *x, const tens
  * k > 0: a conv weight, [rows, cols/(k*k), k, k] in the file; k == 0 and
  * rows == 1: a vector [cols]; otherwise a matrix [rows, cols]. */
 typedef const tensor *(*vae_getter)(void *ctx, const char *name, int64_t rows, int64_t cols, int k);
+/* a vector [n] */
+static inline const tensor *vae_vec(vae_getter get, void *ctx, const char *name, int n) {
+    return get(ctx, name, 1, n, 0);
+}
 
 /* Deterministic random values for tensor `name` (weights ~ U(+-sqrt(3/fan_in)),
  * norm scales near 1, small biases, BatchNorm statistics with mean near 0 and
@@ -117,8 +121,15 @@ int vae_bind(vae_model *v, vae_getter get, void *ctx);
  * (encoder.*, quant_conv.*; v->cfg set). */
 int vae_bind_encoder(vae_model *v, vae_getter get, void *ctx);
 
-/* The activation pool and the blocks the encoder shares with the decoder
- * (vae_decode.c). */
+/* vae_blocks.c: what the encoder shares with the decoder. Binding a ResNet
+ * (norm1, conv1, norm2, conv2, conv_shortcut when the width changes) or an
+ * attention block under `prefix`; the activation pool; the 3x3
+ * convolution, in bands of output rows when up (nearest 2x upsampling
+ * first) or when the output is large; the ResNet and attention forwards. */
+int vae_bind_resnet(vae_resnet *r, const char *prefix, int cin, int cout, vae_getter get, void *ctx);
+int vae_bind_attn(vae_attn *a, const char *prefix, int c, vae_getter get, void *ctx);
+int vae_conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h, int64_t wd,
+                     int up);
 int vae_pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out);
 void vae_pool_put(vae_model *v, const tensor *t);
 void vae_pool_release(vae_model *v);
