@@ -81,7 +81,7 @@ typedef struct lora_set {
 } lora_set;
 
 /* Open and validate the adapters against checkpoint ck (its names tell the
- * layout: BFL when plan_flux2_is_bfl). Reads headers and alpha scalars
+ * layout: BFL when checkpoint_is_bfl). Reads headers and alpha scalars
  * only. Errors name the adapter file and key. Warnings (DoRA keys dropped)
  * go to stderr when `verbose`. */
 int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out);
