@@ -399,6 +399,12 @@ TEST(bad_fp8_scales) {
     EXPECT_BAD("scale_shape_cols", "unknown layout", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.scale_weight", DT_F32, 2, 1, 4, g_four});
     EXPECT_BAD("scale_inf", "non-finite", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 0, 0, 0, &g_inf});
     EXPECT_BAD("scale_row_inf", "non-finite", {"a.weight", DT_F8_E4M3, 2, 3, 8, g_codes}, {"a.weight_scale", DT_F32, 1, 3, 0, (float[]){1, NAN, 2}});
+    /* a scale of 0 zeroes the layer, a negative one flips it, a huge one overflows f32 at the largest code
+     * (E4M3 448: the limit is FLT_MAX / 448 = 7.6e35; E5M2 57344: 5.9e33) */
+    EXPECT_BAD("scale_zero", "must be above 0", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 0, 0, 0, (float[]){0}});
+    EXPECT_BAD("scale_negative", "is -2 at element 1", {"a.weight", DT_F8_E4M3, 2, 3, 8, g_codes}, {"a.weight_scale", DT_F32, 1, 3, 0, (float[]){1, -2, 2}});
+    EXPECT_BAD("scale_overflow", "at most 7.6e+35", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 0, 0, 0, (float[]){1e36f}});
+    EXPECT_BAD("scale_overflow_e5m2", "E5M2 codes reach 57344", {"a.weight", DT_F8_E5M2, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 0, 0, 0, (float[]){1e34f}});
     EXPECT_BAD("two_spellings", "both", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 0, 0, 0, &g_one},
                {"a.scale_weight", DT_F32, 0, 0, 0, &g_one});
     EXPECT_BAD("orphan_scale", "belongs to no weight", {"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"b.scale_weight", DT_F32, 0, 0, 0, &g_one});
@@ -408,6 +414,44 @@ TEST(bad_fp8_scales) {
     CHECK(open_bad("good_per_channel", ok1, 2, NULL) == 0, "[4,1] scale: %s", tp_error_msg());
     const tw ok2[] = {{"a.weight", DT_F8_E5M2, 2, 4, 8, g_codes}, {"a.scale_weight", DT_F32, 1, 1, 0, &g_one}};
     CHECK(open_bad("good_per_tensor", ok2, 2, NULL) == 0, "[1] scale: %s", tp_error_msg());
+    const tw ok3[] = {{"a.weight", DT_F8_E4M3, 2, 4, 8, g_codes}, {"a.weight_scale", DT_F32, 0, 0, 0, (float[]){7e35f}}};
+    CHECK(open_bad("good_large_scale", ok3, 2, NULL) == 0, "scale 7e35 (448 x 7e35 < FLT_MAX): %s", tp_error_msg());
+}
+
+/* --scan-weights decodes fp8 codes: E4M3's NaN (0x7F, 0xFF), E5M2's Inf
+ * (0x7C, 0xFC) and NaN (0x7D..0x7F, 0xFD..0xFF) are found and named */
+static int scan_fp8(const char *tag, dtype_t dt, const uint8_t *codes, int64_t *first) {
+    char *dir = xasprintf("%s/%s", test_tmp_dir(), tag), *p = xasprintf("%s/model.safetensors", dir);
+    mkdir(dir, 0755);
+    st_write_tensor w[1] = {{"a.weight", dt, 2, {4, 8}, codes}};
+    checkpoint *c = NULL;
+    int rc = st_write(p, w, 1, NULL) || checkpoint_open(dir, &c) ? -1 : checkpoint_scan_finite(c, 0);
+    const char *at = strstr(tp_error_msg(), "first at element ");
+    *first = rc > 0 && at ? atoll(at + strlen("first at element ")) : -1;
+    checkpoint_close(c);
+    free(dir), free(p);
+    return rc;
+}
+
+TEST(scan_weights_fp8) {
+    uint8_t codes[32];
+    for (int i = 0; i < 32; i++) codes[i] = (uint8_t)(0x30 + i);   /* finite in both formats */
+    int64_t first;
+    CHECK(scan_fp8("scan_clean_e4m3", DT_F8_E4M3, codes, &first) == 0, "clean E4M3: %s", tp_error_msg());
+    CHECK(scan_fp8("scan_clean_e5m2", DT_F8_E5M2, codes, &first) == 0, "clean E5M2: %s", tp_error_msg());
+    static const struct { dtype_t dt; uint8_t code; } bad[] = {
+        {DT_F8_E4M3, 0x7F}, {DT_F8_E4M3, 0xFF}, {DT_F8_E5M2, 0x7C}, {DT_F8_E5M2, 0xFC}, {DT_F8_E5M2, 0x7E}, {DT_F8_E5M2, 0xFD}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t b[32];
+        memcpy(b, codes, sizeof b);
+        b[13] = bad[i].code;
+        int rc = scan_fp8("scan_bad", bad[i].dt, b, &first);
+        CHECK(rc == 1 && first == 13 && strstr(tp_error_msg(), "tensor 'a.weight'"), "%s code 0x%02X: rc %d, %s",
+              dtype_name(bad[i].dt), bad[i].code, rc, tp_error_msg());
+    }
+    /* 0x7E is a finite E4M3 value (448): not reported */
+    codes[5] = 0x7E;
+    CHECK(scan_fp8("scan_e4m3_max", DT_F8_E4M3, codes, &first) == 0, "E4M3 0x7E (448) reported: %s", tp_error_msg());
 }
 
 TEST(bad_fp8_hints) {

@@ -19,7 +19,9 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static char *gpath(const char *rel) { return xasprintf("%s/%s", test_golden_dir(), rel); }
 
@@ -605,6 +607,74 @@ TEST(bad_lora_alpha_and_values) {
     wt n[] = {A_("transformer.transformer_blocks.0.attn.to_q.lora_A.weight", 4, 128),
               {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", DT_BF16, 2, 128, 4, 0, 100 * 4 + 1}};
     expect_bad("nan", n, 2, NULL, "to_q.lora_B.weight", "non-finite", 1);
+}
+
+/* every scale is checked where it is read: PEFT metadata, patterns, rsLoRA, kohya alphas, the --lora weight */
+TEST(bad_lora_scales) {
+    wt q[] = {A_("transformer.transformer_blocks.0.attn.to_q.lora_A.weight", 4, 128),
+              B_("transformer.transformer_blocks.0.attn.to_q.lora_B.weight", 128, 4)};
+    const char *tiny_r[] = {"lora_adapter_metadata", "{\"transformer.r\": 1e-300, \"transformer.lora_alpha\": 4}", NULL};
+    expect_bad("peft_r_tiny", q, 2, tiny_r, "'r' must be a number of at least 1", NULL, 0);
+    const char *huge_a[] = {"lora_adapter_metadata", "{\"transformer.r\": 4, \"transformer.lora_alpha\": 1e300}", NULL};
+    expect_bad("peft_alpha_huge", q, 2, huge_a, "attn.to_q", "a LoRA scale must be finite and of magnitude at most", 0);
+    const char *pat0[] = {"lora_adapter_metadata",
+                          "{\"transformer.r\": 4, \"transformer.rank_pattern\": {\"to_q\": 0}}", NULL};
+    expect_bad("rank_pattern_0", q, 2, pat0, "rank 0 (rank_pattern)", NULL, 0);
+    const char *rs_neg[] = {"lora_adapter_metadata", "{\"transformer.r\": 4, \"transformer.use_rslora\": true, "
+                            "\"transformer.rank_pattern\": {\"attn.to_q\": -4}}", NULL};
+    expect_bad("rslora_negative_rank", q, 2, rs_neg, "rank -4 (rank_pattern)", NULL, 0);
+    wt k[] = {A_("lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", 4, 128),
+              B_("lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", 128, 4),
+              {"lora_unet_double_blocks_0_img_attn_proj.alpha", DT_F32, 0, 0, 0, 1e38f, -1}};
+    expect_bad("kohya_alpha_huge", k, 3, NULL, "img_attn_proj", "magnitude at most", 0);
+    /* the rank is bounded by the module's widths */
+    wt r[] = {A_("transformer.transformer_blocks.0.attn.to_q.lora_A.weight", 200, 128),
+              B_("transformer.transformer_blocks.0.attn.to_q.lora_B.weight", 128, 200)};
+    expect_bad("rank_too_large", r, 2, NULL, "rank 200 is larger", NULL, 0);
+    /* one module under its diffusers and its BFL name: merged twice before */
+    wt two[] = {A_("transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight", 4, 128),
+                B_("transformer.transformer_blocks.0.attn.to_out.0.lora_B.weight", 128, 4),
+                A_("transformer.double_blocks.0.img_attn.proj.lora_A.weight", 4, 128),
+                B_("transformer.double_blocks.0.img_attn.proj.lora_B.weight", 128, 4)};
+    expect_bad("module_twice", two, 4, NULL, "both target tensor 'transformer_blocks.0.attn.to_out.0.weight'", NULL, 0);
+    /* finite matrices whose product overflows: found in the merged shard, naming adapter and module */
+    wt big[] = {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", DT_F32, 2, 4, 128, 1e30f, -1},
+                {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", DT_F32, 2, 128, 4, 1e30f, -1}};
+    expect_bad("merged_inf", big, 2, NULL, "after the merge of", "module transformer_blocks.0.attn.to_q", 1);
+    /* --lora weights: finite and at most 1e6 */
+    lora_spec sp;
+    CHECK(lora_spec_parse("f.safetensors:1e300", &sp) != 0 && strstr(tp_error_msg(), "at most"), "1e300: %s",
+          tp_error_msg());
+    CHECK(lora_spec_parse("f.safetensors:1e6", &sp) == 0, "1e6 refused: %s", tp_error_msg());
+    lora_specs_free(&sp, 1);
+}
+
+/* lora_alpha 0 is PEFT's no-op: accepted, with a warning that names the adapter */
+TEST(lora_alpha_zero_warns) {
+    wt q[] = {A_("transformer.transformer_blocks.0.attn.to_q.lora_A.weight", 4, 128),
+              B_("transformer.transformer_blocks.0.attn.to_q.lora_B.weight", 128, 4)};
+    const char *meta[] = {"lora_adapter_metadata", "{\"transformer.r\": 4, \"transformer.lora_alpha\": 0}", NULL};
+    char *path = write_adapter("alpha0", q, 2, meta), *dir = gpath("flux2-tiny-a/model/transformer");
+    char *log = xasprintf("%s/alpha0.log", test_tmp_dir());
+    checkpoint *ck = NULL;
+    lora_set *ls = NULL;
+    lora_spec sp = {path, 1.0};
+    REQUIRE(checkpoint_open(dir, &ck) == 0, "%s", tp_error_msg());
+    fflush(stderr);
+    int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    int rc = lora_set_open(&sp, 1, ck, 1, &ls);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(fd), close(saved);
+    char text[1024] = {0};
+    FILE *f = fopen(log, "r");
+    if (f) { size_t n = fread(text, 1, sizeof text - 1, f); text[n] = 0; fclose(f); }
+    CHECK(rc == 0 && ls && ls->ad[0].scale == 0, "alpha 0: rc %d, %s", rc, tp_error_msg());
+    CHECK(strstr(text, "warning") && strstr(text, path) && strstr(text, "scale 0"), "no warning: '%s'", text);
+    lora_set_free(ls);
+    checkpoint_close(ck);
+    free(dir), free(path), free(log);
 }
 
 TEST(bad_lora_text_encoder_and_extras) {

@@ -242,7 +242,8 @@ const st_tensor_info *checkpoint_find(const checkpoint *c, const char *name, con
     return NULL;
 }
 
-/* ---- finiteness of the weights (tpgen inspect --scan-weights, tpgen check) ---- */
+/* ---- finiteness of the weights (tpgen inspect --scan-weights, tpgen check): float
+ * tensors and fp8 codes ---- */
 
 int checkpoint_scan_finite(const checkpoint *c, int verbose) {
     const size_t chunk = 1u << 22;   /* elements per read: bounded memory for any tensor size */
@@ -251,15 +252,20 @@ int checkpoint_scan_finite(const checkpoint *c, int verbose) {
     int n_bad = 0;
     for (int k = 0; k < c->n; k++) {
         const st_tensor_info *t = c->infos[k];
-        if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16 && t->dtype != DT_F64) continue;
+        int fp8 = dtype_is_fp8(t->dtype);
+        if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16 && t->dtype != DT_F64 && !fp8) continue;
         const st_file *file = c->files[c->file_of[k]];
         size_t es = dtype_size(t->dtype), n = (size_t)(t->end - t->begin) / es;
         int64_t first = -1, count = 0;
         for (size_t o = 0; o < n; o += chunk) {
             size_t m = n - o < chunk ? n - o : chunk;
-            if (st_read_range(file, t->begin + o * es, raw, m * es) || convert_to_f32(f, raw, t->dtype, m)) {
+            if (st_read_range(file, t->begin + o * es, raw, m * es) || (!fp8 && convert_to_f32(f, raw, t->dtype, m))) {
                 free(f), free(raw);
                 return -1;
+            }
+            if (fp8) {   /* decode the codes: E4M3 NaN is S.1111.111, E5M2 has Inf and NaN as IEEE */
+                const float *tab = fp8_table(t->dtype);
+                for (size_t i = 0; i < m; i++) f[i] = tab[((const uint8_t *)raw)[i]];
             }
             for (int64_t i = first_nonfinite_f32(f, m); i >= 0 && (size_t)i < m; i++) {
                 if ((((const uint32_t *)(const void *)f)[i] & 0x7f800000u) != 0x7f800000u) continue;

@@ -43,7 +43,7 @@ typedef struct checkpoint {
 int checkpoint_open(const char *dir, checkpoint **out);
 void checkpoint_close(checkpoint *c);
 /* Look a tensor up: NULL when absent; *file set when found. */
-/* Read every float tensor and look for NaN/Inf (in chunks, any size).
+/* Read every float and fp8 tensor and look for NaN/Inf (in chunks, any size).
  * Returns how many tensors hold one (each printed to stderr when verbose,
  * else only the first; tp_error names the first), or -1 on a read error. */
 int checkpoint_scan_finite(const checkpoint *c, int verbose);

@@ -5,6 +5,7 @@
 #include "kernels/err.h"
 #include "kernels/ops.h"
 #include <jansson.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,22 @@ static int read_scalar_like(const checkpoint *c, int k, float **vals, int64_t *n
     return 0;
 }
 
+/* A weight scale multiplies every decoded code: it must be positive (0
+ * silently zeroes the layer, a negative one flips its sign) and small
+ * enough that the largest code times it stays finite in f32 (and so in
+ * bf16, which has f32's range). */
+static int check_weight_scales(const checkpoint *c, int k, const st_tensor_info *w, const float *v, int64_t n) {
+    double lim = (double)FLT_MAX / fp8_max(w->dtype);
+    for (int64_t i = 0; i < n; i++) {
+        if (v[i] > 0 && (double)v[i] <= lim) continue;
+        return tp_error("%s: scale tensor '%s' of fp8 weight '%s' is %g at element %lld; a weight scale must be "
+                        "above 0 and at most %.3g (larger ones overflow: %s codes reach %g); the checkpoint is "
+                        "corrupt (re-download or re-quantise it)", c->files[c->file_of[k]]->path, c->infos[k]->name, w->name,
+                        (double)v[i], (long long)i, lim, dtype_name(w->dtype), (double)fp8_max(w->dtype));
+    }
+    return 0;
+}
+
 static void shape_str(const st_tensor_info *t, char *buf, size_t n) {
     size_t k = (size_t)snprintf(buf, n, "[");
     for (int d = 0; d < t->ndim && k < n; d++) k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
@@ -265,6 +282,7 @@ static int scan_weight(scan *S, int kw) {
         if (scale_layout(c, ks, w, L)) return -1;
         int64_t n;
         if (read_scalar_like(c, ks, &L->values, &n)) return -1;
+        if (check_weight_scales(c, ks, w, L->values, n)) return -1;
         L->scale = c->infos[ks];
         S->info->n_scaled++;
     } else {

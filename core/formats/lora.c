@@ -30,7 +30,9 @@ int lora_spec_parse(const char *arg, lora_spec *out) {
         char *end;
         double w = strtod(colon + 1, &end);
         if (!*end) {
-            if (!isfinite(w)) return tp_error("--lora %s: the weight must be a finite number", arg);
+            if (!isfinite(w) || fabs(w) > LORA_MAX_SCALE)
+                return tp_error("--lora %s: the weight must be a finite number of magnitude at most %g", arg,
+                                LORA_MAX_SCALE);
             out->weight = w;
             out->path = xasprintf("%.*s", (int)(colon - arg), arg);
         }
@@ -288,11 +290,12 @@ static int peft_cfg_read(const st_file *f, peft_cfg *c) {
     if (!(c->meta = json_loads(s, 0, &je)) || !json_is_object(c->meta))
         return tp_error("%s: metadata lora_adapter_metadata is not a JSON object (%s)", f->path, je.text);
     json_t *r = meta_field(c->meta, "r"), *a = meta_field(c->meta, "lora_alpha");
-    if (!json_is_number(r) || !(json_number_value(r) > 0))
-        return tp_error("%s: lora_adapter_metadata has no positive 'r'", f->path);
+    if (!json_is_number(r) || !(json_number_value(r) >= 1) || !isfinite(json_number_value(r)))
+        return tp_error("%s: lora_adapter_metadata: 'r' must be a number of at least 1 (the rank)", f->path);
     c->have = 1;
     c->r = json_number_value(r);
     c->alpha = json_is_number(a) ? json_number_value(a) : c->r;
+    if (!isfinite(c->alpha)) return tp_error("%s: lora_adapter_metadata: 'lora_alpha' is not finite", f->path);
     c->rslora = json_is_true(meta_field(c->meta, "use_rslora"));
     if (json_is_true(meta_field(c->meta, "use_dora")))
         return tp_error("%s: lora_adapter_metadata says use_dora: DoRA adapters are not supported (only plain "
@@ -314,12 +317,20 @@ static json_t *pattern_lookup(json_t *pat, const char *module) {
     return NULL;
 }
 
-static double peft_scale(const peft_cfg *c, const char *module) {
-    if (!c->have) return 1.0;
+static int peft_scale(const peft_cfg *c, const lora_adapter *ad, const char *module, double *out) {
+    *out = 1.0;
+    if (!c->have) return 0;
     json_t *rv = pattern_lookup(c->rank_pat, module), *av = pattern_lookup(c->alpha_pat, module);
-    double r = json_is_number(rv) ? json_number_value(rv) : c->r;
-    double a = json_is_number(av) ? json_number_value(av) : c->alpha;
-    return c->rslora ? a / sqrt(r) : a / r;
+    if (rv && !json_is_number(rv)) return tp_error("%s: module %s: its rank_pattern entry is not a number", ad->path, module);
+    if (av && !json_is_number(av)) return tp_error("%s: module %s: its alpha_pattern entry is not a number", ad->path, module);
+    double r = rv ? json_number_value(rv) : c->r;
+    double a = av ? json_number_value(av) : c->alpha;
+    if (!(r >= 1) || !isfinite(r))
+        return tp_error("%s: module %s: rank %g (%s); a rank is at least 1", ad->path, module, r,
+                        rv ? "rank_pattern" : "'r'");
+    if (!isfinite(a)) return tp_error("%s: module %s: alpha %g (alpha_pattern) is not finite", ad->path, module, a);
+    *out = c->rslora ? a / sqrt(r) : a / r;
+    return 0;
 }
 
 static int read_alpha(lora_adapter *ad, const st_tensor_info *t, double *out) {
@@ -365,6 +376,16 @@ static int cmp_seg(const void *x, const void *y) {
     const lora_segment *a = x, *b = y;
     int c = strcmp(a->tensor, b->tensor);
     return c ? c : (a->adapter - b->adapter);
+}
+
+/* A segment of adapter ai already aimed at rows of `tensor` overlapping [row0, row0 + n). */
+static const lora_segment *find_overlap(const lora_set *s, int ai, const char *tensor, int64_t row0, int64_t n) {
+    for (int i = 0; i < s->n_seg; i++) {
+        const lora_segment *g = &s->seg[i];
+        if (g->adapter == ai && !strcmp(g->tensor, tensor) && g->row0 < row0 + n && row0 < g->row0 + g->nrows)
+            return g;
+    }
+    return NULL;
 }
 
 static void push_seg(lora_set *s, lora_segment g) {
@@ -422,6 +443,7 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
                         "merged as a plain LoRA\n", ad->path, ad->n_dora_dropped);
     if (n_rec == 0) { tp_error("%s: no LoRA matrices in the file", ad->path); goto done; }
     ad->scale = -1;
+    int n_zero = 0;
     for (int i = 0; i < n_rec; i++) {
         module_rec *r = &rec[i];
         if (check_ab(ad, r)) goto done;
@@ -431,7 +453,21 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
             if (read_alpha(ad, r->alpha, &alpha)) goto done;
             scale = alpha / (double)rank;
         } else if (ad->fmt == LORA_FMT_PEFT) {
-            scale = peft_scale(&pc, r->name);
+            if (peft_scale(&pc, ad, r->name, &scale)) goto done;
+        }
+        double coef = ad->weight * scale;
+        if (!isfinite(coef) || fabs(coef) > LORA_MAX_SCALE) {
+            tp_error("%s: module %s: scale %g (alpha / rank%s) x weight %g = %g; a LoRA scale must be finite and of "
+                     "magnitude at most %g (the file's alpha or rank metadata is wrong)", ad->path, r->name, scale,
+                     pc.rslora && !r->alpha ? " with rsLoRA: alpha / sqrt(rank)" : "", ad->weight, coef, LORA_MAX_SCALE);
+            goto done;
+        }
+        if (coef == 0) n_zero++;
+        if (rank > r->a->shape[1] || rank > r->b->shape[0]) {
+            tp_error("%s: module %s: rank %lld is larger than the module's input (%lld) or output (%lld) width; the "
+                     "matrices are not a low-rank adapter", ad->path, r->name, (long long)rank,
+                     (long long)r->a->shape[1], (long long)r->b->shape[0]);
+            goto done;
         }
         /* module names: kohya's '_' spelling, else diffusers or BFL names */
         target tg[3];
@@ -468,6 +504,14 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         }
         for (int j = 0; j < nt; j++) {
             const st_tensor_info *ti = checkpoint_find(ck, tg[j].tensor, NULL);
+            const lora_segment *twice = find_overlap(s, ai, ti->name, tg[j].row0, tg[j].nrows);
+            if (twice) {
+                tp_error("%s: modules %s and %s both target tensor '%s' (rows %lld..%lld); the file names one "
+                         "module twice (diffusers and BFL names?), so it would be merged twice", ad->path, twice->module,
+                         r->name, ti->name, (long long)tg[j].row0, (long long)(tg[j].row0 + tg[j].nrows - 1));
+                for (int q = j; q < nt; q++) free(tg[q].tensor);
+                goto done;
+            }
             push_seg(s, (lora_segment){.adapter = ai, .tensor = xstrdup(ti->name), .row0 = tg[j].row0, .nrows = tg[j].nrows,
                                        .a = r->a, .b = r->b, .brow0 = tg[j].brow0, .rank = rank,
                                        .coef = ad->weight * scale, .module = xstrdup(r->name)});
@@ -477,6 +521,9 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         ad->scale = ad->scale < 0 ? scale : (ad->scale == scale ? scale : NAN);
         ad->n_modules++;
     }
+    if (n_zero && verbose)
+        fprintf(stderr, "tpgen: warning: %s: %d of %d modules have scale 0 (lora_alpha 0 or --lora weight 0), so they "
+                        "change nothing\n", ad->path, n_zero, ad->n_modules);
     rc = 0;
 done:
     for (int i = 0; i < n_rec; i++) free(rec[i].name);

@@ -26,6 +26,9 @@
 #include <stdint.h>
 
 #define LORA_MAX_ADAPTERS 16
+/* the largest |weight x alpha / rank| accepted: real adapters are far below
+ * (scales of 0.1 to 100); beyond it the merge is noise or overflows */
+#define LORA_MAX_SCALE 1e6
 
 /* What the user asked for: --lora FILE[:WEIGHT] or a run-spec entry. */
 typedef struct lora_spec {

@@ -200,6 +200,23 @@ static int chunk_store(tensor *v, const float *W, int threads) {
     return 0;
 }
 
+/* A merged weight that is not finite: name the adapters and modules that
+ * touch the element (global row r, column c) of the tensor. */
+static int nonfinite_error(const lora_set *s, int lo, int hi, int64_t r, int64_t c, float v) {
+    char who[512];
+    size_t k = 0;
+    who[0] = 0;
+    for (int i = lo; i < hi && k + 8 < sizeof who; i++) {
+        const lora_segment *g = &s->seg[i];
+        if (r < g->row0 || r >= g->row0 + g->nrows) continue;
+        k += (size_t)snprintf(who + k, sizeof who - k, "%s%s (module %s, coefficient %g)", k ? ", " : "",
+                              s->ad[g->adapter].path, g->module, g->coef);
+    }
+    return tp_error("element [%lld, %lld] is %g after the merge of %s; the adapter's values or its scale are too "
+                    "large for this weight (check the file, or lower its --lora weight)", (long long)r, (long long)c,
+                    (double)v, k ? who : "the adapters");
+}
+
 /* Merge (or, dry, count) every segment of si's tensor into the shard. */
 static int merge_rects(merge_ctx *M, const st_tensor_info *ti, const shard_info *si, int tp, int rank, tensor *t) {
     int lo, hi;
@@ -256,6 +273,11 @@ static int merge_rects(merge_ctx *M, const st_tensor_info *ti, const shard_info 
                 int64_t ne = (a1 - a0) * R.nc;
 #pragma omp parallel for num_threads(nth) if (nth > 1 && ne > 65536)
                 for (int64_t i = 0; i < ne; i++) dst[i] += coef * delta[i];
+            }
+            int64_t bad = first_nonfinite_f32(W, (size_t)(n * R.nc));
+            if (bad >= 0) {
+                rc = nonfinite_error(M->s, lo, hi, R.grow0 + c0 + bad / R.nc, R.gcol0 + bad % R.nc, W[bad]);
+                break;
             }
             if (chunk_store(&view, W, nth)) rc = -1;
         }
