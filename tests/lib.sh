@@ -9,7 +9,7 @@ expect_fail() {
     local out rc
     out=$("$@" 2>&1); rc=$?
     if [ $rc -eq 0 ]; then fail "$name: exited 0"; return; fi
-    if [ $rc -ge 128 ] || echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|runtime error'; then
+    if [ $rc -ge 128 ] || echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|LeakSanitizer|runtime error'; then
         fail "$name: crashed (rc $rc): $(echo "$out" | tail -3)"; return
     fi
     if echo "$out" | grep -qE -- "$pat"; then ok "$name"; else fail "$name: message did not match '$pat': $(echo "$out" | tail -3)"; fi

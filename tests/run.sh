@@ -11,8 +11,12 @@ export TPGEN_TESTS=${TPGEN_TESTS:-$PWD/build/tpgen_tests}
 # golden data: the repository's own (tests/data/golden), unpacked into build/golden
 export TPGEN_GOLDEN=${TPGEN_GOLDEN:-$PWD/build/golden}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-# Open MPI itself leaks at exit; sanitizer runs check memory errors, not leaks
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+# sanitized runs check leaks too; tests/lsan.supp names the only allocations
+# allowed to stay (Open MPI's, PMIx's and hwloc's own)
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+TPGEN_ASAN_TESTS=${TPGEN_ASAN_TESTS:-$PWD/build-asan/tpgen_tests}
 export MPIRUN="mpirun --oversubscribe --allow-run-as-root --bind-to none --mca btl_vader_single_copy_mechanism none"
 filter=${1:-}
 log=$(mktemp)
@@ -32,6 +36,16 @@ for np in 1 2 4; do
     echo "# MPI tests, $np ranks"
     run $MPIRUN -np $np "$TPGEN_TESTS" --mpi $filter
 done
+# the same tests on the ASan + UBSan + LeakSanitizer build: memory errors,
+# undefined behaviour and leaks fail them
+if [ -x "$TPGEN_ASAN_TESTS" ]; then
+    echo "# unit tests, sanitized"
+    run "$TPGEN_ASAN_TESTS" $filter
+    echo "# MPI tests, 2 ranks, sanitized"
+    run $MPIRUN -np 2 "$TPGEN_ASAN_TESTS" --mpi $filter
+else
+    echo "FAIL - sanitized tests: $TPGEN_ASAN_TESTS is missing (make asan builds it)" | tee -a "$log"
+fi
 for f in tests/sh/*.sh; do
     [ -e "$f" ] || continue
     case "$f" in *"$filter"*) ;; *) continue ;; esac
@@ -42,7 +56,7 @@ done
 passed=$(grep -c '^ok - ' "$log")
 failed=$(grep -c '^FAIL - ' "$log")
 # a test binary or script that died without reporting counts as a failure
-if grep -qE 'AddressSanitizer|runtime error:|Segmentation fault|core dumped' "$log"; then
+if grep -qE 'AddressSanitizer|LeakSanitizer|runtime error:|Segmentation fault|core dumped' "$log"; then
     echo "FAIL - a test process crashed or a sanitizer reported an error (see above)"
     failed=$((failed + 1))
 fi

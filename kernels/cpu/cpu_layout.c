@@ -24,12 +24,13 @@ void cpu_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t 
     }
 }
 
-/* each value twice: d[j] = (s[j], s[j]) */
-static void dup16(uint32_t *restrict d, const uint16_t *restrict s, int64_t n) {
-    for (int64_t j = 0; j < n; j++) d[j] = (uint32_t)s[j] * 0x10001u;
+/* each value twice: d[2j] = d[2j+1] = s[j] (element stores: an odd column
+ * offset leaves d aligned only to its element size) */
+static void dup16(uint16_t *restrict d, const uint16_t *restrict s, int64_t n) {
+    for (int64_t j = 0; j < n; j++) d[2 * j] = d[2 * j + 1] = s[j];
 }
-static void dup32(uint64_t *restrict d, const uint32_t *restrict s, int64_t n) {
-    for (int64_t j = 0; j < n; j++) d[j] = (uint64_t)s[j] * 0x100000001ull;
+static void dup32(uint32_t *restrict d, const uint32_t *restrict s, int64_t n) {
+    for (int64_t j = 0; j < n; j++) d[2 * j] = d[2 * j + 1] = s[j];
 }
 
 void cpu_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd) {
@@ -44,8 +45,8 @@ void cpu_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t 
             for (int64_t i = 0; i < h; i++) {
                 const char *src = (const char *)row_ptr(x, c) + (size_t)(i * wd) * (bf ? 2 : 4);
                 char *d0 = (char *)row_ptr(y, c) + (size_t)(2 * i * W2) * (bf ? 2 : 4);
-                if (bf) dup16((uint32_t *)d0, (const uint16_t *)src, wd);
-                else dup32((uint64_t *)d0, (const uint32_t *)src, wd);
+                if (bf) dup16((uint16_t *)d0, (const uint16_t *)src, wd);
+                else dup32((uint32_t *)d0, (const uint32_t *)src, wd);
                 memcpy(d0 + (size_t)W2 * (bf ? 2 : 4), d0, (size_t)W2 * (bf ? 2 : 4));
             }
         return;

@@ -64,7 +64,7 @@ once() { # NAME PATTERN ARGS...
     out=$($RUN2 "$@" 2>&1); rc=$?
     n=$(echo "$out" | grep -c 'tpgen: error')
     if [ $rc -eq 0 ]; then fail "$name: exited 0"; return; fi
-    if echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|runtime error'; then fail "$name: crashed"; return; fi
+    if echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|LeakSanitizer|runtime error'; then fail "$name: crashed"; return; fi
     if [ "$n" -ne 1 ]; then fail "$name: the error was printed $n times"; return; fi
     if echo "$out" | grep -qE -- "$pat"; then ok "$name"; else fail "$name: message did not match '$pat': $(echo "$out" | grep 'tpgen: error')"; fi
 }

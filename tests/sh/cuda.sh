@@ -17,7 +17,7 @@ per_rank() {
     local name=$1; shift
     local out
     out=$($MPIRUN -np 2 bash -c '"$@"; echo "rank-exit ${OMPI_COMM_WORLD_RANK:-0} $?"' _ "$@" 2>&1)
-    if echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|runtime error'; then
+    if echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|LeakSanitizer|runtime error'; then
         fail "$name: crashed: $(echo "$out" | tail -3)"; return
     fi
     local zero nerr

@@ -153,7 +153,7 @@ bad_cases() {   # bad_cases BIN PREFIX
 bad_cases "$TPGEN" ""
 ASAN=$TPGEN_ROOT/build-asan
 if [ -x "$ASAN/tpgen" ]; then
-    export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+    export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1   # ASAN_OPTIONS and LSAN_OPTIONS (leaks on) come from tests/run.sh
     bad_cases "$ASAN/tpgen" "asan_"
 else
     fail "fp8 sanitizer runs: build-asan/ not found (make asan)"

@@ -24,7 +24,7 @@ once() { # NAME PATTERN ARGS...
     out=$($RUN2 "$@" 2>&1); rc=$?
     n=$(echo "$out" | grep -c 'tpgen: error')
     if [ $rc -eq 0 ]; then fail "$name: exited 0"; return; fi
-    if echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|runtime error'; then
+    if echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|LeakSanitizer|runtime error'; then
         fail "$name: crashed: $(echo "$out" | tail -3)"; return
     fi
     if [ "$n" -ne 1 ]; then fail "$name: the error was printed $n times"; return; fi

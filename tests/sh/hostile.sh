@@ -151,7 +151,7 @@ expect_fail "hostile_decode_height_wrap" "metadata height='4294967360' is not an
 # the same bad input under the sanitizers
 ASAN=$TPGEN_ROOT/build-asan
 if [ -x "$ASAN/tpgen" ]; then
-    export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+    export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1   # ASAN_OPTIONS and LSAN_OPTIONS (leaks on) come from tests/run.sh
     # memory bounds are for the plain binary (ASan adds its shadow and quarantine)
     bounded() { local name=$1 pat=$2; shift 4; expect_fail "$name" "$pat" "$@"; }
     bad_cases "$ASAN/tpgen" "asan_"

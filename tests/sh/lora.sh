@@ -160,7 +160,7 @@ bad_cases() {   # BINARY PREFIX
 bad_cases "$TPGEN" ""
 ASAN=$TPGEN_ROOT/build-asan
 if [ -x "$ASAN/tpgen" ] && [ -x "$ASAN/tpgen_tests" ]; then
-    export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+    export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1   # ASAN_OPTIONS and LSAN_OPTIONS (leaks on) come from tests/run.sh
     bad_cases "$ASAN/tpgen" "asan_"
     out=$("$ASAN/tpgen_tests" bad_lora 2>&1); rc=$?
     n=$(echo "$out" | grep -c '^ok - ')

@@ -249,9 +249,9 @@ if [ -x "$ASAN/tpgen" ]; then
     if start_server "$TMP/sa.log" "$ASAN/tpgen"; then
         "$PY" "$CLIENT" bad "$PORT" | sed 's/^\(ok\|FAIL\) - /\1 - asan: /'
         stop_server; rc=$?
-        ! grep -qE "AddressSanitizer|runtime error" "$TMP/sa.log" && [ $rc -eq 0 ] &&
+        ! grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$TMP/sa.log" && [ $rc -eq 0 ] &&
             ok "asan: bad requests leave no sanitizer report, clean exit" ||
-            fail "asan: rc $rc: $(grep -E -A3 'AddressSanitizer|runtime error' "$TMP/sa.log" | head -5)"
+            fail "asan: rc $rc: $(grep -E -A3 'AddressSanitizer|LeakSanitizer|runtime error' "$TMP/sa.log" | head -5)"
     else fail "asan serve: not ready: $(tail -5 "$TMP/sa.log")"; fi
 else
     fail "sanitizer runs: build-asan/ not found (make test builds it; or run 'make asan')"
