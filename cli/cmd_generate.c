@@ -4,6 +4,7 @@
  * message printed once, before any weight is read. */
 #include "commands.h"
 #include "generate.h"
+#include "core/dist/watchdog.h"
 #include "kernels/err.h"
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +20,7 @@ static int setup(run_spec *s, gen_setup *g, dist *d, int argc, char **argv) {
     if (!rc) rc = runspec_check(s);
     if (dist_agree(d->world, rc)) return -1;
     if (dist_agree(d->world, dist_set_tp(d, s->tp))) return -1;
+    watchdog_start(d->world_rank, d->dp_rank, d->dp_rank * d->tp, d->tp, s->watchdog);
     if (dist_agree(d->world, gen_setup_init(g, s, d))) return -1;
     return gen_skip_existing(g);
 }
@@ -45,6 +47,7 @@ int cmd_generate(int argc, char **argv) {
         if (!rc) rc = gen_report(&g, &m, rc);
     }
     if (rc) dist_report_error(d.world);
+    watchdog_stop();
     gen_setup_free(&g);
     runspec_free(&spec);
     dist_finalize(&d);

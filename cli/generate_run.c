@@ -3,6 +3,7 @@
  * its shard), and per job: denoising in lockstep across the TP group, then
  * on the group's first rank the latents file, VAE decode and PNG. */
 #include "generate.h"
+#include "core/dist/watchdog.h"
 #include "kernels/err.h"
 #include "core/image/png.h"
 #include "core/formats/safetensors.h"
@@ -151,15 +152,19 @@ static int run_job(run_state *r, int job) {
         .neg_embeds = g->use_cfg ? r->neg_embeds : NULL, .on_step = on_step, .ctx = r,
     };
     j.images = runspec_job_images(s, job, &j.n_images);
+    double t0 = gen_now();
+    watchdog_phase_set(WD_STEPS, "denoising");   /* each step is a progress point (core/pipeline.c) */
     int rc = flux2_pipe_render(r->pipe, &j, latents);
     if (!rc) {
         int mine = 0;
+        watchdog_phase_set(WD_STARTUP, "decoding and writing the image on the group's first rank");
         if (g->d->tp_rank == 0) {   /* the group's first rank writes the files */
             if (s->save_latents) mine = save_latents(r, job, latents);
             if (!mine && g->write_png) mine = decode_and_write(r, job, latents);
         }
         rc = agree_tp(r, mine);
     }
+    watchdog_job(gen_now() - t0);
     free(latents);
     if (!rc) r->m->jobs_done++;
     return rc ? tp_error_context("job %d (seed %llu)", job, (unsigned long long)runspec_job_seed(s, job)) : 0;
@@ -202,7 +207,9 @@ int gen_run(gen_setup *g, gen_metrics *m) {
     /* the first chunk runs on every group (maybe empty), so that loading
      * errors are agreed by the whole world before any image is rendered */
     int last = chunk_end(&r, 0);
+    watchdog_phase_set(WD_STARTUP, "encoding the prompts");
     if (!rc) rc = dist_agree(d->world, encode_prompts(&r, 0, last));
+    watchdog_phase_set(WD_STARTUP, "loading the transformer");
     if (!rc) rc = dist_agree(d->world, flux2_pipe_load(r.pipe));
     /* TP groups may have different numbers of jobs and chunks: from here on
      * errors are agreed inside the group, and the world agrees at the end */
@@ -210,10 +217,13 @@ int gen_run(gen_setup *g, gen_metrics *m) {
     for (int first = last; !rc && !job_rc && first < g->n_my_jobs; first = last) {
         last = chunk_end(&r, first);
         flux2_pipe_unload(r.pipe);
+        watchdog_phase_set(WD_STARTUP, "encoding the next prompts");
         job_rc = agree_tp(&r, encode_prompts(&r, first, last));
+        watchdog_phase_set(WD_STARTUP, "loading the transformer again");
         if (!job_rc) job_rc = agree_tp(&r, flux2_pipe_load(r.pipe));
         if (!job_rc) job_rc = run_chunk(&r, first, last);
     }
+    watchdog_phase_set(WD_WAIT_GROUPS, "waiting for the other data-parallel groups to finish their jobs");
     if (!rc) rc = dist_agree(d->world, job_rc);
     if (r.pipe) take_stats(&r);
     flux2_pipe_free(r.pipe);

@@ -55,6 +55,8 @@ static const key_def k_keys[] = {
     {"max_sequence_length", K_INT, OFF(max_sequence_length), 1, 8192, NULL, "N", "text tokens per prompt (default 512)", 0, 0},
     {"prompts_file", K_STR, OFF(prompts_file), 0, 0, NULL, "FILE",
      "prompts, one per line (UTF-8; blank lines skipped), instead of --prompt / prompts:", 0, 0},
+    {"watchdog", K_FLOAT, OFF(watchdog), 0, 1e7, NULL, "S",
+     "seconds without progress (a dead or silent rank) before the job ends (default: 10x the slowest step, at least 60; loading and the first step: 1800; 0: off)", 0, 0},
     {"skip_existing", K_BOOL, OFF(skip_existing), 0, 0, NULL, NULL,
      "do not render jobs whose outputs (PNG, and latents file with --save-latents) exist already: a re-queued batch "
      "renders only what is missing", 0, 0},
@@ -73,6 +75,7 @@ static const key_def k_keys[] = {
 void runspec_init(run_spec *s) {
     memset(s, 0, sizeof *s);
     s->guidance = -1;
+    s->watchdog = -1;
 }
 
 static void free_list(char **l, int n) {

@@ -34,6 +34,7 @@ typedef struct run_spec {
     int max_sequence_length;     /* 0: 512 */
     char *prompts_file;          /* one prompt per line, instead of prompts: */
     int skip_existing;           /* do not render jobs whose outputs all exist */
+    double watchdog;             /* seconds without progress before a rank ends the job; < 0: automatic, 0: off */
     char *spec_path;             /* the spec file read, if any */
     lora_spec loras[LORA_MAX_ADAPTERS];  /* --lora FILE[:W] (repeatable) or loras: [{path, weight}] */
     int n_loras;

@@ -8,6 +8,7 @@
  * bf16(bf16(t)/1000), dt·v is rounded to bf16 before it is added to the
  * fp32-upcast sample, and the sum is rounded to bf16. */
 #include "pipeline.h"
+#include "core/dist/watchdog.h"
 #include "kernels/err.h"
 #include <mpi.h>
 #include <stdlib.h>
@@ -159,6 +160,7 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
                           (long long)(bad % (int64_t)C));
             break;
         }
+        watchdog_step(MPI_Wtime() - t0);   /* a progress point for the rank's watchdog */
         if (p->on_step && p->on_step(i, p->steps, MPI_Wtime() - t0, v, x, p->ctx))
             rc = tp_error("denoising stopped at step %d of %d", i + 1, p->steps);
     }
