@@ -59,11 +59,13 @@ int gen_skip_existing(gen_setup *g);
 
 typedef struct gen_metrics {
     double t_start;
-    double t_encode, t_load, t_denoise, t_decode, t_write;
+    double t_encode, t_te_load, t_load, t_denoise, t_decode, t_write;   /* t_encode without t_te_load */
     double t_refs;               /* reference images: read, preprocess, VAE-encode, broadcast */
     int refs_encoded;            /* references this rank encoded */
-    uint64_t bytes_loaded;       /* this rank: transformer + text encoder */
-    double load_seconds;         /* time spent in the loaders (this rank) */
+    uint64_t bytes_loaded;       /* this rank: the transformer */
+    double load_seconds;         /* time spent in the transformer's loader (this rank) */
+    uint64_t te_bytes_loaded;    /* this rank: the text encoder */
+    double te_load_seconds;      /* time spent in the text encoder's loader */
     int steps_total;
     double step_seconds;         /* summed over steps */
     int images, latents;         /* files written by this rank */

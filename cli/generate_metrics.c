@@ -27,14 +27,19 @@ static double peak_rss_bytes(void) {
     return (double)ru.ru_maxrss * 1024.0;   /* Linux reports KiB */
 }
 
-enum { PH_ENCODE, PH_LOAD, PH_REFS, PH_DENOISE, PH_DECODE, PH_WRITE, PH_TOTAL, N_PH };
-/* "refs": reading, preprocessing and VAE-encoding the reference images */
-static const char *k_phase[N_PH] = {"encode", "load", "refs", "denoise", "decode", "write", "total"};
+enum { PH_TE_LOAD, PH_ENCODE, PH_LOAD, PH_REFS, PH_DENOISE, PH_DECODE, PH_WRITE, PH_TOTAL, N_PH };
+/* "text_encoder_load": loading the text encoder (not part of "encode");
+ * "load": the transformer and the VAE; "refs": reading, preprocessing and
+ * VAE-encoding the reference images */
+static const char *k_phase[N_PH] = {"text_encoder_load", "encode", "load", "refs", "denoise", "decode", "write",
+                                    "total"};
+static const char *k_label[N_PH] = {"te load", "encode", "load", "refs", "denoise", "decode", "write", "total"};
 
 typedef struct summary {
     double phase[N_PH];      /* max over ranks */
-    double bytes_loaded;     /* sum over ranks */
-    double load_seconds;     /* max over ranks */
+    double bytes_loaded;     /* transformer: sum over ranks */
+    double load_seconds;     /* transformer: reading, max over ranks */
+    double te_bytes_loaded, te_load_seconds;   /* text encoder: the same */
     double steps, step_seconds, images, latents;  /* sums (steps: over TP-group leads) */
     double rendered, skipped;    /* jobs, summed over TP-group leads */
     double refs_encoded;         /* reference images encoded, summed */
@@ -43,16 +48,20 @@ typedef struct summary {
 
 static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     MPI_Comm w = g->d->world;
-    double ph[N_PH] = {m->t_encode, m->t_load, m->t_refs, m->t_denoise, m->t_decode, m->t_write, gen_now() - m->t_start};
+    double ph[N_PH] = {m->t_te_load, m->t_encode, m->t_load, m->t_refs, m->t_denoise, m->t_decode, m->t_write,
+                       gen_now() - m->t_start};
     MPI_Reduce(ph, s->phase, N_PH, MPI_DOUBLE, MPI_MAX, 0, w);
     int lead = g->d->tp_rank == 0;
-    double sums[7] = {(double)m->bytes_loaded, lead ? m->steps_total : 0, lead ? m->step_seconds : 0,
-                      m->images, m->latents, lead ? m->jobs_done : 0, lead ? g->n_skipped : 0};
-    double tot[7];
-    MPI_Reduce(sums, tot, 7, MPI_DOUBLE, MPI_SUM, 0, w);
+    double sums[8] = {(double)m->bytes_loaded, lead ? m->steps_total : 0, lead ? m->step_seconds : 0,
+                      m->images, m->latents, lead ? m->jobs_done : 0, lead ? g->n_skipped : 0,
+                      (double)m->te_bytes_loaded};
+    double tot[8];
+    MPI_Reduce(sums, tot, 8, MPI_DOUBLE, MPI_SUM, 0, w);
     s->bytes_loaded = tot[0], s->steps = tot[1], s->step_seconds = tot[2], s->images = tot[3], s->latents = tot[4];
-    s->rendered = tot[5], s->skipped = tot[6];
-    MPI_Reduce(&m->load_seconds, &s->load_seconds, 1, MPI_DOUBLE, MPI_MAX, 0, w);
+    s->rendered = tot[5], s->skipped = tot[6], s->te_bytes_loaded = tot[7];
+    double secs[2] = {m->load_seconds, m->te_load_seconds}, mx[2];
+    MPI_Reduce(secs, mx, 2, MPI_DOUBLE, MPI_MAX, 0, w);
+    s->load_seconds = mx[0], s->te_load_seconds = mx[1];
     double re = m->refs_encoded;
     MPI_Reduce(&re, &s->refs_encoded, 1, MPI_DOUBLE, MPI_SUM, 0, w);
     double rss = peak_rss_bytes();
@@ -71,11 +80,16 @@ static void print_summary(const gen_setup *g, const summary *s) {
                s->rendered == 1 ? "" : "s", s->skipped);
     for (int i = 0; i < PH_TOTAL; i++) {
         if (i == PH_REFS && !g->has_refs) continue;
-        printf("  %-8s %9.3f s", k_phase[i], s->phase[i]);
+        if (i == PH_TE_LOAD && s->te_bytes_loaded == 0) continue;
+        printf("  %-8s %9.3f s", k_label[i], s->phase[i]);
         if (i == PH_REFS) printf("   %.0f reference image%s encoded", s->refs_encoded, s->refs_encoded == 1 ? "" : "s");
+        /* GB/s over the reading time (the slowest rank's), printed beside it so that the line adds up */
+        if (i == PH_TE_LOAD && s->te_load_seconds > 0)
+            printf("   text encoder: %.4g GB read by %d ranks in %.4g s, %.3g GB/s", s->te_bytes_loaded / 1e9,
+                   g->d->world_size, s->te_load_seconds, s->te_bytes_loaded / 1e9 / s->te_load_seconds);
         if (i == PH_LOAD && s->load_seconds > 0)
-            printf("   %.3f GB read by %d ranks, %.2f GB/s", s->bytes_loaded / 1e9, g->d->world_size,
-                   s->bytes_loaded / 1e9 / s->load_seconds);
+            printf("   transformer: %.4g GB read by %d ranks in %.4g s, %.3g GB/s", s->bytes_loaded / 1e9,
+                   g->d->world_size, s->load_seconds, s->bytes_loaded / 1e9 / s->load_seconds);
         if (i == PH_DENOISE && s->steps > 0) printf("   %.0f steps, %.3f s/it", s->steps, s->step_seconds / s->steps);
         printf("\n");
     }
@@ -84,6 +98,8 @@ static void print_summary(const gen_setup *g, const summary *s) {
     printf("\n");
     fflush(stdout);
 }
+
+static double gb_per_s(double bytes, double seconds) { return seconds > 0 ? bytes / 1e9 / seconds : 0.0; }
 
 static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
     const run_spec *sp = g->spec;
@@ -98,9 +114,14 @@ static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
                           "guidance", sp->guidance, "seconds", ph,
                           "seconds_per_step", s->steps > 0 ? s->step_seconds / s->steps : 0.0,
                           "bytes_loaded", (json_int_t)s->bytes_loaded,
-                          "load_gb_per_s", s->load_seconds > 0 ? s->bytes_loaded / 1e9 / s->load_seconds : 0.0,
+                          "load_gb_per_s", gb_per_s(s->bytes_loaded, s->load_seconds),
                           "images", (int)s->images, "latents_files", (int)s->latents, "jobs_rendered",
                           (int)s->rendered, "jobs_skipped", (int)s->skipped, "peak_rss_bytes", rss);
+    /* each load's bytes (all ranks), reading seconds (slowest rank) and their ratio */
+    json_object_set_new(j, "load_read_seconds", json_real(s->load_seconds));
+    json_object_set_new(j, "text_encoder_bytes_loaded", json_integer((json_int_t)s->te_bytes_loaded));
+    json_object_set_new(j, "text_encoder_read_seconds", json_real(s->te_load_seconds));
+    json_object_set_new(j, "text_encoder_gb_per_s", json_real(gb_per_s(s->te_bytes_loaded, s->te_load_seconds)));
     json_object_set_new(j, "loras", loras ? loras : json_array());
     /* the reference images: every distinct file with its sha256 and processed size */
     json_t *refs = json_array();

@@ -185,8 +185,10 @@ static int run_chunk(run_state *r, int first, int last) {
 static void take_stats(run_state *r) {
     const flux2_pipe_stats *st = flux2_pipe_get_stats(r->pipe);
     gen_metrics *m = r->m;
-    m->t_encode += st->t_encode, m->t_load += st->t_load, m->t_refs += st->t_refs, m->t_denoise += st->t_denoise;
+    m->t_encode += st->t_encode, m->t_te_load += st->t_te_load, m->t_load += st->t_load, m->t_refs += st->t_refs;
+    m->t_denoise += st->t_denoise;
     m->bytes_loaded += st->bytes_loaded, m->load_seconds += st->load_seconds, m->refs_encoded += st->refs_encoded;
+    m->te_bytes_loaded += st->te_bytes_loaded, m->te_load_seconds += st->te_load_seconds;
     m->steps_total += st->steps, m->step_seconds += st->step_seconds;
     gen_lora_loaded(r->g, st->lora_bytes);
 }

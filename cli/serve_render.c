@@ -193,7 +193,7 @@ void serve_render(void *ctx, const serve_request *q, serve_job *out) {
         gs.ref_files = q->image_names, gs.n_ref_files = q->n_images, gs.ref_sha256 = refs.sha;
     }
     const flux2_pipe_stats *st = flux2_pipe_get_stats(sc->pipe);
-    double t_enc = st->t_encode, t_den = st->t_denoise, s_steps = st->step_seconds;
+    double t_enc = st->t_encode + st->t_te_load, t_den = st->t_denoise, s_steps = st->step_seconds;
     int n_steps = st->steps;
     uint64_t hits = st->cache_hits, misses = st->cache_misses;
     size_t sz = (size_t)sc->L * (size_t)g->info.joint_dim;
@@ -234,7 +234,7 @@ void serve_render(void *ctx, const serve_request *q, serve_job *out) {
     if (q->n_images) refs_cleanup(&refs, q->n_images);
     out->timing = (serve_timing){
         .steps = st->steps - n_steps, .step_seconds = st->step_seconds - s_steps,
-        .encode_seconds = st->t_encode - t_enc, .denoise_seconds = st->t_denoise - t_den, .decode_seconds = t_dec,
+        .encode_seconds = st->t_encode + st->t_te_load - t_enc, .denoise_seconds = st->t_denoise - t_den, .decode_seconds = t_dec,
         .cache_hit = st->cache_hits > hits ? 1 : g->info.has_text_encoder ? 0 : -1,
     };
     if (rc) {

@@ -76,9 +76,13 @@ typedef struct flux2_pipe_config {
 
 /* Cumulative figures of this rank. */
 typedef struct flux2_pipe_stats {
-    double t_encode, t_load, t_refs, t_denoise;
-    double load_seconds;         /* inside the loaders (disk + transfer) */
-    uint64_t bytes_loaded;       /* transformer + text encoder, this rank */
+    double t_encode;             /* encoding prompts, without loading the text encoder */
+    double t_te_load;            /* loading the text encoder (wall time) */
+    double t_load, t_refs, t_denoise;   /* t_load: the transformer and the VAE */
+    double load_seconds;         /* transformer: inside the loader (disk + transfer) */
+    uint64_t bytes_loaded;       /* transformer, this rank */
+    double te_load_seconds;      /* text encoder: inside the loader */
+    uint64_t te_bytes_loaded;    /* text encoder, this rank */
     int refs_encoded;            /* reference images this rank encoded */
     int steps;
     double step_seconds;
