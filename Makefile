@@ -59,6 +59,9 @@ ifneq ($(filter x86_64 i%86,$(shell uname -m)),)
   CHECK_ARCH := -march=x86-64 -mtune=generic
 endif
 $(BUILD)/core/dist/cpu_check.o: CFLAGS += $(CHECK_ARCH) $(ISA_NEEDS) -DTPGEN_BUILD_OPT='"$(OPT)"'
+# the ggml dequantisers must round multiply and add separately, as gguf-py's
+# reference does (kernels/quant.c)
+$(BUILD)/kernels/quant.o: CFLAGS += -ffp-contract=off
 CUDA_OBJ := $(CUDA_C:%.c=$(BUILD)/%.o) $(CUDA_CU:%.cu=$(BUILD)/%.cu.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
