@@ -108,16 +108,23 @@ static void value_free(gguf_value *v) {
 
 static int read_value(cur *c, int type, gguf_value *v, int depth, const char *key);
 
+/* "WHAT of key 'KEY'" for the messages of need() */
+static const char *of_key(char *buf, size_t n, const char *what, const char *key) {
+    snprintf(buf, n, "%s of key '%.200s'", what, key);
+    return buf;
+}
+
 /* An array of strings: the lengths are walked once to bound and size them,
  * then the bytes go into one arena (so a million tiny strings cost two
  * allocations, not a million). */
 static int read_str_array(cur *c, gguf_value *v, const char *key) {
     uint64_t start = c->pos, total = 0;
-    if (v->n > (c->n - c->pos) / 8) return need(c, UINT64_MAX, "a string array");
+    char w[280];
+    if (v->n > (c->n - c->pos) / 8) return need(c, UINT64_MAX, of_key(w, sizeof w, "the string array", key));
     for (uint64_t i = 0; i < v->n; i++) {
         uint64_t len;
         const uint8_t *b;
-        if (rd_str_span(c, &len, &b, "a string in an array")) return tp_error_context("key '%s'", key);
+        if (rd_str_span(c, &len, &b, of_key(w, sizeof w, "a string in the array", key))) return -1;
         total += len + 1;
     }
     gguf_str *s = xcalloc(v->n ? v->n : 1, sizeof *s);
@@ -136,7 +143,10 @@ static int read_str_array(cur *c, gguf_value *v, const char *key) {
 
 static int read_array(cur *c, gguf_value *v, int depth, const char *key) {
     uint32_t et;
-    if (rd_u32(c, &et, "an array's element type") || rd_u64(c, &v->n, "an array's length")) return -1;
+    char w[280];
+    if (rd_u32(c, &et, of_key(w, sizeof w, "the array element type", key)) ||
+        rd_u64(c, &v->n, of_key(w, sizeof w, "the array length", key)))
+        return -1;
     if (et >= GGUF_NTYPES)
         return tp_error("%s: key '%s': array element type %u is not a GGUF value type (0..12); the file is corrupt",
                         c->path, key, et);
@@ -147,7 +157,7 @@ static int read_array(cur *c, gguf_value *v, int depth, const char *key) {
             return tp_error("%s: key '%s': arrays nested more than %d deep; the file is corrupt", c->path, key,
                             GGUF_MAX_DEPTH);
         /* each nested array takes at least 12 bytes (type + length) */
-        if (v->n > (c->n - c->pos) / 12) return need(c, UINT64_MAX, "a nested array");
+        if (v->n > (c->n - c->pos) / 12) return need(c, UINT64_MAX, of_key(w, sizeof w, "the nested arrays", key));
         if (v->n > GGUF_MAX_NESTED - c->nested)
             return tp_error("%s: key '%s': more than %d nested arrays in all; the file is corrupt", c->path, key,
                             GGUF_MAX_NESTED);
@@ -164,7 +174,7 @@ static int read_array(cur *c, gguf_value *v, int depth, const char *key) {
         return 0;
     }
     uint64_t sz = (uint64_t)vsize[et];
-    if (v->n > (c->n - c->pos) / sz) return need(c, UINT64_MAX, "an array's elements");
+    if (v->n > (c->n - c->pos) / sz) return need(c, UINT64_MAX, of_key(w, sizeof w, "the array elements", key));
     v->data = xmalloc(v->n ? v->n * sz : 1);
     memcpy(v->data, c->p + c->pos, v->n * sz);
     c->pos += v->n * sz;
@@ -176,9 +186,10 @@ static int read_value(cur *c, int type, gguf_value *v, int depth, const char *ke
         return tp_error("%s: key '%s' has value type %d, which is not a GGUF value type (0..12); the file is corrupt",
                         c->path, key, type);
     v->type = (gguf_vtype)type;
+    char w[280];
     if (type == GGUF_STRING) {
         const uint8_t *b;
-        if (rd_str_span(c, &v->str.len, &b, "a string value")) return tp_error_context("key '%s'", key);
+        if (rd_str_span(c, &v->str.len, &b, of_key(w, sizeof w, "the string value", key))) return -1;
         v->str.s = xmalloc(v->str.len + 1);
         memcpy(v->str.s, b, v->str.len);
         v->str.s[v->str.len] = 0;
@@ -186,7 +197,7 @@ static int read_value(cur *c, int type, gguf_value *v, int depth, const char *ke
     }
     if (type == GGUF_ARRAY) return read_array(c, v, depth + 1, key);
     int sz = vsize[type];
-    if (need(c, (uint64_t)sz, "a value")) return tp_error_context("key '%s'", key);
+    if (need(c, (uint64_t)sz, of_key(w, sizeof w, "the value", key))) return -1;
     uint64_t raw = rd_le(c->p + c->pos, sz);
     c->pos += (uint64_t)sz;
     switch (type) {
@@ -203,6 +214,11 @@ static int read_value(cur *c, int type, gguf_value *v, int depth, const char *ke
     default: v->num.u = raw;
     }
     return 0;
+}
+
+static const char *of_tensor(char *buf, size_t n, const char *what, const char *name) {
+    snprintf(buf, n, "%s of tensor '%.200s'", what, name);
+    return buf;
 }
 
 static int cmp_kv(const void *a, const void *b) {
@@ -237,11 +253,11 @@ static int check_kv(gguf_file *f) {
 }
 
 static int read_tensor_info(cur *c, gguf_file *f, int idx, gguf_tensor *t) {
-    char what[64];
+    char what[64], w[280];
     snprintf(what, sizeof what, "the name of tensor #%d", idx);
     if (rd_name(c, &t->name, what)) return -1;
     uint32_t nd, type;
-    if (rd_u32(c, &nd, "a tensor's dimension count")) return tp_error_context("tensor '%s'", t->name);
+    if (rd_u32(c, &nd, of_tensor(w, sizeof w, "the dimension count", t->name))) return -1;
     if (nd < 1 || nd > GGUF_MAX_DIMS)
         return tp_error("%s: tensor '%s' has %u dimensions (1 to %d are allowed); the file is corrupt", f->path,
                         t->name, nd, GGUF_MAX_DIMS);
@@ -250,16 +266,16 @@ static int read_tensor_info(cur *c, gguf_file *f, int idx, gguf_tensor *t) {
     for (int i = 0; i < GGUF_MAX_DIMS; i++) t->ne[i] = 1;
     for (uint32_t i = 0; i < nd; i++) {
         uint64_t d;
-        if (rd_u64(c, &d, "a tensor dimension")) return tp_error_context("tensor '%s'", t->name);
+        if (rd_u64(c, &d, of_tensor(w, sizeof w, "a dimension", t->name))) return -1;
         if (d == 0 || d > GGUF_MAX_NUMEL / numel)
-            return tp_error("%s: tensor '%s': dimension %u is %llu, %s; the file is corrupt", f->path, t->name, i,
-                            (unsigned long long)d, d == 0 ? "zero" : "making more than 2^58 elements");
+            return tp_error("%s: tensor '%s': dimension %u is %llu%s; the file is corrupt", f->path, t->name, i,
+                            (unsigned long long)d, d == 0 ? "" : ", making more than 2^58 elements");
         numel *= d;
         t->ne[i] = (int64_t)d;
     }
     for (int i = 0; i < t->ndim; i++) t->shape[i] = t->ne[t->ndim - 1 - i];
     for (int i = t->ndim; i < GGUF_MAX_DIMS; i++) t->shape[i] = 1;
-    if (rd_u32(c, &type, "a tensor's type")) return tp_error_context("tensor '%s'", t->name);
+    if (rd_u32(c, &type, of_tensor(w, sizeof w, "the type", t->name))) return -1;
     t->type = (int)type;
     t->qt = quant_type_get((int)type);
     if (!t->qt)
@@ -274,7 +290,7 @@ static int read_tensor_info(cur *c, gguf_file *f, int idx, gguf_tensor *t) {
     t->rows = (int64_t)(numel / (uint64_t)t->ne[0]);
     t->row_bytes = (uint64_t)rb;
     uint64_t off;
-    if (rd_u64(c, &off, "a tensor's offset")) return tp_error_context("tensor '%s'", t->name);
+    if (rd_u64(c, &off, of_tensor(w, sizeof w, "the offset", t->name))) return -1;
     if (off % f->alignment)
         return tp_error("%s: tensor '%s': offset %llu is not a multiple of the alignment %u; the file is corrupt",
                         f->path, t->name, (unsigned long long)off, f->alignment);
@@ -354,7 +370,8 @@ static int parse(gguf_file *f, const uint8_t *p) {
         snprintf(what, sizeof what, "metadata key #%llu", (unsigned long long)i);
         if (rd_name(&c, &kv->key, what)) return -1;
         f->n_kv++;
-        if (rd_u32(&c, &type, "a value type")) return tp_error_context("key '%s'", kv->key);
+        char w[280];
+        if (rd_u32(&c, &type, of_key(w, sizeof w, "the value type", kv->key))) return -1;
         if (read_value(&c, (int)type, &kv->v, 0, kv->key)) return -1;
     }
     if (check_kv(f)) return -1;
