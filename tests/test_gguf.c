@@ -6,6 +6,7 @@
 #include "core/formats/gguf.h"
 #include "core/formats/safetensors.h"
 #include "kernels/err.h"
+#include "kernels/tensor.h"
 #include <jansson.h>
 #include <nettle/sha2.h>
 #include <stdint.h>
@@ -82,6 +83,43 @@ TEST(gguf_types_exact) {
     }
     st_close(ref);
     gguf_close(g);
+    json_decref(js);
+}
+
+static void sha256_hex(const void *p, size_t n, char hex[65]) {
+    struct sha256_ctx sc;
+    uint8_t dg[32];
+    sha256_init(&sc);
+    sha256_update(&sc, n, p);
+    sha256_digest(&sc, 32, dg);
+    for (int b = 0; b < 32; b++) snprintf(hex + 2 * b, 3, "%02x", dg[b]);
+}
+
+/* All 65536 F16 and BF16 codes (subnormals, infinities, NaN payloads)
+ * decode to gguf-py's f32 bits (sha256 in types.json), and to tpgen's
+ * scalar converters'. */
+TEST(gguf_f16_bf16_all_codes) {
+    json_error_t je;
+    json_t *js = json_load_file(TYPES_JSON, 0, &je), *sums = json_object_get(js, "all_codes_sha256");
+    REQUIRE(sums, "%s: no all_codes_sha256", TYPES_JSON);
+    uint8_t codes[65536 * 2];
+    for (int i = 0; i < 65536; i++) codes[2 * i] = (uint8_t)i, codes[2 * i + 1] = (uint8_t)(i >> 8);
+    float *y = malloc(65536 * sizeof(float));
+    int types[2] = {QUANT_F16, QUANT_BF16};
+    for (int k = 0; k < 2; k++) {
+        quant_dequant_row(types[k], codes, y, 65536);
+        char hex[65];
+        sha256_hex(y, 65536 * 4, hex);
+        const char *want = json_string_value(json_object_get(sums, quant_type_name(types[k])));
+        CHECK(want && !strcmp(hex, want), "%s: all codes differ from gguf-py", quant_type_name(types[k]));
+        int bad = 0;
+        for (int i = 0; i < 65536; i++) {
+            float r = types[k] == QUANT_F16 ? f16_to_f32((uint16_t)i) : bf16_to_f32((uint16_t)i);
+            bad += memcmp(&r, &y[i], 4) != 0;
+        }
+        CHECK(bad == 0, "%s: %d codes differ from tensor.c's converter", quant_type_name(types[k]), bad);
+    }
+    free(y);
     json_decref(js);
 }
 
@@ -253,13 +291,8 @@ TEST(gguf_golden) {
             CHECK(t->begin == (uint64_t)json_integer_value(json_object_get(rt, "offset")), "%s: %s offset", var, t->name);
             float *x;
             REQUIRE(gguf_read_f32(g, t->name, &x, NULL) == 0, "%s", tp_error_msg());
-            struct sha256_ctx sc;
-            uint8_t dg[32];
             char hex[65];
-            sha256_init(&sc);
-            sha256_update(&sc, (size_t)t->rows * (size_t)t->row_len * 4, (const uint8_t *)x);
-            sha256_digest(&sc, 32, dg);
-            for (int b = 0; b < 32; b++) snprintf(hex + 2 * b, 3, "%02x", dg[b]);
+            sha256_hex(x, (size_t)t->rows * (size_t)t->row_len * 4, hex);
             CHECK(!strcmp(hex, json_string_value(json_object_get(rt, "sha256"))),
                   "%s: %s (%s) dequantises differently from gguf-py", var, t->name, quant_type_name(t->type));
             free(x);

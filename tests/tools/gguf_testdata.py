@@ -12,7 +12,8 @@ Writes, with gguf-py's GGUFWriter and its reference dequantiser as the truth:
                                       blocks (random bytes with sane f16 scales), plus metadata
                                       of every GGUF value type (nested arrays too), alignment 64
   tests/data/gguf/types_ref.safetensors   gguf-py's dequantised f32 values of each tensor
-  tests/data/gguf/types.json          each tensor's type, ne[] and the metadata values written
+  tests/data/gguf/types.json          each tensor's type, ne[] and the metadata values written, and
+                                      the sha256 of gguf-py's f32 values of all 65536 F16 / BF16 codes
   tests/data/gguf/golden.json         for the golden flux2-gguf files (GOLDEN_DIR, default
                                       /work/shared/golden/flux2-gguf): each tensor's type, ne[],
                                       byte offset and the sha256 of gguf-py's dequantised f32 bytes
@@ -92,12 +93,17 @@ def types_file(out_dir):
     w.write_tensors_to_file()
     w.close()
     save_file({k: np.ascontiguousarray(v) for k, v in ref.items()}, os.path.join(out_dir, 'types_ref.safetensors'))
+    # every 16-bit code (NaN payloads, infinities, subnormals) through the F16 and BF16 dequantisers
+    codes = np.arange(65536, dtype='<u2').view(np.uint8)
+    all_codes = {q.name: hashlib.sha256(dequantize(codes.reshape(-1, 2) if q == T.BF16 else codes, q)
+                                        .astype('<f4').tobytes()).hexdigest() for q in (T.F16, T.BF16)}
     meta_json = {k: v for k, (v, t) in meta.items()}
     meta_json['test.u64'] = str(meta_json['test.u64'])   # beyond int64: JSON readers differ
     meta_json.update(arrays)
     with open(os.path.join(out_dir, 'types.json'), 'w') as f:
         json.dump({'gguf': importlib.metadata.version('gguf'), 'numpy': np.__version__,
-                   'alignment': 64, 'tensors': tensors, 'metadata': meta_json}, f, indent=1, ensure_ascii=False)
+                   'alignment': 64, 'tensors': tensors, 'metadata': meta_json,
+                   'all_codes_sha256': all_codes}, f, indent=1, ensure_ascii=False)
 
 
 def golden_json(golden, out_dir):
