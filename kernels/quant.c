@@ -274,6 +274,20 @@ const char *quant_supported_list(void) {
     return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS";
 }
 
+int quant_dtype(int type, dtype_t *dt) {
+    switch (type) {
+    case QUANT_F32: *dt = DT_F32; return 0;
+    case QUANT_F16: *dt = DT_F16; return 0;
+    case QUANT_BF16: *dt = DT_BF16; return 0;
+    case 28: *dt = DT_F64; return 0;
+    case 24: *dt = DT_I8; return 0;
+    case 25: *dt = DT_I16; return 0;
+    case 26: *dt = DT_I32; return 0;
+    case 27: *dt = DT_I64; return 0;
+    default: return -1;
+    }
+}
+
 int64_t quant_row_bytes(const quant_type *qt, int64_t n) {
     if (n < 0 || n % qt->block) return -1;
     return n / qt->block * qt->bytes;

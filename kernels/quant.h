@@ -11,6 +11,7 @@
  * two f32 roundings: scale * scale, then * quant, then - min, never fused). */
 #ifndef TPGEN_QUANT_H
 #define TPGEN_QUANT_H
+#include "tensor.h"
 #include <stdint.h>
 
 /* ggml type ids, as stored in GGUF tensor infos */
@@ -36,6 +37,11 @@ const char *quant_type_name(int id);       /* "Q4_K"; "unknown" for an undefined
 int quant_supported(int id);               /* 1 when tpgen can dequantise it */
 /* the supported types, comma-separated, for error messages */
 const char *quant_supported_list(void);
+
+/* The plain element types (F32 F16 BF16 F64 I8 I16 I32 I64) are tensors of
+ * a tpgen dtype, stored as safetensors stores them: 0 and *dt for those,
+ * -1 for block types (and unknown ids). */
+int quant_dtype(int type, dtype_t *dt);
 
 /* Bytes of a row of n elements; -1 when n is not a multiple of the block. */
 int64_t quant_row_bytes(const quant_type *qt, int64_t n);

@@ -71,6 +71,11 @@ TEST(gguf_types_exact) {
             if (memcmp(&x[i], &r[i], 4) && bad++ == 0) first = i;
         CHECK(bad == 0, "%s (%s): %zu of %zu values differ from gguf-py, first at %zu: %.9g vs %.9g", k,
               quant_type_name(t->type), bad, n, first, x[first], r[first]);
+        dtype_t dt;
+        if (quant_dtype(t->type, &dt) == 0)   /* plain types: the same bytes as a safetensors tensor of dt */
+            CHECK(t->qt->block == 1 && (int)dtype_size(dt) == t->qt->bytes && !strcmp(dtype_name(dt), t->qt->name),
+                  "%s: dtype %s", k, dtype_name(dt));
+        else CHECK(t->qt->block > 1, "%s: a block type without a dtype", k);
         free(x), free(r);
     }
     /* every type tpgen claims to decode is in the file */
