@@ -303,9 +303,8 @@ static int cmp_begin(const void *a, const void *b) {
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-static const gguf_file *g_sort_file;   /* qsort has no context argument; open is not reentrant-critical */
-static int cmp_name_idx(const void *a, const void *b) {
-    return strcmp(g_sort_file->tensors[*(const int *)a].name, g_sort_file->tensors[*(const int *)b].name);
+static int cmp_name(const void *a, const void *b) {
+    return strcmp((*(const gguf_tensor *const *)a)->name, (*(const gguf_tensor *const *)b)->name);
 }
 
 /* Offsets made absolute and checked: inside the file, no overlaps, names unique. */
@@ -330,13 +329,16 @@ static int place_tensors(gguf_file *f) {
             rc = tp_error("%s: tensors '%s' and '%s' overlap in the data section; the file is corrupt", f->path,
                           by[i - 1]->name, by[i]->name);
     free(by);
+    /* the name index: tensors sorted by name (pointers, turned into indices) */
+    const gguf_tensor **nm = xmalloc((size_t)(f->n ? f->n : 1) * sizeof *nm);
+    for (int i = 0; i < f->n; i++) nm[i] = &f->tensors[i];
+    qsort(nm, (size_t)f->n, sizeof *nm, cmp_name);
     f->by_name = xmalloc((size_t)(f->n ? f->n : 1) * sizeof(int));
-    for (int i = 0; i < f->n; i++) f->by_name[i] = i;
-    g_sort_file = f;
-    qsort(f->by_name, (size_t)f->n, sizeof(int), cmp_name_idx);
+    for (int i = 0; i < f->n; i++) f->by_name[i] = (int)(nm[i] - f->tensors);
     for (int i = 1; i < f->n && !rc; i++)
-        if (!strcmp(f->tensors[f->by_name[i - 1]].name, f->tensors[f->by_name[i]].name))
-            rc = tp_error("%s: tensor '%s' appears twice; the file is corrupt", f->path, f->tensors[f->by_name[i]].name);
+        if (!strcmp(nm[i - 1]->name, nm[i]->name))
+            rc = tp_error("%s: tensor '%s' appears twice; the file is corrupt", f->path, nm[i]->name);
+    free(nm);
     return rc;
 }
 
