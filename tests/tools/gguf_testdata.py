@@ -15,7 +15,7 @@ Writes, with gguf-py's GGUFWriter and its reference dequantiser as the truth:
   tests/data/gguf/types.json          each tensor's type, ne[] and the metadata values written, and
                                       the sha256 of gguf-py's f32 values of all 65536 F16 / BF16 codes
   tests/data/gguf/golden.json         for the golden flux2-gguf files (GOLDEN_DIR, default
-                                      /work/shared/golden/flux2-gguf): each tensor's type, ne[],
+                                      build/golden/flux2-gguf): each tensor's type, ne[],
                                       byte offset and the sha256 of gguf-py's dequantised f32 bytes
   fuzz/corpus/gguf/*                  small valid seeds for fuzz/fuzz_gguf.c
 """
@@ -142,7 +142,7 @@ def fuzz_seeds(fuzz_dir):
 
 
 if __name__ == '__main__':
-    golden = sys.argv[1] if len(sys.argv) > 1 else '/work/shared/golden/flux2-gguf'
+    golden = sys.argv[1] if len(sys.argv) > 1 else 'build/golden/flux2-gguf'   # tests/unpack-golden.sh
     out = 'tests/data/gguf'
     os.makedirs(out, exist_ok=True)
     types_file(out)
