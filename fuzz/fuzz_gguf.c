@@ -1,8 +1,10 @@
 /* libFuzzer harness: a GGUF file parsed from memory (gguf_open_mem) and,
- * every so often, through a temporary file (gguf_open: the mmap path). Its
- * metadata is walked through the typed getters; each tensor of a type tpgen
- * decodes has its first block, a column range straddling a block edge and
- * (for small tensors) its whole data dequantised. */
+ * every 16th input, through a temporary file (gguf_open: the mmap path).
+ * Its metadata is walked through the typed getters; each tensor of a type
+ * tpgen decodes has its first block, a column range straddling a block edge
+ * and (for small tensors) its whole data dequantised. Every 16th accepted
+ * file is also written back with gguf_write (tensor data as holes) and must
+ * parse again to the same keys and tensors (aborts otherwise). */
 #include "core/formats/gguf.h"
 #include "kernels/err.h"
 #include <stdio.h>
@@ -47,6 +49,31 @@ static void walk(gguf_file *g) {
     }
 }
 
+/* write g back and reparse: the same keys, value types and tensors */
+static void rewrite(const gguf_file *g) {
+    static char out[64];
+    if (!out[0]) snprintf(out, sizeof out, "/tmp/tpgen-fuzz-gguf-%d.out.gguf", (int)getpid());
+    gguf_write_tensor *t = calloc((size_t)g->n + 1, sizeof *t);
+    for (int i = 0; i < g->n; i++)
+        t[i] = (gguf_write_tensor){g->tensors[i].name, g->tensors[i].type, g->tensors[i].ndim,
+                                   {g->tensors[i].ne[0], g->tensors[i].ne[1], g->tensors[i].ne[2], g->tensors[i].ne[3]},
+                                   NULL};
+    gguf_file *h;
+    if (gguf_write(out, g->kv, g->n_kv, t, g->n, NULL, NULL) == 0) {
+        if (gguf_open(out, &h)) abort();   /* a file the writer made from a valid one must open */
+        if (h->n != g->n || h->n_kv != g->n_kv || h->alignment != g->alignment) abort();
+        for (int i = 0; i < g->n_kv; i++)
+            if (strcmp(h->kv[i].key, g->kv[i].key) || h->kv[i].v.type != g->kv[i].v.type) abort();
+        for (int i = 0; i < g->n; i++)
+            if (strcmp(h->tensors[i].name, g->tensors[i].name) || h->tensors[i].type != g->tensors[i].type ||
+                memcmp(h->tensors[i].ne, g->tensors[i].ne, sizeof h->tensors[i].ne))
+                abort();
+        gguf_close(h);
+        unlink(out);
+    }
+    free(t);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static unsigned calls;
     gguf_file *g = NULL;
@@ -62,6 +89,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fclose(f);
         if (gguf_open(g_file, &g) == 0) {
             walk(g);
+            rewrite(g);
             gguf_close(g);
         }
     }

@@ -133,4 +133,24 @@ int gguf_read_f32_block(const gguf_file *f, const gguf_tensor *t, int64_t r0, in
 /* The whole tensor dequantised into a malloc'ed f32 array (rows x row_len). */
 int gguf_read_f32(const gguf_file *f, const char *name, float **out, const gguf_tensor **info);
 
+/* ---- writing ---- */
+typedef struct gguf_write_tensor {
+    const char *name;
+    int type;                   /* a ggml type id that quant_type_get knows */
+    int ndim;                   /* 1..4 */
+    int64_t ne[GGUF_MAX_DIMS];  /* fastest first, each > 0; ne[0] whole blocks */
+    const void *data;           /* the bytes as stored; NULL: from fill, or a hole when fill is NULL too */
+} gguf_write_tensor;
+/* fill n bytes of tensor `index` from byte `offset` of its data */
+typedef int (*gguf_fill_fn)(void *ctx, int index, void *buf, uint64_t offset, size_t n);
+
+/* Write a GGUF v3 file atomically (a temporary file in the same folder,
+ * then rename) in gguf-py GGUFWriter's layout: header, the n_kv pairs in
+ * order (a general.alignment among them sets the alignment, default 32),
+ * the tensor infos, zero padding to the alignment, then each tensor's data
+ * followed by zero padding to the alignment. Tensors whose data and fill
+ * are NULL are holes (a sparse file: real shapes for tests and benchmarks). */
+int gguf_write(const char *path, const gguf_kv *kv, int n_kv, const gguf_write_tensor *t, int n, gguf_fill_fn fill,
+               void *ctx);
+
 #endif
