@@ -240,6 +240,19 @@ TEST(gguf_col_ranges) {
                 for (int64_t r = r0; r < r1; r++)
                     CHECK(!memcmp(out + (r - r0) * w, whole + r * L + c0, (size_t)w * 4), "%s row %lld [%lld, %lld)",
                           t->name, (long long)r, (long long)c0, (long long)c1);
+                /* the raw covering blocks: pitch, skip and bytes as the formula says */
+                int64_t pitch, skip;
+                uint8_t *raw = malloc((size_t)((r1 - r0) * blocks * t->qt->bytes));
+                REQUIRE(gguf_read_blocks(g, t, r0, r1, c0, c1, raw, &pitch, &skip, &nb) == 0, "%s", tp_error_msg());
+                CHECK(pitch == blocks * t->qt->bytes && skip == c0 % bs && nb == (uint64_t)((r1 - r0) * pitch),
+                      "%s [%lld, %lld): pitch %lld skip %lld", t->name, (long long)c0, (long long)c1, (long long)pitch,
+                      (long long)skip);
+                for (int64_t r = r0; r < r1; r++) {
+                    quant_dequant_span(t->type, raw + (r - r0) * pitch, skip, w, out);
+                    CHECK(!memcmp(out, whole + r * L + c0, (size_t)w * 4), "%s read_blocks row %lld", t->name,
+                          (long long)r);
+                }
+                free(raw);
                 /* the in-memory path on the row's bytes */
                 uint8_t *row = malloc(t->row_bytes);
                 REQUIRE(gguf_read_range(g, t->begin, row, t->row_bytes) == 0, "%s", tp_error_msg());

@@ -125,6 +125,13 @@ void gguf_rows_range(const gguf_tensor *t, int64_t r0, int64_t r1, uint64_t *beg
 int gguf_read_range(const gguf_file *f, uint64_t off, void *dst, size_t n);
 /* Read a tensor's bytes as stored into dst (end - begin bytes). */
 int gguf_read_raw(const gguf_file *f, const gguf_tensor *t, void *dst);
+/* The blocks of rows [r0, r1) that cover columns [c0, c1), as stored (a
+ * quantised shard): (r1 - r0) rows of *pitch bytes each into dst (which
+ * holds (r1 - r0) * pitch bytes; quant_col_span gives pitch in advance);
+ * column c0 is element *skip of each row's first block. Whole rows are one
+ * read. *bytes_read (may be NULL) gets the bytes read. */
+int gguf_read_blocks(const gguf_file *f, const gguf_tensor *t, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                     void *dst, int64_t *pitch, int64_t *skip, uint64_t *bytes_read);
 /* Dequantise rows [r0, r1) x columns [c0, c1) of t into dst (row-major,
  * (r1 - r0) x (c1 - c0) floats), reading only the blocks that cover the
  * columns of each row. *bytes_read (may be NULL) gets the bytes read. */

@@ -211,22 +211,54 @@ int gguf_read_raw(const gguf_file *f, const gguf_tensor *t, void *dst) {
     return gguf_read_range(f, t->begin, dst, (size_t)(t->end - t->begin));
 }
 
-int gguf_read_f32_block(const gguf_file *f, const gguf_tensor *t, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
-                        float *dst, uint64_t *bytes_read) {
-    if (bytes_read) *bytes_read = 0;
-    if (gguf_check_type(f, t)) return -1;
+static int check_window(const gguf_file *f, const gguf_tensor *t, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     if (r0 < 0 || r1 > t->rows || r0 >= r1 || c0 < 0 || c1 > t->row_len || c0 >= c1)
         return tp_error("%s: tensor '%s': rows [%lld, %lld) x columns [%lld, %lld) are outside its %lld x %lld",
                         f->path, t->name, (long long)r0, (long long)r1, (long long)c0, (long long)c1,
                         (long long)t->rows, (long long)t->row_len);
-    int64_t off, len, skip;
+    return 0;
+}
+
+int gguf_read_blocks(const gguf_file *f, const gguf_tensor *t, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                     void *dst, int64_t *pitch, int64_t *skip, uint64_t *bytes_read) {
+    if (bytes_read) *bytes_read = 0;
+    if (check_window(f, t, r0, r1, c0, c1)) return -1;
+    int64_t off, len;
+    quant_col_span(t->qt, c0, c1, &off, &len, skip);
+    *pitch = len;
+    uint8_t *d = dst;
+    if ((uint64_t)len == t->row_bytes) {   /* whole rows: one contiguous range */
+        uint64_t b0, b1;
+        gguf_rows_range(t, r0, r1, &b0, &b1);
+        if (gguf_read_range(f, b0, d, (size_t)(b1 - b0))) return -1;
+        if (bytes_read) *bytes_read = b1 - b0;
+        return 0;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        if (gguf_read_range(f, t->begin + (uint64_t)r * t->row_bytes + (uint64_t)off, d + (r - r0) * len, (size_t)len))
+            return -1;
+        if (bytes_read) *bytes_read += (uint64_t)len;
+    }
+    return 0;
+}
+
+int gguf_read_f32_block(const gguf_file *f, const gguf_tensor *t, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                        float *dst, uint64_t *bytes_read) {
+    if (bytes_read) *bytes_read = 0;
+    if (gguf_check_type(f, t) || check_window(f, t, r0, r1, c0, c1)) return -1;
+    int64_t off, len, skip, pitch;
     quant_col_span(t->qt, c0, c1, &off, &len, &skip);
-    uint8_t *buf = xmalloc((size_t)len);
+    /* a bounded staging buffer: up to 4 MB of rows at a time */
+    int64_t step = (4 << 20) / len > 0 ? (4 << 20) / len : 1;
+    uint8_t *buf = xmalloc((size_t)(len * (step < r1 - r0 ? step : r1 - r0)));
     int rc = 0;
-    for (int64_t r = r0; r < r1 && !rc; r++) {
-        rc = gguf_read_range(f, t->begin + (uint64_t)r * t->row_bytes + (uint64_t)off, buf, (size_t)len);
-        if (!rc) quant_dequant_span(t->type, buf, skip, c1 - c0, dst + (r - r0) * (c1 - c0));
-        if (!rc && bytes_read) *bytes_read += (uint64_t)len;
+    for (int64_t r = r0; r < r1 && !rc; r += step) {
+        int64_t e = r + step < r1 ? r + step : r1;
+        uint64_t got;
+        rc = gguf_read_blocks(f, t, r, e, c0, c1, buf, &pitch, &skip, &got);
+        for (int64_t i = r; i < e && !rc; i++)
+            quant_dequant_span(t->type, buf + (i - r) * pitch, skip, c1 - c0, dst + (i - r0) * (c1 - c0));
+        if (!rc && bytes_read) *bytes_read += got;
     }
     free(buf);
     return rc;
