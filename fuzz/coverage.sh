@@ -18,7 +18,7 @@ declare -A files=(
     [runspec]="cli/runspec.c cli/generate_jobs.c cli/generate_prompts.c"
     [tokenizer]="core/models/tokenizer.c core/models/tokenizer_hf.c core/models/tokenizer_scan.c core/models/tokenizer_tekken.c core/models/tokenizer_vocab.c"
     [config]="core/models/flux2_host.c plans/flux2_plan.c core/models/llm.c core/models/vae_config.c core/formats/checkpoint.c"
-    [gguf]="core/formats/gguf.c core/formats/gguf_access.c kernels/quant.c"
+    [gguf]="core/formats/gguf.c core/formats/gguf_access.c core/formats/gguf_write.c kernels/quant.c"
 )
 if [ ! -f "$out/lib.a" ]; then
     objs=()
