@@ -59,6 +59,9 @@ ifneq ($(filter x86_64 i%86,$(shell uname -m)),)
   CHECK_ARCH := -march=x86-64 -mtune=generic
 endif
 $(BUILD)/core/dist/cpu_check.o: CFLAGS += $(CHECK_ARCH) $(ISA_NEEDS) -DTPGEN_BUILD_OPT='"$(OPT)"'
+# the ggml dequantisers must round multiply and add separately, as gguf-py's
+# reference does (kernels/quant.c)
+$(BUILD)/kernels/quant.o: CFLAGS += -ffp-contract=off
 CUDA_OBJ := $(CUDA_C:%.c=$(BUILD)/%.o) $(CUDA_CU:%.cu=$(BUILD)/%.cu.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
@@ -110,7 +113,7 @@ print-opt:
 FUZZ_CC    ?= clang
 FUZZ_TIME  ?= 30
 FUZZ_BUILD := build-fuzz
-FUZZ_NAMES := safetensors runspec tokenizer config
+FUZZ_NAMES := safetensors runspec tokenizer config gguf
 FUZZ_FLAGS := -std=c17 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -fopenmp -I. $(MPI_CFLAGS) \
               -I/usr/include/x86_64-linux-gnu/openblas-openmp -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_OBJ   := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)

@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "kernels/err.h"
 #include "core/formats/fp8.h"
+#include "core/formats/gguf.h"
 #include "core/formats/weights.h"
 #include "core/formats/lora.h"
 #include "core/models/flux2.h"
@@ -24,10 +25,12 @@ typedef struct inspect_args {
 
 static int usage(FILE *f) {
     fprintf(f, "usage: tpgen inspect --model DIR [--component NAME] [--tp N] [--json] [--summary] [--scan-weights]\n"
-               "                     [--lora FILE[:W]]...\n\n"
+               "                     [--lora FILE[:W]]...\n"
+               "       tpgen inspect --model FILE.gguf [--summary]\n\n"
                "Shows how NAME (default transformer) of the pipeline folder DIR is split over N ranks\n"
                "(default 1): each tensor's style and global/local shape, whether the split is valid,\n"
                "and per rank the weight bytes and the largest staging buffer. Reads headers only.\n"
+               "A .gguf file is listed: its metadata keys and tensors (type, shape, bytes); --summary: keys only.\n"
                "  --json     one JSON object: tp, valid, error, ranks[{rank, weight_bytes, ...}], tensors\n"
                "  --summary  leave out the per-tensor table (and the LoRA module list)\n"
                "  --lora F   also show what the LoRA adapter F does to the transformer: format, rank, scale,\n"
@@ -199,6 +202,7 @@ int cmd_inspect(int argc, char **argv) {
         fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
         return 2;
     }
+    if (gguf_is_gguf(a.model)) return inspect_gguf(a.model, a.summary);
     model_dir *m = NULL;
     json_t *cfg = NULL, *tensors = NULL, *ranks = NULL;
     checkpoint *c = NULL;

@@ -23,6 +23,8 @@ struct checkpoint;
 struct plan;
 struct json_t *inspect_loras(const struct lora_spec *specs, int n, const struct checkpoint *c, const struct plan *p,
                              int tp, int print, int list_modules);
+/* inspect of a .gguf file (cli/inspect_gguf.c): metadata and tensors; the exit status */
+int inspect_gguf(const char *path, int summary);
 int cmd_decode(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_encode(int argc, char **argv);

@@ -1,0 +1,97 @@
+/* libFuzzer harness: a GGUF file parsed from memory (gguf_open_mem) and,
+ * every 16th input, through a temporary file (gguf_open: the mmap path).
+ * Its metadata is walked through the typed getters; each tensor of a type
+ * tpgen decodes has its first block, a column range straddling a block edge
+ * and (for small tensors) its whole data dequantised. Every 16th accepted
+ * file is also written back with gguf_write (tensor data as holes) and must
+ * parse again to the same keys and tensors (aborts otherwise). */
+#include "core/formats/gguf.h"
+#include "kernels/err.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_file[64];
+
+static void walk(gguf_file *g) {
+    for (int i = 0; i < g->n_kv; i++) {
+        const char *k = g->kv[i].key, *s;
+        uint32_t u32;
+        int32_t i32;
+        uint64_t u64, n;
+        float f, *fv;
+        int b;
+        int64_t *iv;
+        const gguf_str *ss;
+        (void)gguf_get_str(g, k, &s), (void)gguf_get_u32(g, k, &u32), (void)gguf_get_i32(g, k, &i32);
+        (void)gguf_get_u64(g, k, &u64), (void)gguf_get_f32(g, k, &f), (void)gguf_get_bool(g, k, &b);
+        (void)gguf_get_arr_str(g, k, &ss, &n);
+        if (gguf_get_arr_i64(g, k, &iv, &n) == 0) free(iv);
+        if (gguf_get_arr_f32(g, k, &fv, &n) == 0) free(fv);
+    }
+    float out[2 * QUANT_MAX_BLOCK];
+    for (int i = 0; i < g->n; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        if (gguf_find(g, t->name) == NULL) abort();   /* the name index must find every tensor */
+        if (gguf_check_type(g, t)) continue;
+        int64_t bs = t->qt->block;
+        int64_t c1 = bs < t->row_len ? bs : t->row_len;
+        (void)gguf_read_f32_block(g, t, 0, 1, 0, c1, out, NULL);
+        if (t->row_len > bs) {   /* across the first block edge */
+            int64_t c0 = bs / 2, e = bs + bs / 2 < t->row_len ? bs + bs / 2 : t->row_len;
+            (void)gguf_read_f32_block(g, t, t->rows - 1, t->rows, c0, e, out, NULL);
+        }
+        if ((uint64_t)t->rows * (uint64_t)t->row_len <= 4096) {
+            float *x;
+            if (gguf_read_f32(g, t->name, &x, NULL) == 0) free(x);
+        }
+    }
+}
+
+/* write g back and reparse: the same keys, value types and tensors */
+static void rewrite(const gguf_file *g) {
+    static char out[64];
+    if (!out[0]) snprintf(out, sizeof out, "/tmp/tpgen-fuzz-gguf-%d.out.gguf", (int)getpid());
+    gguf_write_tensor *t = calloc((size_t)g->n + 1, sizeof *t);
+    for (int i = 0; i < g->n; i++)
+        t[i] = (gguf_write_tensor){g->tensors[i].name, g->tensors[i].type, g->tensors[i].ndim,
+                                   {g->tensors[i].ne[0], g->tensors[i].ne[1], g->tensors[i].ne[2], g->tensors[i].ne[3]},
+                                   NULL};
+    gguf_file *h;
+    if (gguf_write(out, g->kv, g->n_kv, t, g->n, NULL, NULL) == 0) {
+        if (gguf_open(out, &h)) abort();   /* a file the writer made from a valid one must open */
+        if (h->n != g->n || h->n_kv != g->n_kv || h->alignment != g->alignment) abort();
+        for (int i = 0; i < g->n_kv; i++)
+            if (strcmp(h->kv[i].key, g->kv[i].key) || h->kv[i].v.type != g->kv[i].v.type) abort();
+        for (int i = 0; i < g->n; i++)
+            if (strcmp(h->tensors[i].name, g->tensors[i].name) || h->tensors[i].type != g->tensors[i].type ||
+                memcmp(h->tensors[i].ne, g->tensors[i].ne, sizeof h->tensors[i].ne))
+                abort();
+        gguf_close(h);
+        unlink(out);
+    }
+    free(t);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static unsigned calls;
+    gguf_file *g = NULL;
+    if (gguf_open_mem(data, size, "fuzz.gguf", &g) == 0) {
+        walk(g);
+        gguf_close(g);
+    }
+    if (calls++ % 16 == 0) {
+        if (!g_file[0]) snprintf(g_file, sizeof g_file, "/tmp/tpgen-fuzz-gguf-%d.gguf", (int)getpid());
+        FILE *f = fopen(g_file, "wb");
+        if (!f) return 0;
+        fwrite(data, 1, size, f);
+        fclose(f);
+        if (gguf_open(g_file, &g) == 0) {
+            walk(g);
+            rewrite(g);
+            gguf_close(g);
+        }
+    }
+    return 0;
+}
