@@ -57,6 +57,9 @@ int plan_flux2(const json_t *config, plan *out);
  * picks it: 1 when the checkpoint has BFL names (img_in.weight). */
 int plan_flux2_bfl(const json_t *config, plan *out);
 int plan_flux2_is_bfl(const checkpoint *c);
+/* The FLUX.3 transformer's rule table (plans/flux3_plan.c), no symbols:
+ * core/models/flux3.c adds D, M and the head divisor from the config. */
+void plan_flux3_rules(plan *out);
 
 /* The plan of a pipeline component ("transformer", "text_encoder", ...)
  * at degree tp, chosen by a small table in plan.c (add a row for a new
