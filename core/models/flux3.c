@@ -138,7 +138,12 @@ typedef struct binder {
     const checkpoint *ck;      /* dry run: names and global shapes only */
     char **names;              /* dry run: the names bound, to find the unexpected ones */
     int n_names;
+    int random;                /* flux3_init_random: create and fill each local tensor */
+    uint64_t seed;
 } binder;
+
+static const tensor *random_tensor(binder *b, const char *name, int64_t grows, int64_t gcols, int64_t lrows,
+                                   int64_t lcols);
 
 static const tensor k_dry_run;   /* what a dry-run bind returns */
 
@@ -151,6 +156,7 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    if (b->random) return random_tensor(b, name, grows, gcols, lrows, lcols);
     const tensor *t = NULL;
     const st_tensor_info *info;
     if (b->ck) {
@@ -249,6 +255,40 @@ static int check_names(flux3_model *m, const char *dir, const checkpoint *ck) {
     return rc;
 }
 
+/* ---- random weights (benchmarks) ---- */
+
+/* Uniform in [offset - scale, offset + scale) from splitmix64, per tensor
+ * seeded by (seed, rank, name); linears get scale sqrt(3 / in_features)
+ * (variance 1/in), the QK-norm weights 1 +- 0.1. */
+static const tensor *random_tensor(binder *b, const char *name, int64_t grows, int64_t gcols, int64_t lrows,
+                                   int64_t lcols) {
+    flux3_model *m = b->m;
+    tensor *t = tensor_new(m->be, m->act, lrows, lcols);
+    if (!t) return NULL;
+    m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *m->owned);
+    m->owned[m->n_owned++] = t;
+    int is_norm = grows == 1;
+    float scale = is_norm ? 0.1f : sqrtf(3.0f / (float)gcols), offset = is_norm ? 1.0f : 0.0f;
+    uint64_t s = b->seed * 0x9E3779B97F4A7C15ull + (uint64_t)m->rank * 0x632BE59BD9B4E019ull;
+    for (const char *p = name; *p; p++) s = (s ^ (uint8_t)*p) * 0x100000001B3ull;
+    int64_t chunk = (1 << 20) / lcols > 0 ? (1 << 20) / lcols : 1;
+    float *buf = xmalloc((size_t)(chunk * lcols) * sizeof *buf);
+    for (int64_t r0 = 0; r0 < lrows; r0 += chunk) {
+        int64_t n = lrows - r0 < chunk ? lrows - r0 : chunk;
+        for (int64_t i = 0; i < n * lcols; i++) {
+            uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            z ^= z >> 31;
+            buf[i] = offset + scale * (2.0f * (float)(z >> 40) * (1.0f / 16777216.0f) - 1.0f);
+        }
+        tensor v = tensor_rows(t, r0, n);
+        if (tensor_upload_f32(&v, buf)) { free(buf); return NULL; }
+    }
+    free(buf);
+    return t;
+}
+
 /* ---- loading ---- */
 
 static int model_new(const flux3_config *cfg, backend *be, comm *c, dtype_t precision, flux3_model **out) {
@@ -311,9 +351,25 @@ done:
     return rc;
 }
 
+int flux3_init_random(const flux3_config *cfg, backend *be, comm *c, dtype_t precision, uint64_t seed,
+                      flux3_model **out) {
+    flux3_model *m;
+    if (model_new(cfg, be, c, precision, &m)) return -1;
+    binder b = {.m = m, .dir = "(random weights)", .random = 1, .seed = seed};
+    if (bind_all(&b)) {
+        flux3_free(m);
+        *out = NULL;
+        return tp_error_context("flux3: random weights");
+    }
+    *out = m;
+    return 0;
+}
+
 void flux3_free(flux3_model *m) {
     if (!m) return;
     flux3_release_ws(m);
+    for (int i = 0; i < m->n_owned; i++) tensor_free(m->owned[i]);
+    free(m->owned);
     weights_free(m->w);
     for (int k = 0; k < FLUX3_MODES; k++) free(m->mode[k]);
     free(m->single);
@@ -324,3 +380,4 @@ const flux3_config *flux3_get_config(const flux3_model *m) { return &m->cfg; }
 dtype_t flux3_precision(const flux3_model *m) { return m->act; }
 void flux3_set_exact_timestep(flux3_model *m, int on) { m->exact_time = on; }
 void flux3_get_stats(const flux3_model *m, flux3_stats *st) { *st = m->stats; }
+void flux3_reset_stats(flux3_model *m) { memset(&m->stats, 0, sizeof m->stats); }

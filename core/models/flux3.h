@@ -82,6 +82,11 @@ typedef struct flux3_model flux3_model;
  * on failure (the caller agrees on errors across ranks). st may be NULL. */
 int flux3_load(const char *dir, struct backend *be, struct comm *c, dtype_t precision, flux3_model **out,
                load_stats *st);
+/* A model with random weights of the given config, made in memory
+ * (benchmarks; no file): each rank fills its local shard from (seed, rank,
+ * tensor name), linears ~ U(+-sqrt(3/in)) so activations stay O(1). */
+int flux3_init_random(const flux3_config *cfg, struct backend *be, struct comm *c, dtype_t precision, uint64_t seed,
+                      flux3_model **out);
 void flux3_free(flux3_model *m);
 
 const flux3_config *flux3_get_config(const flux3_model *m);
@@ -114,14 +119,19 @@ typedef struct flux3_inputs {
  * communication failure. */
 int flux3_forward(flux3_model *m, const flux3_inputs *in, float *out);
 
+/* Per-forward counters, accumulated until flux3_reset_stats. The
+ * all-reduce time includes waiting for the slowest rank. */
 typedef struct flux3_stats {
     long forwards;
     double seconds;            /* wall time inside flux3_forward */
     long allreduces;
     uint64_t allreduce_bytes;
     double allreduce_seconds;
+    double gemm_flops;         /* FLOPs of the GEMMs this rank ran */
+    double attention_flops;    /* 4 * Sq * Sk * head_dim * local heads per attention */
 } flux3_stats;
 void flux3_get_stats(const flux3_model *m, flux3_stats *st);
+void flux3_reset_stats(flux3_model *m);
 
 /* RoPE tables for n tokens with ids [n, 4]: cos/sin [n, head_dim], angles
  * id·theta^(-2k/d_axis) in float64 rounded to f32, each frequency repeated

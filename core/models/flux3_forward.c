@@ -13,12 +13,16 @@
 
 /* ---- helpers shared with flux3_blocks.c ---- */
 
-void flux3_gemm(flux3_model *m, tensor *y, const tensor *x, const tensor *w) { op_gemm(m->be, y, x, w, NULL); }
+void flux3_gemm(flux3_model *m, tensor *y, const tensor *x, const tensor *w) {
+    op_gemm(m->be, y, x, w, NULL);
+    m->stats.gemm_flops += 2.0 * (double)x->rows * (double)x->cols * (double)w->rows;
+}
 
 void flux3_attention(flux3_model *m, tensor *o, const tensor *q, const tensor *k, const tensor *v) {
     attn_params p = {.n_q_heads = m->heads_local, .n_kv_heads = m->heads_local, .head_dim = m->cfg.head_dim,
                      .scale = 1.0f / sqrtf((float)m->cfg.head_dim)};
     op_attention(m->be, o, q, k, v, &p);
+    m->stats.attention_flops += 4.0 * (double)q->rows * (double)k->rows * m->cfg.head_dim * m->heads_local;
 }
 
 int flux3_allreduce(flux3_model *m, tensor *t) {

@@ -26,7 +26,9 @@ struct flux3_model {
     int heads_local;
     int64_t Dl, Ml;            /* D/tp, M/tp */
     int exact_time;
-    weights *w;
+    weights *w;                /* loaded weights (NULL for random init) */
+    tensor **owned;            /* random init: the tensors this model allocated */
+    int n_owned;
 
     const tensor *t_lin1, *t_lin2, *tt_lin1, *tt_lin2;     /* timestep / target-timestep embedders */
     const tensor *early_mod[FLUX3_MODES], *single_mod[FLUX3_MODES];   /* [3D, D] each */
