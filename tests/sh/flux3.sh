@@ -42,6 +42,8 @@ expect_fail "flux3 check tp not dividing heads" "does not divide num_attention_h
     $MPIRUN -np 4 "$TPGEN" check --backend cpu --model "$G/model" --cases "$CASES"
 expect_fail "flux3 check flow-map cases on the base model" "case0.target_timestep" \
     "$TPGEN" check --backend cpu --model "$G/model" --cases "$TPGEN_GOLDEN/flux3-tiny/flowmap/transformer_cases.safetensors" --tol 1
+expect_fail "flux3 check FLUX.2 cases on a FLUX.3 model" "encoder_hidden_states must have last dimension 80" \
+    "$TPGEN" check --backend cpu --model "$G/model" --cases "$TPGEN_GOLDEN/flux2-tiny-a/transformer_cases.safetensors"
 expect_fail "flux3 check FLUX.2-only option" "FLUX.2-only" \
     $MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$G/model" --unfused
 mkdir -p "$TMP/fm/transformer"
