@@ -147,6 +147,15 @@ static const tensor *random_tensor(binder *b, const char *name, int64_t grows, i
 
 static const tensor k_dry_run;   /* what a dry-run bind returns */
 
+/* the QK-RMSNorm weights, which diffusers keeps in fp32 in a bf16 model
+ * (_keep_in_fp32_modules); a load filter (want), hence the ctx */
+static int is_qk_norm(const char *name, void *ctx) {
+    (void)ctx;
+    size_t n = strlen(name);
+    return n > 19 && (!strcmp(name + n - 19, ".attn.norm_q.weight") || !strcmp(name + n - 19, ".attn.norm_k.weight"));
+}
+static int is_not_qk_norm(const char *name, void *ctx) { return !is_qk_norm(name, ctx); }
+
 static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows, int64_t lcols, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
@@ -170,8 +179,9 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
         b->names = xrealloc(b->names, (size_t)(b->n_names + 1) * sizeof *b->names);
         b->names[b->n_names++] = xstrdup(name);
     } else {
-        if (!(t = weights_req(b->m->w, "%s", name))) return NULL;
-        info = weights_info(b->m->w, name);
+        const weights *w = b->m->w_norm && is_qk_norm(name, NULL) ? b->m->w_norm : b->m->w;
+        if (!(t = weights_req(w, "%s", name))) return NULL;
+        info = weights_info(w, name);
     }
     int64_t rows = info->ndim >= 1 ? info->shape[0] : 1, cols = 1;
     for (int d = 1; d < info->ndim; d++) cols *= info->shape[d];
@@ -263,11 +273,11 @@ static int check_names(flux3_model *m, const char *dir, const checkpoint *ck) {
 static const tensor *random_tensor(binder *b, const char *name, int64_t grows, int64_t gcols, int64_t lrows,
                                    int64_t lcols) {
     flux3_model *m = b->m;
-    tensor *t = tensor_new(m->be, m->act, lrows, lcols);
+    int is_norm = grows == 1;   /* the QK norms, f32 in both precisions as flux3_load keeps them */
+    tensor *t = tensor_new(m->be, is_norm ? DT_F32 : m->act, lrows, lcols);
     if (!t) return NULL;
     m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *m->owned);
     m->owned[m->n_owned++] = t;
-    int is_norm = grows == 1;
     float scale = is_norm ? 0.1f : sqrtf(3.0f / (float)gcols), offset = is_norm ? 1.0f : 0.0f;
     uint64_t s = b->seed * 0x9E3779B97F4A7C15ull + (uint64_t)m->rank * 0x632BE59BD9B4E019ull;
     for (const char *p = name; *p; p++) s = (s ^ (uint8_t)*p) * 0x100000001B3ull;
@@ -334,7 +344,12 @@ int flux3_load(const char *dir, backend *be, comm *c, dtype_t precision, flux3_m
         goto done;
     plan p;
     load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision};
+    if (precision == DT_BF16) o.want = is_not_qk_norm;   /* the QK norms load in f32, below */
     if (flux3_plan(&cfg, &p) || weights_load(ck, &p, &o, &m->w, st)) goto done;
+    if (precision == DT_BF16) {
+        load_opts o32 = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = DT_F32, .want = is_qk_norm};
+        if (weights_load(ck, &p, &o32, &m->w_norm, NULL)) goto done;
+    }
     binder b = {.m = m, .dir = dir};
     if (bind_all(&b)) goto done;
     rc = 0;
@@ -371,6 +386,7 @@ void flux3_free(flux3_model *m) {
     for (int i = 0; i < m->n_owned; i++) tensor_free(m->owned[i]);
     free(m->owned);
     weights_free(m->w);
+    weights_free(m->w_norm);
     for (int k = 0; k < FLUX3_MODES; k++) free(m->mode[k]);
     free(m->single);
     free(m);

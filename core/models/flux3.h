@@ -18,8 +18,8 @@
  * rowwise; the two row-split partial sums of a block are added and joined
  * by one comm_allreduce_sum per block. Everything else is replicated.
  * Precisions DT_F32 (weights upcast) and DT_BF16 (eager-bf16 roundings;
- * the QK norm and RoPE in fp32 with one rounding, as diffusers keeps
- * norm_q/norm_k in fp32).
+ * the QK norm and RoPE in fp32 with one rounding, and the QK-norm
+ * weights f32, as diffusers keeps norm_q/norm_k in fp32).
  *
  * A model is used by one thread at a time; all ranks of the comm call
  * flux3_forward in lockstep with the same inputs. */

@@ -27,6 +27,7 @@ struct flux3_model {
     int64_t Dl, Ml;            /* D/tp, M/tp */
     int exact_time;
     weights *w;                /* loaded weights (NULL for random init) */
+    weights *w_norm;           /* bf16 mode: the QK-norm weights, kept f32 as diffusers keeps them */
     tensor **owned;            /* random init: the tensors this model allocated */
     int n_owned;
 
