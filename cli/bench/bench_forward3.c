@@ -27,7 +27,7 @@ static int parse(int argc, char **argv, bench3_opts *o) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
         if (!strcmp(a, "--flow-map")) { o->flow_map = 1; continue; }
-        if (!v) return tp_error("bench forward3: option %s needs a value", a);
+        if (!v) return tp_error("bench forward3: option %s is unknown or needs a value (see --help)", a);
         i++;
         if (!strcmp(a, "--image-tokens")) o->n_img = atoi(v);
         else if (!strcmp(a, "--text-tokens")) o->n_txt = atoi(v);
