@@ -20,7 +20,7 @@ OPT     ?= -O2 -march=x86-64-v3
 CFLAGS  += -std=c17 -D_GNU_SOURCE $(OPT) -g -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_CFLAGS) \
            -I/usr/include/x86_64-linux-gnu/openblas-openmp
 LDLIBS  += $(if $(BLAS_DIR),-L$(BLAS_DIR) -Wl$(comma)-rpath$(comma)$(BLAS_DIR)) -lopenblas \
-           -lyaml -ljansson -lpcre2-8 -lutf8proc -lnettle -lmicrohttpd -lz -lm -fopenmp -pthread $(MPI_LIBS)
+           -lyaml -ljansson -lpcre2-8 -lutf8proc -lnettle -lmicrohttpd -lpng -ljpeg -lz -lm -fopenmp -pthread $(MPI_LIBS)
 # the CUDA plugin is dlopen'ed and calls back into the binary (kept apart from LDLIBS, which scripts override)
 HOST_LDLIBS := -ldl -rdynamic
 comma := ,
