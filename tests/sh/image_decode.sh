@@ -70,6 +70,33 @@ cases "$TPGEN" ""
 expect_fail "serve --max-ref-pixels out of range" "--max-ref-pixels '10' must be an integer from 4096 to 67108864" \
     "$TPGEN" serve --model "$KM" --max-ref-pixels 10
 
+# ... and applied to uploads: a 4097x4096 PNG header is over the 16 Mpx default, 1100x1000 over a 1 Mpx setting
+M=$TMP/tiny
+$TPGEN make-tiny --out "$M" --seed 3 >/dev/null 2>&1 || fail "make-tiny"
+$CRAFT pngbig "$H/up17.png" 4097 4096 tiny
+$CRAFT pngbig "$H/up11.png" 1100 1000 full
+serve_edit() { # LOG PNG FLAGS...: the HTTP status and body of one edit request
+    local log=$1 png=$2 port=; shift 2
+    $MPIRUN -np 1 "$TPGEN" serve --model "$M" --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
+    local srv=$!
+    for _ in $(seq 1 300); do
+        grep -q "ready after" "$log" && { port=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$log" | head -1); break; }
+        kill -0 $srv 2>/dev/null || break
+        sleep 0.2
+    done
+    [ -n "$port" ] && curl -s -m 60 -o "$TMP/edit.json" -w '%{http_code} ' -F prompt=x -F steps=1 -F "image=@$png" \
+        "http://127.0.0.1:$port/v1/images/edits" && cat "$TMP/edit.json"
+    kill -USR1 $srv 2>/dev/null
+    for _ in $(seq 1 150); do kill -0 $srv 2>/dev/null || break; sleep 0.2; done
+    kill -9 $srv 2>/dev/null; wait $srv 2>/dev/null
+}
+r=$(serve_edit "$TMP/s1.log" "$H/up17.png")
+case "$r" in "400 "*"4097x4096 pixels is more than the 16 Mpx this server decodes (--max-ref-pixels)"*) ok "serve: a 4097x4096 upload is refused at the 16 Mpx default (400)" ;;
+    *) fail "serve 16 Mpx default: $r $(tail -3 "$TMP/s1.log")" ;; esac
+r=$(serve_edit "$TMP/s2.log" "$H/up11.png" --max-ref-pixels 1000000)
+case "$r" in "400 "*"1100x1000 pixels is more than the 0.9537 Mpx this server decodes (--max-ref-pixels)"*) ok "serve --max-ref-pixels 1000000: a 1100x1000 upload is refused (400)" ;;
+    *) fail "serve --max-ref-pixels 1000000: $r $(tail -3 "$TMP/s2.log")" ;; esac
+
 # the accepted worst cases, bounded: the largest PNG and a progressive JPEG at the scan limit, both 64 Mpx
 $CRAFT pngbig "$H/big64.png" 8192 8192 full
 "$MKJPEG" bands "$H/prog100.jpg" 8192 8192 33
