@@ -11,29 +11,36 @@
 #include "decode.h"
 #include "kernels/err.h"
 #include <setjmp.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
 #include <jerror.h>
 
-typedef struct jerr {
+/* One decode's state, on the heap: the pointer to it is set before setjmp
+ * and never changed, so everything libjpeg and the loop below change is
+ * still valid after the longjmp (no automatic variable is involved). */
+typedef struct jctx {
+    struct jpeg_decompress_struct d;
     struct jpeg_error_mgr pub;
     struct jpeg_progress_mgr progress;
     jmp_buf jb;
-    char msg[JMSG_LENGTH_MAX + 64];
-    int reported;                /* tp_error already called (a limit) */
     const image_limits *lim;
     const char *name;
     double t0;
-} jerr;
+    uint8_t *out, *row;
+    app1_marker *marks;
+} jctx;
 
-static void on_error(j_common_ptr c) {
-    jerr *e = (jerr *)c->err;
+static jctx *ctx_of(j_common_ptr c) { return (jctx *)((char *)c->err - offsetof(jctx, pub)); }
+
+/* every error is recorded before the jump, so the setjmp branch only cleans up */
+__attribute__((noreturn)) static void on_error(j_common_ptr c) {
     char m[JMSG_LENGTH_MAX];
     c->err->format_message(c, m);
-    snprintf(e->msg, sizeof e->msg, "%s", m);
-    longjmp(e->jb, 1);
+    tp_error("reference image %s: cannot decode it (%s); the file is truncated or corrupt", ctx_of(c)->name, m);
+    longjmp(ctx_of(c)->jb, 1);
 }
 
 /* Warnings of corrupt data end the decode (PIL would paint over the damage
@@ -46,20 +53,22 @@ static void on_message(j_common_ptr c, int level) {
 }
 
 static void on_progress(j_common_ptr c) {
-    jerr *e = (jerr *)c->err;
-    j_decompress_ptr d = (j_decompress_ptr)c;
-    if (d->input_scan_number > e->lim->max_scans) {
-        e->reported = 1;
+    jctx *x = ctx_of(c);
+    if (x->d.input_scan_number > x->lim->max_scans) {
         tp_error("reference image %s: the JPEG has more than %d scans; refused (a progressive photo has about 10; "
-                 "thousands make decoding take minutes)", e->name, e->lim->max_scans);
-        longjmp(e->jb, 1);
+                 "thousands make decoding take minutes)", x->name, x->lim->max_scans);
+        longjmp(x->jb, 1);
     }
-    if (image_clock() - e->t0 > e->lim->max_seconds) {
-        e->reported = 1;
+    if (image_clock() - x->t0 > x->lim->max_seconds) {
         tp_error("reference image %s: decoding took more than %.0f s; refused (a JPEG this slow to decode is built "
-                 "to be)", e->name, e->lim->max_seconds);
-        longjmp(e->jb, 1);
+                 "to be)", x->name, x->lim->max_seconds);
+        longjmp(x->jb, 1);
     }
+}
+
+__attribute__((noreturn)) static void fail(jctx *x, const char *why) {
+    tp_error("reference image %s: cannot decode it (%s); the file is truncated or corrupt", x->name, why);
+    longjmp(x->jb, 1);
 }
 
 /* PIL's cmyk2rgb on PIL's (inverted) CMYK: r = 255-k' - c'·(255-k')/255,
@@ -72,84 +81,71 @@ static inline uint8_t cmyk_channel(int c, int k) {
 
 int jpeg_decode(const uint8_t *data, size_t size, const char *name, const image_limits *lim, uint8_t **rgb, int *w,
                 int *h, int *orientation) {
-    struct jpeg_decompress_struct d;
-    jerr e = {.lim = lim, .name = name};
-    /* set between setjmp and a longjmp back to it: volatile */
-    uint8_t *volatile out = NULL, *volatile row = NULL;
-    app1_marker *volatile marks = NULL;
-    d.err = jpeg_std_error(&e.pub);
-    e.pub.error_exit = on_error;
-    e.pub.emit_message = on_message;
-    if (setjmp(e.jb)) {
-        jpeg_destroy_decompress(&d);
-        free(out), free(row), free(marks);
-        if (e.reported) return -1;
-        return tp_error("reference image %s: cannot decode it (%s); the file is truncated or corrupt", name, e.msg);
+    jctx *const x = calloc(1, sizeof *x);
+    if (!x) return tp_error("reference image %s: out of memory starting the JPEG decoder", name);
+    x->lim = lim, x->name = name;
+    struct jpeg_decompress_struct *const d = &x->d;
+    d->err = jpeg_std_error(&x->pub);
+    x->pub.error_exit = on_error;
+    x->pub.emit_message = on_message;
+    if (setjmp(x->jb)) {
+        jpeg_destroy_decompress(d);
+        free(x->out), free(x->row), free(x->marks), free(x);
+        return -1;
     }
-    jpeg_create_decompress(&d);
-    e.progress.progress_monitor = on_progress;
-    d.progress = &e.progress;
+    jpeg_create_decompress(d);
+    x->progress.progress_monitor = on_progress;
+    d->progress = &x->progress;
     /* what libjpeg may allocate in all: the largest image's buffers, with room for its coefficients */
-    d.mem->max_memory_to_use = (long)(lim->max_pixels * 16 + (64 << 20));
-    jpeg_mem_src(&d, data, (unsigned long)size);
-    jpeg_save_markers(&d, JPEG_APP0 + 1, 0xFFFF);
-    jpeg_read_header(&d, TRUE);
-    if ((int64_t)d.image_width * d.image_height > lim->max_pixels) {
-        e.reported = 1;
-        image_too_many_pixels(name, (int)d.image_width, (int)d.image_height, lim);
-        longjmp(e.jb, 1);
+    d->mem->max_memory_to_use = (long)(lim->max_pixels * 16 + (64 << 20));
+    jpeg_mem_src(d, data, (unsigned long)size);
+    jpeg_save_markers(d, JPEG_APP0 + 1, 0xFFFF);
+    jpeg_read_header(d, TRUE);
+    if ((int64_t)d->image_width * d->image_height > lim->max_pixels) {
+        image_too_many_pixels(name, (int)d->image_width, (int)d->image_height, lim);
+        longjmp(x->jb, 1);
     }
     int n = 0;
-    for (jpeg_saved_marker_ptr m = d.marker_list; m; m = m->next) n++;
-    marks = malloc(sizeof(app1_marker) * (size_t)(n ? n : 1));
-    if (!marks) {
-        snprintf(e.msg, sizeof e.msg, "out of memory");
-        longjmp(e.jb, 1);
-    }
+    for (jpeg_saved_marker_ptr m = d->marker_list; m; m = m->next) n++;
+    if (!(x->marks = malloc(sizeof(app1_marker) * (size_t)(n ? n : 1)))) fail(x, "out of memory");
     n = 0;
-    for (jpeg_saved_marker_ptr m = d.marker_list; m; m = m->next)
-        if (m->marker == JPEG_APP0 + 1) marks[n++] = (app1_marker){m->data, m->data_length};
-    *orientation = jpeg_orientation(marks, n);
-    *w = (int)d.image_width, *h = (int)d.image_height;
+    for (jpeg_saved_marker_ptr m = d->marker_list; m; m = m->next)
+        if (m->marker == JPEG_APP0 + 1) x->marks[n++] = (app1_marker){m->data, m->data_length};
+    *orientation = jpeg_orientation(x->marks, n);
+    *w = (int)d->image_width, *h = (int)d->image_height;
     if (!rgb) {
-        jpeg_destroy_decompress(&d);
-        free(marks);
+        jpeg_destroy_decompress(d);
+        free(x->marks), free(x);
         return 0;
     }
-    int cmyk = d.num_components == 4;
-    d.out_color_space = d.num_components == 1 ? JCS_GRAYSCALE : cmyk ? JCS_CMYK : JCS_RGB;
-    e.t0 = image_clock();
-    jpeg_start_decompress(&d);   /* a progressive file's scans are all read here, under the monitor */
-    int oc = d.output_components;
-    if ((int)d.output_width != *w || (int)d.output_height != *h || (oc != 1 && oc != 3 && oc != 4)) {
-        snprintf(e.msg, sizeof e.msg, "unexpected output %ux%u x %d", d.output_width, d.output_height, oc);
-        longjmp(e.jb, 1);
-    }
+    int cmyk = d->num_components == 4;
+    d->out_color_space = d->num_components == 1 ? JCS_GRAYSCALE : cmyk ? JCS_CMYK : JCS_RGB;
+    x->t0 = image_clock();
+    jpeg_start_decompress(d);   /* a progressive file's scans are all read here, under the monitor */
+    int oc = d->output_components;
+    if ((int)d->output_width != *w || (int)d->output_height != *h || (oc != 1 && oc != 3 && oc != 4))
+        fail(x, "unexpected output size or components");
     size_t np = (size_t)*w * (size_t)*h;
-    out = malloc(np * 3);
-    row = malloc((size_t)*w * (size_t)oc);
-    if (!out || !row) {
-        e.reported = 1;
+    x->out = malloc(np * 3);
+    x->row = malloc((size_t)*w * (size_t)oc);
+    if (!x->out || !x->row) {
         tp_error("reference image %s: out of memory decoding %dx%d pixels", name, *w, *h);
-        longjmp(e.jb, 1);
+        longjmp(x->jb, 1);
     }
-    while (d.output_scanline < d.output_height) {
-        JSAMPROW r = row;
-        uint8_t *o = out + (size_t)d.output_scanline * (size_t)*w * 3;
-        if (jpeg_read_scanlines(&d, &r, 1) != 1) {
-            snprintf(e.msg, sizeof e.msg, "no scanline");
-            longjmp(e.jb, 1);
-        }
-        for (int x = 0; x < *w; x++, o += 3) {
-            const uint8_t *s = row + (size_t)x * oc;
+    while (d->output_scanline < d->output_height) {
+        JSAMPROW r = x->row;
+        uint8_t *o = x->out + (size_t)d->output_scanline * (size_t)*w * 3;
+        if (jpeg_read_scanlines(d, &r, 1) != 1) fail(x, "a scanline is missing");
+        for (int k = 0; k < *w; k++, o += 3) {
+            const uint8_t *s = x->row + (size_t)k * oc;
             if (oc == 1) o[0] = o[1] = o[2] = s[0];
             else if (oc == 3) memcpy(o, s, 3);
             else o[0] = cmyk_channel(s[0], s[3]), o[1] = cmyk_channel(s[1], s[3]), o[2] = cmyk_channel(s[2], s[3]);
         }
     }
-    jpeg_finish_decompress(&d);
-    jpeg_destroy_decompress(&d);
-    free(row), free(marks);
-    *rgb = out;
+    jpeg_finish_decompress(d);
+    jpeg_destroy_decompress(d);
+    *rgb = x->out;
+    free(x->row), free(x->marks), free(x);
     return 0;
 }

@@ -19,7 +19,7 @@
 typedef struct png_src {
     const uint8_t *data;
     size_t size, at;
-    char msg[200];   /* libpng's error text */
+    const char *name;   /* for the message */
 } png_src;
 
 static void on_read(png_structp png, png_bytep out, size_t n) {
@@ -29,9 +29,10 @@ static void on_read(png_structp png, png_bytep out, size_t n) {
     s->at += n;
 }
 
+/* the message is recorded here, so that nothing written after setjmp is read after the longjmp */
 static void on_error(png_structp png, png_const_charp msg) {
     png_src *s = png_get_error_ptr(png);
-    snprintf(s->msg, sizeof s->msg, "%s", msg);
+    tp_error("reference image %s: cannot decode it (%s); the file is truncated or corrupt", s->name, msg);
     png_longjmp(png, 1);
 }
 
@@ -47,32 +48,35 @@ int png_decode(const uint8_t *data, size_t size, const char *name, const image_l
         if (W <= INT32_MAX && H <= INT32_MAX && (int64_t)W * H > lim->max_pixels)
             return image_too_many_pixels(name, (int)W, (int)H, lim);
     }
-    png_src src = {.data = data, .size = size};
+    png_src src = {.data = data, .size = size, .name = name};
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, on_error, on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!info) {
         png_destroy_read_struct(&png, NULL, NULL);
         return tp_error("reference image %s: out of memory starting the PNG decoder", name);
     }
-    /* set before setjmp and changed after it: volatile, so that the error path sees the last value */
+    /* changed after setjmp and read after the longjmp: volatile (png and info are not changed; every error is
+     * recorded before the jump) */
     uint8_t *volatile out = NULL, *volatile raw = NULL;
-    int volatile timed_out = 0, too_big = 0;
     if (setjmp(png_jmpbuf(png))) {
         png_destroy_read_struct(&png, &info, NULL);
         free(out), free(raw);
-        if (too_big || timed_out) return -1;   /* already reported */
-        return tp_error("reference image %s: cannot decode it (%s); the file is truncated or corrupt", name, src.msg);
+        return -1;
     }
     png_set_read_fn(png, &src, on_read);
     png_set_crc_action(png, PNG_CRC_ERROR_QUIT, PNG_CRC_ERROR_QUIT);
     png_set_user_limits(png, 1u << 24, 1u << 24);   /* sides; the pixel count is checked below */
     png_set_chunk_malloc_max(png, 8u << 20);         /* one ancillary chunk, decompressed */
     png_set_chunk_cache_max(png, 1000);
+    /* the metadata chunks are skipped (CRC-checked, never buffered): libpng would allocate the length a
+     * text chunk declares before reading it, 1.6 GB for a 1 KB file; exif.c reads what orientation needs */
+    static const png_byte skip[] = "tEXt\0zTXt\0iTXt\0eXIf\0iCCP\0sPLT\0hIST\0pCAL\0sCAL\0tIME\0bKGD\0cHRM\0gAMA\0"
+                                   "sBIT\0sRGB\0pHYs\0oFFs\0";
+    png_set_keep_unknown_chunks(png, PNG_HANDLE_CHUNK_NEVER, skip, (int)(sizeof skip / 5));
     png_read_info(png, info);
     png_uint_32 W = png_get_image_width(png, info), H = png_get_image_height(png, info);
     int depth = png_get_bit_depth(png, info), ctype = png_get_color_type(png, info);
     if ((int64_t)W * H > lim->max_pixels) {
-        too_big = 1;
         image_too_many_pixels(name, (int)W, (int)H, lim);
         png_longjmp(png, 1);
     }
@@ -95,7 +99,6 @@ int png_decode(const uint8_t *data, size_t size, const char *name, const image_l
     /* one row, or the whole image when interlaced (its passes fill rows in turn) */
     raw = malloc(passes > 1 ? rowbytes * H : rowbytes);
     if (!out || !raw) {
-        too_big = 1;
         tp_error("reference image %s: out of memory decoding %ux%u pixels", name, (unsigned)W, (unsigned)H);
         png_longjmp(png, 1);
     }
@@ -105,7 +108,6 @@ int png_decode(const uint8_t *data, size_t size, const char *name, const image_l
             uint8_t *r = passes > 1 ? raw + rowbytes * y : raw;
             png_read_row(png, r, NULL);
             if ((y & 63) == 63 && image_clock() - t0 > lim->max_seconds) {
-                timed_out = 1;
                 tp_error("reference image %s: decoding took more than %.0f s; refused (a PNG this slow to decode is "
                          "built to be)", name, lim->max_seconds);
                 png_longjmp(png, 1);

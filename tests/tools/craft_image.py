@@ -6,8 +6,11 @@
   craft_image.py badcode OUT BASE.jpg      entropy data of all one bits: a Huffman code past every table
   craft_image.py rescan OUT BASE.jpg N     the last scan of a progressive file repeated N times
   craft_image.py cut OUT IN N              the first N bytes of IN (N < 0: all but the last -N)
-  craft_image.py pngbig OUT W H full|tiny  an RGB PNG declaring W x H of black rows: all of them, or only
-                                           the first 64 (the rest of the stream missing)
+  craft_image.py pngbig OUT W H full|tiny|worst
+                                           a PNG declaring W x H of black rows: 8-bit RGB, all rows or
+                                           only the first 64 (the rest of the stream missing); or the
+                                           costliest kind to decode: 16-bit RGBA, Adam7-interlaced (the
+                                           whole image buffered), every row Paeth-filtered
   craft_image.py crc OUT IN CHUNK          IN with the CRC of its first CHUNK chunk changed
 """
 import struct, sys, zlib
@@ -84,12 +87,22 @@ def main(a):
         open(a[1], "wb").write(d[:n])
     elif cmd == "pngbig":
         w, h, kind = int(a[2]), int(a[3]), a[4]
-        rows = h if kind == "full" else 64
         z = zlib.compressobj(9)
-        row = b"\0" * (1 + 3 * w)
-        idat = b"".join(z.compress(row) for _ in range(rows)) + z.flush()
-        data = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
-                chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+        if kind == "worst":
+            parts = []
+            for x0, y0, dx, dy in ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)):
+                pw, ph = max(0, (w - x0 + dx - 1) // dx), max(0, (h - y0 + dy - 1) // dy)
+                if pw:
+                    row = b"\4" + b"\0" * (8 * pw)
+                    parts += [z.compress(row) for _ in range(ph)]
+            idat = b"".join(parts) + z.flush()
+            ihdr = struct.pack(">IIBBBBB", w, h, 16, 6, 0, 0, 1)
+        else:
+            rows = h if kind == "full" else 64
+            row = b"\0" * (1 + 3 * w)
+            idat = b"".join(z.compress(row) for _ in range(rows)) + z.flush()
+            ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+        data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
         open(a[1], "wb").write(data)
     elif cmd == "crc":
         d = bytearray(open(a[2], "rb").read())
