@@ -31,12 +31,11 @@ double image_clock(void);
  *     `tiff:Orientation>`; -1 when there is none. */
 int exif_orientation(const uint8_t *p, size_t n);
 int xmp_orientation(const uint8_t *p, size_t n);
-/* JPEG: the orientation from the saved APP1 markers, in file order */
-typedef struct app1_marker {
-    const uint8_t *data;
-    size_t size;
-} app1_marker;
-int jpeg_orientation(const app1_marker *m, int n);
+/* JPEG: the orientation from the APP1 segments before the first scan (as
+ * PIL reads them), found by a marker walk over the bytes: libjpeg's own
+ * marker saving appends to a list by walking it, quadratic in the number
+ * of markers (2 million empty APP1s: minutes) */
+int jpeg_orientation(const uint8_t *data, size_t size);
 /* PNG: the orientation from eXIf, tEXt "exif", "Raw profile type exif"
  * and XMP text chunks anywhere in the file (walked here, CRC-checked) */
 int png_orientation(const uint8_t *data, size_t size);

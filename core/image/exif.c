@@ -95,32 +95,41 @@ int xmp_orientation(const uint8_t *p, size_t n) {
     return -1;
 }
 
-int jpeg_orientation(const app1_marker *m, int n) {
-    /* PIL: the first "Exif\0\0" segment whole, later ones appended without their 6-byte prefix */
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        if (m[i].size >= 6 && !memcmp(m[i].data, "Exif\0\0", 6)) total += m[i].size;
-    int o = -1;
-    if (total) {
-        uint8_t *buf = malloc(total), *q = buf;
-        if (!buf) return 1;
-        for (int i = 0; i < n; i++)
-            if (m[i].size >= 6 && !memcmp(m[i].data, "Exif\0\0", 6)) {
-                size_t skip = q == buf ? 0 : 6;
-                memcpy(q, m[i].data + skip, m[i].size - skip);
-                q += m[i].size - skip;
+int jpeg_orientation(const uint8_t *d, size_t n) {
+    static const char ns[] = "http://ns.adobe.com/xap/1.0/";
+    size_t total = 0, nexif = 0;
+    const uint8_t *xmp = NULL;
+    size_t xmp_n = 0;
+    /* pass 1: the Exif bytes in all and the last XMP packet; pass 2: the Exif segments concatenated (PIL: the
+     * first whole, later ones without their 6-byte prefix) */
+    uint8_t *buf = NULL, *q = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t p = 2; p + 4 <= n;) {
+            if (d[p] != 0xFF) { p++; continue; }   /* PIL skips junk between segments */
+            int m = d[p + 1];
+            if (m == 0xFF) { p++; continue; }      /* fill byte */
+            if (m == 0xDA || m == 0xD9) break;     /* the first scan, or the end */
+            if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD8)) { p += 2; continue; }
+            size_t len = (size_t)d[p + 2] << 8 | d[p + 3];
+            if (len < 2 || len > n - p - 2) break;
+            const uint8_t *seg = d + p + 4;
+            size_t sl = len - 2;
+            if (m == 0xE1 && sl >= 6 && !memcmp(seg, "Exif\0\0", 6)) {
+                size_t skip = nexif++ ? 6 : 0;
+                if (pass == 0) total += sl - skip;
+                else memcpy(q, seg + skip, sl - skip), q += sl - skip;
+            } else if (pass == 0 && m == 0xE1 && sl >= sizeof ns && !memcmp(seg, ns, sizeof ns)) {
+                xmp = seg + sizeof ns, xmp_n = sl - sizeof ns;
             }
-        o = exif_orientation(buf, (size_t)(q - buf));
-        free(buf);
+            p += 2 + len;
+        }
+        if (pass == 1 || !total) break;
+        if (!(buf = q = malloc(total))) return 1;
+        nexif = 0;
     }
-    if (o < 0) {   /* the last XMP packet (PIL's info["xmp"]) */
-        static const char ns[] = "http://ns.adobe.com/xap/1.0/";
-        for (int i = n - 1; i >= 0; i--)
-            if (m[i].size >= sizeof ns && !memcmp(m[i].data, ns, sizeof ns)) {
-                o = xmp_orientation(m[i].data + sizeof ns, m[i].size - sizeof ns);
-                break;
-            }
-    }
+    int o = buf ? exif_orientation(buf, (size_t)(q - buf)) : -1;
+    free(buf);
+    if (o < 0 && xmp) o = xmp_orientation(xmp, xmp_n);
     return o < 0 ? 1 : o;
 }
 

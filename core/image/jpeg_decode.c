@@ -30,7 +30,6 @@ typedef struct jctx {
     const char *name;
     double t0;
     uint8_t *out, *row;
-    app1_marker *marks;
 } jctx;
 
 static jctx *ctx_of(j_common_ptr c) { return (jctx *)((char *)c->err - offsetof(jctx, pub)); }
@@ -90,7 +89,7 @@ int jpeg_decode(const uint8_t *data, size_t size, const char *name, const image_
     x->pub.emit_message = on_message;
     if (setjmp(x->jb)) {
         jpeg_destroy_decompress(d);
-        free(x->out), free(x->row), free(x->marks), free(x);
+        free(x->out), free(x->row), free(x);
         return -1;
     }
     jpeg_create_decompress(d);
@@ -99,23 +98,16 @@ int jpeg_decode(const uint8_t *data, size_t size, const char *name, const image_
     /* what libjpeg may allocate in all: the largest image's buffers, with room for its coefficients */
     d->mem->max_memory_to_use = (long)(lim->max_pixels * 16 + (64 << 20));
     jpeg_mem_src(d, data, (unsigned long)size);
-    jpeg_save_markers(d, JPEG_APP0 + 1, 0xFFFF);
     jpeg_read_header(d, TRUE);
     if ((int64_t)d->image_width * d->image_height > lim->max_pixels) {
         image_too_many_pixels(name, (int)d->image_width, (int)d->image_height, lim);
         longjmp(x->jb, 1);
     }
-    int n = 0;
-    for (jpeg_saved_marker_ptr m = d->marker_list; m; m = m->next) n++;
-    if (!(x->marks = malloc(sizeof(app1_marker) * (size_t)(n ? n : 1)))) fail(x, "out of memory");
-    n = 0;
-    for (jpeg_saved_marker_ptr m = d->marker_list; m; m = m->next)
-        if (m->marker == JPEG_APP0 + 1) x->marks[n++] = (app1_marker){m->data, m->data_length};
-    *orientation = jpeg_orientation(x->marks, n);
+    *orientation = jpeg_orientation(data, size);
     *w = (int)d->image_width, *h = (int)d->image_height;
     if (!rgb) {
         jpeg_destroy_decompress(d);
-        free(x->marks), free(x);
+        free(x);
         return 0;
     }
     int cmyk = d->num_components == 4;
@@ -146,6 +138,6 @@ int jpeg_decode(const uint8_t *data, size_t size, const char *name, const image_
     jpeg_finish_decompress(d);
     jpeg_destroy_decompress(d);
     *rgb = x->out;
-    free(x->row), free(x->marks), free(x);
+    free(x->row), free(x);
     return 0;
 }

@@ -44,6 +44,9 @@ $CRAFT crc "$H/crc_ztxt.png" "$D/orient8_raw.png" zTXt
 $CRAFT pngbig "$H/big_tiny.png" 8192 8192 tiny
 $CRAFT pngbig "$H/big_over.png" 8193 8192 tiny
 "$MKJPEG" scans "$H/scans101.jpg" 64 64 101 1
+$CRAFT flood "$H/app1_flood.jpg" "$H/prog_base.jpg" 2000000   # libjpeg's marker saving was quadratic in these
+$CRAFT pngbig "$H/black64.png" 64 64 full
+$CRAFT flood "$H/text_flood.png" "$H/black64.png" 500000
 
 cases() { # BIN PREFIX: each file through encode-image (the image is read before any weight)
     local b=$1 p=$2
@@ -62,6 +65,17 @@ cases() { # BIN PREFIX: each file through encode-image (the image is read before
     bounded "${p}png IHDR CRC" "crc_ihdr.png: cannot decode it \(IHDR: CRC error\)" 5 300 "${enc[@]}" "$H/crc_ihdr.png"
     bounded "${p}png zTXt CRC" "crc_ztxt.png: cannot decode it \(zTXt: CRC error\)" 5 300 "${enc[@]}" "$H/crc_ztxt.png"
     bounded "${p}png 8192x8192 declared, 64 rows of data" "big_tiny.png: cannot decode it \(Not enough image data\)" 10 600 "${enc[@]}" "$H/big_tiny.png"
+    # accepted, in linear time: 2 million empty APP1 segments (8 MB), 500 000 tEXt chunks (7.5 MB)
+    local f t kb
+    for f in app1_flood.jpg text_flood.png; do
+        if /usr/bin/time -f "%e %M" -o "$TMP/time" "${enc[@]}" "$H/$f" >/dev/null 2>&1; then
+            read -r t kb < <(tail -1 "$TMP/time")
+            awk -v t="$t" 'BEGIN { exit !(t < 10) }' && [ "$kb" -lt $((400 * 1024)) ] && ok "${p}$f decoded in ${t} s, $((kb / 1024)) MB" ||
+                fail "${p}$f: ${t} s, $((kb / 1024)) MB (limits 10 s, 400 MB)"
+        else
+            fail "${p}$f: $("${enc[@]}" "$H/$f" 2>&1 | tail -1)"
+        fi
+    done
     bounded "${p}png over 64 Mpx, refused from the header" "big_over.png: 8193x8192 pixels is more than the 64 Mpx tpgen decodes" 5 300 "${enc[@]}" "$H/big_over.png"
 }
 cases "$TPGEN" ""

@@ -12,6 +12,8 @@
                                            costliest kind to decode: 16-bit RGBA, Adam7-interlaced (the
                                            whole image buffered), every row Paeth-filtered
   craft_image.py crc OUT IN CHUNK          IN with the CRC of its first CHUNK chunk changed
+  craft_image.py flood OUT IN N            IN with N empty segments before its image: APP1 markers for a
+                                           JPEG, tEXt chunks (keyword "a") for a PNG
 """
 import struct, sys, zlib
 
@@ -116,6 +118,13 @@ def main(a):
         else:
             sys.exit("no %s chunk" % a[3])
         open(a[1], "wb").write(bytes(d))
+    elif cmd == "flood":
+        d, n = open(a[2], "rb").read(), int(a[3])
+        if d[:2] == b"\xff\xd8":
+            d = d[:2] + b"\xff\xe1\x00\x02" * n + d[2:]
+        else:
+            d = d[:33] + chunk(b"tEXt", b"a\0") * n + d[33:]   # after IHDR
+        open(a[1], "wb").write(d)
     else:
         sys.exit("unknown command " + cmd)
 
