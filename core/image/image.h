@@ -23,7 +23,7 @@
 #define IMAGE_MAX_SCANS 100
 /* wall time of one decode, a backstop behind the two limits above */
 #define IMAGE_MAX_SECONDS 30.0
-/* largest file read (a 64 Mpx PNG of noise is about 200 MB) */
+/* largest file read (a 64 Mpx 16-bit RGBA PNG of noise is about 512 MB) */
 #define IMAGE_MAX_FILE_BYTES ((int64_t)1 << 30)
 #define IMAGE_REF_MIN_SIDE 64
 #define IMAGE_REF_MAX_ASPECT 8
