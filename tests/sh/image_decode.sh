@@ -44,7 +44,8 @@ $CRAFT crc "$H/crc_ztxt.png" "$D/orient8_raw.png" zTXt
 $CRAFT pngbig "$H/big_tiny.png" 8192 8192 tiny
 $CRAFT pngbig "$H/big_over.png" 8193 8192 tiny
 "$MKJPEG" scans "$H/scans101.jpg" 64 64 101 1
-$CRAFT flood "$H/app1_flood.jpg" "$H/prog_base.jpg" 2000000   # libjpeg's marker saving was quadratic in these
+"$MKJPEG" photo "$H/small.jpg" 64 64 90
+$CRAFT flood "$H/app1_flood.jpg" "$H/small.jpg" 2000000   # libjpeg's marker saving was quadratic in these
 $CRAFT pngbig "$H/black64.png" 64 64 full
 $CRAFT flood "$H/text_flood.png" "$H/black64.png" 500000
 
