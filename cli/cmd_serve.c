@@ -15,6 +15,7 @@
 #include "serve_render.h"
 #include "kernels/err.h"
 #include "core/formats/checkpoint.h"
+#include "core/image/image.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@ typedef struct serve_opts {
     double prompt_cache_mb;
     int queue, max_n, max_side;
     double max_upload_mb;
+    long max_ref_pixels;
 } serve_opts;
 
 static void print_help(void) {
@@ -48,7 +50,9 @@ static void print_help(void) {
            "  --queue N                 requests waiting at most (default 16; more get 429)\n"
            "  --max-images N            images per request at most (default 4)\n"
            "  --max-side PX             pixels per side at most (default 2048)\n"
-           "  --max-upload-mb MB        largest edit request (its reference images), default 50\n\n"
+           "  --max-upload-mb MB        largest edit request (its reference images), default 50\n"
+           "  --max-ref-pixels N        pixels of one reference image at most, before it is resized (default\n"
+           "                            16777216 = 16 Mpx; at most 67108864, generate's cap)\n\n"
            "model options (as for generate): --model DIR (required), --tp T, --precision bf16|f32,\n"
            "  --backend cpu|cuda, --quantize fp8, --lora FILE[:WEIGHT] (repeatable), --max-sequence-length L,\n"
            "  and the defaults of requests that leave them out: --steps, --guidance, --width, --height,\n"
@@ -71,7 +75,7 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
             continue;
         }
         static const char *own[] = {"--listen", "--api-key-file", "--prompt-cache-mb", "--queue", "--max-images",
-                                    "--max-side", "--max-upload-mb"};
+                                    "--max-side", "--max-upload-mb", "--max-ref-pixels"};
         int mine = 0;
         for (size_t k = 0; k < sizeof own / sizeof own[0]; k++) {
             size_t n = strlen(own[k]);
@@ -93,6 +97,12 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
                 rc = tp_error("serve: %s '%s' must be a number of MB from 0 to %d", key, v, 1 << 20);
             else if (!strcmp(key, "--prompt-cache-mb")) o->prompt_cache_mb = x;
             else o->max_upload_mb = x;
+        } else if (!strcmp(key, "--max-ref-pixels")) {
+            long x = strtol(v, &end, 10);
+            if (*end || end == v || x < 64 * 64 || x > IMAGE_MAX_PIXELS)
+                rc = tp_error("serve: --max-ref-pixels '%s' must be an integer from %d to %lld", v, 64 * 64,
+                              (long long)IMAGE_MAX_PIXELS);
+            else o->max_ref_pixels = x;
         } else {
             long x = strtol(v, &end, 10);
             int lo = 1, hi = !strcmp(key, "--queue") ? 4096 : !strcmp(key, "--max-images") ? 64 : 16384;
@@ -134,6 +144,7 @@ static const char *base_name(const char *p) {
 static int start(dist *d, serve_opts *o, run_spec *s, gen_setup *g, int argc, char **argv) {
     int rc = parse_flags(argc, argv, o, s);
     if (dist_agree(d->world, rc)) return -1;
+    image_set_max_pixels(o->max_ref_pixels, "--max-ref-pixels");   /* every rank decodes with this cap */
     if (dist_agree(d->world, dist_set_tp(d, s->tp))) return -1;
     rc = gen_setup_init(g, s, d);
     if (!rc && !g->write_png)
@@ -165,7 +176,7 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     serve_opts o = {.listen = "127.0.0.1:8080", .prompt_cache_mb = 256, .queue = 16, .max_n = 4, .max_side = 2048,
-                    .max_upload_mb = 50};
+                    .max_upload_mb = 50, .max_ref_pixels = 16L << 20};
     run_spec spec;
     runspec_init(&spec);
     gen_setup g;
