@@ -3,6 +3,7 @@
  * checked against the config before a weight byte is read, then the
  * shard is read through the plan engine and bound by name. */
 #include "flux3_impl.h"
+#include "config_json.h"
 #include "kernels/err.h"
 #include "core/formats/checkpoint.h"
 #include <math.h>
@@ -20,47 +21,6 @@
 #define FLUX3_MAX_D (1 << 20)
 #define FLUX3_MAX_MLP_RATIO 64.0
 
-static int get_int(const json_t *cfg, const char *key, int def, int64_t max, const char *where, int *out) {
-    json_t *v = json_object_get(cfg, key);
-    if (!v || json_is_null(v)) { *out = def; return 0; }
-    double r = json_is_real(v) ? json_real_value(v) : 0;
-    if (!json_is_integer(v) && !(json_is_real(v) && r == floor(r)))
-        return tp_error("%s: field '%s' must be an integer", where, key);
-    if (json_is_integer(v) ? json_integer_value(v) < 0 || json_integer_value(v) > max : !(r >= 0 && r <= (double)max))
-        return tp_error("%s: field '%s' is out of range (0 to %lld); the config is corrupt", where, key,
-                        (long long)max);
-    *out = json_is_integer(v) ? (int)json_integer_value(v) : (int)r;
-    return 0;
-}
-
-static int get_num(const json_t *cfg, const char *key, double def, const char *where, double *out) {
-    json_t *v = json_object_get(cfg, key);
-    if (!v || json_is_null(v)) { *out = def; return 0; }
-    if (!json_is_number(v)) return tp_error("%s: field '%s' must be a number", where, key);
-    *out = json_number_value(v);
-    return 0;
-}
-
-static int parse_axes(const json_t *cfg, const char *where, flux3_config *c) {
-    json_t *a = json_object_get(cfg, "axes_dims_rope");
-    if (!a || json_is_null(a)) {   /* (t, h, w, l), 32 each at head_dim 128 */
-        c->n_axes = 4;
-        for (int i = 0; i < 4; i++) c->axes_dims[i] = 32;
-        return 0;
-    }
-    if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > FLUX3_MAX_AXES)
-        return tp_error("%s: 'axes_dims_rope' must be a list of 1 to %d integers", where, FLUX3_MAX_AXES);
-    c->n_axes = (int)json_array_size(a);
-    for (int i = 0; i < c->n_axes; i++) {
-        json_t *e = json_array_get(a, (size_t)i);
-        if (!json_is_integer(e) || json_integer_value(e) <= 0 || json_integer_value(e) > FLUX3_MAX_FIELD ||
-            json_integer_value(e) % 2)
-            return tp_error("%s: axes_dims_rope[%d] must be a positive even integer", where, i);
-        c->axes_dims[i] = (int)json_integer_value(e);
-    }
-    return 0;
-}
-
 int flux3_config_parse(const json_t *cfg, const char *where, flux3_config *c) {
     memset(c, 0, sizeof *c);
     if (!json_is_object(cfg)) return tp_error("%s: config is not a JSON object", where);
@@ -70,16 +30,17 @@ int flux3_config_parse(const json_t *cfg, const char *where, flux3_config *c) {
                         json_is_string(cls) ? json_string_value(cls) : "not a string", FLUX3_CLASS_NAME);
     double eps = 1e-6;
     /* defaults: the diffusers class's */
-    if (get_int(cfg, "in_channels", 128, FLUX3_MAX_FIELD, where, &c->in_channels) ||
-        get_int(cfg, "cond_in_channels", 128, FLUX3_MAX_FIELD, where, &c->cond_in_channels) ||
-        get_int(cfg, "num_layers", 5, FLUX3_MAX_LAYERS, where, &c->num_layers) ||
-        get_int(cfg, "num_single_layers", 28, FLUX3_MAX_LAYERS, where, &c->num_single_layers) ||
-        get_int(cfg, "attention_head_dim", 128, FLUX3_MAX_FIELD, where, &c->head_dim) ||
-        get_int(cfg, "num_attention_heads", 24, FLUX3_MAX_FIELD, where, &c->heads) ||
-        get_int(cfg, "joint_attention_dim", 20480, FLUX3_MAX_FIELD, where, &c->joint_dim) ||
-        get_int(cfg, "timestep_channels", 256, FLUX3_MAX_FIELD, where, &c->time_channels) ||
-        get_num(cfg, "mlp_ratio", 3.0, where, &c->mlp_ratio) || get_num(cfg, "rope_theta", 10000, where, &c->rope_theta) ||
-        get_num(cfg, "eps", 1e-6, where, &eps) || parse_axes(cfg, where, c))
+    if (cfg_int(cfg, "in_channels", 128, FLUX3_MAX_FIELD, where, &c->in_channels) ||
+        cfg_int(cfg, "cond_in_channels", 128, FLUX3_MAX_FIELD, where, &c->cond_in_channels) ||
+        cfg_int(cfg, "num_layers", 5, FLUX3_MAX_LAYERS, where, &c->num_layers) ||
+        cfg_int(cfg, "num_single_layers", 28, FLUX3_MAX_LAYERS, where, &c->num_single_layers) ||
+        cfg_int(cfg, "attention_head_dim", 128, FLUX3_MAX_FIELD, where, &c->head_dim) ||
+        cfg_int(cfg, "num_attention_heads", 24, FLUX3_MAX_FIELD, where, &c->heads) ||
+        cfg_int(cfg, "joint_attention_dim", 20480, FLUX3_MAX_FIELD, where, &c->joint_dim) ||
+        cfg_int(cfg, "timestep_channels", 256, FLUX3_MAX_FIELD, where, &c->time_channels) ||
+        cfg_num(cfg, "mlp_ratio", 3.0, where, &c->mlp_ratio) || cfg_num(cfg, "rope_theta", 10000, where, &c->rope_theta) ||
+        cfg_num(cfg, "eps", 1e-6, where, &eps) ||
+        cfg_rope_axes(cfg, where, FLUX3_MAX_AXES, FLUX3_MAX_FIELD, &c->n_axes, c->axes_dims))
         return -1;
     c->eps = (float)eps;
     json_t *fm = json_object_get(cfg, "flow_map");
