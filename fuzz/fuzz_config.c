@@ -54,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         flux3_config f3;
         if (flux3_config_parse(cfg, "fuzz", &f3) == 0 && flux3_plan(&f3, &p) == 0) {
             checkpoint empty = {.dir = "fuzz"};
-            for (int tp = 1; tp <= 8; tp++) (void)plan_validate(&p, &empty, tp);
+            for (int tp = 1; tp <= 8; tp++) (void)checkpoint_validate_plan(&empty, &p, tp);
         }
         llm_config lc;
         (void)llm_config_parse(cfg, "fuzz", &lc);
