@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -31,6 +32,7 @@ typedef struct req_ctx {
     int too_large;
     serve_form *form;            /* POST /v1/images/edits: the multipart body */
     int not_form;                /* edits without a multipart body */
+    int answered;                /* a response was queued on the first call (401) */
 } req_ctx;
 
 int serve_parse_listen(const char *listen, struct sockaddr_storage *ss, unsigned *len) {
@@ -67,14 +69,24 @@ int serve_parse_listen(const char *listen, struct sockaddr_storage *ss, unsigned
     return 0;
 }
 
+static const char k_oom_body[] =
+    "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
+
+/* Answer with body (malloc'ed, taken over; NULL: out of memory, answered
+ * 500 from a static body). m NULL: not counted (/health, /metrics). */
 static enum MHD_Result send_body(struct MHD_Connection *c, serve_metrics *m, int status, const char *type,
                                  char *body) {
-    if (!body) {
+    struct MHD_Response *r = NULL;
+    if (body) {
+        r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+        if (!r) free(body);
+    }
+    if (!r) {
         status = 500;
         type = "application/json";
-        body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+        r = MHD_create_response_from_buffer(sizeof k_oom_body - 1, (void *)k_oom_body, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;   /* MHD closes the connection */
     }
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(r, "Content-Type", type);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "5");
@@ -88,13 +100,17 @@ static enum MHD_Result send_error(struct MHD_Connection *c, serve_metrics *m, co
     return send_body(c, m, e->status, "application/json", serve_error_json(e));
 }
 
+/* "Authorization: Bearer TOKEN", the scheme in any case (RFC 7235). */
 static int authorized(const serve_http *h, struct MHD_Connection *c) {
     const char *key = h->cfg->api_key;
     if (!key) return 1;
     const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!v || strncmp(v, "Bearer ", 7)) return 0;
-    v += 7;
-    return serve_token_equal(v, strlen(v), key, strlen(key));
+    if (!v || strncasecmp(v, "Bearer", 6) || (v[6] != ' ' && v[6] != '\t')) return 0;
+    v += 6;
+    while (*v == ' ' || *v == '\t') v++;
+    size_t n = strlen(v);
+    while (n && (v[n - 1] == ' ' || v[n - 1] == '\t')) n--;
+    return serve_token_equal(v, n, key, strlen(key));
 }
 
 /* 48 random bits: the seed of a request that names none (any seed is
@@ -167,10 +183,24 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (!rc) return MHD_NO;
         *state = rc;
         __atomic_add_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
+        /* the key before any body byte is read: a stranger's upload is
+         * answered at once and never buffered (MHD then closes the
+         * connection, discarding the rest of the body) */
+        if (strcmp(url, "/health") && !authorized(h, c)) {
+            serve_error e;
+            serve_error_set(&e, 401, "invalid_request_error", NULL,
+                            "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
+            rc->answered = 1;
+            return send_error(c, cfg->metrics, &e);
+        }
         if (!strcmp(url, "/v1/images/edits") && !strcmp(method, "POST")) {
             rc->form = serve_form_create(c, cfg->max_upload_bytes);
             rc->not_form = !rc->form;
         }
+        return MHD_YES;
+    }
+    if (rc->answered) {   /* answered on the first call: nothing more is read */
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size && rc->form) {
@@ -199,14 +229,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     serve_error e;
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) {
-        if (!get) return send_error(c, cfg->metrics, (serve_error[]){{405, "invalid_request_error", "", "use GET /health"}});
-        return send_body(c, cfg->metrics, h->ready ? 200 : 503, "application/json",
+        if (!get) return send_error(c, NULL, (serve_error[]){{405, "invalid_request_error", "", "use GET /health"}});
+        return send_body(c, NULL, h->ready ? 200 : 503, "application/json",   /* a probe, not a request */
                          strdup(h->ready ? "{\"status\":\"ready\"}" : "{\"status\":\"loading\"}"));
-    }
-    if (!authorized(h, c)) {
-        serve_error_set(&e, 401, "invalid_request_error", NULL,
-                        "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
-        return send_error(c, cfg->metrics, &e);
     }
     if (rc->too_large) {
         serve_error_set(&e, 413, "invalid_request_error", NULL, "the request body is over this server's limit of %zu bytes",
@@ -332,5 +357,7 @@ char *serve_read_api_key(const char *path) {
         tp_error("--api-key-file %s: the first line is blank; put the key there", path);
         return NULL;
     }
-    return strdup(line);
+    char *key = strdup(line);
+    if (!key) tp_error("out of memory reading --api-key-file %s", path);
+    return key;
 }

@@ -180,7 +180,7 @@ serve_outcome serve_outcome_of(int status) {
 static const char *k_outcome[OUT_COUNT] = {"ok", "bad_request", "unauthorized", "not_found", "too_large",
                                            "queue_full", "unavailable", "failed"};
 
-typedef struct { char *s; size_t n, cap; } sbuf;
+typedef struct { char *s; size_t n, cap; int bad; } sbuf;
 
 static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put(sbuf *b, const char *fmt, ...) {
@@ -189,14 +189,14 @@ static void put(sbuf *b, const char *fmt, ...) {
         va_start(ap, fmt);
         int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
         va_end(ap);
-        if (k < 0) return;
+        if (k < 0) { b->bad = 1; return; }
         if (b->s && b->n + (size_t)k < b->cap) {
             b->n += (size_t)k;
             return;
         }
         size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)k;
         char *s = realloc(b->s, cap);
-        if (!s) return;
+        if (!s) { b->bad = 1; return; }
         b->s = s;
         b->cap = cap;
     }
@@ -235,5 +235,9 @@ char *serve_metrics_text(serve_metrics *m, int queue_depth) {
     for (int r = 0; r < m->n_ranks; r++)
         put(&b, "tpgen_resident_bytes{rank=\"%d\"} %llu\n", r, (unsigned long long)m->resident_bytes[r]);
     pthread_mutex_unlock(&m->mu);
+    if (b.bad) {   /* out of memory: answered 500, never a cut text */
+        free(b.s);
+        return NULL;
+    }
     return b.s;
 }

@@ -159,10 +159,11 @@ static int result_unpack(const uint8_t *p, size_t n, serve_job *j) {
     j->n_pngs = 0;
     j->pngs = calloc((size_t)np + 1, sizeof *j->pngs);
     j->png_sizes = calloc((size_t)np + 1, sizeof *j->png_sizes);
+    if (!j->pngs || !j->png_sizes) return -1;   /* the caller frees and answers 500 */
     for (int64_t i = 0; i < np && !b.bad; i++) {
         int64_t sz = r_i64(&b);
         if (sz < 0 || (uint64_t)sz > b.n - b.at) { b.bad = 1; break; }
-        j->pngs[i] = malloc((size_t)sz + 1);
+        if (!(j->pngs[i] = malloc((size_t)sz + 1))) { b.bad = 1; break; }
         r_raw(&b, j->pngs[i], (size_t)sz);
         j->png_sizes[i] = (size_t)sz;
         j->n_pngs++;
@@ -204,7 +205,7 @@ static int group_recv(serve_ranks *s, uint8_t **p, size_t *n) {
     *n = (size_t)hdr[1];
     *p = NULL;
     if (hdr[1] > 0) {
-        *p = malloc(*n);
+        *p = xmalloc(*n);   /* the group's protocol cannot go on without it: a clear exit */
         MPI_Bcast(*p, (int)*n, MPI_BYTE, 0, s->d->tp_comm);
     }
     return (int)hdr[0];
@@ -240,7 +241,7 @@ void serve_ranks_service(serve_ranks *s) {
     while (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s->msg, &flag, &st), flag) {
         int g = st.MPI_SOURCE / d->tp, cnt = 0;
         MPI_Get_count(&st, MPI_BYTE, &cnt);
-        uint8_t *buf = malloc((size_t)cnt + 1);
+        uint8_t *buf = xmalloc((size_t)cnt + 1);
         MPI_Recv(buf, cnt, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, s->msg, MPI_STATUS_IGNORE);
         if (st.MPI_TAG == T_READY) {
             s->ready[g] = 1;
@@ -273,9 +274,9 @@ void serve_ranks_service(serve_ranks *s) {
 
 static int run_world_rank0(serve_ranks *s) {
     const dist *d = s->d;
-    s->inflight = calloc((size_t)d->dp, sizeof *s->inflight);
-    s->ready = calloc((size_t)d->dp, sizeof *s->ready);
-    int *stopped = calloc((size_t)d->dp, sizeof *stopped), n_stopped = 1;   /* group 0 is stopped last */
+    s->inflight = xcalloc((size_t)d->dp, sizeof *s->inflight);
+    s->ready = xcalloc((size_t)d->dp, sizeof *s->ready);
+    int *stopped = xcalloc((size_t)d->dp, sizeof *stopped), n_stopped = 1;   /* group 0 is stopped last */
     for (;;) {
         if (*s->stop && !s->stopping) {
             s->stopping = 1;
@@ -333,7 +334,7 @@ static int run_group_rank(serve_ranks *s) {
             }
             int cnt = 0;
             MPI_Get_count(&st, MPI_BYTE, &cnt);
-            p = malloc((size_t)cnt + 1);
+            p = xmalloc((size_t)cnt + 1);
             MPI_Recv(p, cnt, MPI_BYTE, 0, st.MPI_TAG, s->msg, MPI_STATUS_IGNORE);
             n = (size_t)cnt;
             type = st.MPI_TAG == T_STOP ? MSG_STOP : MSG_JOB;

@@ -12,10 +12,16 @@
       N concurrent slow requests against a short queue: all answered, some 429
   serve_client.py edit PORT OUT.png PROMPT SEED STEPS IMAGE...
       multipart POST /v1/images/edits
+  serve_client.py preauth PORT PID N MB
+      N concurrent edits of MB megabytes each without the API key: each must
+      get 401 on its headers, and PID's resident memory must not grow by the
+      uploads (the body is never read)
 """
 import base64
 import json
+import socket
 import sys
+import time
 import threading
 import urllib.error
 import urllib.request
@@ -119,6 +125,8 @@ BAD = [
     ("no prompt", {"size": "64x64"}, 400, "prompt", "prompt"),
     ("prompt not a string", {"prompt": 7}, 400, "prompt", "prompt"),
     ("size not WxH", {"prompt": "a", "size": "big"}, 400, "size", "size"),
+    ("size with a space", {"prompt": "a", "size": "64x 64"}, 400, "size", "size"),
+    ("invalid UTF-8", b'{"prompt": "a \xff fox"}', 400, None, "JSON"),
     ("size not a multiple of 16", {"prompt": "a", "size": "100x100"}, 400, "size", "16"),
     ("size over the limit", {"prompt": "a", "size": "8192x8192"}, 400, "size", ""),
     ("n = 0", {"prompt": "a", "n": 0}, 400, "n", "n"),
@@ -221,7 +229,74 @@ def cmd_edit(port, out, prompt, seed, steps, *images):
     print(f"wrote {out}")
 
 
+def rss_kb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return -1
+
+
+def read_status(s, timeout):
+    s.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n" not in data:
+            k = s.recv(4096)
+            if not k:
+                break
+            data += k
+    except OSError:
+        pass
+    try:
+        return int(data.split()[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def cmd_preauth(port, pid, n, mb):
+    n, size = int(n), int(float(mb) * 1048576)
+    before = rss_kb(pid)
+    res = []
+    lock = threading.Lock()
+
+    def one(i):
+        s = socket.create_connection(("127.0.0.1", int(port)), timeout=10)
+        t0 = time.monotonic()
+        s.sendall(b"POST /v1/images/edits HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=B0123\r\n"
+                  b"Content-Length: %d\r\n\r\n" % size)
+        st = read_status(s, 5)   # the answer comes on the headers alone
+        t_answer = time.monotonic() - t0
+        sent, chunk = 0, b"x" * 65536
+        s.settimeout(2)
+        try:   # then push the body anyway, as a hostile client would, until the server closes
+            while sent < size:
+                sent += s.send(chunk)
+        except OSError:
+            pass
+        s.close()
+        with lock:
+            res.append((st, t_answer, sent))
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=60)
+    after = rss_kb(pid)
+    codes = [r[0] for r in res]
+    worst = max((r[1] for r in res), default=-1)
+    pushed = sum(r[2] for r in res)
+    grew = (after - before) / 1024
+    if len(res) != n or any(c != 401 for c in codes) or worst > 2:
+        return fail("pre-auth uploads: 401 on the headers", f"statuses {codes}, slowest answer {worst:.2f} s")
+    ok(f"pre-auth uploads: {n} x {mb} MB without a key, each 401 within {worst:.3f} s, before any body byte")
+    if grew > 20:
+        return fail("pre-auth uploads: nothing buffered", f"rank 0 grew by {grew:.1f} MB ({pushed / 1048576:.1f} MB pushed)")
+    ok(f"pre-auth uploads: rank 0 grew by {grew:.1f} MB while clients pushed {pushed / 1048576:.1f} MB of body "
+       f"(RSS {before / 1024:.0f} -> {after / 1024:.0f} MB)")
+
+
 if __name__ == "__main__":
     cmds = {"openai": cmd_openai, "load": cmd_load, "bad": cmd_bad, "flood": cmd_flood, "edit": cmd_edit,
-            "openai-edit": cmd_openai_edit}
+            "openai-edit": cmd_openai_edit, "preauth": cmd_preauth}
     cmds[sys.argv[1]](*sys.argv[2:])
