@@ -16,6 +16,13 @@
       N concurrent edits of MB megabytes each without the API key: each must
       get 401 on its headers, and PID's resident memory must not grow by the
       uploads (the body is never read)
+  serve_client.py conns PORT N LIMIT HEADER_TIMEOUT KEEPALIVE_TIMEOUT
+      N connections, half idle, half slowloris (a header line every 0.3 s):
+      /health must answer within 1 s meanwhile; filled up to LIMIT, the next
+      connection gets 503 at once; every one of them is closed by the server
+      after HEADER_TIMEOUT, and a kept-alive one after KEEPALIVE_TIMEOUT
+  serve_client.py per-ip PORT LIMIT
+      LIMIT idle connections from 127.0.0.1, then one more: closed at once
 """
 import base64
 import json
@@ -46,6 +53,8 @@ def post(port, path, body, headers=None, timeout=120):
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+    except OSError as e:   # reset, refused, timed out: a status no server sends, so the check fails
+        return -1, repr(e).encode()
 
 
 def get(port, path, method="GET", headers=None):
@@ -296,7 +305,146 @@ def cmd_preauth(port, pid, n, mb):
        f"(RSS {before / 1024:.0f} -> {after / 1024:.0f} MB)")
 
 
+def health_latency(port):
+    t0 = time.monotonic()
+    try:
+        s = socket.create_connection(("127.0.0.1", int(port)), timeout=3)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        st = read_status(s, 3)
+        s.close()
+    except OSError:
+        st = -1
+    return st, time.monotonic() - t0
+
+
+def closed_by_server(s, timeout):
+    """True when the server closes s (EOF or reset) within timeout seconds."""
+    s.settimeout(timeout)
+    try:
+        while True:
+            k = s.recv(4096)
+            if not k:
+                return True
+    except ConnectionResetError:
+        return True
+    except OSError:
+        return False
+
+
+def cmd_conns(port, n, limit, header_timeout, keepalive_timeout):
+    port, n, limit = int(port), int(n), int(limit)
+    header_timeout, keepalive_timeout = float(header_timeout), float(keepalive_timeout)
+    t_open = time.monotonic()
+    idle, slow = [], []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if i % 2:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")   # headers that never end
+            slow.append(s)
+        else:
+            idle.append(s)
+    stop = threading.Event()
+
+    def drip():
+        while not stop.is_set():
+            for s in slow:
+                try:
+                    s.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+            stop.wait(0.3)
+
+    dripper = threading.Thread(target=drip)
+    dripper.start()
+    lat = []
+    for _ in range(10):
+        st, dt = health_latency(port)
+        lat.append((st, dt))
+    lat_s = sorted(dt for _, dt in lat)
+    if any(st != 200 for st, _ in lat) or lat_s[-1] > 1.0:
+        fail(f"{n} idle/slowloris connections: /health within 1 s", f"{lat}")
+    else:
+        ok(f"{n} idle/slowloris connections open: /health 10/10 answered, median {lat_s[5] * 1000:.1f} ms, "
+           f"max {lat_s[-1] * 1000:.1f} ms")
+    # fill up to the limit (each /health probe above has closed), then one more
+    extra = []
+    try:
+        while len(idle) + len(slow) + len(extra) < limit:
+            extra.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.2)   # the last ones are registered
+        t0 = time.monotonic()
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        st = read_status(s, 2)
+        dt = time.monotonic() - t0
+        s.close()
+        if st == 503 and dt < 1:
+            ok(f"connection {limit + 1} past --max-connections {limit}: 503 after {dt * 1000:.1f} ms")
+        else:
+            fail(f"past --max-connections {limit}: an immediate 503", f"status {st} after {dt:.2f} s")
+    except OSError as e:
+        fail(f"past --max-connections {limit}", f"{e}")
+    # every connection that never completed its headers is closed at the header deadline
+    wait = header_timeout + 1.5 - (time.monotonic() - t_open)
+    t0 = time.monotonic()
+    closed = sum(closed_by_server(s, max(wait - (time.monotonic() - t0), 0.05)) for s in idle + slow + extra)
+    stop.set()
+    dripper.join()
+    total = len(idle) + len(slow) + len(extra)
+    took = time.monotonic() - t_open
+    if closed == total:
+        ok(f"all {total} idle and slowloris connections closed by the server at the {header_timeout:g} s header "
+           f"deadline ({took:.1f} s after they opened)")
+    else:
+        fail("header deadline", f"{closed} of {total} closed {took:.1f} s after they opened")
+    for s in idle + slow + extra:
+        s.close()
+    st, dt = health_latency(port)
+    if st != 200:
+        fail("/health after the connections", f"status {st}")
+    # a kept-alive connection idles at most KEEPALIVE_TIMEOUT
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    st = read_status(s, 2)
+    t0 = time.monotonic()
+    time.sleep(0.2)
+    gone = closed_by_server(s, keepalive_timeout + 2)
+    dt = time.monotonic() - t0
+    s.close()
+    if st == 200 and gone and keepalive_timeout - 0.2 <= dt <= keepalive_timeout + 1.5:
+        ok(f"a kept-alive connection closed after {dt:.1f} s idle (--keepalive-timeout {keepalive_timeout:g})")
+    else:
+        fail("keep-alive idle timeout", f"status {st}, closed {gone} after {dt:.1f} s")
+
+
+def cmd_per_ip(port, limit):
+    port, limit = int(port), int(limit)
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(limit)]
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    except OSError:
+        pass
+    st = read_status(s, 2)
+    closed = st == -1 and closed_by_server(s, 1)
+    dt = time.monotonic() - t0
+    s.close()
+    ok_inside = health_latency(port)[0]
+    for h in held:
+        h.close()
+    time.sleep(0.2)
+    after = health_latency(port)[0]
+    if closed and dt < 1 and after == 200:
+        ok(f"connection {limit + 1} from one address past --max-connections-per-ip {limit}: closed after "
+           f"{dt * 1000:.1f} ms; /health answers once the others close")
+    else:
+        fail("per-address limit", f"status {st}, closed {closed} after {dt:.2f} s, /health {ok_inside} then {after}")
+
+
 if __name__ == "__main__":
     cmds = {"openai": cmd_openai, "load": cmd_load, "bad": cmd_bad, "flood": cmd_flood, "edit": cmd_edit,
-            "openai-edit": cmd_openai_edit, "preauth": cmd_preauth}
+            "openai-edit": cmd_openai_edit, "preauth": cmd_preauth,
+            "conns": cmd_conns, "per-ip": cmd_per_ip}
     cmds[sys.argv[1]](*sys.argv[2:])

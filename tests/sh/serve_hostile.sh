@@ -3,7 +3,10 @@
 # tp 2, 127.0.0.1 only, every test bounded in count and time: the pre-auth
 # crash request (a multipart part without Content-Disposition), unauthenticated
 # 45 MB uploads answered 401 on their headers without rank 0 buffering them;
-# on the release build and on the ASan + UBSan build.
+# 250 idle and slowloris connections (/health within 1 s, 503 at once past
+# --max-connections, all closed at the header deadline, the keep-alive idle
+# timeout) and the per-address limit; on the release build and on the
+# ASan + UBSan build.
 . "$TPGEN_ROOT/tests/lib.sh"
 M=$TMP/tiny
 $TPGEN make-tiny --out "$M" --seed 3 >/dev/null 2>&1 || fail "make-tiny"
@@ -74,4 +77,15 @@ for build in release asan; do
             ok "$build, with a key: clean exit, no sanitizer report" ||
             fail "$build, with a key: rc $rc: $(grep -E -A3 'AddressSanitizer|runtime error' "$TMP/k-$build.log" | head -5)"
     else fail "$build --api-key-file: not ready: $(tail -3 "$TMP/k-$build.log")"; fi
+    if start_server "$TMP/c-$build.log" "$bin" --max-connections 300 --max-connections-per-ip 0 --header-timeout 3 \
+        --keepalive-timeout 2; then
+        timeout 60 "$PY" "$CLIENT" conns "$PORT" 250 300 3 2 | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        stop_server; rc=$?
+        [ $rc -eq 0 ] && ! grep -qE "AddressSanitizer|runtime error" "$TMP/c-$build.log" &&
+            ok "$build, connections: clean exit" || fail "$build, connections: rc $rc: $(tail -3 "$TMP/c-$build.log")"
+    else fail "$build --max-connections: not ready: $(tail -3 "$TMP/c-$build.log")"; fi
+    if start_server "$TMP/p-$build.log" "$bin" --max-connections-per-ip 4; then
+        timeout 30 "$PY" "$CLIENT" per-ip "$PORT" 4 | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        stop_server >/dev/null
+    else fail "$build --max-connections-per-ip: not ready: $(tail -3 "$TMP/p-$build.log")"; fi
 done
