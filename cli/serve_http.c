@@ -309,12 +309,13 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
     req_ctx *rc = *state;
     if (rc) {
         serve_conn_request_done(&h->conns, rc->cn);
-        if (rc->job) {   /* never answered (the connection died): nobody waits for it */
+        if (rc->job) {   /* never answered: the client had gone when MHD resumed the connection */
             __atomic_store_n(&rc->job->gone, 1, __ATOMIC_RELEASE);
             /* the job belongs to the queue or the render side until it is
              * finished; a suspended connection is only closed by
              * MHD_stop_daemon, after every job is finished */
             if (rc->job->done) {
+                if (h->cfg->metrics) serve_metrics_count(h->cfg->metrics, serve_outcome_of(rc->job->status));
                 serve_job_free_result(rc->job);
                 serve_request_free(&rc->job->req);
                 free(rc->job);

@@ -23,6 +23,15 @@
       after HEADER_TIMEOUT, and a kept-alive one after KEEPALIVE_TIMEOUT
   serve_client.py per-ip PORT LIMIT
       LIMIT idle connections from 127.0.0.1, then one more: closed at once
+  serve_client.py abandon PORT
+      a client that hangs up mid-render frees the server within one step
+      (/health answering meanwhile); one that hangs up while queued is
+      dropped from the queue at once
+  serve_client.py deadline PORT TIMEOUT
+      a render longer than --request-timeout TIMEOUT is answered 504 and stopped
+  serve_client.py sigterm PORT PID
+      two renders running (dp 2), two queued: SIGTERM to PID; the queued and
+      every request sent after it get 503 at once, the running two 200
 """
 import base64
 import json
@@ -443,8 +452,159 @@ def cmd_per_ip(port, limit):
         fail("per-address limit", f"status {st}, closed {closed} after {dt:.2f} s, /health {ok_inside} then {after}")
 
 
+def metrics(port):
+    st, body = get(port, "/metrics")
+    out = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def start_job(port, body):
+    """A generations request on a raw socket, left waiting (close it to hang up)."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", int(port)), timeout=10)
+    s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    return s
+
+
+def wait_metric(port, pred, timeout):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        m = metrics(port)
+        if pred(m):
+            return m, time.monotonic() - t0
+        time.sleep(0.02)
+    return metrics(port), None
+
+
+LONG = {"prompt": "a long fox", "size": "256x256", "seed": 3, "steps": 200}
+
+
+def warm_up(port):
+    """LONG's prompt into the embedding cache (a later render starts denoising at once); seconds per step."""
+    post(port, "/v1/images/generations", dict(LONG, steps=3))
+    m = metrics(port)
+    return m["tpgen_step_seconds_sum"] / max(m["tpgen_step_seconds_count"], 1)
+
+
+def cmd_abandon(port):
+    step_s = warm_up(port)
+    m0 = metrics(port)
+    steps0 = m0["tpgen_step_seconds_count"]
+    a = start_job(port, LONG)
+    time.sleep(max(1.5, 5 * step_s))   # denoising (the step counters move only when a job ends)
+    lat = sorted(health_latency(port)[1] for _ in range(5))
+    if lat[-1] < 1:
+        ok(f"/health while a render runs: 5/5 answered, max {lat[-1] * 1000:.1f} ms")
+    else:
+        fail("/health while a render runs", f"latencies {lat}")
+    # a second request waits in the queue; its client hangs up
+    b = start_job(port, dict(LONG, seed=4))
+    m, dt = wait_metric(port, lambda m: m["tpgen_queue_depth"] >= 1, 10)
+    if dt is None:
+        a.close()
+        b.close()
+        return fail("abandon: a second request waits in the queue", "queue depth stayed 0")
+    ab0 = m['tpgen_requests_total{outcome="abandoned"}']
+    b.close()
+    m, dt = wait_metric(port, lambda m: m["tpgen_queue_depth"] == 0 and
+                        m['tpgen_requests_total{outcome="abandoned"}'] >= ab0 + 1, 5)
+    if dt is not None and dt < 0.5:
+        ok(f"a queued request whose client hung up: dropped from the queue after {dt * 1000:.0f} ms")
+    else:
+        fail("a queued request whose client hung up is dropped", f"after {dt}: {m.get('tpgen_queue_depth')}")
+    # the running one's client hangs up: the render stops at the next step
+    c0 = m["tpgen_jobs_cancelled_total"]
+    t_close = time.monotonic()
+    a.close()
+    m, dt = wait_metric(port, lambda m: m["tpgen_jobs_cancelled_total"] >= c0 + 1, 30)
+    steps = m["tpgen_step_seconds_count"] - steps0
+    step_s = m["tpgen_step_seconds_sum"] / max(m["tpgen_step_seconds_count"], 1)
+    if dt is not None and dt <= step_s + 0.3 and steps < 200:
+        ok(f"a client that hangs up mid-render: stopped {dt * 1000:.0f} ms later (a step takes {step_s * 1000:.0f} ms), "
+           f"after {steps:.0f} of 200 steps")
+    else:
+        fail("a client that hangs up mid-render frees the server within one step",
+             f"cancelled after {dt} s, step {step_s:.3f} s, {steps} steps")
+    # the server is free: a short request is answered at once
+    t0 = time.monotonic()
+    st, body = post(port, "/v1/images/generations", {"prompt": "a fox", "size": "64x64", "seed": 1, "steps": 2})
+    if st == 200 and time.monotonic() - t_close < 30:
+        ok(f"the next request is rendered at once ({time.monotonic() - t0:.2f} s)")
+    else:
+        fail("the next request after a cancel", f"status {st}")
+
+
+def cmd_deadline(port, timeout):
+    timeout = float(timeout)
+    warm_up(port)
+    t0 = time.monotonic()
+    st, body = post(port, "/v1/images/generations", LONG)
+    dt = time.monotonic() - t0
+    m = metrics(port)
+    step_s = m["tpgen_step_seconds_sum"] / max(m["tpgen_step_seconds_count"], 1)
+    msg = json.loads(body).get("error", {}).get("message", "") if st == 504 else body[:200]
+    if st == 504 and "request-timeout" in msg and dt <= timeout + step_s + 1.0 and m["tpgen_jobs_cancelled_total"] >= 1:
+        ok(f"--request-timeout {timeout:g}: a 200-step render answered 504 after {dt:.2f} s ({msg[:70]})")
+    else:
+        fail("--request-timeout", f"status {st} after {dt:.2f} s: {msg}")
+
+
+def cmd_sigterm(port, pid):
+    import os
+    import signal
+    res = {}
+    lock = threading.Lock()
+
+    def one(name, body):
+        t0 = time.monotonic()
+        st, _ = post(port, "/v1/images/generations", body)
+        with lock:
+            res[name] = (st, time.monotonic())
+
+    running = [threading.Thread(target=one, args=(f"run{i}", dict(LONG, steps=30, seed=i))) for i in range(2)]
+    for t in running:
+        t.start()
+    time.sleep(2)   # both groups denoising
+    queued = [threading.Thread(target=one, args=(f"queued{i}", dict(LONG, steps=2, seed=10 + i))) for i in range(2)]
+    for t in queued:
+        t.start()
+    wait_metric(port, lambda m: m["tpgen_queue_depth"] >= 2, 10)
+    t_sig = time.monotonic()
+    os.kill(int(pid), signal.SIGTERM)
+    late = []
+    for i in range(5):   # requests arriving after the signal, over a second
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        st, _ = post(port, "/v1/images/generations", dict(LONG, steps=2, seed=20 + i), timeout=10)
+        late.append((st, time.monotonic() - t0))
+    for t in queued + running:
+        t.join(timeout=120)
+    q = [res.get(f"queued{i}", (None, 0)) for i in range(2)]
+    r = [res.get(f"run{i}", (None, 0)) for i in range(2)]
+    if all(st == 503 and t - t_sig < 0.5 for st, t in q):
+        ok(f"SIGTERM at dp 2: both queued requests answered 503 within "
+           f"{max(t - t_sig for _, t in q) * 1000:.0f} ms")
+    else:
+        fail("SIGTERM at dp 2: queued requests 503 at once", f"{[(st, round(t - t_sig, 2)) for st, t in q]}")
+    if all(st == 503 and dt < 0.5 for st, dt in late):
+        ok(f"SIGTERM at dp 2: all 5 requests sent after it answered 503 (slowest {max(dt for _, dt in late) * 1000:.0f} ms)")
+    else:
+        fail("SIGTERM at dp 2: requests after it get 503", f"{late}")
+    if all(st == 200 for st, _ in r):
+        ok(f"SIGTERM at dp 2: the two running renders finished and were answered 200 "
+           f"({max(t - t_sig for _, t in r):.1f} s after the signal)")
+    else:
+        fail("SIGTERM at dp 2: running renders finish", f"{r}")
+
+
 if __name__ == "__main__":
     cmds = {"openai": cmd_openai, "load": cmd_load, "bad": cmd_bad, "flood": cmd_flood, "edit": cmd_edit,
             "openai-edit": cmd_openai_edit, "preauth": cmd_preauth,
-            "conns": cmd_conns, "per-ip": cmd_per_ip}
+            "conns": cmd_conns, "per-ip": cmd_per_ip, "abandon": cmd_abandon, "deadline": cmd_deadline,
+            "sigterm": cmd_sigterm}
     cmds[sys.argv[1]](*sys.argv[2:])

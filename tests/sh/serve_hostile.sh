@@ -5,8 +5,11 @@
 # 45 MB uploads answered 401 on their headers without rank 0 buffering them;
 # 250 idle and slowloris connections (/health within 1 s, 503 at once past
 # --max-connections, all closed at the header deadline, the keep-alive idle
-# timeout) and the per-address limit; on the release build and on the
-# ASan + UBSan build.
+# timeout) and the per-address limit; work nobody waits for: a client that
+# hangs up mid-render frees the server within one step, one that hangs up
+# while queued is dropped, --request-timeout answers 504; SIGTERM at dp 2
+# with requests arriving after it (all 503, the running renders finish,
+# exit 0); on the release build and on the ASan + UBSan build.
 . "$TPGEN_ROOT/tests/lib.sh"
 M=$TMP/tiny
 $TPGEN make-tiny --out "$M" --seed 3 >/dev/null 2>&1 || fail "make-tiny"
@@ -86,6 +89,19 @@ for build in release asan; do
     else fail "$build --max-connections: not ready: $(tail -3 "$TMP/c-$build.log")"; fi
     if start_server "$TMP/p-$build.log" "$bin" --max-connections-per-ip 4; then
         timeout 30 "$PY" "$CLIENT" per-ip "$PORT" 4 | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
-        stop_server >/dev/null
+        timeout 200 "$PY" "$CLIENT" abandon "$PORT" | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        stop_server; rc=$?
+        [ $rc -eq 0 ] && ! grep -qE "AddressSanitizer|runtime error" "$TMP/p-$build.log" &&
+            ok "$build, cancelled renders: clean exit" || fail "$build, cancelled renders: rc $rc: $(tail -3 "$TMP/p-$build.log")"
     else fail "$build --max-connections-per-ip: not ready: $(tail -3 "$TMP/p-$build.log")"; fi
+    if start_server "$TMP/d-$build.log" "$bin" --request-timeout 2; then
+        timeout 60 "$PY" "$CLIENT" deadline "$PORT" 2 | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        stop_server >/dev/null
+    else fail "$build --request-timeout: not ready: $(tail -3 "$TMP/d-$build.log")"; fi
+    if NP=4 start_server "$TMP/t-$build.log" "$bin" --tp 2; then
+        timeout 200 "$PY" "$CLIENT" sigterm "$PORT" "$R0" | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        wait_exit 60; rc=$?
+        [ $rc -eq 0 ] && grep -q "serve: stopped" "$TMP/t-$build.log" && ! grep -qE "AddressSanitizer|runtime error" "$TMP/t-$build.log" &&
+            ok "$build: SIGTERM at dp 2: every rank exits 0" || fail "$build: SIGTERM at dp 2: rc $rc: $(tail -3 "$TMP/t-$build.log")"
+    else fail "$build tp 2 x dp 2: not ready: $(tail -3 "$TMP/t-$build.log")"; fi
 done
