@@ -25,6 +25,10 @@ struct serve_conn {
     serve_job *job;              /* C_WAITING: the job it waits for */
     int suspended;               /* suspended, not yet resumed */
     int shut;                    /* shut down by the watcher */
+    /* closed by MHD while suspended (only MHD_stop_daemon does that): the
+     * job's on_done still comes, and frees the record and the job */
+    int closed;
+    serve_job *orphan;
 };
 
 static double header_timeout(const serve_conns *cs) {
@@ -207,8 +211,10 @@ void serve_conns_notify(void *cls, struct MHD_Connection *c, void **socket_conte
         if (cn->prev) cn->prev->next = cn->next;
         else cs->list = cn->next;
         if (cn->next) cn->next->prev = cn->prev;
+        int pending = cn->suspended;   /* its job's on_done will still come */
+        cn->closed = 1;
         pthread_mutex_unlock(&cs->mu);
-        free(cn);
+        if (!pending) free(cn);
         *socket_context = NULL;
     }
 }
@@ -237,19 +243,41 @@ void serve_conn_request_done(serve_conns *cs, serve_conn *cn) {
 }
 
 /* the job is finished (render side, or the queue): wake its connection */
+static void free_job(serve_job *j) {
+    serve_job_free_result(j);
+    serve_request_free(&j->req);
+    free(j);
+}
+
 static void job_done(serve_job *j, void *arg) {
     serve_conn *cn = arg;
     serve_conns *cs = cn->cs;
     pthread_mutex_lock(&cs->mu);
-    int resume = cn->suspended;
+    int resume = cn->suspended && !cn->orphan && !cn->closed;
     cn->suspended = 0;
     cn->job = NULL;
+    serve_job *orphan = cn->orphan;
+    int closed = cn->closed;
     struct MHD_Connection *mc = cn->mc;
     pthread_mutex_unlock(&cs->mu);
     (void)j;
+    if (orphan) free_job(orphan);   /* its request is over: nobody answers it */
+    if (closed) free(cn);
     /* outside the lock: MHD takes its own; a suspended connection stays
      * open (and cn with it) until it is resumed */
     if (resume) MHD_resume_connection(mc);
+}
+
+int serve_conn_orphan(serve_conns *cs, serve_conn *cn, serve_job *j) {
+    if (!cn) return 0;
+    pthread_mutex_lock(&cs->mu);
+    int pending = cn->suspended;
+    if (pending) {
+        cn->orphan = j;
+        __atomic_store_n(&j->gone, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&cs->mu);
+    return pending;
 }
 
 int serve_conn_submit(serve_conns *cs, serve_conn *cn, struct MHD_Connection *c, serve_job *j, serve_error *e) {

@@ -58,5 +58,9 @@ void serve_conn_request_done(serve_conns *cs, serve_conn *cn);
  * finished (then MHD calls the handler again): 0, or -1 with e (429, 503)
  * and c not suspended. */
 int serve_conn_submit(serve_conns *cs, serve_conn *cn, struct MHD_Connection *c, serve_job *j, serve_error *e);
+/* The request on cn ended (MHD_OPTION_NOTIFY_COMPLETED) with j not
+ * answered: 1 when j is not finished yet (it is marked gone, and freed by
+ * its on_done), 0 when it is finished (the caller frees it). */
+int serve_conn_orphan(serve_conns *cs, serve_conn *cn, serve_job *j);
 
 #endif

@@ -309,17 +309,14 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
     req_ctx *rc = *state;
     if (rc) {
         serve_conn_request_done(&h->conns, rc->cn);
-        if (rc->job) {   /* never answered: the client had gone when MHD resumed the connection */
-            __atomic_store_n(&rc->job->gone, 1, __ATOMIC_RELEASE);
-            /* the job belongs to the queue or the render side until it is
-             * finished; a suspended connection is only closed by
-             * MHD_stop_daemon, after every job is finished */
-            if (rc->job->done) {
-                if (h->cfg->metrics) serve_metrics_count(h->cfg->metrics, serve_outcome_of(rc->job->status));
-                serve_job_free_result(rc->job);
-                serve_request_free(&rc->job->req);
-                free(rc->job);
-            }
+        /* never answered: the client had gone when MHD resumed the
+         * connection, or the daemon stops with the job still out there
+         * (then its on_done frees it) */
+        if (rc->job && !serve_conn_orphan(&h->conns, rc->cn, rc->job)) {
+            if (h->cfg->metrics) serve_metrics_count(h->cfg->metrics, serve_outcome_of(rc->job->status));
+            serve_job_free_result(rc->job);
+            serve_request_free(&rc->job->req);
+            free(rc->job);
         }
         __atomic_sub_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
         serve_form_free(rc->form);

@@ -27,6 +27,9 @@
       a client that hangs up mid-render frees the server within one step
       (/health answering meanwhile); one that hangs up while queued is
       dropped from the queue at once
+  serve_client.py abandon-dp PORT
+      at dp 2: a client of the render on the second TP group hangs up; that
+      group stops (CANCEL from world rank 0) while the first one renders
   serve_client.py deadline PORT TIMEOUT
       a render longer than --request-timeout TIMEOUT is answered 504 and stopped
   serve_client.py sigterm PORT PID
@@ -539,6 +542,35 @@ def cmd_abandon(port):
         fail("the next request after a cancel", f"status {st}")
 
 
+def cmd_abandon_dp(port):
+    step_s = warm_up(port)
+    m0 = metrics(port)
+    c0 = m0["tpgen_jobs_cancelled_total"]
+    a = start_job(port, LONG)                 # one group each (either may take either)
+    time.sleep(0.3)
+    b = start_job(port, dict(LONG, seed=5))
+    time.sleep(max(2, 5 * step_s))
+    t0 = time.monotonic()
+    b.close()
+    m, dt = wait_metric(port, lambda m: m["tpgen_jobs_cancelled_total"] >= c0 + 1, 60)
+    # a step of the cancelled render, the two groups sharing the machine
+    n = m["tpgen_step_seconds_count"] - m0["tpgen_step_seconds_count"]
+    step_s = (m["tpgen_step_seconds_sum"] - m0["tpgen_step_seconds_sum"]) / n if n > 0 else step_s
+    # on group 1, the CANCEL leaves world rank 0 between two of group 0's steps, and group 1 stops after its own
+    if dt is not None and dt <= 2 * step_s + 0.5:
+        ok(f"dp 2: a render stopped {dt * 1000:.0f} ms after its client hung up (a step takes "
+           f"{step_s * 1000:.0f} ms), the other group still rendering")
+    else:
+        fail("dp 2: a hang-up cancels the other group's render", f"after {dt} s (step {step_s:.3f} s)")
+    a.close()
+    m, dt = wait_metric(port, lambda m: m["tpgen_jobs_cancelled_total"] >= c0 + 2, 60)
+    st, _ = post(port, "/v1/images/generations", {"prompt": "a fox", "size": "64x64", "seed": 1, "steps": 2})
+    if dt is not None and st == 200:
+        ok("dp 2: then the other render stopped too, and the next request is answered")
+    else:
+        fail("dp 2: both cancelled, server free", f"after {dt}, next request {st}")
+
+
 def cmd_deadline(port, timeout):
     timeout = float(timeout)
     warm_up(port)
@@ -561,12 +593,11 @@ def cmd_sigterm(port, pid):
     lock = threading.Lock()
 
     def one(name, body):
-        t0 = time.monotonic()
-        st, _ = post(port, "/v1/images/generations", body)
+        st, _ = post(port, "/v1/images/generations", body, timeout=300)
         with lock:
             res[name] = (st, time.monotonic())
 
-    running = [threading.Thread(target=one, args=(f"run{i}", dict(LONG, steps=30, seed=i))) for i in range(2)]
+    running = [threading.Thread(target=one, args=(f"run{i}", dict(LONG, steps=60, seed=i))) for i in range(2)]
     for t in running:
         t.start()
     time.sleep(2)   # both groups denoising
@@ -577,13 +608,13 @@ def cmd_sigterm(port, pid):
     t_sig = time.monotonic()
     os.kill(int(pid), signal.SIGTERM)
     late = []
-    for i in range(5):   # requests arriving after the signal, over a second
-        time.sleep(0.2)
+    for i in range(5):   # requests arriving after the signal, over half a second
+        time.sleep(0.1)
         t0 = time.monotonic()
         st, _ = post(port, "/v1/images/generations", dict(LONG, steps=2, seed=20 + i), timeout=10)
         late.append((st, time.monotonic() - t0))
     for t in queued + running:
-        t.join(timeout=120)
+        t.join(timeout=300)
     q = [res.get(f"queued{i}", (None, 0)) for i in range(2)]
     r = [res.get(f"run{i}", (None, 0)) for i in range(2)]
     if all(st == 503 and t - t_sig < 0.5 for st, t in q):
@@ -606,5 +637,6 @@ if __name__ == "__main__":
     cmds = {"openai": cmd_openai, "load": cmd_load, "bad": cmd_bad, "flood": cmd_flood, "edit": cmd_edit,
             "openai-edit": cmd_openai_edit, "preauth": cmd_preauth,
             "conns": cmd_conns, "per-ip": cmd_per_ip, "abandon": cmd_abandon, "deadline": cmd_deadline,
+            "abandon-dp": cmd_abandon_dp,
             "sigterm": cmd_sigterm}
     cmds[sys.argv[1]](*sys.argv[2:])

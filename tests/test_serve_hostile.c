@@ -283,3 +283,43 @@ TEST(serve_auth_before_the_body) {
           unauth, total);
     server_stop(&s);
 }
+
+/* ---- the queue drops work nobody waits for ---- */
+
+static int g_notified;
+static void count_done(serve_job *j, void *arg) {
+    (void)j;
+    __atomic_add_fetch((int *)arg, 1, __ATOMIC_SEQ_CST);
+}
+
+TEST(serve_queue_drops_abandoned_jobs) {
+    serve_queue q;
+    serve_queue_init(&q, 8);
+    serve_error e;
+    serve_job a = {0}, b = {0}, c = {0}, d = {0};
+    serve_job *all[] = {&a, &b, &c, &d};
+    g_notified = 0;
+    for (int i = 0; i < 4; i++) {
+        all[i]->on_done = count_done;
+        all[i]->on_done_arg = &g_notified;
+        CHECK(serve_queue_submit(&q, all[i], &e) == 0, "submit %d", i);
+    }
+    b.gone = 1;                          /* its client hung up */
+    c.deadline = serve_now() - 1;        /* past its deadline */
+    CHECK(serve_queue_drop_abandoned(&q) == 2 && serve_queue_depth(&q) == 2, "two dropped, two left");
+    CHECK(b.done && b.status == 499 && c.done && c.status == 504 && strstr(c.err.message, "--request-timeout"),
+          "gone: 499, past the deadline: 504 (%d %d)", b.status, c.status);
+    CHECK(g_notified == 2, "both waiters told, got %d", g_notified);
+    d.gone = 1;                          /* take skips it too */
+    CHECK(serve_queue_take(&q, 0.01) == &a, "a is next");
+    CHECK(serve_queue_take(&q, 0.01) == NULL && d.done && d.status == 499, "d dropped by take, never returned");
+    serve_job f = {0};
+    f.on_done = count_done;
+    f.on_done_arg = &g_notified;
+    CHECK(serve_queue_submit(&q, &f, &e) == 0, "submit f");
+    serve_queue_close(&q);
+    CHECK(f.done && f.status == 503 && g_notified == 4, "close: 503 and told (%d)", g_notified);
+    CHECK(serve_queue_closed(&q), "closed");
+    CHECK(serve_job_abandoned(&a, serve_now()) == 0, "a is still wanted");
+    serve_queue_destroy(&q);
+}

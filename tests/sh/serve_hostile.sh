@@ -7,7 +7,8 @@
 # --max-connections, all closed at the header deadline, the keep-alive idle
 # timeout) and the per-address limit; work nobody waits for: a client that
 # hangs up mid-render frees the server within one step, one that hangs up
-# while queued is dropped, --request-timeout answers 504; SIGTERM at dp 2
+# while queued is dropped, also on the second TP group at dp 2,
+# --request-timeout answers 504; SIGTERM at dp 2
 # with requests arriving after it (all 503, the running renders finish,
 # exit 0); on the release build and on the ASan + UBSan build.
 . "$TPGEN_ROOT/tests/lib.sh"
@@ -42,6 +43,8 @@ wait_exit() {   # SECONDS: mpirun's exit status, or 124 after SECONDS (then kill
     return 124
 }
 stop_server() { kill -USR1 $SRV 2>/dev/null; wait_exit 30; }
+# keep a failing server's log where it can be read after the run (TMP goes)
+keep_log() { mkdir -p "$TPGEN_ROOT/build/serve_hostile" && cp "$1" "$TPGEN_ROOT/build/serve_hostile/" && echo "(log kept: build/serve_hostile/$(basename "$1"))"; }
 health() { curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health"; }
 
 # the ~100-byte request that crashed every server of issue 21, with or without a key
@@ -92,15 +95,17 @@ for build in release asan; do
         timeout 200 "$PY" "$CLIENT" abandon "$PORT" | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
         stop_server; rc=$?
         [ $rc -eq 0 ] && ! grep -qE "AddressSanitizer|runtime error" "$TMP/p-$build.log" &&
-            ok "$build, cancelled renders: clean exit" || fail "$build, cancelled renders: rc $rc: $(tail -3 "$TMP/p-$build.log")"
+            ok "$build, cancelled renders: clean exit" ||
+            fail "$build, cancelled renders: rc $rc: $(tail -3 "$TMP/p-$build.log") $(keep_log "$TMP/p-$build.log")"
     else fail "$build --max-connections-per-ip: not ready: $(tail -3 "$TMP/p-$build.log")"; fi
     if start_server "$TMP/d-$build.log" "$bin" --request-timeout 2; then
         timeout 60 "$PY" "$CLIENT" deadline "$PORT" 2 | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
         stop_server >/dev/null
     else fail "$build --request-timeout: not ready: $(tail -3 "$TMP/d-$build.log")"; fi
     if NP=4 start_server "$TMP/t-$build.log" "$bin" --tp 2; then
-        timeout 200 "$PY" "$CLIENT" sigterm "$PORT" "$R0" | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
-        wait_exit 60; rc=$?
+        timeout 300 "$PY" "$CLIENT" abandon-dp "$PORT" | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        timeout 400 "$PY" "$CLIENT" sigterm "$PORT" "$R0" | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        wait_exit 120; rc=$?
         [ $rc -eq 0 ] && grep -q "serve: stopped" "$TMP/t-$build.log" && ! grep -qE "AddressSanitizer|runtime error" "$TMP/t-$build.log" &&
             ok "$build: SIGTERM at dp 2: every rank exits 0" || fail "$build: SIGTERM at dp 2: rc $rc: $(tail -3 "$TMP/t-$build.log")"
     else fail "$build tp 2 x dp 2: not ready: $(tail -3 "$TMP/t-$build.log")"; fi
