@@ -9,6 +9,8 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,7 +233,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *upload_size = 0;
         return MHD_YES;
     }
-    if (rc->job) return answer(h, c, rc);   /* resumed: the job is finished */
+    if (rc->job) {   /* resumed: the job is finished (never called while suspended, but be sure) */
+        if (!__atomic_load_n(&rc->job->done, __ATOMIC_ACQUIRE)) return MHD_YES;
+        return answer(h, c, rc);
+    }
     if (*upload_size && rc->form) {
         serve_form_feed(rc->form, upload, *upload_size);
         *upload_size = 0;
@@ -327,6 +332,31 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
     (void)c;
 }
 
+/* libmicrohttpd's messages (a refused connection, a malformed request),
+ * at most one a second: a flood of bad clients must not flood the log */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static double last;
+    static long skipped;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+    pthread_mutex_lock(&mu);
+    double now = serve_now();
+    if (last > 0 && now - last < 1.0) {
+        skipped++;
+    } else {
+        if (skipped) fprintf(stderr, "tpgen: serve: libmicrohttpd: %s (%ld more messages in the last second not shown)\n",
+                             msg, skipped);
+        else fprintf(stderr, "tpgen: serve: libmicrohttpd: %s\n", msg);
+        skipped = 0;
+        last = now;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 serve_http *serve_http_start(const serve_http_config *cfg) {
     serve_http *h = calloc(1, sizeof *h);
     if (!h) {
@@ -349,7 +379,8 @@ serve_http *serve_http_start(const serve_http_config *cfg) {
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                             (unsigned)(cfg->max_connections_per_ip > 0 ? cfg->max_connections_per_ip : 0),
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
-                            MHD_OPTION_NOTIFY_CONNECTION, serve_conns_notify, &h->conns, MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_CONNECTION, serve_conns_notify, &h->conns,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!h->d) {
         serve_conns_stop(&h->conns);
         free(h);
