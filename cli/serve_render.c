@@ -75,10 +75,20 @@ static void message_without(const char *dir, char *out, size_t n) {
     out[k] = 0;
 }
 
+/* After every denoising step, on every rank of the group: the group's
+ * first rank decides whether the job goes on (serve_ranks_cancel_wanted;
+ * world rank 0 also feeds the other groups there) and the group follows,
+ * so that all its ranks stop at the same step. */
 static int on_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
-    (void)step, (void)steps, (void)seconds, (void)v, (void)x;
-    serve_ranks_service(((serve_ctx *)ctx)->ranks);   /* feed the other TP groups between steps */
-    return 0;
+    (void)seconds, (void)v, (void)x;
+    serve_ctx *sc = ctx;
+    int why = serve_ranks_cancel_wanted(sc->ranks, sc->job);
+    MPI_Bcast(&why, 1, MPI_INT, 0, sc->g->d->tp_comm);
+    if (!why) return 0;
+    sc->cancelled = why;
+    sc->cancelled_step = step + 1;
+    sc->cancelled_steps = steps;
+    return 1;
 }
 
 /* The request as a one-job run spec over the server's (shallow copies:
@@ -169,6 +179,8 @@ void serve_render(void *ctx, const serve_request *q, serve_job *out) {
     char *prompt;
     uint64_t seed = q->seed;
     request_spec(sc, q, &rs, &gs, &prompt, &seed);
+    sc->job = out;
+    sc->cancelled = 0;
     if (check_request(sc, q, &rs, &gs, &out->err)) {
         out->status = 400;
         return;
@@ -237,6 +249,24 @@ void serve_render(void *ctx, const serve_request *q, serve_job *out) {
         .encode_seconds = st->t_encode + st->t_te_load - t_enc, .denoise_seconds = st->t_denoise - t_den, .decode_seconds = t_dec,
         .cache_hit = st->cache_hits > hits ? 1 : g->info.has_text_encoder ? 0 : -1,
     };
+    if (rc && sc->cancelled) {   /* nobody waits for it: the answer goes nowhere, or says why */
+        tp_error_clear();
+        serve_job_free_result(out);
+        out->timing.cancelled = 1;
+        out->status = sc->cancelled;
+        if (sc->cancelled == 504)
+            serve_error_set(&out->err, 504, "server_error", NULL,
+                            "the request ran past this server's --request-timeout; stopped at step %d of %d",
+                            sc->cancelled_step, sc->cancelled_steps);
+        else
+            serve_error_set(&out->err, 499, "invalid_request_error", NULL,
+                            "the client closed the connection; stopped at step %d of %d", sc->cancelled_step,
+                            sc->cancelled_steps);
+        if (d->world_rank == 0 || d->tp_rank == 0)
+            fprintf(stderr, "tpgen: serve: request %llu cancelled at step %d of %d (%s)\n", (unsigned long long)out->id,
+                    sc->cancelled_step, sc->cancelled_steps, sc->cancelled == 504 ? "--request-timeout" : "client gone");
+        return;
+    }
     if (rc) {
         serve_job_free_result(out);
         out->status = 500;
