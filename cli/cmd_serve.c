@@ -13,6 +13,7 @@
 #include "generate.h"
 #include "serve_http.h"
 #include "serve_render.h"
+#include "core/dist/watchdog.h"
 #include "kernels/err.h"
 #include "core/formats/checkpoint.h"
 #include "core/image/image.h"
@@ -244,6 +245,9 @@ int cmd_serve(int argc, char **argv) {
     double t0 = MPI_Wtime();
     int queue_ok = 0;
     int rc = start(&d, &o, &spec, &g, argc, argv);
+    /* the watchdog (core/dist/watchdog.h) watches loading and every render; idle waits for work are not progress */
+    if (!rc) watchdog_start(d.world_rank, d.dp_rank, d.dp_rank * d.tp, d.tp, spec.watchdog);
+    watchdog_phase_set(WD_STARTUP, "loading the model");
     /* world rank 0 binds the address before the long load: /health answers "loading" meanwhile */
     if (!rc) {
         int mine = 0;
@@ -322,10 +326,12 @@ int cmd_serve(int argc, char **argv) {
                           .metrics = d.world_rank == 0 ? &metrics : NULL, .render = serve_render, .ctx = &sc, .stop = &g_stop};
         sc.ranks = &sr;
         sc.pipe = pipe;
+        watchdog_phase_set(WD_OFF, "waiting for requests");
         rc = dist_agree(d.world, serve_ranks_run(&sr));
         if (d.world_rank == 0 && !rc) fprintf(stderr, "tpgen: serve: stopped\n");
     }
     if (rc) dist_report_error(d.world);
+    watchdog_stop();
     if (queue_ok) serve_queue_close(&queue);   /* anything still queued gets 503 */
     if (http) serve_http_stop(http);
     if (queue_ok) serve_queue_destroy(&queue);

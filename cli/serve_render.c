@@ -3,6 +3,7 @@
  * settings; an edit's uploads become files in a private folder on the
  * group's first rank. */
 #include "serve_render.h"
+#include "core/dist/watchdog.h"
 #include "kernels/err.h"
 #include "core/image/image.h"
 #include "core/image/png.h"
@@ -170,7 +171,7 @@ static int check_request(const serve_ctx *sc, const serve_request *q, const run_
     return 0;
 }
 
-void serve_render(void *ctx, const serve_request *q, serve_job *out) {
+static void render(void *ctx, const serve_request *q, serve_job *out) {
     serve_ctx *sc = ctx;
     const gen_setup *g = sc->g;
     const dist *d = g->d;
@@ -228,8 +229,10 @@ void serve_render(void *ctx, const serve_request *q, serve_job *out) {
         flux2_job j = {.seed = seed, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
                        .embeds = emb, .L = sc->L, .neg_embeds = neg, .on_step = on_step, .ctx = sc,
                        .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images};
+        watchdog_phase_set(WD_STEPS, "rendering a request");   /* each step is a progress point */
         rc = flux2_pipe_render(sc->pipe, &j, lat);
         if (rc) break;
+        watchdog_phase_set(WD_STARTUP, "decoding a request's image");
         int mine = 0;
         if (d->tp_rank == 0) {
             double dt = 0;
@@ -277,3 +280,12 @@ void serve_render(void *ctx, const serve_request *q, serve_job *out) {
     }
     out->status = 200;
 }
+
+/* the watchdog watches a request from its first collective to its last;
+ * waiting for the next one is not progress */
+void serve_render(void *ctx, const serve_request *q, serve_job *out) {
+    watchdog_phase_set(WD_STARTUP, "encoding a request's prompts");
+    render(ctx, q, out);
+    watchdog_phase_set(WD_OFF, "waiting for requests");
+}
+
