@@ -11,7 +11,7 @@ secs=$1; shift
 out=build-fuzz/run
 mkdir -p "$out"
 status=0
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}   # leaks are findings too
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 for name in "$@"; do
     bin=build-fuzz/fuzz_$name

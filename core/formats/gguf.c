@@ -124,8 +124,9 @@ static int read_str_array(cur *c, gguf_value *v, const char *key) {
         total += len + 1;
     }
     gguf_str *s = xcalloc(v->n ? v->n : 1, sizeof *s);
-    char *arena = xmalloc(total ? total : 1);
     v->data = s;
+    if (!v->n) return 0;   /* no arena: value_free frees s[0].s only when n > 0 */
+    char *arena = xmalloc(total);
     c->pos = start;
     for (uint64_t i = 0; i < v->n; i++) {
         uint64_t len = rd_le(c->p + c->pos, 8);
