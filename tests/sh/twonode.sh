@@ -348,6 +348,27 @@ if [ "${TWONODE_MEASURE:-0}" = 1 ]; then
     sp=$!; r2=$(rank_on 2 "$W/mkill2.log")
     t0=$(now); kill -9 $r2; wait_for $sp 100
     echo "# kill -9 of node2's rank under srun -K (--kill-on-bad-exit=1) across the nodes: rc $rc, $(since "$t0") s"
+    # serve with node2's rank killed: under slurm-serve.sbatch (srun -K), and under a plain srun without -K
+    sjob=$(TP=2 PORT=0 KEY_FILE="$W/key" sbatch_job slurm-serve.sbatch 2>/dev/null)
+    slog=$W/tpgen-serve-$sjob.log
+    for _ in $(seq 1 600); do grep -q "ready after" "$slog" 2>/dev/null && break; sleep 0.2; done
+    for p in $(ns_pids "${NS[2]}"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = tpgen ] && r2=$p; done
+    t0=$(now); kill -9 $r2; state=$(wait_job "$sjob" 100)
+    echo "# kill -9 of node2's rank under slurm-serve.sbatch (idle server): job $state $(since "$t0") s later"
+    on 1 timeout 200 "${SRUN[@]}" "$TPGEN" serve --model "$W/model" --tp 2 --listen 0.0.0.0:0 --api-key-file "$W/key" >"$W/mserve.log" 2>&1 &
+    sp=$!
+    for _ in $(seq 1 600); do grep -q "ready after" "$W/mserve.log" 2>/dev/null && break; sleep 0.2; done
+    sport=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$W/mserve.log" | head -1)
+    for p in $(ns_pids "${NS[2]}"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = tpgen ] && r2=$p; done
+    t0=$(now); kill -9 $r2; wait_for $sp 20
+    echo "# kill -9 of node2's rank under a plain srun (no -K) serve, idle: after 20 s rc $rc (124: still running)"
+    if [ $rc = 124 ]; then
+        code=$(on 1 timeout 30 curl -s -o /dev/null -w %{http_code} -m 25 -H "Authorization: Bearer twonode-test-key" \
+            "http://node1:$sport/v1/images/generations" -d '{"prompt": "a fox", "size": "64x48", "seed": 5, "steps": 2}')
+        wait_for $sp 60
+        echo "# then a request: HTTP '$code' (curl -m 25), and srun rc $rc $(since "$t0") s after the kill (124: still running)"
+    fi
+    kill $sp 2>/dev/null
 fi
 
 # --- node2's veth goes down mid-run: both ranks end non-zero within the watchdog's bound (10 s) + slack ---
@@ -369,3 +390,9 @@ if [ -z "$r2" ] || [ -z "$r1" ]; then fail "twonode: link down: ranks not found 
         fail "twonode: link down: srun rc $rc after $took s, left: '$(left_in link)' $(tail -2 "$W/link.log")"
 fi
 kill $sp 2>/dev/null
+
+# --- everything stopped, the namespaces gone ---
+stop_cluster
+left=$(pgrep -f "$D/" | wc -l)
+[ "$left" = 0 ] && [ ! -e "/run/netns/${NS[1]}" ] && [ ! -e "/run/netns/${NS[2]}" ] &&
+    ok "twonode: every daemon and rank stopped, both namespaces deleted" || fail "twonode: $left processes of this cluster still run, or a namespace is left: $(ls /run/netns)"
