@@ -391,6 +391,12 @@ if [ -z "$r2" ] || [ -z "$r1" ]; then fail "twonode: link down: ranks not found 
 fi
 kill $sp 2>/dev/null
 
+# --- a sanitized tpgen: the ranks' own logs (run.sh sees only this script's output) ---
+if ldd "$TPGEN" 2>/dev/null | grep -q libasan; then
+    san=$(grep -l -E 'AddressSanitizer|LeakSanitizer|runtime error:' "$W"/*.log 2>/dev/null | tr '\n' ' ')
+    [ -z "$san" ] && ok "twonode: no sanitizer report in the ranks' logs" ||
+        fail "twonode: sanitizer reports in $san: $(grep -h -m3 -E 'AddressSanitizer|LeakSanitizer|runtime error:' $san)"
+fi
 # --- everything stopped, the namespaces gone ---
 stop_cluster
 left=$(pgrep -f "$D/" | wc -l)
