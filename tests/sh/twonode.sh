@@ -16,12 +16,13 @@
 #     namespace: the host has no route to the nodes);
 #   - kill -9 of node2's only rank under the sbatch script and under a plain
 #     srun without -K: both end non-zero within 90 s, no PNG, no temp file;
-#   - node2's veth set down mid-run: the job ends non-zero within the
-#     watchdog's bound (+ slack);
+#   - node2's veth set down mid-run: both ranks end within the watchdog's
+#     bound (+ slack); srun, non-zero, once slurmctld declares node2 down;
 #   - 5 ms of netem delay on the link: the same PNG, the step-time overhead
 #     reported (a kernel without netem fails this check, saying so).
-# TWONODE_MEASURE=1 adds the all-reduce bandwidth (bench allreduce) across
-# the link and on one machine, for docs/cluster.md.
+# TWONODE_MEASURE=1 adds the figures of docs/cluster.md: step times, the
+# all-reduce bandwidth (bench allreduce) across the link and on one machine,
+# kill-to-end times per launcher, serve with node2's rank killed.
 # It needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN; without them it fails.
 # Every daemon is stopped by its pid file and every process left in the
 # nodes by its pid, then the namespaces are deleted, on every exit path.
@@ -29,7 +30,7 @@
 D=$TMP/cluster W=$TMP/work
 ID=$$                                   # unique names per run
 NS=("" "tpn1-$ID" "tpn2-$ID") VETH=("" "tpa$ID" "tpb$ID") ADDR=("" 10.77.0.1 10.77.0.2)
-HOLD=() NODES_UP=0
+HOLD=()
 stop_pid() {   # stop_pid PID...: SIGTERM, bounded wait (10 s), SIGKILL
     local p i
     for p in "$@"; do kill "$p" 2>/dev/null; done
@@ -45,6 +46,7 @@ stop_cluster() {
         for f in slurmd slurmctld munged; do [ -s "$D/n$k/$f.pid" ] && pids+=("$(cat "$D/n$k/$f.pid")"); done
     done
     [ ${#pids[@]} -gt 0 ] && stop_pid "${pids[@]}"
+    rm -f "$D"/n*/*.pid   # a second call (the EXIT trap) must not signal a reused pid
     for k in 1 2; do   # what is left in the nodes (step daemons, ranks), then the holders
         # shellcheck disable=SC2046
         [ -n "${NS[$k]}" ] && stop_pid $(ns_pids "${NS[$k]}" | grep -vx "${HOLD[$k]:-0}")
@@ -163,7 +165,6 @@ while :; do
 done
 [ "$st" = "idle " ] && ok "twonode: a two-node Slurm from namespaces (node1 ${ADDR[1]}, node2 ${ADDR[2]}, $(echo "$res" | grep -o 'CPUs=[0-9]*') each)" ||
     die "the nodes are '$st', not idle"
-NODES_UP=1
 
 # --- helpers for the jobs ---
 "$TPGEN" make-tiny --out "$W/model" --seed 3 >/dev/null 2>&1 || die "make-tiny failed"
@@ -368,7 +369,8 @@ if [ "${TWONODE_MEASURE:-0}" = 1 ]; then
         wait_for $sp 60
         echo "# then a request: HTTP '$code' (curl -m 25), and srun rc $rc $(since "$t0") s after the kill (124: still running)"
     fi
-    kill $sp 2>/dev/null
+    for p in $(ns_pids "${NS[1]}"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = tpgen ] && kill -9 "$p"; done   # the hung server
+    wait_for $sp 30
 fi
 
 # --- node2's veth goes down mid-run: both ranks end non-zero within the watchdog's bound (10 s) + slack ---
