@@ -1,7 +1,10 @@
 # Helpers for the command-line tests (sourced by tests/sh/*.sh).
-# ok NAME / fail NAME WHY print the lines tests/run.sh counts.
+# ok NAME / fail NAME WHY / skip NAME WHY print the lines tests/run.sh counts.
 ok() { echo "ok - $*"; }
 fail() { echo "FAIL - $*"; }
+# a check this machine cannot run (a kernel feature it lacks), with the reason:
+# counted apart from passes and failures in the closing line
+skip() { echo "SKIP - $*"; }
 # expect_fail NAME PATTERN CMD...: CMD must exit non-zero, not crash, and
 # print PATTERN (grep -E) on stderr/stdout.
 expect_fail() {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: unit tests, MPI tests at several sizes, and the
 # command-line tests in tests/sh/*.sh. Every line "ok - ..." counts as a
-# pass and every "FAIL - ..." as a failure; the last line is the total.
+# pass and every "FAIL - ..." as a failure; "SKIP - ..." is a check this
+# machine cannot run, with its reason (a kernel feature it lacks), counted
+# apart. The last line is the total.
 # Usage: tests/run.sh [FILTER]   (FILTER selects unit/MPI tests and sh files by name)
 set -u
 cd "$(dirname "$0")/.."
@@ -25,7 +27,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 run() { # run a command, echo its output, keep it for counting
-    "$@" 2>&1 | tee -a "$log" | grep -E '^(ok|FAIL) - |^# ' || true
+    "$@" 2>&1 | tee -a "$log" | grep -E '^(ok|FAIL|SKIP) - |^# ' || true
 }
 
 echo "# golden data"
@@ -57,10 +59,11 @@ done
 
 passed=$(grep -c '^ok - ' "$log")
 failed=$(grep -c '^FAIL - ' "$log")
+skipped=$(grep -c '^SKIP - ' "$log")
 # a test binary or script that died without reporting counts as a failure
 if grep -qE 'AddressSanitizer|LeakSanitizer|runtime error:|Segmentation fault|core dumped' "$log"; then
     echo "FAIL - a test process crashed or a sanitizer reported an error (see above)"
     failed=$((failed + 1))
 fi
-echo "$passed passed, $failed failed"
+if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"; else echo "$passed passed, $failed failed"; fi
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -19,7 +19,8 @@
 #   - node2's veth set down mid-run: both ranks end within the watchdog's
 #     bound (+ slack); srun, non-zero, once slurmctld declares node2 down;
 #   - 5 ms of netem delay on the link: the same PNG, the step-time overhead
-#     reported (a kernel without netem fails this check, saying so).
+#     reported (on a kernel without the netem qdisc the check is reported as
+#     skipped, with the reason: it is counted neither as passed nor failed).
 # TWONODE_MEASURE=1 adds the figures of docs/cluster.md: step times, the
 # all-reduce bandwidth (bench allreduce) across the link and on one machine,
 # kill-to-end times per launcher, serve with node2's rank killed.
@@ -282,8 +283,11 @@ if tc -n "${NS[2]}" qdisc add dev "${VETH[2]}" root netem delay 5ms 2>"$TMP/tc.e
     [ $rc = 0 ] && cmp -s "$D/n1/out/netem.png" "$W/ref.png" &&
         ok "twonode: 5 ms netem delay: the same PNG; $(s_it "$W/netem.log") s/it against $(s_it "$W/tp2.log") s/it without the delay" ||
         fail "twonode: netem: rc $rc, $(cmp "$D/n1/out/netem.png" "$W/ref.png" 2>&1) $(tail -2 "$W/netem.log")"
+elif grep -qiE 'unknown|not supported|no such file' "$TMP/tc.err"; then
+    # the kernel was built without the netem qdisc: nothing here can add the delay (counted as skipped, not passed)
+    skip "twonode: 5 ms netem delay: this kernel ($(uname -r)) has no netem qdisc (CONFIG_NET_SCH_NETEM): $(head -1 "$TMP/tc.err")"
 else
-    fail "twonode: netem is unavailable in this kernel ($(uname -r): $(cat "$TMP/tc.err")): the 5 ms latency check cannot run"
+    fail "twonode: netem: tc failed: $(cat "$TMP/tc.err")"
 fi
 
 # --- kill -9 of node2's only rank: the job ends non-zero within 90 s, no PNG, no temporary file ---
