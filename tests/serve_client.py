@@ -634,10 +634,76 @@ def cmd_sigterm(port, pid):
         fail("SIGTERM at dp 2: running renders finish", f"{r}")
 
 
+def cmd_soak(port, pid, n, image):
+    """n mixed requests, one after another: generations, edits, bad requests
+    (BAD), clients that hang up, health and metrics probes. Every answer must
+    be the expected one; world rank 0's resident memory may grow by at most
+    5 MB between request 100 and the last (a server that lives for weeks)."""
+    n, pid = int(n), int(pid)
+    boundary = "soakboundary"
+    img = open(image, "rb").read()
+
+    def edit_body(seed):
+        parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+                 for k, v in (("prompt", "a fox"), ("seed", seed), ("steps", 1), ("size", "64x64"))]
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="image[]"; filename="r.png"\r\n'
+                     f'Content-Type: image/png\r\n\r\n'.encode() + img + b"\r\n")
+        parts.append(f"--{boundary}--\r\n".encode())
+        return b"".join(parts)
+
+    def hang_up(i):   # a whole request, then the client goes before the answer
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            body = json.dumps({"prompt": f"gone {i % 5}", "size": "64x64", "steps": 1}).encode()
+            c.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    wrong, kinds, rss = [], {}, {}
+    for i in range(n):
+        k = i % 10
+        if k in (0, 5):
+            kind, (st, _) = "generation", post(port, "/v1/images/generations",
+                                               {"prompt": f"a fox {i % 7}", "size": "64x64", "steps": 1, "seed": i})
+            want = 200
+        elif k == 1:
+            kind, want = "edit", 200
+            st, _ = post(port, "/v1/images/edits", edit_body(i), {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        elif k == 2:
+            kind, want, st = "hang-up", None, None
+            hang_up(i)
+        elif k == 3:
+            kind, want = "health", 200
+            st, _ = get(port, "/health")
+        elif k == 4:
+            kind, want = "metrics", 200
+            st, _ = get(port, "/metrics")
+        else:
+            name, body, want, _, _ = BAD[i % len(BAD)]
+            kind = "bad request"
+            st, _ = post(port, "/v1/images/generations", body)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if want is not None and st != want:
+            wrong.append(f"request {i} ({kind}): {st}, expected {want}")
+        if i + 1 in (100, n):
+            time.sleep(0.5)   # let abandoned renders drain
+            rss[i + 1] = rss_kb(pid)
+    grow = (rss[n] - rss[100]) / 1024.0
+    what = ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()))
+    if wrong:
+        fail("soak: every answer as expected", "; ".join(wrong[:5]) + (f" (+{len(wrong) - 5})" if len(wrong) > 5 else ""))
+    else:
+        ok(f"soak: {n} mixed requests answered as expected ({what})")
+    if grow <= 5:
+        ok(f"soak: rank 0 resident memory {rss[100] / 1024:.1f} MB after 100 requests, {rss[n] / 1024:.1f} MB after "
+           f"{n} (+{grow:.2f} MB, at most 5)")
+    else:
+        fail("soak: rank 0 grows by at most 5 MB after the first 100 requests",
+             f"{rss[100] / 1024:.1f} -> {rss[n] / 1024:.1f} MB (+{grow:.2f})")
+
+
 if __name__ == "__main__":
     cmds = {"openai": cmd_openai, "load": cmd_load, "bad": cmd_bad, "flood": cmd_flood, "edit": cmd_edit,
             "openai-edit": cmd_openai_edit, "preauth": cmd_preauth,
             "conns": cmd_conns, "per-ip": cmd_per_ip, "abandon": cmd_abandon, "deadline": cmd_deadline,
             "abandon-dp": cmd_abandon_dp,
-            "sigterm": cmd_sigterm}
+            "sigterm": cmd_sigterm, "soak": cmd_soak}
     cmds[sys.argv[1]](*sys.argv[2:])
