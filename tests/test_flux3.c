@@ -240,7 +240,7 @@ TEST_MPI(flux3_golden_flowmap_bf16) { golden_model("flowmap", DT_BF16, 3e-2, 3e-
  * `key` set to the JSON `value`. */
 static char *edited_model(const char *tag, const char *variant, const char *key, const char *value) {
     char *src = golden_path("flux3-tiny/%s/model/transformer", variant);
-    char *dir = xasprintf("%s/%s", test_tmp_dir(), tag), *cfg = xasprintf("%s/config.json", src);
+    char *dir = xasprintf("%s/flux3-%s", test_tmp_dir(), tag), *cfg = xasprintf("%s/config.json", src);   /* the tmp folder is the process's */
     char *abs = realpath(src, NULL);
     json_t *j = json_load_file(cfg, 0, NULL), *v = json_loads(value, JSON_DECODE_ANY, NULL);
     char *link = xasprintf("%s/diffusion_pytorch_model.safetensors", dir), *target = abs ?
