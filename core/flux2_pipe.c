@@ -224,12 +224,14 @@ void flux2_pipe_text_done(flux2_pipe *p) {
 
 /* ---- weights ---- */
 
-/* the VAE lives on the first rank of each TP group, which decodes the
- * images and encodes the reference images */
+/* Every rank of the TP group holds the whole VAE decoder (it is small:
+ * ~100 MB in bf16 at FLUX.2's widths) and decodes one row band of each
+ * image (vae_decode_packed_group); the encoder of the reference images
+ * lives on the group's first rank only. */
 static int load_vae(flux2_pipe *p) {
     const flux2_pipe_info *g = p->info;
-    if (p->vae || !(p->cfg.decoder || p->cfg.encoder) || p->tp_rank != 0) return 0;
-    int parts = (p->cfg.decoder ? VAE_DECODER : 0) | (p->cfg.encoder ? VAE_ENCODER : 0);
+    int parts = (p->cfg.decoder ? VAE_DECODER : 0) | (p->cfg.encoder && p->tp_rank == 0 ? VAE_ENCODER : 0);
+    if (p->vae || !parts) return 0;
     if (vae_load_parts(g->vae_dir, p->be, p->cfg.precision, parts, &p->vae))
         return tp_error_context("loading %s", g->vae_dir);
     /* the image is (H/16) x (W/16) tokens of in_channels = 4 x latent channels */
@@ -355,8 +357,8 @@ int flux2_pipe_render(flux2_pipe *p, const flux2_job *j, float *latents) {
 
 int flux2_pipe_decode(flux2_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds) {
     double t0 = MPI_Wtime();
-    int rc = p->vae ? vae_decode_packed(p->vae, latents, height / 16, width / 16, NULL, rgb)
-                    : tp_error("decoding needs the VAE decoder, which this rank did not load");
+    int rc = agree(p, p->vae ? 0 : tp_error("decoding needs the VAE decoder, which this rank did not load"));
+    if (!rc) rc = vae_decode_packed_group(p->vae, p->tp_comm, latents, height / 16, width / 16, NULL, rgb);
     if (seconds) *seconds = MPI_Wtime() - t0;
     return rc;
 }
