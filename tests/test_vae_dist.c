@@ -273,3 +273,111 @@ TEST_MPI(vae_dist_peak_memory_falls) {
     free(x);
     backend_destroy(be);
 }
+
+/* ---- the encoder (reference images) ---- */
+
+/* Encode pixels [3, H, W] on one rank and over g; on g's rank 0 the mode
+ * [lc, H/8, W/8] and the packed latents must agree within 1e-5 relative.
+ * Returns the group's mode on g's rank 0 (caller frees). */
+static float *check_group_encode(vae_model *v, MPI_Comm g, const char *label, const float *px, int H, int W) {
+    int gr, gs;
+    MPI_Comm_rank(g, &gr);
+    MPI_Comm_size(g, &gs);
+    int lc = vae_get_config(v)->latent_channels;
+    size_t nm = (size_t)lc * (size_t)(H / 8) * (size_t)(W / 8), np = nm;   /* packed: 4·lc x (H/16)(W/16) */
+    float *m1 = malloc(nm * sizeof(float)), *p1 = malloc(np * sizeof(float)), *mg = malloc(nm * sizeof(float)),
+          *pg = malloc(np * sizeof(float));
+    for (size_t i = 0; i < nm; i++) mg[i] = pg[i] = NAN;
+    int rc1 = vae_encode_image(v, px, H, W, m1, NULL, p1);
+    CHECK(rc1 == 0, "%s: one-rank encode: %s", label, tp_error_msg());
+    int rc = vae_encode_image_group(v, g, px, H, W, mg, NULL, pg);
+    CHECK(rc == 0, "%s: group encode: %s", label, tp_error_msg());
+    if (!rc && !rc1 && gr == 0) {
+        double em = rel_l2(mg, m1, nm), ep = rel_l2(pg, p1, np), mx = max_abs_diff(mg, m1, nm), ref = 0;
+        for (size_t i = 0; i < nm; i++) ref = fabs(m1[i]) > ref ? fabs(m1[i]) : ref;
+        printf("# encode %s tp %d, %dx%d: mode rel_l2 %.3g (max rel %.3g), packed rel_l2 %.3g%s\n", label, gs, W, H, em,
+               mx / ref, ep, memcmp(mg, m1, nm * sizeof(float)) ? "" : " (bit-identical)");
+        CHECK(em <= 1e-5 && ep <= 1e-5 && mx <= 1e-5 * ref, "%s tp %d: mode %.3g / %.3g, packed %.3g > 1e-5", label,
+              gs, em, mx / ref, ep);
+    }
+    free(m1); free(p1); free(pg);
+    if (gr != 0 || rc) { free(mg); return NULL; }
+    return mg;
+}
+
+/* klein-tiny-edit's reference pixels (64x80 and 96x64): the group's mode
+ * also against diffusers' latent_dist.mode() */
+TEST_MPI(vae_dist_encode_golden_klein_tiny_edit) {
+    backend *be = backend_cpu_create(1);
+    char *vdir = xasprintf("%s/klein-tiny/model/vae", test_golden_dir()),
+         *gp = xasprintf("%s/klein-tiny-edit/edit.safetensors", test_golden_dir());
+    vae_model *v = NULL;
+    st_file *f = NULL;
+    REQUIRE(vae_load_parts(vdir, be, DT_F32, VAE_ENCODER, &v) == 0 && st_open(gp, &f) == 0, "%s", tp_error_msg());
+    int seen = 0;
+    for (int c = 0; c < 3; c++)
+        for (int j = 0; j < 2; j++) {
+            char k1[64], k2[64];
+            snprintf(k1, sizeof k1, "case%d.ref%d.pixels", c, j);
+            snprintf(k2, sizeof k2, "case%d.ref%d.vae_latent_mode", c, j);
+            if (!st_find(f, k1)) continue;
+            float *px = NULL, *mode = NULL;
+            const st_tensor_info *ti;
+            if (st_read_f32(f, k1, &px, &ti) || st_read_f32(f, k2, &mode, NULL)) {
+                CHECK(0, "%s", tp_error_msg());
+                free(px);
+                continue;
+            }
+            int H = (int)ti->shape[2], W = (int)ti->shape[3];
+            seen++;
+            for (int kind = 0; kind < 2; kind++) {
+                MPI_Comm g = group_of(kind);
+                float *mg = check_group_encode(v, g, k1, px, H, W);
+                if (mg) {
+                    size_t nm = (size_t)vae_get_config(v)->latent_channels * (size_t)(H / 8) * (size_t)(W / 8);
+                    double e = rel_l2(mg, mode, nm);
+                    CHECK(e < 1e-4, "%s: group encode against diffusers: rel_l2 %.3g", k1, e);
+                }
+                free(mg);
+                MPI_Comm_free(&g);
+            }
+            free(px);
+            free(mode);
+        }
+    CHECK(seen == 4, "found %d of the 4 golden references", seen);
+    st_close(f);
+    vae_free(v);
+    backend_destroy(be);
+    free(vdir);
+    free(gp);
+}
+
+/* Odd bands of latent-mode rows (heights 16, 48, 80 pixels: 2, 6, 10 rows;
+ * at tp 4: ranks sitting out, 2+2+1+1, 3+3+2+2), f32 and bf16. */
+TEST_MPI(vae_dist_encode_odd_bands) {
+    backend *be = backend_cpu_create(1);
+    char *vdir = xasprintf("%s/klein-tiny/model/vae", test_golden_dir());
+    const int Hs[] = {16, 48, 80}, Ws[] = {48, 16, 32};
+    for (int bf = 0; bf < 2; bf++) {
+        vae_model *v = NULL;
+        REQUIRE(vae_load_parts(vdir, be, bf ? DT_BF16 : DT_F32, VAE_ENCODER, &v) == 0, "%s", tp_error_msg());
+        for (int k = 0; k < 3; k++) {
+            size_t n = (size_t)3 * Hs[k] * Ws[k];
+            float *px = malloc(n * sizeof(float));
+            unsigned seed = 777u + (unsigned)k;
+            for (size_t i = 0; i < n; i++) {
+                seed = seed * 1103515245u + 12345u;
+                px[i] = ((float)(seed >> 8) / 16777216.0f) * 2.0f - 1.0f;
+            }
+            for (int kind = 0; kind < 2; kind++) {
+                MPI_Comm g = group_of(kind);
+                free(check_group_encode(v, g, bf ? "random bf16" : "random f32", px, Hs[k], Ws[k]));
+                MPI_Comm_free(&g);
+            }
+            free(px);
+        }
+        vae_free(v);
+    }
+    free(vdir);
+    backend_destroy(be);
+}

@@ -116,6 +116,14 @@ void vae_to_rgb8(const float *chw, int h, int w, int bf16, uint8_t *rgb);
  * In bf16 precision the normalisation rounds as the bf16 pipeline does.
  * Needs a model loaded with VAE_ENCODER. */
 int vae_encode_image(vae_model *v, const float *pixels, int H, int W, float *mode, float *latents, float *packed);
+/* The same patch-parallel over `group` (collective; every rank passes the
+ * same pixels and holds the encoder): bands of 8 pixel rows (one latent-mode
+ * row) per rank, a halo row per 3x3 convolution and the bottom halo of each
+ * stride-2 one, GroupNorm statistics summed over the group, the mid
+ * attention over the gathered activation; the outputs on rank 0 of group
+ * only. A group of one is vae_encode_image. Errors are agreed. */
+int vae_encode_image_group(vae_model *v, MPI_Comm group, const float *pixels, int H, int W, float *mode,
+                           float *latents, float *packed);
 
 /* Write a tiny random VAE folder (config.json + diffusion_pytorch_model.safetensors,
  * BF16, blocks [32,32,64,64], 8 latent channels, 8 groups, mid attention,

@@ -142,6 +142,36 @@ int vae_band_conv3(vae_model *v, tensor *y, const tensor *x, const tensor *w, co
     return 0;
 }
 
+/* y [Cout, (h/2)*(wd/2)]: output row i reads input rows 2i, 2i+1, 2i+2
+ * (diffusers pads one zero row at the bottom only), so the band needs the
+ * first row of the band below. V = [x; below; a zero row] has h + 2 rows
+ * (even, as op_conv2d_down wants); its last output row is discarded. */
+int vae_band_conv_down(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+                       int64_t wd) {
+    tensor above, below, vin, out;
+    if (exchange_halos(v, x, h, wd, &above, &below)) return -1;
+    if (vae_pool_get(v, x->rows, (h + 2) * wd, &vin)) return -1;
+    tensor d = tensor_cols(&vin, 0, h * wd), last = tensor_cols(&vin, (h + 1) * wd, wd);
+    op_copy(v->be, &d, x);
+    d = tensor_cols(&vin, h * wd, wd);
+    op_copy(v->be, &d, &below);
+    size_t row = (size_t)x->rows * (size_t)wd * dtype_size(v->dt);
+    char *zero = xcalloc(1, row);
+    int rc = tensor_upload_raw(&last, zero);
+    free(zero);
+    if (rc) return -1;
+    vae_pool_put(v, &above);
+    vae_pool_put(v, &below);
+    if (vae_pool_get(v, y->rows, (h / 2 + 1) * (wd / 2), &out)) return -1;
+    vae_conv_down(v, &out, &vin, w, b, h + 2, wd);
+    vae_pool_put(v, &vin);
+    tensor keep = tensor_cols(&out, 0, (h / 2) * (wd / 2));
+    op_copy(v->be, y, &keep);
+    vae_pool_put(v, &out);
+    vae_pool_trim(v);
+    return 0;
+}
+
 /* Gather the bands of x [C, rows*W] into full [C, H*W] on every band rank
  * (host staging; the mid activation is small). */
 static int gather_full(vae_model *v, const tensor *x, tensor *full) {

@@ -168,6 +168,10 @@ int vae_attn_rows(vae_model *v, const vae_attn *a, const tensor *xfull, int64_t 
 int vae_band_conv3(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h, int64_t wd,
                    int up);
 int vae_band_attn(vae_model *v, const vae_attn *a, tensor *x);
+/* The encoder's stride-2 convolution of the band x [C, h*wd] (h even): the
+ * first row of the band below is its bottom halo (zeros on the last band). */
+int vae_band_conv_down(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+                       int64_t wd);
 int vae_band_gather(vae_model *v, const float *band, int64_t channels, float *all);
 
 /* Shape of the BatchNorm statistics: 4·lc values (the 2x2 patch channels). */
