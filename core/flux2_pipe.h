@@ -8,8 +8,8 @@
  *   flux2_pipe_encode    prompt -> embeddings (text encoder loaded on demand,
  *                        freed by flux2_pipe_text_done unless kept resident;
  *                        an LRU cache skips repeated prompts)
- *   flux2_pipe_load      transformer shard (LoRA, fp8), the VAE decoder on
- *                        every rank and the VAE encoder on the group's first rank
+ *   flux2_pipe_load      transformer shard (LoRA, fp8) and the VAE parts
+ *                        that are needed, on every rank (they run patch-parallel)
  *   flux2_pipe_render    one job: seeded noise, references, denoising in
  *                        lockstep -> final latents on every rank
  *   flux2_pipe_decode    latents -> RGB, patch-parallel over the group, the
@@ -69,7 +69,7 @@ typedef struct flux2_pipe_config {
     int quantize_fp8;            /* quantise the transformer's weights at load */
     const lora_spec *loras;
     int n_loras;
-    int decoder, encoder;        /* VAE halves to load: the decoder on every rank, the encoder on the first */
+    int decoder, encoder;        /* VAE halves to load (on every rank of the group) */
     int keep_text_encoder;       /* keep the text encoder resident between encodes */
     size_t prompt_cache_bytes;   /* LRU cache of embeddings (0: none) */
     int max_sequence_length;     /* L: tokens per prompt */
