@@ -1,7 +1,8 @@
 /* `tpgen generate`, the work, on the pipeline library (core/flux2_pipe.h):
  * text encoding (then the encoder is freed), transformer load (each rank
- * its shard), and per job: denoising in lockstep across the TP group, then
- * on the group's first rank the latents file, VAE decode and PNG. */
+ * its shard), and per job: denoising in lockstep across the TP group, the
+ * VAE decode across the group (a row band per rank), then on the group's
+ * first rank the latents file and the PNG. */
 #include "generate.h"
 #include "core/dist/watchdog.h"
 #include "kernels/err.h"
