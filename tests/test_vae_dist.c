@@ -381,3 +381,71 @@ TEST_MPI(vae_dist_encode_odd_bands) {
     free(vdir);
     backend_destroy(be);
 }
+
+/* ---- the GroupNorm halves the band decode is built on ---- */
+
+/* op_channel_sums against f64 sums on the host, and op_channel_affine with
+ * op_group_norm's folded coefficients against op_group_norm itself: equal
+ * bit for bit on the CPU backend, and within rounding through the host
+ * fallbacks of kernels/ops.c (what the CUDA backend runs), reached here
+ * through a copy of the CPU vtable without the two entries. */
+TEST(vae_dist_group_norm_halves) {
+    backend *be = backend_cpu_create(1);
+    backend_vtable vt = *be->vt;
+    vt.channel_sums = NULL;
+    vt.channel_affine = NULL;
+    backend fb = *be;
+    fb.vt = &vt;
+    const int C = 64, HW = 300, G = 8, cpg = C / G;
+    for (int bf = 0; bf < 2; bf++) {
+        dtype_t dt = bf ? DT_BF16 : DT_F32;
+        float *xh = malloc((size_t)C * HW * sizeof(float)), *gh = malloc(C * sizeof(float)), *bh = malloc(C * sizeof(float));
+        unsigned s = 99;
+        for (int i = 0; i < C * HW; i++) {
+            s = s * 1103515245u + 12345u;
+            xh[i] = ((float)(s >> 8) / 16777216.0f) * 6.0f - 3.0f + (float)(i / HW % 5);
+            if (bf) xh[i] = bf16r(xh[i]);
+        }
+        for (int c = 0; c < C; c++) gh[c] = bf16r(0.5f + 0.01f * c), bh[c] = bf16r(0.1f * (c % 7) - 0.3f);
+        tensor *x = tensor_new(be, dt, C, HW), *g = tensor_new(be, dt, 1, C), *b = tensor_new(be, dt, 1, C),
+               *want = tensor_new(be, dt, C, HW), *got = tensor_new(be, dt, C, HW);
+        tensor_upload_f32(x, xh), tensor_upload_f32(g, gh), tensor_upload_f32(b, bh);
+        op_group_norm(be, want, x, g, b, G, 1e-6f, 1);
+        for (int path = 0; path < 2; path++) {
+            backend *pb = path ? &fb : be;
+            double s1[64], s2[64], center[64], mean[8] = {0}, var[8] = {0};
+            op_channel_sums(pb, x, NULL, 1, s1);
+            double worst = 0;
+            for (int c = 0; c < C; c++) {
+                double r = 0;
+                for (int i = 0; i < HW; i++) r += (double)xh[(size_t)c * HW + i];
+                worst = fabs(r - s1[c]) > worst ? fabs(r - s1[c]) : worst;
+                mean[c / cpg] += s1[c];
+            }
+            CHECK(worst < 1e-9, "%s path %d: channel sums off by %g", dtype_name(dt), path, worst);
+            for (int k = 0; k < G; k++) mean[k] /= (double)cpg * HW;
+            for (int c = 0; c < C; c++) center[c] = mean[c / cpg];
+            op_channel_sums(pb, x, center, 2, s2);
+            for (int c = 0; c < C; c++) var[c / cpg] += s2[c];
+            float a[64], bb[64];
+            for (int c = 0; c < C; c++) {
+                float mu = (float)mean[c / cpg], rstd = (float)(1.0 / sqrt(var[c / cpg] / ((double)cpg * HW) + 1e-6));
+                a[c] = rstd * gh[c];
+                bb[c] = bh[c] - mu * a[c];
+            }
+            op_channel_affine(pb, got, x, a, bb, 1);
+            float *w = malloc((size_t)C * HW * sizeof(float)), *o = malloc((size_t)C * HW * sizeof(float));
+            tensor_download_f32(want, w), tensor_download_f32(got, o);
+            double e = rel_l2(o, w, (size_t)C * HW);
+            int same = !memcmp(o, w, (size_t)C * HW * sizeof(float));
+            printf("# group norm halves %s, %s: rel_l2 %.3g against op_group_norm%s\n", dtype_name(dt),
+                   path ? "host fallback" : "cpu backend", e, same ? " (bit-identical)" : "");
+            if (!path) CHECK(same, "%s: cpu halves differ from op_group_norm (rel_l2 %.3g)", dtype_name(dt), e);
+            else CHECK(e < (bf ? 1e-3 : 1e-6), "%s: host fallback rel_l2 %.3g", dtype_name(dt), e);
+            free(w), free(o);
+        }
+        tensor_free(x), tensor_free(g), tensor_free(b), tensor_free(want), tensor_free(got);
+        free(xh), free(gh), free(bh);
+    }
+    backend_destroy(be);
+}
