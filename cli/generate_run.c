@@ -1,7 +1,8 @@
 /* `tpgen generate`, the work, on the pipeline library (core/flux2_pipe.h):
  * text encoding (then the encoder is freed), transformer load (each rank
- * its shard), and per job: denoising in lockstep across the TP group, then
- * on the group's first rank the latents file, VAE decode and PNG. */
+ * its shard), and per job: denoising in lockstep across the TP group, the
+ * VAE decode across the group (a row band per rank), then on the group's
+ * first rank the latents file and the PNG. */
 #include "generate.h"
 #include "core/dist/watchdog.h"
 #include "kernels/err.h"
@@ -119,12 +120,17 @@ static int decode_and_write(run_state *r, int job, const float *latents) {
     const run_spec *s = r->g->spec;
     int W, H;
     gen_job_size(r->g, job, &W, &H);
-    uint8_t *rgb = xmalloc((size_t)W * H * 3);
+    int first = r->g->d->tp_rank == 0;
+    uint8_t *rgb = first ? xmalloc((size_t)W * H * 3) : NULL;
     double dt = 0;
-    int rc = flux2_pipe_decode(r->pipe, latents, W, H, rgb, &dt);
+    int rc = flux2_pipe_decode(r->pipe, latents, W, H, rgb, &dt);   /* collective, agreed */
     r->m->t_decode += dt;
-    char *path = rc ? NULL : runspec_output_path(s, s->output, job);
-    if (!rc && !path) rc = -1;
+    if (rc || !first) {
+        free(rgb);
+        return rc;
+    }
+    char *path = runspec_output_path(s, s->output, job);
+    if (!path) rc = -1;
     if (!rc) {
         char *params = gen_parameters_text(r->g, job);
         double t0 = gen_now();
@@ -157,12 +163,13 @@ static int run_job(run_state *r, int job) {
     int rc = flux2_pipe_render(r->pipe, &j, latents);
     if (!rc) {
         int mine = 0;
-        watchdog_phase_set(WD_STARTUP, "decoding and writing the image on the group's first rank");
-        if (g->d->tp_rank == 0) {   /* the group's first rank writes the files */
-            if (s->save_latents) mine = save_latents(r, job, latents);
-            if (!mine && g->write_png) mine = decode_and_write(r, job, latents);
-        }
+        watchdog_phase_set(WD_STARTUP, "decoding across the group and writing the image on the group's first rank");
+        if (g->d->tp_rank == 0 && s->save_latents) mine = save_latents(r, job, latents);   /* the first rank writes */
         rc = agree_tp(r, mine);
+        if (!rc && g->write_png) {
+            mine = decode_and_write(r, job, latents);   /* decodes on every rank, writes on the first */
+            rc = agree_tp(r, mine);
+        }
     }
     watchdog_job(gen_now() - t0);
     free(latents);

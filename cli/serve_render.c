@@ -233,12 +233,11 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         rc = flux2_pipe_render(sc->pipe, &j, lat);
         if (rc) break;
         watchdog_phase_set(WD_STARTUP, "decoding a request's image");
-        int mine = 0;
-        if (d->tp_rank == 0) {
-            double dt = 0;
-            mine = flux2_pipe_decode(sc->pipe, lat, W, H, rgb, &dt);
-            t_dec += dt;
-            char *params = mine ? NULL : gen_parameters_text(&gs, 0);
+        double dt = 0;
+        int mine = flux2_pipe_decode(sc->pipe, lat, W, H, rgb, &dt);   /* every rank decodes a band */
+        t_dec += dt;
+        if (!mine && d->tp_rank == 0) {
+            char *params = gen_parameters_text(&gs, 0);
             if (!mine) mine = png_encode_rgb(rgb, W, H, "parameters", params, &out->pngs[k], &out->png_sizes[k]);
             free(params);
             if (!mine) out->n_pngs++;

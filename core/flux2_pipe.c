@@ -224,12 +224,14 @@ void flux2_pipe_text_done(flux2_pipe *p) {
 
 /* ---- weights ---- */
 
-/* the VAE lives on the first rank of each TP group, which decodes the
- * images and encodes the reference images */
+/* Every rank of the TP group holds the whole VAE (it is small: ~160 MB in
+ * bf16 at FLUX.2's widths, decoder ~100 MB) and decodes one row band of
+ * each image (vae_decode_packed_group) and encodes one row band of each
+ * reference image (refs_encode_group). */
 static int load_vae(flux2_pipe *p) {
     const flux2_pipe_info *g = p->info;
-    if (p->vae || !(p->cfg.decoder || p->cfg.encoder) || p->tp_rank != 0) return 0;
     int parts = (p->cfg.decoder ? VAE_DECODER : 0) | (p->cfg.encoder ? VAE_ENCODER : 0);
+    if (p->vae || !parts) return 0;
     if (vae_load_parts(g->vae_dir, p->be, p->cfg.precision, parts, &p->vae))
         return tp_error_context("loading %s", g->vae_dir);
     /* the image is (H/16) x (W/16) tokens of in_channels = 4 x latent channels */
@@ -289,17 +291,15 @@ static int count_step(int step, int steps, double seconds, const float *v, const
     return p->user_step ? p->user_step(step, steps, seconds, v, x, p->user_ctx) : 0;
 }
 
-/* The job's reference tokens: encoded by the group's first rank (where the
- * VAE is), then broadcast to the group. */
+/* The job's reference tokens: encoded across the group (the first rank
+ * reads the images), then broadcast from the first rank. */
 static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
     memset(rs, 0, sizeof *rs);
     if (!j->n_images) return 0;
     double t0 = MPI_Wtime();
-    int rc = 0;
-    if (p->tp_rank == 0)
-        rc = p->vae ? refs_encode(p->vae, j->images, j->n_images, rs)
-                    : tp_error("reference images need the VAE encoder, which this pipeline did not load");
+    int rc = p->vae && p->cfg.encoder ? 0 : tp_error("reference images need the VAE encoder, which this pipeline did not load");
     if (agree(p, rc)) return -1;
+    if (refs_encode_group(p->vae, p->tp_comm, j->images, j->n_images, rs)) return -1;   /* agreed inside */
     int64_t hdr[2] = {rs->R, rs->C};
     MPI_Bcast(hdr, 2, MPI_INT64_T, 0, p->tp_comm);
     if (p->tp_rank != 0) {
@@ -355,8 +355,8 @@ int flux2_pipe_render(flux2_pipe *p, const flux2_job *j, float *latents) {
 
 int flux2_pipe_decode(flux2_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds) {
     double t0 = MPI_Wtime();
-    int rc = p->vae ? vae_decode_packed(p->vae, latents, height / 16, width / 16, NULL, rgb)
-                    : tp_error("decoding needs the VAE decoder, which this rank did not load");
+    int rc = agree(p, p->vae ? 0 : tp_error("decoding needs the VAE decoder, which this rank did not load"));
+    if (!rc) rc = vae_decode_packed_group(p->vae, p->tp_comm, latents, height / 16, width / 16, NULL, rgb);
     if (seconds) *seconds = MPI_Wtime() - t0;
     return rc;
 }

@@ -8,13 +8,14 @@
  *   flux2_pipe_encode    prompt -> embeddings (text encoder loaded on demand,
  *                        freed by flux2_pipe_text_done unless kept resident;
  *                        an LRU cache skips repeated prompts)
- *   flux2_pipe_load      transformer shard (LoRA, fp8) and, on the group's
- *                        first rank, the VAE parts that are needed
+ *   flux2_pipe_load      transformer shard (LoRA, fp8) and the VAE parts
+ *                        that are needed, on every rank (they run patch-parallel)
  *   flux2_pipe_render    one job: seeded noise, references, denoising in
  *                        lockstep -> final latents on every rank
- *   flux2_pipe_decode    latents -> RGB, on the group's first rank
+ *   flux2_pipe_decode    latents -> RGB, patch-parallel over the group, the
+ *                        image on the group's first rank
  *
- * Every call but probe and decode is collective over the TP group and
+ * Every call but probe is collective over the TP group and
  * returns the same status on every rank of it (errors agreed inside the
  * group), so a failed job leaves the group in lockstep. File names, output
  * patterns and PNG parameters belong to the front ends. */
@@ -68,7 +69,7 @@ typedef struct flux2_pipe_config {
     int quantize_fp8;            /* quantise the transformer's weights at load */
     const lora_spec *loras;
     int n_loras;
-    int decoder, encoder;        /* VAE halves to load on the group's first rank */
+    int decoder, encoder;        /* VAE halves to load (on every rank of the group) */
     int keep_text_encoder;       /* keep the text encoder resident between encodes */
     size_t prompt_cache_bytes;   /* LRU cache of embeddings (0: none) */
     int max_sequence_length;     /* L: tokens per prompt */
@@ -131,8 +132,9 @@ typedef struct flux2_job {
 
 /* Render a job: latents [(H/16)*(W/16), in_channels] on every rank. */
 int flux2_pipe_render(flux2_pipe *p, const flux2_job *job, float *latents);
-/* On the group's first rank (loaded with decoder): latents -> RGB
- * [H, W, 3]. Not collective. */
+/* Latents (the same on every rank) -> RGB [H, W, 3] on the group's first
+ * rank (rgb may be NULL elsewhere), each rank decoding one row band.
+ * Collective over the TP group; the status is agreed. */
 int flux2_pipe_decode(flux2_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds);
 
 const flux2_pipe_stats *flux2_pipe_get_stats(const flux2_pipe *p);

@@ -1,5 +1,6 @@
 /* Reference tokens for editing (refs.h). */
 #include "refs.h"
+#include "core/dist/dist.h"
 #include "core/image/image.h"
 #include "kernels/err.h"
 #include <stdlib.h>
@@ -33,6 +34,61 @@ int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out) {
             tp_error_context("encoding reference image %s", paths[k]);
             goto fail;
         }
+        for (int64_t t = 0; t < nt; t++) {
+            int32_t *id = out->ids + (t0 + t) * 4;
+            id[0] = refs_time_coord(k), id[1] = (int32_t)(t / wl), id[2] = (int32_t)(t % wl), id[3] = 0;
+        }
+        out->grid[2 * k] = hl;
+        out->grid[2 * k + 1] = wl;
+    }
+    return 0;
+fail:
+    refs_free(out);
+    return -1;
+}
+
+int refs_encode_group(vae_model *v, MPI_Comm group, char *const *paths, int n, ref_set *out) {
+    int rank, size;
+    MPI_Comm_rank(group, &rank);
+    MPI_Comm_size(group, &size);
+    if (size == 1) return refs_encode(v, paths, n, out);
+    memset(out, 0, sizeof *out);
+    const vae_config *c = vae_get_config(v);
+    int C = 4 * c->latent_channels;
+    if (rank == 0) {
+        out->C = C;
+        out->n = n;
+        out->grid = xcalloc((size_t)(n > 0 ? n : 1) * 2, sizeof(int));
+    }
+    for (int k = 0; k < n; k++) {
+        /* the first rank reads and preprocesses the image; the group encodes it */
+        float *px = NULL;
+        int sz[2] = {0, 0};
+        int rc = rank == 0 ? image_load_reference(paths[k], &px, &sz[0], &sz[1]) : 0;
+        if (dist_agree(group, rc)) goto fail;
+        MPI_Bcast(sz, 2, MPI_INT, 0, group);
+        int pw = sz[0], ph = sz[1], hl = ph / 16, wl = pw / 16;
+        size_t npx = (size_t)3 * (size_t)pw * (size_t)ph;
+        if (rank != 0) px = xmalloc(npx * sizeof(float));
+        if (npx > (size_t)INT32_MAX) {   /* the same on every rank; image_load_reference caps the area far below */
+            free(px);
+            tp_error("reference image %s is too large to broadcast", paths[k]);
+            goto fail;
+        }
+        MPI_Bcast(px, (int)npx, MPI_FLOAT, 0, group);
+        int64_t t0 = out->R, nt = (int64_t)hl * wl;
+        if (rank == 0) {
+            out->R += nt;
+            out->tokens = xrealloc(out->tokens, (size_t)out->R * (size_t)C * sizeof(float));
+            out->ids = xrealloc(out->ids, (size_t)out->R * 4 * sizeof(int32_t));
+        }
+        rc = vae_encode_image_group(v, group, px, ph, pw, NULL, NULL, rank == 0 ? out->tokens + (size_t)t0 * C : NULL);
+        free(px);
+        if (rc) {
+            tp_error_context("encoding reference image %s", paths[k]);
+            goto fail;
+        }
+        if (rank != 0) continue;
         for (int64_t t = 0; t < nt; t++) {
             int32_t *id = out->ids + (t0 + t) * 4;
             id[0] = refs_time_coord(k), id[1] = (int32_t)(t / wl), id[2] = (int32_t)(t % wl), id[3] = 0;

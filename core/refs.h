@@ -8,6 +8,7 @@
 #ifndef TPGEN_REFS_H
 #define TPGEN_REFS_H
 #include "core/models/vae.h"
+#include <mpi.h>
 #include <stdint.h>
 
 typedef struct ref_set {
@@ -25,6 +26,12 @@ static inline int32_t refs_time_coord(int k) { return 10 + 10 * k; }
 /* Read, preprocess and encode the n references (paths in order) with v
  * (loaded with VAE_ENCODER). -1 + tp_error naming the file on failure. */
 int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out);
+/* The same over a TP group (collective): the group's first rank reads and
+ * preprocesses each image and broadcasts its pixels, every rank encodes a
+ * row band (vae_encode_image_group; each holds the encoder), and the
+ * tokens land in `out` on the first rank only (out stays empty on the
+ * others). Errors are agreed over the group. */
+int refs_encode_group(vae_model *v, MPI_Comm group, char *const *paths, int n, ref_set *out);
 void refs_free(ref_set *r);
 
 #endif

@@ -2,6 +2,7 @@
  * host<->tensor helpers shared by all backends. */
 #include "ops.h"
 #include "err.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
@@ -68,6 +69,37 @@ void op_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t *
 void op_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h, int64_t wd, int k) { DISPATCH(conv2d, y, x, w, bias, h, wd, k); }
 void op_conv2d_down(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h, int64_t wd) { DISPATCH(conv2d_down, y, x, w, bias, h, wd); }
 void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma, const tensor *beta, int groups, float eps, int apply_silu) { DISPATCH(group_norm, y, x, gamma, beta, groups, eps, apply_silu); }
+
+/* Host fallbacks of the group-norm halves, for backends without them (CUDA
+ * today): a row at a time through download/upload. Slow but exact in f64. */
+void op_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out) {
+    if (be->vt->channel_sums) { be->vt->channel_sums(be, x, center, p, out); return; }
+    float *row = xmalloc((size_t)x->cols * sizeof(float));
+    for (int64_t c = 0; c < x->rows; c++) {
+        tensor r = tensor_rows(x, c, 1);
+        if (tensor_download_f32(&r, row)) tp_fatal("op_channel_sums: download failed");
+        double s = 0, m = center ? center[c] : 0;
+        for (int64_t i = 0; i < x->cols; i++) s += p == 1 ? (double)row[i] : ((double)row[i] - m) * ((double)row[i] - m);
+        out[c] = s;
+    }
+    free(row);
+}
+
+void op_channel_affine(backend *be, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu) {
+    if (be->vt->channel_affine) { be->vt->channel_affine(be, y, x, a, b, apply_silu); return; }
+    float *row = xmalloc((size_t)x->cols * sizeof(float));
+    for (int64_t c = 0; c < x->rows; c++) {
+        tensor rx = tensor_rows(x, c, 1), ry = tensor_rows(y, c, 1);
+        if (tensor_download_f32(&rx, row)) tp_fatal("op_channel_affine: download failed");
+        for (int64_t i = 0; i < x->cols; i++) {
+            float t = row[i] * a[c] + b[c];
+            if (apply_silu) { if (y->dtype == DT_BF16) t = bf16r(t); t = t / (1.0f + expf(-t)); }
+            row[i] = t;
+        }
+        if (tensor_upload_f32(&ry, row)) tp_fatal("op_channel_affine: upload failed");
+    }
+    free(row);
+}
 void op_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd) { DISPATCH(upsample2x, y, x, h, wd); }
 void op_transpose(backend *be, tensor *y, const tensor *x) { DISPATCH(transpose, y, x); }
 

@@ -81,6 +81,10 @@ typedef struct backend_vtable {
      * file name). */
     int (*upload_file)(backend *, void *dst, size_t dpitch, int fd, uint64_t off, size_t spitch,
                        size_t width, size_t height);
+    /* the two halves of group_norm (op_channel_sums, op_channel_affine);
+     * NULL: ops.c runs them on the host through download/upload */
+    void (*channel_sums)(backend *, const tensor *x, const double *center, int p, double *out);
+    void (*channel_affine)(backend *, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu);
 } backend_vtable;
 
 struct backend {
@@ -206,6 +210,16 @@ void op_conv2d_down(backend *be, tensor *y, const tensor *x, const tensor *w, co
  * optionally SiLU after. In place allowed. */
 void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma, const tensor *beta,
                    int groups, float eps, int apply_silu);
+/* GroupNorm in two halves, for an activation split by columns across ranks
+ * (the VAE's row bands), where the statistics must be summed over the
+ * group before they are applied. op_channel_sums: out[c] = sum over the
+ * columns of (x[c, i] - center[c])^p in f64, p 1 or 2, center a HOST array
+ * [C] or NULL (0); out is a HOST array [C]. op_channel_affine: y[c, i] =
+ * x[c, i]*a[c] + b[c] (a, b HOST arrays [C]), then SiLU when asked, with
+ * op_group_norm's arithmetic and rounding: op_group_norm equals these two
+ * with a = rstd*gamma, b = beta - mean*a. In place allowed. */
+void op_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out);
+void op_channel_affine(backend *be, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu);
 /* Nearest-neighbour x2: x [C, h*wd] -> y [C, 2h*2wd]. */
 void op_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd);
 /* y [cols, rows] = x [rows, cols]ᵀ. */

@@ -1,7 +1,11 @@
 /* `tpgen bench vae`: decoder time, arithmetic rate and peak memory on the
  * real FLUX.2 VAE shapes (block_out_channels [128,256,512,512], 32 latent
  * channels, 2 layers per block, 32 groups, mid attention) with random
- * weights in memory: no checkpoint is needed. */
+ * weights in memory: no checkpoint is needed. Under mpirun -np N the
+ * decoder runs patch-parallel over the N ranks (vae_decode_packed_group),
+ * as generate decodes at --tp N; the figures are rank 0's time and the
+ * largest per-rank peak. */
+#include "core/dist/dist.h"
 #include "core/models/vae.h"
 #include "kernels/err.h"
 #include <omp.h>
@@ -118,7 +122,9 @@ static void usage(void) {
            "Decodes random latents with a randomly initialised FLUX.2-shaped VAE decoder and reports time,\n"
            "GFLOP/s and peak backend memory (weights + activations). --encoder: the encoder instead\n"
            "(a reference image of size x size pixels, as editing encodes it). time_s is the best of --repeat\n"
-           "runs, median_s their median, cpu_s the median CPU seconds of the process (all threads); --profile adds the seconds per op kind (the backend synced around\n"
+           "runs, median_s their median, cpu_s the median CPU seconds of the process (all threads). Under mpirun -np N the\n"
+           "decoder runs patch-parallel over the N ranks (a row band each, as generate --tp N decodes); peak_act_MB\n"
+           "is then the largest rank's. --profile adds the seconds per op kind (the backend synced around\n"
            "each op), averaged over the runs.\n");
 }
 
@@ -184,15 +190,21 @@ static int bench_one(backend *be, const vae_config *cfg, dtype_t dt, int size, i
     size_t weights = be->bytes_in_use - base;
     if (g_profile) vae_set_profile(v, prof);
     be->peak_bytes = be->bytes_in_use;
+    int rank, np;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &np);
     for (int r = 0; r < repeat && !rc; r++) {
+        MPI_Barrier(MPI_COMM_WORLD);
         run_timer t = timer_start();
-        rc = vae_decode_packed(v, lat, hl, hl, NULL, rgb);
+        rc = vae_decode_packed_group(v, MPI_COMM_WORLD, lat, hl, hl, NULL, rgb);
         timer_stop(&t, be, &times[r], &cpus[r], &best);
     }
-    if (!rc) {
+    double act = (double)(be->peak_bytes - base - weights), act_max = act;
+    MPI_Allreduce(&act, &act_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (!rc && rank == 0) {
         double gf = decoder_flops(cfg, 2 * hl, 2 * hl) / 1e9, med = median(times, repeat);
-        printf("%6d  %-5s %9.2f %9.2f %9.0f %9.1f %12.0f %10.0f %8.2f\n", size, dt == DT_F32 ? "f32" : "bf16", best, med,
-               gf, gf / best, (be->peak_bytes - base - weights) / 1e6, weights / 1e6, median(cpus, repeat));
+        printf("%6d  %-5s %9.2f %9.2f %9.0f %9.1f %12.0f %10.0f %8.2f  tp %d\n", size, dt == DT_F32 ? "f32" : "bf16", best,
+               med, gf, gf / best, act_max / 1e6, weights / 1e6, median(cpus, repeat), np);
         if (g_profile) print_profile(prof, repeat, med);
         fflush(stdout);
     }
@@ -202,7 +214,17 @@ static int bench_one(backend *be, const vae_config *cfg, dtype_t dt, int size, i
     return rc;
 }
 
+static int bench_vae_run(int argc, char **argv, const dist *d);
+
 int bench_vae(int argc, char **argv) {
+    dist d;
+    if (dist_init(&argc, &argv, &d)) { fprintf(stderr, "tpgen: error: %s\n", tp_error_msg()); return 1; }
+    int rc = bench_vae_run(argc, argv, &d);
+    dist_finalize(&d);
+    return rc;
+}
+
+static int bench_vae_run(int argc, char **argv, const dist *d) {
     const char *sizes_s = "512,1024", *prec_s = "f32,bf16", *backend_s = "cpu";
     int repeat = 1, encoder = 0;
     size_t band = 0;
@@ -222,16 +244,22 @@ int bench_vae(int argc, char **argv) {
     }
     int sizes[8], ns = parse_list(sizes_s, sizes, 8);
     backend *be = NULL;
-    if (backend_select(backend_s, 0, 1, &be)) {
+    if (encoder && d->world_size > 1) {
+        if (d->world_rank == 0) fprintf(stderr, "tpgen: error: bench vae --encoder runs on one rank (no mpirun)\n");
+        return 2;
+    }
+    if (backend_select(backend_s, d->local_rank, d->local_size, &be)) {
         fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
         return 1;
     }
     vae_config cfg;
     flux2_vae_config(&cfg);
-    printf("# VAE %s, FLUX.2 shapes [128,256,512,512], random weights, backend %s, %d threads, best and median of %d\n",
-           encoder ? "encoder" : "decoder", be->vt->name, be->threads, repeat);
-    printf("%6s  %-5s %9s %9s %9s %9s %12s %10s %8s\n", "size", "prec", "time_s", "median_s", "GFLOP", "GFLOP/s",
+    if (d->world_rank == 0) {
+        printf("# VAE %s, FLUX.2 shapes [128,256,512,512], random weights, backend %s, %d ranks x %d threads, best and "
+               "median of %d\n", encoder ? "encoder" : "decoder", be->vt->name, d->world_size, be->threads, repeat);
+        printf("%6s  %-5s %9s %9s %9s %9s %12s %10s %8s\n", "size", "prec", "time_s", "median_s", "GFLOP", "GFLOP/s",
            "peak_act_MB", "weights_MB", "cpu_s");
+    }
     int rc = 0;
     for (int i = 0; i < ns && !rc; i++) {
         char *copy = xstrdup(prec_s), *save = NULL;
@@ -242,7 +270,7 @@ int bench_vae(int argc, char **argv) {
         }
         free(copy);
     }
-    if (rc) fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
+    if (rc && d->world_rank == 0) fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
     backend_destroy(be);
     return rc ? 1 : 0;
 }

@@ -3,14 +3,15 @@
  * §6.5): packed latents [N, 4·lc] -> unpack to the token grid -> undo the
  * latent BatchNorm -> unpatchify 2x2 -> post_quant_conv -> decoder -> 8-bit RGB.
  *
- * Every size comes from vae/config.json; the decoder runs on rank 0 only,
- * through the op interface (kernels/ops.h), so any backend can run it.
+ * Every size comes from vae/config.json; the decoder runs on one rank or
+ * patch-parallel across a TP group (vae_decode_latent_group), through the op interface (kernels/ops.h), so any backend can run it.
  * Activations are [channels, height*width] matrices. */
 #ifndef TPGEN_VAE_H
 #define TPGEN_VAE_H
 #include "kernels/tensor.h"
 #include "kernels/ops.h"
 #include <jansson.h>
+#include <mpi.h>
 #include <stdint.h>
 
 #define VAE_MAX_BLOCKS 8
@@ -82,6 +83,19 @@ void vae_unpack_bn_unpatchify(const vae_model *v, const float *packed, int hl, i
 /* Decoder: x [lc, h, w] (host f32) -> image [3, h·s, w·s] (host f32, s =
  * vae_upscale) and/or 8-bit RGB [h·s, w·s, 3]; either output may be NULL. */
 int vae_decode_latent(vae_model *v, const float *x, int h, int w, float *image_chw, uint8_t *rgb);
+/* Patch-parallel decode over the ranks of `group` (collective): each rank
+ * decodes one band of latent rows (bands differ by at most one row; ranks
+ * past the h-th sit out) with one halo row exchanged per 3x3 convolution,
+ * GroupNorm statistics summed over the group and the mid attention over
+ * the gathered mid activation; the image is gathered on rank 0 of group,
+ * the only rank whose outputs are written (others may pass NULL). Every
+ * rank passes the same x and holds the whole decoder. The result equals
+ * vae_decode_latent's to rounding (f32: ~1e-6 relative); a group of one
+ * is vae_decode_latent. Errors are agreed: -1 on every rank. */
+int vae_decode_latent_group(vae_model *v, MPI_Comm group, const float *x, int h, int w, float *image_chw,
+                            uint8_t *rgb);
+int vae_decode_packed_group(vae_model *v, MPI_Comm group, const float *packed, int hl, int wl, float *image_chw,
+                            uint8_t *rgb);
 /* The whole tail: packed latents of a hl x wl token grid -> image of
  * (hl·16) x (wl·16) pixels (for FLUX.2). */
 int vae_decode_packed(vae_model *v, const float *packed, int hl, int wl, float *image_chw, uint8_t *rgb);
@@ -102,6 +116,14 @@ void vae_to_rgb8(const float *chw, int h, int w, int bf16, uint8_t *rgb);
  * In bf16 precision the normalisation rounds as the bf16 pipeline does.
  * Needs a model loaded with VAE_ENCODER. */
 int vae_encode_image(vae_model *v, const float *pixels, int H, int W, float *mode, float *latents, float *packed);
+/* The same patch-parallel over `group` (collective; every rank passes the
+ * same pixels and holds the encoder): bands of 8 pixel rows (one latent-mode
+ * row) per rank, a halo row per 3x3 convolution and the bottom halo of each
+ * stride-2 one, GroupNorm statistics summed over the group, the mid
+ * attention over the gathered activation; the outputs on rank 0 of group
+ * only. A group of one is vae_encode_image. Errors are agreed. */
+int vae_encode_image_group(vae_model *v, MPI_Comm group, const float *pixels, int H, int W, float *mode,
+                           float *latents, float *packed);
 
 /* Write a tiny random VAE folder (config.json + diffusion_pytorch_model.safetensors,
  * BF16, blocks [32,32,64,64], 8 latent channels, 8 groups, mid attention,

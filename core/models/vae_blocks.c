@@ -48,83 +48,7 @@ int vae_bind_attn(vae_attn *a, const char *prefix, int c, vae_getter get, void *
     return ok ? 0 : -1;
 }
 
-/* ---- time per op kind ---- */
-
-double vae_prof_begin(const vae_model *v) {
-    if (!v->prof) return 0;
-    be_sync(v->be);
-    return omp_get_wtime();
-}
-
-void vae_prof_end(const vae_model *v, int slot, double t0) {
-    if (!v->prof) return;
-    be_sync(v->be);
-    v->prof[slot] += omp_get_wtime() - t0;
-}
-
-/* ---- activation pool ---- */
-
-/* Free the idle buffers (after the banded passes, whose band-sized
- * buffers would otherwise stay allocated through the next ResNet). */
-static void pool_trim(vae_model *v) {
-    for (int i = 0; i < VAE_POOL_MAX; i++)
-        if (v->pool[i].data && !v->pool[i].busy) {
-            be_free(v->be, v->pool[i].data);
-            v->pool[i].data = NULL;
-            v->pool[i].cap = 0;
-        }
-}
-
-int vae_pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out) {
-    size_t need = (size_t)rows * (size_t)cols * dtype_size(v->dt);
-    int best = -1;
-    for (int i = 0; i < VAE_POOL_MAX; i++) {
-        vae_buf *b = &v->pool[i];
-        if (b->data && !b->busy && b->cap >= need && (best < 0 || b->cap < v->pool[best].cap)) best = i;
-    }
-    if (best < 0) {
-        /* nothing idle is big enough: give the idle buffers back first, so
-         * that the peak stays near the live set */
-        pool_trim(v);
-        for (int i = 0; i < VAE_POOL_MAX && best < 0; i++)
-            if (!v->pool[i].data) best = i;
-        if (best < 0) tp_fatal("vae: activation pool exhausted (more than %d live buffers)", VAE_POOL_MAX);
-        v->pool[best].data = be_alloc(v->be, need ? need : 1);
-        if (!v->pool[best].data) return tp_error_context("VAE decoder activations");
-        v->pool[best].cap = need;
-    }
-    v->pool[best].busy = 1;
-    *out = tensor_wrap(v->be, v->dt, rows, cols, v->pool[best].data);
-    return 0;
-}
-
-void vae_pool_put(vae_model *v, const tensor *t) {
-    for (int i = 0; i < VAE_POOL_MAX; i++)
-        if (v->pool[i].data == t->data && v->pool[i].busy) { v->pool[i].busy = 0; return; }
-    tp_fatal("vae: buffer returned to the pool twice or not from it");
-}
-
-void vae_pool_release(vae_model *v) {
-    be_sync(v->be);
-    for (int i = 0; i < VAE_POOL_MAX; i++) {
-        be_free(v->be, v->pool[i].data);
-        memset(&v->pool[i], 0, sizeof v->pool[i]);
-    }
-}
-
 /* ---- 3x3 convolution, banded when it upsamples ---- */
-
-/* Output rows per band of an upsampling convolution: the band's upsampled
- * input and its output must fit in band_bytes, and in a quarter of the
- * output's size so that the bands never dominate the peak. (The backends'
- * conv2d already bounds its own im2col workspace.) */
-static int64_t band_rows(const vae_model *v, int64_t cin, int64_t cout, int64_t H, int64_t W) {
-    size_t es = dtype_size(v->dt), per_row = (size_t)W * (size_t)(cin + cout) * es;
-    size_t budget = (size_t)cout * (size_t)H * (size_t)W * es / 4;
-    if (v->band_bytes < budget) budget = v->band_bytes;
-    int64_t rows = (int64_t)(budget / (per_row ? per_row : 1));
-    return rows < 1 ? 1 : rows;
-}
 
 /* y [Cout, H*W] = conv3x3(up ? upsample2x(x) : x) with zero padding, where
  * x is [Cin, h*wd] and (H, W) = up ? (2h, 2wd) : (h, wd).
@@ -134,12 +58,13 @@ static int64_t band_rows(const vae_model *v, int64_t cin, int64_t cout, int64_t 
  * border is the zero padding), and only rows [r0, r1) are kept. */
 int vae_conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b,
                         int64_t h, int64_t wd, int up) {
+    if (v->band) return vae_band_conv3(v, y, x, w, b, h, wd, up);
     if (!up) {
         vae_conv(v, y, x, w, b, h, wd, 3);
         return 0;
     }
     int64_t H = 2 * h, W = 2 * wd;
-    int64_t B = band_rows(v, x->rows, y->rows, H, W);
+    int64_t B = vae_band_rows(v, x->rows, y->rows, H, W);
     for (int64_t r0 = 0; r0 < H; r0 += B) {
         int64_t r1 = r0 + B < H ? r0 + B : H;
         int64_t ia = r0 > 0 ? r0 - 1 : 0, ib = r1 < H ? r1 + 1 : H;
@@ -166,7 +91,7 @@ int vae_conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *w, 
         }
         vae_pool_put(v, &upb);
     }
-    pool_trim(v);
+    vae_pool_trim(v);
     return 0;
 }
 
@@ -188,11 +113,11 @@ int vae_resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, 
         skip = *x;
         if (vae_pool_get(v, r->cin, hw, &t)) return -1;
     }
-    vae_norm(v, &t, x, r->norm1_w, r->norm1_b, 1);
+    if (vae_norm(v, &t, x, r->norm1_w, r->norm1_b, 1)) return -1;
     if (vae_pool_get(v, r->cout, hw, &a)) return -1;
     if (vae_conv3_banded(v, &a, &t, r->conv1_w, r->conv1_b, h, w, 0)) return -1;
     vae_pool_put(v, &t);   /* x itself when normalised in place */
-    vae_norm(v, &a, &a, r->norm2_w, r->norm2_b, 1);
+    if (vae_norm(v, &a, &a, r->norm2_w, r->norm2_b, 1)) return -1;
     if (vae_pool_get(v, r->cout, hw, &o)) return -1;
     if (vae_conv3_banded(v, &o, &a, r->conv2_w, r->conv2_b, h, w, 0)) return -1;
     vae_pool_put(v, &a);
@@ -204,40 +129,9 @@ int vae_resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, 
     return 0;
 }
 
-/* Single-head attention over the h*w tokens; residual added into x in place. */
-static int attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw) {
-    const vae_config *c = &v->cfg;
-    tensor t, tok, q, k, val, o, p, back;
-    if (vae_pool_get(v, a->c, hw, &t)) return -1;
-    op_group_norm(v->be, &t, x, a->norm_w, a->norm_b, c->norm_groups, c->norm_eps, 0);
-    if (vae_pool_get(v, hw, a->c, &tok)) return -1;
-    op_transpose(v->be, &tok, &t);   /* [C, HW] -> tokens [HW, C], token index y*W + x */
-    vae_pool_put(v, &t);
-    if (vae_pool_get(v, hw, a->c, &q) || vae_pool_get(v, hw, a->c, &k) || vae_pool_get(v, hw, a->c, &val)) return -1;
-    op_gemm(v->be, &q, &tok, a->q_w, a->q_b);
-    op_gemm(v->be, &k, &tok, a->k_w, a->k_b);
-    op_gemm(v->be, &val, &tok, a->v_w, a->v_b);
-    vae_pool_put(v, &tok);
-    if (vae_pool_get(v, hw, a->c, &o)) return -1;
-    attn_params ap = {.n_q_heads = 1, .n_kv_heads = 1, .head_dim = a->c, .scale = 1.0f / sqrtf((float)a->c)};
-    op_attention(v->be, &o, &q, &k, &val, &ap);
-    vae_pool_put(v, &q);
-    vae_pool_put(v, &k);
-    vae_pool_put(v, &val);
-    if (vae_pool_get(v, hw, a->c, &p)) return -1;
-    op_gemm(v->be, &p, &o, a->o_w, a->o_b);
-    vae_pool_put(v, &o);
-    if (vae_pool_get(v, a->c, hw, &back)) return -1;
-    op_transpose(v->be, &back, &p);
-    vae_pool_put(v, &p);
-    op_add(v->be, x, x, &back);
-    vae_pool_put(v, &back);
-    return 0;
-}
-
 int vae_attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw) {
     double t0 = vae_prof_begin(v);
-    int rc = attn_forward(v, a, x, hw);
+    int rc = v->band ? vae_band_attn(v, a, x) : vae_attn_rows(v, a, x, hw, 0, hw, x);
     vae_prof_end(v, VAE_PROF_ATTN, t0);
     return rc;
 }

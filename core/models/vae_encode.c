@@ -13,6 +13,7 @@
  * activations (input kept for the residual, normalised copy, two convolution
  * outputs). */
 #include "vae_internal.h"
+#include "core/dist/dist.h"
 #include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,8 +85,8 @@ static int encoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
     const vae_config *c = &v->cfg;
     const vae_encoder *e = &v->enc;
     tensor y;
-    if (vae_pool_get(v, e->in_w->rows, *h * *w, &y)) return -1;
-    vae_conv(v, &y, x, e->in_w, e->in_b, *h, *w, 3);
+    if (vae_pool_get(v, e->in_w->rows, *h * *w, &y) || vae_conv3_banded(v, &y, x, e->in_w, e->in_b, *h, *w, 0))
+        return -1;
     vae_pool_put(v, x);
     *x = y;
     for (int i = 0; i < c->enc_n_blocks; i++) {
@@ -94,18 +95,23 @@ static int encoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
             if (vae_resnet_forward(v, &d->res[j], x, *h, *w)) return -1;
         if (!d->down_w) continue;
         if (vae_pool_get(v, d->cout, (*h / 2) * (*w / 2), &y)) return -1;
-        vae_conv_down(v, &y, x, d->down_w, d->down_b, *h, *w);
+        if (v->band) {
+            if (vae_band_conv_down(v, &y, x, d->down_w, d->down_b, *h, *w)) return -1;
+        } else {
+            vae_conv_down(v, &y, x, d->down_w, d->down_b, *h, *w);
+        }
         vae_pool_put(v, x);
         *x = y;
         *h /= 2;
         *w /= 2;
+        if (v->band) v->band->s /= 2;
     }
     if (vae_resnet_forward(v, &e->mid_res[0], x, *h, *w)) return -1;
     if (e->mid_attn.norm_w && vae_attn_forward(v, &e->mid_attn, x, *h * *w)) return -1;
     if (vae_resnet_forward(v, &e->mid_res[1], x, *h, *w)) return -1;
-    vae_norm(v, x, x, e->out_norm_w, e->out_norm_b, 1);
-    if (vae_pool_get(v, e->out_w->rows, *h * *w, &y)) return -1;
-    vae_conv(v, &y, x, e->out_w, e->out_b, *h, *w, 3);
+    if (vae_norm(v, x, x, e->out_norm_w, e->out_norm_b, 1)) return -1;
+    if (vae_pool_get(v, e->out_w->rows, *h * *w, &y) || vae_conv3_banded(v, &y, x, e->out_w, e->out_b, *h, *w, 0))
+        return -1;
     vae_pool_put(v, x);
     *x = y;
     if (e->qc_w) {
@@ -117,12 +123,38 @@ static int encoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
     return 0;
 }
 
-int vae_encode_image(vae_model *v, const float *pixels, int H, int W, float *mode, float *latents, float *packed) {
-    const vae_config *c = &v->cfg;
+/* The host tail on z = latent_dist.mode() [lc, h, w]: the optional outputs. */
+static void encode_tail(const vae_model *v, const float *z, int64_t h, int64_t w, float *mode, float *latents,
+                        float *packed) {
+    int lc = v->cfg.latent_channels;
+    if (mode) memcpy(mode, z, (size_t)lc * (size_t)(h * w) * sizeof(float));
+    /* patchify: channel 4·c + 2·dy + dx of token (r, q) is z[c, 2r+dy, 2q+dx];
+     * then (z - mean) / std, in bf16 as bf16(bf16(z - mean) / std) */
+    int bf = v->dt == DT_BF16, c4 = 4 * lc;
+    int64_t hl = h / 2, wl = w / 2, nt = hl * wl;
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t r = t / wl, q = t % wl;
+        for (int ch = 0; ch < c4; ch++) {
+            int cz = ch / 4, dy = (ch / 2) % 2, dx = ch % 2;
+            float val = z[((int64_t)cz * h + 2 * r + dy) * w + 2 * q + dx];
+            float o = bf ? bf16r(bf16r(val - v->bn_mean[ch]) / v->bn_std[ch]) : (val - v->bn_mean[ch]) / v->bn_std[ch];
+            if (latents) latents[(int64_t)ch * nt + t] = o;
+            if (packed) packed[t * c4 + ch] = o;
+        }
+    }
+}
+
+static int check_encode_args(const vae_model *v, int H, int W) {
+    int px = vae_pixels_per_token(&v->cfg);
     if (!(v->parts & VAE_ENCODER)) return tp_error("VAE encode: the encoder was not loaded");
-    int px = vae_pixels_per_token(c);
     if (H <= 0 || W <= 0 || H % px || W % px)
         return tp_error("VAE encode: image size %dx%d must be a positive multiple of %d", W, H, px);
+    return 0;
+}
+
+int vae_encode_image(vae_model *v, const float *pixels, int H, int W, float *mode, float *latents, float *packed) {
+    const vae_config *c = &v->cfg;
+    if (check_encode_args(v, H, W)) return -1;
     int64_t h = H, w = W;
     int lc = c->latent_channels;
     tensor x;
@@ -140,21 +172,53 @@ int vae_encode_image(vae_model *v, const float *pixels, int H, int W, float *mod
         free(z);
         return tp_error_context("VAE encoder");
     }
-    if (mode) memcpy(mode, z, (size_t)lc * (size_t)(h * w) * sizeof(float));
-    /* patchify: channel 4·c + 2·dy + dx of token (r, q) is z[c, 2r+dy, 2q+dx];
-     * then (z - mean) / std, in bf16 as bf16(bf16(z - mean) / std) */
-    int bf = v->dt == DT_BF16, c4 = 4 * lc;
-    int64_t hl = h / 2, wl = w / 2, nt = hl * wl;
-    for (int64_t t = 0; t < nt; t++) {
-        int64_t r = t / wl, q = t % wl;
-        for (int ch = 0; ch < c4; ch++) {
-            int cz = ch / 4, dy = (ch / 2) % 2, dx = ch % 2;
-            float val = z[((int64_t)cz * h + 2 * r + dy) * w + 2 * q + dx];
-            float o = bf ? bf16r(bf16r(val - v->bn_mean[ch]) / v->bn_std[ch]) : (val - v->bn_mean[ch]) / v->bn_std[ch];
-            if (latents) latents[(int64_t)ch * nt + t] = o;
-            if (packed) packed[t * c4 + ch] = o;
-        }
-    }
+    encode_tail(v, z, h, w, mode, latents, packed);
     free(z);
     return 0;
+}
+
+int vae_encode_image_group(vae_model *v, MPI_Comm group, const float *pixels, int H, int W, float *mode,
+                           float *latents, float *packed) {
+    int size, rank;
+    MPI_Comm_size(group, &size);
+    MPI_Comm_rank(group, &rank);
+    if (size == 1) return vae_encode_image(v, pixels, H, W, mode, latents, packed);
+    if (dist_agree(group, check_encode_args(v, H, W))) return -1;
+    /* bands of latent-mode rows (8 pixel rows each: every band halves evenly at each downsampler) */
+    int s = 1 << (v->cfg.enc_n_blocks - 1), hm = H / s, wm = W / s, lc = v->cfg.latent_channels;
+    int n = size < hm ? size : hm, active = rank < n;
+    MPI_Comm bc;
+    MPI_Comm_split(group, active ? 0 : MPI_UNDEFINED, rank, &bc);
+    int rc = 0;
+    float *z = NULL;
+    if (active) {
+        vae_band bd = {.comm = bc, .rank = rank, .size = n, .wl = wm, .s = s};
+        bd.b = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+        for (int r = 0; r <= n; r++) bd.b[r] = (int64_t)r * (hm / n) + (r < hm % n ? r : hm % n);
+        int64_t a = s * bd.b[rank], rows = s * bd.b[rank + 1] - a, h = rows, w = W;
+        tensor x;
+        v->band = &bd;
+        rc = vae_pool_get(v, 3, rows * W, &x);
+        for (int ch = 0; ch < 3 && !rc; ch++) {
+            tensor dst = tensor_rows(&x, ch, 1);
+            rc = tensor_upload_f32(&dst, pixels + ((size_t)ch * (size_t)H + (size_t)a) * (size_t)W);
+        }
+        if (!rc) rc = encoder_forward(v, &x, &h, &w);
+        float *mine = NULL;
+        if (!rc) {
+            mine = xmalloc((size_t)lc * (size_t)(h * w) * sizeof(float));
+            tensor mean = tensor_rows(&x, 0, lc);
+            rc = tensor_download_f32(&mean, mine);
+        }
+        vae_pool_release(v);
+        if (rank == 0) z = xmalloc((size_t)lc * (size_t)hm * (size_t)wm * sizeof(float));
+        if (!rc) rc = vae_band_gather(v, mine, lc, z);
+        v->band = NULL;
+        free(mine);
+        free(bd.b);
+        MPI_Comm_free(&bc);
+    }
+    if (!rc && rank == 0) encode_tail(v, z, hm, wm, mode, latents, packed);
+    free(z);
+    return dist_agree(group, rc ? tp_error_context("VAE encoder") : 0);
 }

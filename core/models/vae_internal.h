@@ -3,6 +3,7 @@
 #define TPGEN_VAE_INTERNAL_H
 #include "vae.h"
 #include "core/formats/weights.h"
+#include <mpi.h>
 
 /* ResNet block: GN1+SiLU -> conv3 -> GN2+SiLU -> conv3, plus a 1x1
  * shortcut when the channel count changes. */
@@ -54,6 +55,18 @@ typedef struct vae_buf {
 
 #define VAE_POOL_MAX 16
 
+/* The row band this rank decodes in a patch-parallel decode (vae_band.c):
+ * rank r of comm holds latent rows [b[r], b[r+1]) (at least one each);
+ * every activation is that band at the current scale s (1, 2, 4, 8: it
+ * doubles at each upsampler), so rank r holds rows [s*b[r], s*b[r+1]) of
+ * an s*b[size] x s*wl image. */
+typedef struct vae_band {
+    MPI_Comm comm;
+    int rank, size;
+    int64_t *b;                        /* [size + 1] latent row boundaries */
+    int64_t wl, s;
+} vae_band;
+
 struct vae_model {
     vae_config cfg;
     backend *be;
@@ -74,6 +87,7 @@ struct vae_model {
     int parts;                         /* VAE_DECODER | VAE_ENCODER: what was bound */
     vae_encoder enc;
     double *prof;                      /* NULL, or seconds per VAE_PROF_* slot (vae_set_profile) */
+    vae_band *band;                    /* NULL, or the band of a patch-parallel decode in progress */
 };
 
 /* Per-op time accounting for `tpgen bench vae --profile`: each wrapper
@@ -93,10 +107,14 @@ static inline void vae_conv_down(vae_model *v, tensor *y, const tensor *x, const
     op_conv2d_down(v->be, y, x, w, b, h, wd);
     vae_prof_end(v, VAE_PROF_CONV_DOWN, t0);
 }
-static inline void vae_norm(vae_model *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
+int vae_band_norm(vae_model *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu);
+static inline int vae_norm(vae_model *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
     double t0 = vae_prof_begin(v);
-    op_group_norm(v->be, y, x, g, b, v->cfg.norm_groups, v->cfg.norm_eps, silu);
+    int rc = 0;
+    if (v->band) rc = vae_band_norm(v, y, x, g, b, silu);
+    else op_group_norm(v->be, y, x, g, b, v->cfg.norm_groups, v->cfg.norm_eps, silu);
     vae_prof_end(v, VAE_PROF_NORM, t0);
+    return rc;
 }
 
 /* Fetch the tensor `name`, which must be a [rows, cols] matrix (weights.h
@@ -131,10 +149,30 @@ int vae_bind_attn(vae_attn *a, const char *prefix, int c, vae_getter get, void *
 int vae_conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h, int64_t wd,
                      int up);
 int vae_pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out);
+void vae_pool_trim(vae_model *v);
+int64_t vae_band_rows(const vae_model *v, int64_t cin, int64_t cout, int64_t H, int64_t W);
 void vae_pool_put(vae_model *v, const tensor *t);
 void vae_pool_release(vae_model *v);
 int vae_resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, int64_t w);
 int vae_attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw);
+/* Attention of the query tokens [q0, q0 + nq) of xfull [C, hw] over all hw
+ * tokens, its residual added into xout [C, nq] (xout == xfull, q0 = 0,
+ * nq = hw: vae_attn_forward). */
+int vae_attn_rows(vae_model *v, const vae_attn *a, const tensor *xfull, int64_t hw, int64_t q0, int64_t nq,
+                  tensor *xout);
+
+/* vae_band.c: the patch-parallel halves of the decoder's ops (v->band set).
+ * A 3x3 convolution (upsampling first when up) of the band x [C, h*wd] with
+ * one halo row from each neighbour; the mid attention with the whole mid
+ * activation gathered; the band image gathered on rank 0 of the band comm. */
+int vae_band_conv3(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h, int64_t wd,
+                   int up);
+int vae_band_attn(vae_model *v, const vae_attn *a, tensor *x);
+/* The encoder's stride-2 convolution of the band x [C, h*wd] (h even): the
+ * first row of the band below is its bottom halo (zeros on the last band). */
+int vae_band_conv_down(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+                       int64_t wd);
+int vae_band_gather(vae_model *v, const float *band, int64_t channels, float *all);
 
 /* Shape of the BatchNorm statistics: 4·lc values (the 2x2 patch channels). */
 static inline int vae_bn_channels(const vae_config *c) { return 4 * c->latent_channels; }

@@ -93,6 +93,8 @@ static const backend_vtable k_cpu_vt = {
     .upsample2x = cpu_upsample2x,
     .transpose = cpu_transpose,
     .upload_file = cpu_upload_file,
+    .channel_sums = cpu_channel_sums,
+    .channel_affine = cpu_channel_affine,
 };
 
 backend *backend_cpu_create(int threads) {

@@ -106,16 +106,23 @@ static double sum_pow(const float *v, int64_t n, double m, int p) {
     return s;
 }
 
-static void channel_sums(const tensor *x, int cpg, const double *center, int p, double *out) {
+/* out[c] = sum_i (x[c,i] - center[c])^p (center NULL: 0) */
+static void channel_sums(const tensor *x, const double *center, int p, double *out) {
     int64_t C = x->rows, HW = x->cols;
 #pragma omp parallel if (C * HW > CPU_PAR_MIN)
     {
         float *bx = xmalloc((size_t)HW * sizeof(float));
 #pragma omp for schedule(dynamic)
         for (int64_t c = 0; c < C; c++)
-            out[c] = sum_pow(row_f32(x, c, 0, HW, bx), HW, center ? center[c / cpg] : 0, p);
+            out[c] = sum_pow(row_f32(x, c, 0, HW, bx), HW, center ? center[c] : 0, p);
         free(bx);
     }
+}
+
+void cpu_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out) {
+    (void)be;
+    CPU_REQUIRE(p == 1 || p == 2, "op_channel_sums: power %d is not 1 or 2", p);
+    channel_sums(x, center, p, out);
 }
 
 /* out[i] = v[i]*a + b, then with silu: rounded to dt, t / (1 + exp(-t)) */
@@ -138,8 +145,34 @@ static void affine_silu(const float *v, float *out, int64_t n, float a, float b,
         out[i] = t;
     }
 }
+/* y[c,:] = x[c,:]*a[c] + b[c] (+ SiLU): the apply half of group_norm */
+static void channel_affine(tensor *y, const tensor *x, const float *a, const float *b, int apply_silu) {
+    int64_t C = x->rows, HW = x->cols;
+    dtype_t dt = y->dtype;
+#pragma omp parallel if (C * HW > CPU_PAR_MIN)
+    {
+        float *bx = xmalloc((size_t)HW * sizeof(float)), *out = xmalloc((size_t)HW * sizeof(float));
+#pragma omp for schedule(dynamic)
+        for (int64_t c = 0; c < C; c++) {
+            const float *v = row_f32(x, c, 0, HW, bx);
+            float *o = dt == DT_F32 ? row_ptr(y, c) : out; /* in place is fine: element i is read before it is written */
+            affine_silu(v, o, HW, a[c], b[c], apply_silu, dt);
+            if (o == out) row_store(y, c, 0, HW, out);
+        }
+        free(bx);
+        free(out);
+    }
+}
+
+void cpu_channel_affine(backend *be, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu) {
+    (void)be;
+    CPU_REQUIRE(y->rows == x->rows && y->cols == x->cols, "op_channel_affine: y and x shapes differ");
+    channel_affine(y, x, a, b, apply_silu);
+}
+
 void cpu_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma,
                     const tensor *beta, int groups, float eps, int apply_silu) {
+    (void)be;
     int64_t C = x->rows, HW = x->cols;
     CPU_REQUIRE(y->rows == C && y->cols == HW, "op_group_norm: y and x shapes differ");
     CPU_REQUIRE(groups > 0 && C % groups == 0, "op_group_norm: %d groups do not divide %lld channels", groups,
@@ -149,33 +182,25 @@ void cpu_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma
     int cpg = (int)(C / groups);
     double n = (double)cpg * (double)HW;
     double *cs = xmalloc((size_t)C * sizeof(double)), *mean = xcalloc((size_t)groups, sizeof(double)),
-           *var = xcalloc((size_t)groups, sizeof(double));
-    channel_sums(x, cpg, NULL, 1, cs);
+           *var = xcalloc((size_t)groups, sizeof(double)), *center = xmalloc((size_t)C * sizeof(double));
+    channel_sums(x, NULL, 1, cs);
     for (int64_t c = 0; c < C; c++) mean[c / cpg] += cs[c];
     for (int g = 0; g < groups; g++) mean[g] /= n;
-    channel_sums(x, cpg, mean, 2, cs); /* two-pass variance: no cancellation */
+    for (int64_t c = 0; c < C; c++) center[c] = mean[c / cpg];
+    channel_sums(x, center, 2, cs); /* two-pass variance: no cancellation */
     for (int64_t c = 0; c < C; c++) var[c / cpg] += cs[c];
     float *ga = xmalloc((size_t)C * sizeof(float)), *be_ = xmalloc((size_t)C * sizeof(float));
     for (int64_t c = 0; c < C; c++) { ga[c] = 1.0f; be_[c] = 0.0f; }
     if (gamma) convert_to_f32(ga, gamma->data, gamma->dtype, (size_t)C);
     if (beta) convert_to_f32(be_, beta->data, beta->dtype, (size_t)C);
-    dtype_t dt = y->dtype;
-#pragma omp parallel if (C * HW > CPU_PAR_MIN)
-    {
-        float *bx = xmalloc((size_t)HW * sizeof(float)), *out = xmalloc((size_t)HW * sizeof(float));
-#pragma omp for schedule(dynamic)
-        for (int64_t c = 0; c < C; c++) {
-            int g = (int)(c / cpg);
-            float mu = (float)mean[g], rstd = (float)(1.0 / sqrt(var[g] / n + (double)eps));
-            /* PyTorch's kernel folds the affine: y = x*a + b with a = rstd*gamma, b = beta - mu*a */
-            float a = rstd * ga[c], b = be_[c] - mu * a;
-            const float *v = row_f32(x, c, 0, HW, bx);
-            float *o = dt == DT_F32 ? row_ptr(y, c) : out; /* in place is fine: element i is read before it is written */
-            affine_silu(v, o, HW, a, b, apply_silu, dt);
-            if (o == out) row_store(y, c, 0, HW, out);
-        }
-        free(bx);
-        free(out);
+    for (int64_t c = 0; c < C; c++) {
+        int g = (int)(c / cpg);
+        float mu = (float)mean[g], rstd = (float)(1.0 / sqrt(var[g] / n + (double)eps));
+        /* PyTorch's kernel folds the affine: y = x*a + b with a = rstd*gamma, b = beta - mu*a */
+        float a = rstd * ga[c];
+        ga[c] = a;
+        be_[c] = be_[c] - mu * a;
     }
-    free(cs); free(mean); free(var); free(ga); free(be_);
+    channel_affine(y, x, ga, be_, apply_silu);
+    free(cs); free(mean); free(var); free(center); free(ga); free(be_);
 }

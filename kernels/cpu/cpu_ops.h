@@ -39,6 +39,8 @@ void cpu_layernorm_mod(backend *, tensor *y, const tensor *x, const tensor *shif
 void cpu_rmsnorm(backend *, tensor *y, const tensor *x, const tensor *w, int group, float eps);
 void cpu_group_norm(backend *, tensor *y, const tensor *x, const tensor *gamma,
                     const tensor *beta, int groups, float eps, int apply_silu);
+void cpu_channel_sums(backend *, const tensor *x, const double *center, int p, double *out);
+void cpu_channel_affine(backend *, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu);
 
 /* cpu_eltwise.c */
 void cpu_copy(backend *, tensor *y, const tensor *x);

@@ -111,6 +111,23 @@ if "$TPGEN" make-tiny --out "$TMP/tiny" >/dev/null 2>&1; then
         out=$("${DEC[@]}" --model "$TMP/tiny" --latents "$TMP/gen.safetensors" --output "$TMP/regen.png" 2>&1)
         if [ $? -eq 0 ] && same_pixels "$TMP/gen.png" "$TMP/regen.png"; then ok "decode: generate --save-latents -> decode gives generate's pixels"
         else fail "decode: generate -> decode round trip: $out"; fi
+        # generate at tp 2 decodes patch-parallel (a row band per rank); the
+        # one-rank decode of its own latents, and generate at tp 1, agree
+        # within one level (f32)
+        PSNR=$TMP/psnr
+        cc -O2 -o "$PSNR" "$TPGEN_ROOT/scripts/psnr.c" -lm
+        out=$($MPIRUN -np 2 "$TPGEN" --model "$TMP/tiny" --prompt-embeds "$TMP/tiny/prompt_embeds.safetensors" --width 64 \
+              --height 48 --steps 2 --seed 5 --backend cpu --precision f32 --output "$TMP/gen2.png" \
+              --save-latents "$TMP/gen2.safetensors" 2>&1) &&
+            "${DEC[@]}" --model "$TMP/tiny" --latents "$TMP/gen2.safetensors" --output "$TMP/regen2.png" >/dev/null 2>&1
+        if [ $? -eq 0 ]; then
+            d1=$("$PSNR" "$TMP/gen2.png" "$TMP/regen2.png" --max) d2=$("$PSNR" "$TMP/gen2.png" "$TMP/gen.png" --max)
+            echo "# generate tp 2 (band decode) vs one-rank decode of its latents: max diff $d1; vs generate tp 1: max diff $d2"
+            if [ "$d1" -le 1 ] && [ "$d2" -le 1 ]; then ok "decode: generate at tp 2 (patch-parallel decode) within 1 level of the one-rank decode and of tp 1"
+            else fail "decode: generate tp 2 differs: $d1 levels from the one-rank decode, $d2 from tp 1"; fi
+        else
+            fail "decode: generate at tp 2: $(echo "$out" | tail -2)"
+        fi
     fi
 else
     fail "decode: tpgen make-tiny failed"
