@@ -3,6 +3,7 @@
 #include "checkpoint.h"
 #include "kernels/err.h"
 #include "fp8.h"
+#include "gguf_shard.h"
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -148,7 +149,7 @@ static int add_file(checkpoint *c, const char *name) {
         return tp_error("%s: shard name '%s' must be a file name inside the folder", c->dir, name);
     char *p = xasprintf("%s/%s", c->dir, name);
     st_file *f;
-    int rc = st_open(p, &f);
+    int rc = ends_with(name, ".gguf") ? gguf_st_open(p, &f) : st_open(p, &f);
     free(p);
     if (rc) return -1;
     c->files = xrealloc(c->files, (size_t)(c->n_files + 1) * sizeof *c->files);
@@ -208,7 +209,10 @@ int checkpoint_open(const char *dir, checkpoint **out) {
     if (!rc && idx) rc = open_indexed(c, idx);
     else if (!rc) {
         rc = pick_file(dir, ".safetensors", &single);
-        if (!rc && !single) rc = tp_error("%s has no *.safetensors file and no *.safetensors.index.json", dir);
+        /* no safetensors: a GGUF file (core/formats/gguf_shard.h) */
+        if (!rc && !single) rc = pick_file(dir, ".gguf", &single);
+        if (!rc && !single)
+            rc = tp_error("%s has no *.safetensors file, no *.safetensors.index.json and no *.gguf file", dir);
         if (!rc) rc = open_single(c, single);
     }
     free(idx), free(single);
