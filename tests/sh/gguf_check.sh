@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# GGUF transformers run sharded: tpgen check of the golden flux2-gguf folders
+# (Q8_0, Q4_K, mixed: quantised weights kept quantised, decoded in the GEMM's
+# packing) against diffusers' float32 forward on gguf-py's dequantised
+# weights (gguf_cases.safetensors), at tp 1 and 2 (2: row-parallel shards of
+# half a K-quant block), f32 <= 1e-5 and bf16 <= 3e-2; tp 4 refused (the
+# model has 2 heads); inspect --tp 2 shows the block types and per-rank
+# bytes; again under AddressSanitizer + UBSan when build-asan/ exists.
+[ -n "${TPGEN_ROOT:-}" ] && [ -n "${TPGEN:-}" ] && [ -n "${TPGEN_GOLDEN:-}" ] || { echo "FAIL - gguf_check.sh: run it through tests/run.sh"; exit 1; }
+. "$TPGEN_ROOT/tests/lib.sh"
+G=$TPGEN_GOLDEN/flux2-gguf
+MPI=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
+
+check_case() { # NAME TPGEN VARIANT TP PRECISION TOL
+    local name=$1 bin=$2 v=$3 tp=$4 prec=$5 tol=$6 out
+    out=$($MPI -np "$tp" "$bin" check --model "$G/$v" --cases "$G/transformer_cases.safetensors" \
+          --outputs "$G/gguf_cases.safetensors" --prefix "$v" --precision "$prec" --tol "$tol" 2>&1)
+    if [ $? -eq 0 ] && echo "$out" | grep -qE "^max_rel_err=.* PASS$"; then ok "$name ($(echo "$out" | grep -oE 'max_rel_err=[^ ]+'))"
+    else fail "$name: $(echo "$out" | grep -vE '^#' | tail -3)"; fi
+}
+
+run_cases() { # TPGEN PREFIX TPS
+    local bin=$1 p=$2 tps=$3 v tp
+    for v in Q8_0 Q4_K mixed; do
+        for tp in $tps; do
+            check_case "${p}gguf_check_${v}_tp${tp}_f32" "$bin" "$v" "$tp" f32 1e-5
+            check_case "${p}gguf_check_${v}_tp${tp}_bf16" "$bin" "$v" "$tp" bf16 3e-2
+        done
+    done
+    expect_fail "${p}gguf_check_tp4_refused" "tensor-parallel degree 4 does not divide num_attention_heads 2" \
+        $MPI -np 4 "$bin" check --model "$G/Q4_K" --cases "$G/transformer_cases.safetensors" \
+        --outputs "$G/gguf_cases.safetensors" --prefix Q4_K
+}
+
+run_cases "$TPGEN" "" "1 2"
+
+# inspect: the ggml types, and per-rank bytes = the blocks each rank holds
+out=$("$TPGEN" inspect --model "$G/Q4_K" --tp 2 2>&1)
+if echo "$out" | grep -qE '^double_blocks\.0\.img_attn\.proj\.weight +rowwise +\[256, 256\] +\[256, 128\] Q4_K$' &&
+    [ "$(echo "$out" | awk '$1 ~ /^[01]$/ && NF == 6 { print $4 }' | sort -u | wc -l)" = 1 ] &&
+    echo "$out" | grep -q '^valid: tp 2'; then ok "gguf_inspect_tp2"
+else fail "gguf_inspect_tp2: $(echo "$out" | tail -5)"; fi
+
+ASAN=$TPGEN_ROOT/build-asan
+if [ -x "$ASAN/tpgen" ]; then
+    # full unwinding: with the fast unwinder the stacks of Open MPI's plugin
+    # allocations are cut to "<unknown module>" and tests/lsan.supp misses them
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}:fast_unwind_on_malloc=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+    run_cases "$ASAN/tpgen" "asan_" "2"
+else fail "sanitizer runs: build-asan/ not found (the test command 'make test' builds it; or run 'make asan')"; fi
