@@ -280,3 +280,43 @@ TEST(gguf_checkpoint_refuses_type) {
     rmdir(dir);
     free(p), free(dir);
 }
+
+/* The dequantised twin of a golden GGUF file: every tensor as F32 with the
+ * values gguf_read_f32 gives (bit-identical to gguf-py's dequantiser), same
+ * names, one safetensors file. With TPGEN_GGUF_TWIN_OUT=DIR (and
+ * TPGEN_GGUF_TWIN_VARIANT) it writes DIR/flux2-tiny-twin.safetensors for
+ * tests/sh/gguf_check.sh, whose generate runs compare the two folders. */
+TEST(gguf_write_dequantised_twin) {
+    const char *env = getenv("TPGEN_GGUF_TWIN_OUT"), *var = getenv("TPGEN_GGUF_TWIN_VARIANT");
+    if (!var || !*var) var = "mixed";
+    char *dir = env ? xstrdup(env) : xasprintf("%s/twin", test_tmp_dir());
+    mkdir(dir, 0755);
+    char *src = xasprintf("%s/flux2-gguf/%s/transformer/flux2-tiny-%s.gguf", test_golden_dir(), var, var);
+    gguf_file *g;
+    REQUIRE(gguf_open(src, &g) == 0, "%s", tp_error_msg());
+    st_write_tensor *t = xcalloc((size_t)g->n, sizeof *t);
+    float **vals = xcalloc((size_t)g->n, sizeof *vals);
+    int rc = 0;
+    for (int i = 0; i < g->n && !rc; i++) {
+        const gguf_tensor *gt;
+        rc = gguf_read_f32(g, g->tensors[i].name, &vals[i], &gt);
+        t[i] = (st_write_tensor){.name = gt->name, .dtype = DT_F32, .ndim = gt->ndim, .data = vals[i]};
+        for (int d = 0; d < gt->ndim; d++) t[i].shape[d] = gt->shape[d];
+    }
+    char *out = xasprintf("%s/flux2-tiny-twin.safetensors", dir);
+    if (!rc) rc = st_write(out, t, g->n, NULL);
+    CHECK(rc == 0, "%s", tp_error_msg());
+    /* the twin reads back as the same values */
+    st_file *f = NULL;
+    for (int i = 0; !rc && i < g->n && st_open(out, &f) == 0; i++) {
+        float *back;
+        const st_tensor_info *info;
+        REQUIRE(st_read_f32(f, g->tensors[i].name, &back, &info) == 0, "%s", tp_error_msg());
+        CHECK(!memcmp(back, vals[i], (size_t)st_numel(info) * sizeof(float)), "%s differs", g->tensors[i].name);
+        free(back);
+        st_close(f), f = NULL;
+    }
+    for (int i = 0; i < g->n; i++) free(vals[i]);
+    free(vals), free(t), free(out), free(src), free(dir);
+    gguf_close(g);
+}

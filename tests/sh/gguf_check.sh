@@ -5,7 +5,8 @@
 # weights (gguf_cases.safetensors), at tp 1 and 2 (2: row-parallel shards of
 # half a K-quant block), f32 <= 1e-5 and bf16 <= 3e-2; tp 4 refused (the
 # model has 2 heads); inspect --tp 2 shows the block types and per-rank
-# bytes; again under AddressSanitizer + UBSan when build-asan/ exists.
+# bytes; generate from a GGUF folder gives the latents of its dequantised
+# twin; again under AddressSanitizer + UBSan when build-asan/ exists.
 [ -n "${TPGEN_ROOT:-}" ] && [ -n "${TPGEN:-}" ] && [ -n "${TPGEN_GOLDEN:-}" ] || { echo "FAIL - gguf_check.sh: run it through tests/run.sh"; exit 1; }
 . "$TPGEN_ROOT/tests/lib.sh"
 G=$TPGEN_GOLDEN/flux2-gguf
@@ -40,6 +41,44 @@ if echo "$out" | grep -qE '^double_blocks\.0\.img_attn\.proj\.weight +rowwise +\
     [ "$(echo "$out" | awk '$1 ~ /^[01]$/ && NF == 6 { print $4 }' | sort -u | wc -l)" = 1 ] &&
     echo "$out" | grep -q '^valid: tp 2'; then ok "gguf_inspect_tp2"
 else fail "gguf_inspect_tp2: $(echo "$out" | tail -5)"; fi
+
+# generate end to end from a GGUF folder (transformer only: prompt embeddings
+# from the cases file, latents saved): the latents equal, to f32 rounding,
+# those of the same pipeline whose transformer is the GGUF's dequantised twin
+# (F32 safetensors written by the test binary from gguf_read_f32), at tp 1
+# and 2
+rel_l2() { # A.safetensors B.safetensors: relative L2 of their F32 'latents' tensors (stdlib python)
+    python3 - "$1" "$2" <<'PY'
+import json, struct, sys, math
+def load(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+    k = [k for k in h if k != '__metadata__' and h[k]['dtype'] == 'F32'][0]; o = h[k]['data_offsets']
+    return struct.unpack('<%df' % ((o[1] - o[0]) // 4), b[8 + n + o[0]:8 + n + o[1]])
+a, b = load(sys.argv[1]), load(sys.argv[2])
+if len(a) != len(b) or not a: print('inf'); sys.exit()
+d = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b))); r = math.sqrt(sum(y * y for y in b))
+print('%.3e' % (d / r if r else float('inf')))
+PY
+}
+gen() { # DIR NP OUT
+    $MPI -np "$2" "$TPGEN" generate --model "$1" --prompt-embeds "$G/transformer_cases.safetensors:case1.encoder_hidden_states" \
+        --width 96 --height 64 --precision f32 --seed 3 --steps 4 --backend cpu --save-latents "$3" 2>&1
+}
+for v in mixed Q4_K; do
+    T=$TMP/twin-$v
+    mkdir -p "$T/transformer" && cp "$G/$v/model_index.json" "$T/" && cp -r "$G/$v/scheduler" "$T/" && chmod -R u+w "$T"
+    if ! TPGEN_GGUF_TWIN_OUT="$T/transformer" TPGEN_GGUF_TWIN_VARIANT=$v "$TPGEN_TESTS" gguf_write_dequantised_twin | grep -q '^ok - '; then
+        fail "gguf_generate_$v: writing the dequantised twin failed"; continue
+    fi
+    for np in 1 2; do
+        out=$(gen "$G/$v" $np "$TMP/q-$v-$np.st"); rq=$?
+        tw=$(gen "$T" $np "$TMP/t-$v-$np.st"); rt=$?
+        e=$([ $rq -eq 0 ] && [ $rt -eq 0 ] && rel_l2 "$TMP/q-$v-$np.st" "$TMP/t-$v-$np.st")
+        if [ -n "$e" ] && python3 -c "import sys; sys.exit(0 if $e <= 1e-5 else 1)"; then
+            ok "gguf_generate_${v}_tp$np: latents = the dequantised twin's (rel L2 $e)"
+        else fail "gguf_generate_${v}_tp$np: rc $rq/$rt err '$e': $(echo "$out" | grep -v '^#' | tail -2)"; fi
+    done
+done
 
 ASAN=$TPGEN_ROOT/build-asan
 if [ -x "$ASAN/tpgen" ]; then
