@@ -320,3 +320,32 @@ TEST(gguf_write_dequantised_twin) {
     free(vals), free(t), free(out), free(src), free(dir);
     gguf_close(g);
 }
+
+/* The weight scan (inspect --scan-weights, check) decodes GGUF blocks: an
+ * Inf f16 scale in block 3 of a Q8_0 row is found at element 96 and named;
+ * the same file with finite scales is clean. */
+TEST(gguf_scan_finite_blocks) {
+    enum { COLS = 256, ROWS = 4 };
+    static uint8_t q8[ROWS * COLS / 32 * 34];
+    for (size_t b = 0; b < sizeof q8 / 34; b++) {
+        uint16_t d = f32_to_f16(0.01f);
+        memcpy(q8 + b * 34, &d, 2);
+        for (int i = 0; i < 32; i++) q8[b * 34 + 2 + i] = (uint8_t)(i * 7);
+    }
+    for (int bad = 0; bad < 2; bad++) {
+        if (bad) { uint16_t inf = 0x7c00; memcpy(q8 + 3 * 34, &inf, 2); }
+        char *dir = xasprintf("%s/scan%d", test_tmp_dir(), bad);
+        mkdir(dir, 0755);
+        char *p = xasprintf("%s/model.gguf", dir);
+        gguf_write_tensor t[] = {{"w.weight", QUANT_Q8_0, 2, {COLS, ROWS, 1, 1}, q8}};
+        REQUIRE(gguf_write(p, NULL, 0, t, 1, NULL, NULL) == 0, "%s", tp_error_msg());
+        checkpoint *c;
+        REQUIRE(checkpoint_open(dir, &c) == 0, "%s", tp_error_msg());
+        int n = checkpoint_scan_finite(c, 0);
+        if (bad) CHECK(n == 1 && strstr(tp_error_msg(), "w.weight") && strstr(tp_error_msg(), "element 96"), "scan %d: %s", n, tp_error_msg());
+        else CHECK(n == 0, "clean file: scan %d", n);
+        checkpoint_close(c);
+        unlink(p), rmdir(dir);
+        free(p), free(dir);
+    }
+}

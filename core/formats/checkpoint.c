@@ -4,6 +4,7 @@
 #include "kernels/err.h"
 #include "fp8.h"
 #include "gguf_shard.h"
+#include "kernels/quant.h"
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -257,6 +258,21 @@ int checkpoint_scan_finite(const checkpoint *c, int verbose) {
     for (int k = 0; k < c->n; k++) {
         const st_tensor_info *t = c->infos[k];
         int fp8 = dtype_is_fp8(t->dtype);
+        if (t->dtype == DT_GGML) {   /* GGUF blocks: decoded (an f16 scale may be Inf/NaN) */
+            int64_t first, count;
+            if (gguf_scan_finite(c->files[c->file_of[k]], t, &first, &count)) { free(f), free(raw); return -1; }
+            if (count) {
+                const char *path = c->files[c->file_of[k]]->path;
+                if (verbose || n_bad == 0)
+                    fprintf(stderr, "tpgen: non-finite weight: %s: tensor '%s' (%s blocks): %lld NaN/Inf values, the "
+                            "first at element %lld\n", path, t->name, quant_type_name(t->qtype), (long long)count,
+                            (long long)first);
+                if (n_bad++ == 0)
+                    tp_error("%s: tensor '%s' holds %lld NaN/Inf values (the first at element %lld); the checkpoint is "
+                             "corrupt: download it again", path, t->name, (long long)count, (long long)first);
+            }
+            continue;
+        }
         if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16 && t->dtype != DT_F64 && !fp8) continue;
         const st_file *file = c->files[c->file_of[k]];
         size_t es = dtype_size(t->dtype), n = (size_t)(t->end - t->begin) / es;

@@ -113,3 +113,30 @@ int qshard_plan(const st_tensor_info *ti, const shard_info *si, int tp, int rank
     }
     return 0;
 }
+
+int gguf_scan_finite(const st_file *f, const st_tensor_info *t, int64_t *first, int64_t *count) {
+    const quant_type *qt = quant_type_get(t->qtype);
+    int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1, rb = quant_row_bytes(qt, cols);
+    int64_t rows = rb > 0 ? (int64_t)(t->end - t->begin) / rb : 0;
+    int64_t chunk = (int64_t)(4u << 20) / (cols * 4) > 0 ? (int64_t)(4u << 20) / (cols * 4) : 1;   /* rows per read */
+    uint8_t *raw = xmalloc((size_t)(chunk * rb));
+    float *v = xmalloc((size_t)(chunk * cols) * sizeof(float));
+    *first = -1, *count = 0;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
+        if (st_read_range(f, t->begin + (uint64_t)(r0 * rb), raw, (size_t)(nr * rb))) {
+            free(raw), free(v);
+            return -1;
+        }
+        for (int64_t r = 0; r < nr; r++) quant_dequant_row(t->qtype, raw + r * rb, v + r * cols, cols);
+        for (int64_t i = 0; i < nr * cols; i++) {
+            uint32_t u;
+            memcpy(&u, &v[i], 4);
+            if ((u & 0x7f800000u) != 0x7f800000u) continue;
+            if (*first < 0) *first = r0 * cols + i;
+            ++*count;
+        }
+    }
+    free(raw), free(v);
+    return 0;
+}

@@ -46,4 +46,9 @@ typedef struct qshard {
  * not whole rows). */
 int qshard_plan(const st_tensor_info *ti, const shard_info *si, int tp, int rank, qshard *out);
 
+/* Decode a DT_GGML tensor of f (an st_file from gguf_st_open) in bounded
+ * chunks of whole rows and count its NaN/Inf values (*first: the first's
+ * element index, -1 when none). 0, or -1 + tp_error on a read error. */
+int gguf_scan_finite(const st_file *f, const st_tensor_info *t, int64_t *first, int64_t *count);
+
 #endif
