@@ -132,8 +132,9 @@ static void check_blocks(const char *file, const checkpoint *c, const plan *p, c
     gguf_close(g);
 }
 
-/* Every rank of tp 1 and 2 (2 heads: tp 4 is refused by the plan) reads
- * exactly the formula's bytes, estimates them, holds them, and its blocks
+/* Every rank of tp 1 and 2 (2 heads: tp 4 is refused by the plan; Q4_K
+ * loaded through the mmap path, the others with pread) reads exactly the
+ * formula's bytes, estimates them, holds them, and its blocks
  * decode to the file's values at its columns. */
 TEST(gguf_load_golden_shards) {
     backend *be = backend_cpu_create(1);
@@ -156,7 +157,8 @@ TEST(gguf_load_golden_shards) {
                 }
                 load_estimate est;
                 REQUIRE(weights_estimate(c, &cp.p, tp, rank, &est) == 0, "%s", tp_error_msg());
-                load_opts o = {.tp = tp, .rank = rank, .be = be, .dtype = DT_F32};
+                /* the Q4_K file through the mmap path, the others through pread */
+                load_opts o = {.tp = tp, .rank = rank, .be = be, .dtype = DT_F32, .use_mmap = v == 1};
                 weights *w;
                 load_stats st;
                 REQUIRE(weights_load(c, &cp.p, &o, &w, &st) == 0, "%s", tp_error_msg());
