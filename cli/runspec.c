@@ -27,6 +27,8 @@ typedef struct key_def {
 #define OFF(f) offsetof(run_spec, f)
 static const key_def k_keys[] = {
     {"model", K_STR, OFF(model), 0, 0, NULL, "DIR", "pipeline folder (diffusers layout: model_index.json, transformer/, ...)", 0, 0},
+    {"transformer", K_STR, OFF(transformer), 0, 0, NULL, "DIR",
+     "a transformer checkpoint folder (safetensors, BFL single file, or one GGUF file) replacing the pipeline's transformer/", 0, 0},
     {"prompt", K_PROMPT, 0, 0, 0, NULL, "TEXT", "the prompt", 0, 0},
     {"prompts", K_PROMPTS, 0, 0, 0, NULL, "[TEXT, ...]", "several prompts (run spec only): each is rendered with every seed", 1, 0},
     {"prompt_embeds", K_STR, OFF(prompt_embeds), 0, 0, NULL, "FILE[:TENSOR]",
@@ -93,7 +95,7 @@ static void free_prompt_images(run_spec *s) {
 }
 
 void runspec_free(run_spec *s) {
-    char **strs[] = {&s->model, &s->prompt_embeds, &s->negative_prompt, &s->output, &s->precision, &s->quantize,
+    char **strs[] = {&s->model, &s->transformer, &s->prompt_embeds, &s->negative_prompt, &s->output, &s->precision, &s->quantize,
                      &s->backend, &s->save_latents, &s->json_metrics, &s->prompts_file, &s->spec_path};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
     free_prompt_images(s);

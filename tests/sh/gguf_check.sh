@@ -80,6 +80,26 @@ for v in mixed Q4_K; do
     done
 done
 
+# --transformer DIR (and the run-spec key transformer:) replaces the
+# pipeline's transformer/: a folder without one, given the GGUF folder, gives
+# the latents of the GGUF pipeline folder bit for bit
+P=$TMP/pipe-only
+mkdir -p "$P" && cp "$G/Q4_K/model_index.json" "$P/" && cp -r "$G/Q4_K/scheduler" "$P/" && chmod -R u+w "$P"
+gen "$G/Q4_K" 2 "$TMP/folder.st" >/dev/null
+out=$($MPI -np 2 "$TPGEN" generate --model "$P" --transformer "$G/Q4_K/transformer" \
+      --prompt-embeds "$G/transformer_cases.safetensors:case1.encoder_hidden_states" --width 96 --height 64 \
+      --precision f32 --seed 3 --steps 4 --backend cpu --save-latents "$TMP/flag.st" 2>&1)
+if [ $? -eq 0 ] && cmp -s "$TMP/folder.st" "$TMP/flag.st"; then ok "gguf_transformer_flag: --transformer gives the folder's latents"
+else fail "gguf_transformer_flag: $(echo "$out" | grep -v '^#' | tail -2)"; fi
+printf 'model: %s\ntransformer: %s\nprompt_embeds: "%s"\nwidth: 96\nheight: 64\nprecision: f32\nseed: 3\nsteps: 4\nbackend: cpu\nsave_latents: %s\n' \
+    "$P" "$G/Q4_K/transformer" "$G/transformer_cases.safetensors:case1.encoder_hidden_states" "$TMP/spec.st" > "$TMP/run.yaml"
+out=$($MPI -np 2 "$TPGEN" generate --spec "$TMP/run.yaml" 2>&1)
+if [ $? -eq 0 ] && cmp -s "$TMP/folder.st" "$TMP/spec.st"; then ok "gguf_transformer_spec_key: transformer: in a run spec"
+else fail "gguf_transformer_spec_key: $(echo "$out" | grep -v '^#' | tail -2)"; fi
+expect_fail "gguf_transformer_flag_missing" "--transformer $TMP/none is not a folder" \
+    $MPI -np 2 "$TPGEN" generate --model "$P" --transformer "$TMP/none" \
+    --prompt-embeds "$G/transformer_cases.safetensors:case1.encoder_hidden_states" --backend cpu
+
 ASAN=$TPGEN_ROOT/build-asan
 if [ -x "$ASAN/tpgen" ]; then
     # full unwinding: with the fast unwinder the stacks of Open MPI's plugin
