@@ -27,8 +27,6 @@ typedef struct key_def {
 #define OFF(f) offsetof(run_spec, f)
 static const key_def k_keys[] = {
     {"model", K_STR, OFF(model), 0, 0, NULL, "DIR", "pipeline folder (diffusers layout: model_index.json, transformer/, ...)", 0, 0},
-    {"transformer", K_STR, OFF(transformer), 0, 0, NULL, "DIR",
-     "a transformer checkpoint folder (safetensors, BFL single file, or one GGUF file) replacing the pipeline's transformer/", 0, 0},
     {"prompt", K_PROMPT, 0, 0, 0, NULL, "TEXT", "the prompt", 0, 0},
     {"prompts", K_PROMPTS, 0, 0, 0, NULL, "[TEXT, ...]", "several prompts (run spec only): each is rendered with every seed", 1, 0},
     {"prompt_embeds", K_STR, OFF(prompt_embeds), 0, 0, NULL, "FILE[:TENSOR]",
@@ -71,6 +69,9 @@ static const key_def k_keys[] = {
      "a reference image for editing (PNG or JPEG; repeat for several, in order); without --width/--height the "
      "output takes the first reference's size", 0, 1},
     {"images", K_IMAGES, 0, 0, 0, NULL, "[FILE, ...]", "reference images (run spec only; the --image flags)", 1, 0},
+    /* last: y_scalar refers to k_keys[1] (prompt) and k_keys[5] (seed) by index */
+    {"transformer", K_STR, OFF(transformer), 0, 0, NULL, "DIR",
+     "a transformer checkpoint folder (safetensors, BFL single file, or one GGUF file) replacing the pipeline's transformer/", 0, 0},
 };
 #define N_KEYS ((int)(sizeof k_keys / sizeof k_keys[0]))
 
