@@ -20,7 +20,7 @@ OPT     ?= -O2 -march=x86-64-v3
 CFLAGS  += -std=c17 -D_GNU_SOURCE $(OPT) -g -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_CFLAGS) \
            -I/usr/include/x86_64-linux-gnu/openblas-openmp
 LDLIBS  += $(if $(BLAS_DIR),-L$(BLAS_DIR) -Wl$(comma)-rpath$(comma)$(BLAS_DIR)) -lopenblas \
-           -lyaml -ljansson -lpcre2-8 -lutf8proc -lnettle -lmicrohttpd -lz -lm -fopenmp -pthread $(MPI_LIBS)
+           -lyaml -ljansson -lpcre2-8 -lutf8proc -lnettle -lmicrohttpd -lpng -ljpeg -lz -lm -fopenmp -pthread $(MPI_LIBS)
 # the CUDA plugin is dlopen'ed and calls back into the binary (kept apart from LDLIBS, which scripts override)
 HOST_LDLIBS := -ldl -rdynamic
 comma := ,
@@ -113,7 +113,7 @@ print-opt:
 FUZZ_CC    ?= clang
 FUZZ_TIME  ?= 30
 FUZZ_BUILD := build-fuzz
-FUZZ_NAMES := safetensors runspec tokenizer config gguf
+FUZZ_NAMES := safetensors runspec tokenizer config gguf image serve_json serve_form
 FUZZ_FLAGS := -std=c17 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -fopenmp -I. $(MPI_CFLAGS) \
               -I/usr/include/x86_64-linux-gnu/openblas-openmp -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_OBJ   := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)

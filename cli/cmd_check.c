@@ -9,14 +9,17 @@
  * Without, seeded random inputs are run through the TP forward and through
  * an unsharded copy of the model on rank 0 (which loads the full weights for
  * this check only). One line per case "caseK rel_err=E", then
- * "max_rel_err=E tol=T PASS|FAIL"; exit 0 iff every case passes. */
+ * "max_rel_err=E tol=T PASS|FAIL"; exit 0 iff every case passes. A FLUX.3
+ * transformer (config.json's _class_name) goes to cli/check_flux3.c. */
 #include "commands.h"
+#include "check_flux3.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/comm.h"
 #include "core/dist/dist.h"
 #include "kernels/err.h"
 #include "core/formats/lora.h"
 #include "core/models/flux2.h"
+#include "core/models/flux3.h"
 #include "core/pipeline.h"
 #include "core/formats/safetensors.h"
 #include "kernels/ops.h"
@@ -260,8 +263,21 @@ static void print_load(const dist *d, const load_stats *ls) {
                mx[1] / 1e6, ls->n_tensors, mx[2]);
 }
 
+/* a FLUX.3 transformer: golden cases or the unsharded comparison, without
+ * the FLUX.2-only options */
+static int run_checks_flux3(const check_opts *o, const dist *d, backend *be, comm *c, char *dir) {
+    int rc = 0;
+    if (o->n_loras || o->quantize_fp8 || o->outputs || o->unfused)
+        rc = dist_agree(d->tp_comm, tp_error("check: %s is a FLUX.3 transformer; --lora, --quantize, --outputs and "
+                                             "--unfused are FLUX.2-only so far", dir));
+    rc = rc ? (dist_report_error(d->tp_comm), 1) : check_flux3(dir, o->cases, o->precision, o->tol, o->seed, d, be, c);
+    free(dir);
+    return rc;
+}
+
 static int run_checks(const check_opts *o, const dist *d, backend *be, comm *c) {
     char *dir = transformer_dir(o->model);
+    if (flux3_is_transformer_dir(dir)) return run_checks_flux3(o, d, be, c, dir);
     flux2_model *m = NULL, *ref = NULL;
     comm *self = NULL;
     st_file *cases = NULL;

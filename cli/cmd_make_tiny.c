@@ -249,12 +249,33 @@ static int make_tiny(const char *dir, unsigned seed, const tiny_family *fam) {
     return 0;
 }
 
+/* --widths klein-4b-full / dev-full: every component at its real widths,
+ * streamed to disk (a full klein-4B is 16 GB, dev 110 GB; --sparse leaves
+ * the matrices as holes, a few MB on disk, for shape and load tests) */
+static int make_full(const char *dir, const tiny_family *fam, unsigned seed, int sparse) {
+    int dev = fam->guidance_embeds;
+    if (make_dir(dir) || flux2_make_checkpoint(dir, dev ? "dev" : "klein-4b", sparse, 1, seed)) return -1;
+    char *sched = xasprintf("%s/scheduler", dir), *p = xasprintf("%s/scheduler_config.json", sched),
+         *v = xasprintf("%s/vae", dir);
+    int rc = make_dir(sched) || write_json(p, scheduler_config()) || vae_write_flux2(v, seed + 1) ||
+             textenc_write_full(dir, dev, seed + 2, sparse) || write_model_index(dir, fam);
+    free(sched), free(p), free(v);
+    if (rc) return -1;
+    printf("wrote a full-size random %s pipeline to %s%s: transformer (%s widths), vae (128/256/512/512), %s\n",
+           fam->title, dir, sparse ? " (sparse: the matrices are holes)" : "", dev ? "FLUX.2-dev" : "klein-4B",
+           dev ? "Mistral Small 3.x language model (40 layers, H 5120) + mini Tekken tokenizer"
+               : "Qwen3-4B (36 layers, H 2560) + Qwen3 tokenizer");
+    return 0;
+}
+
 int cmd_make_tiny(int argc, char **argv) {
     const char *out = NULL, *family = "klein";
+    int full = 0, sparse = 0;
     unsigned long seed = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: tpgen make-tiny --out DIR [--seed S] [--family klein|dev] [--widths tiny|klein-4b]\n\n"
+            printf("usage: tpgen make-tiny --out DIR [--seed S] [--family klein|dev] [--widths tiny|klein-4b|klein-4b-full|dev-full]\n"
+                   "                      [--sparse]\n\n"
                    "Write a tiny random FLUX.2 pipeline folder (diffusers layout) to DIR:\n"
                    "transformer/, scheduler/, model_index.json, prompt_embeds.safetensors (random),\n"
                    "and vae/, text_encoder/, tokenizer/ when this build has them. Same seed, same files.\n\n"
@@ -262,7 +283,12 @@ int cmd_make_tiny(int argc, char **argv) {
                    "  --family dev     FLUX.2-dev: transformer with guidance embeds, Mistral3 text encoder\n"
                    "                   (31 layers) with a mini Tekken tokenizer\n"
                    "  --widths klein-4b the transformer at klein-4B's widths (D 3072, 24 heads, MLP 9216), 2 double +\n"
-                   "                   2 single blocks, 1.5 GB; VAE and text encoder stay tiny (benchmarks)\n");
+                   "                   2 single blocks, 1.5 GB; VAE and text encoder stay tiny (benchmarks)\n"
+                   "  --widths klein-4b-full  a complete full-size random FLUX.2-klein-4B: transformer (5 + 20 blocks),\n"
+                   "                   Qwen3-4B (36 layers), the real VAE; 16 GB, streamed to disk\n"
+                   "  --widths dev-full  the same for FLUX.2-dev (48 + 8 blocks, Mistral Small's 40 layers): 110 GB\n"
+                   "  --sparse         with *-full: the weight matrices as holes (a few MB on disk), for shape and\n"
+                   "                   loading tests\n");
             return 0;
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
@@ -275,10 +301,14 @@ int cmd_make_tiny(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--widths") && i + 1 < argc) {
             const char *w = argv[++i];
             if (!strcmp(w, "klein-4b")) g_dims = (tiny_dims){24, 128, 2, 2, 32};
+            else if (!strcmp(w, "klein-4b-full")) full = 1, family = "klein";
+            else if (!strcmp(w, "dev-full")) full = 1, family = "dev";
             else if (strcmp(w, "tiny")) {
-                fprintf(stderr, "tpgen: error: --widths: expected tiny or klein-4b, got '%s'\n", w);
+                fprintf(stderr, "tpgen: error: --widths: expected tiny, klein-4b, klein-4b-full or dev-full, got '%s'\n", w);
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--sparse")) {
+            sparse = 1;
         } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
             char *end;
             errno = 0;
@@ -296,8 +326,12 @@ int cmd_make_tiny(int argc, char **argv) {
         fprintf(stderr, "tpgen: error: make-tiny needs --out DIR\n");
         return 2;
     }
+    if (sparse && !full) {
+        fprintf(stderr, "tpgen: error: make-tiny: --sparse goes with --widths klein-4b-full or dev-full\n");
+        return 2;
+    }
     tiny_family fam = family_by_name(family);
-    if (make_tiny(out, (unsigned)seed, &fam)) {
+    if (full ? make_full(out, &fam, (unsigned)seed, sparse) : make_tiny(out, (unsigned)seed, &fam)) {
         fprintf(stderr, "tpgen: error: make-tiny: %s\n", tp_error_msg());
         return 1;
     }

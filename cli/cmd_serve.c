@@ -13,12 +13,15 @@
 #include "generate.h"
 #include "serve_http.h"
 #include "serve_render.h"
+#include "core/dist/watchdog.h"
 #include "kernels/err.h"
 #include "core/formats/checkpoint.h"
+#include "core/image/image.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t g_stop;
@@ -28,8 +31,12 @@ typedef struct serve_opts {
     const char *listen, *api_key_file;
     int keep_text_encoder;
     double prompt_cache_mb;
-    int queue, max_n, max_side;
+    int queue, max_n, max_side, max_steps;
+    double max_pixels_m;         /* megapixels (2^20 pixels) */
     double max_upload_mb;
+    long max_ref_pixels;
+    int max_connections, max_connections_per_ip;
+    double header_timeout, keepalive_timeout, request_timeout;
 } serve_opts;
 
 static void print_help(void) {
@@ -48,14 +55,24 @@ static void print_help(void) {
            "  --queue N                 requests waiting at most (default 16; more get 429)\n"
            "  --max-images N            images per request at most (default 4)\n"
            "  --max-side PX             pixels per side at most (default 2048)\n"
-           "  --max-upload-mb MB        largest edit request (its reference images), default 50\n\n"
+           "  --max-upload-mb MB        largest edit request (its reference images), default 50\n"
+           "  --max-steps N             denoising steps per request at most (default 200)\n"
+           "  --max-pixels MPX          output pixels per image at most, in 2^20 pixels (default 4 = 2048x2048)\n"
+           "  --max-connections N       open connections at most (default 4096; more get 503 at once)\n"
+           "  --max-connections-per-ip N  from one address at most (default 256; 0: no limit; more are closed)\n"
+           "  --header-timeout S        a new connection's request headers must be in within S seconds (default 10)\n"
+           "  --keepalive-timeout S     an idle kept-alive connection is closed after S seconds (default 5)\n"
+           "  --request-timeout S       a request not rendered within S seconds of its arrival is dropped (504),\n"
+           "                            or cancelled at the next denoising step (default 0: no deadline)\n"
+           "  --max-ref-pixels N        pixels of one reference image at most, before it is resized (default\n"
+           "                            16777216 = 16 Mpx; at most 67108864, generate's cap)\n\n"
            "model options (as for generate): --model DIR (required), --tp T, --precision bf16|f32,\n"
            "  --backend cpu|cuda, --quantize fp8, --lora FILE[:WEIGHT] (repeatable), --max-sequence-length L,\n"
            "  and the defaults of requests that leave them out: --steps, --guidance, --width, --height,\n"
            "  --negative-prompt; --spec FILE reads them from a run spec.\n\n"
            "SIGTERM, SIGINT or SIGUSR1 (to world rank 0; mpirun forwards SIGUSR1 to every rank, while its own SIGTERM\n"
-           "kills the ranks a few seconds later): stop taking requests, finish the running ones, answer the queued\n"
-           "ones 503, exit 0.\n");
+           "kills the ranks a few seconds later): at once, the queued requests and new ones get 503 and no TP group\n"
+           "starts another job; the running jobs finish (at most one render each), then every rank exits 0.\n");
 }
 
 /* Split serve's own flags from the model flags (passed to the run-spec
@@ -71,7 +88,9 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
             continue;
         }
         static const char *own[] = {"--listen", "--api-key-file", "--prompt-cache-mb", "--queue", "--max-images",
-                                    "--max-side", "--max-upload-mb"};
+                                    "--max-side", "--max-upload-mb", "--max-ref-pixels", "--max-steps", "--max-pixels",
+                                    "--max-connections", "--max-connections-per-ip", "--header-timeout",
+                                    "--keepalive-timeout", "--request-timeout"};
         int mine = 0;
         for (size_t k = 0; k < sizeof own / sizeof own[0]; k++) {
             size_t n = strlen(own[k]);
@@ -93,13 +112,38 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
                 rc = tp_error("serve: %s '%s' must be a number of MB from 0 to %d", key, v, 1 << 20);
             else if (!strcmp(key, "--prompt-cache-mb")) o->prompt_cache_mb = x;
             else o->max_upload_mb = x;
+        } else if (!strcmp(key, "--max-ref-pixels")) {
+            long x = strtol(v, &end, 10);
+            if (*end || end == v || x < 64 * 64 || x > IMAGE_MAX_PIXELS)
+                rc = tp_error("serve: --max-ref-pixels '%s' must be an integer from %d to %lld", v, 64 * 64,
+                              (long long)IMAGE_MAX_PIXELS);
+            else o->max_ref_pixels = x;
+        } else if (!strcmp(key, "--max-pixels")) {
+            double x = strtod(v, &end);
+            if (*end || end == v || !(x >= 0.0009765625 && x <= 256))   /* 32x32 to 16384x16384 */
+                rc = tp_error("serve: --max-pixels '%s' must be a number of megapixels (2^20) from 0.001 to 256", v);
+            else o->max_pixels_m = x;
+        } else if (!strcmp(key, "--header-timeout") || !strcmp(key, "--keepalive-timeout") ||
+                   !strcmp(key, "--request-timeout")) {
+            double x = strtod(v, &end);
+            double lo = !strcmp(key, "--request-timeout") ? 0 : 0.1;
+            if (*end || end == v || !(x >= lo && x <= 86400))
+                rc = tp_error("serve: %s '%s' must be a number of seconds from %g to 86400", key, v, lo);
+            else if (!strcmp(key, "--header-timeout")) o->header_timeout = x;
+            else if (!strcmp(key, "--keepalive-timeout")) o->keepalive_timeout = x;
+            else o->request_timeout = x;
         } else {
             long x = strtol(v, &end, 10);
-            int lo = 1, hi = !strcmp(key, "--queue") ? 4096 : !strcmp(key, "--max-images") ? 64 : 16384;
+            int lo = !strcmp(key, "--max-connections-per-ip") ? 0 : 1;
+            int hi = !strcmp(key, "--queue") ? 4096 : !strcmp(key, "--max-images") ? 64 : !strcmp(key, "--max-steps") ? 10000
+                     : !strcmp(key, "--max-connections") || !strcmp(key, "--max-connections-per-ip") ? 1 << 20 : 16384;
             if (*end || end == v || x < lo || x > hi)
                 rc = tp_error("serve: %s '%s' must be an integer from %d to %d", key, v, lo, hi);
             else if (!strcmp(key, "--queue")) o->queue = (int)x;
             else if (!strcmp(key, "--max-images")) o->max_n = (int)x;
+            else if (!strcmp(key, "--max-steps")) o->max_steps = (int)x;
+            else if (!strcmp(key, "--max-connections")) o->max_connections = (int)x;
+            else if (!strcmp(key, "--max-connections-per-ip")) o->max_connections_per_ip = (int)x;
             else o->max_side = (int)x;
             if (!rc && !strcmp(key, "--max-side") && x % 16)
                 rc = tp_error("serve: --max-side %ld must be a multiple of 16", x);
@@ -123,6 +167,26 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
 
 /* ---- the command ---- */
 
+/* A connection is a file descriptor: raise the soft limit to the hard one
+ * if need be, and serve fewer connections (with a warning) when even that
+ * is too low, so that the limit answers 503 rather than accept() failing. */
+static int fit_connections(int want) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) return want;
+    rlim_t need = (rlim_t)want + 256;   /* MPI, the model's files, the sockets of the limit's margin */
+    if (rl.rlim_cur < need && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max < need ? rl.rlim_max : need;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur >= need) return want;
+    int fit = rl.rlim_cur > 512 ? (int)(rl.rlim_cur - 256) : 256;
+    fprintf(stderr, "tpgen: warning: serve: --max-connections %d needs %llu file descriptors, and this process may "
+            "open %llu (ulimit -n): serving %d connections at most\n", want, (unsigned long long)need,
+            (unsigned long long)rl.rlim_cur, fit);
+    return fit;
+}
+
 static const char *base_name(const char *p) {
     size_t n = strlen(p);
     while (n > 1 && p[n - 1] == '/') n--;
@@ -134,6 +198,7 @@ static const char *base_name(const char *p) {
 static int start(dist *d, serve_opts *o, run_spec *s, gen_setup *g, int argc, char **argv) {
     int rc = parse_flags(argc, argv, o, s);
     if (dist_agree(d->world, rc)) return -1;
+    image_set_max_pixels(o->max_ref_pixels, "--max-ref-pixels");   /* every rank decodes with this cap */
     if (dist_agree(d->world, dist_set_tp(d, s->tp))) return -1;
     rc = gen_setup_init(g, s, d);
     if (!rc && !g->write_png)
@@ -165,7 +230,8 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     serve_opts o = {.listen = "127.0.0.1:8080", .prompt_cache_mb = 256, .queue = 16, .max_n = 4, .max_side = 2048,
-                    .max_upload_mb = 50};
+                    .max_steps = 200, .max_pixels_m = 4, .max_upload_mb = 50, .max_ref_pixels = 16L << 20, .max_connections = 4096,
+                    .max_connections_per_ip = 256, .header_timeout = 10, .keepalive_timeout = 5};
     run_spec spec;
     runspec_init(&spec);
     gen_setup g;
@@ -179,6 +245,9 @@ int cmd_serve(int argc, char **argv) {
     double t0 = MPI_Wtime();
     int queue_ok = 0;
     int rc = start(&d, &o, &spec, &g, argc, argv);
+    /* the watchdog (core/dist/watchdog.h) watches loading and every render; idle waits for work are not progress */
+    if (!rc) watchdog_start(d.world_rank, d.dp_rank, d.dp_rank * d.tp, d.tp, spec.watchdog);
+    watchdog_phase_set(WD_STARTUP, "loading the model");
     /* world rank 0 binds the address before the long load: /health answers "loading" meanwhile */
     if (!rc) {
         int mine = 0;
@@ -191,10 +260,17 @@ int cmd_serve(int argc, char **argv) {
             hc.api_key = api_key;
             hc.max_body_bytes = 1 << 20;
             hc.max_upload_bytes = (size_t)(o.max_upload_mb * 1048576.0);
-            hc.max_connections = 64;
+            hc.max_connections = fit_connections(o.max_connections);
+            hc.max_connections_per_ip = o.max_connections_per_ip;
+            hc.header_timeout_s = o.header_timeout;
+            hc.keepalive_timeout_s = o.keepalive_timeout;
+            hc.request_timeout_s = o.request_timeout;
+            hc.stop = &g_stop;
             serve_limits_default(&hc.limits, base_name(spec.model));
             hc.limits.max_n = o.max_n;
             hc.limits.max_side = o.max_side;
+            hc.limits.max_steps = o.max_steps;
+            hc.limits.max_pixels = (int64_t)(o.max_pixels_m * 1048576.0);
             if ((int64_t)o.max_side * o.max_side < hc.limits.max_pixels)
                 hc.limits.max_pixels = (int64_t)o.max_side * o.max_side;
             hc.queue = &queue;
@@ -250,10 +326,12 @@ int cmd_serve(int argc, char **argv) {
                           .metrics = d.world_rank == 0 ? &metrics : NULL, .render = serve_render, .ctx = &sc, .stop = &g_stop};
         sc.ranks = &sr;
         sc.pipe = pipe;
+        watchdog_phase_set(WD_OFF, "waiting for requests");
         rc = dist_agree(d.world, serve_ranks_run(&sr));
         if (d.world_rank == 0 && !rc) fprintf(stderr, "tpgen: serve: stopped\n");
     }
     if (rc) dist_report_error(d.world);
+    watchdog_stop();
     if (queue_ok) serve_queue_close(&queue);   /* anything still queued gets 503 */
     if (http) serve_http_stop(http);
     if (queue_ok) serve_queue_destroy(&queue);

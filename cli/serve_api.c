@@ -1,6 +1,7 @@
 /* The images API's request and response bodies (serve_api.h). */
 #include "serve_api.h"
 #include <jansson.h>
+#include <utf8proc.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -38,7 +39,31 @@ int serve_error_set(serve_error *e, int status, const char *type, const char *pa
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    /* messages quote what the client sent, and truncation can cut a
+     * character: the JSON body must still be UTF-8 */
+    serve_utf8_scrub(e->message);
+    serve_utf8_scrub(e->param);
     return -1;
+}
+
+size_t serve_utf8_check(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (k <= 0) return i;
+        i += (size_t)k;
+    }
+    return SIZE_MAX;
+}
+
+void serve_utf8_scrub(char *s) {
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (k <= 0) s[i++] = '?';
+        else i += (size_t)k;
+    }
 }
 
 char *serve_error_json(const serve_error *e) {
@@ -67,7 +92,7 @@ static int get_text(json_t *v, const char *key, size_t max, char **out, serve_er
     const char *s = json_string_value(v);
     if (memchr(s, 0, n)) return bad(e, key, "'%s' contains a NUL character at byte %zu", key, (size_t)((const char *)memchr(s, 0, n) - s));
     if (n > max) return bad(e, key, "'%s' is %zu bytes long; the limit is %zu", key, n, max);
-    *out = strdup(s);
+    if (!(*out = strdup(s))) return serve_error_set(e, 500, "server_error", key, "out of memory");
     return 0;
 }
 
@@ -79,12 +104,28 @@ static int get_int(json_t *v, const char *key, long long lo, long long hi, long 
     return 0;
 }
 
+/* "WxH": digits, one 'x', digits, nothing else (no sign, space or
+ * second 'x'); each side 1 to 5 digits. */
+static int parse_wxh(const char *s, int *w, int *h) {
+    int v[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        int digits = 0;
+        for (; *s >= '0' && *s <= '9'; s++, digits++)
+            if (digits < 5) v[k] = v[k] * 10 + (*s - '0');
+        if (digits < 1 || digits > 5) return -1;
+        if (k == 0 && *s++ != 'x') return -1;
+    }
+    if (*s) return -1;
+    *w = v[0], *h = v[1];
+    return 0;
+}
+
 static int parse_size(json_t *v, const serve_limits *lim, serve_request *r, serve_error *e) {
     if (!json_is_string(v)) return bad(e, "size", "'size' must be a string \"WIDTHxHEIGHT\" such as \"1024x1024\"");
     const char *s = json_string_value(v);
     if (!strcmp(s, "auto")) return 0;
-    int w = 0, h = 0, used = 0;
-    if (sscanf(s, "%5d%*[x]%5d%n", &w, &h, &used) != 2 || (size_t)used != strlen(s) || s[0] < '0' || s[0] > '9')
+    int w = 0, h = 0;
+    if (parse_wxh(s, &w, &h))
         return bad(e, "size", "'size' is \"%.40s\"; expected \"WIDTHxHEIGHT\" in pixels, such as \"1024x768\"", s);
     if (w < 16 || h < 16 || w % 16 || h % 16)
         return bad(e, "size", "'size' %dx%d: width and height must be positive multiples of 16", w, h);
@@ -128,7 +169,7 @@ static int parse_field(const char *key, json_t *v, const serve_limits *lim, serv
     if (!strcmp(key, "precision")) {
         const char *p = json_string_value(v);
         if (!p || (strcmp(p, "bf16") && strcmp(p, "f32"))) return bad(e, key, "'precision' must be \"bf16\" or \"f32\"");
-        r->precision = strdup(p);
+        if (!(r->precision = strdup(p))) return serve_error_set(e, 500, "server_error", key, "out of memory");
         return 0;
     }
     if (!strcmp(key, "response_format")) {
@@ -191,9 +232,15 @@ int serve_parse_edit(char *const *keys, char *const *values, int n, const serve_
     memset(out, 0, sizeof *out);
     json_t *root = json_object();
     int rc = 0;
+    if (!root) return serve_error_set(e, 500, "server_error", NULL, "out of memory");
     for (int i = 0; i < n && !rc; i++) {
         const char *k = keys[i], *v = values[i];
-        if (!strcmp(k, "mask"))
+        size_t at;
+        if ((at = serve_utf8_check(k, strlen(k))) != SIZE_MAX)
+            rc = bad(e, NULL, "a field name of the form is not valid UTF-8 text (at byte %zu)", at);
+        else if ((at = serve_utf8_check(v, strlen(v))) != SIZE_MAX)
+            rc = bad(e, k, "the field '%s' is not valid UTF-8 text (at byte %zu)", k, at);
+        else if (!strcmp(k, "mask"))
             rc = bad(e, "mask", "masks are not supported: FLUX.2 edits by reference images and a prompt, not by inpainting");
         else if (json_object_get(root, k))
             rc = bad(e, k, "the field '%s' is given twice", k);
@@ -210,7 +257,8 @@ int serve_parse_edit(char *const *keys, char *const *values, int n, const serve_
             double x = strtod(v, &end);
             if (*v && !*end) jv = json_real(x);
         }
-        json_object_set_new(root, k, jv ? jv : json_stringn_nocheck(v, strlen(v)));
+        if (json_object_set_new(root, k, jv ? jv : json_string(v)))
+            rc = serve_error_set(e, 500, "server_error", NULL, "out of memory");
     }
     char *body = rc ? NULL : json_dumps(root, JSON_COMPACT);
     json_decref(root);

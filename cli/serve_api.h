@@ -60,6 +60,11 @@ typedef struct serve_error {
 /* Fill e (status, type, param, printf message) and return -1. */
 int serve_error_set(serve_error *e, int status, const char *type, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* The offset of the first byte of s[0..n) that is not valid UTF-8, or
+ * SIZE_MAX when it all is. */
+size_t serve_utf8_check(const char *s, size_t n);
+/* Replace each byte of s that is not part of valid UTF-8 with '?'. */
+void serve_utf8_scrub(char *s);
 /* The JSON body of an error (malloc'ed). */
 char *serve_error_json(const serve_error *e);
 

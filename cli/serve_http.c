@@ -1,15 +1,20 @@
-/* The HTTP front of `tpgen serve` (serve_http.h), on libmicrohttpd with a
- * thread per connection: a generations request blocks its own thread until
- * the render loop has answered it, which keeps the code straight-line. */
+/* The HTTP front of `tpgen serve` (serve_http.h) on libmicrohttpd: one
+ * epoll polling thread serves every connection and never blocks; a
+ * request waiting for its render is a suspended connection
+ * (serve_conn.c), answered when MHD calls the handler again. */
 #include "serve_http.h"
+#include "serve_conn.h"
 #include "serve_form.h"
 #include "kernels/err.h"
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -18,6 +23,7 @@
 struct serve_http {
     const serve_http_config *cfg;
     struct MHD_Daemon *d;
+    serve_conns conns;
     volatile int ready;
     int active;                  /* requests being answered (atomic) */
     long started;
@@ -31,50 +37,29 @@ typedef struct req_ctx {
     int too_large;
     serve_form *form;            /* POST /v1/images/edits: the multipart body */
     int not_form;                /* edits without a multipart body */
+    int answered;                /* a response was queued on the first call (401) */
+    serve_conn *cn;              /* the connection's record */
+    serve_job *job;              /* queued: answered once it is finished */
 } req_ctx;
 
-int serve_parse_listen(const char *listen, struct sockaddr_storage *ss, unsigned *len) {
-    char host[256];
-    const char *colon = strrchr(listen, ':');
-    if (!colon || colon == listen || !colon[1])
-        return tp_error("--listen '%s': expected HOST:PORT, e.g. 127.0.0.1:8080 or [::1]:8080", listen);
-    size_t hl = (size_t)(colon - listen);
-    if (hl >= sizeof host) return tp_error("--listen '%s': host too long", listen);
-    memcpy(host, listen, hl);
-    host[hl] = 0;
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (*end || port < 0 || port > 65535) return tp_error("--listen '%s': port must be 0..65535", listen);
-    memset(ss, 0, sizeof *ss);
-    if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
-        host[hl - 1] = 0;
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
-        if (inet_pton(AF_INET6, host + 1, &a->sin6_addr) != 1)
-            return tp_error("--listen '%s': '%s' is not an IPv6 address", listen, host + 1);
-        a->sin6_family = AF_INET6;
-        a->sin6_port = htons((uint16_t)port);
-        *len = sizeof *a;
-        return 0;
-    }
-    struct sockaddr_in *a = (struct sockaddr_in *)ss;
-    if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
-    if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
-        return tp_error("--listen '%s': '%s' is not a numeric IPv4 address (use e.g. 127.0.0.1 or 0.0.0.0)", listen,
-                        host);
-    a->sin_family = AF_INET;
-    a->sin_port = htons((uint16_t)port);
-    *len = sizeof *a;
-    return 0;
-}
+static const char k_oom_body[] =
+    "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
 
+/* Answer with body (malloc'ed, taken over; NULL: out of memory, answered
+ * 500 from a static body). m NULL: not counted (/health, /metrics). */
 static enum MHD_Result send_body(struct MHD_Connection *c, serve_metrics *m, int status, const char *type,
                                  char *body) {
-    if (!body) {
+    struct MHD_Response *r = NULL;
+    if (body) {
+        r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+        if (!r) free(body);
+    }
+    if (!r) {
         status = 500;
         type = "application/json";
-        body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+        r = MHD_create_response_from_buffer(sizeof k_oom_body - 1, (void *)k_oom_body, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;   /* MHD closes the connection */
     }
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(r, "Content-Type", type);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "5");
@@ -88,13 +73,17 @@ static enum MHD_Result send_error(struct MHD_Connection *c, serve_metrics *m, co
     return send_body(c, m, e->status, "application/json", serve_error_json(e));
 }
 
+/* "Authorization: Bearer TOKEN", the scheme in any case (RFC 7235). */
 static int authorized(const serve_http *h, struct MHD_Connection *c) {
     const char *key = h->cfg->api_key;
     if (!key) return 1;
     const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!v || strncmp(v, "Bearer ", 7)) return 0;
-    v += 7;
-    return serve_token_equal(v, strlen(v), key, strlen(key));
+    if (!v || strncasecmp(v, "Bearer", 6) || (v[6] != ' ' && v[6] != '\t')) return 0;
+    v += 6;
+    while (*v == ' ' || *v == '\t') v++;
+    size_t n = strlen(v);
+    while (n && (v[n - 1] == ' ' || v[n - 1] == '\t')) n--;
+    return serve_token_equal(v, n, key, strlen(key));
 }
 
 /* 48 random bits: the seed of a request that names none (any seed is
@@ -107,20 +96,28 @@ static uint64_t random_seed(void) {
     return x & ((1ull << 48) - 1);
 }
 
-/* Queue a parsed request, wait for its result, answer. */
-static enum MHD_Result submit_and_answer(serve_http *h, struct MHD_Connection *c, serve_job *j) {
+/* Queue a parsed request; its connection is suspended until the job is
+ * finished, then answer() sends the result. */
+static enum MHD_Result submit(serve_http *h, struct MHD_Connection *c, req_ctx *rc, serve_job *j) {
     const serve_http_config *cfg = h->cfg;
     serve_error e;
     if (!j->req.has_seed) {   /* a request without a seed gets a fresh one, recorded in the PNG */
         j->req.seed = random_seed();
         j->req.has_seed = 1;
     }
-    if (serve_queue_submit(cfg->queue, j, &e)) {
+    if (serve_conn_submit(&h->conns, rc->cn, c, j, &e)) {
         serve_request_free(&j->req);
         free(j);
         return send_error(c, cfg->metrics, &e);
     }
-    serve_job_wait(cfg->queue, j);
+    rc->job = j;
+    return MHD_YES;
+}
+
+static enum MHD_Result answer(serve_http *h, struct MHD_Connection *c, req_ctx *rc) {
+    const serve_http_config *cfg = h->cfg;
+    serve_job *j = rc->job;
+    rc->job = NULL;
     enum MHD_Result ok;
     if (j->status == 200)
         ok = send_body(c, cfg->metrics, 200, "application/json",
@@ -133,7 +130,7 @@ static enum MHD_Result submit_and_answer(serve_http *h, struct MHD_Connection *c
     return ok;
 }
 
-static enum MHD_Result generations(serve_http *h, struct MHD_Connection *c, const req_ctx *rc) {
+static enum MHD_Result generations(serve_http *h, struct MHD_Connection *c, req_ctx *rc) {
     const serve_http_config *cfg = h->cfg;
     serve_error e;
     serve_job *j = calloc(1, sizeof *j);
@@ -142,7 +139,7 @@ static enum MHD_Result generations(serve_http *h, struct MHD_Connection *c, cons
         free(j);
         return send_error(c, cfg->metrics, &e);
     }
-    return submit_and_answer(h, c, j);
+    return submit(h, c, rc, j);
 }
 
 static enum MHD_Result edits(serve_http *h, struct MHD_Connection *c, req_ctx *rc) {
@@ -154,11 +151,40 @@ static enum MHD_Result edits(serve_http *h, struct MHD_Connection *c, req_ctx *r
         free(j);
         return send_error(c, cfg->metrics, &e);
     }
-    return submit_and_answer(h, c, j);
+    return submit(h, c, rc, j);
+}
+
+/* The first call of a request: its headers are in, no body byte read yet.
+ * A wrong key is refused here (401). */
+static enum MHD_Result first_call(serve_http *h, struct MHD_Connection *c, const char *url, const char *method,
+                                  req_ctx *rc) {
+    const serve_http_config *cfg = h->cfg;
+    serve_error e;
+    rc->cn = serve_conn_of(c);
+    serve_conn_request_started(&h->conns, rc->cn);
+    int edit = !strcmp(url, "/v1/images/edits") && !strcmp(method, "POST");
+    /* the key before any body byte is read: a stranger's upload is
+     * answered at once and never buffered (MHD then closes the
+     * connection, discarding the rest of the body) */
+    if (strcmp(url, "/health") && !authorized(h, c)) {
+        rc->answered = 1;
+        serve_error_set(&e, 401, "invalid_request_error", NULL,
+                        "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
+        return send_error(c, cfg->metrics, &e);
+    }
+    /* a body over the limit is read and counted, not kept, and answered
+     * 413 at its end: an answer before the body would reach many clients
+     * (Python's urllib among them) as a broken pipe instead of a 413 */
+    if (edit) {
+        rc->form = serve_form_create(c, cfg->max_upload_bytes);
+        rc->not_form = !rc->form;
+    }
+    return MHD_YES;
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                               const char *version, const char *upload, size_t *upload_size, void **state) {
+    (void)version;
     serve_http *h = cls;
     const serve_http_config *cfg = h->cfg;
     req_ctx *rc = *state;
@@ -167,11 +193,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (!rc) return MHD_NO;
         *state = rc;
         __atomic_add_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
-        if (!strcmp(url, "/v1/images/edits") && !strcmp(method, "POST")) {
-            rc->form = serve_form_create(c, cfg->max_upload_bytes);
-            rc->not_form = !rc->form;
-        }
+        return first_call(h, c, url, method, rc);
+    }
+    if (rc->answered) {   /* answered on the first call: nothing more is read */
+        *upload_size = 0;
         return MHD_YES;
+    }
+    if (rc->job) {   /* resumed: the job is finished (never called while suspended, but be sure) */
+        if (!__atomic_load_n(&rc->job->done, __ATOMIC_ACQUIRE)) return MHD_YES;
+        return answer(h, c, rc);
     }
     if (*upload_size && rc->form) {
         serve_form_feed(rc->form, upload, *upload_size);
@@ -199,14 +229,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     serve_error e;
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) {
-        if (!get) return send_error(c, cfg->metrics, (serve_error[]){{405, "invalid_request_error", "", "use GET /health"}});
-        return send_body(c, cfg->metrics, h->ready ? 200 : 503, "application/json",
+        if (!get) return send_error(c, NULL, (serve_error[]){{405, "invalid_request_error", "", "use GET /health"}});
+        return send_body(c, NULL, h->ready ? 200 : 503, "application/json",   /* a probe, not a request */
                          strdup(h->ready ? "{\"status\":\"ready\"}" : "{\"status\":\"loading\"}"));
-    }
-    if (!authorized(h, c)) {
-        serve_error_set(&e, 401, "invalid_request_error", NULL,
-                        "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
-        return send_error(c, cfg->metrics, &e);
     }
     if (rc->too_large) {
         serve_error_set(&e, 413, "invalid_request_error", NULL, "the request body is over this server's limit of %zu bytes",
@@ -218,18 +243,17 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!strcmp(url, "/metrics") && get)
         return send_body(c, NULL, 200, "text/plain; version=0.0.4",
                          serve_metrics_text(cfg->metrics, serve_queue_depth(cfg->queue)));
-    if (!strcmp(url, "/v1/images/generations") && post) {
+    int gen = !strcmp(url, "/v1/images/generations"), edit = !strcmp(url, "/v1/images/edits");
+    if ((gen || edit) && post) {
         if (!h->ready) {
             serve_error_set(&e, 503, "server_error", NULL, "the model is still loading; poll GET /health");
             return send_error(c, cfg->metrics, &e);
         }
-        return generations(h, c, rc);
-    }
-    if (!strcmp(url, "/v1/images/edits") && post) {
-        if (!h->ready) {
-            serve_error_set(&e, 503, "server_error", NULL, "the model is still loading; poll GET /health");
+        if (serve_queue_closed(cfg->queue)) {   /* before parsing: a closing server answers at once */
+            serve_error_set(&e, 503, "server_error", NULL, "the server is shutting down; retry against another instance");
             return send_error(c, cfg->metrics, &e);
         }
+        if (gen) return generations(h, c, rc);
         if (rc->not_form) {
             serve_error_set(&e, 400, "invalid_request_error", NULL,
                             "an edit is a multipart/form-data body: fields prompt, image (or image[], one per reference "
@@ -238,8 +262,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         }
         return edits(h, c, rc);
     }
-    int known = !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strcmp(url, "/v1/images/generations") ||
-                !strcmp(url, "/v1/images/edits");
+    int known = !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || gen || edit;
     if (known) {
         serve_error_set(&e, 405, "invalid_request_error", NULL, "%s is not allowed on %s", method, url);
         return send_error(c, cfg->metrics, &e);
@@ -252,22 +275,55 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **state, enum MHD_RequestTerminationCode code) {
-    (void)c, (void)code;
+    (void)code;
     serve_http *h = cls;
     req_ctx *rc = *state;
     if (rc) {
+        serve_conn_request_done(&h->conns, rc->cn);
+        /* never answered: the client had gone when MHD resumed the
+         * connection, or the daemon stops with the job still out there
+         * (then its on_done frees it) */
+        if (rc->job && !serve_conn_orphan(&h->conns, rc->cn, rc->job)) {
+            if (h->cfg->metrics) serve_metrics_count(h->cfg->metrics, serve_outcome_of(rc->job->status));
+            serve_job_free_result(rc->job);
+            serve_request_free(&rc->job->req);
+            free(rc->job);
+        }
         __atomic_sub_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
         serve_form_free(rc->form);
         free(rc->body);
         free(rc);
         *state = NULL;
     }
+    (void)c;
+}
+
+/* libmicrohttpd's messages (a refused connection, a malformed request),
+ * at most one a second: a flood of bad clients must not flood the log */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static double last;
+    static long skipped;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+    pthread_mutex_lock(&mu);
+    double now = serve_now();
+    if (last > 0 && now - last < 1.0) {
+        skipped++;
+    } else {
+        if (skipped) fprintf(stderr, "tpgen: serve: libmicrohttpd: %s (%ld more messages in the last second not shown)\n",
+                             msg, skipped);
+        else fprintf(stderr, "tpgen: serve: libmicrohttpd: %s\n", msg);
+        skipped = 0;
+        last = now;
+    }
+    pthread_mutex_unlock(&mu);
 }
 
 serve_http *serve_http_start(const serve_http_config *cfg) {
-    struct sockaddr_storage ss;
-    unsigned len;
-    if (serve_parse_listen(cfg->listen, &ss, &len)) return NULL;
     serve_http *h = calloc(1, sizeof *h);
     if (!h) {
         tp_error("out of memory");
@@ -275,21 +331,35 @@ serve_http *serve_http_start(const serve_http_config *cfg) {
     }
     h->cfg = cfg;
     h->started = (long)time(NULL);
-    /* ITC: MHD_quiesce_daemon at stop */
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
-    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
-    h->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections > 0 ? cfg->max_connections : 64),
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
-                            MHD_OPTION_END);
-    if (!h->d) {
+    if (serve_conns_listen(&h->conns, cfg, &h->port)) {
         free(h);
-        tp_error("cannot listen on %s (address in use, or not an address of this machine); choose another with --listen",
-                 cfg->listen);
         return NULL;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    h->port = info ? (int)info->port : 0;
+    /* one epoll thread; connections come from our accept thread; a
+     * waiting request is a suspended connection */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ERROR_LOG;
+    int max = cfg->max_connections > 0 ? cfg->max_connections : 4096;
+    /* MHD's own limit above ours: our accept thread answers 503 first */
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(max + 64),
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(cfg->max_connections_per_ip > 0 ? cfg->max_connections_per_ip : 0),
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, serve_conns_notify, &h->conns,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    if (!h->d) {
+        serve_conns_stop(&h->conns);
+        free(h);
+        tp_error("cannot start the HTTP server on %s (libmicrohttpd without epoll or suspend/resume?)", cfg->listen);
+        return NULL;
+    }
+    if (serve_conns_start(&h->conns, h->d)) {
+        serve_conns_stop_accepting(&h->conns);
+        MHD_stop_daemon(h->d);
+        serve_conns_stop(&h->conns);
+        free(h);
+        return NULL;
+    }
     return h;
 }
 
@@ -300,13 +370,13 @@ void serve_http_stop(serve_http *h) {
     if (!h) return;
     /* no new connections; the answers being sent (the last jobs, the 503s
      * of a closing queue) go out before the daemon stops, within 30 s */
-    MHD_socket s = MHD_quiesce_daemon(h->d);
-    if (s != MHD_INVALID_SOCKET) close(s);
+    serve_conns_stop_accepting(&h->conns);
     for (int i = 0; i < 3000 && __atomic_load_n(&h->active, __ATOMIC_SEQ_CST) > 0; i++) {
         struct timespec t = {0, 10 * 1000 * 1000};
         nanosleep(&t, NULL);
     }
     MHD_stop_daemon(h->d);
+    serve_conns_stop(&h->conns);
     free(h);
 }
 
@@ -332,5 +402,7 @@ char *serve_read_api_key(const char *path) {
         tp_error("--api-key-file %s: the first line is blank; put the key there", path);
         return NULL;
     }
-    return strdup(line);
+    char *key = strdup(line);
+    if (!key) tp_error("out of memory reading --api-key-file %s", path);
+    return key;
 }

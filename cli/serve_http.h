@@ -9,11 +9,21 @@
  *   GET  /metrics                 Prometheus text format
  *
  * With an API key every endpoint but /health needs `Authorization: Bearer
- * KEY` (compared in constant time). Bodies over max_body_bytes (edits:
- * max_upload_bytes) get 413. */
+ * KEY` (compared in constant time), checked on the request's headers
+ * before any body byte is read. Bodies over max_body_bytes (edits:
+ * max_upload_bytes) get 413.
+ *
+ * One polling thread (epoll) serves every connection and never blocks: a
+ * request waiting for its render is a suspended connection, resumed when
+ * the job is finished. An accept thread refuses connections past
+ * max_connections with an immediate 503; a watcher thread enforces the
+ * header and keep-alive deadlines, notices clients that hang up while
+ * their request waits (the job is then dropped or cancelled), and closes
+ * the queue as soon as *stop is set. */
 #ifndef TPGEN_SERVE_HTTP_H
 #define TPGEN_SERVE_HTTP_H
 #include "serve_queue.h"
+#include <signal.h>
 #include <stddef.h>
 
 typedef struct serve_http_config {
@@ -21,17 +31,18 @@ typedef struct serve_http_config {
     const char *api_key;         /* NULL: no authentication */
     size_t max_body_bytes;       /* JSON bodies */
     size_t max_upload_bytes;     /* multipart edits (reference images) */
-    int max_connections;
+    int max_connections;         /* open at once; more get 503 at accept (0: 4096) */
+    int max_connections_per_ip;  /* 0: no per-address limit; past it a connection is closed at accept */
+    double header_timeout_s;     /* a new connection's first request headers, complete (0: 10 s) */
+    double keepalive_timeout_s;  /* an idle kept-alive connection's next request headers (0: 5 s) */
+    double request_timeout_s;    /* a request's deadline from its arrival: queued or rendering (0: none) */
+    volatile sig_atomic_t *stop; /* NULL ok: when set, the queue is closed at once (503 to queued and new) */
     serve_limits limits;
     serve_queue *queue;
     serve_metrics *metrics;
 } serve_http_config;
 
 typedef struct serve_http serve_http;
-
-/* Parse "HOST:PORT" (numeric host) into a socket address; -1 + tp_error. */
-struct sockaddr_storage;
-int serve_parse_listen(const char *listen, struct sockaddr_storage *ss, unsigned *len);
 
 /* Start listening (threads of its own); NULL + tp_error when the address
  * cannot be bound. The config must outlive the server. */

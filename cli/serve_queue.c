@@ -8,10 +8,62 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
+double serve_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int serve_job_abandoned(const serve_job *j, double now) {
+    if (__atomic_load_n(&j->gone, __ATOMIC_ACQUIRE)) return 499;
+    if (j->deadline > 0 && now > j->deadline) return 504;
+    return 0;
+}
+
+/* Under q->mu: mark j finished; a job with on_done goes on *chain, to be
+ * told after the lock is released (notify), when it may be freed. */
+static void finish_locked(serve_queue *q, serve_job *j, serve_job **chain) {
+    j->done = 1;
+    j->next = NULL;
+    if (j->on_done) {
+        j->done_next = *chain;
+        *chain = j;
+    }
+    (void)q;
+}
+
+static void notify(serve_job *chain) {
+    while (chain) {
+        serve_job *next = chain->done_next;   /* read before: on_done may free it */
+        chain->on_done(chain, chain->on_done_arg);
+        chain = next;
+    }
+}
+
+/* Under q->mu: unlink and finish the abandoned jobs of the queue. */
+static int drop_locked(serve_queue *q, serve_job **chain) {
+    double now = serve_now();
+    int n = 0;
+    serve_job **pp = &q->head, *prev = NULL;
+    while (*pp) {
+        serve_job *j = *pp;
+        int st = serve_job_abandoned(j, now);
+        if (!st) {
+            prev = j;
+            pp = &j->next;
+            continue;
+        }
+        *pp = j->next;
+        if (q->tail == j) q->tail = prev;
+        q->depth--;
+        j->status = st;
+        if (st == 499) serve_error_set(&j->err, 499, "invalid_request_error", NULL, "the client closed the connection");
+        else serve_error_set(&j->err, 504, "server_error", NULL,
+                             "the request waited in the queue past this server's --request-timeout");
+        finish_locked(q, j, chain);
+        n++;
+    }
+    return n;
 }
 
 void serve_job_free_result(serve_job *j) {
@@ -53,7 +105,7 @@ int serve_queue_submit(serve_queue *q, serve_job *j, serve_error *e) {
                              "the queue is full (%d requests waiting); retry later", q->depth);
     } else {
         j->id = q->next_id++;
-        j->t_submitted = now_s();
+        j->t_submitted = serve_now();
         j->done = 0;
         j->next = NULL;
         if (q->tail) q->tail->next = j;
@@ -76,9 +128,17 @@ serve_job *serve_queue_take(serve_queue *q, double timeout_s) {
         until.tv_sec++;
         until.tv_nsec -= 1000000000L;
     }
+    serve_job *chain = NULL;
     pthread_mutex_lock(&q->mu);
-    while (!q->head && !q->closing)
-        if (pthread_cond_timedwait(&q->work, &q->mu, &until) == ETIMEDOUT) break;
+    for (;;) {
+        drop_locked(q, &chain);
+        if (q->head || q->closing) break;
+        if (pthread_cond_timedwait(&q->work, &q->mu, &until) == ETIMEDOUT) {
+            drop_locked(q, &chain);
+            break;
+        }
+    }
+    if (chain) pthread_cond_broadcast(&q->done);
     serve_job *j = q->head;
     if (j) {
         q->head = j->next;
@@ -87,14 +147,34 @@ serve_job *serve_queue_take(serve_queue *q, double timeout_s) {
         j->next = NULL;
     }
     pthread_mutex_unlock(&q->mu);
+    notify(chain);
     return j;
 }
 
 void serve_job_finish(serve_queue *q, serve_job *j) {
+    serve_job *chain = NULL;
     pthread_mutex_lock(&q->mu);
-    j->done = 1;
+    finish_locked(q, j, &chain);
     pthread_cond_broadcast(&q->done);
     pthread_mutex_unlock(&q->mu);
+    notify(chain);
+}
+
+int serve_queue_drop_abandoned(serve_queue *q) {
+    serve_job *chain = NULL;
+    pthread_mutex_lock(&q->mu);
+    int n = drop_locked(q, &chain);
+    if (n) pthread_cond_broadcast(&q->done);
+    pthread_mutex_unlock(&q->mu);
+    notify(chain);
+    return n;
+}
+
+int serve_queue_closed(serve_queue *q) {
+    pthread_mutex_lock(&q->mu);
+    int c = q->closing;
+    pthread_mutex_unlock(&q->mu);
+    return c;
 }
 
 void serve_job_wait(serve_queue *q, serve_job *j) {
@@ -104,21 +184,22 @@ void serve_job_wait(serve_queue *q, serve_job *j) {
 }
 
 void serve_queue_close(serve_queue *q) {
+    serve_job *chain = NULL;
     pthread_mutex_lock(&q->mu);
     q->closing = 1;
     for (serve_job *j = q->head, *next; j; j = next) {
         next = j->next;
-        j->next = NULL;
         j->status = 503;
         serve_error_set(&j->err, 503, "server_error", NULL,
                         "the server is shutting down; this request was queued and not rendered");
-        j->done = 1;
+        finish_locked(q, j, &chain);
     }
     q->head = q->tail = NULL;
     q->depth = 0;
     pthread_cond_broadcast(&q->done);
     pthread_cond_broadcast(&q->work);
     pthread_mutex_unlock(&q->mu);
+    notify(chain);
 }
 
 int serve_queue_depth(serve_queue *q) {
@@ -161,6 +242,7 @@ void serve_metrics_add_job(serve_metrics *m, const serve_job *j) {
     m->decode_seconds += j->timing.decode_seconds;
     if (j->timing.cache_hit == 1) m->cache_hits++;
     if (j->timing.cache_hit == 0) m->cache_misses++;
+    if (j->timing.cancelled) m->jobs_cancelled++;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -173,14 +255,16 @@ serve_outcome serve_outcome_of(int status) {
     case 413: return OUT_TOO_LARGE;
     case 429: return OUT_QUEUE_FULL;
     case 501: case 503: return OUT_UNAVAILABLE;
+    case 499: return OUT_ABANDONED;
+    case 504: return OUT_TIMEOUT;
     default: return OUT_FAILED;
     }
 }
 
 static const char *k_outcome[OUT_COUNT] = {"ok", "bad_request", "unauthorized", "not_found", "too_large",
-                                           "queue_full", "unavailable", "failed"};
+                                           "queue_full", "unavailable", "failed", "abandoned", "timeout"};
 
-typedef struct { char *s; size_t n, cap; } sbuf;
+typedef struct { char *s; size_t n, cap; int bad; } sbuf;
 
 static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put(sbuf *b, const char *fmt, ...) {
@@ -189,14 +273,14 @@ static void put(sbuf *b, const char *fmt, ...) {
         va_start(ap, fmt);
         int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
         va_end(ap);
-        if (k < 0) return;
+        if (k < 0) { b->bad = 1; return; }
         if (b->s && b->n + (size_t)k < b->cap) {
             b->n += (size_t)k;
             return;
         }
         size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)k;
         char *s = realloc(b->s, cap);
-        if (!s) return;
+        if (!s) { b->bad = 1; return; }
         b->s = s;
         b->cap = cap;
     }
@@ -210,6 +294,14 @@ char *serve_metrics_text(serve_metrics *m, int queue_depth) {
         put(&b, "tpgen_requests_total{outcome=\"%s\"} %llu\n", k_outcome[o], (unsigned long long)m->requests[o]);
     put(&b, "# HELP tpgen_queue_depth Requests waiting to be rendered.\n# TYPE tpgen_queue_depth gauge\n"
             "tpgen_queue_depth %d\n", queue_depth);
+    put(&b, "# HELP tpgen_open_connections HTTP connections open now.\n# TYPE tpgen_open_connections gauge\n"
+            "tpgen_open_connections %d\n", m->open_connections);
+    put(&b, "# HELP tpgen_connections_refused_total Connections refused at accept (over --max-connections).\n"
+            "# TYPE tpgen_connections_refused_total counter\ntpgen_connections_refused_total %llu\n",
+        (unsigned long long)m->connections_refused);
+    put(&b, "# HELP tpgen_jobs_cancelled_total Renders stopped at a step boundary (client gone or deadline).\n"
+            "# TYPE tpgen_jobs_cancelled_total counter\ntpgen_jobs_cancelled_total %llu\n",
+        (unsigned long long)m->jobs_cancelled);
     put(&b, "# HELP tpgen_images_total Images rendered.\n# TYPE tpgen_images_total counter\ntpgen_images_total %llu\n",
         (unsigned long long)m->images);
     put(&b, "# HELP tpgen_step_seconds Seconds per denoising step.\n# TYPE tpgen_step_seconds summary\n"
@@ -235,5 +327,9 @@ char *serve_metrics_text(serve_metrics *m, int queue_depth) {
     for (int r = 0; r < m->n_ranks; r++)
         put(&b, "tpgen_resident_bytes{rank=\"%d\"} %llu\n", r, (unsigned long long)m->resident_bytes[r]);
     pthread_mutex_unlock(&m->mu);
+    if (b.bad) {   /* out of memory: answered 500, never a cut text */
+        free(b.s);
+        return NULL;
+    }
     return b.s;
 }

@@ -14,6 +14,7 @@ typedef struct serve_timing {
     double step_seconds;         /* summed over the steps */
     double encode_seconds, denoise_seconds, decode_seconds;
     int cache_hit;               /* 1 hit, 0 miss, -1 no lookup */
+    int cancelled;               /* stopped at a step boundary (client gone, deadline) */
 } serve_timing;
 
 typedef struct serve_job {
@@ -28,8 +29,21 @@ typedef struct serve_job {
     int n_pngs;
     serve_timing timing;
     int done;
-    struct serve_job *next;
+    /* set by the waiting side: when the job is finished (by the render
+     * side, or by the queue: 503 at close, 499/504 when dropped), outside
+     * the queue's lock; NULL: serve_job_wait only */
+    void (*on_done)(struct serve_job *j, void *arg);
+    void *on_done_arg;
+    int gone;                    /* the client has gone (atomic; set by the HTTP side) */
+    double deadline;             /* monotonic seconds (serve_now) after which nobody waits; 0: none */
+    struct serve_job *next, *done_next;
 } serve_job;
+
+/* Monotonic seconds (CLOCK_MONOTONIC). */
+double serve_now(void);
+/* Is nobody waiting for this job any more (client gone, deadline passed)?
+ * 0, or the status it is answered with: 499 gone, 504 past its deadline. */
+int serve_job_abandoned(const serve_job *j, double now);
 
 void serve_job_free_result(serve_job *j);
 
@@ -47,7 +61,8 @@ void serve_queue_destroy(serve_queue *q);
 /* Queue a job: 0, or -1 with e = 429 (queue full) or 503 (shutting down). */
 int serve_queue_submit(serve_queue *q, serve_job *j, serve_error *e);
 /* The next job, waiting up to timeout_s; NULL on time-out, or when the
- * queue is closed and empty. */
+ * queue is closed and empty. Abandoned jobs (serve_job_abandoned) on the
+ * way are finished, never returned. */
 serve_job *serve_queue_take(serve_queue *q, double timeout_s);
 /* Publish a job's result (status, err / pngs filled) and wake its waiter. */
 void serve_job_finish(serve_queue *q, serve_job *j);
@@ -56,6 +71,9 @@ void serve_job_wait(serve_queue *q, serve_job *j);
 /* Refuse new jobs and answer every queued one with 503; the job being
  * rendered is not touched and finishes normally. */
 void serve_queue_close(serve_queue *q);
+int serve_queue_closed(serve_queue *q);
+/* Finish and remove every queued job nobody waits for; how many. */
+int serve_queue_drop_abandoned(serve_queue *q);
 int serve_queue_depth(serve_queue *q);
 /* Copies (strdup) of the prompts of up to max waiting jobs, in queue order;
  * returns how many. */
@@ -64,7 +82,7 @@ int serve_queue_peek_prompts(serve_queue *q, char **out, int max);
 /* Counters behind GET /metrics. */
 typedef enum {
     OUT_OK = 0, OUT_BAD_REQUEST, OUT_UNAUTHORIZED, OUT_NOT_FOUND, OUT_TOO_LARGE, OUT_QUEUE_FULL, OUT_UNAVAILABLE,
-    OUT_FAILED, OUT_COUNT
+    OUT_FAILED, OUT_ABANDONED, OUT_TIMEOUT, OUT_COUNT
 } serve_outcome;
 
 #define SERVE_MAX_RANKS 1024
@@ -77,6 +95,9 @@ typedef struct serve_metrics {
     double step_seconds;          /* summed over steps */
     double encode_seconds, denoise_seconds, decode_seconds, load_seconds;
     uint64_t cache_hits, cache_misses;
+    uint64_t connections_refused;  /* past --max-connections: 503 and closed at accept */
+    uint64_t jobs_cancelled;       /* stopped at a step boundary: client gone or deadline */
+    int open_connections;
     int n_ranks;
     uint64_t resident_bytes[SERVE_MAX_RANKS];
 } serve_metrics;

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-enum { T_READY = 7101, T_JOB, T_STOP, T_RESULT };
+enum { T_READY = 7101, T_JOB, T_STOP, T_RESULT, T_CANCEL };
 enum { MSG_JOB = 1, MSG_STOP = 2 };
 
 /* ---- bytes ---- */
@@ -124,6 +124,7 @@ static uint8_t *result_pack(const serve_job *j, size_t *n) {
     w_f64(&b, j->timing.denoise_seconds);
     w_f64(&b, j->timing.decode_seconds);
     w_i64(&b, j->timing.cache_hit);
+    w_i64(&b, j->timing.cancelled);
     w_i64(&b, j->n_pngs);
     for (int i = 0; i < j->n_pngs; i++) {
         w_i64(&b, (int64_t)j->png_sizes[i]);
@@ -154,15 +155,17 @@ static int result_unpack(const uint8_t *p, size_t n, serve_job *j) {
     j->timing.denoise_seconds = r_f64(&b);
     j->timing.decode_seconds = r_f64(&b);
     j->timing.cache_hit = (int)r_i64(&b);
+    j->timing.cancelled = (int)r_i64(&b);
     int64_t np = r_i64(&b);
     if (b.bad || np < 0 || np > 1024 || id != j->id) return -1;
     j->n_pngs = 0;
     j->pngs = calloc((size_t)np + 1, sizeof *j->pngs);
     j->png_sizes = calloc((size_t)np + 1, sizeof *j->png_sizes);
+    if (!j->pngs || !j->png_sizes) return -1;   /* the caller frees and answers 500 */
     for (int64_t i = 0; i < np && !b.bad; i++) {
         int64_t sz = r_i64(&b);
         if (sz < 0 || (uint64_t)sz > b.n - b.at) { b.bad = 1; break; }
-        j->pngs[i] = malloc((size_t)sz + 1);
+        if (!(j->pngs[i] = malloc((size_t)sz + 1))) { b.bad = 1; break; }
         r_raw(&b, j->pngs[i], (size_t)sz);
         j->png_sizes[i] = (size_t)sz;
         j->n_pngs++;
@@ -204,7 +207,7 @@ static int group_recv(serve_ranks *s, uint8_t **p, size_t *n) {
     *n = (size_t)hdr[1];
     *p = NULL;
     if (hdr[1] > 0) {
-        *p = malloc(*n);
+        *p = xmalloc(*n);   /* the group's protocol cannot go on without it: a clear exit */
         MPI_Bcast(*p, (int)*n, MPI_BYTE, 0, s->d->tp_comm);
     }
     return (int)hdr[0];
@@ -232,6 +235,24 @@ static uint8_t *pack_or_fail(serve_ranks *s, serve_job *j, size_t *n) {
 
 static int leader_of(const serve_ranks *s, int g) { return g * s->d->tp; }
 
+/* Stopping (the stop flag, or the queue closed by the HTTP side): the
+ * queue is closed (503 to the queued and to new requests), no group gets
+ * another job, and each idle group gets STOP. */
+static void check_stop(serve_ranks *s) {
+    const dist *d = s->d;
+    if (!s->stopping && (*s->stop || serve_queue_closed(s->queue))) {
+        s->stopping = 1;
+        serve_queue_close(s->queue);
+    }
+    if (!s->stopping) return;
+    for (int g = 1; g < d->dp; g++)
+        if (!s->stopped[g] && !s->inflight[g] && s->ready[g]) {
+            MPI_Send(NULL, 0, MPI_BYTE, leader_of(s, g), T_STOP, s->msg);
+            s->stopped[g] = 1;
+            s->n_stopped++;
+        }
+}
+
 void serve_ranks_service(serve_ranks *s) {
     const dist *d = s->d;
     if (d->world_rank != 0 || !s->inflight) return;
@@ -240,7 +261,7 @@ void serve_ranks_service(serve_ranks *s) {
     while (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s->msg, &flag, &st), flag) {
         int g = st.MPI_SOURCE / d->tp, cnt = 0;
         MPI_Get_count(&st, MPI_BYTE, &cnt);
-        uint8_t *buf = malloc((size_t)cnt + 1);
+        uint8_t *buf = xmalloc((size_t)cnt + 1);
         MPI_Recv(buf, cnt, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, s->msg, MPI_STATUS_IGNORE);
         if (st.MPI_TAG == T_READY) {
             s->ready[g] = 1;
@@ -253,9 +274,20 @@ void serve_ranks_service(serve_ranks *s) {
             }
             if (s->metrics) serve_metrics_add_job(s->metrics, j);
             s->inflight[g] = NULL;
+            s->cancel_sent[g] = 0;
             serve_job_finish(s->queue, j);
         }
         free(buf);
+    }
+    check_stop(s);
+    /* a job of another group that nobody waits for: its leader stops it at its next step */
+    double now = serve_now();
+    for (int g = 1; g < d->dp; g++) {
+        int why = s->inflight[g] && !s->cancel_sent[g] ? serve_job_abandoned(s->inflight[g], now) : 0;
+        if (!why) continue;
+        int64_t msg[2] = {(int64_t)s->inflight[g]->id, why};
+        MPI_Send(msg, 2, MPI_INT64_T, leader_of(s, g), T_CANCEL, s->msg);
+        s->cancel_sent[g] = 1;
     }
     for (int g = 1; g < d->dp && !s->stopping; g++) {
         if (!s->ready[g] || s->inflight[g]) continue;
@@ -271,25 +303,34 @@ void serve_ranks_service(serve_ranks *s) {
     }
 }
 
+int serve_ranks_cancel_wanted(serve_ranks *s, const serve_job *j) {
+    const dist *d = s->d;
+    if (d->tp_rank != 0) return 0;
+    if (d->world_rank == 0) {
+        serve_ranks_service(s);   /* feed the other TP groups between steps */
+        return serve_job_abandoned(j, serve_now());
+    }
+    int flag, why = 0;
+    MPI_Status st;
+    while (MPI_Iprobe(0, T_CANCEL, s->msg, &flag, &st), flag) {
+        int64_t msg[2];
+        MPI_Recv(msg, 2, MPI_INT64_T, 0, T_CANCEL, s->msg, MPI_STATUS_IGNORE);
+        if ((uint64_t)msg[0] == j->id) why = (int)msg[1];
+    }
+    return why;
+}
+
 static int run_world_rank0(serve_ranks *s) {
     const dist *d = s->d;
-    s->inflight = calloc((size_t)d->dp, sizeof *s->inflight);
-    s->ready = calloc((size_t)d->dp, sizeof *s->ready);
-    int *stopped = calloc((size_t)d->dp, sizeof *stopped), n_stopped = 1;   /* group 0 is stopped last */
+    s->inflight = xcalloc((size_t)d->dp, sizeof *s->inflight);
+    s->ready = xcalloc((size_t)d->dp, sizeof *s->ready);
+    s->stopped = xcalloc((size_t)d->dp, sizeof *s->stopped);
+    s->cancel_sent = xcalloc((size_t)d->dp, sizeof *s->cancel_sent);
+    s->n_stopped = 1;   /* group 0 is stopped last */
     for (;;) {
-        if (*s->stop && !s->stopping) {
-            s->stopping = 1;
-            serve_queue_close(s->queue);
-        }
         serve_ranks_service(s);
         if (s->stopping) {
-            for (int g = 1; g < d->dp; g++)
-                if (!stopped[g] && !s->inflight[g] && s->ready[g]) {
-                    MPI_Send(NULL, 0, MPI_BYTE, leader_of(s, g), T_STOP, s->msg);
-                    stopped[g] = 1;
-                    n_stopped++;
-                }
-            if (n_stopped == d->dp) break;
+            if (s->n_stopped == d->dp) break;
             nap();
             continue;
         }
@@ -305,11 +346,13 @@ static int run_world_rank0(serve_ranks *s) {
         serve_job_finish(s->queue, j);
     }
     group_send(s, MSG_STOP, NULL, 0);
-    free(stopped);
+    free(s->stopped);
+    free(s->cancel_sent);
     free(s->inflight);
     free(s->ready);
     s->inflight = NULL;
     s->ready = NULL;
+    s->stopped = s->cancel_sent = NULL;
     return 0;
 }
 
@@ -328,12 +371,17 @@ static int run_group_rank(serve_ranks *s) {
             int flag = 0;
             for (;;) {
                 MPI_Iprobe(0, MPI_ANY_TAG, s->msg, &flag, &st);
+                if (flag && st.MPI_TAG == T_CANCEL) {   /* for a job already finished */
+                    int64_t stale[2];
+                    MPI_Recv(stale, 2, MPI_INT64_T, 0, T_CANCEL, s->msg, MPI_STATUS_IGNORE);
+                    continue;
+                }
                 if (flag) break;
                 nap();
             }
             int cnt = 0;
             MPI_Get_count(&st, MPI_BYTE, &cnt);
-            p = malloc((size_t)cnt + 1);
+            p = xmalloc((size_t)cnt + 1);
             MPI_Recv(p, cnt, MPI_BYTE, 0, st.MPI_TAG, s->msg, MPI_STATUS_IGNORE);
             n = (size_t)cnt;
             type = st.MPI_TAG == T_STOP ? MSG_STOP : MSG_JOB;

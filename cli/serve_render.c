@@ -3,6 +3,7 @@
  * settings; an edit's uploads become files in a private folder on the
  * group's first rank. */
 #include "serve_render.h"
+#include "core/dist/watchdog.h"
 #include "kernels/err.h"
 #include "core/image/image.h"
 #include "core/image/png.h"
@@ -75,10 +76,20 @@ static void message_without(const char *dir, char *out, size_t n) {
     out[k] = 0;
 }
 
+/* After every denoising step, on every rank of the group: the group's
+ * first rank decides whether the job goes on (serve_ranks_cancel_wanted;
+ * world rank 0 also feeds the other groups there) and the group follows,
+ * so that all its ranks stop at the same step. */
 static int on_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
-    (void)step, (void)steps, (void)seconds, (void)v, (void)x;
-    serve_ranks_service(((serve_ctx *)ctx)->ranks);   /* feed the other TP groups between steps */
-    return 0;
+    (void)seconds, (void)v, (void)x;
+    serve_ctx *sc = ctx;
+    int why = serve_ranks_cancel_wanted(sc->ranks, sc->job);
+    MPI_Bcast(&why, 1, MPI_INT, 0, sc->g->d->tp_comm);
+    if (!why) return 0;
+    sc->cancelled = why;
+    sc->cancelled_step = step + 1;
+    sc->cancelled_steps = steps;
+    return 1;
 }
 
 /* The request as a one-job run spec over the server's (shallow copies:
@@ -160,7 +171,7 @@ static int check_request(const serve_ctx *sc, const serve_request *q, const run_
     return 0;
 }
 
-void serve_render(void *ctx, const serve_request *q, serve_job *out) {
+static void render(void *ctx, const serve_request *q, serve_job *out) {
     serve_ctx *sc = ctx;
     const gen_setup *g = sc->g;
     const dist *d = g->d;
@@ -169,6 +180,8 @@ void serve_render(void *ctx, const serve_request *q, serve_job *out) {
     char *prompt;
     uint64_t seed = q->seed;
     request_spec(sc, q, &rs, &gs, &prompt, &seed);
+    sc->job = out;
+    sc->cancelled = 0;
     if (check_request(sc, q, &rs, &gs, &out->err)) {
         out->status = 400;
         return;
@@ -216,8 +229,10 @@ void serve_render(void *ctx, const serve_request *q, serve_job *out) {
         flux2_job j = {.seed = seed, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
                        .embeds = emb, .L = sc->L, .neg_embeds = neg, .on_step = on_step, .ctx = sc,
                        .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images};
+        watchdog_phase_set(WD_STEPS, "rendering a request");   /* each step is a progress point */
         rc = flux2_pipe_render(sc->pipe, &j, lat);
         if (rc) break;
+        watchdog_phase_set(WD_STARTUP, "decoding a request's image");
         int mine = 0;
         if (d->tp_rank == 0) {
             double dt = 0;
@@ -237,6 +252,24 @@ void serve_render(void *ctx, const serve_request *q, serve_job *out) {
         .encode_seconds = st->t_encode + st->t_te_load - t_enc, .denoise_seconds = st->t_denoise - t_den, .decode_seconds = t_dec,
         .cache_hit = st->cache_hits > hits ? 1 : g->info.has_text_encoder ? 0 : -1,
     };
+    if (rc && sc->cancelled) {   /* nobody waits for it: the answer goes nowhere, or says why */
+        tp_error_clear();
+        serve_job_free_result(out);
+        out->timing.cancelled = 1;
+        out->status = sc->cancelled;
+        if (sc->cancelled == 504)
+            serve_error_set(&out->err, 504, "server_error", NULL,
+                            "the request ran past this server's --request-timeout; stopped at step %d of %d",
+                            sc->cancelled_step, sc->cancelled_steps);
+        else
+            serve_error_set(&out->err, 499, "invalid_request_error", NULL,
+                            "the client closed the connection; stopped at step %d of %d", sc->cancelled_step,
+                            sc->cancelled_steps);
+        if (d->world_rank == 0 || d->tp_rank == 0)
+            fprintf(stderr, "tpgen: serve: request %llu cancelled at step %d of %d (%s)\n", (unsigned long long)out->id,
+                    sc->cancelled_step, sc->cancelled_steps, sc->cancelled == 504 ? "--request-timeout" : "client gone");
+        return;
+    }
     if (rc) {
         serve_job_free_result(out);
         out->status = 500;
@@ -247,3 +280,12 @@ void serve_render(void *ctx, const serve_request *q, serve_job *out) {
     }
     out->status = 200;
 }
+
+/* the watchdog watches a request from its first collective to its last;
+ * waiting for the next one is not progress */
+void serve_render(void *ctx, const serve_request *q, serve_job *out) {
+    watchdog_phase_set(WD_STARTUP, "encoding a request's prompts");
+    render(ctx, q, out);
+    watchdog_phase_set(WD_OFF, "waiting for requests");
+}
+

@@ -15,6 +15,9 @@ typedef struct serve_ctx {
     serve_ranks *ranks;
     int L;
     int has_encoder;             /* the VAE can encode reference images (same on every rank) */
+    /* the job being rendered, and whether (why) it was stopped at a step */
+    const serve_job *job;
+    int cancelled, cancelled_step, cancelled_steps;
 } serve_ctx;
 
 /* A serve_render_fn (serve_ranks.h); ctx is a serve_ctx. */

@@ -1,11 +1,12 @@
 /* libFuzzer harness: the bytes as a transformer config.json (config parser
- * and plan), a text-encoder config.json, a VAE config.json, a
+ * and plan, FLUX.2 and FLUX.3), a text-encoder config.json, a VAE config.json, a
  * model_index.json (model_dir_open) and a sharded checkpoint's
  * *.safetensors.index.json (checkpoint_open next to one valid shard). */
 #include "core/models/model_plan.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/err.h"
 #include "core/models/flux2.h"
+#include "core/models/flux3.h"
 #include "core/models/llm.h"
 #include "core/models/vae.h"
 #include "plans/plan.h"
@@ -49,6 +50,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (plan_flux2(cfg, &p) == 0) {
             checkpoint empty = {.dir = "fuzz"};
             for (int tp = 1; tp <= 8; tp *= 2) (void)checkpoint_validate_plan(&empty, &p, tp);
+        }
+        flux3_config f3;
+        if (flux3_config_parse(cfg, "fuzz", &f3) == 0 && flux3_plan(&f3, &p) == 0) {
+            checkpoint empty = {.dir = "fuzz"};
+            for (int tp = 1; tp <= 8; tp++) (void)checkpoint_validate_plan(&empty, &p, tp);
         }
         llm_config lc;
         (void)llm_config_parse(cfg, "fuzz", &lc);

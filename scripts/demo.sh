@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 have_deps() {
     command -v mpicc >/dev/null && command -v mpirun >/dev/null &&
-        for h in yaml.h jansson.h pcre2.h utf8proc.h zlib.h stb/stb_image_write.h; do
+        for h in yaml.h jansson.h pcre2.h utf8proc.h zlib.h png.h jpeglib.h stb/stb_image_write.h; do
             [ -e "/usr/include/$h" ] || return 1
         done
 }

@@ -65,7 +65,7 @@ if [ $mode = prepare ]; then
     rm -rf "$B" && mkdir -p "$B/lib" "$B/usr/bin" "$B/usr/share" "$B/usr/lib/x86_64-linux-gnu"
     # everything but MPI, CUDA and the C/C++ runtimes linked statically
     static="-Wl,-Bstatic -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -lgfortran -lquadmath -lyaml -ljansson \
--lpcre2-8 -lutf8proc -lnettle -lz -Wl,-Bdynamic -lmicrohttpd -lm -fopenmp $(mpicc --showme:link)"   # CUDA: only the plugin links it
+-lpcre2-8 -lutf8proc -lnettle -lpng -ljpeg -lz -Wl,-Bdynamic -lmicrohttpd -lm -fopenmp $(mpicc --showme:link)"   # CUDA: only the plugin links it
     build_into "$B/build" LDLIBS="$static" || { echo "gpu-check --prepare: build failed" >&2; exit 1; }
     find "$B/build" \( -name '*.o' -o -name '*.d' \) -delete
     # shared libraries outside glibc, the C++ runtime and CUDA (MPI and its helpers, libgomp); they need glibc >= 2.36

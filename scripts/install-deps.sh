@@ -6,5 +6,5 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential ca-certificates openmpi-bin libopenmpi-dev libopenblas-openmp-dev \
-    libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev libstb-dev nettle-dev zlib1g-dev libmicrohttpd-dev \
+    libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev libstb-dev nettle-dev zlib1g-dev libmicrohttpd-dev libpng-dev libjpeg62-turbo-dev \
     python3-minimal jq xz-utils git clang libomp-dev qemu-user >/dev/null   # python3, jq: tests read golden files; xz: the golden data is stored compressed; git: tests/sh/selfcontained.sh; clang, libomp-dev: the fuzz harnesses (make fuzz); qemu-user: tests/sh/portable.sh emulates older CPUs

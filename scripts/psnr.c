@@ -1,24 +1,46 @@
 /* psnr A.png B.png: peak signal-to-noise ratio of two 8-bit images in dB
  * over all RGB samples ("inf" when identical). Exit 0 on success, 2 when a
  * file cannot be read or the sizes differ. Built by scripts/regress.sh:
- *   cc -O2 -o build/psnr scripts/psnr.c -lm */
+ *   cc -O2 -o build/psnr scripts/psnr.c -lpng -lm */
 #include <math.h>
+#include <png.h>
 #include <stdio.h>
-#define STB_IMAGE_IMPLEMENTATION
-#define STBI_ONLY_PNG
-#include <stb/stb_image.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* the file as 8-bit RGB through libpng's simplified API (NULL on failure) */
+static unsigned char *load_rgb(const char *path, int *w, int *h, char *why, size_t nwhy) {
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&im, path)) {
+        snprintf(why, nwhy, "%s", im.message);
+        return NULL;
+    }
+    im.format = PNG_FORMAT_RGB;
+    unsigned char *px = malloc(PNG_IMAGE_SIZE(im));
+    if (!px || !png_image_finish_read(&im, NULL, px, 0, NULL)) {
+        snprintf(why, nwhy, "%s", px ? im.message : "out of memory");
+        png_image_free(&im);
+        free(px);
+        return NULL;
+    }
+    *w = (int)im.width, *h = (int)im.height;
+    return px;
+}
 
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: psnr A.png B.png\n");
         return 2;
     }
-    int w[2], h[2], c;
+    int w[2], h[2];
     unsigned char *px[2];
     for (int i = 0; i < 2; i++) {
-        px[i] = stbi_load(argv[i + 1], &w[i], &h[i], &c, 3);
+        char why[256];
+        px[i] = load_rgb(argv[i + 1], &w[i], &h[i], why, sizeof why);
         if (!px[i]) {
-            fprintf(stderr, "psnr: cannot read %s: %s\n", argv[i + 1], stbi_failure_reason());
+            fprintf(stderr, "psnr: cannot read %s: %s\n", argv[i + 1], why);
             return 2;
         }
     }

@@ -34,11 +34,11 @@ done
 OUT=${OUT:-$(mktemp -d /tmp/tpgen-regress-XXXXXX)}
 mkdir -p "$OUT"
 
-# the PSNR helper: a few lines of C over stb_image
+# the PSNR helper: a few lines of C over libpng
 PSNR=$ROOT/build/psnr
 if [ ! -x "$PSNR" ] || [ "$ROOT/scripts/psnr.c" -nt "$PSNR" ]; then
     mkdir -p "$ROOT/build"
-    cc -O2 -o "$PSNR" "$ROOT/scripts/psnr.c" -lm
+    cc -O2 -o "$PSNR" "$ROOT/scripts/psnr.c" -lpng -lm
 fi
 
 MPIRUN=(mpirun -np "$NP" --oversubscribe)

@@ -12,8 +12,10 @@ export TPGEN_TESTS=${TPGEN_TESTS:-$PWD/build/tpgen_tests}
 export TPGEN_GOLDEN=${TPGEN_GOLDEN:-$PWD/build/golden}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # sanitized runs check leaks too; tests/lsan.supp names the only allocations
-# allowed to stay (Open MPI's, PMIx's and hwloc's own)
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+# allowed to stay (Open MPI's, PMIx's and hwloc's own). Full unwinding: Open
+# MPI's plugins have no frame pointers, and a leak's stack must reach the
+# Open MPI frame that a suppression names.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:fast_unwind_on_malloc=0}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 TPGEN_ASAN_TESTS=${TPGEN_ASAN_TESTS:-$PWD/build-asan/tpgen_tests}

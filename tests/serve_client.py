@@ -12,10 +12,35 @@
       N concurrent slow requests against a short queue: all answered, some 429
   serve_client.py edit PORT OUT.png PROMPT SEED STEPS IMAGE...
       multipart POST /v1/images/edits
+  serve_client.py preauth PORT PID N MB
+      N concurrent edits of MB megabytes each without the API key: each must
+      get 401 on its headers, and PID's resident memory must not grow by the
+      uploads (the body is never read)
+  serve_client.py conns PORT N LIMIT HEADER_TIMEOUT KEEPALIVE_TIMEOUT
+      N connections, half idle, half slowloris (a header line every 0.3 s):
+      /health must answer within 1 s meanwhile; filled up to LIMIT, the next
+      connection gets 503 at once; every one of them is closed by the server
+      after HEADER_TIMEOUT, and a kept-alive one after KEEPALIVE_TIMEOUT
+  serve_client.py per-ip PORT LIMIT
+      LIMIT idle connections from 127.0.0.1, then one more: closed at once
+  serve_client.py abandon PORT
+      a client that hangs up mid-render frees the server within one step
+      (/health answering meanwhile); one that hangs up while queued is
+      dropped from the queue at once
+  serve_client.py abandon-dp PORT
+      at dp 2: a client of the render on the second TP group hangs up; that
+      group stops (CANCEL from world rank 0) while the first one renders
+  serve_client.py deadline PORT TIMEOUT
+      a render longer than --request-timeout TIMEOUT is answered 504 and stopped
+  serve_client.py sigterm PORT PID
+      two renders running (dp 2), two queued: SIGTERM to PID; the queued and
+      every request sent after it get 503 at once, the running two 200
 """
 import base64
 import json
+import socket
 import sys
+import time
 import threading
 import urllib.error
 import urllib.request
@@ -40,6 +65,8 @@ def post(port, path, body, headers=None, timeout=120):
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+    except OSError as e:   # reset, refused, timed out: a status no server sends, so the check fails
+        return -1, repr(e).encode()
 
 
 def get(port, path, method="GET", headers=None):
@@ -119,6 +146,8 @@ BAD = [
     ("no prompt", {"size": "64x64"}, 400, "prompt", "prompt"),
     ("prompt not a string", {"prompt": 7}, 400, "prompt", "prompt"),
     ("size not WxH", {"prompt": "a", "size": "big"}, 400, "size", "size"),
+    ("size with a space", {"prompt": "a", "size": "64x 64"}, 400, "size", "size"),
+    ("invalid UTF-8", b'{"prompt": "a \xff fox"}', 400, None, "JSON"),
     ("size not a multiple of 16", {"prompt": "a", "size": "100x100"}, 400, "size", "16"),
     ("size over the limit", {"prompt": "a", "size": "8192x8192"}, 400, "size", ""),
     ("n = 0", {"prompt": "a", "n": 0}, 400, "n", "n"),
@@ -221,7 +250,394 @@ def cmd_edit(port, out, prompt, seed, steps, *images):
     print(f"wrote {out}")
 
 
+def rss_kb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return -1
+
+
+def read_status(s, timeout):
+    s.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n" not in data:
+            k = s.recv(4096)
+            if not k:
+                break
+            data += k
+    except OSError:
+        pass
+    try:
+        return int(data.split()[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def cmd_preauth(port, pid, n, mb):
+    n, size = int(n), int(float(mb) * 1048576)
+    before = rss_kb(pid)
+    res = []
+    lock = threading.Lock()
+
+    def one(i):
+        s = socket.create_connection(("127.0.0.1", int(port)), timeout=10)
+        t0 = time.monotonic()
+        s.sendall(b"POST /v1/images/edits HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=B0123\r\n"
+                  b"Content-Length: %d\r\n\r\n" % size)
+        st = read_status(s, 5)   # the answer comes on the headers alone
+        t_answer = time.monotonic() - t0
+        sent, chunk = 0, b"x" * 65536
+        s.settimeout(2)
+        try:   # then push the body anyway, as a hostile client would, until the server closes
+            while sent < size:
+                sent += s.send(chunk)
+        except OSError:
+            pass
+        s.close()
+        with lock:
+            res.append((st, t_answer, sent))
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=60)
+    after = rss_kb(pid)
+    codes = [r[0] for r in res]
+    worst = max((r[1] for r in res), default=-1)
+    pushed = sum(r[2] for r in res)
+    grew = (after - before) / 1024
+    if len(res) != n or any(c != 401 for c in codes) or worst > 2:
+        return fail("pre-auth uploads: 401 on the headers", f"statuses {codes}, slowest answer {worst:.2f} s")
+    ok(f"pre-auth uploads: {n} x {mb} MB without a key, each 401 within {worst:.3f} s, before any body byte")
+    if grew > 20:
+        return fail("pre-auth uploads: nothing buffered", f"rank 0 grew by {grew:.1f} MB ({pushed / 1048576:.1f} MB pushed)")
+    ok(f"pre-auth uploads: rank 0 grew by {grew:.1f} MB while clients pushed {pushed / 1048576:.1f} MB of body "
+       f"(RSS {before / 1024:.0f} -> {after / 1024:.0f} MB)")
+
+
+def health_latency(port):
+    t0 = time.monotonic()
+    try:
+        s = socket.create_connection(("127.0.0.1", int(port)), timeout=3)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        st = read_status(s, 3)
+        s.close()
+    except OSError:
+        st = -1
+    return st, time.monotonic() - t0
+
+
+def closed_by_server(s, timeout):
+    """True when the server closes s (EOF or reset) within timeout seconds."""
+    s.settimeout(timeout)
+    try:
+        while True:
+            k = s.recv(4096)
+            if not k:
+                return True
+    except ConnectionResetError:
+        return True
+    except OSError:
+        return False
+
+
+def cmd_conns(port, n, limit, header_timeout, keepalive_timeout):
+    port, n, limit = int(port), int(n), int(limit)
+    header_timeout, keepalive_timeout = float(header_timeout), float(keepalive_timeout)
+    t_open = time.monotonic()
+    idle, slow = [], []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if i % 2:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")   # headers that never end
+            slow.append(s)
+        else:
+            idle.append(s)
+    stop = threading.Event()
+
+    def drip():
+        while not stop.is_set():
+            for s in slow:
+                try:
+                    s.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+            stop.wait(0.3)
+
+    dripper = threading.Thread(target=drip)
+    dripper.start()
+    lat = []
+    for _ in range(10):
+        st, dt = health_latency(port)
+        lat.append((st, dt))
+    lat_s = sorted(dt for _, dt in lat)
+    if any(st != 200 for st, _ in lat) or lat_s[-1] > 1.0:
+        fail(f"{n} idle/slowloris connections: /health within 1 s", f"{lat}")
+    else:
+        ok(f"{n} idle/slowloris connections open: /health 10/10 answered, median {lat_s[5] * 1000:.1f} ms, "
+           f"max {lat_s[-1] * 1000:.1f} ms")
+    # fill up to the limit (each /health probe above has closed), then one more
+    extra = []
+    try:
+        while len(idle) + len(slow) + len(extra) < limit:
+            extra.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.2)   # the last ones are registered
+        t0 = time.monotonic()
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        st = read_status(s, 2)
+        dt = time.monotonic() - t0
+        s.close()
+        if st == 503 and dt < 1:
+            ok(f"connection {limit + 1} past --max-connections {limit}: 503 after {dt * 1000:.1f} ms")
+        else:
+            fail(f"past --max-connections {limit}: an immediate 503", f"status {st} after {dt:.2f} s")
+    except OSError as e:
+        fail(f"past --max-connections {limit}", f"{e}")
+    # every connection that never completed its headers is closed at the header deadline
+    wait = header_timeout + 1.5 - (time.monotonic() - t_open)
+    t0 = time.monotonic()
+    closed = sum(closed_by_server(s, max(wait - (time.monotonic() - t0), 0.05)) for s in idle + slow + extra)
+    stop.set()
+    dripper.join()
+    total = len(idle) + len(slow) + len(extra)
+    took = time.monotonic() - t_open
+    if closed == total:
+        ok(f"all {total} idle and slowloris connections closed by the server at the {header_timeout:g} s header "
+           f"deadline ({took:.1f} s after they opened)")
+    else:
+        fail("header deadline", f"{closed} of {total} closed {took:.1f} s after they opened")
+    for s in idle + slow + extra:
+        s.close()
+    st, dt = health_latency(port)
+    if st != 200:
+        fail("/health after the connections", f"status {st}")
+    # a kept-alive connection idles at most KEEPALIVE_TIMEOUT
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    st = read_status(s, 2)
+    t0 = time.monotonic()
+    time.sleep(0.2)
+    gone = closed_by_server(s, keepalive_timeout + 2)
+    dt = time.monotonic() - t0
+    s.close()
+    if st == 200 and gone and keepalive_timeout - 0.2 <= dt <= keepalive_timeout + 1.5:
+        ok(f"a kept-alive connection closed after {dt:.1f} s idle (--keepalive-timeout {keepalive_timeout:g})")
+    else:
+        fail("keep-alive idle timeout", f"status {st}, closed {gone} after {dt:.1f} s")
+
+
+def cmd_per_ip(port, limit):
+    port, limit = int(port), int(limit)
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(limit)]
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    except OSError:
+        pass
+    st = read_status(s, 2)
+    closed = st == -1 and closed_by_server(s, 1)
+    dt = time.monotonic() - t0
+    s.close()
+    ok_inside = health_latency(port)[0]
+    for h in held:
+        h.close()
+    time.sleep(0.2)
+    after = health_latency(port)[0]
+    if closed and dt < 1 and after == 200:
+        ok(f"connection {limit + 1} from one address past --max-connections-per-ip {limit}: closed after "
+           f"{dt * 1000:.1f} ms; /health answers once the others close")
+    else:
+        fail("per-address limit", f"status {st}, closed {closed} after {dt:.2f} s, /health {ok_inside} then {after}")
+
+
+def metrics(port):
+    st, body = get(port, "/metrics")
+    out = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def start_job(port, body):
+    """A generations request on a raw socket, left waiting (close it to hang up)."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", int(port)), timeout=10)
+    s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    return s
+
+
+def wait_metric(port, pred, timeout):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        m = metrics(port)
+        if pred(m):
+            return m, time.monotonic() - t0
+        time.sleep(0.02)
+    return metrics(port), None
+
+
+LONG = {"prompt": "a long fox", "size": "256x256", "seed": 3, "steps": 200}
+
+
+def warm_up(port):
+    """LONG's prompt into the embedding cache (a later render starts denoising at once); seconds per step."""
+    post(port, "/v1/images/generations", dict(LONG, steps=3))
+    m = metrics(port)
+    return m["tpgen_step_seconds_sum"] / max(m["tpgen_step_seconds_count"], 1)
+
+
+def cmd_abandon(port):
+    step_s = warm_up(port)
+    m0 = metrics(port)
+    steps0 = m0["tpgen_step_seconds_count"]
+    a = start_job(port, LONG)
+    time.sleep(max(1.5, 5 * step_s))   # denoising (the step counters move only when a job ends)
+    lat = sorted(health_latency(port)[1] for _ in range(5))
+    if lat[-1] < 1:
+        ok(f"/health while a render runs: 5/5 answered, max {lat[-1] * 1000:.1f} ms")
+    else:
+        fail("/health while a render runs", f"latencies {lat}")
+    # a second request waits in the queue; its client hangs up
+    b = start_job(port, dict(LONG, seed=4))
+    m, dt = wait_metric(port, lambda m: m["tpgen_queue_depth"] >= 1, 10)
+    if dt is None:
+        a.close()
+        b.close()
+        return fail("abandon: a second request waits in the queue", "queue depth stayed 0")
+    ab0 = m['tpgen_requests_total{outcome="abandoned"}']
+    b.close()
+    m, dt = wait_metric(port, lambda m: m["tpgen_queue_depth"] == 0 and
+                        m['tpgen_requests_total{outcome="abandoned"}'] >= ab0 + 1, 5)
+    if dt is not None and dt < 0.5:
+        ok(f"a queued request whose client hung up: dropped from the queue after {dt * 1000:.0f} ms")
+    else:
+        fail("a queued request whose client hung up is dropped", f"after {dt}: {m.get('tpgen_queue_depth')}")
+    # the running one's client hangs up: the render stops at the next step
+    c0 = m["tpgen_jobs_cancelled_total"]
+    t_close = time.monotonic()
+    a.close()
+    m, dt = wait_metric(port, lambda m: m["tpgen_jobs_cancelled_total"] >= c0 + 1, 30)
+    steps = m["tpgen_step_seconds_count"] - steps0
+    step_s = m["tpgen_step_seconds_sum"] / max(m["tpgen_step_seconds_count"], 1)
+    if dt is not None and dt <= step_s + 0.3 and steps < 200:
+        ok(f"a client that hangs up mid-render: stopped {dt * 1000:.0f} ms later (a step takes {step_s * 1000:.0f} ms), "
+           f"after {steps:.0f} of 200 steps")
+    else:
+        fail("a client that hangs up mid-render frees the server within one step",
+             f"cancelled after {dt} s, step {step_s:.3f} s, {steps} steps")
+    # the server is free: a short request is answered at once
+    t0 = time.monotonic()
+    st, body = post(port, "/v1/images/generations", {"prompt": "a fox", "size": "64x64", "seed": 1, "steps": 2})
+    if st == 200 and time.monotonic() - t_close < 30:
+        ok(f"the next request is rendered at once ({time.monotonic() - t0:.2f} s)")
+    else:
+        fail("the next request after a cancel", f"status {st}")
+
+
+def cmd_abandon_dp(port):
+    step_s = warm_up(port)
+    m0 = metrics(port)
+    c0 = m0["tpgen_jobs_cancelled_total"]
+    a = start_job(port, LONG)                 # one group each (either may take either)
+    time.sleep(0.3)
+    b = start_job(port, dict(LONG, seed=5))
+    time.sleep(max(2, 5 * step_s))
+    t0 = time.monotonic()
+    b.close()
+    m, dt = wait_metric(port, lambda m: m["tpgen_jobs_cancelled_total"] >= c0 + 1, 60)
+    # a step of the cancelled render, the two groups sharing the machine
+    n = m["tpgen_step_seconds_count"] - m0["tpgen_step_seconds_count"]
+    step_s = (m["tpgen_step_seconds_sum"] - m0["tpgen_step_seconds_sum"]) / n if n > 0 else step_s
+    # on group 1: the CANCEL leaves world rank 0 between two of group 0's steps, group 1 stops after its own next
+    # step, and world rank 0 collects the result (and counts it) between two more of group 0's: 3 steps at most
+    if dt is not None and dt <= 3 * step_s + 0.5:
+        ok(f"dp 2: a render stopped {dt * 1000:.0f} ms after its client hung up (a step takes "
+           f"{step_s * 1000:.0f} ms), the other group still rendering")
+    else:
+        fail("dp 2: a hang-up cancels the other group's render", f"after {dt} s (step {step_s:.3f} s)")
+    a.close()
+    m, dt = wait_metric(port, lambda m: m["tpgen_jobs_cancelled_total"] >= c0 + 2, 60)
+    st, _ = post(port, "/v1/images/generations", {"prompt": "a fox", "size": "64x64", "seed": 1, "steps": 2})
+    if dt is not None and st == 200:
+        ok("dp 2: then the other render stopped too, and the next request is answered")
+    else:
+        fail("dp 2: both cancelled, server free", f"after {dt}, next request {st}")
+
+
+def cmd_deadline(port, timeout):
+    timeout = float(timeout)
+    warm_up(port)
+    t0 = time.monotonic()
+    st, body = post(port, "/v1/images/generations", LONG)
+    dt = time.monotonic() - t0
+    m = metrics(port)
+    step_s = m["tpgen_step_seconds_sum"] / max(m["tpgen_step_seconds_count"], 1)
+    msg = json.loads(body).get("error", {}).get("message", "") if st == 504 else body[:200]
+    if st == 504 and "request-timeout" in msg and dt <= timeout + step_s + 1.0 and m["tpgen_jobs_cancelled_total"] >= 1:
+        ok(f"--request-timeout {timeout:g}: a 200-step render answered 504 after {dt:.2f} s ({msg[:70]})")
+    else:
+        fail("--request-timeout", f"status {st} after {dt:.2f} s: {msg}")
+
+
+def cmd_sigterm(port, pid):
+    import os
+    import signal
+    res = {}
+    lock = threading.Lock()
+
+    def one(name, body):
+        st, _ = post(port, "/v1/images/generations", body, timeout=300)
+        with lock:
+            res[name] = (st, time.monotonic())
+
+    running = [threading.Thread(target=one, args=(f"run{i}", dict(LONG, steps=60, seed=i))) for i in range(2)]
+    for t in running:
+        t.start()
+    time.sleep(2)   # both groups denoising
+    queued = [threading.Thread(target=one, args=(f"queued{i}", dict(LONG, steps=2, seed=10 + i))) for i in range(2)]
+    for t in queued:
+        t.start()
+    wait_metric(port, lambda m: m["tpgen_queue_depth"] >= 2, 10)
+    t_sig = time.monotonic()
+    os.kill(int(pid), signal.SIGTERM)
+    late = []
+    for i in range(5):   # requests arriving after the signal, over half a second
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        st, _ = post(port, "/v1/images/generations", dict(LONG, steps=2, seed=20 + i), timeout=10)
+        late.append((st, time.monotonic() - t0))
+    for t in queued + running:
+        t.join(timeout=300)
+    q = [res.get(f"queued{i}", (None, 0)) for i in range(2)]
+    r = [res.get(f"run{i}", (None, 0)) for i in range(2)]
+    if all(st == 503 and t - t_sig < 0.5 for st, t in q):
+        ok(f"SIGTERM at dp 2: both queued requests answered 503 within "
+           f"{max(t - t_sig for _, t in q) * 1000:.0f} ms")
+    else:
+        fail("SIGTERM at dp 2: queued requests 503 at once", f"{[(st, round(t - t_sig, 2)) for st, t in q]}")
+    if all(st == 503 and dt < 0.5 for st, dt in late):
+        ok(f"SIGTERM at dp 2: all 5 requests sent after it answered 503 (slowest {max(dt for _, dt in late) * 1000:.0f} ms)")
+    else:
+        fail("SIGTERM at dp 2: requests after it get 503", f"{late}")
+    if all(st == 200 for st, _ in r):
+        ok(f"SIGTERM at dp 2: the two running renders finished and were answered 200 "
+           f"({max(t - t_sig for _, t in r):.1f} s after the signal)")
+    else:
+        fail("SIGTERM at dp 2: running renders finish", f"{r}")
+
+
 if __name__ == "__main__":
     cmds = {"openai": cmd_openai, "load": cmd_load, "bad": cmd_bad, "flood": cmd_flood, "edit": cmd_edit,
-            "openai-edit": cmd_openai_edit}
+            "openai-edit": cmd_openai_edit, "preauth": cmd_preauth,
+            "conns": cmd_conns, "per-ip": cmd_per_ip, "abandon": cmd_abandon, "deadline": cmd_deadline,
+            "abandon-dp": cmd_abandon_dp,
+            "sigterm": cmd_sigterm}
     cmds[sys.argv[1]](*sys.argv[2:])

@@ -10,12 +10,7 @@
 #include <string.h>
 #include <jansson.h>
 
-#define STB_IMAGE_STATIC
-#define STB_IMAGE_IMPLEMENTATION
-#define STBI_ONLY_PNG
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#include <stb/stb_image.h>
+#include "core/image/image.h"
 
 
 static int setup_and_run(run_spec *s, dist *d, int argc, char **argv) {
@@ -145,9 +140,9 @@ static void klein_case(int k, const char *precision, double max_rel, int max_lev
     size_t np = (size_t)tu->shape[0] * (size_t)tu->shape[1] * 3;
     uint8_t *want = malloc(np);
     REQUIRE(st_read_raw(ref, tu, want) == 0, "%s", tp_error_msg());
-    int w, h, ch;
-    uint8_t *px = stbi_load(png, &w, &h, &ch, 3);
-    REQUIRE(px, "cannot decode %s", png);
+    int w, h;
+    uint8_t *px = NULL;
+    REQUIRE(image_read_rgb(png, &px, &w, &h) == 0, "cannot decode %s: %s", png, tp_error_msg());
     REQUIRE(h == tu->shape[0] && w == tu->shape[1], "image %dx%d", w, h);
     int worst = 0;
     size_t off = 0;
@@ -163,7 +158,7 @@ static void klein_case(int k, const char *precision, double max_rel, int max_lev
            "(%zu of %zu samples differ), PSNR %.1f dB\n", k, precision, world, e, worst, off, np, psnr);
     if (max_level >= 0) CHECK(worst <= max_level, "the 8-bit image differs from diffusers by up to %d levels", worst);
     CHECK(psnr >= min_psnr, "%s: image PSNR %.1f dB against diffusers", precision, psnr);
-    stbi_image_free(px);
+    free(px);
     free(want);
     free(a);
     free(b);

@@ -21,12 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define STB_IMAGE_STATIC
-#define STB_IMAGE_IMPLEMENTATION
-#define STBI_ONLY_PNG
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#include <stb/stb_image.h>
+#include "core/image/image.h"
 
 static int world_rank(void) {
     int r;
@@ -75,8 +70,9 @@ static double png_compare(const char *png, const st_file *ref, int k, int *worst
     if (!tu) return -1;
     *np = (size_t)tu->shape[0] * (size_t)tu->shape[1] * 3;
     uint8_t *want = malloc(*np);
-    int w, h, ch;
-    uint8_t *px = stbi_load(png, &w, &h, &ch, 3);
+    int w = 0, h = 0;
+    uint8_t *px = NULL;
+    if (image_read_rgb(png, &px, &w, &h)) px = NULL;
     double se = 0;
     if (px && st_read_raw(ref, tu, want) == 0 && h == tu->shape[0] && w == tu->shape[1]) {
         *worst = 0, *off = 0;
@@ -87,7 +83,7 @@ static double png_compare(const char *png, const st_file *ref, int k, int *worst
             se += (double)d * d;
         }
     }
-    if (px) stbi_image_free(px);
+    free(px);
     free(want);
     return se > 0 ? 10.0 * log10(255.0 * 255.0 / (se / (double)*np)) : INFINITY;
 }

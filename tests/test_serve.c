@@ -6,6 +6,7 @@
  * request, so that the test can tell which request got which answer. */
 #include "test.h"
 #include "cli/serve_api.h"
+#include "cli/serve_conn.h"
 #include "cli/serve_http.h"
 #include "cli/serve_queue.h"
 #include "kernels/err.h"
@@ -199,7 +200,8 @@ TEST(serve_http_routes_auth_limits_and_queue) {
     serve_metrics m;
     serve_queue_init(&q, 1);
     serve_metrics_init(&m, 2);
-    serve_http_config cfg = {.listen = "127.0.0.1:0", .api_key = "k3y", .max_body_bytes = 4096, .max_connections = 16,
+    serve_http_config cfg = {.listen = "127.0.0.1:0", .api_key = "k3y", .max_body_bytes = 4096,
+                             .max_upload_bytes = 4096, .max_connections = 16,
                              .limits = limits(), .queue = &q, .metrics = &m};
     serve_http *h = serve_http_start(&cfg);
     REQUIRE(h, "start: %s", tp_error_msg());

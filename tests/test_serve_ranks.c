@@ -161,10 +161,9 @@ TEST(serve_request_pack_roundtrip) {
               b.width == 256 && b.height == 128 && b.has_seed && b.seed == r.seed && b.steps == 9 && b.has_guidance &&
               b.guidance == 3.25,
           "fields differ after the round trip");
-    serve_request t;   /* a failed unpack frees what it read and leaves t empty */
-    CHECK(serve_request_unpack(p, n - 1, &t, &id) == -1 && !t.prompt, "a truncated message was accepted");
-    free(p);
     serve_request_free(&b);
+    CHECK(serve_request_unpack(p, n - 1, &b, &id) == -1, "a truncated message was accepted");
+    free(p);
     /* with reference images (edits): bytes and names survive */
     r.n_images = 2;
     r.images = calloc(2, sizeof *r.images);
@@ -183,8 +182,8 @@ TEST(serve_request_pack_roundtrip) {
         same = b.image_sizes[i] == r.image_sizes[i] && !memcmp(b.images[i], r.images[i], r.image_sizes[i]) &&
                !strcmp(b.image_names[i], r.image_names[i]);
     CHECK(id == 43 && same, "reference images differ after the round trip");
-    CHECK(serve_request_unpack(p, n - 500, &t, &id) == -1 && !t.images, "a message cut inside an image was accepted");
-    free(p);
     serve_request_free(&b);
+    CHECK(serve_request_unpack(p, n - 500, &b, &id) == -1, "a message cut inside an image was accepted");
+    free(p);
     serve_request_free(&r);
 }

@@ -114,6 +114,7 @@ typedef struct fill_ctx { unsigned seed; const st_write_tensor *t; } fill_ctx;
  * tensors get codes of ±2^-4..2^-1 (scaled by 2^-5 by their F32 scales). */
 static int fill_random(void *ctx, int index, void *buf, size_t offset, size_t n) {
     const fill_ctx *fc = ctx;
+    if (!buf) return 0;   /* every tensor is written */
     uint64_t x = fc->seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)index << 40) ^ (offset + 1);
     if (fc->t[index].dtype == DT_F8_E4M3) {
         uint8_t *q = buf;
@@ -131,6 +132,14 @@ static int fill_random(void *ctx, int index, void *buf, size_t offset, size_t n)
         h[i] = (uint16_t)(0x3c00 | (x & 0x7f) | ((x >> 8 & 1) << 15) | ((x >> 9 & 3) << 7)); /* ±2^-7..2^-4 */
     }
     return 0;
+}
+
+/* --sparse: holes for the weights, but the small F32 fp8 scales get their
+ * value (a zero scale is refused as a corrupt checkpoint) */
+static int fill_sparse(void *ctx, int index, void *buf, size_t offset, size_t n) {
+    const fill_ctx *fc = ctx;
+    if (!buf) return fc->t[index].dtype == DT_F32 ? 0 : 1;
+    return fill_random(ctx, index, buf, offset, n);
 }
 
 static int write_json(const char *path, json_t *j) {
@@ -225,7 +234,7 @@ int flux2_make_checkpoint(const char *dir, const char *shape, int sparse, int sh
         char *path = xasprintf("%s/transformer/%s", dir, fname);
         const char *meta[] = {"format", "pt", NULL};
         fill_ctx fc = {seed, v.t + lo};
-        rc = st_write_stream(path, v.t + lo, hi - lo, meta, sparse ? NULL : fill_random, &fc);
+        rc = st_write_stream(path, v.t + lo, hi - lo, meta, sparse ? fill_sparse : fill_random, &fc);
         for (int i = lo; i < hi; i++) json_object_set_new(wm, v.t[i].name, json_string(fname));
         free(path), free(fname);
     }

@@ -7,6 +7,7 @@
 int bench_load(int argc, char **argv);
 int bench_gemm(int argc, char **argv);
 int bench_forward(int argc, char **argv);
+int bench_forward3(int argc, char **argv);
 int bench_allreduce(int argc, char **argv);
 int bench_vae(int argc, char **argv);
 int bench_encoder(int argc, char **argv);
@@ -16,6 +17,7 @@ static const struct { const char *name; command_fn fn; const char *help; } k_ben
     {"load", bench_load, "sharded vs naive checkpoint loading: time, bytes read, peak RSS per rank"},
     {"gemm", bench_gemm, "GEMM throughput of the backend against plain BLAS on model shapes"},
     {"forward", bench_forward, "one transformer forward: time, GFLOP/s, all-reduce and attention share"},
+    {"forward3", bench_forward3, "one FLUX.3 transformer forward at the default widths: time, GFLOP/s, all-reduce share"},
     {"allreduce", bench_allreduce, "all-reduce bandwidth of the communicator"},
     {"vae", bench_vae, "VAE decoder time and peak memory"},
     {"encoder", bench_encoder, "text-encoder time for a 512-token prompt"},

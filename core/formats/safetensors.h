@@ -61,8 +61,10 @@ int st_write(const char *path, const st_write_tensor *t, int n, const char *cons
 
 /* Streaming variant for checkpoints too large for memory: a tensor whose
  * data is NULL gets its bytes from fill(ctx, index, buf, offset, n) in
- * chunks, or, when fill is NULL too, is left as a hole (a sparse file of
- * zeros: header-only checkpoints with real shapes for tests). */
+ * chunks, or is left as a hole (a sparse file of zeros: header-only
+ * checkpoints with real shapes for tests) when fill is NULL or answers 1 to
+ * fill(ctx, index, NULL, 0, 0), the question asked first of each tensor
+ * (answer 0 to be filled). */
 typedef int (*st_fill_fn)(void *ctx, int index, void *buf, size_t offset, size_t n);
 int st_write_stream(const char *path, const st_write_tensor *t, int n, const char *const *meta_kv,
                     st_fill_fn fill, void *ctx);

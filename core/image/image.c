@@ -1,99 +1,110 @@
-/* Reference images: decoding (stb_image), diffusers' checks, PIL's LANCZOS
+/* Reference images: reading the files (the decoders are png_decode.c and
+ * jpeg_decode.c, the orientation exif.c), diffusers' checks, PIL's LANCZOS
  * resize, the centre crop and the normalisation (image.h). */
 #include "image.h"
+#include "decode.h"
 #include "kernels/err.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#define STB_IMAGE_STATIC
-#define STB_IMAGE_IMPLEMENTATION
-#define STBI_ONLY_PNG
-#define STBI_ONLY_JPEG
-#define STBI_NO_STDIO_WARNINGS
-#pragma GCC diagnostic ignored "-Wunused-function"   /* stb's unused static API (declared, never defined) */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
-#include <stb/stb_image.h>
-#pragma GCC diagnostic pop
+static image_limits g_limits = {IMAGE_MAX_PIXELS, IMAGE_MAX_SCANS, IMAGE_MAX_SECONDS, NULL};
 
-static FILE *open_image(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) tp_error("reference image %s: cannot open it (%s); check the path", path, strerror(errno));
-    return f;
+image_limits image_default_limits(void) { return g_limits; }
+
+void image_set_max_pixels(int64_t max_pixels, const char *knob) {
+    g_limits.max_pixels = max_pixels;
+    g_limits.knob = knob;
 }
 
-/* stb_image refuses headers beyond 2^30 bytes of pixels as "unknown image
- * type"; read a PNG's IHDR here so that the message says what is wrong */
-static int png_header_size(FILE *f, int *w, int *h) {
-    uint8_t b[24];
-    rewind(f);
-    if (fread(b, 1, sizeof b, f) != sizeof b || memcmp(b, "\x89PNG\r\n\x1a\n", 8) || memcmp(b + 12, "IHDR", 4)) return 0;
-    uint32_t W = (uint32_t)b[16] << 24 | (uint32_t)b[17] << 16 | (uint32_t)b[18] << 8 | b[19];
-    uint32_t H = (uint32_t)b[20] << 24 | (uint32_t)b[21] << 16 | (uint32_t)b[22] << 8 | b[23];
-    if (W == 0 || H == 0 || W > INT32_MAX || H > INT32_MAX) return 0;
-    *w = (int)W, *h = (int)H;
-    return 1;
+/* the whole file (*data malloc'ed) */
+static int read_file(const char *path, uint8_t **data, size_t *size) {
+    *data = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return tp_error("reference image %s: cannot open it (%s); check the path", path, strerror(errno));
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return tp_error("reference image %s: cannot read it (not a regular file?)", path);
+    }
+    if ((int64_t)n > IMAGE_MAX_FILE_BYTES) {
+        fclose(f);
+        return tp_error("reference image %s: the file is %.1f GB, more than the %lld GB tpgen reads; scale it down "
+                        "first", path, (double)n / (1 << 30), (long long)(IMAGE_MAX_FILE_BYTES >> 30));
+    }
+    uint8_t *d = malloc((size_t)n + 1);
+    if (!d) {
+        fclose(f);
+        return tp_error("reference image %s: out of memory reading its %ld bytes", path, n);
+    }
+    size_t got = fread(d, 1, (size_t)n, f);
+    int err = ferror(f);
+    fclose(f);
+    if (err || got != (size_t)n) {
+        free(d);
+        return tp_error("reference image %s: cannot read it (%s)", path, err ? strerror(errno) : "it changed size");
+    }
+    *data = d, *size = (size_t)n;
+    return 0;
+}
+
+/* the decoder for the bytes, by their signature; rgb NULL: the header only */
+static int decode(const uint8_t *data, size_t size, const char *name, const image_limits *lim, uint8_t **rgb, int *w,
+                  int *h) {
+    int sw = 0, sh = 0, o = 1, rc;
+    if (size >= 8 && !memcmp(data, "\x89PNG\r\n\x1a\n", 8))
+        rc = png_decode(data, size, name, lim, rgb, &sw, &sh, &o);
+    else if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF)
+        rc = jpeg_decode(data, size, name, lim, rgb, &sw, &sh, &o);
+    else
+        return tp_error("reference image %s: not a PNG or JPEG image that can be read (its first bytes are neither "
+                        "signature)", name);
+    if (rc) return -1;
+    if (sw <= 0 || sh <= 0) {
+        if (rgb) free(*rgb), *rgb = NULL;
+        return tp_error("reference image %s: it has no pixels (%dx%d)", name, sw, sh);
+    }
+    if (rgb && image_orient(o, rgb, sw, sh, name)) {
+        free(*rgb), *rgb = NULL;
+        return -1;
+    }
+    image_oriented_size(o, sw, sh, w, h);
+    return 0;
+}
+
+int image_probe_mem(const uint8_t *data, size_t size, const char *name, const image_limits *lim, int *w, int *h) {
+    return decode(data, size, name, lim, NULL, w, h);
+}
+
+int image_decode_rgb(const uint8_t *data, size_t size, const char *name, const image_limits *lim, uint8_t **rgb,
+                     int *w, int *h) {
+    *rgb = NULL;
+    return decode(data, size, name, lim, rgb, w, h);
 }
 
 int image_probe(const char *path, int *w, int *h) {
-    FILE *f = open_image(path);
-    if (!f) return -1;
-    int n = 0;
-    int ok = stbi_info_from_file(f, w, h, &n);
-    if (!ok && png_header_size(f, w, h) && (int64_t)*w * *h > IMAGE_MAX_PIXELS) ok = 1;   /* reported below */
-    fclose(f);
-    if (!ok)
-        return tp_error("reference image %s: not a PNG or JPEG image that can be read (%s)", path,
-                        stbi_failure_reason() ? stbi_failure_reason() : "unknown format");
-    if (*w <= 0 || *h <= 0) return tp_error("reference image %s: it has no pixels (%dx%d)", path, *w, *h);
-    if ((int64_t)*w * *h > IMAGE_MAX_PIXELS)
-        return tp_error("reference image %s: %dx%d pixels is more than the %lld Mpx tpgen decodes (it would be "
-                        "resized to 1 Mpx anyway); scale it down first", path, *w, *h,
-                        (long long)(IMAGE_MAX_PIXELS >> 20));
-    return 0;
+    uint8_t *d;
+    size_t n;
+    if (read_file(path, &d, &n)) return -1;
+    image_limits lim = image_default_limits();
+    int rc = image_probe_mem(d, n, path, &lim, w, h);
+    free(d);
+    return rc;
 }
 
 int image_read_rgb(const char *path, uint8_t **rgb, int *w, int *h) {
     *rgb = NULL;
-    if (image_probe(path, w, h)) return -1;
-    FILE *f = open_image(path);
-    if (!f) return -1;
-    int n = 0, iw = 0, ih = 0;
-    stbi_info_from_file(f, &iw, &ih, &n);
-    int is16 = stbi_is_16_bit_from_file(f);
-    size_t np = (size_t)*w * (size_t)*h;
-    uint8_t *out = NULL;
-    if (is16 && n == 1) {
-        /* PIL opens 16-bit greyscale PNGs as mode "I"; convert("RGB") clips each value to 0..255 */
-        stbi_us *g = stbi_load_from_file_16(f, &iw, &ih, &n, 1);
-        if (g) {
-            out = xmalloc(np * 3);
-            for (size_t i = 0; i < np; i++) out[3 * i] = out[3 * i + 1] = out[3 * i + 2] = g[i] > 255 ? 255 : (uint8_t)g[i];
-            stbi_image_free(g);
-        }
-    } else {
-        /* stb: grey replicated, alpha dropped, palette expanded, 16-bit -> high byte (PIL's rawmodes do the same) */
-        uint8_t *p = stbi_load_from_file(f, &iw, &ih, &n, 3);
-        if (p) {
-            out = xmalloc(np * 3);
-            memcpy(out, p, np * 3);
-            stbi_image_free(p);
-        }
-    }
-    fclose(f);
-    if (!out)
-        return tp_error("reference image %s: cannot decode it (%s); the file is truncated or corrupt", path,
-                        stbi_failure_reason() ? stbi_failure_reason() : "unknown error");
-    if (iw != *w || ih != *h) {
-        free(out);
-        return tp_error("reference image %s: decoded size %dx%d differs from its header %dx%d", path, iw, ih, *w, *h);
-    }
-    *rgb = out;
-    return 0;
+    uint8_t *d;
+    size_t n;
+    if (read_file(path, &d, &n)) return -1;
+    image_limits lim = image_default_limits();
+    int rc = image_decode_rgb(d, n, path, &lim, rgb, w, h);
+    free(d);
+    return rc;
 }
 
 int image_check_reference(const char *path, int w, int h) {
@@ -234,16 +245,17 @@ void image_reference_size(int w, int h, int *pw, int *ph) {
     *ph = rh / 16 * 16;
 }
 
-int image_load_reference(const char *path, float **pixels, int *pw, int *ph) {
-    *pixels = NULL;
-    uint8_t *rgb = NULL;
-    int w, h;
-    if (image_read_rgb(path, &rgb, &w, &h)) return -1;
-    if (image_check_reference(path, w, h)) { free(rgb); return -1; }
+/* read, checked, resized and cropped: the part after decoding */
+static int reference_from_rgb(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph) {
+    if (image_check_reference(name, w, h)) { free(rgb); return -1; }
     int rw, rh;
     image_target_area_size(w, h, &rw, &rh);
     if (rw != w || rh != h) {
-        uint8_t *r = xmalloc((size_t)rw * rh * 3);
+        uint8_t *r = malloc((size_t)rw * rh * 3);
+        if (!r) {
+            free(rgb);
+            return tp_error("reference image %s: out of memory resizing it to %dx%d", name, rw, rh);
+        }
         image_resize_lanczos(rgb, w, h, r, rw, rh);
         free(rgb);
         rgb = r;
@@ -264,3 +276,19 @@ int image_load_reference(const char *path, float **pixels, int *pw, int *ph) {
     return 0;
 }
 
+int image_reference_mem(const uint8_t *data, size_t size, const char *name, const image_limits *lim, float **pixels,
+                        int *pw, int *ph) {
+    *pixels = NULL;
+    uint8_t *rgb = NULL;
+    int w, h;
+    if (image_decode_rgb(data, size, name, lim, &rgb, &w, &h)) return -1;
+    return reference_from_rgb(rgb, w, h, name, pixels, pw, ph);
+}
+
+int image_load_reference(const char *path, float **pixels, int *pw, int *ph) {
+    *pixels = NULL;
+    uint8_t *rgb = NULL;
+    int w, h;
+    if (image_read_rgb(path, &rgb, &w, &h)) return -1;
+    return reference_from_rgb(rgb, w, h, path, pixels, pw, ph);
+}

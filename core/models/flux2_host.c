@@ -3,6 +3,7 @@
  * to the GEMMs, so they run on the host in exactly the precision the
  * reference uses and are uploaded. */
 #include "flux2.h"
+#include "config_json.h"
 #include "kernels/err.h"
 #include "core/formats/checkpoint.h"
 #include <stdio.h>
@@ -18,64 +19,24 @@
 #define FLUX2_MAX_D (1 << 20)
 #define FLUX2_MAX_MLP_RATIO 64.0
 
-/* An integer field, range-checked as int64 before it becomes an int. */
-static int get_int(const json_t *cfg, const char *key, int def, int64_t max, const char *where, int *out) {
-    json_t *v = json_object_get(cfg, key);
-    if (!v || json_is_null(v)) { *out = def; return 0; }
-    double r = json_is_real(v) ? json_real_value(v) : 0;
-    if (!json_is_integer(v) && !(json_is_real(v) && r == floor(r)))
-        return tp_error("%s: field '%s' must be an integer", where, key);
-    if (json_is_integer(v) ? json_integer_value(v) < 0 || json_integer_value(v) > max : !(r >= 0 && r <= (double)max))
-        return tp_error("%s: field '%s' is out of range (0 to %lld); the config is corrupt", where, key,
-                        (long long)max);
-    *out = json_is_integer(v) ? (int)json_integer_value(v) : (int)r;
-    return 0;
-}
-
-static int get_num(const json_t *cfg, const char *key, double def, const char *where, double *out) {
-    json_t *v = json_object_get(cfg, key);
-    if (!v || json_is_null(v)) { *out = def; return 0; }
-    if (!json_is_number(v)) return tp_error("%s: field '%s' must be a number", where, key);
-    *out = json_number_value(v);
-    return 0;
-}
-
-static int parse_axes(const json_t *cfg, const char *where, flux2_config *c) {
-    json_t *a = json_object_get(cfg, "axes_dims_rope");
-    if (!a || json_is_null(a)) {
-        c->n_axes = 4;
-        for (int i = 0; i < 4; i++) c->axes_dims[i] = 32;
-        return 0;
-    }
-    if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > FLUX2_MAX_AXES)
-        return tp_error("%s: 'axes_dims_rope' must be a list of 1 to %d integers", where, FLUX2_MAX_AXES);
-    c->n_axes = (int)json_array_size(a);
-    for (int i = 0; i < c->n_axes; i++) {
-        json_t *e = json_array_get(a, (size_t)i);
-        if (!json_is_integer(e) || json_integer_value(e) <= 0 || json_integer_value(e) % 2)
-            return tp_error("%s: axes_dims_rope[%d] must be a positive even integer", where, i);
-        c->axes_dims[i] = (int)json_integer_value(e);
-    }
-    return 0;
-}
-
 /* Defaults are those of the diffusers class (the FLUX.2-dev values). */
 int flux2_config_parse(const json_t *cfg, const char *where, flux2_config *c) {
     memset(c, 0, sizeof *c);
     if (!json_is_object(cfg)) return tp_error("%s: config is not a JSON object", where);
     double eps = 1e-6;
-    if (get_int(cfg, "patch_size", 1, FLUX2_MAX_FIELD, where, &c->patch_size) ||
-        get_int(cfg, "in_channels", 128, FLUX2_MAX_FIELD, where, &c->in_channels) ||
-        get_int(cfg, "out_channels", c->in_channels, FLUX2_MAX_FIELD, where, &c->out_channels) ||
-        get_int(cfg, "num_layers", 8, FLUX2_MAX_LAYERS, where, &c->num_layers) ||
-        get_int(cfg, "num_single_layers", 48, FLUX2_MAX_LAYERS, where, &c->num_single_layers) ||
-        get_int(cfg, "attention_head_dim", 128, FLUX2_MAX_FIELD, where, &c->head_dim) ||
-        get_int(cfg, "num_attention_heads", 48, FLUX2_MAX_FIELD, where, &c->heads) ||
-        get_int(cfg, "joint_attention_dim", 15360, FLUX2_MAX_FIELD, where, &c->joint_dim) ||
-        get_int(cfg, "timestep_guidance_channels", 256, FLUX2_MAX_FIELD, where, &c->time_channels) ||
-        get_num(cfg, "mlp_ratio", 3.0, where, &c->mlp_ratio) ||
-        get_num(cfg, "rope_theta", 2000, where, &c->rope_theta) ||
-        get_num(cfg, "eps", 1e-6, where, &eps) || parse_axes(cfg, where, c))
+    if (cfg_int(cfg, "patch_size", 1, FLUX2_MAX_FIELD, where, &c->patch_size) ||
+        cfg_int(cfg, "in_channels", 128, FLUX2_MAX_FIELD, where, &c->in_channels) ||
+        cfg_int(cfg, "out_channels", c->in_channels, FLUX2_MAX_FIELD, where, &c->out_channels) ||
+        cfg_int(cfg, "num_layers", 8, FLUX2_MAX_LAYERS, where, &c->num_layers) ||
+        cfg_int(cfg, "num_single_layers", 48, FLUX2_MAX_LAYERS, where, &c->num_single_layers) ||
+        cfg_int(cfg, "attention_head_dim", 128, FLUX2_MAX_FIELD, where, &c->head_dim) ||
+        cfg_int(cfg, "num_attention_heads", 48, FLUX2_MAX_FIELD, where, &c->heads) ||
+        cfg_int(cfg, "joint_attention_dim", 15360, FLUX2_MAX_FIELD, where, &c->joint_dim) ||
+        cfg_int(cfg, "timestep_guidance_channels", 256, FLUX2_MAX_FIELD, where, &c->time_channels) ||
+        cfg_num(cfg, "mlp_ratio", 3.0, where, &c->mlp_ratio) ||
+        cfg_num(cfg, "rope_theta", 2000, where, &c->rope_theta) ||
+        cfg_num(cfg, "eps", 1e-6, where, &eps) ||
+        cfg_rope_axes(cfg, where, FLUX2_MAX_AXES, FLUX2_MAX_FIELD, &c->n_axes, c->axes_dims))
         return -1;
     c->eps = (float)eps;
     json_t *g = json_object_get(cfg, "guidance_embeds");

@@ -48,10 +48,9 @@ int llm_config_parse(const json_t *config, const char *where, llm_config *out);
 int llm_config_resolve_prefix(llm_config *cfg, const checkpoint *ck);
 const char *llm_arch_name(llm_arch a);
 
-/* The TP plan for degree tp (rule tables in plans/qwen3_plan.c and
- * plans/mistral_plan.c; globs are the table's suffixes behind the
- * checkpoint's prefix; symbols KV and V are the KV heads and the
- * vocabulary). The plan points into its own llm_plan: do not copy an
+/* The TP plan for degree tp (the rule table in plans/llm_plan.c; globs
+ * are the table's suffixes behind the checkpoint's prefix; symbols KV and
+ * V are the KV heads and the vocabulary). The plan points into its own llm_plan: do not copy an
  * llm_plan after filling it. Fails when tp does not divide the query heads
  * or the MLP size. */
 typedef plan_built llm_plan;

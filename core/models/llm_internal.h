@@ -38,8 +38,9 @@ void llm_shard_layout(const llm_config *c, int tp, int rank, int *nq_local, int 
  * model.safetensors) in te_dir, Qwen3 as klein stores it or Mistral3 as
  * FLUX.2-dev does (nested text_config, language_model.model.* names, plus
  * lm_head and a vision-tower tensor), and this rank's shards of layers [0, n_run)
- * built directly in memory (benchmarks; no final norm). */
-int llm_write_random(const char *te_dir, const llm_config *cfg, unsigned seed);
+ * built directly in memory (benchmarks; no final norm). The file is
+ * streamed; sparse leaves the matrices as holes (zeros). */
+int llm_write_random(const char *te_dir, const llm_config *cfg, unsigned seed, int sparse);
 int llm_init_random(const llm_config *cfg, int n_run, struct backend *be, struct comm *c, dtype_t dt,
                     unsigned seed, llm **out);
 

@@ -86,17 +86,30 @@ static json_t *mistral_config_json(const llm_config *c) {
                      "hidden_size", 16, "tie_word_embeddings", 0);
 }
 
-/* One tensor of the random checkpoint (1-D when rows == 1). */
-static st_write_tensor random_entry(char *name, int64_t rows, int64_t cols, int64_t fan_in, init_kind k, int n_layers,
-                                    rng64 *r) {
-    size_t cnt = (size_t)rows * cols;
-    uint16_t *d = xmalloc(cnt * 2);
-    fill_bf16(d, cnt, fan_in, k, n_layers, r);
-    return rows == 1 ? (st_write_tensor){name, DT_BF16, 1, {cols}, d}
-                     : (st_write_tensor){name, DT_BF16, 2, {rows, cols}, d};
+/* The random checkpoint is streamed (st_write_stream), so that a full-size
+ * encoder (Qwen3-4B: 8 GB) is never held in memory: each tensor's values
+ * come from one generator in file order, chunk after chunk, which gives the
+ * same bytes as filling whole tensors in that order. sparse: the matrices
+ * are holes (zeros), the norm weights still get values. */
+typedef struct { int64_t fan_in; init_kind init; } entry_init;
+typedef struct { rng64 r; const entry_init *init; int n_layers, sparse; } fill_ctx;
+
+static int fill_entry(void *vctx, int index, void *buf, size_t offset, size_t n) {
+    fill_ctx *f = vctx;
+    const entry_init *e = &f->init[index];
+    if (!buf) return f->sparse && e->init != INIT_NORM;   /* 1: a hole */
+    fill_bf16(buf, n / 2, e->fan_in, e->init, f->n_layers, &f->r);
+    return 0;
 }
 
-int llm_write_random(const char *te_dir, const llm_config *c, unsigned seed) {
+static void entry(st_write_tensor *t, entry_init *in, char *name, int64_t rows, int64_t cols, int64_t fan_in,
+                  init_kind k) {
+    *t = rows == 1 ? (st_write_tensor){name, DT_BF16, 1, {cols}, NULL}
+                   : (st_write_tensor){name, DT_BF16, 2, {rows, cols}, NULL};
+    *in = (entry_init){fan_in, k};
+}
+
+int llm_write_random(const char *te_dir, const llm_config *c, unsigned seed, int sparse) {
     int mistral = c->arch == LLM_MISTRAL;
     const char *pre = mistral ? "language_model.model." : "model.";
     layer_tensor lt[11];
@@ -104,22 +117,22 @@ int llm_write_random(const char *te_dir, const llm_config *c, unsigned seed) {
     /* Mistral also stores lm_head, the final norm and a vision tower the encoder never reads */
     int n = 1 + c->n_layers * nl + (mistral ? 3 : 0), k = 0;
     st_write_tensor *ts = xcalloc((size_t)n, sizeof *ts);
-    rng64 r = {seed * 0x2545f4914f6cdd1dull + 1};
-    ts[k++] = random_entry(xasprintf("%sembed_tokens.weight", pre), c->vocab, c->hidden, c->hidden, INIT_EMBED,
-                           c->n_layers, &r);
+    entry_init *init = xcalloc((size_t)n, sizeof *init);
+    entry(&ts[k], &init[k], xasprintf("%sembed_tokens.weight", pre), c->vocab, c->hidden, c->hidden, INIT_EMBED), k++;
     for (int i = 0; i < c->n_layers; i++)
-        for (int j = 0; j < nl; j++)
-            ts[k++] = random_entry(xasprintf("%slayers.%d.%s.weight", pre, i, lt[j].what), lt[j].rows, lt[j].cols,
-                                   lt[j].cols, lt[j].init, c->n_layers, &r);
+        for (int j = 0; j < nl; j++, k++)
+            entry(&ts[k], &init[k], xasprintf("%slayers.%d.%s.weight", pre, i, lt[j].what), lt[j].rows, lt[j].cols,
+                  lt[j].cols, lt[j].init);
     if (mistral) {
-        ts[k++] = random_entry(xasprintf("%snorm.weight", pre), 1, c->hidden, c->hidden, INIT_NORM, 1, &r);
-        ts[k++] = random_entry(xstrdup("language_model.lm_head.weight"), c->vocab, c->hidden, c->hidden, INIT_LINEAR,
-                               1, &r);
-        ts[k++] = random_entry(xstrdup("vision_tower.ln_pre.weight"), 1, 16, 16, INIT_NORM, 1, &r);
+        entry(&ts[k], &init[k], xasprintf("%snorm.weight", pre), 1, c->hidden, c->hidden, INIT_NORM), k++;
+        entry(&ts[k], &init[k], xstrdup("language_model.lm_head.weight"), c->vocab, c->hidden, c->hidden, INIT_LINEAR),
+            k++;
+        entry(&ts[k], &init[k], xstrdup("vision_tower.ln_pre.weight"), 1, 16, 16, INIT_NORM), k++;
     }
     char *path = xasprintf("%s/model.safetensors", te_dir);
     static const char *meta[] = {"format", "pt", NULL};
-    int rc = st_write(path, ts, n, meta);
+    fill_ctx fc = {{seed * 0x2545f4914f6cdd1dull + 1}, init, c->n_layers, sparse};
+    int rc = st_write_stream(path, ts, n, meta, fill_entry, &fc);
     free(path);
     if (!rc) {
         json_t *cfg = mistral ? mistral_config_json(c) : qwen3_config_json(c);
@@ -128,8 +141,8 @@ int llm_write_random(const char *te_dir, const llm_config *c, unsigned seed) {
         free(cpath);
         json_decref(cfg);
     }
-    for (int i = 0; i < n; i++) free((void *)ts[i].data), free((void *)ts[i].name);
-    free(ts);
+    for (int i = 0; i < n; i++) free((void *)ts[i].name);
+    free(ts), free(init);
     return rc;
 }
 

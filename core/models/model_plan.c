@@ -1,6 +1,7 @@
 /* Plans of the pipeline components (model_plan.h): a model's config gives
  * the symbols and divisors of its rule table. */
 #include "model_plan.h"
+#include "flux3.h"
 #include "llm.h"
 #include "kernels/err.h"
 #include <stdlib.h>
@@ -43,7 +44,13 @@ int plan_flux2_bfl(const json_t *config, plan *out) { return flux2_plan_from(con
 
 /* ---- which plan each pipeline component uses ---- */
 
+/* FLUX.3 says so in its config's _class_name; FLUX.2 in diffusers or BFL names */
 static int transformer_plan(const json_t *config, const checkpoint *c, int tp, component_plan *out) {
+    const char *cls = json_string_value(json_object_get(config, "_class_name"));
+    if (cls && !strcmp(cls, FLUX3_CLASS_NAME)) {
+        flux3_config f3;
+        return flux3_config_parse(config, "transformer/config.json", &f3) || flux3_plan(&f3, &out->p) ? -1 : 0;
+    }
     return checkpoint_is_bfl(c) ? plan_flux2_bfl(config, &out->p) : plan_flux2(config, &out->p);
 }
 

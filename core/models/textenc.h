@@ -71,5 +71,10 @@ int textenc_write_tiny(const char *model_dir, unsigned seed);
  * model_index.json (the caller names the pipeline). */
 #define TEXTENC_TINY_MISTRAL_VOCAB 1280
 int textenc_write_tiny_mistral(const char *model_dir, unsigned seed);
+/* The same at the real widths: Qwen3-4B (36 layers, H 2560; the Qwen3
+ * tokenizer) or, dev, Mistral Small 3.x's language model (40 layers,
+ * H 5120; the mini Tekken tokenizer, whose ids fit its vocabulary),
+ * streamed to disk; sparse: the matrices as holes. */
+int textenc_write_full(const char *model_dir, int dev, unsigned seed, int sparse);
 
 #endif

@@ -85,7 +85,7 @@ static int tiny_hidden(const char *model_dir, int *hidden) {
 }
 
 /* text_encoder/ from config c, tokenizer/ from the files of tests/data/<tok_rel> */
-static int write_parts(const char *model_dir, const llm_config *c, unsigned seed, const char *tok_rel,
+static int write_parts(const char *model_dir, const llm_config *c, unsigned seed, int sparse, const char *tok_rel,
                        const char *tok_what) {
     char *tok_src = find_data_dir(tok_rel);
     if (!tok_src)
@@ -95,7 +95,7 @@ static int write_parts(const char *model_dir, const llm_config *c, unsigned seed
     int rc = make_dir(model_dir);
     if (!rc) rc = make_dir(te);
     if (!rc) rc = make_dir(tk);
-    if (!rc) rc = llm_write_random(te, c, seed);
+    if (!rc) rc = llm_write_random(te, c, seed, sparse);
     static const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
     for (int i = 0; !rc && i < 2; i++) {
         char *src = xasprintf("%s/%s", tok_src, files[i]), *dst = xasprintf("%s/%s", tk, files[i]);
@@ -113,7 +113,7 @@ int textenc_write_tiny(const char *model_dir, unsigned seed) {
     llm_config c = {.arch = LLM_QWEN3, .hidden = H, .n_layers = 28, .n_heads = 4, .n_kv_heads = 2,
                     .head_dim = H / 4, .ffn = 2 * H, .vocab = 151936, .eps = 1e-6f, .rope_theta = 1e6,
                     .qk_norm = 1};
-    return write_parts(model_dir, &c, seed, "tests/data/qwen3-tokenizer", "Qwen3");
+    return write_parts(model_dir, &c, seed, 0, "tests/data/qwen3-tokenizer", "Qwen3");
 }
 
 int textenc_write_tiny_mistral(const char *model_dir, unsigned seed) {
@@ -124,5 +124,17 @@ int textenc_write_tiny_mistral(const char *model_dir, unsigned seed) {
     llm_config c = {.arch = LLM_MISTRAL, .hidden = H, .n_layers = 31, .n_heads = 4, .n_kv_heads = 2,
                     .head_dim = H / 4, .ffn = 2 * H, .vocab = TEXTENC_TINY_MISTRAL_VOCAB, .eps = 1e-5f,
                     .rope_theta = 1e9};
-    return write_parts(model_dir, &c, seed, "tests/data/tekken-mini/hf", "mini Tekken");
+    return write_parts(model_dir, &c, seed, 0, "tests/data/tekken-mini/hf", "mini Tekken");
 }
+
+/* The real encoders' shapes (spec flux2-text-vae.md §3.5, §3.6): Qwen3-4B
+ * for klein-4B, Mistral Small 3.x (24B, language model only) for dev. */
+int textenc_write_full(const char *model_dir, int dev, unsigned seed, int sparse) {
+    llm_config q = {.arch = LLM_QWEN3, .hidden = 2560, .n_layers = 36, .n_heads = 32, .n_kv_heads = 8,
+                    .head_dim = 128, .ffn = 9728, .vocab = 151936, .eps = 1e-6f, .rope_theta = 1e6, .qk_norm = 1};
+    llm_config m = {.arch = LLM_MISTRAL, .hidden = 5120, .n_layers = 40, .n_heads = 32, .n_kv_heads = 8,
+                    .head_dim = 128, .ffn = 32768, .vocab = 131072, .eps = 1e-5f, .rope_theta = 1e9};
+    return dev ? write_parts(model_dir, &m, seed, sparse, "tests/data/tekken-mini/hf", "mini Tekken")
+               : write_parts(model_dir, &q, seed, sparse, "tests/data/qwen3-tokenizer", "Qwen3");
+}
+

@@ -109,5 +109,8 @@ int vae_encode_image(vae_model *v, const float *pixels, int H, int W, float *mod
  * The folder is created when missing. Decoder and encoder tensors (the
  * decoder's values do not depend on the encoder being there). */
 int vae_write_tiny(const char *vae_dir, unsigned seed);
+/* The same at FLUX.2's real widths (128/256/512/512, 32 latent channels,
+ * 2 layers per block: 84 M parameters, 168 MB). */
+int vae_write_flux2(const char *vae_dir, unsigned seed);
 
 #endif

@@ -81,9 +81,33 @@ static void tiny_config(vae_config *c) {
     c->enc_blocks_ok = 1;
 }
 
+/* FLUX.2's AutoencoderKLFlux2 (spec flux2-text-vae.md §6.1) */
+static void flux2_config(vae_config *c) {
+    tiny_config(c);
+    c->latent_channels = 32;
+    int blocks[4] = {128, 256, 512, 512};
+    memcpy(c->block_out, blocks, sizeof blocks);
+    memcpy(c->enc_block_out, blocks, sizeof blocks);
+    c->layers_per_block = 2;
+    c->norm_groups = 32;
+}
+
+static int write_random(const char *vae_dir, const vae_config *cfgp, unsigned seed);
+
 int vae_write_tiny(const char *vae_dir, unsigned seed) {
     vae_config cfg;
     tiny_config(&cfg);
+    return write_random(vae_dir, &cfg, seed);
+}
+
+int vae_write_flux2(const char *vae_dir, unsigned seed) {
+    vae_config cfg;
+    flux2_config(&cfg);
+    return write_random(vae_dir, &cfg, seed);
+}
+
+static int write_random(const char *vae_dir, const vae_config *cfgp, unsigned seed) {
+    vae_config cfg = *cfgp;
     if (make_dirs(vae_dir)) return -1;
     vae_model v = {.cfg = cfg};
     rec_ctx rc = {.rng = 0x7a11ull ^ ((uint64_t)seed << 24)};

@@ -102,8 +102,8 @@ printf 'not an image\n' > "$TMP/text.png"
 head -c 3000 "$G/refs/r1_100x70.png" > "$TMP/trunc.png"
 $MK "$TMP/small.png" 48 80 rgb8
 $MK "$TMP/wide.png" 650 64 rgb8
-$MK "$TMP/huge.png" 30000 30000 huge   # beyond stb_image's own limit
-$MK "$TMP/huge2.png" 10000 10000 huge  # under it, over tpgen's
+$MK "$TMP/huge.png" 30000 30000 huge   # 900 Mpx
+$MK "$TMP/huge2.png" 10000 10000 huge  # 100 Mpx, over tpgen's 64
 bad_cases() { # BINARY PREFIX
     local T=$1 p=$2 gen
     gen=($MPIRUN -np 2 "$T" --model "$KM" --prompt-embeds "$G/edit.safetensors:case0.prompt_embeds" --steps 1 --backend cpu --output "$TMP/bad.png")

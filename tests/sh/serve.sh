@@ -245,7 +245,7 @@ expect_fail "serve: bad --queue" "--queue" $MPIRUN -np 2 $TPGEN serve --model "$
 # the bad requests under the sanitizers
 ASAN=$TPGEN_ROOT/build-asan
 if [ -x "$ASAN/tpgen" ]; then
-    export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+    export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1   # ASAN_OPTIONS and LSAN_OPTIONS (leaks on) come from tests/run.sh
     if start_server "$TMP/sa.log" "$ASAN/tpgen"; then
         "$PY" "$CLIENT" bad "$PORT" | sed 's/^\(ok\|FAIL\) - /\1 - asan: /'
         stop_server; rc=$?

@@ -1,0 +1,17 @@
+/* `tpgen check` for a FLUX.3 transformer folder (cli/check_flux3.c). */
+#ifndef TPGEN_CHECK_FLUX3_H
+#define TPGEN_CHECK_FLUX3_H
+#include "core/dist/dist.h"
+#include "kernels/comm.h"
+#include "kernels/ops.h"
+#include <stdint.h>
+
+/* The golden cases of cases_path (or, when NULL, seeded random inputs
+ * against an unsharded copy on rank 0) through the TP forward of the
+ * transformer in dir. Collective over d->tp_comm; prints the case lines
+ * and the verdict on rank 0. Returns the exit status: 0 all cases within
+ * tol, 1 otherwise or on an error (reported once). */
+int check_flux3(const char *dir, const char *cases_path, dtype_t precision, double tol, uint64_t seed, const dist *d,
+                backend *be, comm *c);
+
+#endif

@@ -1,0 +1,361 @@
+/* FLUX.3 transformer: config.json parsing with bounds, the plan's symbols,
+ * and loading this rank's shard: every tensor name and global shape is
+ * checked against the config before a weight byte is read, then the
+ * shard is read through the plan engine and bound by name. */
+#include "flux3_impl.h"
+#include "config_json.h"
+#include "kernels/err.h"
+#include "core/formats/checkpoint.h"
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- config ---- */
+
+/* Far above every FLUX.3 model (D 3072, joint dim 20480, 5 + 28 blocks)
+ * and low enough that every size formed from them fits an int64. */
+#define FLUX3_MAX_FIELD (1 << 20)
+#define FLUX3_MAX_LAYERS 4096
+#define FLUX3_MAX_D (1 << 20)
+#define FLUX3_MAX_MLP_RATIO 64.0
+
+int flux3_config_parse(const json_t *cfg, const char *where, flux3_config *c) {
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(cfg)) return tp_error("%s: config is not a JSON object", where);
+    json_t *cls = json_object_get(cfg, "_class_name");
+    if (cls && (!json_is_string(cls) || strcmp(json_string_value(cls), FLUX3_CLASS_NAME)))
+        return tp_error("%s: _class_name is %s, not %s: this is not a FLUX.3 transformer config", where,
+                        json_is_string(cls) ? json_string_value(cls) : "not a string", FLUX3_CLASS_NAME);
+    double eps = 1e-6;
+    /* defaults: the diffusers class's */
+    if (cfg_int(cfg, "in_channels", 128, FLUX3_MAX_FIELD, where, &c->in_channels) ||
+        cfg_int(cfg, "cond_in_channels", 128, FLUX3_MAX_FIELD, where, &c->cond_in_channels) ||
+        cfg_int(cfg, "num_layers", 5, FLUX3_MAX_LAYERS, where, &c->num_layers) ||
+        cfg_int(cfg, "num_single_layers", 28, FLUX3_MAX_LAYERS, where, &c->num_single_layers) ||
+        cfg_int(cfg, "attention_head_dim", 128, FLUX3_MAX_FIELD, where, &c->head_dim) ||
+        cfg_int(cfg, "num_attention_heads", 24, FLUX3_MAX_FIELD, where, &c->heads) ||
+        cfg_int(cfg, "joint_attention_dim", 20480, FLUX3_MAX_FIELD, where, &c->joint_dim) ||
+        cfg_int(cfg, "timestep_channels", 256, FLUX3_MAX_FIELD, where, &c->time_channels) ||
+        cfg_num(cfg, "mlp_ratio", 3.0, where, &c->mlp_ratio) || cfg_num(cfg, "rope_theta", 10000, where, &c->rope_theta) ||
+        cfg_num(cfg, "eps", 1e-6, where, &eps) ||
+        cfg_rope_axes(cfg, where, FLUX3_MAX_AXES, FLUX3_MAX_FIELD, &c->n_axes, c->axes_dims))
+        return -1;
+    c->eps = (float)eps;
+    json_t *fm = json_object_get(cfg, "flow_map");
+    if (fm && !json_is_null(fm) && !json_is_boolean(fm)) return tp_error("%s: 'flow_map' must be true or false", where);
+    c->flow_map = fm && json_is_true(fm);
+
+    struct { const char *name; int v; } pos[] = {
+        {"in_channels", c->in_channels}, {"cond_in_channels", c->cond_in_channels},
+        {"attention_head_dim", c->head_dim}, {"num_attention_heads", c->heads},
+        {"joint_attention_dim", c->joint_dim}, {"timestep_channels", c->time_channels}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v <= 0) return tp_error("%s: '%s' must be positive (got %d)", where, pos[i].name, pos[i].v);
+    if (c->time_channels % 2) return tp_error("%s: timestep_channels must be even", where);
+    int sum = 0;
+    for (int i = 0; i < c->n_axes; i++) sum += c->axes_dims[i];
+    if (sum != c->head_dim)
+        return tp_error("%s: axes_dims_rope sum to %d but attention_head_dim is %d; they must be equal", where, sum,
+                        c->head_dim);
+    if (!(c->mlp_ratio > 0 && c->mlp_ratio <= FLUX3_MAX_MLP_RATIO))
+        return tp_error("%s: mlp_ratio %g is out of range (above 0, at most %g)", where, c->mlp_ratio,
+                        FLUX3_MAX_MLP_RATIO);
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta) || !(c->eps > 0) || !isfinite(c->eps))
+        return tp_error("%s: rope_theta and eps must be positive finite numbers", where);
+    if ((int64_t)c->heads * c->head_dim > FLUX3_MAX_D)
+        return tp_error("%s: num_attention_heads %d x attention_head_dim %d is more than %d; the config is corrupt",
+                        where, c->heads, c->head_dim, FLUX3_MAX_D);
+    c->D = (int64_t)c->heads * c->head_dim;
+    c->M = (int64_t)((double)c->D * c->mlp_ratio);   /* Python int() truncation */
+    if (c->M < 1) return tp_error("%s: mlp_ratio %g leaves no MLP width", where, c->mlp_ratio);
+    return 0;
+}
+
+int flux3_is_transformer_dir(const char *dir) {
+    char *path = xasprintf("%s/config.json", dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    free(path);
+    json_t *cls = json_object_get(j, "_class_name");
+    int yes = json_is_string(cls) && !strcmp(json_string_value(cls), FLUX3_CLASS_NAME);
+    json_decref(j);
+    return yes;
+}
+
+int flux3_plan(const flux3_config *c, plan *out) {
+    *out = (plan){.model = plan_table_flux3.model, .rules = plan_table_flux3.rules,
+                  .n_rules = plan_table_flux3.n_rules};
+    plan_add_symbol(out, "D", c->D);
+    plan_add_symbol(out, "M", c->M);
+    plan_add_divisor(out, "num_attention_heads", c->heads);
+    return 0;
+}
+
+/* ---- binding tensors by name, with shape checks ---- */
+
+typedef struct binder {
+    flux3_model *m;
+    const char *dir;
+    const checkpoint *ck;      /* dry run: names and global shapes only */
+    char **names;              /* dry run: the names bound, to find the unexpected ones */
+    int n_names;
+    int random;                /* flux3_init_random: create and fill each local tensor */
+    uint64_t seed;
+} binder;
+
+static const tensor *random_tensor(binder *b, const char *name, int64_t grows, int64_t gcols, int64_t lrows,
+                                   int64_t lcols);
+
+static const tensor k_dry_run;   /* what a dry-run bind returns */
+
+/* the QK-RMSNorm weights, which diffusers keeps in fp32 in a bf16 model
+ * (_keep_in_fp32_modules); a load filter (want), hence the ctx */
+static int is_qk_norm(const char *name, void *ctx) {
+    (void)ctx;
+    size_t n = strlen(name);
+    return n > 19 && (!strcmp(name + n - 19, ".attn.norm_q.weight") || !strcmp(name + n - 19, ".attn.norm_k.weight"));
+}
+static int is_not_qk_norm(const char *name, void *ctx) { return !is_qk_norm(name, ctx); }
+
+static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows, int64_t lcols, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows, int64_t lcols, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    if (b->random) return random_tensor(b, name, grows, gcols, lrows, lcols);
+    const tensor *t = NULL;
+    const st_tensor_info *info;
+    if (b->ck) {
+        if (!(info = checkpoint_find(b->ck, name, NULL))) {
+            const char *why = strstr(name, "target_timestep")
+                                  ? " (config.json says flow_map: true, which needs the target-timestep embedder)"
+                                  : "";
+            return tp_error("%s: tensor %s missing from the checkpoint%s; the config does not belong to these weights",
+                            b->dir, name, why), NULL;
+        }
+        b->names = xrealloc(b->names, (size_t)(b->n_names + 1) * sizeof *b->names);
+        b->names[b->n_names++] = xstrdup(name);
+    } else {
+        const weights *w = b->m->w_norm && is_qk_norm(name, NULL) ? b->m->w_norm : b->m->w;
+        if (!(t = weights_req(w, "%s", name))) return NULL;
+        info = weights_info(w, name);
+    }
+    int64_t rows = info->ndim >= 1 ? info->shape[0] : 1, cols = 1;
+    for (int d = 1; d < info->ndim; d++) cols *= info->shape[d];
+    if (info->ndim == 1) cols = rows, rows = 1;
+    if (rows != grows || cols != gcols)
+        return tp_error("%s: tensor %s has shape [%lld, %lld] but config.json implies [%lld, %lld]; "
+                        "the config does not belong to this checkpoint", b->dir, name, (long long)rows,
+                        (long long)cols, (long long)grows, (long long)gcols), NULL;
+    if (b->ck) return &k_dry_run;
+    if (t->rows != lrows || t->cols != lcols)
+        return tp_error("%s: shard of %s on rank %d is [%lld, %lld], expected [%lld, %lld] (plan mismatch)", b->dir,
+                        name, b->m->rank, (long long)t->rows, (long long)t->cols, (long long)lrows, (long long)lcols),
+               NULL;
+    return t;
+}
+
+#define BIND(dst, gr, gc, lr, lc, ...) do { if (!((dst) = bind(b, gr, gc, lr, lc, __VA_ARGS__))) return -1; } while (0)
+
+static int bind_block(binder *b, flux3_block_w *w, const char *prefix, int i) {
+    flux3_model *m = b->m;
+    int64_t D = m->cfg.D, M = m->cfg.M, Dl = m->Dl, Ml = m->Ml, hd = m->cfg.head_dim;
+    BIND(w->to_q, D, D, Dl, D, "%s.%d.attn.to_q.weight", prefix, i);
+    BIND(w->to_k, D, D, Dl, D, "%s.%d.attn.to_k.weight", prefix, i);
+    BIND(w->to_v, D, D, Dl, D, "%s.%d.attn.to_v.weight", prefix, i);
+    BIND(w->norm_q, 1, hd, 1, hd, "%s.%d.attn.norm_q.weight", prefix, i);
+    BIND(w->norm_k, 1, hd, 1, hd, "%s.%d.attn.norm_k.weight", prefix, i);
+    BIND(w->to_out, D, D, D, Dl, "%s.%d.attn.to_out.0.weight", prefix, i);
+    BIND(w->ff_in, 2 * M, D, 2 * Ml, D, "%s.%d.ff.linear_in.weight", prefix, i);
+    BIND(w->ff_out, D, M, D, Ml, "%s.%d.ff.linear_out.weight", prefix, i);
+    return 0;
+}
+
+static const char *const k_mode_names[FLUX3_MODES] = {"txt", "image", "image_cond"};
+static const char *const k_mode_blocks[FLUX3_MODES] = {"txt_mode_blocks", "mode_blocks.image",
+                                                       "mode_blocks.image_cond"};
+
+static int bind_all(binder *b) {
+    flux3_model *m = b->m;
+    const flux3_config *c = &m->cfg;
+    int64_t D = c->D, Ct = c->time_channels;
+    BIND(m->t_lin1, D, Ct, D, Ct, "timestep_embedder.linear_1.weight");
+    BIND(m->t_lin2, D, D, D, D, "timestep_embedder.linear_2.weight");
+    if (c->flow_map) {
+        BIND(m->tt_lin1, D, Ct, D, Ct, "target_timestep_embedder.linear_1.weight");
+        BIND(m->tt_lin2, D, D, D, D, "target_timestep_embedder.linear_2.weight");
+    }
+    for (int k = 0; k < FLUX3_MODES; k++) {
+        BIND(m->early_mod[k], 3 * D, D, 3 * D, D, "early_stream_modulations.%s.linear.weight", k_mode_names[k]);
+        BIND(m->single_mod[k], 3 * D, D, 3 * D, D, "single_stream_modulations.%s.linear.weight", k_mode_names[k]);
+    }
+    BIND(m->x_emb[FLUX3_TXT], D, c->joint_dim, D, c->joint_dim, "context_embedder.weight");
+    BIND(m->x_emb[FLUX3_IMG], D, c->in_channels, D, c->in_channels, "x_embedders.image.weight");
+    BIND(m->x_emb[FLUX3_COND], D, c->cond_in_channels, D, c->cond_in_channels, "x_embedders.image_cond.weight");
+    BIND(m->norm_out, 2 * D, D, 2 * D, D, "norm_out.linear.weight");
+    BIND(m->proj_out, c->in_channels, D, c->in_channels, D, "proj_out.weight");
+    for (int k = 0; k < FLUX3_MODES; k++)
+        for (int i = 0; i < c->num_layers; i++)
+            if (bind_block(b, &m->mode[k][i], k_mode_blocks[k], i)) return -1;
+    for (int j = 0; j < c->num_single_layers; j++)
+        if (bind_block(b, &m->single[j], "single_transformer_blocks", j)) return -1;
+    return 0;
+}
+
+/* Every name and global shape the config implies is in the checkpoint, and
+ * the checkpoint holds nothing else (e.g. a target-timestep embedder under a
+ * config without flow_map, or more blocks than num_layers). */
+static int check_names(flux3_model *m, const char *dir, const checkpoint *ck) {
+    binder b = {.m = m, .dir = dir, .ck = ck};
+    int rc = bind_all(&b);
+    for (int k = 0; !rc && k < ck->n; k++) {
+        const char *name = ck->infos[k]->name;
+        int known = 0;
+        for (int i = 0; i < b.n_names && !known; i++) known = !strcmp(b.names[i], name);
+        if (!known)
+            rc = tp_error("%s: tensor %s is not part of the model config.json describes (%d mode blocks, %d single "
+                          "blocks, flow_map %s); the config does not belong to these weights", dir, name,
+                          m->cfg.num_layers, m->cfg.num_single_layers, m->cfg.flow_map ? "true" : "false");
+    }
+    for (int i = 0; i < b.n_names; i++) free(b.names[i]);
+    free(b.names);
+    return rc;
+}
+
+/* ---- random weights (benchmarks) ---- */
+
+/* Uniform in [offset - scale, offset + scale) from splitmix64, per tensor
+ * seeded by (seed, rank, name); linears get scale sqrt(3 / in_features)
+ * (variance 1/in), the QK-norm weights 1 +- 0.1. */
+static const tensor *random_tensor(binder *b, const char *name, int64_t grows, int64_t gcols, int64_t lrows,
+                                   int64_t lcols) {
+    flux3_model *m = b->m;
+    int is_norm = grows == 1;   /* the QK norms, f32 in both precisions as flux3_load keeps them */
+    tensor *t = tensor_new(m->be, is_norm ? DT_F32 : m->act, lrows, lcols);
+    if (!t) return NULL;
+    m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *m->owned);
+    m->owned[m->n_owned++] = t;
+    float scale = is_norm ? 0.1f : sqrtf(3.0f / (float)gcols), offset = is_norm ? 1.0f : 0.0f;
+    uint64_t s = b->seed * 0x9E3779B97F4A7C15ull + (uint64_t)m->rank * 0x632BE59BD9B4E019ull;
+    for (const char *p = name; *p; p++) s = (s ^ (uint8_t)*p) * 0x100000001B3ull;
+    int64_t chunk = (1 << 20) / lcols > 0 ? (1 << 20) / lcols : 1;
+    float *buf = xmalloc((size_t)(chunk * lcols) * sizeof *buf);
+    for (int64_t r0 = 0; r0 < lrows; r0 += chunk) {
+        int64_t n = lrows - r0 < chunk ? lrows - r0 : chunk;
+        for (int64_t i = 0; i < n * lcols; i++) {
+            uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            z ^= z >> 31;
+            buf[i] = offset + scale * (2.0f * (float)(z >> 40) * (1.0f / 16777216.0f) - 1.0f);
+        }
+        tensor v = tensor_rows(t, r0, n);
+        if (tensor_upload_f32(&v, buf)) { free(buf); return NULL; }
+    }
+    free(buf);
+    return t;
+}
+
+/* ---- loading ---- */
+
+static int model_new(const flux3_config *cfg, backend *be, comm *c, dtype_t precision, flux3_model **out) {
+    *out = NULL;
+    if (precision != DT_F32 && precision != DT_BF16)
+        return tp_error("flux3: precision must be f32 or bf16 (got %s)", dtype_name(precision));
+    int tp = c ? c->size : 1;
+    if (cfg->heads % tp)
+        return tp_error("flux3: tensor-parallel degree %d does not divide num_attention_heads %d; "
+                        "use a tp that divides it", tp, cfg->heads);
+    if (cfg->M % tp)
+        return tp_error("flux3: tensor-parallel degree %d does not divide the MLP width %lld", tp, (long long)cfg->M);
+    flux3_model *m = xcalloc(1, sizeof *m);
+    m->cfg = *cfg;
+    m->be = be, m->comm = c, m->act = precision, m->tp = tp, m->rank = c ? c->rank : 0;
+    m->heads_local = cfg->heads / tp;
+    m->Dl = cfg->D / tp, m->Ml = cfg->M / tp;
+    for (int k = 0; k < FLUX3_MODES; k++) m->mode[k] = xcalloc((size_t)cfg->num_layers + 1, sizeof *m->mode[k]);
+    m->single = xcalloc((size_t)cfg->num_single_layers + 1, sizeof *m->single);
+    *out = m;
+    return 0;
+}
+
+int flux3_load(const char *dir, backend *be, comm *c, dtype_t precision, flux3_model **out, load_stats *st) {
+    *out = NULL;
+    char *path = xasprintf("%s/config.json", dir);
+    json_error_t jerr;
+    json_t *cfg_json = NULL;
+    checkpoint *ck = NULL;
+    flux3_model *m = NULL;
+    flux3_config cfg;
+    int rc = -1;
+    if (access(path, F_OK)) {
+        tp_error("%s is missing: pass the pipeline's transformer/ folder (diffusers layout, with config.json)", path);
+        goto done;
+    }
+    if (!(cfg_json = json_load_file(path, 0, &jerr))) {
+        tp_error("%s: cannot read the transformer config (%s, line %d)", path, jerr.text, jerr.line);
+        goto done;
+    }
+    if (flux3_config_parse(cfg_json, path, &cfg) || model_new(&cfg, be, c, precision, &m) ||
+        checkpoint_open(dir, &ck) || check_names(m, dir, ck))
+        goto done;
+    plan p;
+    load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision};
+    if (precision == DT_BF16) o.want = is_not_qk_norm;   /* the QK norms load in f32, below */
+    if (flux3_plan(&cfg, &p) || weights_load(ck, &p, &o, &m->w, st)) goto done;
+    if (precision == DT_BF16) {
+        load_opts o32 = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = DT_F32, .want = is_qk_norm};
+        if (weights_load(ck, &p, &o32, &m->w_norm, NULL)) goto done;
+    }
+    binder b = {.m = m, .dir = dir};
+    if (bind_all(&b)) goto done;
+    rc = 0;
+done:
+    if (rc) {
+        tp_error_context("loading the FLUX.3 transformer");
+        flux3_free(m);
+    } else {
+        *out = m;
+    }
+    checkpoint_close(ck);
+    json_decref(cfg_json);
+    free(path);
+    return rc;
+}
+
+int flux3_init_random(const flux3_config *cfg, backend *be, comm *c, dtype_t precision, uint64_t seed,
+                      flux3_model **out) {
+    flux3_model *m;
+    if (model_new(cfg, be, c, precision, &m)) return -1;
+    binder b = {.m = m, .dir = "(random weights)", .random = 1, .seed = seed};
+    if (bind_all(&b)) {
+        flux3_free(m);
+        *out = NULL;
+        return tp_error_context("flux3: random weights");
+    }
+    *out = m;
+    return 0;
+}
+
+void flux3_free(flux3_model *m) {
+    if (!m) return;
+    flux3_release_ws(m);
+    for (int i = 0; i < m->n_owned; i++) tensor_free(m->owned[i]);
+    free(m->owned);
+    weights_free(m->w);
+    weights_free(m->w_norm);
+    for (int k = 0; k < FLUX3_MODES; k++) free(m->mode[k]);
+    free(m->single);
+    free(m);
+}
+
+const flux3_config *flux3_get_config(const flux3_model *m) { return &m->cfg; }
+dtype_t flux3_precision(const flux3_model *m) { return m->act; }
+void flux3_set_exact_timestep(flux3_model *m, int on) { m->exact_time = on; }
+void flux3_get_stats(const flux3_model *m, flux3_stats *st) { *st = m->stats; }
+void flux3_reset_stats(flux3_model *m) { memset(&m->stats, 0, sizeof m->stats); }

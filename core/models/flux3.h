@@ -1,0 +1,141 @@
+/* The FLUX.3 transformer (diffusers 0.42.1 Flux3Transformer2DModel)
+ * computed tensor-parallel, as docs/flux3.md describes.
+ *
+ * Three token modes share one joint sequence, laid out [text | image |
+ * references]: each mode first runs its own "mode blocks" (self-attention
+ * within the mode only), then all tokens run the joint single blocks, and
+ * only the image tokens reach the output layer. Every block is a parallel
+ * attention + SwiGLU feed-forward on one modulated LayerNorm, with
+ * separate to_q/to_k/to_v/to_out and ff.linear_in/linear_out.
+ *
+ * Modulation is per token mode: the image tokens use the embedding of the
+ * flow timestep, the text and the references that of timestep 0; a
+ * flow-map model (flow_map: true) adds the embedding of target_timestep to
+ * both.
+ *
+ * Tensor parallelism (plans/flux3_plan.c): Q/K/V and ff.linear_in are
+ * colwise (this rank's heads and MLP columns), to_out and ff.linear_out
+ * rowwise; the two row-split partial sums of a block are added and joined
+ * by one comm_allreduce_sum per block. Everything else is replicated.
+ * Precisions DT_F32 (weights upcast) and DT_BF16 (eager-bf16 roundings;
+ * the QK norm and RoPE in fp32 with one rounding, and the QK-norm
+ * weights f32, as diffusers keeps norm_q/norm_k in fp32).
+ *
+ * A model is used by one thread at a time; all ranks of the comm call
+ * flux3_forward in lockstep with the same inputs. */
+#ifndef TPGEN_FLUX3_H
+#define TPGEN_FLUX3_H
+#include "kernels/tensor.h"
+#include "core/formats/weights.h"
+#include "plans/plan.h"
+#include <jansson.h>
+#include <stdint.h>
+
+struct backend;
+struct comm;
+
+#define FLUX3_MAX_AXES 4
+#define FLUX3_CLASS_NAME "Flux3Transformer2DModel"
+
+/* config.json fields and the derived sizes */
+typedef struct flux3_config {
+    int in_channels;           /* image token width (also the output width) */
+    int cond_in_channels;      /* reference token width */
+    int num_layers;            /* mode blocks per mode */
+    int num_single_layers;     /* joint single blocks */
+    int head_dim;              /* attention_head_dim */
+    int heads;                 /* num_attention_heads */
+    int joint_dim;             /* joint_attention_dim: text feature width */
+    int time_channels;         /* timestep_channels: sinusoid width */
+    double mlp_ratio;
+    int n_axes;
+    int axes_dims[FLUX3_MAX_AXES];
+    double rope_theta;
+    float eps;
+    int flow_map;              /* has target_timestep_embedder; forward needs target_timestep */
+    /* derived */
+    int64_t D;                 /* heads * head_dim */
+    int64_t M;                 /* int(D * mlp_ratio) */
+} flux3_config;
+
+/* Parse and check a config.json object. Missing fields take the diffusers
+ * defaults (D 3072 = 24 x 128, 5 mode blocks, 28 single blocks, joint dim
+ * 20480, theta 10000); a _class_name other than Flux3Transformer2DModel,
+ * out-of-range or inconsistent values (axes not summing to head_dim) are
+ * errors naming `where` and the field. */
+int flux3_config_parse(const json_t *cfg, const char *where, flux3_config *out);
+/* 1 when the transformer folder's config.json names Flux3Transformer2DModel
+ * (0 when it names something else or cannot be read; sets no error). */
+int flux3_is_transformer_dir(const char *dir);
+
+/* The tensor-parallel plan of a config: plans/flux3_plan.c's rule table
+ * with the symbols D and M and the divisor num_attention_heads. */
+int flux3_plan(const flux3_config *c, plan *out);
+
+typedef struct flux3_model flux3_model;
+
+/* Load <dir>/config.json and the checkpoint in that folder; this rank
+ * reads only its shard (rank c->rank of c->size). precision is DT_F32 or
+ * DT_BF16. Every tensor name and shape is checked against the config
+ * before a weight byte is read, and a checkpoint with tensors the config
+ * does not explain is refused. Returns -1 with tp_error naming the folder
+ * on failure (the caller agrees on errors across ranks). st may be NULL. */
+int flux3_load(const char *dir, struct backend *be, struct comm *c, dtype_t precision, flux3_model **out,
+               load_stats *st);
+/* A model with random weights of the given config, made in memory
+ * (benchmarks; no file): each rank fills its local shard from (seed, rank,
+ * tensor name), linears ~ U(+-sqrt(3/in)) so activations stay O(1). */
+int flux3_init_random(const flux3_config *cfg, struct backend *be, struct comm *c, dtype_t precision, uint64_t seed,
+                      flux3_model **out);
+void flux3_free(flux3_model *m);
+
+const flux3_config *flux3_get_config(const flux3_model *m);
+dtype_t flux3_precision(const flux3_model *m);
+
+/* bf16 mode only: embed timestep·1000 unrounded instead of the bf16-rounded
+ * value eager PyTorch embeds (default off); for comparing a bf16 run with
+ * f32 reference outputs (see flux2_set_exact_timestep). */
+void flux3_set_exact_timestep(flux3_model *m, int on);
+
+/* One forward (batch 1). Host f32 in/out (rounded to bf16 on upload in
+ * bf16 mode). Ids are (t, h, w, l) per token. */
+typedef struct flux3_inputs {
+    const float *x;            /* [N, in_channels] noisy image tokens */
+    const int32_t *img_ids;    /* [N, 4] */
+    int64_t N;
+    const float *txt;          /* [L, joint_dim] text features */
+    const int32_t *txt_ids;    /* [L, 4] */
+    int64_t L;
+    const float *cond;         /* [R, cond_in_channels] reference tokens, or NULL with R = 0 */
+    const int32_t *cond_ids;   /* [R, 4] */
+    int64_t R;
+    float timestep;            /* flow timestep in [0, 1]; the model multiplies by 1000 */
+    const float *target_timestep;  /* flow-map models: the step's target timestep; else NULL */
+} flux3_inputs;
+
+/* out [N, in_channels] (the image tokens' prediction), written on every
+ * rank. Collective over the model's comm. -1 + tp_error on bad arguments
+ * (a missing or unexpected target_timestep, references without ids) or a
+ * communication failure. */
+int flux3_forward(flux3_model *m, const flux3_inputs *in, float *out);
+
+/* Per-forward counters, accumulated until flux3_reset_stats. The
+ * all-reduce time includes waiting for the slowest rank. */
+typedef struct flux3_stats {
+    long forwards;
+    double seconds;            /* wall time inside flux3_forward */
+    long allreduces;
+    uint64_t allreduce_bytes;
+    double allreduce_seconds;
+    double gemm_flops;         /* FLOPs of the GEMMs this rank ran */
+    double attention_flops;    /* 4 * Sq * Sk * head_dim * local heads per attention */
+} flux3_stats;
+void flux3_get_stats(const flux3_model *m, flux3_stats *st);
+void flux3_reset_stats(flux3_model *m);
+
+/* RoPE tables for n tokens with ids [n, 4]: cos/sin [n, head_dim], angles
+ * id·theta^(-2k/d_axis) in float64 rounded to f32, each frequency repeated
+ * for both members of its interleaved pair (exposed for tests). */
+void flux3_rope_table(const flux3_config *cfg, const int32_t *ids, int64_t n, float *cos_out, float *sin_out);
+
+#endif

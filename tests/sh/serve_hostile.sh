@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# `tpgen serve` against hostile clients (issue 21), on a make-tiny model at
+# tp 2, 127.0.0.1 only, every test bounded in count and time: the pre-auth
+# crash request (a multipart part without Content-Disposition), unauthenticated
+# 45 MB uploads answered 401 on their headers without rank 0 buffering them;
+# 250 idle and slowloris connections (/health within 1 s, 503 at once past
+# --max-connections, all closed at the header deadline, the keep-alive idle
+# timeout) and the per-address limit; work nobody waits for: a client that
+# hangs up mid-render frees the server within one step, one that hangs up
+# while queued is dropped, also on the second TP group at dp 2,
+# --request-timeout answers 504; SIGTERM at dp 2
+# with requests arriving after it (all 503, the running renders finish,
+# exit 0); on the release build and on the ASan + UBSan build.
+. "$TPGEN_ROOT/tests/lib.sh"
+M=$TMP/tiny
+$TPGEN make-tiny --out "$M" --seed 3 >/dev/null 2>&1 || fail "make-tiny"
+CLIENT=$TPGEN_ROOT/tests/serve_client.py
+PY=/usr/bin/python3
+
+# start_server LOG TPGEN_BINARY ARGS...: sets SRV (mpirun's pid), PORT, R0 (world rank 0's pid)
+start_server() {
+    local log=$1 bin=$2; shift 2
+    $MPIRUN -np "${NP:-2}" "$bin" serve --model "$M" --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
+    SRV=$!
+    PORT= R0=
+    for _ in $(seq 1 300); do
+        if grep -q "ready after" "$log"; then
+            PORT=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$log" | head -1)
+            R0=$(sed -n 's/.*to pid \([0-9]*\).*/\1/p' "$log" | head -1)
+            return 0
+        fi
+        kill -0 $SRV 2>/dev/null || break
+        sleep 0.2
+    done
+    return 1
+}
+wait_exit() {   # SECONDS: mpirun's exit status, or 124 after SECONDS (then killed)
+    for _ in $(seq 1 $(($1 * 5))); do
+        if ! kill -0 $SRV 2>/dev/null; then wait $SRV; return $?; fi
+        sleep 0.2
+    done
+    kill -9 $SRV 2>/dev/null; wait $SRV 2>/dev/null
+    return 124
+}
+stop_server() { kill -USR1 $SRV 2>/dev/null; wait_exit 30; }
+# keep a failing server's log where it can be read after the run (TMP goes)
+keep_log() { mkdir -p "$TPGEN_ROOT/build/serve_hostile" && cp "$1" "$TPGEN_ROOT/build/serve_hostile/" && echo "(log kept: build/serve_hostile/$(basename "$1"))"; }
+health() { curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health"; }
+
+# the ~100-byte request that crashed every server of issue 21, with or without a key
+crash_request() {   # NAME
+    local st
+    st=$(printf -- '--B0123\r\nContent-Type: text/plain\r\n\r\nnoname\r\n--B0123--\r\n' |
+        curl -s -m 10 -o "$TMP/crash.json" -w '%{http_code}' -H 'Content-Type: multipart/form-data; boundary=B0123' \
+            -H "Authorization: Bearer ${KEY:-none}" --data-binary @- "http://127.0.0.1:$PORT/v1/images/edits")
+    if [ "$st" = 400 ] && grep -q "no name" "$TMP/crash.json" && [ "$(health)" = 200 ]; then
+        ok "$1: a multipart part without Content-Disposition is a 400, the server lives on"
+    else fail "$1: the nameless part: status $st: $(head -c 200 "$TMP/crash.json"), /health $(health)"; fi
+}
+
+echo "s3cret-token" >"$TMP/key"; chmod 600 "$TMP/key"
+for build in release asan; do
+    bin=$TPGEN
+    if [ $build = asan ]; then
+        bin=$TPGEN_ROOT/build-asan/tpgen
+        [ -x "$bin" ] || { fail "asan: build-asan/tpgen not found (make asan)"; continue; }
+        export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1   # ASAN_OPTIONS and LSAN_OPTIONS (leaks on) come from tests/run.sh
+    fi
+    if start_server "$TMP/h-$build.log" "$bin"; then
+        crash_request "$build, no key"
+        stop_server; rc=$?
+        ! grep -qE "AddressSanitizer|runtime error" "$TMP/h-$build.log" && [ $rc -eq 0 ] &&
+            ok "$build, no key: clean exit, no sanitizer report" ||
+            fail "$build, no key: rc $rc: $(grep -E -A3 'AddressSanitizer|runtime error' "$TMP/h-$build.log" | head -5)"
+    else fail "$build: not ready: $(tail -3 "$TMP/h-$build.log")"; fi
+    if start_server "$TMP/k-$build.log" "$bin" --api-key-file "$TMP/key"; then
+        KEY=s3cret-token crash_request "$build, with a key"
+        # 8 unauthenticated 45 MB uploads grew rank 0 by 450 MB in issue 21
+        "$PY" "$CLIENT" preauth "$PORT" "$R0" 8 45 | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        [ "$(health)" = 200 ] && ok "$build: /health answers after the uploads" || fail "$build: /health after the uploads"
+        stop_server; rc=$?
+        ! grep -qE "AddressSanitizer|runtime error" "$TMP/k-$build.log" && [ $rc -eq 0 ] &&
+            ok "$build, with a key: clean exit, no sanitizer report" ||
+            fail "$build, with a key: rc $rc: $(grep -E -A3 'AddressSanitizer|runtime error' "$TMP/k-$build.log" | head -5)"
+    else fail "$build --api-key-file: not ready: $(tail -3 "$TMP/k-$build.log")"; fi
+    if start_server "$TMP/c-$build.log" "$bin" --max-connections 300 --max-connections-per-ip 0 --header-timeout 3 \
+        --keepalive-timeout 2; then
+        timeout 60 "$PY" "$CLIENT" conns "$PORT" 250 300 3 2 | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        stop_server; rc=$?
+        [ $rc -eq 0 ] && ! grep -qE "AddressSanitizer|runtime error" "$TMP/c-$build.log" &&
+            ok "$build, connections: clean exit" || fail "$build, connections: rc $rc: $(tail -3 "$TMP/c-$build.log")"
+    else fail "$build --max-connections: not ready: $(tail -3 "$TMP/c-$build.log")"; fi
+    if start_server "$TMP/p-$build.log" "$bin" --max-connections-per-ip 4; then
+        timeout 30 "$PY" "$CLIENT" per-ip "$PORT" 4 | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        timeout 200 "$PY" "$CLIENT" abandon "$PORT" | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        stop_server; rc=$?
+        [ $rc -eq 0 ] && ! grep -qE "AddressSanitizer|runtime error" "$TMP/p-$build.log" &&
+            ok "$build, cancelled renders: clean exit" ||
+            fail "$build, cancelled renders: rc $rc: $(tail -3 "$TMP/p-$build.log") $(keep_log "$TMP/p-$build.log")"
+    else fail "$build --max-connections-per-ip: not ready: $(tail -3 "$TMP/p-$build.log")"; fi
+    if start_server "$TMP/d-$build.log" "$bin" --request-timeout 2; then
+        timeout 60 "$PY" "$CLIENT" deadline "$PORT" 2 | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        stop_server >/dev/null
+    else fail "$build --request-timeout: not ready: $(tail -3 "$TMP/d-$build.log")"; fi
+    if NP=4 start_server "$TMP/t-$build.log" "$bin" --tp 2; then
+        timeout 300 "$PY" "$CLIENT" abandon-dp "$PORT" | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        timeout 400 "$PY" "$CLIENT" sigterm "$PORT" "$R0" | sed "s/^\(ok\|FAIL\) - /\1 - $build: /"
+        wait_exit 120; rc=$?
+        [ $rc -eq 0 ] && grep -q "serve: stopped" "$TMP/t-$build.log" && ! grep -qE "AddressSanitizer|runtime error" "$TMP/t-$build.log" &&
+            ok "$build: SIGTERM at dp 2: every rank exits 0" || fail "$build: SIGTERM at dp 2: rc $rc: $(tail -3 "$TMP/t-$build.log")"
+    else fail "$build tp 2 x dp 2: not ready: $(tail -3 "$TMP/t-$build.log")"; fi
+done
