@@ -136,9 +136,11 @@ static json_t *tensor_table(const checkpoint *c, const component_plan *cp, int t
                            (double)q->input_scale, "full_precision_matrix_mult", (q->flags & TQ_FULL_PRECISION_MM) != 0,
                            "hint", q->hint);
         }
-        if (print) printf("%-58s %-26s %-18s %s %s%s\n", t->name, style, g, l, dtype_name(t->dtype), qs);
+        /* a GGUF block tensor shows its ggml type (Q4_K), held as stored */
+        const char *dtn = t->dtype == DT_GGML ? quant_type_name(t->qtype) : dtype_name(t->dtype);
+        if (print) printf("%-58s %-26s %-18s %s %s%s\n", t->name, style, g, l, dtn, qs);
         json_t *row = json_pack("{s:s,s:s,s:s?,s:s,s:b,s:o,s:o}", "name", t->name, "style", shard_style_name(si.style),
-                                "blocks", blocks, "dtype", dtype_name(t->dtype), "loaded", loaded, "global",
+                                "blocks", blocks, "dtype", dtn, "loaded", loaded, "global",
                                 shape_json(t->shape, t->ndim), "local", ok && loaded ? shape_json(loc, t->ndim) : json_null());
         if (qj) json_object_set_new(row, "fp8", qj);
         json_array_append_new(arr, row);

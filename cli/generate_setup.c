@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 
 /* the model folder: family, sizes, components (core/flux2_pipe.c) */
-static int read_model(gen_setup *g, const char *root) {
+static int read_model(gen_setup *g, const char *root, const char *transformer) {
     char warning[1024];
-    if (flux2_pipe_probe(root, &g->info, warning, sizeof warning)) return -1;
+    if (flux2_pipe_probe_with(root, transformer, &g->info, warning, sizeof warning)) return -1;
     if (warning[0] && g->d->world_rank == 0) fprintf(stderr, "tpgen: warning: %s\n", warning);
     return 0;
 }
@@ -176,7 +176,7 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     memset(g, 0, sizeof *g);
     g->spec = s;
     g->d = d;
-    if (read_model(g, s->model)) return -1;
+    if (read_model(g, s->model, s->transformer)) return -1;
     int width_given = s->width != 0, height_given = s->height != 0;
     apply_defaults(g, s);
     g->write_png = g->info.has_vae && !s->no_decode;

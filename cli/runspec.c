@@ -69,6 +69,9 @@ static const key_def k_keys[] = {
      "a reference image for editing (PNG or JPEG; repeat for several, in order); without --width/--height the "
      "output takes the first reference's size", 0, 1},
     {"images", K_IMAGES, 0, 0, 0, NULL, "[FILE, ...]", "reference images (run spec only; the --image flags)", 1, 0},
+    /* last: y_scalar refers to k_keys[1] (prompt) and k_keys[5] (seed) by index */
+    {"transformer", K_STR, OFF(transformer), 0, 0, NULL, "DIR",
+     "a transformer checkpoint folder (safetensors, BFL single file, or one GGUF file) replacing the pipeline's transformer/", 0, 0},
 };
 #define N_KEYS ((int)(sizeof k_keys / sizeof k_keys[0]))
 
@@ -93,7 +96,7 @@ static void free_prompt_images(run_spec *s) {
 }
 
 void runspec_free(run_spec *s) {
-    char **strs[] = {&s->model, &s->prompt_embeds, &s->negative_prompt, &s->output, &s->precision, &s->quantize,
+    char **strs[] = {&s->model, &s->transformer, &s->prompt_embeds, &s->negative_prompt, &s->output, &s->precision, &s->quantize,
                      &s->backend, &s->save_latents, &s->json_metrics, &s->prompts_file, &s->spec_path};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
     free_prompt_images(s);

@@ -14,6 +14,7 @@
 
 typedef struct run_spec {
     char *model;                 /* --model DIR */
+    char *transformer;           /* --transformer DIR: replaces <model>/transformer (NULL: the pipeline's) */
     char **prompts;              /* --prompt (one) or prompts: [..] */
     int n_prompts;
     char *prompt_embeds;         /* FILE[:TENSOR] instead of prompts */

@@ -65,11 +65,19 @@ static int json_int(const json_t *o, const char *key, int def, const char *where
 }
 
 int flux2_pipe_probe(const char *root, flux2_pipe_info *g, char *warning, size_t warning_len) {
+    return flux2_pipe_probe_with(root, NULL, g, warning, warning_len);
+}
+
+int flux2_pipe_probe_with(const char *root, const char *transformer, flux2_pipe_info *g, char *warning,
+                          size_t warning_len) {
     memset(g, 0, sizeof *g);
     if (warning_len) warning[0] = 0;
     if (!path_is_dir(root))
         return tp_error("model folder %s does not exist (give --model a FLUX.2 pipeline folder in the diffusers layout)", root);
-    g->transformer_dir = xasprintf("%s/transformer", root);
+    if (transformer && !path_is_dir(transformer))
+        return tp_error("--transformer %s is not a folder (give the folder that holds the transformer's checkpoint: "
+                        "*.safetensors, an index, or one *.gguf file)", transformer);
+    g->transformer_dir = transformer ? xstrdup(transformer) : xasprintf("%s/transformer", root);
     char *cfg_path = xasprintf("%s/config.json", g->transformer_dir);
     /* a BFL single-file checkpoint may come without config.json: derived from its shapes */
     json_t *cfg = path_is_dir(g->transformer_dir) && !path_is_file(cfg_path)

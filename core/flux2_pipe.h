@@ -54,6 +54,11 @@ typedef struct flux2_pipe_info {
  * model_index.json and the transformer config leaves a warning in warning.
  * -1 + tp_error naming the file on a missing or malformed folder. */
 int flux2_pipe_probe(const char *root, flux2_pipe_info *info, char *warning, size_t warning_len);
+/* The same with the transformer taken from the folder `transformer`
+ * (--transformer DIR: any checkpoint folder tpgen reads, e.g. one holding a
+ * GGUF file) instead of <root>/transformer; NULL: the pipeline's own. */
+int flux2_pipe_probe_with(const char *root, const char *transformer, flux2_pipe_info *info, char *warning,
+                          size_t warning_len);
 void flux2_pipe_info_free(flux2_pipe_info *info);
 /* The model's defaults (diffusers' pipelines): klein distilled 4 steps and
  * no guidance, the others 50 steps and guidance 4. */

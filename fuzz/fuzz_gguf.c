@@ -4,8 +4,11 @@
  * tpgen decodes has its first block, a column range straddling a block edge
  * and (for small tensors) its whole data dequantised. Every 16th accepted
  * file is also written back with gguf_write (tensor data as holes) and must
- * parse again to the same keys and tensors (aborts otherwise). */
+ * parse again to the same keys and tensors (aborts otherwise). The file
+ * inputs also open as a checkpoint's st_file (gguf_st_open), whose small
+ * block tensors go through the weight scan (gguf_scan_finite). */
 #include "core/formats/gguf.h"
+#include "core/formats/gguf_shard.h"
 #include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +94,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             walk(g);
             rewrite(g);
             gguf_close(g);
+        }
+        /* the same file as a checkpoint's st_file (core/formats/gguf_shard.c):
+         * entries, and the weight scan of each small block tensor */
+        st_file *sf;
+        if (gguf_st_open(g_file, &sf) == 0) {
+            for (int i = 0; i < sf->n; i++) {
+                const st_tensor_info *t = &sf->tensors[i];
+                int64_t first, count;
+                if (t->dtype == DT_GGML && t->end - t->begin <= (1u << 20) && gguf_scan_finite(sf, t, &first, &count))
+                    abort();   /* its bytes are inside the file: the read cannot fail */
+            }
+            st_close(sf);
         }
     }
     return 0;

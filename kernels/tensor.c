@@ -9,6 +9,7 @@ static const struct { const char *name; size_t size; } k_dtypes[DT_COUNT] = {
     [DT_F64] = {"F64", 8}, [DT_I64] = {"I64", 8},   [DT_I32] = {"I32", 4},
     [DT_I16] = {"I16", 2}, [DT_I8] = {"I8", 1},     [DT_U8] = {"U8", 1},
     [DT_BOOL] = {"BOOL", 1},   [DT_F8_E4M3] = {"F8_E4M3", 1}, [DT_F8_E5M2] = {"F8_E5M2", 1},
+    [DT_GGML] = {"GGML", 0},   /* blocks: sizes come from kernels/quant.h */
 };
 
 /* ---- fp8 ---- */
@@ -60,8 +61,8 @@ uint8_t f32_to_fp8(dtype_t dt, float f) {
 size_t dtype_size(dtype_t dt) { return (unsigned)dt < DT_COUNT ? k_dtypes[dt].size : 0; }
 const char *dtype_name(dtype_t dt) { return (unsigned)dt < DT_COUNT ? k_dtypes[dt].name : "?"; }
 int dtype_from_name(const char *s, dtype_t *out) {
-    for (int i = 0; i < DT_COUNT; i++)
-        if (strcmp(s, k_dtypes[i].name) == 0) { *out = (dtype_t)i; return 0; }
+    for (int i = 0; i < DT_COUNT; i++)   /* DT_GGML is no file dtype: only GGUF block types make it */
+        if (i != DT_GGML && strcmp(s, k_dtypes[i].name) == 0) { *out = (dtype_t)i; return 0; }
     return -1;
 }
 
@@ -122,6 +123,7 @@ void convert_from_f32(void *dst, dtype_t dt, const float *src, size_t n) {
 }
 
 tensor *tensor_new(struct backend *be, dtype_t dt, int64_t rows, int64_t cols) {
+    if (dt == DT_GGML) tp_fatal("tensor_new: a DT_GGML tensor needs its block layout (tensor_new_ggml)");
     tensor *t = xcalloc(1, sizeof *t);
     t->dtype = dt;
     t->rows = rows;
@@ -132,6 +134,29 @@ tensor *tensor_new(struct backend *be, dtype_t dt, int64_t rows, int64_t cols) {
     size_t n = (size_t)rows * (size_t)cols * dtype_size(dt);
     t->data = be_alloc(be, n);
     if (!t->data && n) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+tensor *tensor_new_ggml(struct backend *be, int qtype, int64_t rows, int64_t cols, int64_t pitch,
+                        const tensor_qseg *seg, int n) {
+    if (n < 1 || n > TENSOR_MAX_QSEGS) tp_fatal("tensor_new_ggml: %d segments", n);
+    tensor *t = xcalloc(1, sizeof *t);
+    t->dtype = DT_GGML;
+    t->rows = rows;
+    t->cols = cols;
+    t->ld = cols;
+    t->be = be;
+    t->owner = 1;
+    t->qtype = qtype;
+    t->qpitch = pitch;
+    t->n_qseg = n;
+    memcpy(t->qseg, seg, (size_t)n * sizeof *seg);
+    size_t bytes = (size_t)rows * (size_t)pitch;
+    t->data = be_alloc(be, bytes);
+    if (!t->data && bytes) {
         free(t);
         return NULL;
     }
@@ -150,12 +175,14 @@ tensor tensor_rows(const tensor *t, int64_t r0, int64_t n) {
     tensor v = *t;
     v.owner = 0;
     v.rows = n;
-    v.data = (char *)t->data + (size_t)r0 * (size_t)t->ld * dtype_size(t->dtype);
+    v.data = (char *)t->data + (t->dtype == DT_GGML ? (size_t)r0 * (size_t)t->qpitch
+                                                     : (size_t)r0 * (size_t)t->ld * dtype_size(t->dtype));
     if (t->scale && t->scale_per_row) v.scale = (float *)t->scale + r0;
     return v;
 }
 
 tensor tensor_cols(const tensor *t, int64_t c0, int64_t n) {
+    if (t->dtype == DT_GGML) tp_fatal("tensor_cols: a quantised (GGML) weight has no column views");
     if (c0 < 0 || n < 0 || c0 + n > t->cols) tp_fatal("tensor_cols: [%lld,+%lld) of %lld cols", (long long)c0, (long long)n, (long long)t->cols);
     tensor v = *t;
     v.owner = 0;
@@ -165,6 +192,7 @@ tensor tensor_cols(const tensor *t, int64_t c0, int64_t n) {
 }
 
 tensor tensor_reshape(const tensor *t, int64_t rows, int64_t cols) {
+    if (t->dtype == DT_GGML) tp_fatal("tensor_reshape: a quantised (GGML) weight cannot be reshaped");
     if (!tensor_contiguous(t) || rows * cols != t->rows * t->cols)
         tp_fatal("tensor_reshape: %lldx%lld -> %lldx%lld", (long long)t->rows, (long long)t->cols, (long long)rows, (long long)cols);
     if (t->scale && t->scale_per_row && rows != t->rows) tp_fatal("tensor_reshape: a per-row scaled fp8 tensor keeps its rows");

@@ -27,6 +27,7 @@ typedef enum {
     DT_BOOL,
     DT_F8_E4M3,   /* fp8 storage dtypes (weights only): 1 sign, 4 exponent, 3 mantissa bits, no inf */
     DT_F8_E5M2,   /* 1 sign, 5 exponent, 2 mantissa bits (IEEE-like, with inf) */
+    DT_GGML,      /* ggml blocks (GGUF weights only): tensor.qtype, .qpitch, .qseg; no per-element size */
     DT_COUNT
 } dtype_t;
 
@@ -75,6 +76,14 @@ void convert_from_f32(void *dst, dtype_t dt, const float *src, size_t n);
 /* ---- the matrix view ---- */
 struct backend;
 
+/* One segment of a DT_GGML tensor's local row (see tensor.qseg). */
+#define TENSOR_MAX_QSEGS 8   /* = PLAN_MAX_PIECES: a packed row-parallel shard has one piece per block */
+typedef struct tensor_qseg {
+    int64_t col0, ncols;  /* local columns */
+    int64_t off;          /* byte offset of its covering blocks in the stored local row */
+    int64_t skip;         /* column col0 is element skip of those blocks */
+} tensor_qseg;
+
 typedef struct tensor {
     dtype_t dtype;
     int64_t rows, cols;   /* 1-D vectors: rows = 1 */
@@ -88,6 +97,16 @@ typedef struct tensor {
     void *scale;
     int scale_per_row;
     int quant_flags;      /* TQ_* hints from the checkpoint */
+    /* DT_GGML weights (docs/gguf.md "Quantised weights in memory"): each
+     * row is qpitch bytes of ggml blocks of type qtype (a ggml type id, see
+     * kernels/quant.h); ld is unused. A local row is n_qseg segments, one
+     * per shard piece of a row-parallel split: columns [col0, col0 + ncols)
+     * of the local row are elements skip.. of the covering blocks stored at
+     * byte off of the row. A whole row is one segment {0, cols, 0, 0}. */
+    int qtype;
+    int64_t qpitch;
+    int n_qseg;
+    tensor_qseg qseg[TENSOR_MAX_QSEGS];
 } tensor;
 
 /* the layer must not run an fp8 GEMM (ComfyUI full_precision_matrix_mult):
@@ -96,6 +115,7 @@ typedef struct tensor {
 
 static inline int tensor_contiguous(const tensor *t) { return t->ld == t->cols || t->rows == 1; }
 static inline size_t tensor_nbytes(const tensor *t) {
+    if (t->dtype == DT_GGML) return (size_t)t->rows * (size_t)t->qpitch;
     return (size_t)t->rows * (size_t)t->cols * dtype_size(t->dtype);
 }
 static inline size_t tensor_numel(const tensor *t) { return (size_t)t->rows * (size_t)t->cols; }
@@ -104,8 +124,14 @@ static inline size_t tensor_numel(const tensor *t) { return (size_t)t->rows * (s
  * Returns NULL after tp_error() on out-of-memory. */
 tensor *tensor_new(struct backend *be, dtype_t dt, int64_t rows, int64_t cols);
 void tensor_free(tensor *t);   /* NULL ok; frees data only when owner */
+/* A DT_GGML weight: rows x cols of ggml type qtype, each row `pitch` bytes
+ * made of the n segments seg (copied); data uninitialised. NULL after
+ * tp_error() on out-of-memory. tensor_new refuses DT_GGML. */
+tensor *tensor_new_ggml(struct backend *be, int qtype, int64_t rows, int64_t cols, int64_t pitch,
+                        const tensor_qseg *seg, int n);
 
-/* Views (no allocation, value types): rows [r0, r0+n) or columns [c0, c0+n). */
+/* Views (no allocation, value types): rows [r0, r0+n) or columns [c0, c0+n).
+ * A DT_GGML tensor takes row views only (its rows are qpitch bytes apart). */
 tensor tensor_rows(const tensor *t, int64_t r0, int64_t n);
 tensor tensor_cols(const tensor *t, int64_t c0, int64_t n);
 /* Reinterpret a contiguous tensor as rows x cols (same element count). */

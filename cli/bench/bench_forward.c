@@ -9,6 +9,7 @@
 #include "core/dist/dist.h"
 #include "kernels/err.h"
 #include "core/formats/fp8.h"
+#include "kernels/quant.h"
 #include <cblas.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 typedef struct bench_opts {
     int n_img, n_txt, n_double, n_single, iters, warmup, prec_mask;
     int fp8;                    /* --quantize fp8: the block linears as E4M3 + per-row scales */
+    int qtype;                  /* --quantize Q8_0/Q4_K/...: the block linears as random ggml blocks (-1: none) */
     const char *backend;
 } bench_opts;
 
@@ -32,7 +34,7 @@ static void log_shape(void *ctx, int64_t m, int64_t n, int64_t k) {
 
 static int parse(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.n_img = 1024, .n_txt = 128, .n_double = 2, .n_single = 2, .iters = 2, .warmup = 1,
-                      .prec_mask = 3};
+                      .prec_mask = 3, .qtype = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
@@ -46,8 +48,12 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--warmup")) o->warmup = atoi(v);
         else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--quantize")) {
-            if (strcmp(v, "fp8")) return tp_error("bench forward: --quantize takes fp8 (got '%s')", v);
-            o->fp8 = 1;
+            for (int id = 0; id < 64 && o->qtype < 0; id++)
+                if (quant_supported(id) && quant_type_get(id)->block > 1 && !strcmp(v, quant_type_name(id))) o->qtype = id;
+            if (strcmp(v, "fp8") && o->qtype < 0)
+                return tp_error("bench forward: --quantize takes fp8 or a ggml block type (%s; got '%s')",
+                                quant_supported_list(), v);
+            o->fp8 = o->qtype < 0;
         }
         else if (!strcmp(a, "--precision"))
             o->prec_mask = !strcmp(v, "f32") ? 1 : !strcmp(v, "bf16") ? 2 : !strcmp(v, "both") ? 3 : 0;
@@ -145,7 +151,7 @@ static int timed_forwards(const bench_opts *o, const dist *d, flux2_model *m, be
     return 0;
 }
 
-static int g_fp8;   /* the report's label */
+static int g_fp8, g_qtype = -1;   /* the report's label */
 static void report(const dist *d, dtype_t prec, int fused, const flux2_stats *s, const gemm_shapes *shapes) {
     double t = max_all(d, s->seconds), ar = mean_all(d, s->allreduce_seconds);
     double at = mean_all(d, s->attention_seconds), gt = mean_all(d, s->gemm_seconds);
@@ -158,9 +164,12 @@ static void report(const dist *d, dtype_t prec, int fused, const flux2_stats *s,
         sg = mean_all(d, a < b ? a : b);
     }
     if (d->tp_rank) return;
+    char label[32];
+    snprintf(label, sizeof label, "%s%s%s", prec == DT_F32 ? "f32" : "bf16",
+             g_fp8 ? "+fp8w" : g_qtype >= 0 ? "+" : "", g_qtype >= 0 ? quant_type_name(g_qtype) : "");
     printf("%-4s tp=%d %-7s %8.3f s/forward %8.1f GFLOP/s (all ranks)  all-reduce %5.1f%% (%ld calls, %.1f MB)"
            "  attention %5.1f%%  gemm %5.1f%%\n",
-           prec == DT_F32 ? (g_fp8 ? "f32+fp8w" : "f32") : g_fp8 ? "bf16+fp8w" : "bf16", d->tp, fused ? "fused" : "unfused", t, all_flops / t * 1e-9, 100 * ar / t,
+           label, d->tp, fused ? "fused" : "unfused", t, all_flops / t * 1e-9, 100 * ar / t,
            s->allreduces, s->allreduce_bytes / 1e6, 100 * at / t, 100 * gt / t);
     if (shapes)
         printf("     gemm: %.3f s in the forward (%.1f GFLOP/s per rank) vs %.3f s plain OpenBLAS sgemm of the same %d "
@@ -200,12 +209,66 @@ static int allreduce_pattern(const dist *d, backend *be, comm *c, dtype_t dt, in
     return dist_agree(d->tp_comm, rc);
 }
 
+/* --quantize Q4_K etc.: a block linear becomes a DT_GGML weight of random
+ * valid blocks (random bytes, small finite f16 scales at the type's scale
+ * fields), whole local rows, as a GGUF shard is held; its values are not a
+ * quantisation of the random weights (the speed does not depend on them). */
+static int ggml_randomize(tensor *t, int qtype, uint64_t seed) {
+    static const struct { int type, off[2]; } k_scales[] = {
+        {QUANT_Q4_0, {0, -1}}, {QUANT_Q4_1, {0, 2}}, {QUANT_Q5_0, {0, -1}}, {QUANT_Q5_1, {0, 2}},
+        {QUANT_Q8_0, {0, -1}}, {QUANT_IQ4_NL, {0, -1}}, {QUANT_Q2_K, {80, 82}}, {QUANT_Q3_K, {108, -1}},
+        {QUANT_Q4_K, {0, 2}}, {QUANT_Q5_K, {0, 2}}, {QUANT_Q6_K, {208, -1}}, {QUANT_IQ4_XS, {0, -1}},
+    };
+    const quant_type *qt = quant_type_get(qtype);
+    int64_t pitch = quant_row_bytes(qt, t->cols);
+    if (pitch < 0 || t->be->kind != BACKEND_CPU)
+        return tp_error("bench forward: %s weights need rows of whole %d-blocks on the CPU backend (got %lld columns)",
+                        qt->name, qt->block, (long long)t->cols);
+    size_t n = (size_t)(t->rows * pitch);
+    uint8_t *b = be_alloc(t->be, n ? n : 1);
+    if (!b) return -1;
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) x ^= x << 13, x ^= x >> 7, x ^= x << 17, b[i] = (uint8_t)(x >> 24);
+    for (size_t k = 0; k < sizeof k_scales / sizeof k_scales[0]; k++) {
+        if (k_scales[k].type != qtype) continue;
+        for (size_t j = 0; j < n / (size_t)qt->bytes; j++)
+            for (int f = 0; f < 2 && k_scales[k].off[f] >= 0; f++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                uint16_t h = f32_to_f16((0.002f + 0.01f * (float)(x % 1000) / 1000.0f) * (x & 1024 ? -1.0f : 1.0f));
+                memcpy(b + j * (size_t)qt->bytes + k_scales[k].off[f], &h, 2);
+            }
+    }
+    if (t->owner && t->data) be_free(t->be, t->data);
+    t->data = b;
+    t->dtype = DT_GGML;
+    t->qtype = qtype;
+    t->qpitch = pitch;
+    t->n_qseg = 1;
+    t->qseg[0] = (tensor_qseg){0, t->cols, 0, 0};
+    t->owner = 1;
+    return 0;
+}
+
 static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dtype_t prec) {
     flux2_config cfg = klein4b_widths(o);
     flux2_model *m;
     size_t before = be->bytes_in_use;
     be->peak_bytes = be->bytes_in_use;
     if (dist_agree(d->tp_comm, flux2_init_random(&cfg, be, c, prec, 1234, &m))) return -1;
+    if (o->qtype >= 0) {   /* the block linears as a GGUF file stores them (the _K_M recipes quantise all of them) */
+        int qrc = 0;
+        uint64_t seed = 77 + (uint64_t)d->tp_rank;
+        for (int i = 0; i < cfg.num_layers && !qrc; i++) {
+            flux2_double_w *b = &m->dbl[i];
+            const tensor *l[] = {b->to_q, b->to_k, b->to_v, b->to_out, b->add_q, b->add_k, b->add_v, b->to_add_out,
+                                 b->ff_in, b->ff_out, b->ffc_in, b->ffc_out};
+            for (size_t j = 0; j < sizeof l / sizeof l[0] && !qrc; j++) qrc = ggml_randomize((tensor *)l[j], o->qtype, seed++);
+        }
+        for (int i = 0; i < cfg.num_single_layers && !qrc; i++)
+            qrc = ggml_randomize((tensor *)m->sgl[i].qkv_mlp, o->qtype, seed++) ||
+                  ggml_randomize((tensor *)m->sgl[i].to_out, o->qtype, seed++);
+        if (dist_agree(d->tp_comm, qrc)) return flux2_free(m), -1;
+    }
     if (o->fp8) {   /* the linears a mixed fp8 file stores in fp8 (--quantize fp8's choice) */
         int qrc = 0;
         for (int i = 0; i < cfg.num_layers && !qrc; i++) {
@@ -222,6 +285,7 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
     double weights_mb = (double)(be->bytes_in_use - before) / 1e6;
     flux2_set_profiling(m, 1);
     g_fp8 = o->fp8;
+    g_qtype = o->qtype;
     bench_inputs in;
     inputs_make(o, &in);
     gemm_shapes shapes = {0};
@@ -276,7 +340,9 @@ int bench_forward(int argc, char **argv) {
         if (d.world_rank == 0)
             printf("usage: mpirun -np TP tpgen bench forward [--precision f32|bf16|both] [--image-tokens 1024]\n"
                    "       [--text-tokens 128] [--double 2] [--single 2] [--iters 2] [--warmup 1] [--backend cpu|cuda]\n"
-                   "       [--quantize fp8]\n");
+                   "       [--quantize fp8|Q8_0|Q4_K|Q6_K|...]\n"
+                   "  --quantize T   the block linears as fp8 (E4M3 + per-row scales) or as random ggml blocks of type T\n"
+                   "                 (GGUF weights, decoded in the GEMM's packing)\n");
         dist_finalize(&d);
         return 0;
     }

@@ -9,6 +9,7 @@
  * header-only file of the real size that costs no disk). */
 #include "core/formats/weights.h"
 #include "core/dist/dist.h"
+#include "core/formats/gguf.h"
 #include "core/formats/lora.h"
 #include "kernels/err.h"
 #include "core/models/model_plan.h"
@@ -175,6 +176,28 @@ static int write_configs(const char *dir, const flux2_shape *s) {
     return rc;
 }
 
+/* --gguf TYPE (with --sparse): the transformer as one GGUF file of holes in
+ * the ComfyUI-GGUF layout's choice of types: 1-D tensors and tensors of at
+ * most 1024 values F32, 2-D weights whose rows are whole blocks TYPE, others
+ * F16 (diffusers names; config.json alongside). */
+static int g_make_gguf = -1;
+static int write_gguf(const char *dir, const inventory *v) {
+    gguf_write_tensor *t = xcalloc((size_t)v->n, sizeof *t);
+    const quant_type *qt = quant_type_get(g_make_gguf);
+    for (int i = 0; i < v->n; i++) {
+        const st_write_tensor *s = &v->t[i];
+        int64_t rows = s->ndim == 2 ? s->shape[0] : 1, cols = s->ndim == 2 ? s->shape[1] : s->shape[0];
+        int type = s->ndim == 1 || rows * cols <= 1024 ? QUANT_F32 : cols % qt->block == 0 ? g_make_gguf : QUANT_F16;
+        t[i] = (gguf_write_tensor){.name = s->name, .type = type, .ndim = s->ndim, .ne = {cols, rows, 1, 1}};
+        if (s->ndim == 1) t[i].ne[1] = 1;
+    }
+    gguf_kv kv = {"general.architecture", {.type = GGUF_STRING, .str = {4, "flux"}}};
+    char *path = xasprintf("%s/transformer/diffusion_pytorch_model.gguf", dir);
+    int rc = gguf_write(path, &kv, 1, t, v->n, NULL, NULL);
+    free(path), free(t);
+    return rc;
+}
+
 /* Write DIR (model_index.json, transformer/config.json and the weights:
  * one file, or `shards` files + index with tensors dealt out shuffled). */
 int flux2_make_checkpoint(const char *dir, const char *shape, int sparse, int shards, unsigned seed) {
@@ -187,6 +210,12 @@ int flux2_make_checkpoint(const char *dir, const char *shape, int sparse, int sh
     inventory v;
     build_inventory(s, &v);
     if (g_make_fp8) make_fp8(&v);
+    if (g_make_gguf >= 0) {
+        int rc = sparse && !g_make_fp8 && shards == 1 ? write_gguf(dir, &v)
+                 : tp_error("bench load --make: --gguf TYPE writes one sparse file (--sparse, no --fp8 or --shards)");
+        free_inventory(&v);
+        return rc;
+    }
     /* a fixed shuffle so shards mix tensors as real checkpoints do */
     for (int i = v.n - 1; i > 0; i--) {
         int j = (int)((seed * 2654435761u + (unsigned)i * 40503u) % (unsigned)(i + 1));
@@ -352,6 +381,7 @@ static void print_rows(const bench_row *rows, int n, const char *mode, int threa
 
 static int bench_usage(void) {
     printf("usage: tpgen bench load --make DIR --shape dev|klein-4b|klein-9b|small [--sparse] [--fp8] [--shards N] [--seed S]\n"
+           "       tpgen bench load --make DIR --shape S --sparse --gguf Q4_K   (one sparse GGUF transformer file)\n"
            "       mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--cold] [--threads T] [--json]\n\n"
            "--make writes a FLUX.2-shaped BF16 checkpoint (random data, or holes with --sparse); --fp8: its sharded\n"
            "linears F8_E4M3 with per-output-channel F32 weight_scale tensors, as mixed fp8 files are.\n"
@@ -432,6 +462,12 @@ int bench_load(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return bench_usage();
         else if (!strcmp(a, "--sparse")) sparse = 1;
         else if (!strcmp(a, "--fp8")) g_make_fp8 = 1;
+        else if (v && !strcmp(a, "--gguf")) {
+            for (int id = 0; id < 64 && g_make_gguf < 0; id++)
+                if (quant_supported(id) && quant_type_get(id)->block > 1 && !strcmp(v, quant_type_name(id))) g_make_gguf = id;
+            if (g_make_gguf < 0) { fprintf(stderr, "tpgen: error: --gguf takes a block type (%s)\n", quant_supported_list()); return 2; }
+            i++;
+        }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--cold")) cold = 1;
         else if (v && !strcmp(a, "--make")) make = v, i++;

@@ -3,6 +3,8 @@
 #include "checkpoint.h"
 #include "kernels/err.h"
 #include "fp8.h"
+#include "gguf_shard.h"
+#include "kernels/quant.h"
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -148,7 +150,7 @@ static int add_file(checkpoint *c, const char *name) {
         return tp_error("%s: shard name '%s' must be a file name inside the folder", c->dir, name);
     char *p = xasprintf("%s/%s", c->dir, name);
     st_file *f;
-    int rc = st_open(p, &f);
+    int rc = ends_with(name, ".gguf") ? gguf_st_open(p, &f) : st_open(p, &f);
     free(p);
     if (rc) return -1;
     c->files = xrealloc(c->files, (size_t)(c->n_files + 1) * sizeof *c->files);
@@ -208,7 +210,10 @@ int checkpoint_open(const char *dir, checkpoint **out) {
     if (!rc && idx) rc = open_indexed(c, idx);
     else if (!rc) {
         rc = pick_file(dir, ".safetensors", &single);
-        if (!rc && !single) rc = tp_error("%s has no *.safetensors file and no *.safetensors.index.json", dir);
+        /* no safetensors: a GGUF file (core/formats/gguf_shard.h) */
+        if (!rc && !single) rc = pick_file(dir, ".gguf", &single);
+        if (!rc && !single)
+            rc = tp_error("%s has no *.safetensors file, no *.safetensors.index.json and no *.gguf file", dir);
         if (!rc) rc = open_single(c, single);
     }
     free(idx), free(single);
@@ -253,6 +258,21 @@ int checkpoint_scan_finite(const checkpoint *c, int verbose) {
     for (int k = 0; k < c->n; k++) {
         const st_tensor_info *t = c->infos[k];
         int fp8 = dtype_is_fp8(t->dtype);
+        if (t->dtype == DT_GGML) {   /* GGUF blocks: decoded (an f16 scale may be Inf/NaN) */
+            int64_t first, count;
+            if (gguf_scan_finite(c->files[c->file_of[k]], t, &first, &count)) { free(f), free(raw); return -1; }
+            if (count) {
+                const char *path = c->files[c->file_of[k]]->path;
+                if (verbose || n_bad == 0)
+                    fprintf(stderr, "tpgen: non-finite weight: %s: tensor '%s' (%s blocks): %lld NaN/Inf values, the "
+                            "first at element %lld\n", path, t->name, quant_type_name(t->qtype), (long long)count,
+                            (long long)first);
+                if (n_bad++ == 0)
+                    tp_error("%s: tensor '%s' holds %lld NaN/Inf values (the first at element %lld); the checkpoint is "
+                             "corrupt: download it again", path, t->name, (long long)count, (long long)first);
+            }
+            continue;
+        }
         if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16 && t->dtype != DT_F64 && !fp8) continue;
         const st_file *file = c->files[c->file_of[k]];
         size_t es = dtype_size(t->dtype), n = (size_t)(t->end - t->begin) / es;

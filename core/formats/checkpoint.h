@@ -39,7 +39,9 @@ typedef struct checkpoint {
  * tensor of its weight_map must exist in the named file (and the file must
  * exist); without one, the folder must hold exactly one *.safetensors file
  * (when it has several, the one named like the component, e.g.
- * diffusion_pytorch_model.safetensors or model.safetensors). */
+ * diffusion_pytorch_model.safetensors or model.safetensors), or, with no
+ * safetensors at all, one *.gguf file (its block-type tensors are DT_GGML
+ * entries: core/formats/gguf_shard.h). */
 int checkpoint_open(const char *dir, checkpoint **out);
 void checkpoint_close(checkpoint *c);
 /* Look a tensor up: NULL when absent; *file set when found. */

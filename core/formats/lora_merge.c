@@ -12,6 +12,7 @@
  * are added to the shard in f32 in row chunks (bounded scratch), then
  * rounded once to the tensor's dtype. */
 #include "lora.h"
+#include "kernels/quant.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
 #include <math.h>
@@ -226,6 +227,9 @@ static int merge_rects(merge_ctx *M, const st_tensor_info *ti, const shard_info 
         return tp_error("the tensor is stored in fp8 (%s), and LoRA adapters are merged into bf16/f32 weights only; "
                         "use the bf16 checkpoint (with --quantize fp8 the adapters are merged first, then quantised)",
                         dtype_name(ti->dtype));
+    if (ti->dtype == DT_GGML)
+        return tp_error("the tensor is stored quantised (GGUF %s), and LoRA adapters are merged into bf16/f32 "
+                        "weights only; use a bf16 checkpoint for LoRA runs", quant_type_name(ti->qtype));
     shard_piece pc[PLAN_MAX_PIECES];
     int np = plan_shard_pieces(si, si->style == STYLE_REPLICATED ? 1 : tp, rank, pc);
     float *W = NULL, *delta = NULL;

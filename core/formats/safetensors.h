@@ -19,6 +19,7 @@ typedef struct st_tensor_info {
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     uint64_t begin, end;      /* absolute byte offsets in the file: [begin, end) */
+    int qtype;                /* DT_GGML (a GGUF block type): its ggml type id (kernels/quant.h) */
 } st_tensor_info;
 
 typedef struct st_file {

@@ -8,6 +8,8 @@
 #include "weights.h"
 #include "kernels/err.h"
 #include "fp8.h"
+#include "gguf_shard.h"
+#include "kernels/quant.h"
 #include "kernels/ops.h"
 #include <stdarg.h>
 #include <stdio.h>
@@ -151,6 +153,8 @@ typedef struct job {
     load_path path;
     int threaded;               /* CPU backend, no staging: on the reader threads */
     int quantize;               /* --quantize fp8: read as stored, then quantised */
+    int ggml;                   /* a GGUF block tensor: q's byte runs, read as stored */
+    qshard q;
 } job;
 
 /* Stored dtype: the backend reads the file itself (or, on the CPU with
@@ -162,11 +166,55 @@ static load_path pick_path(const loader *L, dtype_t stored, dtype_t target) {
     return be->vt->upload_file ? PATH_FILE : PATH_STAGED;
 }
 
+/* A GGUF block tensor stays quantised: the local tensor holds the shard's
+ * covering blocks (gguf_shard.h), read in place on the reader threads. */
+static int prepare_ggml(loader *L, const st_tensor_info *ti, wentry *e, job *j) {
+    backend *be = L->o->be;
+    if (be->kind != BACKEND_CPU)
+        return tp_error("tensor '%s' is quantised (GGUF %s): quantised weights run on the CPU backend only for now "
+                        "(run with --device cpu, or use a bf16 checkpoint on the GPU)", ti->name,
+                        quant_type_name(ti->qtype));
+    if (qshard_plan(ti, &j->si, L->o->tp, L->o->rank, &j->q)) return -1;
+    e->t = tensor_new_ggml(be, ti->qtype, j->si.local_rows, j->si.local_cols, j->q.pitch, j->q.seg, j->q.n_seg);
+    if (!e->t) return tp_error_context("tensor '%s'", ti->name);
+    j->ggml = 1;
+    j->path = L->o->use_mmap ? PATH_MAPPED : PATH_FILE;
+    j->threaded = 1;
+    L->st->bytes_held += tensor_nbytes(e->t);
+    return 0;
+}
+
+/* the byte runs of a GGUF block tensor's shard */
+static int read_ggml(loader *L, const job *j, uint64_t *bytes) {
+    int fi = L->c->file_of[j->k];
+    const st_file *f = L->c->files[fi];
+    tensor *t = j->e->t;
+    for (int i = 0; i < j->q.n_run; i++) {
+        const qshard_run *r = &j->q.run[i];
+        char *dst = (char *)t->data + r->dst;
+        if (j->path == PATH_MAPPED) {
+            for (int64_t h = 0; h < r->height; h++)
+                memcpy(dst + (size_t)h * r->dst_pitch, L->maps[fi] + r->src + (uint64_t)h * r->src_pitch, r->len);
+        } else if (t->be->vt->upload_file(t->be, dst, r->dst_pitch, f->fd, r->src, (size_t)r->src_pitch, r->len,
+                                          (size_t)r->height)) {
+            return tp_error_context("%s", f->path);
+        }
+    }
+    *bytes = j->q.bytes;
+    return 0;
+}
+
 /* Plan the shard and allocate the local tensor (serial: backends count
  * their bytes without locks). */
 static int prepare(loader *L, int k, wentry *e, const plan *p, job *j) {
     const st_tensor_info *ti = L->c->infos[k];
     if (plan_shard(p, st_plan_tensor(ti), p ? L->o->tp : 1, &j->si)) return -1;
+    if (ti->dtype == DT_GGML) {
+        e->info = *ti;
+        e->info.name = xstrdup(ti->name);
+        j->k = k, j->e = e;
+        return prepare_ggml(L, ti, e, j);
+    }
     dtype_t dt = is_float(ti->dtype) ? L->o->dtype : ti->dtype;
     j->quantize = L->o->quantize_fp8 && fp8_quantize_eligible(ti, &j->si);
     if (j->quantize) dt = ti->dtype;   /* no upcast of what becomes fp8 */
@@ -188,6 +236,7 @@ static int prepare(loader *L, int k, wentry *e, const plan *p, job *j) {
 /* Read a job's pieces; *bytes = bytes read from the file. */
 static int read_job(loader *L, const job *j, uint64_t *bytes) {
     const st_tensor_info *ti = L->c->infos[j->k];
+    if (j->ggml) return read_ggml(L, j, bytes) ? tp_error_context("reading tensor '%s'", ti->name) : 0;
     shard_piece pc[PLAN_MAX_PIECES];
     int np = plan_shard_pieces(&j->si, L->o->tp, L->o->rank, pc);
     *bytes = 0;
@@ -325,6 +374,11 @@ int weights_estimate_want(const checkpoint *c, const plan *p, int tp, int rank,
         shard_piece pc[PLAN_MAX_PIECES];
         int np = plan_shard_pieces(&si, tp, rank, pc);
         uint64_t bytes = 0;
+        if (c->infos[k]->dtype == DT_GGML) {   /* the covering blocks, as read and held */
+            qshard q;
+            if (qshard_plan(c->infos[k], &si, tp, rank, &q)) return -1;
+            bytes = q.bytes, np = 0;
+        }
         for (int j = 0; j < np; j++) bytes += (uint64_t)(pc[j].width * pc[j].height) * dtype_size(c->infos[k]->dtype);
         bytes += fp8_scale_bytes(c, k, &si, tp);   /* fp8 scales held with the weight */
         if (si.style == STYLE_REPLICATED) out->bytes_replicated += bytes;

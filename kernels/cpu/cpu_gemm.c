@@ -9,7 +9,9 @@
  * goes through the packed path of cpu_gemm_packed.c: GotoBLAS-style blocking
  * whose packing routines widen bf16/fp8 to f32 as they pack, and an f32 FMA
  * micro-kernel (AVX-512F or AVX2) that writes y once per k block. A bf16
- * weight never has a full f32 copy. y is rounded once, after the bias. */
+ * weight never has a full f32 copy. Quantised GGUF weights (DT_GGML) take the
+ * packed path only: their blocks are decoded as the packing reads them. y is
+ * rounded once, after the bias. */
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include "cpu_gemm_amx.h"
@@ -52,7 +54,7 @@ void cpu_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const te
     CPU_REQUIRE(w->cols == K && y->rows == M && y->cols == N,
                 "op_gemm: y [%lld,%lld] = x [%lld,%lld] · w [%lld,%lld]ᵀ: shapes do not match", (long long)y->rows,
                 (long long)y->cols, (long long)M, (long long)K, (long long)w->rows, (long long)w->cols);
-    CPU_REQUIRE(is_float_dt(x->dtype) && is_weight_dt(w->dtype) && is_float_dt(y->dtype),
+    CPU_REQUIRE(is_float_dt(x->dtype) && (is_weight_dt(w->dtype) || w->dtype == DT_GGML) && is_float_dt(y->dtype),
                 "op_gemm: dtypes %s/%s/%s", dtype_name(y->dtype), dtype_name(x->dtype), dtype_name(w->dtype));
     if (M == 0 || N == 0) return;
     int owned;
@@ -63,6 +65,8 @@ void cpu_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const te
         free(zero);
     } else if (x->dtype == DT_F32 && w->dtype == DT_F32 && y->dtype == DT_F32) {
         gemm_f32_direct(y, x, w, b);
+    } else if (w->dtype == DT_GGML) {
+        cpu_gemm_packed(y, x, w, b); /* ggml blocks decoded in the packing (row_f32_weight): no AMX/bf16 route */
     } else if (cpu_gemm_amx_usable(x, w)) {
         cpu_gemm_amx(y, x, w, b);   /* bf16 x with bf16 or fp8 w on an AMX CPU, M >= 16 */
     } else if (cpu_bf16_kernels_enabled() && x->dtype == DT_BF16 && w->dtype == DT_BF16 && cpu_gemm_bf16_usable(M, N, K)) {

@@ -225,7 +225,7 @@ static void pack(const tensor *t, int64_t r0, int64_t n, int64_t k0, int64_t kb,
             int64_t i = g + j;
             if (j >= G || i >= n) src[j] = g_zero;
             else if (direct) src[j] = (const char *)row_ptr(t, r0 + i) + (size_t)k0 * es;
-            else src[j] = row_f32(t, r0 + i, k0, kb, tmp + j * kb); /* f16, fp8 (with its scale) */
+            else src[j] = row_f32_weight(t, r0 + i, k0, kb, tmp + j * kb); /* f16, fp8 (with its scale), GGML blocks */
             pf[j] = direct && i + G < n ? (const char *)row_ptr(t, r0 + i + G) + (size_t)k0 * es : (const char *)g_zero;
         }
         if (!direct) sbf = 0;

@@ -6,6 +6,7 @@
 #define TPGEN_CPU_ROWS_H
 #include "kernels/tensor.h"
 #include "kernels/err.h"
+#include "kernels/quant.h"
 #include <stdint.h>
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -43,6 +44,7 @@ static inline void narrow_bf16(const float *s, uint16_t *d, int64_t n) {
 }
 
 static inline void *row_ptr(const tensor *t, int64_t r) {
+    if (t->dtype == DT_GGML) return (char *)t->data + (size_t)r * (size_t)t->qpitch;
     return (char *)t->data + (size_t)r * (size_t)t->ld * dtype_size(t->dtype);
 }
 
@@ -67,8 +69,26 @@ static inline const float *row_f32(const tensor *t, int64_t r, int64_t c0, int64
         for (int64_t i = 0; i < n; i++) buf[i] = lut[s[i]] * sc;
         return buf;
     }
+    case DT_GGML:
+        tp_fatal("cpu op: a quantised (GGUF %s) weight [%lld, %lld] reached an op other than a linear layer's GEMM; "
+                 "only GEMM weights may stay quantised (tensors read by other ops must be F32/F16/BF16 in the file)",
+                 quant_type_name(t->qtype), (long long)t->rows, (long long)t->cols);
     default: tp_fatal("cpu op: dtype %s is not a float activation/weight type", dtype_name(t->dtype));
     }
+}
+
+/* Elements [c0, c0+n) of row r of a GEMM weight as f32: row_f32, and for a
+ * quantised (DT_GGML) weight the blocks of each segment of the local row
+ * decoded straight into buf (only the blocks that hold those columns). */
+static inline const float *row_f32_weight(const tensor *t, int64_t r, int64_t c0, int64_t n, float *buf) {
+    if (t->dtype != DT_GGML) return row_f32(t, r, c0, n, buf);
+    const char *p = row_ptr(t, r);
+    for (int i = 0; i < t->n_qseg; i++) {
+        const tensor_qseg *s = &t->qseg[i];
+        int64_t lo = c0 > s->col0 ? c0 : s->col0, hi = c0 + n < s->col0 + s->ncols ? c0 + n : s->col0 + s->ncols;
+        if (lo < hi) quant_dequant_span(t->qtype, p + s->off, s->skip + (lo - s->col0), hi - lo, buf + (lo - c0));
+    }
+    return buf;
 }
 
 /* Store n f32 values at elements [c0, c0+n) of row r, rounding to t's dtype. */

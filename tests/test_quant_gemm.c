@@ -1,0 +1,132 @@
+/* The CPU GEMM on quantised (DT_GGML) weights: every supported block type,
+ * random valid blocks, a local row made of segments that start and end
+ * inside blocks (a row-parallel shard's covering blocks with their skips)
+ * and a whole-row one, on shapes that cross the packed GEMM's blocking
+ * edges, at 1 and 2 threads, f32 and bf16 activations; the reference is the
+ * whole rows dequantised (quant_dequant_row, bit-identical to gguf-py),
+ * the segments' columns picked out, and the product in double. */
+#include "test.h"
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_gemm_packed.h"
+#include "kernels/err.h"
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t rng_next(uint32_t *s) {
+    *s ^= *s << 13, *s ^= *s >> 17, *s ^= *s << 5;
+    return *s;
+}
+
+/* Random bytes with valid f16 scales (magnitude 0.002-0.05) at each type's
+ * scale fields: random bytes there could be Inf/NaN. */
+static void random_blocks(int type, uint8_t *b, int64_t nblocks, uint32_t *s) {
+    static const struct { int type, off[2]; } k_scales[] = {
+        {QUANT_Q4_0, {0, -1}}, {QUANT_Q4_1, {0, 2}}, {QUANT_Q5_0, {0, -1}}, {QUANT_Q5_1, {0, 2}},
+        {QUANT_Q8_0, {0, -1}}, {QUANT_IQ4_NL, {0, -1}}, {QUANT_Q2_K, {80, 82}}, {QUANT_Q3_K, {108, -1}},
+        {QUANT_Q4_K, {0, 2}}, {QUANT_Q5_K, {0, 2}}, {QUANT_Q6_K, {208, -1}}, {QUANT_IQ4_XS, {0, -1}},
+    };
+    const quant_type *qt = quant_type_get(type);
+    for (int64_t i = 0; i < nblocks * qt->bytes; i++) b[i] = (uint8_t)rng_next(s);
+    for (size_t k = 0; k < sizeof k_scales / sizeof k_scales[0]; k++) {
+        if (k_scales[k].type != type) continue;
+        for (int64_t j = 0; j < nblocks; j++)
+            for (int f = 0; f < 2 && k_scales[k].off[f] >= 0; f++) {
+                float v = (0.002f + 0.048f * (float)(rng_next(s) % 1000) / 1000.0f) * (rng_next(s) & 1 ? -1 : 1);
+                uint16_t h = f32_to_f16(v);
+                memcpy(b + j * qt->bytes + k_scales[k].off[f], &h, 2);
+            }
+    }
+}
+
+typedef struct { int64_t c0, c1; } span;   /* global columns of a segment */
+
+/* N x Kg weights of `type`; the local tensor holds columns `sp` (in that
+ * order) as covering blocks; GEMM with M x K activations against double. */
+static void quant_case(backend *be, int type, int64_t M, int64_t N, int64_t Kg, const span *sp, int nsp, uint32_t *s) {
+    const quant_type *qt = quant_type_get(type);
+    int64_t rb = quant_row_bytes(qt, Kg), K = 0, pitch = 0;
+    uint8_t *g = xmalloc((size_t)(N * rb));
+    random_blocks(type, g, N * rb / qt->bytes, s);
+    tensor_qseg seg[TENSOR_MAX_QSEGS];
+    int64_t off[TENSOR_MAX_QSEGS], len[TENSOR_MAX_QSEGS];
+    for (int i = 0; i < nsp; i++) {
+        int64_t skip;
+        quant_col_span(qt, sp[i].c0, sp[i].c1, &off[i], &len[i], &skip);
+        seg[i] = (tensor_qseg){K, sp[i].c1 - sp[i].c0, pitch, skip};
+        K += sp[i].c1 - sp[i].c0, pitch += len[i];
+    }
+    tensor *w = tensor_new_ggml(be, type, N, K, pitch, seg, nsp);
+    REQUIRE(w, "%s", tp_error_msg());
+    for (int64_t r = 0; r < N; r++)
+        for (int i = 0; i < nsp; i++)
+            memcpy((uint8_t *)w->data + r * pitch + seg[i].off, g + r * rb + off[i], (size_t)len[i]);
+    /* reference weights: whole rows decoded, the segments' columns picked */
+    float *row = xmalloc((size_t)Kg * sizeof(float));
+    double *wd = xmalloc((size_t)(N * K) * sizeof(double));
+    for (int64_t r = 0; r < N; r++) {
+        quant_dequant_row(type, g + r * rb, row, Kg);
+        for (int i = 0, k = 0; i < nsp; i++)
+            for (int64_t c = sp[i].c0; c < sp[i].c1; c++) wd[r * K + k++] = row[c];
+    }
+    float *xf = xmalloc((size_t)(M * K) * sizeof(float)), *yf = xmalloc((size_t)(M * N) * sizeof(float));
+    float *ref = xmalloc((size_t)(M * N) * sizeof(float));
+    for (int64_t i = 0; i < M * K; i++) xf[i] = (float)((int)(rng_next(s) % 2001) - 1000) / 1000.0f;
+    for (int xdt = 0; xdt < 2; xdt++) {
+        dtype_t dt = xdt ? DT_BF16 : DT_F32;
+        if (xdt) for (int64_t i = 0; i < M * K; i++) xf[i] = bf16r(xf[i]);   /* what a bf16 x holds */
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double a = 0;
+                for (int64_t k = 0; k < K; k++) a += (double)xf[m * K + k] * wd[n * K + k];
+                ref[m * N + n] = (float)a;
+            }
+        tensor *x = tensor_new(be, dt, M, K), *y = tensor_new(be, DT_F32, M, N);
+        REQUIRE(x && y, "alloc");
+        convert_from_f32(x->data, dt, xf, (size_t)(M * K));
+        static const int thr[] = {1, 2};
+        for (int t = 0; t < 2; t++) {
+            omp_set_num_threads(thr[t]);
+            memset(y->data, 0xff, tensor_nbytes(y));   /* NaN: every element must be written */
+            op_gemm(be, y, x, w, NULL);
+            memcpy(yf, y->data, (size_t)(M * N) * sizeof(float));
+            double e = rel_l2(yf, ref, (size_t)(M * N));
+            CHECK(e <= 1e-5, "%s x %s, %d segment(s), %lldx%lldx%lld, %d thread(s): rel err %.3g", dtype_name(dt),
+                  qt->name, nsp, (long long)M, (long long)N, (long long)K, thr[t], e);
+        }
+        tensor_free(x), tensor_free(y);
+    }
+    tensor_free(w);
+    free(g), free(row), free(wd), free(xf), free(yf), free(ref);
+}
+
+TEST(quant_gemm_types_segments) {
+    static const int types[] = {QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1, QUANT_Q8_0, QUANT_IQ4_NL,
+                                QUANT_Q2_K, QUANT_Q3_K, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K, QUANT_IQ4_XS};
+    int saved = omp_get_max_threads();
+    backend *be = backend_cpu_create(2);
+    uint32_t s = test_seed() | 1;
+    /* 64 KB tile budget: k blocks of 64 (inside every 256-block), B blocks of NR rows */
+    cpu_set_tile_budget(65536);
+    const int64_t M = 75, N = 530, Kg = 1024;
+    /* three segments out of global order, each starting and ending inside a block */
+    const span split[] = {{100, 600}, {768, 1000}, {0, 37}}, whole[] = {{0, Kg}};
+    int64_t b[6];
+    cpu_gemm_packed_blocking(M, N, 769, DT_F32, b);
+    CHECK(M % b[0] && N % b[1] && 769 > b[2] && 769 % b[2] && N > b[3], "shape %lldx%lldx769 does not cross the "
+          "blocking edges (MR %lld NR %lld kc %lld nc %lld)", (long long)M, (long long)N, (long long)b[0],
+          (long long)b[1], (long long)b[2], (long long)b[3]);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        REQUIRE(quant_supported(types[i]), "type %d", types[i]);
+        quant_case(be, types[i], M, N, Kg, split, 3, &s);
+        quant_case(be, types[i], M, N, Kg, whole, 1, &s);
+    }
+    cpu_set_tile_budget(0);
+    /* default blocking, one token and a partial tile */
+    quant_case(be, QUANT_Q4_K, 1, 3072, 3072, (const span[]){{384, 768}}, 1, &s);
+    quant_case(be, QUANT_Q8_0, 33, 700, 1536, (const span[]){{0, 1536}}, 1, &s);
+    omp_set_num_threads(saved);
+    backend_destroy(be);
+}
