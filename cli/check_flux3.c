@@ -9,6 +9,7 @@
  * with an unsharded copy of the model on rank 0. Output lines as for
  * FLUX.2: "caseK rel_err=E", then "max_rel_err=E tol=T PASS|FAIL". */
 #include "check_flux3.h"
+#include "check_rng.h"
 #include "core/dist/dist.h"
 #include "core/formats/safetensors.h"
 #include "core/models/flux3.h"
@@ -102,20 +103,9 @@ fail:
 
 /* ---- random cases ---- */
 
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(uint64_t *s) { return ((double)(rng_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-static float rng_normal(uint64_t *s) {
-    return (float)(sqrt(-2.0 * log(rng_unit(s))) * cos(6.283185307179586 * rng_unit(s)));
-}
-
 static float *normals(uint64_t *s, int64_t n) {
     float *v = xmalloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = rng_normal(s);
+    for (int64_t i = 0; i < n; i++) v[i] = check_rng_normal(s);
     return v;
 }
 
@@ -140,8 +130,8 @@ static void random_case(const flux3_config *cfg, uint64_t seed, int k, f3_case *
     for (int64_t i = 0; i < c->L; i++) c->txt_ids[4 * i] = c->txt_ids[4 * i + 1] = c->txt_ids[4 * i + 2] = 0,
                                        c->txt_ids[4 * i + 3] = (int32_t)i;
     if (c->R) c->cond = normals(&s, c->R * cfg->cond_in_channels), c->cond_ids = grid_ids(2, 3, 10, -1);
-    c->ts = (float)rng_unit(&s);
-    c->tt = c->ts * (float)rng_unit(&s);
+    c->ts = (float)check_rng_unit(&s);
+    c->tt = c->ts * (float)check_rng_unit(&s);
 }
 
 /* ---- running ---- */

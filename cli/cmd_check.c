@@ -12,6 +12,7 @@
  * "max_rel_err=E tol=T PASS|FAIL"; exit 0 iff every case passes. A FLUX.3
  * transformer (config.json's _class_name) goes to cli/check_flux3.c. */
 #include "commands.h"
+#include "check_rng.h"
 #include "check_flux3.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/comm.h"
@@ -184,31 +185,20 @@ fail:
 
 /* ---- random cases ---- */
 
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(uint64_t *s) { return ((double)(rng_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-static float rng_normal(uint64_t *s) {
-    return (float)(sqrt(-2.0 * log(rng_unit(s))) * cos(6.283185307179586 * rng_unit(s)));
-}
-
 static void random_case(const flux2_config *cfg, uint64_t seed, int k, check_case *c) {
     uint64_t s = seed * 1000003u + (uint64_t)k;
     int64_t h = 3 + k, w = 5;
     c->N = h * w, c->L = 7 + 2 * k;
     c->x = xmalloc((size_t)(c->N * cfg->in_channels) * sizeof(float));
     c->txt = xmalloc((size_t)(c->L * cfg->joint_dim) * sizeof(float));
-    for (int64_t i = 0; i < c->N * cfg->in_channels; i++) c->x[i] = rng_normal(&s);
-    for (int64_t i = 0; i < c->L * cfg->joint_dim; i++) c->txt[i] = rng_normal(&s);
+    for (int64_t i = 0; i < c->N * cfg->in_channels; i++) c->x[i] = check_rng_normal(&s);
+    for (int64_t i = 0; i < c->L * cfg->joint_dim; i++) c->txt[i] = check_rng_normal(&s);
     c->img_ids = xmalloc((size_t)c->N * 4 * sizeof(int32_t));
     c->txt_ids = xmalloc((size_t)c->L * 4 * sizeof(int32_t));
     flux2_image_ids(h, w, 0, c->img_ids);
     flux2_text_ids(c->L, c->txt_ids);
-    c->timestep = (float)rng_unit(&s);
-    c->guidance = 1.0f + 4.0f * (float)rng_unit(&s);
+    c->timestep = (float)check_rng_unit(&s);
+    c->guidance = 1.0f + 4.0f * (float)check_rng_unit(&s);
     c->has_guidance = cfg->guidance_embeds;
 }
 

@@ -13,6 +13,16 @@ void refs_free(ref_set *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* reference k's tokens [t0, t0 + hl*wl): ids (T = refs_time_coord(k), row,
+ * column, 0) and its latent grid */
+static void place_tokens(ref_set *out, int k, int64_t t0, int hl, int wl) {
+    for (int64_t t = 0; t < (int64_t)hl * wl; t++) {
+        int32_t *id = out->ids + (t0 + t) * 4;
+        id[0] = refs_time_coord(k), id[1] = (int32_t)(t / wl), id[2] = (int32_t)(t % wl), id[3] = 0;
+    }
+    out->grid[2 * k] = hl;
+    out->grid[2 * k + 1] = wl;
+}
 int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out) {
     memset(out, 0, sizeof *out);
     const vae_config *c = vae_get_config(v);
@@ -34,12 +44,7 @@ int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out) {
             tp_error_context("encoding reference image %s", paths[k]);
             goto fail;
         }
-        for (int64_t t = 0; t < nt; t++) {
-            int32_t *id = out->ids + (t0 + t) * 4;
-            id[0] = refs_time_coord(k), id[1] = (int32_t)(t / wl), id[2] = (int32_t)(t % wl), id[3] = 0;
-        }
-        out->grid[2 * k] = hl;
-        out->grid[2 * k + 1] = wl;
+        place_tokens(out, k, t0, hl, wl);
     }
     return 0;
 fail:
@@ -89,12 +94,7 @@ int refs_encode_group(vae_model *v, MPI_Comm group, char *const *paths, int n, r
             goto fail;
         }
         if (rank != 0) continue;
-        for (int64_t t = 0; t < nt; t++) {
-            int32_t *id = out->ids + (t0 + t) * 4;
-            id[0] = refs_time_coord(k), id[1] = (int32_t)(t / wl), id[2] = (int32_t)(t % wl), id[3] = 0;
-        }
-        out->grid[2 * k] = hl;
-        out->grid[2 * k + 1] = wl;
+        place_tokens(out, k, t0, hl, wl);
     }
     return 0;
 fail:

@@ -18,32 +18,7 @@ $TPGEN make-tiny --out "$M" --seed 3 >/dev/null 2>&1 || fail "make-tiny"
 CLIENT=$TPGEN_ROOT/tests/serve_client.py
 PY=/usr/bin/python3
 
-# start_server LOG TPGEN_BINARY ARGS...: sets SRV (mpirun's pid), PORT, R0 (world rank 0's pid)
-start_server() {
-    local log=$1 bin=$2; shift 2
-    $MPIRUN -np "${NP:-2}" "$bin" serve --model "$M" --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
-    SRV=$!
-    PORT= R0=
-    for _ in $(seq 1 300); do
-        if grep -q "ready after" "$log"; then
-            PORT=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$log" | head -1)
-            R0=$(sed -n 's/.*to pid \([0-9]*\).*/\1/p' "$log" | head -1)
-            return 0
-        fi
-        kill -0 $SRV 2>/dev/null || break
-        sleep 0.2
-    done
-    return 1
-}
-wait_exit() {   # SECONDS: mpirun's exit status, or 124 after SECONDS (then killed)
-    for _ in $(seq 1 $(($1 * 5))); do
-        if ! kill -0 $SRV 2>/dev/null; then wait $SRV; return $?; fi
-        sleep 0.2
-    done
-    kill -9 $SRV 2>/dev/null; wait $SRV 2>/dev/null
-    return 124
-}
-stop_server() { kill -USR1 $SRV 2>/dev/null; wait_exit 30; }
+. "$TPGEN_ROOT/tests/lib_serve.sh"   # start_server, wait_exit, stop_server
 # keep a failing server's log where it can be read after the run (TMP goes)
 keep_log() { mkdir -p "$TPGEN_ROOT/build/serve_hostile" && cp "$1" "$TPGEN_ROOT/build/serve_hostile/" && echo "(log kept: build/serve_hostile/$(basename "$1"))"; }
 health() { curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health"; }
