@@ -29,7 +29,7 @@ done
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 cc -std=c17 -O2 -o "$T/st_compare" "$ROOT/tests/tools/st_compare.c" -ljansson -lm
-cc -std=c17 -O2 -o "$T/psnr" "$ROOT/scripts/psnr.c" -lpng -lm 2>/dev/null || cc -std=c17 -O2 -o "$T/psnr" "$ROOT/scripts/psnr.c" -lm
+cc -std=c17 -O2 -o "$T/psnr" "$ROOT/scripts/psnr.c" -lpng -lm
 render() { # precision tp
     $MPIRUN -np "$2" "$TPGEN" --model "$MODEL" --prompt "$PROMPT" --seed "$SEED" --width "$SIZE" --height "$SIZE" \
         --steps "$STEPS" --precision "$1" --tp "$2" --output "$T/$1-$2.png" --save-latents "$T/$1-$2.safetensors" >/dev/null 2>&1

@@ -115,7 +115,7 @@ if "$TPGEN" make-tiny --out "$TMP/tiny" >/dev/null 2>&1; then
         # one-rank decode of its own latents, and generate at tp 1, agree
         # within one level (f32)
         PSNR=$TMP/psnr
-        cc -O2 -o "$PSNR" "$TPGEN_ROOT/scripts/psnr.c" -lm
+        cc -O2 -o "$PSNR" "$TPGEN_ROOT/scripts/psnr.c" -lpng -lm || fail "decode: building scripts/psnr.c"
         out=$($MPIRUN -np 2 "$TPGEN" --model "$TMP/tiny" --prompt-embeds "$TMP/tiny/prompt_embeds.safetensors" --width 64 \
               --height 48 --steps 2 --seed 5 --backend cpu --precision f32 --output "$TMP/gen2.png" \
               --save-latents "$TMP/gen2.safetensors" 2>&1) &&
