@@ -1,4 +1,4 @@
-/* The plan engine: a plan is a table of {glob, style, blocks} rules that
+/* The plan engine: a plan is a table of {glob, style, blocks, if_divides} rules that
  * says how each tensor of a checkpoint is split across tp ranks. Tensors
  * that no rule matches are replicated. At most one '*' per glob, standing
  * for a block index. Blocks are proportions ("1,1") or sizes named by the
