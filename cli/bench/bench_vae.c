@@ -14,26 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-static void flux2_vae_config(vae_config *c) {
-    memset(c, 0, sizeof *c);
-    c->latent_channels = 32;
-    c->n_blocks = 4;
-    int b[4] = {128, 256, 512, 512};
-    memcpy(c->block_out, b, sizeof b);
-    c->layers_per_block = 2;
-    c->norm_groups = 32;
-    c->out_channels = 3;
-    c->mid_attention = 1;
-    c->post_quant_conv = 1;
-    c->bn_eps = 1e-4f;
-    c->norm_eps = 1e-6f;
-    c->in_channels = 3;
-    c->enc_n_blocks = 4;
-    memcpy(c->enc_block_out, b, sizeof b);
-    c->quant_conv = 1;
-    c->enc_blocks_ok = 1;
-}
-
 /* Multiply-adds x2 of the convolutions, projections and attention. */
 static double resnet_flops(int cin, int cout, double hw) {
     return 2.0 * hw * (9.0 * cin * cout + 9.0 * cout * cout + (cin != cout ? (double)cin * cout : 0));
@@ -253,7 +233,7 @@ static int bench_vae_run(int argc, char **argv, const dist *d) {
         return 1;
     }
     vae_config cfg;
-    flux2_vae_config(&cfg);
+    vae_flux2_config(&cfg);
     if (d->world_rank == 0) {
         printf("# VAE %s, FLUX.2 shapes [128,256,512,512], random weights, backend %s, %d ranks x %d threads, best and "
                "median of %d\n", encoder ? "encoder" : "decoder", be->vt->name, d->world_size, be->threads, repeat);

@@ -134,5 +134,7 @@ int vae_write_tiny(const char *vae_dir, unsigned seed);
 /* The same at FLUX.2's real widths (128/256/512/512, 32 latent channels,
  * 2 layers per block: 84 M parameters, 168 MB). */
 int vae_write_flux2(const char *vae_dir, unsigned seed);
+/* FLUX.2's AutoencoderKLFlux2 configuration (spec flux2-text-vae.md §6.1). */
+void vae_flux2_config(vae_config *c);
 
 #endif

@@ -81,8 +81,7 @@ static void tiny_config(vae_config *c) {
     c->enc_blocks_ok = 1;
 }
 
-/* FLUX.2's AutoencoderKLFlux2 (spec flux2-text-vae.md §6.1) */
-static void flux2_config(vae_config *c) {
+void vae_flux2_config(vae_config *c) {
     tiny_config(c);
     c->latent_channels = 32;
     int blocks[4] = {128, 256, 512, 512};
@@ -102,7 +101,7 @@ int vae_write_tiny(const char *vae_dir, unsigned seed) {
 
 int vae_write_flux2(const char *vae_dir, unsigned seed) {
     vae_config cfg;
-    flux2_config(&cfg);
+    vae_flux2_config(&cfg);
     return write_random(vae_dir, &cfg, seed);
 }
 
