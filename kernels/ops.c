@@ -55,7 +55,33 @@ int tensor_download_f32(const tensor *t, float *host) {
     if (!be->vt->op) tp_fatal("backend %s has no op " #op, be->vt->name); \
     be->vt->op(be, __VA_ARGS__); } while (0)
 
-void op_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias) { DISPATCH(gemm, y, x, w, bias); }
+/* y[:, rows of a term] += (x[:, its columns] · aᵀ) · bᵀ for each low-rank
+ * term of w (tensor.h), restricted to the rows of w's view: two small f32
+ * GEMMs of rank r and one add, on the weight's backend. */
+static void gemm_lowrank(backend *be, tensor *y, const tensor *x, const tensor *w) {
+    const tensor_lowrank *L = w->lowrank;
+    for (int i = 0; i < L->n; i++) {
+        const tensor_lowrank_term *t = &L->t[i];
+        int64_t r0 = t->row0 - w->lowrank_row0, lo = r0 > 0 ? r0 : 0;
+        int64_t hi = r0 + t->nrows < w->rows ? r0 + t->nrows : w->rows;
+        if (lo >= hi) continue;
+        tensor xa = tensor_cols(x, t->col0, t->ncols), bv = tensor_rows(t->b, lo - r0, hi - lo);
+        tensor *ax = tensor_new(be, DT_F32, x->rows, t->a->rows), *u = tensor_new(be, DT_F32, x->rows, hi - lo);
+        if (!ax || !u) tp_fatal("op_gemm: out of memory for a LoRA term of a [%lld, %lld] weight: %s",
+                                (long long)w->rows, (long long)w->cols, tp_error_msg());
+        DISPATCH(gemm, ax, &xa, t->a, NULL);
+        DISPATCH(gemm, u, ax, &bv, NULL);
+        tensor yv = tensor_cols(y, lo, hi - lo);
+        DISPATCH(add, &yv, &yv, u);
+        tensor_free(ax);
+        tensor_free(u);
+    }
+}
+
+void op_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias) {
+    DISPATCH(gemm, y, x, w, bias);
+    if (w->lowrank) gemm_lowrank(be, y, x, w);
+}
 void op_copy(backend *be, tensor *y, const tensor *x) { DISPATCH(copy, y, x); }
 void op_layernorm_mod(backend *be, tensor *y, const tensor *x, const tensor *shift, const tensor *scale, float eps) { DISPATCH(layernorm_mod, y, x, shift, scale, eps); }
 void op_rmsnorm(backend *be, tensor *y, const tensor *x, const tensor *w, int group, float eps) { DISPATCH(rmsnorm, y, x, w, group, eps); }

@@ -163,8 +163,33 @@ tensor *tensor_new_ggml(struct backend *be, int qtype, int64_t rows, int64_t col
     return t;
 }
 
+void tensor_lowrank_add(tensor *w, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, tensor *a, tensor *b) {
+    if (!w->owner || row0 < 0 || nrows < 1 || row0 + nrows > w->rows || col0 < 0 || ncols < 1 ||
+        col0 + ncols > w->cols || a->cols != ncols || b->rows != nrows || a->rows != b->cols)
+        tp_fatal("tensor_lowrank_add: a [%lld, %lld] / b [%lld, %lld] at rows %lld+%lld, cols %lld+%lld of a "
+                 "[%lld, %lld] weight", (long long)a->rows, (long long)a->cols, (long long)b->rows,
+                 (long long)b->cols, (long long)row0, (long long)nrows, (long long)col0, (long long)ncols,
+                 (long long)w->rows, (long long)w->cols);
+    tensor_lowrank *L = w->lowrank;
+    if (!L) L = w->lowrank = xcalloc(1, sizeof *L);
+    L->t = xrealloc(L->t, (size_t)(L->n + 1) * sizeof *L->t);
+    L->t[L->n++] = (tensor_lowrank_term){row0, nrows, col0, ncols, a, b};
+}
+
+size_t tensor_lowrank_bytes(const tensor *w) {
+    size_t n = 0;
+    for (int i = 0; w->lowrank && i < w->lowrank->n; i++)
+        n += tensor_nbytes(w->lowrank->t[i].a) + tensor_nbytes(w->lowrank->t[i].b);
+    return n;
+}
+
 void tensor_free(tensor *t) {
     if (!t) return;
+    if (t->owner && t->lowrank) {
+        for (int i = 0; i < t->lowrank->n; i++) tensor_free(t->lowrank->t[i].a), tensor_free(t->lowrank->t[i].b);
+        free(t->lowrank->t);
+        free(t->lowrank);
+    }
     if (t->owner && t->scale) be_free(t->be, t->scale);
     if (t->owner && t->data) be_free(t->be, t->data);
     free(t);
@@ -175,6 +200,7 @@ tensor tensor_rows(const tensor *t, int64_t r0, int64_t n) {
     tensor v = *t;
     v.owner = 0;
     v.rows = n;
+    v.lowrank_row0 = t->lowrank_row0 + r0;
     v.data = (char *)t->data + (t->dtype == DT_GGML ? (size_t)r0 * (size_t)t->qpitch
                                                      : (size_t)r0 * (size_t)t->ld * dtype_size(t->dtype));
     if (t->scale && t->scale_per_row) v.scale = (float *)t->scale + r0;
@@ -183,6 +209,7 @@ tensor tensor_rows(const tensor *t, int64_t r0, int64_t n) {
 
 tensor tensor_cols(const tensor *t, int64_t c0, int64_t n) {
     if (t->dtype == DT_GGML) tp_fatal("tensor_cols: a quantised (GGML) weight has no column views");
+    if (t->lowrank) tp_fatal("tensor_cols: a weight with low-rank (LoRA) terms has no column views");
     if (c0 < 0 || n < 0 || c0 + n > t->cols) tp_fatal("tensor_cols: [%lld,+%lld) of %lld cols", (long long)c0, (long long)n, (long long)t->cols);
     tensor v = *t;
     v.owner = 0;
@@ -196,6 +223,7 @@ tensor tensor_reshape(const tensor *t, int64_t rows, int64_t cols) {
     if (!tensor_contiguous(t) || rows * cols != t->rows * t->cols)
         tp_fatal("tensor_reshape: %lldx%lld -> %lldx%lld", (long long)t->rows, (long long)t->cols, (long long)rows, (long long)cols);
     if (t->scale && t->scale_per_row && rows != t->rows) tp_fatal("tensor_reshape: a per-row scaled fp8 tensor keeps its rows");
+    if (t->lowrank && (rows != t->rows || cols != t->cols)) tp_fatal("tensor_reshape: a weight with low-rank (LoRA) terms keeps its shape");
     tensor v = *t;
     v.owner = 0;
     v.rows = rows;

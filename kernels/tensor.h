@@ -107,7 +107,31 @@ typedef struct tensor {
     int64_t qpitch;
     int n_qseg;
     tensor_qseg qseg[TENSOR_MAX_QSEGS];
+    /* Low-rank terms added to every product with this weight (an unmerged
+     * LoRA on fp8 or GGUF weights, docs/lora.md): op_gemm adds
+     * x[:, col0:col0+ncols] · aᵀ · bᵀ to y[:, row0:row0+nrows] for each
+     * term. Rows are the owner's local rows; lowrank_row0 is where a row view
+     * starts in them (tensor_rows moves it). Owned by the owning tensor. */
+    struct tensor_lowrank *lowrank;
+    int64_t lowrank_row0;
 } tensor;
+
+/* One low-rank term: a [r, ncols] and b [nrows, r] (the coefficient folded
+ * into b), both plain f32 tensors on the weight's backend. */
+typedef struct tensor_lowrank_term {
+    int64_t row0, nrows, col0, ncols;
+    tensor *a, *b;
+} tensor_lowrank_term;
+
+typedef struct tensor_lowrank {
+    int n;
+    tensor_lowrank_term *t;
+} tensor_lowrank;
+
+/* Add a term to w (the owning tensor); a and b become w's. */
+void tensor_lowrank_add(tensor *w, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, tensor *a, tensor *b);
+/* Backend bytes of w's low-rank terms. */
+size_t tensor_lowrank_bytes(const tensor *w);
 
 /* the layer must not run an fp8 GEMM (ComfyUI full_precision_matrix_mult):
  * a backend dequantises it and multiplies in bf16/f32 */

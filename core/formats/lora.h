@@ -1,4 +1,4 @@
-/* LoRA adapters merged into each rank's own shard at load time.
+/* LoRA adapters applied to each rank's own shard at load time.
  *
  * An adapter file (safetensors) in one of the formats users have is read
  * header-first: its format is detected from the key names as diffusers'
@@ -17,7 +17,9 @@
  *
  * During weights_load the merge hook (lora_merge_shard, core/formats/lora_merge.c)
  * reads only the rows of B and the columns of A that the rank's shard
- * touches, adds the deltas in f32 and rounds once to the stored dtype. */
+ * touches, adds the deltas in f32 and rounds once to the stored dtype. A
+ * tensor stored fp8 or GGUF-quantised is not merged: the same pieces become
+ * low-rank terms of the weight (kernels/tensor.h), added by op_gemm. */
 #ifndef TPGEN_LORA_H
 #define TPGEN_LORA_H
 #include "checkpoint.h"

@@ -218,20 +218,54 @@ static int nonfinite_error(const lora_set *s, int lo, int hi, int64_t r, int64_t
                     (double)v, k ? who : "the adapters");
 }
 
+/* A weight stored fp8 or GGUF-quantised keeps its bytes: each segment's
+ * part of every rectangle of the shard becomes a low-rank term of the
+ * tensor (kernels/tensor.h), y += coef · B_rows (A_cols x_cols), which
+ * op_gemm adds to each product. The same rows of B and columns of A are
+ * read as for a merge, so a row-parallel shard's partial sums still add up
+ * to the whole product in the all-reduce. */
+static int attach_rects(merge_ctx *M, int lo, int hi, const shard_info *si, const shard_piece *pc, int np,
+                        tensor *t) {
+    for (int ip = 0; ip < np; ip++) {
+        rect R = piece_rect(si, &pc[ip]);
+        for (int k = lo; k < hi; k++) {
+            const lora_segment *g = &M->s->seg[k];
+            int64_t a0, a1, bb, ab, r = g->rank;
+            if (!overlap(g, R.grow0, R.nr, &a0, &a1)) continue;
+            int64_t b0 = g->brow0 + (a0 - g->row0), n = a1 - a0;
+            const float *B = get_piece(M, g, 0, b0, n, &bb), *AT = get_piece(M, g, 1, R.gcol0, R.nc, &ab);
+            if (!B || !AT) return -1;
+            if (M->dry) continue;
+            float *a = xmalloc((size_t)(r * R.nc) * sizeof *a), *b = xmalloc((size_t)(n * r) * sizeof *b);
+            for (int64_t j = 0; j < R.nc; j++)   /* A^T [nc, r] back to A [r, nc] */
+                for (int64_t i = 0; i < r; i++) a[i * R.nc + j] = AT[(R.gcol0 - ab + j) * r + i];
+            for (int64_t i = 0; i < n * r; i++) b[i] = (float)(g->coef * B[(b0 - bb) * r + i]);
+            tensor *ta = tensor_new(t->be, DT_F32, r, R.nc), *tb = tensor_new(t->be, DT_F32, n, r);
+            int rc = ta && tb ? 0 : -1;
+            if (!rc) rc = tensor_upload_f32(ta, a) || tensor_upload_f32(tb, b) ? -1 : 0;
+            int64_t bad = first_nonfinite_f32(b, (size_t)(n * r));
+            if (!rc && bad >= 0)
+                rc = tp_error("module %s of %s times its coefficient %g is not finite (element %lld of B); lower its "
+                              "--lora weight", g->module, M->s->ad[g->adapter].path, g->coef, (long long)bad);
+            free(a), free(b);
+            if (rc) {
+                tensor_free(ta), tensor_free(tb);
+                return -1;
+            }
+            tensor_lowrank_add(t, R.lrow0 + (a0 - R.grow0), n, R.lcol0, R.nc, ta, tb);
+        }
+    }
+    return 0;
+}
+
 /* Merge (or, dry, count) every segment of si's tensor into the shard. */
 static int merge_rects(merge_ctx *M, const st_tensor_info *ti, const shard_info *si, int tp, int rank, tensor *t) {
     int lo, hi;
     find_segments(M->s, ti->name, &lo, &hi);
     if (lo == hi) return 0;
-    if (dtype_is_fp8(ti->dtype))
-        return tp_error("the tensor is stored in fp8 (%s), and LoRA adapters are merged into bf16/f32 weights only; "
-                        "use the bf16 checkpoint (with --quantize fp8 the adapters are merged first, then quantised)",
-                        dtype_name(ti->dtype));
-    if (ti->dtype == DT_GGML)
-        return tp_error("the tensor is stored quantised (GGUF %s), and LoRA adapters are merged into bf16/f32 "
-                        "weights only; use a bf16 checkpoint for LoRA runs", quant_type_name(ti->qtype));
     shard_piece pc[PLAN_MAX_PIECES];
     int np = plan_shard_pieces(si, si->style == STYLE_REPLICATED ? 1 : tp, rank, pc);
+    if (dtype_is_fp8(ti->dtype) || ti->dtype == DT_GGML) return attach_rects(M, lo, hi, si, pc, np, t);
     float *W = NULL, *delta = NULL;
     backend *cpu = M->dry ? NULL : merge_backend(M->s, t);
     int rc = cpu || M->dry ? 0 : tp_error("no host backend for the LoRA merge");
