@@ -62,3 +62,29 @@ cp -r "$M/tokenizer" "$TMP/trunc/"
 expect_fail "encode gguf: truncated file named" "trunc/text_encoder/model.gguf" \
     $MPIRUN -np 2 $TPGEN encode --model "$TMP/trunc" --prompt x --save-embeds "$TMP/x.st"
 [ -e "$TMP/x.st" ] && fail "encode gguf: a failed run left an output file" || ok "encode gguf: failed runs leave no file"
+
+# --- generate end to end with the GGUF text encoder: a make-tiny --family dev folder (hidden 32,
+# vocabulary 1280: the GGUF's widths) whose text_encoder/ is replaced by the GGUF. The prompt
+# through the GGUF encoder gives the same latents as the embeddings `tpgen encode` saved above. ---
+CMP=$TMP/st_compare
+P=$TMP/devp
+if ! cc -std=c17 -O2 -o "$CMP" "$TPGEN_ROOT/tests/tools/st_compare.c" -ljansson -lm 2>"$TMP/cc.log"; then
+    fail "building tests/tools/st_compare.c: $(tail -3 "$TMP/cc.log")"
+elif ! out=$($TPGEN make-tiny --out "$P" --family dev --seed 4 2>&1); then
+    fail "make-tiny --family dev: $out"
+else
+    rm -f "$P"/text_encoder/*
+    ln -s "$DATA/mistral-q8_0.gguf" "$P/text_encoder/model.gguf"
+    gen() { # NP STEM FLAGS...
+        local np=$1 stem=$2; shift 2
+        $MPIRUN -np "$np" $TPGEN --model "$P" --seed 5 --width 64 --height 48 --backend cpu --steps 2 --precision f32 \
+            --max-sequence-length 32 --no-decode --save-latents "$TMP/$stem.safetensors" "$@" 2>&1
+    }
+    if o1=$(gen 2 from_prompt --prompt "a red fox") && o2=$(gen 1 from_embeds --prompt-embeds "$TMP/tp 1 f32.st"); then
+        c=$("$CMP" "$TMP/from_prompt.safetensors" "$TMP/from_embeds.safetensors" latents 1e-5); rc=$?
+        [ $rc -eq 0 ] && ok "generate with the GGUF text encoder (tp 2) = generate from tpgen encode's embeddings ($c)" \
+            || fail "generate GGUF text encoder vs saved embeddings: $c"
+    else
+        fail "generate with the GGUF text encoder: $(echo "$o1 $o2" | tail -4)"
+    fi
+fi
