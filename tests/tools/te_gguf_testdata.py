@@ -222,6 +222,16 @@ if ENCODE_IDS:
     refs['mistral-q8_0.encode.prompt_embeds'] = np.concatenate([hs[10], hs[20], hs[30]], axis=1)
     info['encode'] = {'prompt': ENCODE_PROMPT, 'ids': ENCODE_IDS}
 
+# ---- fuzz seeds (fuzz/fuzz_gguf.c): the metadata of each file with tiny tensors of the real names ----
+for arch, cfg, nm in (('qwen3', qcfg, 'te_qwen3.gguf'), ('llama', mcfg_pad, 'te_llama.gguf')):
+    small = dict(cfg, num_hidden_layers=1, hidden_size=32, intermediate_size=32, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=16)
+    sd = {'model.embed_tokens.weight': rng.standard_normal((4, 32)).astype(np.float32),
+          'model.norm.weight': np.ones(32, np.float32),
+          'model.layers.0.self_attn.q_proj.weight': rng.standard_normal((32, 32)).astype(np.float32),
+          'model.layers.0.self_attn.k_proj.weight': rng.standard_normal((16, 32)).astype(np.float32)}
+    write(os.path.join('fuzz/corpus/gguf', nm), arch, small, sd, lambda n: T.Q8_0, arch == 'llama')
+
 save_file(refs, os.path.join(out_dir, 'refs.safetensors'))
 json.dump(info, open(os.path.join(out_dir, 'refs.json'), 'w'), indent=1)
 for f in sorted(os.listdir(out_dir)):
