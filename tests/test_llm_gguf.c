@@ -171,6 +171,7 @@ static double check_variant(const variant *v, dtype_t dt, double tol, int no_per
         comm *c = comm_create_mpi(group, be);
         llm *m = NULL;
         load_stats st = {0};
+        double tp_worst = 0;
         int rc = llm_load(ck, &cfg, top, be, c, dt, &m, &st);
         CHECK(!rc, "%s tp %d: %s", v->file, tp, tp_error_msg());
         if (!rc) {
@@ -192,6 +193,7 @@ static double check_variant(const variant *v, dtype_t dt, double tol, int no_per
                 REQ_D(ref, "reference %s of case %d missing", what, cs);
                 double e = block_rel(out, 5, k, ref, n, H, rows);
                 if (e > worst) worst = e;
+                if (e > tp_worst) tp_worst = e;
                 if (!no_permute)
                     CHECK(e < tol, "%s tp %d %s case %d %s: rel L2 %.3g", v->file, tp, dtype_name(dt), cs, what, e);
                 free(ref);
@@ -215,6 +217,8 @@ static double check_variant(const variant *v, dtype_t dt, double tol, int no_per
                 free(pe);
             }
         }
+        if (world_rank == 0 && !no_permute)
+            printf("# %s tp %d %s: worst hidden-state rel L2 %.3g\n", v->file, tp, dtype_name(dt), tp_worst);
         llm_free(m);
         comm_destroy(c);
         MPI_Comm_free(&group);
