@@ -236,6 +236,64 @@ TEST_MPI(llm_gguf_qwen3_q8q4) { check_variant(&k_qwen_q, DT_F32, 1e-4, 0); }
 TEST_MPI(llm_gguf_mistral_q8_0) { check_variant(&k_mistral_q, DT_F32, 1e-4, 0); }
 TEST_MPI(llm_gguf_mistral_q8_0_bf16) { check_variant(&k_mistral_q, DT_BF16, 3e-2, 0); }
 
+/* K-quants (qwen3-kquant.gguf: Q2_K..Q6_K + Q4_0, a random tiny Qwen3 of hidden 256): the embeddings and
+ * the final norm of the one layer against transformers on the decoded blocks, tp 1 and 2 (at tp 2
+ * ffn_down's 128 columns a rank are half a Q4_K block: both ranks read the whole block); tp 4 does not
+ * divide the 2 heads and is refused. */
+TEST_MPI(llm_gguf_qwen3_kquant) {
+    static const variant v = {"qwen3-kquant.gguf", "qwen3-kquant", NULL, NULL, 10, {0, 1}, {0}};
+    int world_rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    checkpoint *ck = NULL;
+    llm_config cfg;
+    REQUIRE(!open_variant(&v, &ck, &cfg, "kquant"), "%s", tp_error_msg());
+    CHECK(cfg.hidden == 256 && cfg.n_layers == 1 && cfg.head_dim == 64 && cfg.vocab == 32, "config");
+    st_file *rf = NULL;
+    REQUIRE(!st_open(DATA "/refs.safetensors", &rf), "%s", tp_error_msg());
+    int64_t *rid = NULL;
+    const st_tensor_info *info;
+    REQUIRE(!st_read_i64(rf, "qwen3-kquant.case0.input_ids", &rid, &info) && st_numel(info) == 10, "ids");
+    int32_t ids[10];
+    for (int i = 0; i < 10; i++) ids[i] = (int32_t)rid[i];
+    free(rid);
+    float *ref0 = read_f32(rf, "qwen3-kquant.case0.hidden_states_0", 10 * 256);
+    float *ref1 = read_f32(rf, "qwen3-kquant.case0.hidden_states_1", 10 * 256);
+    REQUIRE(ref0 && ref1, "references missing");
+    backend *be = backend_cpu_create(1);
+    float *out = malloc((size_t)10 * 2 * 256 * sizeof *out);
+    int idx[2] = {0, 1};
+    for (int tp = 1; tp <= 4 && !test_failed(); tp *= 2) {
+        if (world % tp) continue;
+        MPI_Comm group;
+        MPI_Comm_split(MPI_COMM_WORLD, world_rank / tp, world_rank, &group);
+        comm *c = comm_create_mpi(group, be);
+        llm *m = NULL;
+        load_stats st = {0};
+        int rc = llm_load(ck, &cfg, 1, be, c, DT_F32, &m, &st);
+        if (tp == 4) {
+            CHECK(rc == -1 && strstr(tp_error_msg(), "num_attention_heads 2"), "tp 4 with 2 heads: %s", tp_error_msg());
+        } else {
+            CHECK(!rc, "tp %d: %s", tp, tp_error_msg());
+            uint64_t want = rc ? 0 : expected_bytes(ck, &cfg, 1, 1, tp, c->rank);
+            CHECK(!rc && st.bytes_read == want, "tp %d rank %d read %llu bytes, the formula says %llu", tp, c->rank,
+                  (unsigned long long)st.bytes_read, (unsigned long long)want);
+            for (size_t i = 0; i < (size_t)10 * 2 * 256; i++) out[i] = NAN;
+            if (!rc) CHECK(!llm_forward(m, ids, NULL, 10, idx, 2, out), "forward: %s", tp_error_msg());
+            double e0 = block_rel(out, 2, 0, ref0, 10, 256, NULL), e1 = block_rel(out, 2, 1, ref1, 10, 256, NULL);
+            CHECK(e0 < 1e-4 && e1 < 1e-4, "tp %d: embeddings %.3g, final norm %.3g", tp, e0, e1);
+            if (world_rank == 0) printf("# qwen3-kquant.gguf tp %d F32: embeddings %.3g, final norm %.3g\n", tp, e0, e1);
+        }
+        llm_free(m);
+        comm_destroy(c);
+        MPI_Comm_free(&group);
+    }
+    free(out), free(ref0), free(ref1);
+    backend_destroy(be);
+    st_close(rf);
+    checkpoint_close(ck);
+}
+
 /* The llama file's Q/K rows are permuted: taken as HF-ordered (RoPE on
  * pairs (j, j + D/2)) the hidden states are far off; with llama.cpp's order
  * they match to 1e-4 (above). */

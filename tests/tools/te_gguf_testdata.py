@@ -16,13 +16,18 @@ GOLDEN_DIR defaults to build/golden. Writes tests/data/te-gguf/:
                        llama.cpp's Q4_K_M-style recipes mix types; hidden 64 is not a
                        multiple of 256, so no K-quant applies), quantised by gguf-py
   mistral-q8_0.gguf    golden mistral-tiny's language model (31 layers, hidden 32, 4/2 heads
-                       of 8), arch "llama", every 2-D tensor Q8_0, 1-D F32, attn_q / attn_k
+                       of 8), arch "llama", every 2-D tensor Q8_0 (output.weight, never read, Q4_0), 1-D F32, attn_q / attn_k
                        rows PERMUTED as LlamaModel.permute does (undo_permute = True); the
                        vision tower and projector left out (llama.cpp's Mistral-Small GGUFs
                        hold the language model only). token_embd and output are padded
                        from 1200 to 1280 rows (80 extra random rows) so that the mini Tekken
                        tokenizer (tests/data/tekken-mini, ids up to 1269) fits for the
                        `tpgen encode` check; the golden ids are < 1200 and never see them.
+  qwen3-kquant.gguf    an extra tiny RANDOM Qwen3 where K-quants apply (hidden 256, MLP 256, 1 layer,
+                       2 heads of 64, 1 KV head, vocabulary 32): token_embd Q6_K, attn_q Q4_K,
+                       attn_k Q5_K, attn_v Q6_K, attn_output Q4_0 (128-value rows), ffn_gate Q2_K,
+                       ffn_up Q3_K, ffn_down Q4_K: random valid blocks (gguf-py has no K-quant
+                       quantiser), the norms random F32 near 1
   refs.safetensors     references computed here with transformers (Qwen3Model /
                        MistralModel, float32, eager attention) on gguf-py's dequantised
                        weights of each quantised file, in the HF layout (Q8_0/Q4_0 blocks lie
@@ -31,7 +36,9 @@ GOLDEN_DIR defaults to build/golden. Writes tests/data/te-gguf/:
                        qwen3-q8q4.caseK.hidden_states_{0..4}, mistral-q8_0.caseK.
                        hidden_states_{0,10,20,30,31} for the golden cases' input_ids, and
                        mistral-q8_0.encode.{input_ids,prompt_embeds} (hidden states 10/20/30
-                       stacked) for ENCODE_IDS below.
+                       stacked) for ENCODE_IDS below; qwen3-kquant.case0.{input_ids,
+                       hidden_states_0,hidden_states_1} (10 random ids; the embeddings and the final
+                       norm of the layer's output).
   refs.json            sanity figures: the transformers run on the unquantised BF16 weights
                        against the golden hidden states (must be ~1e-7), quantisation errors.
 
@@ -90,8 +97,9 @@ def permute(w, n_head, n_head_kv):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write(path, arch, cfg, sd, qtype_of, permute_qk):
-    """sd: HF names (model.*, lm_head) -> f32 arrays. Returns the dequantised HF-layout state dict."""
+def write(path, arch, cfg, sd, qtype_of, permute_qk, raw=None):
+    """sd: HF names (model.*, lm_head) -> f32 arrays; raw: gguf name -> (type, stored blocks) written as given
+    (their values are sd's). Returns the dequantised HF-layout state dict."""
     w = gguf.GGUFWriter(path, arch=arch)
     w.add_name(os.path.basename(path)[:-5])
     w.add_context_length(cfg['max_position_embeddings'])
@@ -107,7 +115,8 @@ def write(path, arch, cfg, sd, qtype_of, permute_qk):
     if arch == 'llama':
         w.add_vocab_size(sd['model.embed_tokens.weight'].shape[0])
         w.add_rope_dimension_count(cfg['head_dim'])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if 'q8' in path else gguf.LlamaFileType.MOSTLY_BF16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if 'kquant' in path else
+                    gguf.LlamaFileType.MOSTLY_Q8_0 if 'q8' in path else gguf.LlamaFileType.MOSTLY_BF16)
     deq = {}
     for hf in sorted(sd, key=lambda n: (n.count('layers'), n)):
         x = sd[hf].astype(np.float32)
@@ -117,7 +126,10 @@ def write(path, arch, cfg, sd, qtype_of, permute_qk):
             deq[hf] = x
             continue
         qt = qtype_of(name)
-        q = quantize(x, qt)
+        if raw and name in raw:
+            qt, q = raw[name]
+        else:
+            q = quantize(x, qt)
         deq[hf] = dequantize(q, qt).astype(np.float32).reshape(x.shape)   # HF layout
         if permute_qk and name.endswith('attn_q.weight'):
             q = permute(q, cfg['num_attention_heads'], cfg['num_attention_heads'])
@@ -200,7 +212,8 @@ for n in ('model.embed_tokens.weight', 'lm_head.weight'):
     extra = (rng.standard_normal((V1 - V0, mcfg['hidden_size'])) * msd[n].std()).astype(np.float32)
     msd[n] = np.concatenate([msd[n], extra])
 mcfg_pad = dict(mcfg, vocab_size=V1)
-deq = write(os.path.join(out_dir, 'mistral-q8_0.gguf'), 'llama', mcfg_pad, msd, lambda n: T.Q8_0, True)
+deq = write(os.path.join(out_dir, 'mistral-q8_0.gguf'), 'llama', mcfg_pad, msd,
+            lambda n: T.Q4_0 if n == 'output.weight' else T.Q8_0, True)
 m_q = mistral_model(mcfg_pad, deq)
 MIDX = (0, 10, 20, 30, 31)
 for k in range(2):
@@ -221,6 +234,60 @@ if ENCODE_IDS:
     refs['mistral-q8_0.encode.input_ids'] = ids[0].astype(np.int64)
     refs['mistral-q8_0.encode.prompt_embeds'] = np.concatenate([hs[10], hs[20], hs[30]], axis=1)
     info['encode'] = {'prompt': ENCODE_PROMPT, 'ids': ENCODE_IDS}
+
+
+# ---- K-quants: an extra tiny random Qwen3 at widths where they apply (hidden 256, MLP 256, 1 layer,
+# 2 heads of 64, 1 KV head, vocabulary 32). gguf-py has no K-quant quantiser, so the blocks are random valid
+# blocks (random bytes, f16 scale fields set, then scaled so the decoded weights have the wanted spread);
+# the reference is transformers on what they decode to. attn_output's rows are 128 values, not whole
+# 256-blocks: Q4_0 there, as llama.cpp falls back for such rows. At tp 2 ffn_down's 128 columns per rank
+# are half a Q4_K block. ----
+F16_FIELDS = {T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q4_0: [0]}
+
+
+def random_kblocks(qt, rows, cols, std):
+    bs, nb = gguf.GGML_QUANT_SIZES[qt]
+    b = rng.integers(0, 256, size=(rows, cols // bs, nb), dtype=np.uint8)
+    scale = 1.0
+    for _ in range(2):   # set the f16 fields, measure the spread, rescale once
+        for k, off in enumerate(F16_FIELDS[qt]):
+            h = rng.uniform(0.5, 1.0, size=(rows, cols // bs)) * scale * (1e-2 if k == 0 else 1e-2)
+            if k == 0: h *= rng.choice([-1, 1], size=h.shape)
+            b[:, :, off:off + 2] = h.astype(np.float16).view(np.uint8).reshape(rows, cols // bs, 2)
+        v = dequantize(b.reshape(rows, -1), qt).reshape(rows, cols)
+        scale *= std / float(v.std())
+    return b.reshape(rows, cols // bs * nb), v.astype(np.float32)
+
+
+kcfg = dict(vocab_size=32, hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=64, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=4096,
+            tie_word_embeddings=True, hidden_act='silu', attention_bias=False,
+            rope_parameters={'rope_theta': 1e6, 'rope_type': 'default'})
+ktypes = {'token_embd.weight': (T.Q6_K, (32, 256), 1.0), 'blk.0.attn_q.weight': (T.Q4_K, (128, 256), 0.06),
+          'blk.0.attn_k.weight': (T.Q5_K, (64, 256), 0.06), 'blk.0.attn_v.weight': (T.Q6_K, (64, 256), 0.06),
+          'blk.0.attn_output.weight': (T.Q4_0, (256, 128), 0.08), 'blk.0.ffn_gate.weight': (T.Q2_K, (256, 256), 0.06),
+          'blk.0.ffn_up.weight': (T.Q3_K, (256, 256), 0.06), 'blk.0.ffn_down.weight': (T.Q4_K, (256, 256), 0.06)}
+ksd, kraw = {}, {}
+hf_of = {gguf_name(n): n for n in ['model.embed_tokens.weight'] +
+         ['model.layers.0.%s.weight' % m for m, _ in LAYER_MAP if 'norm' not in m]}
+for name, (qt, shape, std) in ktypes.items():
+    blocks, vals = random_kblocks(qt, shape[0], shape[1], std)
+    kraw[name] = (qt, blocks)
+    ksd[hf_of[name]] = vals
+for n, d in (('model.norm.weight', 256), ('model.layers.0.input_layernorm.weight', 256),
+             ('model.layers.0.post_attention_layernorm.weight', 256), ('model.layers.0.self_attn.q_norm.weight', 64),
+             ('model.layers.0.self_attn.k_norm.weight', 64)):
+    ksd[n] = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+kdeq = write(os.path.join(out_dir, 'qwen3-kquant.gguf'), 'qwen3', kcfg, ksd, lambda n: None, False, kraw)
+for n in ksd: assert np.array_equal(kdeq[n], ksd[n]), n
+kids = rng.integers(0, 32, size=(1, 10)).astype(np.int64)
+hs = hidden(qwen3_model(kcfg, kdeq), kids, np.ones_like(kids))
+refs['qwen3-kquant.case0.input_ids'] = kids[0]
+assert len(hs) == 2   # [0] the embeddings, [1] the final norm of the layer's output (tied last hidden state)
+refs['qwen3-kquant.case0.hidden_states_0'] = hs[0]
+refs['qwen3-kquant.case0.hidden_states_1'] = hs[1]
+info['qwen3-kquant.types'] = {n: T(t[0]).name for n, t in ktypes.items()}
+info['qwen3-kquant.hidden_state_std'] = [float(h.std()) for h in hs]
 
 # ---- fuzz seeds (fuzz/fuzz_gguf.c): the metadata of each file with tiny tensors of the real names ----
 for arch, cfg, nm in (('qwen3', qcfg, 'te_qwen3.gguf'), ('llama', mcfg_pad, 'te_llama.gguf')):
