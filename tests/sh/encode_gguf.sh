@@ -2,7 +2,8 @@
 # tpgen encode with a llama.cpp GGUF text encoder (FLUX.2-dev layout: text_encoder/mistral-q8_0.gguf,
 # arch llama, permuted Q/K rows, Q8_0; tokenizer/ = the mini Tekken tokenizer), at tp 1, 2 and 4 and in
 # bf16, against the transformers reference of tests/data/te-gguf/refs.safetensors (ids exactly, embeds
-# by relative L2); bad GGUF folders refused on every rank.
+# by relative L2); bad GGUF folders refused on every rank; generate and serve (prompt cache) through the
+# GGUF encoder on a make-tiny --family dev folder.
 source "$TPGEN_ROOT/tests/lib.sh"
 DATA=$TPGEN_ROOT/tests/data/te-gguf
 M=$TMP/dev
@@ -86,5 +87,28 @@ else
             || fail "generate GGUF text encoder vs saved embeddings: $c"
     else
         fail "generate with the GGUF text encoder: $(echo "$o1 $o2" | tail -4)"
+    fi
+fi
+
+# --- serve with the GGUF text encoder: the same prompt twice is one encoder run and one cache hit,
+# and the two images are the same ---
+if [ -d "$P/text_encoder" ] && command -v curl >/dev/null && command -v jq >/dev/null; then
+    M=$P
+    . "$TPGEN_ROOT/tests/lib_serve.sh"
+    if ! start_server "$TMP/srv.log" "$TPGEN" --max-sequence-length 32; then
+        fail "serve with the GGUF text encoder: not ready: $(tail -5 "$TMP/srv.log")"
+    else
+        for k in 1 2; do
+            curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -H 'Content-Type: application/json' \
+                -d '{"prompt": "a red fox", "size": "64x48", "seed": 5, "steps": 2, "response_format": "b64_json"}' |
+                jq -r '.data[0].b64_json' | base64 -d >"$TMP/srv$k.png"
+        done
+        curl -s "http://127.0.0.1:$PORT/metrics" >"$TMP/srv-metrics.txt"
+        hits=$(sed -n 's/^tpgen_prompt_cache_lookups_total{result="hit"} //p' "$TMP/srv-metrics.txt")
+        misses=$(sed -n 's/^tpgen_prompt_cache_lookups_total{result="miss"} //p' "$TMP/srv-metrics.txt")
+        [ -s "$TMP/srv1.png" ] && cmp -s "$TMP/srv1.png" "$TMP/srv2.png" && [ "$hits" = 1 ] && [ "$misses" = 1 ] &&
+            ok "serve with the GGUF text encoder (tp 2): 1 prompt-cache miss, 1 hit, the same PNG twice" ||
+            fail "serve with the GGUF text encoder: hits '$hits' misses '$misses', PNGs $(ls -la "$TMP"/srv*.png 2>&1 | tr '\n' ' ')"
+        stop_server || fail "serve with the GGUF text encoder: exit status $?"
     fi
 fi
