@@ -559,3 +559,91 @@ TEST_MPI(textenc_gguf_refusals) {
         free(src), free(dst), free(root);
     }
 }
+
+/* ---- real shapes, sparse files (no weight bytes on disk): Qwen3-4B (klein-4B) and Mistral Small 3.x
+ * (dev) as llama.cpp Q4_K_M-style GGUFs (matrices Q4_K, attn_v / ffn_down Q6_K, token_embd Q4_K, output
+ * Q6_K, norms F32). Every rank's estimate at tp 1, 2, 4, 8 = the covering-blocks formula (at tp 8 Qwen3's
+ * ffn_down is 1216 columns a rank, 4.75 Q4_K blocks: edges inside blocks), and the figures docs/gguf.md
+ * gives. ---- */
+
+static gguf_kv kv_u32(const char *k, uint64_t v) { return (gguf_kv){(char *)k, {.type = GGUF_U32, .num.u = v}}; }
+static gguf_kv kv_f32(const char *k, double v) { return (gguf_kv){(char *)k, {.type = GGUF_F32, .num.f = v}}; }
+
+static int write_sparse(const char *path, const char *arch, int L, int H, int nh, int nkv, int D, int F, int V) {
+    char keys[10][96];
+    const char *suf[] = {"block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+                         "attention.head_count_kv", "attention.key_length", "context_length",
+                         "attention.layer_norm_rms_epsilon", "rope.freq_base"};
+    for (int i = 0; i < 9; i++) snprintf(keys[i], sizeof keys[i], "%s.%s", arch, suf[i]);
+    gguf_kv kv[10] = {{(char *)"general.architecture", {.type = GGUF_STRING, .str = {strlen(arch), (char *)arch}}},
+                      kv_u32(keys[0], L), kv_u32(keys[1], H), kv_u32(keys[2], F), kv_u32(keys[3], nh),
+                      kv_u32(keys[4], nkv), kv_u32(keys[5], D), kv_u32(keys[6], 32768), kv_f32(keys[7], 1e-5),
+                      kv_f32(keys[8], 1e6)};
+    int n = 0, cap = 3 + L * 11;
+    gguf_write_tensor *t = xcalloc((size_t)cap, sizeof *t);
+    char **names = xcalloc((size_t)cap, sizeof *names);
+#define ADD(type, c, r, ...) do { int64_t r_ = (r); names[n] = xasprintf(__VA_ARGS__); \
+        t[n] = (gguf_write_tensor){names[n], type, r_ > 0 ? 2 : 1, {c, r_ > 0 ? r_ : 1, 1, 1}, NULL}; n++; } while (0)
+    ADD(12, H, V, "token_embd.weight");
+    ADD(14, H, V, "output.weight");
+    ADD(0, H, 0, "output_norm.weight");
+    for (int i = 0; i < L; i++) {
+        ADD(0, H, 0, "blk.%d.attn_norm.weight", i);
+        ADD(0, H, 0, "blk.%d.ffn_norm.weight", i);
+        ADD(12, H, nh * D, "blk.%d.attn_q.weight", i);
+        ADD(12, H, nkv * D, "blk.%d.attn_k.weight", i);
+        ADD(14, H, nkv * D, "blk.%d.attn_v.weight", i);
+        ADD(12, nh * D, H, "blk.%d.attn_output.weight", i);
+        ADD(12, H, F, "blk.%d.ffn_gate.weight", i);
+        ADD(12, H, F, "blk.%d.ffn_up.weight", i);
+        ADD(14, F, H, "blk.%d.ffn_down.weight", i);
+        if (!strcmp(arch, "qwen3")) {
+            ADD(0, D, 0, "blk.%d.attn_q_norm.weight", i);
+            ADD(0, D, 0, "blk.%d.attn_k_norm.weight", i);
+        }
+    }
+#undef ADD
+    int rc = gguf_write(path, kv, 10, t, n, NULL, NULL);
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names), free(t);
+    return rc;
+}
+
+TEST(llm_gguf_real_shapes_sparse) {
+    static const struct { const char *name, *arch; int L, H, nh, nkv, D, F, V, top; } k[] = {
+        {"qwen3-4b", "qwen3", 36, 2560, 32, 8, 128, 9728, 151936, 27},
+        {"mistral-small", "llama", 40, 5120, 32, 8, 128, 32768, 131072, 30},
+    };
+    for (int m = 0; m < 2; m++) {
+        char *dir = xasprintf("%s/sparse-%s", test_tmp_dir(), k[m].name), *path = xasprintf("%s/model.gguf", dir);
+        mkdir(dir, 0755);
+        REQUIRE(!write_sparse(path, k[m].arch, k[m].L, k[m].H, k[m].nh, k[m].nkv, k[m].D, k[m].F, k[m].V), "%s",
+                tp_error_msg());
+        checkpoint *ck = NULL;
+        llm_config cfg;
+        REQUIRE(!checkpoint_open(dir, &ck) && !llm_gguf_adopt(ck, NULL, &cfg) && !llm_config_resolve_prefix(&cfg, ck),
+                "%s", tp_error_msg());
+        CHECK(cfg.n_layers == k[m].L && cfg.hidden == k[m].H && cfg.head_dim == 128 && cfg.vocab == k[m].V, "config");
+        printf("# %s Q4_K_M-style GGUF, %d of %d layers, per rank:", k[m].name, k[m].top, k[m].L);
+        for (int tp = 1; tp <= 8; tp *= 2) {
+            llm_plan p;
+            REQUIRE(!llm_plan_build(&cfg, tp, &p), "%s", tp_error_msg());
+            llm_want want = {&cfg, k[m].top, 0};
+            uint64_t worst = 0;
+            for (int r = 0; r < tp; r++) {
+                load_estimate e;
+                REQUIRE(!weights_estimate_want(ck, &p.p, tp, r, llm_want_tensor, &want, &e), "%s", tp_error_msg());
+                uint64_t got = e.bytes_replicated + e.bytes_sharded, exp = expected_bytes(ck, &cfg, k[m].top, 0, tp, r);
+                CHECK(got == exp, "%s tp %d rank %d: estimate %llu, formula %llu", k[m].name, tp, r,
+                      (unsigned long long)got, (unsigned long long)exp);
+                if (got > worst) worst = got;
+            }
+            printf(" tp %d %.3f GB", tp, worst / 1e9);
+        }
+        printf("\n");
+        checkpoint_close(ck);
+        unlink(path);
+        rmdir(dir);
+        free(dir), free(path);
+    }
+}

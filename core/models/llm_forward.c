@@ -31,8 +31,9 @@ static int bufs_alloc(llm *m, int n, int n_idx, fwd_bufs *b) {
     /* the run's precision: the embedding's dtype, or a norm's when the
      * embedding is stored fp8 or as GGUF blocks (norms never are; its rows
      * are dequantised into emb by op_gather_rows) */
-    dtype_t prec = dtype_is_fp8(m->embed->dtype) || m->embed->dtype == DT_GGML ? m->layers[0].in_norm->dtype
-                                                                              : m->embed->dtype;
+    dtype_t prec = m->embed->dtype;
+    if (dtype_is_fp8(prec) || prec == DT_GGML)
+        prec = m->n_run > 0 ? m->layers[0].in_norm->dtype : m->norm ? m->norm->dtype : DT_F32;
     dtype_t in_dt = prec == DT_BF16 ? DT_BF16 : DT_F32;   /* GEMM inputs */
     struct { tensor **t; dtype_t dt; int64_t r, cols; } want[] = {
         {&b->x, DT_F32, n, H}, {&b->xn, in_dt, n, H}, {&b->y, DT_F32, n, H},
