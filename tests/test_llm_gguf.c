@@ -563,7 +563,7 @@ TEST_MPI(textenc_gguf_refusals) {
 /* ---- real shapes, sparse files (no weight bytes on disk): Qwen3-4B (klein-4B) and Mistral Small 3.x
  * (dev) as llama.cpp Q4_K_M-style GGUFs (matrices Q4_K, attn_v / ffn_down Q6_K, token_embd Q4_K, output
  * Q6_K, norms F32). Every rank's estimate at tp 1, 2, 4, 8 = the covering-blocks formula (at tp 8 Qwen3's
- * ffn_down is 1216 columns a rank, 4.75 Q4_K blocks: edges inside blocks), and the figures docs/gguf.md
+ * ffn_down (Q6_K) is 1216 columns a rank, 4.75 blocks: edges inside blocks), and the figures docs/gguf.md
  * gives. ---- */
 
 static gguf_kv kv_u32(const char *k, uint64_t v) { return (gguf_kv){(char *)k, {.type = GGUF_U32, .num.u = v}}; }
