@@ -6,10 +6,16 @@
  * file is also written back with gguf_write (tensor data as holes) and must
  * parse again to the same keys and tensors (aborts otherwise). The file
  * inputs also open as a checkpoint's st_file (gguf_st_open), whose small
- * block tensors go through the weight scan (gguf_scan_finite). */
+ * block tensors go through the weight scan (gguf_scan_finite). Every parsed
+ * file's metadata also goes through the text-encoder configuration reader
+ * (llm_gguf_config), and every 16th file through llm_gguf_adopt on a
+ * checkpoint folder holding it (config + tensor renaming). */
 #include "core/formats/gguf.h"
 #include "core/formats/gguf_shard.h"
+#include "core/formats/checkpoint.h"
+#include "core/models/llm.h"
 #include "kernels/err.h"
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +88,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     gguf_file *g = NULL;
     if (gguf_open_mem(data, size, "fuzz.gguf", &g) == 0) {
         walk(g);
+        llm_config cfg;
+        if (llm_gguf_config(g, "fuzz.gguf", &cfg) == 0 &&
+            (cfg.hidden <= 0 || cfg.n_heads <= 0 || cfg.n_kv_heads <= 0 || cfg.n_heads % cfg.n_kv_heads || cfg.vocab <= 0))
+            abort();   /* an accepted configuration is consistent */
         gguf_close(g);
     }
     if (calls++ % 16 == 0) {
@@ -106,6 +116,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     abort();   /* its bytes are inside the file: the read cannot fail */
             }
             st_close(sf);
+        }
+        /* as a text encoder's checkpoint folder: configuration and renaming */
+        static char dir[80], in_dir[128];
+        if (!dir[0]) {
+            snprintf(dir, sizeof dir, "/tmp/tpgen-fuzz-gguf-%d.d", (int)getpid());
+            snprintf(in_dir, sizeof in_dir, "%s/model.gguf", dir);
+            mkdir(dir, 0700);
+        }
+        unlink(in_dir);
+        if (link(g_file, in_dir) == 0) {
+            checkpoint *ck;
+            llm_config cfg;
+            if (checkpoint_open(dir, &ck) == 0) {
+                if (llm_gguf_adopt(ck, NULL, &cfg) == 0 && !checkpoint_find(ck, "model.embed_tokens.weight", NULL))
+                    abort();   /* accepted means token_embd was there and is renamed */
+                checkpoint_close(ck);
+            }
+            unlink(in_dir);
         }
     }
     return 0;

@@ -188,7 +188,8 @@ void op_gated_add(backend *be, tensor *x, const tensor *gate, const tensor *y);
 
 /* y[i] = table[ids[i] - row0] for i < n; rows whose id falls outside
  * [row0, row0 + table.rows) are set to 0 (vocab-sharded embeddings).
- * ids is a HOST array. */
+ * ids is a HOST array. On the CPU backend the table may be DT_GGML (a
+ * quantised GGUF token_embd: each row's blocks are decoded). */
 void op_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t *ids, int64_t n,
                     int64_t row0);
 

@@ -247,6 +247,47 @@ const st_tensor_info *checkpoint_find(const checkpoint *c, const char *name, con
     return NULL;
 }
 
+/* ---- renaming ---- */
+
+static const st_file *g_sort_file;
+static int cmp_file_idx(const void *a, const void *b) {
+    return strcmp(g_sort_file->tensors[*(const int *)a].name, g_sort_file->tensors[*(const int *)b].name);
+}
+
+int checkpoint_rename(checkpoint *c, checkpoint_rename_fn fn, void *ctx) {
+    if (c->fp8) return tp_error("%s: an fp8 checkpoint cannot be renamed", c->dir);
+    char buf[512];
+    for (int fi = 0; fi < c->n_files; fi++) {
+        st_file *f = c->files[fi];
+        for (int i = 0; i < f->n; i++) {
+            int r = fn(f->tensors[i].name, buf, sizeof buf, ctx);
+            if (r < 0) return -1;
+            if (r > 0) free(f->tensors[i].name), f->tensors[i].name = xstrdup(buf);
+        }
+    }
+    /* each file's tensors stay sorted by name (st_find); the infos follow them */
+    for (int fi = 0; fi < c->n_files; fi++) {
+        st_file *f = c->files[fi];
+        int *ord = xmalloc((size_t)(f->n ? f->n : 1) * sizeof *ord), *inv = xmalloc((size_t)(f->n ? f->n : 1) * sizeof *inv);
+        for (int i = 0; i < f->n; i++) ord[i] = i;
+        g_sort_file = f;
+        qsort(ord, (size_t)f->n, sizeof *ord, cmp_file_idx);
+        st_tensor_info *ts = xcalloc((size_t)(f->n ? f->n : 1), sizeof *ts);
+        for (int i = 0; i < f->n; i++) ts[i] = f->tensors[ord[i]], inv[ord[i]] = i;
+        for (int k = 0; k < c->n; k++)
+            if (c->file_of[k] == fi) c->infos[k] = &ts[inv[c->infos[k] - f->tensors]];
+        free(f->tensors);
+        f->tensors = ts;
+        free(ord), free(inv);
+    }
+    sort_tensors(c);
+    for (int k = 1; k < c->n; k++)
+        if (!strcmp(c->infos[k - 1]->name, c->infos[k]->name))
+            return tp_error("%s: two tensors are both named '%s' after renaming; the checkpoint holds a tensor twice "
+                            "under different names", c->dir, c->infos[k]->name);
+    return 0;
+}
+
 /* ---- finiteness of the weights (tpgen inspect --scan-weights, tpgen check): float
  * tensors and fp8 codes ---- */
 

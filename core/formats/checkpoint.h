@@ -51,6 +51,15 @@ void checkpoint_close(checkpoint *c);
 int checkpoint_scan_finite(const checkpoint *c, int verbose);
 const st_tensor_info *checkpoint_find(const checkpoint *c, const char *name, const st_file **file);
 
+/* Rename the checkpoint's tensors in place (a model-specific name map, e.g.
+ * llama.cpp's GGUF names -> the HF names a loader binds: core/models/llm_gguf.c).
+ * fn writes the new name of `name` into out (cap bytes) and returns 1, or
+ * returns 0 to keep the name, or -1 (+ tp_error) to refuse the tensor.
+ * Two tensors ending with one name are refused naming both. Lookups
+ * (checkpoint_find, st_find on its files) see the new names. */
+typedef int (*checkpoint_rename_fn)(const char *name, char *out, size_t cap, void *ctx);
+int checkpoint_rename(checkpoint *c, checkpoint_rename_fn fn, void *ctx);
+
 /* A tensor as the plan engine sees it (name and shape). */
 static inline plan_tensor st_plan_tensor(const st_tensor_info *t) { return (plan_tensor){t->name, t->ndim, t->shape}; }
 /* plan_validate over every tensor of the checkpoint (p NULL: all replicated). */

@@ -164,7 +164,7 @@ static const tensor *req_shape(llm *m, int64_t rows, int64_t cols, const char *n
     if (!t) return NULL;
     if (t->rows != rows || t->cols != cols) {
         tp_error("%s: tensor %s has local shape [%lld, %lld] on rank %d, expected [%lld, %lld] from "
-                 "config.json; config and checkpoint disagree", m->dir, name, (long long)t->rows,
+                 "the configuration (config.json or the GGUF metadata); configuration and checkpoint disagree", m->dir, name, (long long)t->rows,
                  (long long)t->cols, m->rank, (long long)rows, (long long)cols);
         return NULL;
     }

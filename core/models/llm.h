@@ -38,6 +38,7 @@ typedef struct llm_config {
     double rope_theta;
     int qk_norm;            /* per-head q/k RMSNorm before RoPE (Qwen3) */
     int sliding_window;     /* 0: plain causal; else sequences longer than it are refused */
+    int rope_interleaved;   /* Q/K rows in llama.cpp's order (a llama GGUF): RoPE on pairs (2j, 2j+1) */
     char prefix[64];        /* weight-name prefix, e.g. "model." or "language_model.model." */
 } llm_config;
 
@@ -47,6 +48,23 @@ int llm_config_parse(const json_t *config, const char *where, llm_config *out);
 /* Find which accepted prefix the checkpoint uses (spec §3.6 for Mistral). */
 int llm_config_resolve_prefix(llm_config *cfg, const checkpoint *ck);
 const char *llm_arch_name(llm_arch a);
+
+/* llama.cpp GGUF text encoders (llm_gguf.c; docs/gguf.md "Text encoders"):
+ * general.architecture "qwen3" (FLUX.2-klein) or "llama" (Mistral Small,
+ * FLUX.2-dev). llm_gguf_config reads the configuration from the `<arch>.*`
+ * keys and token_embd's shape (where: the file, for messages);
+ * llm_gguf_adopt does that for the one .gguf file of ck, renames its
+ * tensors to the HF names this loader binds (prefix "model.") and, when
+ * json (text_encoder/config.json, parsed) is not NULL, refuses any field on
+ * which the two disagree. A llama file's Q/K rows are in the order
+ * llama.cpp's converter permuted them to (LlamaModel.permute: each head's
+ * rows [half, j] -> [j, half]); the config says so (rope_interleaved) and
+ * the forward applies RoPE to pairs (2j, 2j+1), which is the HF rotation of
+ * the unpermuted rows (the same dot products q.k), so no rows are moved. */
+struct gguf_file;
+int llm_gguf_is(const checkpoint *ck);   /* 1 when ck is one .gguf file */
+int llm_gguf_config(const struct gguf_file *g, const char *where, llm_config *out);
+int llm_gguf_adopt(checkpoint *ck, const llm_config *json, llm_config *out);
 
 /* The TP plan for degree tp (the rule table in plans/llm_plan.c; globs
  * are the table's suffixes behind the checkpoint's prefix; symbols KV and

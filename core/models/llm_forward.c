@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Per-forward scratch, all f32 on the backend. */
 typedef struct fwd_bufs {
@@ -28,9 +29,11 @@ static int bufs_alloc(llm *m, int n, int n_idx, fwd_bufs *b) {
     backend *be = m->be;
     int64_t H = c->hidden, D = c->head_dim;
     /* the run's precision: the embedding's dtype, or a norm's when the
-     * embedding is stored fp8 (norms never are; its rows are dequantised
-     * into emb by op_gather_rows) */
-    dtype_t prec = dtype_is_fp8(m->embed->dtype) ? m->layers[0].in_norm->dtype : m->embed->dtype;
+     * embedding is stored fp8 or as GGUF blocks (norms never are; its rows
+     * are dequantised into emb by op_gather_rows) */
+    dtype_t prec = m->embed->dtype;
+    if (dtype_is_fp8(prec) || prec == DT_GGML)
+        prec = m->n_run > 0 ? m->layers[0].in_norm->dtype : m->norm ? m->norm->dtype : DT_F32;
     dtype_t in_dt = prec == DT_BF16 ? DT_BF16 : DT_F32;   /* GEMM inputs */
     struct { tensor **t; dtype_t dt; int64_t r, cols; } want[] = {
         {&b->x, DT_F32, n, H}, {&b->xn, in_dt, n, H}, {&b->y, DT_F32, n, H},
@@ -52,6 +55,16 @@ static int upload_inputs(llm *m, const int32_t *mask, int n, fwd_bufs *b) {
     float *cs = xmalloc((size_t)n * D * sizeof *cs), *sn = xmalloc((size_t)n * D * sizeof *sn);
     int32_t *kv = xmalloc((size_t)n * sizeof *kv);
     llm_rope_tables(n, D, m->cfg.rope_theta, cs, sn);
+    if (m->cfg.rope_interleaved) {   /* llama.cpp's Q/K row order: frequency j at columns 2j, 2j+1 */
+        float *row = xmalloc((size_t)D * sizeof *row);
+        for (int i = 0; i < n; i++)
+            for (float *t = cs; t; t = t == cs ? sn : NULL) {
+                float *r = t + (size_t)i * D;
+                for (int j = 0; j < D / 2; j++) row[2 * j] = row[2 * j + 1] = r[j];
+                memcpy(r, row, (size_t)D * sizeof *row);
+            }
+        free(row);
+    }
     for (int i = 0; i < n; i++) kv[i] = mask ? (mask[i] != 0) : 1;
     if (tensor_upload_f32(b->cos, cs) || tensor_upload_f32(b->sin, sn) || tensor_upload_raw(b->key_valid, kv)) rc = -1;
     free(cs), free(sn), free(kv);
@@ -106,8 +119,10 @@ static int layer_forward(llm *m, const llm_layer *L, fwd_bufs *b) {
         op_rmsnorm(be, b->q, b->q, L->q_norm, c->head_dim, c->eps);
         op_rmsnorm(be, b->k, b->k, L->k_norm, c->head_dim, c->eps);
     }
-    op_rope(be, b->q, b->cos, b->sin, c->head_dim, ROPE_HALF);
-    op_rope(be, b->k, b->cos, b->sin, c->head_dim, ROPE_HALF);
+    /* the HF rotate-half pairs (j, j + D/2); a llama GGUF's permuted rows hold them at (2j, 2j + 1) */
+    rope_mode rm = c->rope_interleaved ? ROPE_INTERLEAVED : ROPE_HALF;
+    op_rope(be, b->q, b->cos, b->sin, c->head_dim, rm);
+    op_rope(be, b->k, b->cos, b->sin, c->head_dim, rm);
     attend(m, b);
     op_gemm(be, b->y, b->att, L->o, NULL);
     if (allreduce(m, b->y)) return -1;

@@ -1,6 +1,7 @@
 /* The pipeline's text encoder: model folder -> tokenizer + sharded LLM ->
  * prompt_embeds (textenc.h). Which LLM and which hidden states come from
- * text_encoder/config.json, cross-checked with model_index.json. */
+ * text_encoder/config.json or a llama.cpp GGUF's metadata (llm_gguf.c),
+ * cross-checked with model_index.json. */
 #include "textenc.h"
 #include "llm_internal.h"
 #include "core/formats/checkpoint.h"
@@ -8,6 +9,7 @@
 #include "core/dist/dist.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +53,46 @@ static int choose_layers(textenc *t, const char *dir) {
     return 0;
 }
 
+static int has_gguf(const char *dir) {
+    DIR *d = opendir(dir);
+    int found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        found = n > 5 && !strcmp(e->d_name + n - 5, ".gguf");
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+/* text_encoder/ holds config.json + safetensors, or a llama.cpp GGUF file
+ * whose metadata is the configuration (a config.json next to it must agree:
+ * llm_gguf_adopt). */
+static int open_encoder(textenc *t, const model_dir *md, const char *te_dir) {
+    char *cfg_path = xasprintf("%s/config.json", te_dir);
+    int have_json = path_is_file(cfg_path), rc = 0;
+    llm_config json_cfg;
+    if (have_json) {
+        json_t *cfg = model_dir_config(md, "text_encoder");
+        rc = cfg ? llm_config_parse(cfg, cfg_path, &json_cfg) : -1;
+        json_decref(cfg);
+    }
+    if (!rc && !have_json && !has_gguf(te_dir)) {
+        json_decref(model_dir_config(md, "text_encoder"));   /* "component config missing" */
+        rc = -1;
+    }
+    if (!rc) rc = checkpoint_open(te_dir, &t->ck);
+    if (!rc && llm_gguf_is(t->ck)) {
+        rc = llm_gguf_adopt(t->ck, have_json ? &json_cfg : NULL, &t->cfg);
+    } else if (!rc && !have_json) {
+        json_decref(model_dir_config(md, "text_encoder"));
+        rc = -1;
+    } else if (!rc) {
+        t->cfg = json_cfg;
+    }
+    free(cfg_path);
+    return rc;
+}
+
 static int open_parts(textenc *t, const char *dir) {
     model_dir *md = NULL;
     int rc = model_dir_open(dir, &md);
@@ -58,23 +100,15 @@ static int open_parts(textenc *t, const char *dir) {
         rc = tp_error("%s has no text_encoder/ folder: encoding a prompt needs the pipeline's text encoder "
                       "(or pass precomputed --prompt-embeds)", dir);
     char *te_dir = rc ? NULL : model_dir_path(md, "text_encoder");
-    json_t *cfg = rc ? NULL : model_dir_config(md, "text_encoder");
-    if (!rc && !cfg) rc = -1;
-    if (!rc) {
-        char *where = xasprintf("%s/config.json", te_dir);
-        rc = llm_config_parse(cfg, where, &t->cfg);
-        free(where);
-    }
+    if (!rc) rc = open_encoder(t, md, te_dir);
     if (!rc) rc = check_model_index(md, &t->cfg);
     if (!rc) rc = choose_layers(t, dir);
-    if (!rc) rc = checkpoint_open(te_dir, &t->ck);
     if (!rc) rc = llm_config_resolve_prefix(&t->cfg, t->ck);
     if (!rc) {
         char *tok_dir = model_dir_path(md, "tokenizer");
         if (!(t->tok = tokenizer_load(tok_dir))) rc = -1;
         free(tok_dir);
     }
-    json_decref(cfg);
     free(te_dir);
     if (md) model_dir_close(md);
     return rc;

@@ -18,7 +18,7 @@ void cpu_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t 
             int64_t r = (int64_t)ids[i] - row0;
             if (r < 0 || r >= table->rows) memset(row_ptr(y, i), 0, (size_t)C * es); /* another shard's row */
             else if (y->dtype == table->dtype) memcpy(row_ptr(y, i), row_ptr(table, r), (size_t)C * es);
-            else row_store(y, i, 0, C, row_f32(table, r, 0, C, buf));
+            else row_store(y, i, 0, C, row_f32_weight(table, r, 0, C, buf));   /* GGUF blocks too */
         }
         free(buf);
     }
