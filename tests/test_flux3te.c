@@ -386,6 +386,34 @@ TEST(flux3te_bad_configs) {
     free(p), free(d);
 }
 
+/* FLUX.3 pads on the right whatever tokenizer_config.json says (the pipeline
+ * passes padding_side="right"). */
+TEST(flux3te_right_padding_forced) {
+    gcase *cs = NULL;
+    int nc = load_cases(&cs);
+    REQUIRE(nc == 5, "flux3-te golden: %s", tp_error_msg());
+    char *d = variant("left-pad", NULL, 0), *p = xasprintf("%s/tokenizer/tokenizer_config.json", d);
+    json_error_t je;
+    json_t *tc = json_load_file(p, 0, &je);
+    REQUIRE(tc, "%s", p);
+    json_object_set_new(tc, "padding_side", json_string("left"));
+    json_dump_file(tc, p, 0);
+    json_decref(tc);
+    backend *be = backend_cpu_create(1);
+    textenc *t = NULL;
+    REQUIRE(!textenc_load(d, be, NULL, DT_F32, &t, NULL), "%s", tp_error_msg());
+    int L = cs[0].L;
+    int32_t *ids = malloc((size_t)L * sizeof *ids), *mask = malloc((size_t)L * sizeof *mask);
+    float *emb = malloc((size_t)L * TE_E * sizeof *emb);
+    CHECK(!textenc_encode(t, cs[0].prompt, L, emb, ids, mask), "%s", tp_error_msg());
+    CHECK(!memcmp(ids, cs[0].ids, (size_t)L * sizeof *ids) && mask[0] == 1 && mask[L - 1] == 0,
+          "padding_side left in tokenizer_config.json changed FLUX.3's ids");
+    free(ids), free(mask), free(emb), free(p), free(d);
+    textenc_free(t);
+    backend_destroy(be);
+    free_cases(cs, nc);
+}
+
 /* The cache key separates what changes FLUX.3 embeddings, and a cached
  * entry gives back the window with the embedding. */
 TEST(flux3te_embed_cache) {

@@ -22,12 +22,29 @@ static char *render(const char *prompt) {
     return xasprintf("<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", prompt ? prompt : "");
 }
 
+/* Right padding whatever tokenizer_config.json says (the pipeline passes
+ * padding_side="right"); truncation on the tokenizer's side, as there. */
 int qwen3vl_tokenize(const tokenizer *tok, const char *prompt, int max_len, int32_t *ids, int32_t *mask,
                      int *n_real) {
+    if (max_len <= 0) return tp_error("max_sequence_length must be positive (got %d)", max_len);
+    int pad = tokenizer_pad_id(tok);
+    if (pad < 0)
+        return tp_error("%s has no pad token: set pad_token in tokenizer_config.json (Qwen3-VL: <|endoftext|>)",
+                        tokenizer_source(tok));
     char *text = render(prompt);
-    int rc = prompt_encode_ids(tok, PROMPT_RAW, text, max_len, ids, mask, n_real);
+    int32_t *all = NULL;
+    int n = 0, rc = prompt_encode(tok, PROMPT_RAW, text, &all, &n);
     free(text);
-    return rc;
+    if (rc) return -1;
+    int keep = n < max_len ? n : max_len;
+    const int32_t *src = tokenizer_truncation_side(tok) == TOKENIZER_PAD_LEFT ? all + (n - keep) : all;
+    for (int i = 0; i < max_len; i++) {
+        ids[i] = i < keep ? src[i] : pad;
+        mask[i] = i < keep;
+    }
+    if (n_real) *n_real = keep;
+    free(all);
+    return 0;
 }
 
 int qwen3vl_real_length(const tokenizer *tok, const char *prompt, int max_len, int *n_real) {
