@@ -408,6 +408,9 @@ TEST(flux3te_right_padding_forced) {
     CHECK(!textenc_encode(t, cs[0].prompt, L, emb, ids, mask), "%s", tp_error_msg());
     CHECK(!memcmp(ids, cs[0].ids, (size_t)L * sizeof *ids) && mask[0] == 1 && mask[L - 1] == 0,
           "padding_side left in tokenizer_config.json changed FLUX.3's ids");
+    /* without a window the call is refused (the caller could not have sized the output) */
+    CHECK(textenc_encode(t, cs[0].prompt, 0, emb, NULL, NULL) && strstr(tp_error_msg(), "textenc_window"),
+          "max_len 0 accepted: %s", tp_error_msg());
     free(ids), free(mask), free(emb), free(p), free(d);
     textenc_free(t);
     backend_destroy(be);

@@ -163,6 +163,9 @@ int textenc_window(textenc *t, const char *prompt, int max_len, int *L) {
 }
 
 int textenc_encode(textenc *t, const char *prompt, int max_len, float *embeds, int32_t *ids, int32_t *mask) {
+    if (max_len <= 0 && t->cfg.arch == LLM_QWEN3VL)   /* the caller sized embeds: it must know L */
+        return agree(t->comm, tp_error("text encoder: FLUX.3's window depends on the prompt: pass the L that "
+                                       "textenc_window gives (max_len %d)", max_len));
     if (max_len <= 0) max_len = TEXTENC_DEFAULT_MAX_LEN;
     int32_t *my_ids = ids ? ids : xmalloc((size_t)max_len * sizeof *my_ids);
     int32_t *my_mask = mask ? mask : xmalloc((size_t)max_len * sizeof *my_mask);

@@ -53,7 +53,7 @@ int textenc_pad_multiple(const textenc *t);  /* FLUX.3 80; 0: fixed window */
  * max_len (<= 0: 512) and run the encoder. Outputs (host, caller-owned):
  * embeds [max_len, K*H] f32, ids [max_len], mask [max_len] (1 real, 0 pad);
  * ids and mask may be NULL. For FLUX.3 pass max_len = the L of
- * textenc_window: the rows are then exactly the pipeline's (right padding
+ * textenc_window (max_len <= 0 is refused there): the rows are then exactly the pipeline's (right padding
  * with <|endoftext|>, pad rows at position 1), and the DiT attends to all L
  * rows (the mask is informational). */
 int textenc_encode(textenc *t, const char *prompt, int max_len, float *embeds, int32_t *ids,
