@@ -141,7 +141,9 @@ static void check_textenc(int tp, dtype_t prec, double tol, gcase *cs, int nc) {
     double worst = 0;
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    uint64_t base = be->bytes_in_use;
     int rc = textenc_load(model, be, c, prec, &t, &st);
+    CHECK(rc || be->bytes_in_use > base, "tp %d: the loaded encoder holds no backend bytes", tp);
     if (!rc && tp == 1 && prec == DT_F32) g_bytes_tp1 = st.bytes_read;
     /* sharded: a rank reads about 1/tp of the tp-1 bytes (+ the replicated norms, and K/V at tp 4: 2 KV heads) */
     if (!rc && tp > 1 && g_bytes_tp1)
@@ -187,6 +189,8 @@ static void check_textenc(int tp, dtype_t prec, double tol, gcase *cs, int nc) {
                    prec == DT_F32 ? "f32" : "bf16", nc, worst);
     }
     textenc_free(t);
+    CHECK(be->bytes_in_use == base, "tp %d: %llu backend bytes still held after textenc_free", tp,
+          (unsigned long long)(be->bytes_in_use - base));
     comm_destroy(c);
     MPI_Comm_free(&group);
     backend_destroy(be);
