@@ -4,14 +4,16 @@
 Made with /work/venv-flux3 (torch 2.15 CPU, transformers 5.24, diffusers 0.42.1), offline:
 
     /work/venv-flux3/bin/python tests/tools/flux3_te_golden.py /tmp/flux3-te
-    tar -C /tmp/flux3-te -cf - model cases.safetensors cases.json | xz -9e > tests/data/flux3-te/flux3-te.tar.xz
+    (cd /tmp/flux3-te && tar -cf - model/text_encoder/config.json model/text_encoder/model.safetensors \
+        model/model_index.json model/tokenizer/chat_template.jinja cases.safetensors cases.json) \
+        | xz -9e > tests/data/flux3-te/flux3-te.tar.xz
 
 What it writes (into OUT):
 - model/text_encoder/: a tiny random transformers `Qwen3VLForConditionalGeneration`, `save_pretrained` layout
   (config.json with the nested text_config, model.safetensors, BF16): text hidden 16, 34 layers (so hidden
   states 4..32 are intermediate as in the real 36-layer Qwen3-VL-4B), 4 query / 2 KV heads of head_dim 8,
   intermediate 32, rope_theta 5e6, mrope_section [2, 1, 1] interleaved, q/k norm and every RMSNorm weight
-  random (not 1), and the REAL 151936-token vocabulary so that the real tokenizer's ids run unchanged; only
+  random (not 1; weights 0.12 x randn), and the REAL 151936-token vocabulary so that the real tokenizer's ids run unchanged; only
   the embedding rows of the ids the cases use are random, all other rows are zero (that is what keeps the
   file small: xz squeezes the zero rows away). The vision tower is the smallest transformers accepts
   (depth 1, hidden 16); it is never run.
@@ -22,6 +24,9 @@ What it writes (into OUT):
   diffusers' own `Flux3TextEncoderStep._get_qwen3_vl_prompt_embeds` returns it (float32), and
   `caseK.hidden_states_{0,34}` (embeddings and after the final norm) from the same encoder call; cases.json has
   the prompts, max_sequence_length, pad multiple, real lengths and the windows.
+
+The reference runs on the float32 model; only a deep copy is cast to BF16 for saving, because casting the model
+itself also rounds the rotary `inv_freq` buffer to BF16 (a 3e-4 change of the 160-token case).
 
 The processor: the real Qwen3-VL processor files are not available offline. The tokenizer is Qwen3's
 (tests/data/qwen3-tokenizer; Qwen3-VL's tokenizer.json has the same vocabulary, merges and added tokens,
