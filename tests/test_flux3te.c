@@ -459,3 +459,52 @@ TEST(flux3te_embed_cache) {
     backend_destroy(be);
     free_cases(cs, nc);
 }
+
+/* make-tiny's FLUX.3 encoder (textenc_write_tiny_qwen3vl): the width follows
+ * the transformer's joint_attention_dim, it loads as qwen3vl, and tp = world
+ * gives tp 1's embeddings over the prompt's window. */
+TEST_MPI(flux3te_tiny_writer_tp) {
+    int rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    char dir[512] = {0};
+    int rc = 0;
+    if (rank == 0) {
+        snprintf(dir, sizeof dir, "%s/tiny3", test_tmp_dir());
+        char *tr = xasprintf("%s/transformer", dir), *cfg = xasprintf("%s/config.json", tr);
+        mkdir(dir, 0755), mkdir(tr, 0755);
+        write_file(cfg, "{\"joint_attention_dim\": 256}");
+        rc = textenc_write_tiny_qwen3vl(dir, 11);
+        free(tr), free(cfg);
+    }
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    REQUIRE(!rc, "textenc_write_tiny_qwen3vl: %s", rank == 0 ? tp_error_msg() : "(rank 0)");
+    backend *be = backend_cpu_create(1);
+    const char *prompt = "a lighthouse on a cliff at dusk, waves below";
+    float *out[2] = {0};
+    int Ls[2] = {0}, tps[2] = {1, world};
+    for (int k = 0; k < 2; k++) {
+        MPI_Comm group;
+        comm *c = group_comm(tps[k], be, &group);
+        textenc *t = NULL;
+        rc = textenc_load(dir, be, c, DT_F32, &t, NULL);
+        CHECK(!rc, "tp %d: %s", tps[k], tp_error_msg());
+        if (!rc) {
+            CHECK(!strcmp(textenc_kind(t), "qwen3vl") && textenc_embed_dim(t) == 256, "kind %s width %d",
+                  textenc_kind(t), textenc_embed_dim(t));
+            CHECK(!textenc_window(t, prompt, 0, &Ls[k]) && Ls[k] == 80, "window %d", Ls[k]);
+            out[k] = malloc((size_t)Ls[k] * 256 * sizeof *out[k]);
+            CHECK(!textenc_encode(t, prompt, Ls[k], out[k], NULL, NULL), "%s", tp_error_msg());
+        }
+        textenc_free(t);
+        comm_destroy(c);
+        MPI_Comm_free(&group);
+    }
+    if (out[0] && out[1]) {
+        double e = rel_l2(out[1], out[0], (size_t)Ls[0] * 256);
+        CHECK(e < 1e-5, "tp %d vs tp 1: rel L2 %.3g", world, e);
+    }
+    free(out[0]), free(out[1]);
+    backend_destroy(be);
+}

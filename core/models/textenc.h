@@ -90,6 +90,14 @@ int textenc_write_tiny(const char *model_dir, unsigned seed);
  * model_index.json (the caller names the pipeline). */
 #define TEXTENC_TINY_MISTRAL_VOCAB 1280
 int textenc_write_tiny_mistral(const char *model_dir, unsigned seed);
+/* The same for FLUX.3: a tiny random Qwen3VLForConditionalGeneration (nested
+ * text_config, model.language_model.* names, a final norm and a vision
+ * tensor the encoder skips; 33 layers so that hidden states 4..32 exist;
+ * 4/2 heads of hidden/4; the real vocabulary) and the Qwen3 tokenizer files.
+ * The hidden size is joint_attention_dim / 8 of
+ * <model_dir>/transformer/config.json when it exists (a multiple of 64),
+ * else TEXTENC_TINY_HIDDEN. Writes no model_index.json. */
+int textenc_write_tiny_qwen3vl(const char *model_dir, unsigned seed);
 /* The same at the real widths: Qwen3-4B (36 layers, H 2560; the Qwen3
  * tokenizer) or, dev, Mistral Small 3.x's language model (40 layers,
  * H 5120; the mini Tekken tokenizer, whose ids fit its vocabulary),
