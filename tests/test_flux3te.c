@@ -245,7 +245,7 @@ TEST_MPI(flux3te_hidden_states_positions) {
               !strcmp(cfg.prefix, "model.language_model."),
           "parsed config: arch %d layers %d theta %g prefix %s", cfg.arch, cfg.n_layers, cfg.rope_theta, cfg.prefix);
     backend *be = backend_cpu_create(1);
-    int tp = world % 2 == 0 ? 2 : 1;
+    int tp = world <= 4 ? world : 1;   /* np 1, 2, 4: tp 1, 2, 4 (4 replicates the 2 KV heads) */
     MPI_Comm group;
     comm *c = group_comm(tp, be, &group);
     llm *m = NULL;
