@@ -1,5 +1,5 @@
 /* `tpgen encode`: run the pipeline's text encoder on one prompt and save
- * prompt_embeds [1, L, 3H] (f32), input_ids and attention_mask [1, L] (i64)
+ * prompt_embeds [1, L, K*H] (f32; K = 3 for FLUX.2, 8 for FLUX.3), input_ids and attention_mask [1, L] (i64)
  * with st_write; `tpgen generate --prompt-embeds FILE` reads them back. */
 #include "commands.h"
 #include "kernels/comm.h"
@@ -20,10 +20,11 @@ typedef struct encode_args {
 static void encode_usage(FILE *f) {
     fprintf(f, "usage: mpirun -np N tpgen encode --model DIR --prompt TEXT --save-embeds FILE\n"
                "           [--max-sequence-length N] [--precision bf16|f32] [--tp N] [--backend cpu|cuda|auto]\n\n"
-               "Runs the text encoder of the pipeline folder DIR (Qwen3 for FLUX.2-klein, Mistral for FLUX.2-dev),\n"
-               "sharded over the --tp ranks of each group (default: all ranks), and writes prompt_embeds\n"
-               "[1, L, 3H] (f32), input_ids and attention_mask [1, L] (i64) to FILE (safetensors). L is\n"
-               "--max-sequence-length (default 512). Rank 0 writes the file.\n");
+               "Runs the text encoder of the pipeline folder DIR (Qwen3 for FLUX.2-klein, Mistral for FLUX.2-dev,\n"
+               "Qwen3-VL for FLUX.3), sharded over the --tp ranks of each group (default: all ranks), and writes\n"
+               "prompt_embeds [1, L, K*H] (f32), input_ids and attention_mask [1, L] (i64) to FILE (safetensors).\n"
+               "FLUX.2: L is --max-sequence-length (default 512). FLUX.3: L is the prompt's length rounded up to\n"
+               "a multiple of 80, capped at --max-sequence-length (default 8192). Rank 0 writes the file.\n");
 }
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
@@ -37,7 +38,7 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) 
 
 /* 1: help printed; 0: ok; -1: error */
 static int parse_args(int argc, char **argv, encode_args *a) {
-    *a = (encode_args){.max_len = TEXTENC_DEFAULT_MAX_LEN, .precision = "bf16", .backend = "auto"};
+    *a = (encode_args){.max_len = 0, .precision = "bf16", .backend = "auto"};   /* 0: the pipeline's default */
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) return 1;
@@ -61,9 +62,8 @@ static int parse_args(int argc, char **argv, encode_args *a) {
     return 0;
 }
 
-static int save(const encode_args *a, const textenc *t, const float *embeds, const int32_t *ids,
+static int save(const encode_args *a, const textenc *t, int L, const float *embeds, const int32_t *ids,
                 const int32_t *mask) {
-    int L = a->max_len;
     int64_t *ids64 = xmalloc((size_t)L * sizeof *ids64), *mask64 = xmalloc((size_t)L * sizeof *mask64);
     for (int i = 0; i < L; i++) ids64[i] = ids[i], mask64[i] = mask[i];
     st_write_tensor ts[3] = {
@@ -71,7 +71,10 @@ static int save(const encode_args *a, const textenc *t, const float *embeds, con
         {"input_ids", DT_I64, 2, {1, L}, ids64},
         {"attention_mask", DT_I64, 2, {1, L}, mask64},
     };
-    const char *meta[] = {"text_encoder", textenc_kind(t), "precision", a->precision, "prompt", a->prompt, NULL};
+    char cap[32];
+    snprintf(cap, sizeof cap, "%d", a->max_len ? a->max_len : textenc_max_len(t));
+    const char *meta[] = {"text_encoder", textenc_kind(t), "precision", a->precision, "prompt", a->prompt,
+                          "max_sequence_length", cap, NULL};
     int rc = st_write(a->out, ts, 3, meta);
     free(ids64), free(mask64);
     return rc;
@@ -94,20 +97,23 @@ static int run_encode(const encode_args *a, dist *d) {
     if (!rc) rc = agree_groups(d, textenc_load(a->model, be, c, strcmp(a->precision, "f32") ? DT_BF16 : DT_F32, &t, &st));
     double t1 = MPI_Wtime();
     float *embeds = NULL;
-    int32_t *ids = xmalloc((size_t)a->max_len * sizeof *ids), *mask = xmalloc((size_t)a->max_len * sizeof *mask);
+    int32_t *ids = NULL, *mask = NULL;
+    int L = 0;   /* the window: max_len for FLUX.2, the padded prompt length for FLUX.3 */
+    if (!rc) rc = agree_groups(d, textenc_window(t, a->prompt, a->max_len, &L));
     if (!rc) {
-        embeds = xmalloc((size_t)a->max_len * textenc_embed_dim(t) * sizeof *embeds);
-        rc = agree_groups(d, textenc_encode(t, a->prompt, a->max_len, embeds, ids, mask));
+        ids = xmalloc((size_t)L * sizeof *ids), mask = xmalloc((size_t)L * sizeof *mask);
+        embeds = xmalloc((size_t)L * textenc_embed_dim(t) * sizeof *embeds);
+        rc = agree_groups(d, textenc_encode(t, a->prompt, L, embeds, ids, mask));
     }
     double t2 = MPI_Wtime();
-    if (!rc) rc = dist_agree(d->world, d->world_rank == 0 ? save(a, t, embeds, ids, mask) : 0);
+    if (!rc) rc = dist_agree(d->world, d->world_rank == 0 ? save(a, t, L, embeds, ids, mask) : 0);
     if (!rc && d->world_rank == 0) {
         int n_real = 0;
-        for (int i = 0; i < a->max_len; i++) n_real += mask[i] != 0;
+        for (int i = 0; i < L; i++) n_real += mask[i] != 0;
         printf("encoded %d tokens (%d real) with the %s text encoder (hidden %d, tp %d, %s): load %.2f s "
                "(rank 0 read %.1f MB of the checkpoint, holds %.1f MB), encode %.2f s -> %s [1, %d, %d]\n",
-               a->max_len, n_real, textenc_kind(t), textenc_hidden(t), d->tp, a->precision, t1 - t0,
-               st.bytes_read / 1e6, textenc_bytes(t) / 1e6, t2 - t1, a->out, a->max_len, textenc_embed_dim(t));
+               L, n_real, textenc_kind(t), textenc_hidden(t), d->tp, a->precision, t1 - t0,
+               st.bytes_read / 1e6, textenc_bytes(t) / 1e6, t2 - t1, a->out, L, textenc_embed_dim(t));
     }
     free(embeds), free(ids), free(mask);
     textenc_free(t);

@@ -2,6 +2,7 @@
  * order and a linear key lookup. A server holds tens of entries (FLUX.2-dev:
  * 31 MB per 512-token prompt in f32), so a hash table would buy nothing. */
 #include "embed_cache.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,15 @@ struct embed_cache {
     entry *mru, *lru;
     uint64_t hits, misses, evictions;
 };
+
+char *embed_cache_key(const char *encoder, int max_len, int pad_multiple, const char *precision, const char *prompt) {
+    const char *e = encoder ? encoder : "", *p = precision ? precision : "", *t = prompt ? prompt : "";
+    /* the prompt comes last: the fields before it hold no '|' of their own */
+    int n = snprintf(NULL, 0, "%s|%d|%d|%s|%s", e, max_len, pad_multiple, p, t);
+    char *k = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (k) snprintf(k, (size_t)n + 1, "%s|%d|%d|%s|%s", e, max_len, pad_multiple, p, t);
+    return k;
+}
 
 embed_cache *embed_cache_create(size_t cap_bytes) {
     embed_cache *c = calloc(1, sizeof *c);

@@ -11,6 +11,15 @@
 
 typedef struct embed_cache embed_cache;
 
+/* The key of one prompt's embedding (malloc'ed; NULL when out of memory):
+ * everything the embedding depends on besides the model folder the cache
+ * belongs to. encoder: the text encoder's kind (textenc_kind: "qwen3",
+ * "mistral", "qwen3vl"); max_len: the max_sequence_length (FLUX.2's fixed
+ * window, FLUX.3's cap); pad_multiple: FLUX.3's window multiple (0: fixed
+ * window); precision: "bf16" / "f32". The entry's size tells the window
+ * (FLUX.3: n / joint_attention_dim rows). */
+char *embed_cache_key(const char *encoder, int max_len, int pad_multiple, const char *precision, const char *prompt);
+
 /* cap_bytes: the most embedding bytes held (0: caching off). */
 embed_cache *embed_cache_create(size_t cap_bytes);
 void embed_cache_free(embed_cache *c);

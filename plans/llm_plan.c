@@ -6,7 +6,8 @@
  * table only when tp divides the vocabulary (symbol V). The globs sit
  * behind the checkpoint's prefix (core/models/llm_plan.c): "model." for
  * Qwen3; model.language_model., language_model.model. or model. for
- * Mistral (spec flux2-text-vae.md §3.6), whose vision tower, projector and
+ * Mistral (spec flux2-text-vae.md §3.6); model.language_model. for
+ * Qwen3-VL (FLUX.3, the same names as Qwen3 behind it), whose vision tower, projector and
  * lm_head match no rule and are never loaded (llm_want_tensor). */
 #include "plan.h"
 
@@ -24,3 +25,4 @@ static const plan_rule k_llm_rules[] = {
 
 const plan_table plan_table_qwen3 = {"qwen3", k_llm_rules, N_LLM_RULES};
 const plan_table plan_table_mistral = {"mistral", k_llm_rules, N_LLM_RULES};
+const plan_table plan_table_qwen3vl = {"qwen3vl", k_llm_rules, N_LLM_RULES};

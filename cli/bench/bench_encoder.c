@@ -19,6 +19,10 @@
 static const llm_config k_qwen3_4b = {.arch = LLM_QWEN3, .hidden = 2560, .n_layers = 36, .n_heads = 32,
                                       .n_kv_heads = 8, .head_dim = 128, .ffn = 9728, .vocab = 151936,
                                       .eps = 1e-6f, .rope_theta = 1e6, .qk_norm = 1};
+/* FLUX.3: the language model of Qwen3-VL-4B (the same widths, M-RoPE theta 5e6) */
+static const llm_config k_qwen3vl_4b = {.arch = LLM_QWEN3VL, .hidden = 2560, .n_layers = 36, .n_heads = 32,
+                                        .n_kv_heads = 8, .head_dim = 128, .ffn = 9728, .vocab = 151936,
+                                        .eps = 1e-6f, .rope_theta = 5e6, .qk_norm = 1, .mrope_section = {24, 20, 20}};
 static const llm_config k_mistral_24b = {.arch = LLM_MISTRAL, .hidden = 5120, .n_layers = 40, .n_heads = 32,
                                          .n_kv_heads = 8, .head_dim = 128, .ffn = 32768, .vocab = 131072,
                                          .eps = 1e-5f, .rope_theta = 1e9, .qk_norm = 0};
@@ -224,6 +228,8 @@ int bench_encoder(int argc, char **argv) {
         rc = plan_bytes("klein-4B text encoder (Qwen3-4B)", &k_qwen3_4b, "model.", 0, 27);
         if (!rc) rc = plan_bytes("FLUX.2-dev text encoder (Mistral Small 3.x 24B)", &k_mistral_24b,
                                  "language_model.model.", 1, 30);
+        if (!rc) rc = plan_bytes("FLUX.3 text encoder (Qwen3-VL-4B language model)", &k_qwen3vl_4b,
+                                 "model.language_model.", 0, 32);
     }
     rc = dist_agree(d.world, rc);
     if (rc) dist_report_error(d.world);

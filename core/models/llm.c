@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *llm_arch_name(llm_arch a) { return a == LLM_QWEN3 ? "qwen3" : "mistral"; }
+const char *llm_arch_name(llm_arch a) { return a == LLM_QWEN3 ? "qwen3" : a == LLM_QWEN3VL ? "qwen3vl" : "mistral"; }
 
 static int get_int(const json_t *o, const char *key, int def, const char *where, int *out) {
     const json_t *v = json_object_get(o, key);
@@ -30,6 +30,31 @@ static int get_num(const json_t *o, const char *key, double def, double *out) {
     return 0;
 }
 
+/* Qwen3-VL's M-RoPE sections (rope_parameters or, before transformers 5,
+ * rope_scaling): three positive counts summing to head_dim / 2. For
+ * text-only input they do not change the angles (llm.h), but a config
+ * whose sections do not fit its heads is not a Qwen3-VL we understand. */
+static int parse_mrope(const json_t *rp, const char *where, llm_config *c) {
+    const json_t *sec = json_object_get(rp, "mrope_section");
+    if (!sec) return 0;
+    if (c->arch != LLM_QWEN3VL) return tp_error("%s: mrope_section is only supported for qwen3_vl", where);
+    int sum = 0;
+    if (!json_is_array(sec) || json_array_size(sec) != 3)
+        return tp_error("%s: mrope_section must be a list of 3 integers (t, h, w)", where);
+    for (int i = 0; i < 3; i++) {
+        const json_t *v = json_array_get(sec, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1 << 20)
+            return tp_error("%s: mrope_section[%d] must be a non-negative integer", where, i);
+        c->mrope_section[i] = (int)json_integer_value(v);
+        sum += c->mrope_section[i];
+    }
+    if (sum != c->head_dim / 2)
+        return tp_error("%s: mrope_section [%d, %d, %d] sums to %d but head_dim %d has %d rotary frequencies", where,
+                        c->mrope_section[0], c->mrope_section[1], c->mrope_section[2], sum, c->head_dim,
+                        c->head_dim / 2);
+    return 0;
+}
+
 /* rope_theta sits at the top level (older transformers) or in
  * rope_parameters (transformers 5); rope scaling is not supported. */
 static int parse_rope(const json_t *tc, const char *where, llm_config *c, double def_theta) {
@@ -40,6 +65,7 @@ static int parse_rope(const json_t *tc, const char *where, llm_config *c, double
         const char *type = json_string_value(json_object_get(rp, "rope_type"));
         if (type && strcmp(type, "default"))
             return tp_error("%s: rope_type \"%s\" is not supported (only \"default\")", where, type);
+        if (parse_mrope(rp, where, c)) return -1;
     }
     if (theta <= 0) get_num(tc, "rope_theta", def_theta, &theta);
     const json_t *rs = json_object_get(tc, "rope_scaling");
@@ -48,6 +74,7 @@ static int parse_rope(const json_t *tc, const char *where, llm_config *c, double
         if (!type) type = json_string_value(json_object_get(rs, "type"));
         if (!type || strcmp(type, "default"))
             return tp_error("%s: rope_scaling \"%s\" is not supported", where, type ? type : "?");
+        if (parse_mrope(rs, where, c)) return -1;
     }
     if (!(theta > 0)) return tp_error("%s: rope_theta must be positive", where);
     c->rope_theta = theta;
@@ -72,9 +99,22 @@ int llm_config_parse(const json_t *config, const char *where, llm_config *out) {
             if (!json_is_object(tc))
                 return tp_error("%s: model_type mistral3 needs a \"text_config\" object", where);
         }
+    } else if (mt && !strcmp(mt, "qwen3_vl")) {
+        out->arch = LLM_QWEN3VL;
+        out->qk_norm = 1;
+        def_theta = 5e6;
+        tc = json_object_get(config, "text_config");
+        if (!json_is_object(tc))
+            return tp_error("%s: model_type qwen3_vl needs a \"text_config\" object (the language model's "
+                            "configuration); is this a complete Qwen3VLForConditionalGeneration config.json?", where);
+        const char *tmt = json_string_value(json_object_get(tc, "model_type"));
+        if (tmt && strcmp(tmt, "qwen3_vl_text"))
+            return tp_error("%s: text_config.model_type \"%s\" is not supported (expected \"qwen3_vl_text\")",
+                            where, tmt);
     } else {
         return tp_error("%s: text encoder model_type \"%s\" is not supported (expected \"qwen3\" for "
-                        "FLUX.2-klein or \"mistral3\"/\"mistral\" for FLUX.2-dev)", where, mt ? mt : "(missing)");
+                        "FLUX.2-klein, \"mistral3\"/\"mistral\" for FLUX.2-dev or \"qwen3_vl\" for FLUX.3)", where,
+                        mt ? mt : "(missing)");
     }
     if (get_int(tc, "hidden_size", -1, where, &out->hidden) ||
         get_int(tc, "num_hidden_layers", -1, where, &out->n_layers) ||
@@ -110,7 +150,8 @@ int llm_config_parse(const json_t *config, const char *where, llm_config *out) {
 int llm_config_resolve_prefix(llm_config *cfg, const checkpoint *ck) {
     static const char *k_qwen3[] = {"model.", NULL};
     static const char *k_mistral[] = {"model.language_model.", "language_model.model.", "model.", NULL};
-    const char **cands = cfg->arch == LLM_QWEN3 ? k_qwen3 : k_mistral;
+    static const char *k_qwen3vl[] = {"model.language_model.", "language_model.model.", NULL};
+    const char **cands = cfg->arch == LLM_QWEN3 ? k_qwen3 : cfg->arch == LLM_QWEN3VL ? k_qwen3vl : k_mistral;
     for (int i = 0; cands[i]; i++) {
         char name[128];
         snprintf(name, sizeof name, "%sembed_tokens.weight", cands[i]);
@@ -121,7 +162,9 @@ int llm_config_resolve_prefix(llm_config *cfg, const checkpoint *ck) {
     }
     return tp_error("%s: no %s embedding table found (looked for %sembed_tokens.weight%s); is this a %s "
                     "text encoder checkpoint?", ck->dir, llm_arch_name(cfg->arch), cands[0],
-                    cfg->arch == LLM_MISTRAL ? ", language_model.model.embed_tokens.weight, model.embed_tokens.weight" : "",
+                    cfg->arch == LLM_MISTRAL   ? ", language_model.model.embed_tokens.weight, model.embed_tokens.weight"
+                    : cfg->arch == LLM_QWEN3VL ? ", language_model.model.embed_tokens.weight"
+                                               : "",
                     llm_arch_name(cfg->arch));
 }
 
@@ -139,6 +182,10 @@ int llm_want_tensor(const char *name, void *ctx) {
 }
 
 void llm_rope_tables(int n, int head_dim, double theta, float *cos_out, float *sin_out) {
+    llm_rope_tables_pos(n, NULL, head_dim, theta, cos_out, sin_out);
+}
+
+void llm_rope_tables_pos(int n, const int32_t *pos, int head_dim, double theta, float *cos_out, float *sin_out) {
     int half = head_dim / 2;
     float *inv = xmalloc((size_t)half * sizeof *inv);
     /* HF: inv_freq = 1 / theta ** (arange(0, D, 2).float() / D), all fp32 */
@@ -149,7 +196,7 @@ void llm_rope_tables(int n, int head_dim, double theta, float *cos_out, float *s
     }
     for (int t = 0; t < n; t++)
         for (int j = 0; j < half; j++) {
-            float ang = (float)t * inv[j];   /* fp32 product, as the reference's matmul */
+            float ang = (float)(pos ? pos[t] : t) * inv[j];   /* fp32 product, as the reference's matmul */
             float c = (float)cos((double)ang), s = (float)sin((double)ang);
             cos_out[(size_t)t * head_dim + j] = cos_out[(size_t)t * head_dim + j + half] = c;
             sin_out[(size_t)t * head_dim + j] = sin_out[(size_t)t * head_dim + j + half] = s;

@@ -1,4 +1,4 @@
-/* A decoder-only LLM (Qwen3 or Mistral) used as a text encoder: one forward
+/* A decoder-only LLM (Qwen3, Mistral, or Qwen3-VL's text model) used as a text encoder: one forward
  * pass whose model differences are configuration (spec flux2-text-vae.md §3).
  *
  *   x = embed(ids)                           hidden state 0
@@ -29,7 +29,13 @@
 struct backend;
 struct comm;
 
-typedef enum { LLM_QWEN3 = 0, LLM_MISTRAL = 1 } llm_arch;
+/* LLM_QWEN3VL: the language model of Qwen3VLForConditionalGeneration
+ * (model_type qwen3_vl, nested text_config; FLUX.3). Its layers are Qwen3's
+ * (q/k norm, GQA, no bias); its RoPE is M-RoPE, which for text-only input
+ * is ordinary 1-D rotate-half RoPE: the three position rows (t, h, w) are
+ * the same, so the interleaved sections pick the same angles
+ * (docs/flux3.md "Text encoder"). */
+typedef enum { LLM_QWEN3 = 0, LLM_MISTRAL = 1, LLM_QWEN3VL = 2 } llm_arch;
 
 typedef struct llm_config {
     llm_arch arch;
@@ -39,11 +45,12 @@ typedef struct llm_config {
     int qk_norm;            /* per-head q/k RMSNorm before RoPE (Qwen3) */
     int sliding_window;     /* 0: plain causal; else sequences longer than it are refused */
     int rope_interleaved;   /* Q/K rows in llama.cpp's order (a llama GGUF): RoPE on pairs (2j, 2j+1) */
+    int mrope_section[3];   /* Qwen3-VL: frequencies per t/h/w section (sum head_dim/2); text-only: unused */
     char prefix[64];        /* weight-name prefix, e.g. "model." or "language_model.model." */
 } llm_config;
 
-/* Parse text_encoder/config.json (Qwen3 flat; Mistral3 with a nested
- * text_config). The prefix is left empty: llm_config_resolve_prefix fills it. */
+/* Parse text_encoder/config.json (Qwen3 flat; Mistral3 and Qwen3-VL with a
+ * nested text_config). The prefix is left empty: llm_config_resolve_prefix fills it. */
 int llm_config_parse(const json_t *config, const char *where, llm_config *out);
 /* Find which accepted prefix the checkpoint uses (spec §3.6 for Mistral). */
 int llm_config_resolve_prefix(llm_config *cfg, const checkpoint *ck);
@@ -74,6 +81,7 @@ int llm_gguf_adopt(checkpoint *ck, const llm_config *json, llm_config *out);
 typedef plan_built llm_plan;
 int plan_qwen3(const llm_config *cfg, int tp, llm_plan *out);
 int plan_mistral(const llm_config *cfg, int tp, llm_plan *out);
+int plan_qwen3vl(const llm_config *cfg, int tp, llm_plan *out);
 int llm_plan_build(const llm_config *cfg, int tp, llm_plan *out);   /* dispatches on arch */
 
 /* Layer-selection filter for weights_load: the embedding table, layers
@@ -103,10 +111,18 @@ uint64_t llm_bytes(const llm *m);     /* backend bytes of this rank's weights */
  * largest index needs. Collective over the model's communicator. */
 int llm_forward(llm *m, const int32_t *ids, const int32_t *mask, int n, const int *idx, int n_idx,
                 float *out);
+/* The same with explicit position ids pos[n] (>= 0; NULL = 0..n-1): the
+ * RoPE angle of row t is pos[t] x inv_freq. Causality and the key mask
+ * stay by row index (as transformers' create_causal_mask with an
+ * attention mask). FLUX.3 gives its pad rows position 1. */
+int llm_forward_pos(llm *m, const int32_t *ids, const int32_t *mask, const int32_t *pos, int n, const int *idx,
+                    int n_idx, float *out);
 
 /* RoPE tables as the HF reference computes them (fp32 inv_freq, fp32
  * angle = pos * inv_freq, cos/sin of the fp32 angle; each frequency twice,
  * [n, head_dim], the rotate-half layout op_rope ROPE_HALF expects). */
 void llm_rope_tables(int n, int head_dim, double theta, float *cos_out, float *sin_out);
+/* The same for positions pos[0..n) (NULL: 0..n-1). */
+void llm_rope_tables_pos(int n, const int32_t *pos, int head_dim, double theta, float *cos_out, float *sin_out);
 
 #endif

@@ -50,11 +50,11 @@ static int bufs_alloc(llm *m, int n, int n_idx, fwd_bufs *b) {
     return 0;
 }
 
-static int upload_inputs(llm *m, const int32_t *mask, int n, fwd_bufs *b) {
+static int upload_inputs(llm *m, const int32_t *mask, const int32_t *pos, int n, fwd_bufs *b) {
     int D = m->cfg.head_dim, rc = 0;
     float *cs = xmalloc((size_t)n * D * sizeof *cs), *sn = xmalloc((size_t)n * D * sizeof *sn);
     int32_t *kv = xmalloc((size_t)n * sizeof *kv);
-    llm_rope_tables(n, D, m->cfg.rope_theta, cs, sn);
+    llm_rope_tables_pos(n, pos, D, m->cfg.rope_theta, cs, sn);
     if (m->cfg.rope_interleaved) {   /* llama.cpp's Q/K row order: frequency j at columns 2j, 2j+1 */
         float *row = xmalloc((size_t)D * sizeof *row);
         for (int i = 0; i < n; i++)
@@ -148,7 +148,8 @@ static void capture(llm *m, fwd_bufs *b, const tensor *src, int index, const int
         }
 }
 
-static int check_request(llm *m, const int32_t *ids, int n, const int *idx, int n_idx, int *max_idx) {
+static int check_request(llm *m, const int32_t *ids, const int32_t *pos, int n, const int *idx, int n_idx,
+                         int *max_idx) {
     const llm_config *c = &m->cfg;
     if (n <= 0) return tp_error("text encoder: no tokens to encode");
     if (n_idx <= 0) return tp_error("text encoder: no hidden states requested");
@@ -163,6 +164,9 @@ static int check_request(llm *m, const int32_t *ids, int n, const int *idx, int 
                             idx[k], top, c->n_layers);
         if (idx[k] > *max_idx) *max_idx = idx[k];
     }
+    for (int i = 0; pos && i < n; i++)
+        if (pos[i] < 0)
+            return tp_error("text encoder: position id %d at row %d is negative", pos[i], i);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab)
             return tp_error("text encoder: token id %d at position %d is outside the vocabulary (0..%d); "
@@ -172,11 +176,16 @@ static int check_request(llm *m, const int32_t *ids, int n, const int *idx, int 
 
 int llm_forward(llm *m, const int32_t *ids, const int32_t *mask, int n, const int *idx, int n_idx,
                 float *out) {
+    return llm_forward_pos(m, ids, mask, NULL, n, idx, n_idx, out);
+}
+
+int llm_forward_pos(llm *m, const int32_t *ids, const int32_t *mask, const int32_t *pos, int n, const int *idx,
+                    int n_idx, float *out) {
     fwd_bufs b = {0};
     int max_idx = 0;
-    int rc = check_request(m, ids, n, idx, n_idx, &max_idx);
+    int rc = check_request(m, ids, pos, n, idx, n_idx, &max_idx);
     if (!rc) rc = bufs_alloc(m, n, n_idx, &b);
-    if (!rc) rc = upload_inputs(m, mask, n, &b);
+    if (!rc) rc = upload_inputs(m, mask, pos, n, &b);
     if (m->comm && m->tp > 1) rc = dist_agree(m->comm->mpi, rc);   /* before the first collective */
     if (!rc) rc = embed(m, ids, n, &b);
     if (!rc) capture(m, &b, b.x, 0, idx, n_idx);

@@ -40,6 +40,11 @@ int plan_mistral(const llm_config *cfg, int tp, llm_plan *out) {
     return llm_plan_fill(cfg, tp, &plan_table_mistral, out);
 }
 
+int plan_qwen3vl(const llm_config *cfg, int tp, llm_plan *out) {
+    return llm_plan_fill(cfg, tp, &plan_table_qwen3vl, out);
+}
+
 int llm_plan_build(const llm_config *cfg, int tp, llm_plan *out) {
+    if (cfg->arch == LLM_QWEN3VL) return plan_qwen3vl(cfg, tp, out);
     return cfg->arch == LLM_QWEN3 ? plan_qwen3(cfg, tp, out) : plan_mistral(cfg, tp, out);
 }

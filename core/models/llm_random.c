@@ -86,6 +86,24 @@ static json_t *mistral_config_json(const llm_config *c) {
                      "hidden_size", 16, "tie_word_embeddings", 0);
 }
 
+/* Qwen3VLForConditionalGeneration as transformers 5 saves it: nested
+ * text_config (qwen3_vl_text, M-RoPE sections for head_dim / 2), a small
+ * vision_config (its one tensor in the file is never read). */
+static json_t *qwen3vl_config_json(const llm_config *c) {
+    int half = c->head_dim / 2, h = half * 5 / 16, w = h, t = half - h - w;   /* [24, 20, 20] for head_dim 128 */
+    return json_pack("{s:[s], s:s, s:{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:{s:s, s:f, s:[i, i, i], "
+                     "s:b}, s:b, s:b, s:i}, s:{s:s, s:i, s:i}, s:b, s:i, s:i, s:i, s:i}",
+                     "architectures", "Qwen3VLForConditionalGeneration", "model_type", "qwen3_vl", "text_config",
+                     "model_type", "qwen3_vl_text", "vocab_size", c->vocab, "hidden_size", c->hidden,
+                     "intermediate_size", c->ffn, "num_hidden_layers", c->n_layers, "num_attention_heads", c->n_heads,
+                     "num_key_value_heads", c->n_kv_heads, "head_dim", c->head_dim, "hidden_act", "silu",
+                     "rms_norm_eps", (double)c->eps, "rope_parameters", "rope_type", "default", "rope_theta",
+                     c->rope_theta, "mrope_section", t, h, w, "mrope_interleaved", 1, "tie_word_embeddings", 1,
+                     "attention_bias", 0, "max_position_embeddings", 262144, "vision_config", "model_type",
+                     "qwen3_vl_vision", "hidden_size", 16, "depth", 1, "tie_word_embeddings", 1, "image_token_id",
+                     151655, "video_token_id", 151656, "vision_start_token_id", 151652, "vision_end_token_id", 151653);
+}
+
 /* The random checkpoint is streamed (st_write_stream), so that a full-size
  * encoder (Qwen3-4B: 8 GB) is never held in memory: each tensor's values
  * come from one generator in file order, chunk after chunk, which gives the
@@ -110,12 +128,12 @@ static void entry(st_write_tensor *t, entry_init *in, char *name, int64_t rows, 
 }
 
 int llm_write_random(const char *te_dir, const llm_config *c, unsigned seed, int sparse) {
-    int mistral = c->arch == LLM_MISTRAL;
-    const char *pre = mistral ? "language_model.model." : "model.";
+    int mistral = c->arch == LLM_MISTRAL, vl = c->arch == LLM_QWEN3VL;
+    const char *pre = mistral ? "language_model.model." : vl ? "model.language_model." : "model.";
     layer_tensor lt[11];
     int nl = layer_tensors(c, lt);
     /* Mistral also stores lm_head, the final norm and a vision tower the encoder never reads */
-    int n = 1 + c->n_layers * nl + (mistral ? 3 : 0), k = 0;
+    int n = 1 + c->n_layers * nl + (mistral ? 3 : vl ? 2 : 0), k = 0;
     st_write_tensor *ts = xcalloc((size_t)n, sizeof *ts);
     entry_init *init = xcalloc((size_t)n, sizeof *init);
     entry(&ts[k], &init[k], xasprintf("%sembed_tokens.weight", pre), c->vocab, c->hidden, c->hidden, INIT_EMBED), k++;
@@ -129,13 +147,17 @@ int llm_write_random(const char *te_dir, const llm_config *c, unsigned seed, int
             k++;
         entry(&ts[k], &init[k], xstrdup("vision_tower.ln_pre.weight"), 1, 16, 16, INIT_NORM), k++;
     }
+    if (vl) {   /* Qwen3-VL: the final norm and a vision-tower tensor (tied lm_head: not stored) */
+        entry(&ts[k], &init[k], xasprintf("%snorm.weight", pre), 1, c->hidden, c->hidden, INIT_NORM), k++;
+        entry(&ts[k], &init[k], xstrdup("model.visual.blocks.0.norm1.weight"), 1, 16, 16, INIT_NORM), k++;
+    }
     char *path = xasprintf("%s/model.safetensors", te_dir);
     static const char *meta[] = {"format", "pt", NULL};
     fill_ctx fc = {{seed * 0x2545f4914f6cdd1dull + 1}, init, c->n_layers, sparse};
     int rc = st_write_stream(path, ts, n, meta, fill_entry, &fc);
     free(path);
     if (!rc) {
-        json_t *cfg = mistral ? mistral_config_json(c) : qwen3_config_json(c);
+        json_t *cfg = mistral ? mistral_config_json(c) : vl ? qwen3vl_config_json(c) : qwen3_config_json(c);
         char *cpath = xasprintf("%s/config.json", te_dir);
         if (!cfg || json_dump_file(cfg, cpath, JSON_INDENT(2))) rc = tp_error("could not write %s", cpath);
         free(cpath);

@@ -58,7 +58,8 @@ static int transformer_plan(const json_t *config, const checkpoint *c, int tp, c
  * depends on tp (K/V and the embedding are split only when tp divides
  * them) and on the checkpoint's name prefix; only the layers that produce
  * the prompt embeddings are loaded (hidden states 9/18/27 for Qwen3,
- * 10/20/30 for Mistral, as core/models/textenc.c chooses). */
+ * 10/20/30 for Mistral, up to 32 for Qwen3-VL, as core/models/textenc.c
+ * chooses). */
 typedef struct text_encoder_storage {
     llm_config cfg;
     llm_plan lp;
@@ -71,7 +72,7 @@ static int text_encoder_plan(const json_t *config, const checkpoint *c, int tp, 
     if (llm_config_parse(config, "text_encoder/config.json", &s->cfg) || llm_config_resolve_prefix(&s->cfg, c) ||
         llm_plan_build(&s->cfg, tp, &s->lp))
         return -1;
-    int top = s->cfg.arch == LLM_QWEN3 ? 27 : 30;
+    int top = s->cfg.arch == LLM_QWEN3 ? 27 : s->cfg.arch == LLM_QWEN3VL ? 32 : 30;
     s->want = (llm_want){&s->cfg, top < s->cfg.n_layers ? top : s->cfg.n_layers, top >= s->cfg.n_layers};
     out->p = s->lp.p;
     out->want = llm_want_tensor;

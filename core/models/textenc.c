@@ -16,13 +16,15 @@
 
 #include "tokenizer.h"
 #include "prompt.h"
+#include "textenc_qwen3vl.h"
 
 struct textenc {
     llm_config cfg;
     llm *model;
     checkpoint *ck;
     comm *comm;
-    int layers[3];      /* hidden-state indices stacked into prompt_embeds */
+    int layers[QWEN3VL_N_STACK];   /* hidden-state indices stacked into prompt_embeds */
+    int n_stack;                   /* 3 (FLUX.2) or 8 (FLUX.3) */
     tokenizer *tok;
 };
 
@@ -33,20 +35,30 @@ static int check_model_index(const model_dir *md, const llm_config *cfg) {
     const json_t *te = md->index ? json_object_get(md->index, "text_encoder") : NULL;
     const char *cls = json_is_array(te) ? json_string_value(json_array_get(te, 1)) : NULL;
     if (!cls) return 0;
-    int is_qwen = strstr(cls, "Qwen3") != NULL, is_mistral = strstr(cls, "Mistral") != NULL;
-    if (!is_qwen && !is_mistral)
+    int is_vl = strstr(cls, "Qwen3VL") != NULL;
+    int is_qwen = !is_vl && strstr(cls, "Qwen3") != NULL, is_mistral = strstr(cls, "Mistral") != NULL;
+    if (!is_qwen && !is_mistral && !is_vl)
         return tp_error("%s/model_index.json: text encoder class %s is not supported (Qwen3ForCausalLM for "
-                        "FLUX.2-klein, Mistral3ForConditionalGeneration for FLUX.2-dev)", md->root, cls);
-    if ((cfg->arch == LLM_QWEN3) != is_qwen)
+                        "FLUX.2-klein, Mistral3ForConditionalGeneration for FLUX.2-dev, "
+                        "Qwen3VLForConditionalGeneration for FLUX.3)", md->root, cls);
+    if ((cfg->arch == LLM_QWEN3) != is_qwen || (cfg->arch == LLM_QWEN3VL) != is_vl)
         return tp_error("%s: model_index.json says the text encoder is %s but text_encoder/config.json is a %s "
                         "model", md->root, cls, llm_arch_name(cfg->arch));
     return 0;
 }
 
 /* FLUX.2-klein stacks Qwen3 hidden states 9, 18, 27; FLUX.2-dev Mistral's 10, 20, 30 (spec §1). */
-static int choose_layers(textenc *t, const char *dir) {
+/* FLUX.3 stacks Qwen3-VL's 4, 8, ..., 32 (textenc_qwen3vl.c). */
+static int choose_layers(textenc *t, const model_dir *md) {
     static const int k_qwen3[3] = {9, 18, 27}, k_mistral[3] = {10, 20, 30};
-    memcpy(t->layers, t->cfg.arch == LLM_QWEN3 ? k_qwen3 : k_mistral, sizeof t->layers);
+    const char *dir = md->root;
+    if (t->cfg.arch == LLM_QWEN3VL) {
+        t->n_stack = QWEN3VL_N_STACK;
+        memcpy(t->layers, qwen3vl_stack, sizeof qwen3vl_stack);
+        return qwen3vl_check(md, t->cfg.hidden, t->cfg.n_layers);
+    }
+    t->n_stack = 3;
+    memcpy(t->layers, t->cfg.arch == LLM_QWEN3 ? k_qwen3 : k_mistral, 3 * sizeof *t->layers);
     if (t->cfg.n_layers < t->layers[2])
         return tp_error("%s/text_encoder: the %s encoder has %d layers but FLUX.2 uses hidden state %d; this is "
                         "not a FLUX.2 text encoder", dir, llm_arch_name(t->cfg.arch), t->cfg.n_layers, t->layers[2]);
@@ -102,7 +114,7 @@ static int open_parts(textenc *t, const char *dir) {
     char *te_dir = rc ? NULL : model_dir_path(md, "text_encoder");
     if (!rc) rc = open_encoder(t, md, te_dir);
     if (!rc) rc = check_model_index(md, &t->cfg);
-    if (!rc) rc = choose_layers(t, dir);
+    if (!rc) rc = choose_layers(t, md);
     if (!rc) rc = llm_config_resolve_prefix(&t->cfg, t->ck);
     if (!rc) {
         char *tok_dir = model_dir_path(md, "tokenizer");
@@ -120,7 +132,7 @@ int textenc_load(const char *dir, backend *be, comm *c, dtype_t precision, texte
     textenc *t = xcalloc(1, sizeof *t);
     t->comm = c;
     int rc = agree(c, open_parts(t, dir));
-    if (!rc) rc = llm_load(t->ck, &t->cfg, t->layers[2], be, c, precision, &t->model, st);  /* collective */
+    if (!rc) rc = llm_load(t->ck, &t->cfg, t->layers[t->n_stack - 1], be, c, precision, &t->model, st);  /* collective */
     if (rc) {
         tp_error_context("text encoder");
         textenc_free(t);
@@ -131,7 +143,13 @@ int textenc_load(const char *dir, backend *be, comm *c, dtype_t precision, texte
 }
 
 int textenc_encode_ids(textenc *t, const int32_t *ids, const int32_t *mask, int n, float *embeds) {
-    int rc = llm_forward(t->model, ids, mask, n, t->layers, 3, embeds);
+    int32_t *pos = NULL;
+    if (t->cfg.arch == LLM_QWEN3VL && n > 0) {   /* FLUX.3 passes position 1 for its pad rows */
+        pos = xmalloc((size_t)n * sizeof *pos);
+        qwen3vl_positions(mask, n, pos);
+    }
+    int rc = llm_forward_pos(t->model, ids, mask, pos, n, t->layers, t->n_stack, embeds);
+    free(pos);
     if (rc) return rc;
     /* non-finite embeddings would give NaN latents and a black image */
     int64_t E = (int64_t)textenc_embed_dim(t), bad = first_nonfinite_f32(embeds, (size_t)n * (size_t)E);
@@ -143,16 +161,45 @@ int textenc_encode_ids(textenc *t, const int32_t *ids, const int32_t *mask, int 
     return agree(t->comm, rc);
 }
 
-static int tokenize(textenc *t, const char *prompt, int max_len, int32_t *ids, int32_t *mask) {
-    /* the template follows the encoder: klein's chat template for Qwen3, the dev layout for Mistral */
-    prompt_format f = t->cfg.arch == LLM_QWEN3 ? PROMPT_KLEIN : PROMPT_DEV;
+static int check_vocab(const textenc *t) {
     if (tokenizer_vocab_size(t->tok) > t->cfg.vocab)
         return tp_error("%s has %d tokens but the text encoder's vocabulary has %d: tokenizer and text encoder "
                         "do not belong together", tokenizer_source(t->tok), tokenizer_vocab_size(t->tok), t->cfg.vocab);
+    return 0;
+}
+
+static int tokenize(textenc *t, const char *prompt, int max_len, int32_t *ids, int32_t *mask) {
+    if (check_vocab(t)) return -1;
+    /* the template follows the encoder: klein's chat template for Qwen3, the dev layout for Mistral,
+     * Qwen3-VL-Instruct's for FLUX.3 */
+    if (t->cfg.arch == LLM_QWEN3VL) return qwen3vl_tokenize(t->tok, prompt, max_len, ids, mask, NULL);
+    prompt_format f = t->cfg.arch == LLM_QWEN3 ? PROMPT_KLEIN : PROMPT_DEV;
     return prompt_encode_ids(t->tok, f, prompt, max_len, ids, mask, NULL);
 }
 
+int textenc_max_len(const textenc *t) {
+    return t->cfg.arch == LLM_QWEN3VL ? QWEN3VL_MAX_LEN : TEXTENC_DEFAULT_MAX_LEN;
+}
+
+int textenc_pad_multiple(const textenc *t) { return t->cfg.arch == LLM_QWEN3VL ? QWEN3VL_PAD_MULTIPLE : 0; }
+
+int textenc_window(textenc *t, const char *prompt, int max_len, int *L) {
+    if (max_len <= 0) max_len = textenc_max_len(t);
+    int rc = 0, n = max_len;
+    if (t->cfg.arch == LLM_QWEN3VL) {
+        rc = check_vocab(t);
+        if (!rc) rc = qwen3vl_real_length(t->tok, prompt ? prompt : "", max_len, &n);
+        if (!rc) n = qwen3vl_window(n, max_len);
+    }
+    rc = agree(t->comm, rc);
+    *L = rc ? 0 : n;
+    return rc;
+}
+
 int textenc_encode(textenc *t, const char *prompt, int max_len, float *embeds, int32_t *ids, int32_t *mask) {
+    if (max_len <= 0 && t->cfg.arch == LLM_QWEN3VL)   /* the caller sized embeds: it must know L */
+        return agree(t->comm, tp_error("text encoder: FLUX.3's window depends on the prompt: pass the L that "
+                                       "textenc_window gives (max_len %d)", max_len));
     if (max_len <= 0) max_len = TEXTENC_DEFAULT_MAX_LEN;
     int32_t *my_ids = ids ? ids : xmalloc((size_t)max_len * sizeof *my_ids);
     int32_t *my_mask = mask ? mask : xmalloc((size_t)max_len * sizeof *my_mask);
@@ -164,7 +211,7 @@ int textenc_encode(textenc *t, const char *prompt, int max_len, float *embeds, i
 }
 
 int textenc_hidden(const textenc *t) { return t->cfg.hidden; }
-int textenc_embed_dim(const textenc *t) { return 3 * t->cfg.hidden; }
+int textenc_embed_dim(const textenc *t) { return t->n_stack * t->cfg.hidden; }
 const char *textenc_kind(const textenc *t) { return llm_arch_name(t->cfg.arch); }
 uint64_t textenc_bytes(const textenc *t) { return t->model ? llm_bytes(t->model) : 0; }
 
