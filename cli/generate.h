@@ -28,6 +28,9 @@ typedef struct gen_setup {
     float *embeds;
     int64_t embeds_len;
     char *embeds_desc;           /* "FILE:TENSOR" for the PNG parameters */
+    float *neg_embeds;           /* --negative-prompt-embeds (CFG with --prompt-embeds) */
+    int64_t neg_embeds_len;
+    char *neg_embeds_desc;
     /* reference images (editing): every distinct file, checked at setup */
     int has_refs;                /* some job has references: the VAE encoder is loaded */
     int n_ref_files;

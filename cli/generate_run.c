@@ -155,7 +155,8 @@ static int run_job(run_state *r, int job) {
     flux2_job j = {
         .seed = runspec_job_seed(s, job), .steps = s->steps, .guidance = s->guidance, .width = W, .height = H,
         .embeds = s->prompt_embeds ? g->embeds : r->prompt_embeds[job / ns], .L = r->L,
-        .neg_embeds = g->use_cfg ? r->neg_embeds : NULL, .on_step = on_step, .ctx = r,
+        .neg_embeds = !g->use_cfg ? NULL : s->prompt_embeds ? g->neg_embeds : r->neg_embeds,
+        .Ln = s->prompt_embeds && g->use_cfg ? g->neg_embeds_len : r->L, .on_step = on_step, .ctx = r,
     };
     j.images = runspec_job_images(s, job, &j.n_images);
     double t0 = gen_now();
