@@ -361,6 +361,7 @@ static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
     }
     if (agree(p, rc)) return -1;
     if (refs_encode_group(p->vae, p->tp_comm, j->images, j->n_images, rs)) return -1;   /* agreed inside */
+    if (p->tp_rank == 0 && is_flux3(p->info)) flux3_ref_ids(rs);   /* (0, y, x, -(1+k)); the others get them below */
     int64_t hdr[2] = {rs->R, rs->C};
     MPI_Bcast(hdr, 2, MPI_INT64_T, 0, p->tp_comm);
     if (p->tp_rank != 0) {
@@ -375,7 +376,6 @@ static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
     if (rs->C != p->info->cond_in_channels)
         return tp_error("reference tokens have %d channels but the transformer takes %d", rs->C,
                         p->info->cond_in_channels);
-    if (is_flux3(p->info)) flux3_ref_ids(rs);   /* (0, y, x, -(1+k)) */
     return 0;
 }
 
