@@ -129,6 +129,12 @@ static int decode_and_write(run_state *r, int job, const float *latents) {
         free(rgb);
         return rc;
     }
+    int box[4];
+    if (gen_job_crop(r->g, job, box)) {   /* FLUX.3: the padded reference's canvas, cropped back to the reference */
+        for (int y = 0; y < box[3]; y++)
+            memmove(rgb + (size_t)y * box[2] * 3, rgb + ((size_t)(box[1] + y) * W + box[0]) * 3, (size_t)box[2] * 3);
+        W = box[2], H = box[3];
+    }
     char *path = runspec_output_path(s, s->output, job);
     if (!path) rc = -1;
     if (!rc) {

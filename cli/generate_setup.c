@@ -8,6 +8,7 @@
 #include "core/image/image.h"
 #include "core/formats/safetensors.h"
 #include "core/models/flux2.h"
+#include "core/flux3_pipe.h"
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -34,6 +35,8 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
     int np = s->n_prompts ? s->n_prompts : 1;
     g->prompt_w = xmalloc(sizeof(int) * (size_t)np);
     g->prompt_h = xmalloc(sizeof(int) * (size_t)np);
+    g->prompt_crop = xcalloc((size_t)np, sizeof *g->prompt_crop);
+    int flux3 = model_family_is_flux3(g->info.family);
     for (int p = 0; p < np; p++) {
         int n = 0;
         char *const *imgs = runspec_prompt_images(s, p, &n);
@@ -42,7 +45,9 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
             int idx = gen_ref_index(g, imgs[k]);
             if (idx < 0) {
                 int w, h;
-                if (image_probe(imgs[k], &w, &h) || image_check_reference(imgs[k], w, h)) return -1;
+                /* diffusers' FLUX.2 checks (sides >= 64, aspect <= 8); FLUX.3's single "fill" reference has none */
+                if (image_probe(imgs[k], &w, &h) || (!(flux3 && n == 1) && image_check_reference(imgs[k], w, h)))
+                    return -1;
                 if (g->d->tp_rank == 0) {
                     uint8_t *rgb = NULL;
                     int dw, dh;
@@ -56,13 +61,27 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
                 g->ref_h = xrealloc(g->ref_h, sizeof(int) * (size_t)g->n_ref_files);
                 g->ref_files[idx] = xstrdup(imgs[k]);
                 image_reference_size(w, h, &g->ref_w[idx], &g->ref_h[idx]);
+                g->ref_ow = xrealloc(g->ref_ow, sizeof(int) * (size_t)g->n_ref_files);
+                g->ref_oh = xrealloc(g->ref_oh, sizeof(int) * (size_t)g->n_ref_files);
+                g->ref_ow[idx] = w, g->ref_oh[idx] = h;
                 if (file_sha256(imgs[k], g->ref_sha256[idx])) return -1;
             }
             if (k == 0) first = idx;
         }
         g->has_refs |= n > 0;
-        g->prompt_w[p] = width_given ? s->width : first >= 0 ? g->ref_w[first] : s->width;
-        g->prompt_h[p] = height_given ? s->height : first >= 0 ? g->ref_h[first] : s->height;
+        int rw = first >= 0 ? g->ref_w[first] : s->width, rh = first >= 0 ? g->ref_h[first] : s->height;
+        if (flux3 && first >= 0) {   /* FLUX.3: one reference gives its canvas, cropped back when no size is given */
+            int ow = g->ref_ow[first], oh = g->ref_oh[first];
+            if (n == 1 && flux3_check_reference(imgs[0], ow, oh, 1)) return -1;
+            flux3_reference_size(ow, oh, n, &rw, &rh);
+            if (n == 1 && !width_given && !height_given && (rw != ow || rh != oh)) {
+                int l, t;
+                flux3_reference_canvas(ow, oh, &rw, &rh, &l, &t);
+                g->prompt_crop[p][0] = l, g->prompt_crop[p][1] = t, g->prompt_crop[p][2] = ow, g->prompt_crop[p][3] = oh;
+            }
+        }
+        g->prompt_w[p] = width_given ? s->width : rw;
+        g->prompt_h[p] = height_given ? s->height : rh;
     }
     if (!g->has_refs) return 0;
     if (g->info.kv_refs && g->use_cfg)
@@ -86,6 +105,14 @@ int gen_ref_index(const gen_setup *g, const char *path) {
     for (int i = 0; i < g->n_ref_files; i++)
         if (!strcmp(g->ref_files[i], path)) return i;
     return -1;
+}
+
+int gen_job_crop(const gen_setup *g, int job, int box[4]) {
+    const run_spec *s = g->spec;
+    int p = job / (s->n_seeds ? s->n_seeds : 1);
+    if (!g->prompt_crop || !g->prompt_crop[p][2]) return 0;
+    memcpy(box, g->prompt_crop[p], sizeof(int) * 4);
+    return 1;
 }
 
 void gen_job_size(const gen_setup *g, int job, int *w, int *h) {
@@ -263,6 +290,9 @@ void gen_setup_free(gen_setup *g) {
     free(g->ref_sha256);
     free(g->ref_w);
     free(g->ref_h);
+    free(g->ref_ow);
+    free(g->ref_oh);
+    free(g->prompt_crop);
     free(g->prompt_w);
     free(g->prompt_h);
     memset(g, 0, sizeof *g);

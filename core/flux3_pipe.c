@@ -3,6 +3,7 @@
  * pipelines run them. */
 #include "flux3_pipe.h"
 #include "core/dist/watchdog.h"
+#include "core/image/image.h"
 #include "kernels/err.h"
 #include "kernels/tensor.h"
 #include "rng.h"
@@ -47,18 +48,64 @@ void flux3_ref_ids(ref_set *rs) {
     }
 }
 
+void flux3_reference_canvas(int w, int h, int *cw, int *ch, int *left, int *top) {
+    int s[2] = {w, h};
+    for (int i = 0; i < 2; i++) {
+        int r = (s[i] + 15) / 16 * 16;
+        s[i] = r < 64 ? 64 : r > 4096 ? 4096 : r;
+    }
+    *cw = s[0], *ch = s[1];
+    *left = (s[0] - w) / 2, *top = (s[1] - h) / 2;
+}
+
+void flux3_reference_size(int w, int h, int n_refs, int *pw, int *ph) {
+    int l, t;
+    if (n_refs == 1) flux3_reference_canvas(w, h, pw, ph, &l, &t);
+    else image_reference_size(w, h, pw, ph);
+}
+
 int flux3_check_reference(const char *path, int w, int h, int n) {
     if (n > 1) return 0;   /* "crop": under 1 MP, center-cropped to the grid, as FLUX.2's references */
-    int cw = w % 16 ? w + 16 - w % 16 : w, ch = h % 16 ? h + 16 - h % 16 : h;
-    if (cw < 64) cw = 64;
-    if (ch < 64) ch = 64;
-    if (cw != w || ch != h)
-        return tp_error("reference image %s is %dx%d: FLUX.3 reflect-pads a single reference to its 16-pixel canvas "
-                        "(%dx%d) and crops the result back, which tpgen does not do yet; give a reference whose sides "
-                        "are multiples of 16 and at least 64 (or two references)", path, w, h, cw, ch);
-    if ((int64_t)w * h > 4 * 1024 * 1024 || w > 4096 || h > 4096)
-        return tp_error("reference image %s is %dx%d: FLUX.3 downscales a single reference over 4 megapixels, which "
-                        "tpgen does not do yet; give a smaller reference", path, w, h);
+    int cw, ch, l, t;
+    flux3_reference_canvas(w, h, &cw, &ch, &l, &t);
+    if ((int64_t)cw * ch > 4 * 1024 * 1024 || w > 4096 || h > 4096)
+        return tp_error("reference image %s is %dx%d: FLUX.3 downscales a single reference whose canvas (%dx%d) is over "
+                        "4 megapixels, which tpgen does not do yet; give a smaller reference", path, w, h, cw, ch);
+    if (w > cw || h > ch) return tp_error("reference image %s is %dx%d, larger than its canvas", path, w, h);
+    return 0;
+}
+
+/* numpy.pad index of position i (may be outside [0, n)): "reflect" repeats
+ * with period 2(n-1) without the edge, "symmetric" with period 2n */
+static int pad_index(int i, int n, int symmetric) {
+    if (n == 1) return 0;
+    int p = symmetric ? 2 * n : 2 * (n - 1), m = ((i % p) + p) % p;
+    return m < n ? m : symmetric ? 2 * n - 1 - m : 2 * (n - 1) - m;
+}
+
+int flux3_load_reference(const char *path, float **pixels, int *pw, int *ph) {
+    *pixels = NULL;
+    uint8_t *rgb = NULL;
+    int w, h;
+    if (image_read_rgb(path, &rgb, &w, &h)) return -1;
+    if (flux3_check_reference(path, w, h, 1)) return free(rgb), -1;
+    int cw, ch, left, top;
+    flux3_reference_canvas(w, h, &cw, &ch, &left, &top);
+    int sym = (w < h ? w : h) <= 16;   /* an image smaller than one token is mirrored instead */
+    size_t np = (size_t)cw * ch;
+    float *px = xmalloc(np * 3 * sizeof *px);
+    for (int y = 0; y < ch; y++) {
+        int sy = pad_index(y - top, h, sym);
+        for (int x = 0; x < cw; x++) {
+            int sx = pad_index(x - left, w, sym);
+            for (int c = 0; c < 3; c++) {
+                float u = (float)rgb[((size_t)sy * w + sx) * 3 + c] / 255.0f;
+                px[(size_t)c * np + (size_t)y * cw + x] = 2.0f * u - 1.0f;
+            }
+        }
+    }
+    free(rgb);
+    *pixels = px, *pw = cw, *ph = ch;
     return 0;
 }
 

@@ -46,12 +46,23 @@ void flux3_image_ids(int64_t h, int64_t w, int32_t l, int32_t *ids);
 /* FLUX.3's reference ids on a ref_set from refs_encode*: reference k's
  * tokens (0, y, x, −(1+k)) instead of FLUX.2's (10 + 10k, y, x, 0). */
 void flux3_ref_ids(ref_set *rs);
-/* Whether a reference of w x h pixels (one of n) is prepared as FLUX.3's
- * image processor would without resizing or padding, which is all tpgen
- * does so far: a single reference ("fill") must already be its own canvas
- * (sides multiples of 16, at least 64, at most 4096, area <= 4 MP), several
- * ("crop") are handled as FLUX.2's. -1 + tp_error naming path otherwise. */
+/* A single reference ("fill", Flux3ImageProcessor): its canvas, the size
+ * rounded up to 16 and clamped to [64, 4096], and the box the image takes
+ * in it, centered (left = (cw - w) / 2, top likewise). */
+void flux3_reference_canvas(int w, int h, int *cw, int *ch, int *left, int *top);
+/* The output size a prompt's references give when no size is asked for
+ * (Flux3ImageCondInputStep): one reference, its canvas (the decoded image
+ * is then cropped back to the reference); several, the first one's
+ * FLUX.2-style size (under 1 MP, cropped to the grid). */
+void flux3_reference_size(int w, int h, int n_refs, int *pw, int *ph);
+/* What tpgen cannot yet prepare as FLUX.3's processor does: a single
+ * reference whose canvas exceeds 4 MP (it would be downscaled). -1 +
+ * tp_error naming path; several references are FLUX.2's "crop". */
 int flux3_check_reference(const char *path, int w, int h, int n);
+/* refs_load_fn of a single FLUX.3 reference: read, reflect-pad to the
+ * canvas (numpy.pad "reflect", or "symmetric" when a side is 16 pixels or
+ * less), pixels [3, ch, cw] in [-1, 1]. */
+int flux3_load_reference(const char *path, float **pixels, int *pw, int *ph);
 
 typedef struct flux3_job {
     uint64_t seed;

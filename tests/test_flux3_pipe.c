@@ -2,8 +2,8 @@
  * (tests/data/flux3-pipe, made by tests/tools/flux3_pipe_golden.py): the
  * constant-shift schedule, the seeded f32 noise (bit for bit), the ids of
  * image, text and reference tokens (the float ids the pipeline makes, as
- * our int ids scaled by the image RoPE scale), the CFG switch and the
- * defaults. The whole runs (tp 1, 2, 3) are tests/sh/flux3_pipe.sh. */
+ * our int ids scaled by the image RoPE scale), the CFG switch, the
+ * defaults and the single-reference canvas. The whole runs (tp 1, 2, 3) are tests/sh/flux3_pipe.sh. */
 #include "test.h"
 #include "core/flux3_pipe.h"
 #include "core/formats/safetensors.h"
@@ -117,11 +117,19 @@ TEST(flux3_defaults_and_cfg_switch) {
     CHECK(flux3_default_guidance(0) == 3.5, "guidance 3.5");
     CHECK(flux3_uses_cfg(0, 3.5) && flux3_uses_cfg(0, 0.5) && !flux3_uses_cfg(0, 1.0) && !flux3_uses_cfg(1, 3.5),
           "CFG unless the scale is 1 (diffusers' guider), never on flow-map");
-    CHECK(flux3_check_reference("r.png", 64, 48, 1) != 0 && strstr(tp_error_msg(), "r.png") &&
-              strstr(tp_error_msg(), "64x64"), "a 64x48 single reference needs padding: %s", tp_error_msg());
-    CHECK(flux3_check_reference("r.png", 70, 64, 1) != 0, "70 wide: padding");
-    CHECK(flux3_check_reference("r.png", 64, 64, 1) == 0 && flux3_check_reference("r.png", 70, 50, 2) == 0,
-          "a canvas-sized single reference, or several (crop)");
+    int cw, ch, l, t, pw, ph;
+    flux3_reference_canvas(70, 56, &cw, &ch, &l, &t);
+    CHECK(cw == 80 && ch == 64 && l == 5 && t == 4, "70x56 -> canvas 80x64 at (5, 4): %dx%d (%d, %d)", cw, ch, l, t);
+    flux3_reference_canvas(20, 5000, &cw, &ch, &l, &t);
+    CHECK(cw == 64 && ch == 4096, "sides clamped to [64, 4096]: %dx%d", cw, ch);
+    flux3_reference_size(70, 56, 1, &pw, &ph);
+    CHECK(pw == 80 && ph == 64, "one reference: its canvas");
+    flux3_reference_size(70, 90, 2, &pw, &ph);
+    CHECK(pw == 64 && ph == 80, "several: cropped to the grid as FLUX.2 (%dx%d)", pw, ph);
+    CHECK(flux3_check_reference("r.png", 2100, 2100, 1) != 0 && strstr(tp_error_msg(), "r.png") &&
+              strstr(tp_error_msg(), "4 megapixels"), "a canvas over 4 MP: %s", tp_error_msg());
+    CHECK(flux3_check_reference("r.png", 70, 56, 1) == 0 && flux3_check_reference("r.png", 3000, 3000, 2) == 0,
+          "a paddable single reference, or several (crop)");
     float *e = NULL;
     int64_t L = 1;
     CHECK(flux3_encode_prompt("M", "a fox", &e, &L, NULL) != 0 && !e && L == 0 && strstr(tp_error_msg(), "--prompt-embeds"),

@@ -4,7 +4,8 @@
 # diffusers 0.42.1 saves) against the real modular pipelines' runs
 # (tests/data/flux3-pipe, tests/tools/flux3_pipe_golden.py): base with CFG
 # (negative embeddings), flow-map, each with and without a reference, at
-# tp 1, 2, 3 (the tiny models have 6 heads): final latents <= 1e-4
+# tp 1, 2, 3 (the tiny models have 6 heads), and a 70x56 reference that is
+# reflect-padded to its canvas and cropped back: final latents <= 1e-4
 # relative, PNG within +-1 of the golden u8. Then the errors: each names
 # the file, exits non-zero on every rank.
 source "$TPGEN_ROOT/tests/lib.sh"
@@ -70,6 +71,8 @@ for np in 1 2 3; do
     run_case base_ref base $np --seed 7 --steps 2 --negative-prompt-embeds "$D/base_ref.safetensors" --image "$D/ref.png"
     run_case flowmap_t2i flowmap $np --seed 123 --steps 3 --width 64 --height 48
     run_case flowmap_ref flowmap $np --seed 5 --steps 2 --image "$D/ref.png"
+    # 70x56: reflect-padded to its 80x64 canvas, the PNG cropped back to 70x56
+    run_case flowmap_pad flowmap $np --seed 9 --steps 2 --image "$D/ref_pad.png"
 done
 
 # the PNG parameters and the family in the metrics
@@ -126,10 +129,16 @@ hj = json.dumps(out).encode(); open(sys.argv[2], "wb").write(struct.pack("<Q", l
 PY
 expect_fail "flux3 weights without the reference mode blocks" 'nc/transformer.*image_cond' \
     $MPIRUN -np 2 "$TPGEN" generate --model "$TMP/nc" --prompt-embeds "$D/flowmap_t2i.safetensors" "${A[@]}"
-# a single reference FLUX.3 would pad
-python3 "$TPGEN_ROOT/tests/tools/mkpng.py" "$TMP/r70.png" 70 64 rgb8 3
-expect_fail "flux3 single reference that needs padding" 'r70.png is 70x64.*80x64' \
-    $MPIRUN -np 2 "$TPGEN" generate --model "$TMP/flowmap" --prompt-embeds "$D/flowmap_t2i.safetensors" --image "$TMP/r70.png" \
+# a single reference FLUX.3 would downscale (canvas over 4 MP)
+python3 -c '
+import struct, sys, zlib
+w = h = 2064
+def chunk(t, d): return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
+raw = (b"\0" + b"\x80" * (3 * w)) * h
+open(sys.argv[1], "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+                              chunk(b"IDAT", zlib.compress(raw, 1)) + chunk(b"IEND", b""))' "$TMP/big.png"
+expect_fail "flux3 single reference over 4 MP" 'big.png is 2064x2064.*4 megapixels' \
+    $MPIRUN -np 2 "$TPGEN" generate --model "$TMP/flowmap" --prompt-embeds "$D/flowmap_t2i.safetensors" --image "$TMP/big.png" \
     --precision f32 --backend cpu --steps 1 --output "$TMP/e.png"
 expect_fail "flux3 with a FLUX.2 pipeline class" 'Flux2KleinPipeline.*FLUX.3 transformer' \
     bash -c "mkdir -p '$TMP/k2' && ln -sf '$TMP/base/transformer' '$TMP/k2/transformer' && ln -sf '$TMP/base/vae' '$TMP/k2/vae' &&

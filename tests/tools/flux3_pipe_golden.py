@@ -14,8 +14,8 @@ transformer received at step 0), img_ids / txt_ids (/ image_cond_ids, image_cond
 float32 as the pipeline makes them), noise_pred0 (after CFG, what the scheduler got at step 0),
 cond0 / uncond0 (the two passes at step 0, CFG only), target0 (flow-map: target_timestep of step 0),
 latents_step<i> (after step i), latents_final [1, N, 32], image_f32 [H, W, 3] in [0, 1] and image_u8 (the
-pipeline's output, 'np' then (x*255).round() as numpy_to_pil does). cases.json lists the cases with their
-seed, steps, guidance and size; ref.png is the reference image (made from numpy); base/flowmap
+pipeline's output, for flowmap_pad cropped back from the 80x64 canvas to the 70x56 reference, 'np' then (x*255).round() as numpy_to_pil does). cases.json lists the cases with their
+seed, steps, guidance and size; ref.png (64x64) and ref_pad.png (70x56) are the reference images (made from numpy); base/flowmap
 modular_model_index.json are what save_pretrained writes for the two pipelines.
 
 Commands (from the repository root, after tests/unpack-golden.sh):
@@ -47,6 +47,11 @@ yy, xx = np.mgrid[0:64, 0:64].astype(np.float64)
 ref = np.stack([127 + 120 * np.sin(xx / 9.0), 127 + 120 * np.cos(yy / 7.0), 127 + 100 * np.sin((xx + yy) / 13.0)], -1)
 ref_path = os.path.join(out, "ref.png")
 PIL.Image.fromarray(np.clip(np.round(ref), 0, 255).astype(np.uint8)).save(ref_path)
+# a 70x56 one: the single-reference "fill" mode reflect-pads it to its 80x64 canvas and crops the output back
+yy, xx = np.mgrid[0:56, 0:70].astype(np.float64)
+refp = np.stack([127 + 120 * np.sin(xx / 5.0 + yy / 11.0), 127 + 120 * np.cos(yy / 4.0), 127 + 100 * np.sin(xx / 7.0)], -1)
+refp_path = os.path.join(out, "ref_pad.png")
+PIL.Image.fromarray(np.clip(np.round(refp), 0, 255).astype(np.uint8)).save(refp_path)
 
 vae = AutoencoderKLFlux2.from_pretrained(os.path.join(golden, "vae-tiny/model/vae")).float().eval()
 models = {k: Flux3Transformer2DModel.from_pretrained(os.path.join(golden, f"flux3-tiny/{k}/model/transformer")).float().eval()
@@ -80,6 +85,7 @@ CASES = [
     ("base_ref", "base", 7, 2, None, None, True, 6),
     ("flowmap_t2i", "flowmap", 123, 3, 64, 48, False, 8),
     ("flowmap_ref", "flowmap", 5, 2, None, None, True, 6),
+    ("flowmap_pad", "flowmap", 9, 2, None, None, "pad", 6),
 ]
 listing = []
 for name, kind, seed, steps, width, height, use_ref, L in CASES:
@@ -113,10 +119,12 @@ for name, kind, seed, steps, width, height, use_ref, L in CASES:
     if width:
         kw["width"], kw["height"] = width, height
     if use_ref:
-        kw["image"] = PIL.Image.open(ref_path).convert("RGB")
+        kw["image"] = PIL.Image.open(refp_path if use_ref == "pad" else ref_path).convert("RGB")
     img = pipe(**kw)
     h.remove()
     H, W = img.shape[1:3]
+    if use_ref == "pad":   # the generation ran on the canvas; the image was cropped back to the reference
+        H, W = 64, 80
     rec["sigmas"] = sched.sigmas.clone().float()
     rec["timesteps"] = sched.timesteps.clone().float()
     hl, wl = H // 16, W // 16
@@ -148,7 +156,8 @@ for name, kind, seed, steps, width, height, use_ref, L in CASES:
     rec["image_u8"] = torch.from_numpy((img[0] * 255).round().astype(np.uint8))
     save_file({k: v.contiguous() for k, v in rec.items()}, os.path.join(out, f"{name}.safetensors"))
     listing.append({"name": name, "model": kind, "seed": seed, "steps": steps, "width": W, "height": H,
-                    "size_given": bool(width), "reference": "ref.png" if use_ref else None, "text_tokens": L,
+                    "size_given": bool(width), "reference": ("ref_pad.png" if use_ref == "pad" else "ref.png") if use_ref else None,
+                    "image_size": list(img.shape[1:3]), "text_tokens": L,
                     "guidance": 3.5 if kind == "base" else None, "forwards": len(calls)})
     print(name, W, H, "forwards", len(calls), "timesteps", rec["timesteps"].tolist())
 json.dump({"diffusers": "0.42.1", "cases": listing}, open(os.path.join(out, "cases.json"), "w"), indent=2)
