@@ -75,6 +75,25 @@ for np in 1 2 3; do
     run_case flowmap_pad flowmap $np --seed 9 --steps 2 --image "$D/ref_pad.png"
 done
 
+# a run spec (negative_prompt_embeds:, two seeds) over 2 data-parallel groups: seed 42 is the golden case
+cat >"$TMP/spec.yaml" <<YAML
+model: $TMP/base
+prompt_embeds: $D/base_t2i.safetensors
+negative_prompt_embeds: $D/base_t2i.safetensors
+seeds: [42, 43]
+steps: 3
+width: 64
+height: 48
+precision: f32
+backend: cpu
+output: $TMP/spec-{seed}.png
+save_latents: $TMP/spec-{seed}.safetensors
+YAML
+out=$($MPIRUN -np 2 "$TPGEN" --tp 1 --spec "$TMP/spec.yaml" 2>&1)
+r=$(python3 -c "$COMPARE" "$TMP/spec-42.safetensors" "$D/base_t2i.safetensors" "$TMP/spec-42.png" 2>&1) &&
+    [ -f "$TMP/spec-43.png" ] && ok "flux3 run spec, dp 2: the seed-42 job = the golden ($r)" \
+    || fail "flux3 run spec: $r $(echo "$out" | tail -2)"
+
 # the PNG parameters and the family in the metrics
 out=$("$TPGEN" generate --model "$TMP/base" --prompt-embeds "$D/base_t2i.safetensors" "${NEG[@]}" --seed 42 --steps 1 \
       --width 32 --height 32 --precision f32 --backend cpu --output "$TMP/p.png" --json-metrics "$TMP/p.json" 2>&1)
