@@ -28,13 +28,19 @@ typedef struct gen_setup {
     float *embeds;
     int64_t embeds_len;
     char *embeds_desc;           /* "FILE:TENSOR" for the PNG parameters */
+    float *neg_embeds;           /* --negative-prompt-embeds (CFG with --prompt-embeds) */
+    int64_t neg_embeds_len;
+    char *neg_embeds_desc;
     /* reference images (editing): every distinct file, checked at setup */
     int has_refs;                /* some job has references: the VAE encoder is loaded */
     int n_ref_files;
     char **ref_files;            /* distinct paths, in order of first use */
     char (*ref_sha256)[65];      /* their sha256 */
     int *ref_w, *ref_h;          /* their processed size (what the encoder sees) */
+    int *ref_ow, *ref_oh;        /* their size as read */
     int *prompt_w, *prompt_h;    /* output size per prompt index: --width/--height, else the first reference's */
+    int (*prompt_crop)[4];       /* FLUX.3, one padded reference, no size given: the PNG is cropped back to
+                                  * (left, top, w, h) of the canvas (w = 0: no crop) */
     int n_jobs;
     int *my_jobs, n_my_jobs;     /* jobs of this rank's TP group (to render) */
     int n_skipped;               /* --skip-existing: this group's jobs left out */
@@ -100,6 +106,8 @@ struct json_t;
 struct json_t *gen_lora_gather(const gen_setup *g);
 /* The job's image size in pixels (per prompt: references can set it). */
 void gen_job_size(const gen_setup *g, int job, int *w, int *h);
+/* The crop box of a job's PNG (gen_setup.prompt_crop): 1 and box set, else 0. */
+int gen_job_crop(const gen_setup *g, int job, int box[4]);
 /* Index in g->ref_files of a reference path (-1 if unknown). */
 int gen_ref_index(const gen_setup *g, const char *path);
 

@@ -129,6 +129,12 @@ static int decode_and_write(run_state *r, int job, const float *latents) {
         free(rgb);
         return rc;
     }
+    int box[4];
+    if (gen_job_crop(r->g, job, box)) {   /* FLUX.3: the padded reference's canvas, cropped back to the reference */
+        for (int y = 0; y < box[3]; y++)
+            memmove(rgb + (size_t)y * box[2] * 3, rgb + ((size_t)(box[1] + y) * W + box[0]) * 3, (size_t)box[2] * 3);
+        W = box[2], H = box[3];
+    }
     char *path = runspec_output_path(s, s->output, job);
     if (!path) rc = -1;
     if (!rc) {
@@ -155,7 +161,8 @@ static int run_job(run_state *r, int job) {
     flux2_job j = {
         .seed = runspec_job_seed(s, job), .steps = s->steps, .guidance = s->guidance, .width = W, .height = H,
         .embeds = s->prompt_embeds ? g->embeds : r->prompt_embeds[job / ns], .L = r->L,
-        .neg_embeds = g->use_cfg ? r->neg_embeds : NULL, .on_step = on_step, .ctx = r,
+        .neg_embeds = !g->use_cfg ? NULL : s->prompt_embeds ? g->neg_embeds : r->neg_embeds,
+        .Ln = s->prompt_embeds && g->use_cfg ? g->neg_embeds_len : r->L, .on_step = on_step, .ctx = r,
     };
     j.images = runspec_job_images(s, job, &j.n_images);
     double t0 = gen_now();

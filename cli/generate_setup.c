@@ -8,6 +8,7 @@
 #include "core/image/image.h"
 #include "core/formats/safetensors.h"
 #include "core/models/flux2.h"
+#include "core/flux3_pipe.h"
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -34,6 +35,8 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
     int np = s->n_prompts ? s->n_prompts : 1;
     g->prompt_w = xmalloc(sizeof(int) * (size_t)np);
     g->prompt_h = xmalloc(sizeof(int) * (size_t)np);
+    g->prompt_crop = xcalloc((size_t)np, sizeof *g->prompt_crop);
+    int flux3 = model_family_is_flux3(g->info.family);
     for (int p = 0; p < np; p++) {
         int n = 0;
         char *const *imgs = runspec_prompt_images(s, p, &n);
@@ -42,7 +45,9 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
             int idx = gen_ref_index(g, imgs[k]);
             if (idx < 0) {
                 int w, h;
-                if (image_probe(imgs[k], &w, &h) || image_check_reference(imgs[k], w, h)) return -1;
+                /* diffusers' FLUX.2 checks (sides >= 64, aspect <= 8); FLUX.3's single "fill" reference has none */
+                if (image_probe(imgs[k], &w, &h) || (!(flux3 && n == 1) && image_check_reference(imgs[k], w, h)))
+                    return -1;
                 if (g->d->tp_rank == 0) {
                     uint8_t *rgb = NULL;
                     int dw, dh;
@@ -56,13 +61,27 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
                 g->ref_h = xrealloc(g->ref_h, sizeof(int) * (size_t)g->n_ref_files);
                 g->ref_files[idx] = xstrdup(imgs[k]);
                 image_reference_size(w, h, &g->ref_w[idx], &g->ref_h[idx]);
+                g->ref_ow = xrealloc(g->ref_ow, sizeof(int) * (size_t)g->n_ref_files);
+                g->ref_oh = xrealloc(g->ref_oh, sizeof(int) * (size_t)g->n_ref_files);
+                g->ref_ow[idx] = w, g->ref_oh[idx] = h;
                 if (file_sha256(imgs[k], g->ref_sha256[idx])) return -1;
             }
             if (k == 0) first = idx;
         }
         g->has_refs |= n > 0;
-        g->prompt_w[p] = width_given ? s->width : first >= 0 ? g->ref_w[first] : s->width;
-        g->prompt_h[p] = height_given ? s->height : first >= 0 ? g->ref_h[first] : s->height;
+        int rw = first >= 0 ? g->ref_w[first] : s->width, rh = first >= 0 ? g->ref_h[first] : s->height;
+        if (flux3 && first >= 0) {   /* FLUX.3: one reference gives its canvas, cropped back when no size is given */
+            int ow = g->ref_ow[first], oh = g->ref_oh[first];
+            if (n == 1 && flux3_check_reference(imgs[0], ow, oh, 1)) return -1;
+            flux3_reference_size(ow, oh, n, &rw, &rh);
+            if (n == 1 && !width_given && !height_given && (rw != ow || rh != oh)) {
+                int l, t;
+                flux3_reference_canvas(ow, oh, &rw, &rh, &l, &t);
+                g->prompt_crop[p][0] = l, g->prompt_crop[p][1] = t, g->prompt_crop[p][2] = ow, g->prompt_crop[p][3] = oh;
+            }
+        }
+        g->prompt_w[p] = width_given ? s->width : rw;
+        g->prompt_h[p] = height_given ? s->height : rh;
     }
     if (!g->has_refs) return 0;
     if (g->info.kv_refs && g->use_cfg)
@@ -88,6 +107,14 @@ int gen_ref_index(const gen_setup *g, const char *path) {
     return -1;
 }
 
+int gen_job_crop(const gen_setup *g, int job, int box[4]) {
+    const run_spec *s = g->spec;
+    int p = job / (s->n_seeds ? s->n_seeds : 1);
+    if (!g->prompt_crop || !g->prompt_crop[p][2]) return 0;
+    memcpy(box, g->prompt_crop[p], sizeof(int) * 4);
+    return 1;
+}
+
 void gen_job_size(const gen_setup *g, int job, int *w, int *h) {
     const run_spec *s = g->spec;
     int p = job / (s->n_seeds ? s->n_seeds : 1);
@@ -96,7 +123,8 @@ void gen_job_size(const gen_setup *g, int job, int *w, int *h) {
 }
 
 static void apply_defaults(gen_setup *g, run_spec *s) {
-    if (g->info.family == FAMILY_KLEIN_DISTILLED && s->guidance >= 0 && g->d->world_rank == 0)
+    if ((g->info.family == FAMILY_KLEIN_DISTILLED || g->info.family == FAMILY_FLUX3_FLOWMAP) && s->guidance >= 0 &&
+        g->d->world_rank == 0)
         fprintf(stderr, "tpgen: note: %s is a guidance-distilled model; --guidance %g is ignored\n", s->model, s->guidance);
     if (!s->steps) s->steps = flux2_default_steps(&g->info);
     if (s->guidance < 0) s->guidance = flux2_default_guidance(&g->info);
@@ -112,9 +140,10 @@ static void apply_defaults(gen_setup *g, run_spec *s) {
 
 /* FILE[:TENSOR]: the part after the last ':' names a tensor unless the
  * whole argument is an existing file */
-static int read_embeds(gen_setup *g, const char *arg) {
+static int read_embeds(gen_setup *g, const char *arg, const char *flag, const char *deftensor, float **out,
+                       int64_t *len, char **desc) {
     char *file = xstrdup(arg);
-    const char *tensor = "prompt_embeds";
+    const char *tensor = deftensor;
     char *colon = strrchr(file, ':');
     if (colon && !path_is_file(arg)) {
         *colon = 0;
@@ -123,21 +152,21 @@ static int read_embeds(gen_setup *g, const char *arg) {
     st_file *f = NULL;
     int rc = st_open(file, &f);
     const st_tensor_info *t = rc ? NULL : st_find(f, tensor);
-    if (!rc && !t) rc = tp_error("--prompt-embeds: %s has no tensor '%s' (name it with FILE:TENSOR)", file, tensor);
+    if (!rc && !t) rc = tp_error("%s: %s has no tensor '%s' (name it with FILE:TENSOR)", flag, file, tensor);
     if (!rc) {
         int ok3 = t->ndim == 3 && t->shape[0] == 1, ok2 = t->ndim == 2;
         int64_t L = ok3 ? t->shape[1] : ok2 ? t->shape[0] : 0, J = ok3 ? t->shape[2] : ok2 ? t->shape[1] : 0;
         if ((!ok3 && !ok2) || L < 1)
-            rc = tp_error("--prompt-embeds: %s:%s must have shape [1, L, %d] (or [L, %d])", file, tensor, g->info.joint_dim,
+            rc = tp_error("%s: %s:%s must have shape [1, L, %d] (or [L, %d])", flag, file, tensor, g->info.joint_dim,
                           g->info.joint_dim);
         else if (J != g->info.joint_dim)
-            rc = tp_error("--prompt-embeds: %s:%s has %lld features per token but the transformer's "
-                          "joint_attention_dim is %d (embeddings from another model?)", file, tensor, (long long)J,
+            rc = tp_error("%s: %s:%s has %lld features per token but the transformer's "
+                          "joint_attention_dim is %d (embeddings from another model?)", flag, file, tensor, (long long)J,
                           g->info.joint_dim);
-        else g->embeds_len = L;
+        else *len = L;
     }
-    if (!rc) rc = st_read_f32(f, tensor, &g->embeds, NULL);
-    if (!rc) g->embeds_desc = xasprintf("%s:%s", file, tensor);
+    if (!rc) rc = st_read_f32(f, tensor, out, NULL);
+    if (!rc) *desc = xasprintf("%s:%s", file, tensor);
     if (f) st_close(f);
     free(file);
     return rc;
@@ -187,7 +216,11 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     if (!g->write_png && !s->save_latents)
         return tp_error("%s has no VAE (vae/config.json), so no PNG can be written; add --save-latents FILE to keep "
                         "the final latents (tpgen decode can turn them into an image later)", s->model);
-    if (g->use_cfg && s->prompt_embeds)
+    int flux3 = model_family_is_flux3(g->info.family);
+    if (flux3 && g->use_cfg && s->prompt_embeds && !s->negative_prompt_embeds)
+        return tp_error("%s is a FLUX.3 base model: guidance %.3g means CFG, which needs negative embeddings; add "
+                        "--negative-prompt-embeds FILE[:TENSOR], or --guidance 1 to turn CFG off", s->model, s->guidance);
+    if (!flux3 && g->use_cfg && s->prompt_embeds)
         return tp_error("%s is a klein base model: guidance %.3g means CFG, which needs the text encoder for the "
                         "negative prompt; use --prompt instead of --prompt-embeds, or --guidance 1 to turn CFG off",
                         s->model, s->guidance);
@@ -196,7 +229,13 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     g->n_jobs = runspec_n_jobs(s);
     if (check_outputs(g, s)) return -1;
     if (check_references(g, s, width_given, height_given)) return -1;
-    if (s->prompt_embeds && read_embeds(g, s->prompt_embeds)) return -1;
+    if (s->prompt_embeds && read_embeds(g, s->prompt_embeds, "--prompt-embeds", "prompt_embeds", &g->embeds,
+                                        &g->embeds_len, &g->embeds_desc))
+        return -1;
+    if (s->negative_prompt_embeds && g->use_cfg &&
+        read_embeds(g, s->negative_prompt_embeds, "--negative-prompt-embeds", "negative_prompt_embeds", &g->neg_embeds,
+                    &g->neg_embeds_len, &g->neg_embeds_desc))
+        return -1;
     if (gen_lora_setup(g)) return -1;
     g->my_jobs = xmalloc(sizeof(int) * (size_t)(g->n_jobs ? g->n_jobs : 1));
     g->n_my_jobs = runspec_group_jobs(g->n_jobs, d->dp, d->dp_rank, g->my_jobs);
@@ -242,6 +281,8 @@ void gen_setup_free(gen_setup *g) {
     flux2_pipe_info_free(&g->info);
     free(g->embeds);
     free(g->embeds_desc);
+    free(g->neg_embeds);
+    free(g->neg_embeds_desc);
     free(g->my_jobs);
     gen_lora_free(g);
     for (int i = 0; i < g->n_ref_files; i++) free(g->ref_files[i]);
@@ -249,6 +290,9 @@ void gen_setup_free(gen_setup *g) {
     free(g->ref_sha256);
     free(g->ref_w);
     free(g->ref_h);
+    free(g->ref_ow);
+    free(g->ref_oh);
+    free(g->prompt_crop);
     free(g->prompt_w);
     free(g->prompt_h);
     memset(g, 0, sizeof *g);
@@ -261,7 +305,9 @@ char *gen_parameters_text(const gen_setup *g, int job) {
     if (g->info.embedded_guidance) snprintf(guidance, sizeof guidance, "%g (embedded)", s->guidance);
     else if (g->use_cfg) snprintf(guidance, sizeof guidance, "%g (CFG)", s->guidance);
     else snprintf(guidance, sizeof guidance, "none (distilled)");
-    char *neg = g->use_cfg ? xasprintf("negative_prompt: %s\n", s->negative_prompt) : xstrdup("");
+    char *neg = !g->use_cfg ? xstrdup("")
+                : g->neg_embeds_desc ? xasprintf("negative_prompt_embeds: %s\n", g->neg_embeds_desc)
+                                     : xasprintf("negative_prompt: %s\n", s->negative_prompt);
     char *loras = gen_lora_parameters(g);
     /* the references: one line each, path and sha256 */
     int nref = 0;

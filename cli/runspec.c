@@ -31,12 +31,14 @@ static const key_def k_keys[] = {
     {"prompts", K_PROMPTS, 0, 0, 0, NULL, "[TEXT, ...]", "several prompts (run spec only): each is rendered with every seed", 1, 0},
     {"prompt_embeds", K_STR, OFF(prompt_embeds), 0, 0, NULL, "FILE[:TENSOR]",
      "precomputed prompt embeddings [1, L, joint_attention_dim] from a safetensors file (tensor 'prompt_embeds' by default) instead of a prompt", 0, 0},
+    {"negative_prompt_embeds", K_STR, OFF(negative_prompt_embeds), 0, 0, NULL, "FILE[:TENSOR]",
+     "precomputed negative embeddings for CFG with --prompt-embeds (FLUX.3 base; tensor 'negative_prompt_embeds' by default)", 0, 0},
     {"negative_prompt", K_STR, OFF(negative_prompt), 0, 0, NULL, "TEXT", "negative prompt of CFG (klein base; default empty)", 0, 0},
     {"seed", K_SEED, 0, 0, 0, NULL, "S", "random seed of the initial noise (default 0); same seed and --tp -> the same file; another --tp moves f32 latents by ~1e-7 (relative) and bf16 images to ~40-50 dB PSNR (docs/generate.md)", 0, 0},
     {"seeds", K_SEEDS, 0, 0, 0, NULL, "[S, ...] | {from: S, count: N}", "several seeds (run spec only)", 1, 0},
-    {"steps", K_INT, OFF(steps), 1, 10000, NULL, "N", "denoising steps (default: 50 for FLUX.2-dev and klein base, 4 for klein distilled)", 0, 0},
+    {"steps", K_INT, OFF(steps), 1, 10000, NULL, "N", "denoising steps (default: 50 for FLUX.2-dev, klein base and FLUX.3 base, 4 for klein distilled, 16 for FLUX.3 flow-map)", 0, 0},
     {"guidance", K_FLOAT, OFF(guidance), 0, 100, NULL, "G",
-     "guidance scale (default 4.0; embedded guidance for FLUX.2-dev, CFG for klein base, ignored by klein distilled)", 0, 0},
+     "guidance scale (default 4.0, FLUX.3 base 3.5; embedded guidance for FLUX.2-dev, CFG for klein and FLUX.3 base, ignored by klein distilled and FLUX.3 flow-map)", 0, 0},
     {"width", K_INT, OFF(width), 16, 16384, NULL, "W", "image width in pixels, a multiple of 16 (default 1024)", 0, 0},
     {"height", K_INT, OFF(height), 16, 16384, NULL, "H", "image height in pixels, a multiple of 16 (default 1024)", 0, 0},
     {"output", K_STR, OFF(output), 0, 0, NULL, "PATH",
@@ -96,7 +98,7 @@ static void free_prompt_images(run_spec *s) {
 }
 
 void runspec_free(run_spec *s) {
-    char **strs[] = {&s->model, &s->transformer, &s->prompt_embeds, &s->negative_prompt, &s->output, &s->precision, &s->quantize,
+    char **strs[] = {&s->model, &s->transformer, &s->prompt_embeds, &s->negative_prompt_embeds, &s->negative_prompt, &s->output, &s->precision, &s->quantize,
                      &s->backend, &s->save_latents, &s->json_metrics, &s->prompts_file, &s->spec_path};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
     free_prompt_images(s);
@@ -677,6 +679,9 @@ char *const *runspec_job_images(const run_spec *s, int job, int *n) {
 
 int runspec_check(const run_spec *s) {
     if (!s->model) return tp_error("no model: give --model DIR (a FLUX.2 pipeline folder) or 'model:' in the run spec");
+    if (s->negative_prompt_embeds && !s->prompt_embeds)
+        return tp_error("--negative-prompt-embeds goes with --prompt-embeds (with a prompt, the negative prompt is "
+                        "--negative-prompt)");
     if (s->prompt_embeds && s->n_prompts)
         return tp_error("give either a prompt (--prompt, --prompts-file, prompts:) or --prompt-embeds, not both");
     if (!s->prompt_embeds && !s->n_prompts)

@@ -18,6 +18,7 @@ typedef struct run_spec {
     char **prompts;              /* --prompt (one) or prompts: [..] */
     int n_prompts;
     char *prompt_embeds;         /* FILE[:TENSOR] instead of prompts */
+    char *negative_prompt_embeds;  /* FILE[:TENSOR]: CFG's negative embeddings with prompt_embeds (FLUX.3 base) */
     char *negative_prompt;       /* CFG negative prompt ("" by default) */
     uint64_t *seeds;             /* --seed S, seeds: [..] or {from, count} */
     int n_seeds;

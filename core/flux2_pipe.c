@@ -13,6 +13,8 @@
 #include "core/models/flux2.h"
 #include "core/models/textenc.h"
 #include "core/models/vae.h"
+#include "core/image/image.h"
+#include "flux3_pipe.h"
 #include "refs.h"
 #include "rng.h"
 #include "schedule.h"
@@ -30,6 +32,7 @@ struct flux2_pipe {
     comm *c;
     textenc *te;
     flux2_model *model;
+    flux3_model *model3;         /* a FLUX.3 folder (model_family_is_flux3) */
     vae_model *vae;
     embed_cache *cache;
     flux2_pipe_stats st;
@@ -85,18 +88,37 @@ int flux2_pipe_probe_with(const char *root, const char *transformer, flux2_pipe_
     int rc = cfg ? 0 : -1;
     if (!cfg && !path_is_dir(g->transformer_dir))
         rc = tp_error("%s has no transformer/ folder: is it a FLUX.2 pipeline folder (diffusers layout)?", root);
-    if (!rc) rc = json_int(cfg, "in_channels", 128, cfg_path, &g->in_channels);
-    if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, cfg_path, &g->joint_dim);
-    json_t *ge = cfg ? json_object_get(cfg, "guidance_embeds") : NULL;
-    g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
-    json_decref(cfg);
-    if (rc) return free(cfg_path), -1;
+    const json_t *tcls = cfg ? json_object_get(cfg, "_class_name") : NULL;
+    const char *tclass = json_is_string(tcls) ? json_string_value(tcls) : NULL;
+    int flux3 = tclass && !strcmp(tclass, FLUX3_CLASS_NAME), flow_map = 0;
+    if (flux3) {   /* FLUX.3: every field checked by the transformer's own parser */
+        flux3_config c3;
+        rc = flux3_config_parse(cfg, cfg_path, &c3);
+        g->in_channels = c3.in_channels, g->joint_dim = c3.joint_dim, g->cond_in_channels = c3.cond_in_channels;
+        flow_map = c3.flow_map;
+        g->embedded_guidance = 0;
+    } else {
+        if (!rc) rc = json_int(cfg, "in_channels", 128, cfg_path, &g->in_channels);
+        if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, cfg_path, &g->joint_dim);
+        g->cond_in_channels = g->in_channels;
+        json_t *ge = cfg ? json_object_get(cfg, "guidance_embeds") : NULL;
+        g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
+    }
+    if (rc) return json_decref(cfg), free(cfg_path), -1;
 
+    /* the pipeline class: model_index.json, else a modular pipeline's modular_model_index.json */
     char *idx_path = xasprintf("%s/model_index.json", root);
+    if (!path_is_file(idx_path)) {
+        char *m = xasprintf("%s/modular_model_index.json", root);
+        if (path_is_file(m)) free(idx_path), idx_path = m;
+        else free(m);
+    }
     json_t *idx = load_json(idx_path, 0);
     if (!idx && path_is_file(idx_path)) rc = -1;
-    if (!rc) rc = model_family_resolve(idx, idx_path, g->embedded_guidance, cfg_path, &g->family, &g->family_name,
-                                       warning, warning_len);
+    family_input fi = {.index = idx, .index_path = idx_path, .transformer_class = tclass,
+                       .guidance_embeds = g->embedded_guidance, .flow_map = flow_map, .config_path = cfg_path};
+    if (!rc) rc = model_family_resolve(&fi, &g->family, &g->family_name, warning, warning_len);
+    json_decref(cfg);
     if (!rc && g->family == FAMILY_KLEIN_KV) {
         /* Flux2KleinKVPipeline (e.g. FLUX.2-klein-9b-kv): a klein model whose reference K/V are cached after step 0 */
         int distilled = json_is_true(json_object_get(idx, "is_distilled"));
@@ -124,9 +146,18 @@ void flux2_pipe_info_free(flux2_pipe_info *info) {
     memset(info, 0, sizeof *info);
 }
 
-int flux2_default_steps(const flux2_pipe_info *info) { return info->family == FAMILY_KLEIN_DISTILLED ? 4 : 50; }
-double flux2_default_guidance(const flux2_pipe_info *info) { return info->family == FAMILY_KLEIN_DISTILLED ? 1.0 : 4.0; }
+static int is_flux3(const flux2_pipe_info *info) { return model_family_is_flux3(info->family); }
+
+int flux2_default_steps(const flux2_pipe_info *info) {
+    if (is_flux3(info)) return flux3_default_steps(info->family == FAMILY_FLUX3_FLOWMAP);
+    return info->family == FAMILY_KLEIN_DISTILLED ? 4 : 50;
+}
+double flux2_default_guidance(const flux2_pipe_info *info) {
+    if (is_flux3(info)) return flux3_default_guidance(info->family == FAMILY_FLUX3_FLOWMAP);
+    return info->family == FAMILY_KLEIN_DISTILLED ? 1.0 : 4.0;
+}
 int flux2_uses_cfg(const flux2_pipe_info *info, double guidance) {
+    if (is_flux3(info)) return flux3_uses_cfg(info->family == FAMILY_FLUX3_FLOWMAP, guidance);
     return info->family == FAMILY_KLEIN_BASE && guidance > 1.0;
 }
 
@@ -161,6 +192,7 @@ void flux2_pipe_free(flux2_pipe *p) {
     if (p->te) textenc_free(p->te);
     if (p->vae) vae_free(p->vae);
     if (p->model) flux2_free(p->model);
+    if (p->model3) flux3_free(p->model3);
     embed_cache_free(p->cache);
     if (p->c) comm_destroy(p->c);
     if (p->be) backend_destroy(p->be);
@@ -174,6 +206,13 @@ uint64_t flux2_pipe_resident_bytes(const flux2_pipe *p) { return p->be ? p->be->
 
 static int load_text_encoder(flux2_pipe *p) {
     if (p->te) return 0;
+    if (is_flux3(p->info)) {   /* FLUX.3: the encoder hook (core/flux3_pipe.h) */
+        float *e = NULL;
+        int64_t L = 0;
+        int rc = flux3_encode_prompt(p->cfg.model, "", &e, &L, NULL);
+        free(e);
+        return rc;
+    }
     load_stats ls = {0};
     double t0 = MPI_Wtime();
     int rc = agree(p, textenc_load(p->cfg.model, p->be, p->c, p->cfg.precision, &p->te, &ls));
@@ -254,7 +293,15 @@ static int load_vae(flux2_pipe *p) {
 int flux2_pipe_load(flux2_pipe *p) {
     double t0 = MPI_Wtime();
     int rc = 0;
-    if (!p->model) {
+    if (is_flux3(p->info) && !p->model3) {
+        load_stats ls = {0};
+        rc = p->cfg.n_loras || p->cfg.quantize_fp8
+                 ? tp_error("%s: LoRA adapters and --quantize fp8 are not supported on FLUX.3 yet", p->info->transformer_dir)
+                 : flux3_load(p->info->transformer_dir, p->be, p->c, p->cfg.precision, &p->model3, &ls);
+        p->st.bytes_loaded += ls.bytes_read;
+        p->st.load_seconds += ls.seconds;
+        if (rc) tp_error_context("loading %s", p->info->transformer_dir);
+    } else if (!is_flux3(p->info) && !p->model) {
         load_stats ls = {0};
         struct lora_set *lset = NULL;
         flux2_load_extras x = {.loras = p->cfg.loras, .n_loras = p->cfg.n_loras, .quantize_fp8 = p->cfg.quantize_fp8,
@@ -274,7 +321,9 @@ int flux2_pipe_load(flux2_pipe *p) {
 
 void flux2_pipe_unload(flux2_pipe *p) {
     if (p->model) flux2_free(p->model);
+    if (p->model3) flux3_free(p->model3);
     p->model = NULL;
+    p->model3 = NULL;
 }
 
 /* ---- one job ---- */
@@ -306,8 +355,15 @@ static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
     if (!j->n_images) return 0;
     double t0 = MPI_Wtime();
     int rc = p->vae && p->cfg.encoder ? 0 : tp_error("reference images need the VAE encoder, which this pipeline did not load");
+    for (int k = 0; !rc && is_flux3(p->info) && k < j->n_images; k++) {   /* what FLUX.3's processor would change */
+        int w = 0, h = 0;
+        rc = image_probe(j->images[k], &w, &h) || flux3_check_reference(j->images[k], w, h, j->n_images) ? -1 : 0;
+    }
     if (agree(p, rc)) return -1;
-    if (refs_encode_group(p->vae, p->tp_comm, j->images, j->n_images, rs)) return -1;   /* agreed inside */
+    /* FLUX.3, one reference: "fill" (reflect-padded to its canvas); else as FLUX.2 ("crop") */
+    refs_load_fn load = is_flux3(p->info) && j->n_images == 1 ? flux3_load_reference : image_load_reference;
+    if (refs_encode_group_with(p->vae, p->tp_comm, j->images, j->n_images, load, rs)) return -1;   /* agreed inside */
+    if (p->tp_rank == 0 && is_flux3(p->info)) flux3_ref_ids(rs);   /* (0, y, x, -(1+k)); the others get them below */
     int64_t hdr[2] = {rs->R, rs->C};
     MPI_Bcast(hdr, 2, MPI_INT64_T, 0, p->tp_comm);
     if (p->tp_rank != 0) {
@@ -319,12 +375,29 @@ static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
     MPI_Bcast(rs->ids, (int)(rs->R * 4), MPI_INT32_T, 0, p->tp_comm);
     p->st.t_refs += MPI_Wtime() - t0;
     p->st.refs_encoded += p->tp_rank == 0 ? j->n_images : 0;
-    if (rs->C != p->info->in_channels)
-        return tp_error("reference tokens have %d channels but the transformer takes %d", rs->C, p->info->in_channels);
+    if (rs->C != p->info->cond_in_channels)
+        return tp_error("reference tokens have %d channels but the transformer takes %d", rs->C,
+                        p->info->cond_in_channels);
     return 0;
 }
 
+static int denoise3(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float *latents) {
+    if (!p->model3) return tp_error("flux2_pipe_render: the transformer is not loaded (call flux2_pipe_load)");
+    if (j->width % 16 || j->height % 16)
+        return tp_error("the image size %dx%d must be a multiple of 16 in both directions", j->width, j->height);
+    p->user_step = j->on_step;
+    p->user_ctx = j->ctx;
+    flux3_job f = {.seed = j->seed, .steps = j->steps, .guidance = j->guidance, .h = j->height / 16,
+                   .w = j->width / 16, .embeds = j->embeds, .L = j->L, .neg_embeds = j->neg_embeds,
+                   .Ln = j->Ln ? j->Ln : j->L, .refs = rs, .on_step = count_step, .ctx = p};
+    double t0 = MPI_Wtime();
+    int rc = flux3_denoise(p->model3, &f, latents);
+    p->st.t_denoise += MPI_Wtime() - t0;
+    return rc;
+}
+
 static int denoise(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float *latents) {
+    if (is_flux3(p->info)) return denoise3(p, j, rs, latents);
     if (!p->model) return tp_error("flux2_pipe_render: the transformer is not loaded (call flux2_pipe_load)");
     int h = j->height / 16, w = j->width / 16, C = p->info->in_channels;
     int64_t N = (int64_t)h * w;

@@ -29,15 +29,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { FAMILY_DEV = 0, FAMILY_KLEIN_DISTILLED, FAMILY_KLEIN_BASE, FAMILY_KLEIN_KV } model_family;
+typedef enum {
+    FAMILY_DEV = 0, FAMILY_KLEIN_DISTILLED, FAMILY_KLEIN_BASE, FAMILY_KLEIN_KV,
+    FAMILY_FLUX3_BASE,           /* Flux3ModularPipeline: CFG (core/flux3_pipe.h) */
+    FAMILY_FLUX3_FLOWMAP         /* flow_map transformer (Flux3DistilledModularPipeline): no CFG, target timestep */
+} model_family;
 
-/* The family of a pipeline folder (core/model_family.c): model_index.json's
- * _class_name when present (index may be NULL), else the transformer
- * config's guidance_embeds. *name is the display name; a class that
- * contradicts guidance_embeds leaves a warning (naming both) in warning.
- * -1 + tp_error for a _class_name that is not a FLUX.2 pipeline. */
-int model_family_resolve(const json_t *index, const char *index_path, int guidance_embeds, const char *config_path,
-                         model_family *family, const char **name, char *warning, size_t warning_len);
+/* What the family is decided from (core/model_family.c, one table). */
+typedef struct family_input {
+    const json_t *index;         /* model_index.json or modular_model_index.json (NULL: none) */
+    const char *index_path;
+    const char *transformer_class;  /* transformer config's _class_name (NULL: absent) */
+    int guidance_embeds;         /* FLUX.2 transformer config */
+    int flow_map;                /* FLUX.3 transformer config */
+    const char *config_path;
+} family_input;
+
+/* The family of a pipeline folder: the index's _class_name when present,
+ * else the transformer (Flux3Transformer2DModel + flow_map, or FLUX.2's
+ * guidance_embeds). *name is the display name; a class that contradicts
+ * the transformer leaves a warning (naming both) in warning. -1 + tp_error
+ * for a class tpgen does not run, or one whose family (FLUX.2 / FLUX.3)
+ * is not the transformer's. */
+int model_family_resolve(const family_input *in, model_family *family, const char **name, char *warning,
+                         size_t warning_len);
+const char *model_family_name(model_family f);
+int model_family_is_flux3(model_family f);
 
 /* What a model folder is, read from its JSON files (no weights). */
 typedef struct flux2_pipe_info {
@@ -46,6 +63,7 @@ typedef struct flux2_pipe_info {
     int embedded_guidance;       /* FLUX.2-dev: guidance goes into the model */
     int kv_refs;                 /* Flux2KleinKVPipeline: reference K/V cached after step 0 */
     int in_channels, joint_dim;
+    int cond_in_channels;        /* reference token width (FLUX.3's cond_in_channels; FLUX.2: in_channels) */
     int has_vae, has_text_encoder;
     char *transformer_dir, *vae_dir;
 } flux2_pipe_info;
@@ -61,10 +79,12 @@ int flux2_pipe_probe_with(const char *root, const char *transformer, flux2_pipe_
                           size_t warning_len);
 void flux2_pipe_info_free(flux2_pipe_info *info);
 /* The model's defaults (diffusers' pipelines): klein distilled 4 steps and
- * no guidance, the others 50 steps and guidance 4. */
+ * no guidance, the others 50 steps and guidance 4; FLUX.3 (core/flux3_pipe.h)
+ * base 50 steps and CFG 3.5, flow-map 16 steps and no guidance. */
 int flux2_default_steps(const flux2_pipe_info *info);
 double flux2_default_guidance(const flux2_pipe_info *info);
-/* klein base with guidance > 1 runs classifier-free guidance (two passes). */
+/* klein base with guidance > 1 and FLUX.3 base with guidance != 1 run
+ * classifier-free guidance (two passes). */
 int flux2_uses_cfg(const flux2_pipe_info *info, double guidance);
 
 typedef struct flux2_pipe_config {
@@ -129,6 +149,7 @@ typedef struct flux2_job {
     const float *embeds;         /* [L, joint_dim] */
     int64_t L;
     const float *neg_embeds;     /* CFG (flux2_uses_cfg): the negative prompt's, else NULL */
+    int64_t Ln;                  /* its length (0: L) */
     char *const *images;         /* reference images in order (read on the group's first rank) */
     int n_images;
     denoise_step_fn on_step;     /* NULL ok; called on every rank after each step */

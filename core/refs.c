@@ -23,7 +23,7 @@ static void place_tokens(ref_set *out, int k, int64_t t0, int hl, int wl) {
     out->grid[2 * k] = hl;
     out->grid[2 * k + 1] = wl;
 }
-int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out) {
+static int encode_with(vae_model *v, char *const *paths, int n, refs_load_fn load, ref_set *out) {
     memset(out, 0, sizeof *out);
     const vae_config *c = vae_get_config(v);
     out->C = 4 * c->latent_channels;
@@ -32,7 +32,7 @@ int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out) {
     for (int k = 0; k < n; k++) {
         float *px = NULL;
         int pw, ph;
-        if (image_load_reference(paths[k], &px, &pw, &ph)) goto fail;
+        if (load(paths[k], &px, &pw, &ph)) goto fail;
         int hl = ph / 16, wl = pw / 16;
         int64_t t0 = out->R, nt = (int64_t)hl * wl;
         out->R += nt;
@@ -52,11 +52,19 @@ fail:
     return -1;
 }
 
+int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out) {
+    return encode_with(v, paths, n, image_load_reference, out);
+}
+
 int refs_encode_group(vae_model *v, MPI_Comm group, char *const *paths, int n, ref_set *out) {
+    return refs_encode_group_with(v, group, paths, n, image_load_reference, out);
+}
+
+int refs_encode_group_with(vae_model *v, MPI_Comm group, char *const *paths, int n, refs_load_fn load, ref_set *out) {
     int rank, size;
     MPI_Comm_rank(group, &rank);
     MPI_Comm_size(group, &size);
-    if (size == 1) return refs_encode(v, paths, n, out);
+    if (size == 1) return encode_with(v, paths, n, load, out);
     memset(out, 0, sizeof *out);
     const vae_config *c = vae_get_config(v);
     int C = 4 * c->latent_channels;
@@ -69,7 +77,7 @@ int refs_encode_group(vae_model *v, MPI_Comm group, char *const *paths, int n, r
         /* the first rank reads and preprocesses the image; the group encodes it */
         float *px = NULL;
         int sz[2] = {0, 0};
-        int rc = rank == 0 ? image_load_reference(paths[k], &px, &sz[0], &sz[1]) : 0;
+        int rc = rank == 0 ? load(paths[k], &px, &sz[0], &sz[1]) : 0;
         if (dist_agree(group, rc)) goto fail;
         MPI_Bcast(sz, 2, MPI_INT, 0, group);
         int pw = sz[0], ph = sz[1], hl = ph / 16, wl = pw / 16;

@@ -32,6 +32,12 @@ int refs_encode(vae_model *v, char *const *paths, int n, ref_set *out);
  * tokens land in `out` on the first rank only (out stays empty on the
  * others). Errors are agreed over the group. */
 int refs_encode_group(vae_model *v, MPI_Comm group, char *const *paths, int n, ref_set *out);
+/* The same with another preprocessing: load reads path and returns its
+ * pixels [3, ph, pw] in [-1, 1] (sides multiples of 16), as
+ * image_load_reference does for FLUX.2 (FLUX.3's single-reference "fill":
+ * flux3_load_reference). */
+typedef int (*refs_load_fn)(const char *path, float **pixels, int *pw, int *ph);
+int refs_encode_group_with(vae_model *v, MPI_Comm group, char *const *paths, int n, refs_load_fn load, ref_set *out);
 void refs_free(ref_set *r);
 
 #endif

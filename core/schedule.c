@@ -16,6 +16,28 @@ double schedule_mu(long n, int steps) {
     return a * (double)steps + b;
 }
 
+/* numpy.linspace(1, 1/steps, steps)[i]: start + i*step, end point exact */
+static double linspace_point(int i, int steps) {
+    double last = 1.0 / steps;
+    if (steps == 1 || i == 0) return 1.0;
+    if (i == steps - 1) return last;
+    return 1.0 + (double)i * ((last - 1.0) / (double)(steps - 1));
+}
+
+int schedule_constant_shift(int steps, double shift, float *sigmas, float *timesteps) {
+    if (steps < 1) return tp_error("the number of steps must be at least 1 (got %d)", steps);
+    if (!(shift > 0) || !isfinite(shift)) return tp_error("the schedule's shift must be a positive number (got %g)", shift);
+    float a = (float)shift, b = (float)(shift - 1.0);
+    for (int i = 0; i < steps; i++) {
+        float base = (float)linspace_point(i, steps);
+        float s = (a * base) / (1.0f + b * base);
+        sigmas[i] = s;
+        timesteps[i] = s * 1000.0f;
+    }
+    sigmas[steps] = 0.0f;
+    return 0;
+}
+
 int schedule_flux2(long n, int steps, float *sigmas, float *timesteps) {
     if (steps < 1) return tp_error("the number of steps must be at least 1 (got %d)", steps);
     if (n < 1) return tp_error("the image must have at least one latent token (got %ld)", n);

@@ -1,8 +1,10 @@
 /* libFuzzer harness: the bytes as a transformer config.json (config parser
  * and plan, FLUX.2 and FLUX.3), a text-encoder config.json, a VAE config.json, a
- * model_index.json (model_dir_open) and a sharded checkpoint's
+ * model_index.json (model_dir_open, and as a (modular_)model_index.json
+ * the family table of core/model_family.c under FLUX.2 and FLUX.3 transformers) and a sharded checkpoint's
  * *.safetensors.index.json (checkpoint_open next to one valid shard). */
 #include "core/models/model_plan.h"
+#include "core/flux2_pipe.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/err.h"
 #include "core/models/flux2.h"
@@ -60,6 +62,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         (void)llm_config_parse(cfg, "fuzz", &lc);
         vae_config vc;
         (void)vae_config_parse(cfg, "fuzz", &vc);
+        for (int k = 0; k < 8; k++) {
+            family_input in = {.index = cfg, .index_path = "fuzz/modular_model_index.json",
+                               .transformer_class = k & 4 ? "Flux3Transformer2DModel" : k & 2 ? NULL : "Flux2Transformer2DModel",
+                               .guidance_embeds = k & 1, .flow_map = k & 1, .config_path = "fuzz/config.json"};
+            model_family f;
+            const char *name;
+            char w[256];
+            if (model_family_resolve(&in, &f, &name, w, sizeof w) == 0 && (!name || !model_family_name(f))) abort();
+        }
         json_decref(cfg);
     }
     write_file(g_dir, "model_index.json", data, size);

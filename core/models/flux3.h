@@ -111,6 +111,8 @@ typedef struct flux3_inputs {
     int64_t R;
     float timestep;            /* flow timestep in [0, 1]; the model multiplies by 1000 */
     const float *target_timestep;  /* flow-map models: the step's target timestep; else NULL */
+    float image_rope_scale;    /* the h and w ids of image and reference tokens are multiplied by this (in f32)
+                                * before RoPE, as the pipeline's float ids are (0.5); 0 means 1 */
 } flux3_inputs;
 
 /* out [N, in_channels] (the image tokens' prediction), written on every
@@ -137,5 +139,8 @@ void flux3_reset_stats(flux3_model *m);
  * id·theta^(-2k/d_axis) in float64 rounded to f32, each frequency repeated
  * for both members of its interleaved pair (exposed for tests). */
 void flux3_rope_table(const flux3_config *cfg, const int32_t *ids, int64_t n, float *cos_out, float *sin_out);
+/* The same with the h and w ids (axes 1, 2) taken as fl32(id · hw_scale). */
+void flux3_rope_table_scaled(const flux3_config *cfg, const int32_t *ids, int64_t n, float hw_scale, float *cos_out,
+                             float *sin_out);
 
 #endif

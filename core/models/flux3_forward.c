@@ -14,6 +14,11 @@
 /* ---- host-side tables ---- */
 
 void flux3_rope_table(const flux3_config *cfg, const int32_t *ids, int64_t n, float *cos_out, float *sin_out) {
+    flux3_rope_table_scaled(cfg, ids, n, 1.0f, cos_out, sin_out);
+}
+
+void flux3_rope_table_scaled(const flux3_config *cfg, const int32_t *ids, int64_t n, float hw_scale, float *cos_out,
+                             float *sin_out) {
     int hd = cfg->head_dim;
     double omega[FLUX3_MAX_AXES][64];   /* small axes: the frequencies once; wider ones below */
     for (int a = 0; a < cfg->n_axes; a++)
@@ -24,7 +29,8 @@ void flux3_rope_table(const flux3_config *cfg, const int32_t *ids, int64_t n, fl
         int d0 = 0;
         for (int a = 0; a < cfg->n_axes; a++) {
             int da = cfg->axes_dims[a];
-            double pos = (double)(float)ids[t * 4 + a];   /* ids.float(), promoted to float64 */
+            float id = (float)ids[t * 4 + a];    /* ids.float(), h and w scaled in f32, promoted to float64 */
+            double pos = (double)(a == 1 || a == 2 ? id * hw_scale : id);
             for (int k = 0; k < da / 2; k++) {
                 double w = k < 64 ? omega[a][k] : 1.0 / pow(cfg->rope_theta, (double)(2 * k) / (double)da);
                 float c = (float)cos(pos * w), s = (float)sin(pos * w);
@@ -152,6 +158,8 @@ static int check_inputs(const flux3_model *m, const flux3_inputs *in, const floa
                         "(this one has flow_map %s)", m->cfg.flow_map ? "true" : "false");
     if (!isfinite(in->timestep) || (in->target_timestep && !isfinite(*in->target_timestep)))
         return tp_error("flux3 forward: the timestep is not a finite number");
+    if (!(in->image_rope_scale >= 0) || !isfinite(in->image_rope_scale))
+        return tp_error("flux3 forward: image_rope_scale must be a finite number >= 0 (0 means 1)");
     return 0;
 }
 
@@ -159,8 +167,10 @@ static int upload_rope(flux3_model *m, flux3_ws *ws, const flux3_inputs *in) {
     int64_t hd = m->cfg.head_dim, S = ws->S;
     float *c = xmalloc((size_t)(S * hd) * sizeof *c), *s = xmalloc((size_t)(S * hd) * sizeof *s);
     const int32_t *ids[FLUX3_MODES] = {in->txt_ids, in->img_ids, in->cond_ids};
+    float scale = in->image_rope_scale > 0 ? in->image_rope_scale : 1.0f;
     for (int k = 0; k < FLUX3_MODES; k++)
-        if (ws->n[k]) flux3_rope_table(&m->cfg, ids[k], ws->n[k], c + ws->r0[k] * hd, s + ws->r0[k] * hd);
+        if (ws->n[k]) flux3_rope_table_scaled(&m->cfg, ids[k], ws->n[k], k == FLUX3_TXT ? 1.0f : scale, c + ws->r0[k] * hd,
+                                              s + ws->r0[k] * hd);
     int rc = tensor_upload_f32(ws->rope_cos, c) || tensor_upload_f32(ws->rope_sin, s);
     free(c), free(s);
     return rc ? -1 : 0;

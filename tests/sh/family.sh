@@ -32,10 +32,10 @@ grep -q '"family": "FLUX.2-klein-kv (distilled)"' "$TMP/kv.json" 2>/dev/null \
     && ok "Flux2KleinKVPipeline: klein-kv (distilled), references KV-cached (docs/editing.md)" \
     || fail "Flux2KleinKVPipeline: $(echo "$out" | tail -3)"
 set_class '{_class_name: "FluxPipeline"}'
-expect_fail "a FLUX.1 pipeline class is refused, naming the file" "model_index.json: _class_name 'FluxPipeline' is not a FLUX.2" \
+expect_fail "a FLUX.1 pipeline class is refused, naming the file" "model_index.json: _class_name 'FluxPipeline' is not a pipeline tpgen runs" \
     $MPIRUN -np 2 "$TPGEN" "${args[@]}" --save-latents "$TMP/d.safetensors"
 if [ -x "$ASAN" ]; then
-    expect_fail "asan: a foreign class" "is not a FLUX.2 pipeline" "$ASAN" "${args[@]}" --save-latents "$TMP/e.safetensors"
+    expect_fail "asan: a foreign class" "is not a pipeline tpgen runs" "$ASAN" "${args[@]}" --save-latents "$TMP/e.safetensors"
 else
     fail "no sanitized build at $ASAN (make asan)"
 fi
