@@ -283,7 +283,7 @@ int cmd_serve(int argc, char **argv) {
         }
         rc = dist_agree(d.world, mine);
     }
-    serve_ctx sc = {.g = &g, .L = spec.max_sequence_length};
+    serve_ctx sc = {.g = &g};
     if (!rc) {   /* edits need the VAE encoder: the group's first rank looks, the group follows */
         if (d.tp_rank == 0) {
             checkpoint *ck = NULL;
@@ -304,8 +304,8 @@ int cmd_serve(int argc, char **argv) {
         rc = dist_agree(d.world, flux2_pipe_open(&cfg, &g.info, d.tp_comm, d.local_rank, d.local_size, &pipe));
         if (!rc) rc = dist_agree(d.world, flux2_pipe_load(pipe));
         if (!rc && o.keep_text_encoder) {   /* load it now, not on the first request */
-            float *tmp = xmalloc(sizeof(float) * (size_t)sc.L * (size_t)g.info.joint_dim);
-            rc = dist_agree(d.world, flux2_pipe_encode(pipe, spec.negative_prompt, tmp, NULL));
+            float *tmp = NULL;
+            rc = dist_agree(d.world, flux2_pipe_encode(pipe, spec.negative_prompt, &tmp, NULL, NULL));
             free(tmp);
         }
     }

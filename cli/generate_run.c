@@ -17,8 +17,10 @@ typedef struct run_state {
     gen_metrics *m;
     flux2_pipe *pipe;
     float **prompt_embeds;       /* per prompt index (NULL: not this group's) */
-    int64_t L;
+    int64_t *prompt_L;           /* their lengths (FLUX.3: each prompt's window) */
+    int64_t L;                   /* --prompt-embeds: its length */
     float *neg_embeds;           /* CFG */
+    int64_t neg_L;
     int job_pos;                 /* position of the current job in this group's list */
 } run_state;
 
@@ -36,19 +38,14 @@ static int encode_prompts(run_state *r, int first, int last) {
         r->L = g->embeds_len;
         return 0;
     }
-    r->L = s->max_sequence_length;
-    size_t sz = (size_t)r->L * (size_t)g->info.joint_dim;
     int ns = s->n_seeds ? s->n_seeds : 1, rc = 0;
     for (int i = first; i < last && !rc; i++) {
         int p = g->my_jobs[i] / ns;
         if (r->prompt_embeds[p]) continue;
-        r->prompt_embeds[p] = xmalloc(sz * sizeof(float));
-        rc = flux2_pipe_encode(r->pipe, s->prompts[p], r->prompt_embeds[p], NULL);
+        rc = flux2_pipe_encode(r->pipe, s->prompts[p], &r->prompt_embeds[p], &r->prompt_L[p], NULL);
     }
-    if (!rc && g->use_cfg && !r->neg_embeds && last > first) {
-        r->neg_embeds = xmalloc(sz * sizeof(float));
-        rc = flux2_pipe_encode(r->pipe, s->negative_prompt, r->neg_embeds, NULL);
-    }
+    if (!rc && g->use_cfg && !r->neg_embeds && last > first)
+        rc = flux2_pipe_encode(r->pipe, s->negative_prompt, &r->neg_embeds, &r->neg_L, NULL);
     flux2_pipe_text_done(r->pipe);
     return rc;
 }
@@ -160,9 +157,10 @@ static int run_job(run_state *r, int job) {
     int ns = s->n_seeds ? s->n_seeds : 1;
     flux2_job j = {
         .seed = runspec_job_seed(s, job), .steps = s->steps, .guidance = s->guidance, .width = W, .height = H,
-        .embeds = s->prompt_embeds ? g->embeds : r->prompt_embeds[job / ns], .L = r->L,
+        .embeds = s->prompt_embeds ? g->embeds : r->prompt_embeds[job / ns],
+        .L = s->prompt_embeds ? r->L : r->prompt_L[job / ns],
         .neg_embeds = !g->use_cfg ? NULL : s->prompt_embeds ? g->neg_embeds : r->neg_embeds,
-        .Ln = s->prompt_embeds && g->use_cfg ? g->neg_embeds_len : r->L, .on_step = on_step, .ctx = r,
+        .Ln = !g->use_cfg ? 0 : s->prompt_embeds ? g->neg_embeds_len : r->neg_L, .on_step = on_step, .ctx = r,
     };
     j.images = runspec_job_images(s, job, &j.n_images);
     double t0 = gen_now();
@@ -220,6 +218,7 @@ int gen_run(gen_setup *g, gen_metrics *m) {
     int rc = dist_agree(d->world, flux2_pipe_open(&cfg, &g->info, d->tp_comm, d->local_rank, d->local_size, &r.pipe));
     int np = s->n_prompts ? s->n_prompts : 1;
     r.prompt_embeds = xcalloc((size_t)np, sizeof *r.prompt_embeds);
+    r.prompt_L = xcalloc((size_t)np, sizeof *r.prompt_L);
     /* the first chunk runs on every group (maybe empty), so that loading
      * errors are agreed by the whole world before any image is rendered */
     int last = chunk_end(&r, 0);
@@ -245,6 +244,7 @@ int gen_run(gen_setup *g, gen_metrics *m) {
     flux2_pipe_free(r.pipe);
     for (int i = 0; i < np; i++) free(r.prompt_embeds[i]);
     free(r.prompt_embeds);
+    free(r.prompt_L);
     free(r.neg_embeds);
     return rc;
 }

@@ -9,6 +9,7 @@
 #include "core/formats/safetensors.h"
 #include "core/models/flux2.h"
 #include "core/flux3_pipe.h"
+#include "core/models/textenc.h"
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -130,7 +131,8 @@ static void apply_defaults(gen_setup *g, run_spec *s) {
     if (s->guidance < 0) s->guidance = flux2_default_guidance(&g->info);
     if (!s->width) s->width = 1024;
     if (!s->height) s->height = 1024;
-    if (!s->max_sequence_length) s->max_sequence_length = 512;
+    /* FLUX.3 pads each prompt to its own window, at most 8192 tokens (the modular pipeline's cap) */
+    if (!s->max_sequence_length) s->max_sequence_length = model_family_is_flux3(g->info.family) ? TEXTENC_FLUX3_MAX_LEN : 512;
     if (!s->negative_prompt) s->negative_prompt = xstrdup("");
     if (!s->output) s->output = xstrdup(runspec_n_jobs(s) > 1 ? "tpgen-{index:04}-{seed}.png" : "tpgen.png");
     g->use_cfg = flux2_uses_cfg(&g->info, s->guidance);

@@ -132,13 +132,10 @@ static void encode_queued(serve_ctx *sc) {
         MPI_Bcast(prompts[i], (int)len, MPI_CHAR, 0, d->tp_comm);
         prompts[i][len] = 0;
     }
-    size_t sz = (size_t)sc->L * (size_t)sc->g->info.joint_dim;
-    float *tmp = xmalloc(sz * sizeof(float));
     int rc = 0;
-    for (int i = 0; i < n && !rc; i++) rc = flux2_pipe_prefetch(sc->pipe, prompts[i], tmp);
+    for (int i = 0; i < n && !rc; i++) rc = flux2_pipe_prefetch(sc->pipe, prompts[i]);
     if (rc) tp_error_clear();   /* agreed inside the group; each waiting request will encode its own */
     for (int i = 0; i < n; i++) free(prompts[i]);
-    free(tmp);
 }
 
 /* What can be refused from the request alone (the same answer on every
@@ -209,10 +206,10 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     double t_enc = st->t_encode + st->t_te_load, t_den = st->t_denoise, s_steps = st->step_seconds;
     int n_steps = st->steps;
     uint64_t hits = st->cache_hits, misses = st->cache_misses;
-    size_t sz = (size_t)sc->L * (size_t)g->info.joint_dim;
-    float *emb = xmalloc(sz * sizeof(float)), *neg = gs.use_cfg ? xmalloc(sz * sizeof(float)) : NULL;
-    int rc = flux2_pipe_encode(sc->pipe, prompt, emb, NULL);
-    if (!rc && neg) rc = flux2_pipe_encode(sc->pipe, rs.negative_prompt, neg, NULL);
+    float *emb = NULL, *neg = NULL;
+    int64_t L = 0, Ln = 0;
+    int rc = flux2_pipe_encode(sc->pipe, prompt, &emb, &L, NULL);
+    if (!rc && gs.use_cfg) rc = flux2_pipe_encode(sc->pipe, rs.negative_prompt, &neg, &Ln, NULL);
     if (!rc && st->cache_misses > misses) encode_queued(sc);
     flux2_pipe_text_done(sc->pipe);
     int W = rs.width, H = rs.height;
@@ -227,7 +224,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     for (int k = 0; k < q->n && !rc; k++) {
         seed = q->seed + (uint64_t)k;
         flux2_job j = {.seed = seed, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
-                       .embeds = emb, .L = sc->L, .neg_embeds = neg, .on_step = on_step, .ctx = sc,
+                       .embeds = emb, .L = L, .neg_embeds = neg, .Ln = Ln, .on_step = on_step, .ctx = sc,
                        .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images};
         watchdog_phase_set(WD_STEPS, "rendering a request");   /* each step is a progress point */
         rc = flux2_pipe_render(sc->pipe, &j, lat);

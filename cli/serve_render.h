@@ -13,7 +13,6 @@ typedef struct serve_ctx {
     gen_setup *g;                /* the server's settings, defaults applied */
     flux2_pipe *pipe;
     serve_ranks *ranks;
-    int L;
     int has_encoder;             /* the VAE can encode reference images (same on every rank) */
     /* the job being rendered, and whether (why) it was stopped at a step */
     const serve_job *job;

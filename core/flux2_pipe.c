@@ -206,13 +206,6 @@ uint64_t flux2_pipe_resident_bytes(const flux2_pipe *p) { return p->be ? p->be->
 
 static int load_text_encoder(flux2_pipe *p) {
     if (p->te) return 0;
-    if (is_flux3(p->info)) {   /* FLUX.3: the encoder hook (core/flux3_pipe.h) */
-        float *e = NULL;
-        int64_t L = 0;
-        int rc = flux3_encode_prompt(p->cfg.model, "", &e, &L, NULL);
-        free(e);
-        return rc;
-    }
     load_stats ls = {0};
     double t0 = MPI_Wtime();
     int rc = agree(p, textenc_load(p->cfg.model, p->be, p->c, p->cfg.precision, &p->te, &ls));
@@ -225,41 +218,60 @@ static int load_text_encoder(flux2_pipe *p) {
     return rc;
 }
 
-/* count: lookups of requests count as hits and misses; prefetches do not */
-static int encode(flux2_pipe *p, const char *prompt, float *out, int *hit, int count) {
+/* count: lookups of requests count as hits and misses; prefetches do not.
+ * FLUX.2 embeds every prompt over max_sequence_length tokens; FLUX.3 over
+ * the prompt's own window (its tokens rounded up to the encoder's pad
+ * multiple, at most max_sequence_length), which a cached entry gives back
+ * by its size. */
+static int encode(flux2_pipe *p, const char *prompt, float **out, int64_t *Lout, int *hit, int count) {
     double t0 = MPI_Wtime(), te0 = p->st.t_te_load;
-    int L = p->cfg.max_sequence_length;
-    size_t n = (size_t)L * (size_t)p->info->joint_dim;
-    /* the embedding depends on the prompt, the length and the precision */
-    char *key = p->cache ? xasprintf("%d|%s|%s", L, dtype_name(p->cfg.precision), prompt) : NULL;
+    int cap = p->cfg.max_sequence_length, f3 = is_flux3(p->info);
+    size_t J = (size_t)p->info->joint_dim;
+    /* the embedding depends on the encoder's recipe, the length, the precision and the prompt */
+    char *key = p->cache ? embed_cache_key(f3 ? "qwen3vl" : "flux2", cap, f3 ? TEXTENC_FLUX3_PAD_MULTIPLE : 0,
+                                           dtype_name(p->cfg.precision), prompt)
+                         : NULL;
     size_t got = 0;
     const float *cached = key ? embed_cache_get(p->cache, key, &got) : NULL;
+    int64_t L = cached && got % J == 0 ? (int64_t)(got / J) : 0;
     /* every rank of the group must take the same branch (the encoder is collective) */
-    int mine = cached && got == n, all = 0;
+    int mine = cached && (f3 ? L >= 1 && L <= cap : L == cap), all = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, p->tp_comm);
     int rc = 0;
+    *out = NULL;
     if (all) {
-        memcpy(out, cached, n * sizeof *out);
+        *out = xmalloc(got * sizeof **out);
+        memcpy(*out, cached, got * sizeof **out);
         if (count) p->st.cache_hits++;
     } else {
+        int win = cap;
         rc = load_text_encoder(p);
-        if (!rc) rc = agree(p, textenc_encode(p->te, prompt, L, out, NULL, NULL));
-        if (!rc && key && embed_cache_put(p->cache, key, out, n) < 0) rc = 0;   /* a full cache only costs speed */
+        if (!rc && f3) rc = agree(p, textenc_window(p->te, prompt, cap, &win));
+        L = win;
+        if (!rc) *out = xmalloc((size_t)L * J * sizeof **out);
+        if (!rc) rc = agree(p, textenc_encode(p->te, prompt, (int)L, *out, NULL, NULL));
+        if (!rc && key && embed_cache_put(p->cache, key, *out, (size_t)L * J) < 0) rc = 0;   /* a full cache only costs speed */
         if (key && count) p->st.cache_misses++;
         if (key && !count) p->st.prefetched++;
     }
+    if (rc) free(*out), *out = NULL, L = 0;
+    if (Lout) *Lout = L;
     if (hit) *hit = all;
     free(key);
     p->st.t_encode += MPI_Wtime() - t0 - (p->st.t_te_load - te0);   /* the load has its own figure */
     return rc ? tp_error_context("encoding the prompts") : 0;
 }
 
-int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float *out, int *hit) {
-    return encode(p, prompt, out, hit, 1);
+int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float **out, int64_t *L, int *hit) {
+    return encode(p, prompt, out, L, hit, 1);
 }
 
-int flux2_pipe_prefetch(flux2_pipe *p, const char *prompt, float *tmp) {
-    return p->cache ? encode(p, prompt, tmp, NULL, 0) : 0;
+int flux2_pipe_prefetch(flux2_pipe *p, const char *prompt) {
+    if (!p->cache) return 0;
+    float *tmp = NULL;
+    int rc = encode(p, prompt, &tmp, NULL, NULL, 0);
+    free(tmp);
+    return rc;
 }
 
 void flux2_pipe_text_done(flux2_pipe *p) {

@@ -125,13 +125,16 @@ int flux2_pipe_open(const flux2_pipe_config *cfg, const flux2_pipe_info *info, M
                     int local_size, flux2_pipe **out);
 void flux2_pipe_free(flux2_pipe *p);
 
-/* The embedding of a prompt, [L, joint_dim] floats into out. *hit (may be
- * NULL) is 1 when the cache answered. Loads the text encoder when needed. */
-int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float *out, int *hit);
-/* Encode a prompt into the cache only (tmp: room for one embedding), for a
- * prompt that will be asked for soon, while the encoder is loaded; not
- * counted as a hit or a miss. No-op without a cache. */
-int flux2_pipe_prefetch(flux2_pipe *p, const char *prompt, float *tmp);
+/* The embedding of a prompt: *out = [*L, joint_dim] floats (malloc'ed; L
+ * may be NULL). FLUX.2: L = max_sequence_length; FLUX.3: the prompt's
+ * window (its tokens rounded up to 80, at most max_sequence_length). *hit
+ * (may be NULL) is 1 when the cache answered. Loads the text encoder when
+ * needed. */
+int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float **out, int64_t *L, int *hit);
+/* Encode a prompt into the cache only, for a prompt that will be asked for
+ * soon, while the encoder is loaded; not counted as a hit or a miss. No-op
+ * without a cache. */
+int flux2_pipe_prefetch(flux2_pipe *p, const char *prompt);
 /* Done with prompts for now: the text encoder is freed (its memory goes
  * back to the transformer) unless keep_text_encoder. */
 void flux2_pipe_text_done(flux2_pipe *p);

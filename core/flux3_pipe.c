@@ -109,15 +109,6 @@ int flux3_load_reference(const char *path, float **pixels, int *pw, int *ph) {
     return 0;
 }
 
-int flux3_encode_prompt(const char *model_dir, const char *prompt, float **embeds, int64_t *L, uint8_t **mask) {
-    (void)prompt;
-    *embeds = NULL, *L = 0;
-    if (mask) *mask = NULL;
-    return tp_error("%s is a FLUX.3 pipeline, whose text encoder (Qwen3-VL) tpgen does not run yet; pass precomputed "
-                    "embeddings with --prompt-embeds FILE[:TENSOR] (and --negative-prompt-embeds for CFG, or "
-                    "--guidance 1)", model_dir);
-}
-
 /* the model's timestep for a scheduler timestep t (sigma·1000 in f32): t/1000 in the latents' dtype */
 static float model_time(float t, int bf16) {
     float v = t / 1000.0f;

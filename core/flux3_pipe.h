@@ -84,10 +84,4 @@ typedef struct flux3_job {
  * model timestep bf16(t/1000), bf16(dt·v) added and rounded (as FLUX.2). */
 int flux3_denoise(flux3_model *m, const flux3_job *j, float *out);
 
-/* The text-encoder hook: prompt -> [*L, joint_dim] embeddings (malloc'ed)
- * and the mask of real tokens (the transformer attends to every token, so
- * the pipeline does not use it). Plug the Qwen3-VL encoder in here; until
- * then it fails, telling the user to pass --prompt-embeds. */
-int flux3_encode_prompt(const char *model_dir, const char *prompt, float **embeds, int64_t *L, uint8_t **mask);
-
 #endif

@@ -41,12 +41,15 @@ TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
     REQUIRE(flux2_pipe_open(&cfg, &info, MPI_COMM_WORLD, rank, size, &p) == 0, "%s", tp_error_msg());
 
     size_t ne = (size_t)L * (size_t)info.joint_dim;
-    float *e1 = malloc(ne * sizeof(float)), *e2 = malloc(ne * sizeof(float));
+    float *e1 = NULL, *e2 = NULL;
     int hit1 = -1, hit2 = -1;
-    int rc = flux2_pipe_encode(p, prompt, e1, &hit1);
+    int64_t L1 = 0, L2 = 0;
+    int rc = flux2_pipe_encode(p, prompt, &e1, &L1, &hit1);
     flux2_pipe_text_done(p);   /* freed: a miss would load it again */
-    if (!rc) rc = flux2_pipe_encode(p, prompt, e2, &hit2);
+    if (!rc) rc = flux2_pipe_encode(p, prompt, &e2, &L2, &hit2);
     REQUIRE(rc == 0, "%s", tp_error_msg());
+    REQUIRE(L1 == L && L2 == L, "FLUX.2 embeds over max_sequence_length: %lld, %lld, want %d", (long long)L1,
+            (long long)L2, L);
     CHECK(hit1 == 0 && hit2 == 1 && !memcmp(e1, e2, ne * sizeof(float)), "the second encode is a cache hit (%d, %d) "
           "with the same embedding", hit1, hit2);
     const flux2_pipe_stats *st = flux2_pipe_get_stats(p);

@@ -508,3 +508,28 @@ TEST_MPI(flux3te_tiny_writer_tp) {
     free(out[0]), free(out[1]);
     backend_destroy(be);
 }
+
+/* For tests/sh/flux3_e2e.sh: TPGEN_FLUX3_TE_OUT=DIR (a FLUX.3 folder with
+ * transformer/config.json) gets make-tiny's encoder, as wide as the
+ * transformer's joint_attention_dim / 8; without it, a folder of joint 80
+ * (the golden flux3-tiny's: hidden 10, two heads of 8) must load as
+ * qwen3vl with that width. */
+TEST(flux3te_tiny_writer_files) {
+    const char *env = getenv("TPGEN_FLUX3_TE_OUT");
+    char *dir = env ? xstrdup(env) : xasprintf("%s/tiny3-80", test_tmp_dir());
+    if (!env) {
+        char *tr = xasprintf("%s/transformer", dir), *cfg = xasprintf("%s/config.json", tr);
+        mkdir(dir, 0755), mkdir(tr, 0755);
+        write_file(cfg, "{\"joint_attention_dim\": 80}");
+        free(tr), free(cfg);
+    }
+    REQUIRE(textenc_write_tiny_qwen3vl(dir, 3) == 0, "%s", tp_error_msg());
+    backend *be = backend_cpu_create(1);
+    textenc *t = NULL;
+    CHECK(textenc_load(dir, be, NULL, DT_F32, &t, NULL) == 0 && !strcmp(textenc_kind(t), "qwen3vl"), "%s",
+          tp_error_msg());
+    if (t && !env) CHECK(textenc_embed_dim(t) == 80, "width %d", textenc_embed_dim(t));
+    textenc_free(t);
+    backend_destroy(be);
+    free(dir);
+}

@@ -66,7 +66,7 @@ static int make_dir(const char *path) {
 
 /* The tiny hidden size: joint_attention_dim / 3 of make-tiny's transformer. */
 /* hidden = joint_attention_dim / K (K hidden states stacked: 3 FLUX.2, 8 FLUX.3) */
-static int tiny_hidden_k(const char *model_dir, int k, int *hidden) {
+static int tiny_hidden_k(const char *model_dir, int k, int align, int *hidden) {
     *hidden = TEXTENC_TINY_HIDDEN;
     char *path = xasprintf("%s/transformer/config.json", model_dir);
     int rc = 0;
@@ -74,9 +74,9 @@ static int tiny_hidden_k(const char *model_dir, int k, int *hidden) {
         json_error_t je;
         json_t *cfg = json_load_file(path, 0, &je);
         json_int_t jd = cfg ? json_integer_value(json_object_get(cfg, "joint_attention_dim")) : 0;
-        if (jd <= 0 || jd % (8 * k))
+        if (jd <= 0 || jd % (align * k))
             rc = tp_error("%s: joint_attention_dim must be a positive multiple of %d (%d x a hidden size divisible "
-                          "by 8) for the tiny text encoder", path, 8 * k, k);
+                          "by %d) for the tiny text encoder", path, align * k, k, align);
         else
             *hidden = (int)(jd / k);
         json_decref(cfg);
@@ -85,7 +85,7 @@ static int tiny_hidden_k(const char *model_dir, int k, int *hidden) {
     return rc;
 }
 
-static int tiny_hidden(const char *model_dir, int *hidden) { return tiny_hidden_k(model_dir, 3, hidden); }
+static int tiny_hidden(const char *model_dir, int *hidden) { return tiny_hidden_k(model_dir, 3, 8, hidden); }
 
 /* text_encoder/ from config c, tokenizer/ from the files of tests/data/<tok_rel> */
 static int write_parts(const char *model_dir, const llm_config *c, unsigned seed, int sparse, const char *tok_rel,
@@ -132,12 +132,15 @@ int textenc_write_tiny_mistral(const char *model_dir, unsigned seed) {
 
 int textenc_write_tiny_qwen3vl(const char *model_dir, unsigned seed) {
     int H;
-    if (tiny_hidden_k(model_dir, 8, &H)) return -1;
+    if (tiny_hidden_k(model_dir, 8, 2, &H)) return -1;
+    /* 4 heads (2 KV) of H/4 when H is a multiple of 8, else 2 heads (2 KV) of 8, which Qwen3's explicit
+     * head_dim allows (golden flux3-tiny's joint 80: H 10), so that tp 2 works either way */
+    int heads = H % 8 == 0 ? 4 : 2, hd = H % 8 == 0 ? H / 4 : 8;
     /* 33 layers so that hidden state 32 is an intermediate one (as in the real 36-layer model); Qwen3-VL's
      * rope theta; the real vocabulary for the Qwen3 tokenizer's ids */
-    llm_config c = {.arch = LLM_QWEN3VL, .hidden = H, .n_layers = 33, .n_heads = 4, .n_kv_heads = 2,
-                    .head_dim = H / 4, .ffn = 2 * H, .vocab = 151936, .eps = 1e-6f, .rope_theta = 5e6,
-                    .qk_norm = 1};
+    llm_config c = {.arch = LLM_QWEN3VL, .hidden = H, .n_layers = 33, .n_heads = heads,
+                    .n_kv_heads = 2, .head_dim = hd, .ffn = 2 * H, .vocab = 151936,
+                    .eps = 1e-6f, .rope_theta = 5e6, .qk_norm = 1};
     return write_parts(model_dir, &c, seed, 0, "tests/data/qwen3-tokenizer", "Qwen3");
 }
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# FLUX.3 from a prompt: the golden tiny FLUX.3 transformers (base, flow-map)
+# + the golden tiny VAE + make-tiny's Qwen3-VL text encoder (random, as wide
+# as joint_attention_dim / 8, the real Qwen3 tokenizer). `generate --prompt`
+# must give exactly the latents of `tpgen encode` (golden-checked against
+# diffusers' Flux3TextEncoderStep in encode_flux3.sh) followed by
+# `generate --prompt-embeds` (golden-checked against the modular pipelines
+# in flux3_pipe.sh), at tp 1 and 2: base with CFG (the negative prompt ""
+# encoded too) and flow-map. Then a bad prompt width: a text encoder whose
+# 8H is not the transformer's joint dim is refused, naming the file.
+source "$TPGEN_ROOT/tests/lib.sh"
+export OMP_NUM_THREADS=1
+D=$TPGEN_ROOT/tests/data/flux3-pipe
+for k in base flowmap; do
+    mkdir -p "$TMP/$k"
+    ln -s "$TPGEN_GOLDEN/flux3-tiny/$k/model/transformer" "$TMP/$k/transformer"
+    ln -s "$TPGEN_GOLDEN/vae-tiny/model/vae" "$TMP/$k/vae"
+    cp "$D/${k}_modular_model_index.json" "$TMP/$k/modular_model_index.json"
+    out=$(TPGEN_FLUX3_TE_OUT="$TMP/$k" "$TPGEN_TESTS" flux3te_tiny_writer_files 2>&1)
+    echo "$out" | grep -q '^ok - ' || fail "flux3 e2e: writing the tiny text encoder into $k: $(echo "$out" | tail -2)"
+done
+SAME='
+import json, struct, sys
+def t(path):
+    b = open(path, "rb").read(); n, = struct.unpack("<Q", b[:8]); h = json.loads(b[8:8 + n])
+    k = [k for k in h if k != "__metadata__"][0]; s, e = h[k]["data_offsets"]
+    return h[k]["shape"], b[8 + n + s: 8 + n + e]
+(sa, a), (sb, b) = t(sys.argv[1]), t(sys.argv[2])
+sys.exit(0 if sa == sb and a == b else "latents differ: %s vs %s" % (sa, sb))
+'
+P="a lighthouse on a cliff at dusk, waves below"
+A=(--steps 2 --width 64 --height 48 --seed 3 --precision f32 --backend cpu)
+for np in 1 2; do
+    for k in base flowmap; do
+        M=$TMP/$k
+        neg=()
+        if [ $k = base ]; then
+            $MPIRUN -np $np "$TPGEN" encode --model "$M" --prompt "" --save-embeds "$TMP/n$k$np.st" --precision f32 \
+                >"$TMP/log" 2>&1 || { fail "flux3 e2e $k tp=$np: encode \"\": $(tail -2 "$TMP/log")"; continue; }
+            neg=(--negative-prompt-embeds "$TMP/n$k$np.st:prompt_embeds")
+        fi
+        if ! $MPIRUN -np $np "$TPGEN" generate --model "$M" --prompt "$P" "${A[@]}" --output "$TMP/p$k$np.png" \
+            --save-latents "$TMP/p$k$np.st" >"$TMP/log" 2>&1; then
+            fail "flux3 e2e $k tp=$np: generate --prompt: $(tail -3 "$TMP/log" | tr '\n' ' ')"; continue
+        fi
+        if ! $MPIRUN -np $np "$TPGEN" encode --model "$M" --prompt "$P" --save-embeds "$TMP/e$k$np.st" --precision f32 \
+            >"$TMP/log" 2>&1 || ! grep -q '\[1, 80, 80\]' "$TMP/log"; then
+            fail "flux3 e2e $k tp=$np: encode (window 80 expected): $(tail -2 "$TMP/log" | tr '\n' ' ')"; continue
+        fi
+        if ! $MPIRUN -np $np "$TPGEN" generate --model "$M" --prompt-embeds "$TMP/e$k$np.st" "${neg[@]}" "${A[@]}" \
+            --output "$TMP/q$k$np.png" --save-latents "$TMP/q$k$np.st" >"$TMP/log" 2>&1; then
+            fail "flux3 e2e $k tp=$np: generate --prompt-embeds: $(tail -3 "$TMP/log" | tr '\n' ' ')"; continue
+        fi
+        r=$(python3 -c "$SAME" "$TMP/p$k$np.st" "$TMP/q$k$np.st" 2>&1) &&
+            ok "flux3 e2e $k tp=$np: generate --prompt = encode + generate --prompt-embeds, bit for bit" ||
+            fail "flux3 e2e $k tp=$np: $r"
+    done
+done
+# the encoder's width must be the transformer's joint dim / 8
+mkdir -p "$TMP/wide/transformer"
+ln -s "$TPGEN_GOLDEN/vae-tiny/model/vae" "$TMP/wide/vae"
+cp "$D/flowmap_modular_model_index.json" "$TMP/wide/modular_model_index.json"
+ln -s "$TPGEN_GOLDEN/flux3-tiny/flowmap/model/transformer/diffusion_pytorch_model.safetensors" "$TMP/wide/transformer/"
+sed 's/"joint_attention_dim": 80/"joint_attention_dim": 160/' \
+    "$TPGEN_GOLDEN/flux3-tiny/flowmap/model/transformer/config.json" >"$TMP/wide/transformer/config.json"
+TPGEN_FLUX3_TE_OUT="$TMP/wide" "$TPGEN_TESTS" flux3te_tiny_writer_files >/dev/null 2>&1
+cp "$TPGEN_GOLDEN/flux3-tiny/flowmap/model/transformer/config.json" "$TMP/wide/transformer/config.json"
+expect_fail "flux3 e2e: a text encoder of another width is refused, naming the file" "wide.*(joint_attention_dim|80)" \
+    $MPIRUN -np 2 "$TPGEN" generate --model "$TMP/wide" --prompt "$P" "${A[@]}" --output "$TMP/w.png"
+[ ! -e "$TMP/w.png" ] && ok "flux3 e2e: no PNG after the refusal" || fail "flux3 e2e: a PNG was written after the refusal"
