@@ -6,8 +6,9 @@
 # diffusers' Flux3TextEncoderStep in encode_flux3.sh) followed by
 # `generate --prompt-embeds` (golden-checked against the modular pipelines
 # in flux3_pipe.sh), at tp 1 and 2: base with CFG (the negative prompt ""
-# encoded too) and flow-map. Then a bad prompt width: a text encoder whose
-# 8H is not the transformer's joint dim is refused, naming the file.
+# encoded too) and flow-map; a bad prompt width: a text encoder whose
+# 8H is not the transformer's joint dim is refused, naming the file; and
+# tpgen serve on both folders answers with generate's PNG byte for byte.
 source "$TPGEN_ROOT/tests/lib.sh"
 export OMP_NUM_THREADS=1
 D=$TPGEN_ROOT/tests/data/flux3-pipe
@@ -68,3 +69,17 @@ cp "$TPGEN_GOLDEN/flux3-tiny/flowmap/model/transformer/config.json" "$TMP/wide/t
 expect_fail "flux3 e2e: a text encoder of another width is refused, naming the file" "wide.*(joint_attention_dim|80)" \
     $MPIRUN -np 2 "$TPGEN" generate --model "$TMP/wide" --prompt "$P" "${A[@]}" --output "$TMP/w.png"
 [ ! -e "$TMP/w.png" ] && ok "flux3 e2e: no PNG after the refusal" || fail "flux3 e2e: a PNG was written after the refusal"
+# serve: an OpenAI-style request on a FLUX.3 folder gives generate's PNG byte for byte
+source "$TPGEN_ROOT/tests/lib_serve.sh"
+for k in flowmap base; do
+    M=$TMP/$k
+    if ! start_server "$TMP/srv$k.log" "$TPGEN" --precision f32 --backend cpu; then
+        fail "flux3 serve $k: no server: $(tail -3 "$TMP/srv$k.log" | tr '\n' ' ')"; kill -9 $SRV 2>/dev/null; continue
+    fi
+    curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -H 'Content-Type: application/json' \
+        -d "{\"prompt\": \"$P\", \"size\": \"64x48\", \"seed\": 3, \"steps\": 2, \"response_format\": \"b64_json\"}" |
+        jq -r '.data[0].b64_json' | base64 -d >"$TMP/s$k.png" 2>/dev/null
+    stop_server
+    cmp -s "$TMP/s$k.png" "$TMP/p${k}2.png" && ok "flux3 serve $k (tp 2): the PNG of generate --prompt, byte for byte" ||
+        fail "flux3 serve $k: PNG differs from generate's ($(tail -2 "$TMP/srv$k.log" | tr '\n' ' '))"
+done
