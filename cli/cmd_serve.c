@@ -323,7 +323,8 @@ int cmd_serve(int argc, char **argv) {
         }
         free(all);
         serve_ranks sr = {.d = &d, .queue = d.world_rank == 0 ? &queue : NULL,
-                          .metrics = d.world_rank == 0 ? &metrics : NULL, .render = serve_render, .ctx = &sc, .stop = &g_stop};
+                          .metrics = d.world_rank == 0 ? &metrics : NULL, .render = serve_render, .ctx = &sc, .stop = &g_stop,
+                          .watchdog_s = spec.watchdog};   /* the heartbeat of idle ranks follows --watchdog */
         sc.ranks = &sr;
         sc.pipe = pipe;
         watchdog_phase_set(WD_OFF, "waiting for requests");
