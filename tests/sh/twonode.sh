@@ -342,7 +342,9 @@ for _ in $(seq 1 600); do grep -q "ready after" "$slog" 2>/dev/null && break; sl
 sport=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$slog" 2>/dev/null | head -1)
 sleep 2
 r2=$(tpgen_in 2)
-if [ -z "$sport" ] || [ -z "$r2" ]; then fail "twonode: serve kill (sbatch): no ready server or no rank in node2 ($(tail -2 "$slog" 2>&1))"; else
+if [ -z "$sport" ] || [ -z "$r2" ]; then
+    fail "twonode: serve kill (sbatch): no ready server (port '$sport') or no rank in node2 ('$r2'): $(grep -m3 -E 'error|heartbeat' "$slog" 2>&1) $(tail -3 "$slog" 2>&1)"
+else
     t0=$(now); kill -9 $r2
     state=$(wait_job "$sjob" 60); took=$(since "$t0")
     [ "$state" != COMPLETED ] && [ "${state#TIMEOUT}" = "$state" ] && [ "$(echo "$took < 40" | bc)" = 1 ] && serve_gone "$sport" &&
