@@ -69,7 +69,9 @@ static void print_help(void) {
            "model options (as for generate): --model DIR (required), --tp T, --precision bf16|f32,\n"
            "  --backend cpu|cuda, --quantize fp8, --lora FILE[:WEIGHT] (repeatable), --max-sequence-length L,\n"
            "  and the defaults of requests that leave them out: --steps, --guidance, --width, --height,\n"
-           "  --negative-prompt; --spec FILE reads them from a run spec.\n\n"
+           "  --negative-prompt; --spec FILE reads them from a run spec.\n"
+           "  --watchdog S: a rank silent for S seconds ends the server (renders: the watchdog; idle ranks: a\n"
+           "  heartbeat every second, default bound 60 s; 0 turns both off; see docs/serve.md)\n\n"
            "SIGTERM, SIGINT or SIGUSR1 (to world rank 0; mpirun forwards SIGUSR1 to every rank, while its own SIGTERM\n"
            "kills the ranks a few seconds later): at once, the queued requests and new ones get 503 and no TP group\n"
            "starts another job; the running jobs finish (at most one render each), then every rank exits 0.\n");
@@ -245,7 +247,8 @@ int cmd_serve(int argc, char **argv) {
     double t0 = MPI_Wtime();
     int queue_ok = 0;
     int rc = start(&d, &o, &spec, &g, argc, argv);
-    /* the watchdog (core/dist/watchdog.h) watches loading and every render; idle waits for work are not progress */
+    /* the watchdog (core/dist/watchdog.h) watches loading and every render; idle waits for work are not
+     * progress: there the heartbeat of cli/serve_ranks.c (same --watchdog bound, 60 s by default) watches */
     if (!rc) watchdog_start(d.world_rank, d.dp_rank, d.dp_rank * d.tp, d.tp, spec.watchdog);
     watchdog_phase_set(WD_STARTUP, "loading the model");
     /* world rank 0 binds the address before the long load: /health answers "loading" meanwhile */
@@ -323,7 +326,8 @@ int cmd_serve(int argc, char **argv) {
         }
         free(all);
         serve_ranks sr = {.d = &d, .queue = d.world_rank == 0 ? &queue : NULL,
-                          .metrics = d.world_rank == 0 ? &metrics : NULL, .render = serve_render, .ctx = &sc, .stop = &g_stop};
+                          .metrics = d.world_rank == 0 ? &metrics : NULL, .render = serve_render, .ctx = &sc, .stop = &g_stop,
+                          .watchdog_s = spec.watchdog};   /* the heartbeat of idle ranks follows --watchdog */
         sc.ranks = &sr;
         sc.pipe = pipe;
         watchdog_phase_set(WD_OFF, "waiting for requests");

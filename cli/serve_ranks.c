@@ -1,12 +1,14 @@
 /* The ranks of `tpgen serve` (serve_ranks.h). */
 #include "serve_ranks.h"
+#include "core/dist/watchdog.h"
 #include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
-enum { T_READY = 7101, T_JOB, T_STOP, T_RESULT, T_CANCEL };
+enum { T_READY = 7101, T_JOB, T_STOP, T_RESULT, T_CANCEL, T_BEAT };
 enum { MSG_JOB = 1, MSG_STOP = 2 };
 
 /* ---- bytes ---- */
@@ -180,13 +182,221 @@ static void nap(void) {
     nanosleep(&t, NULL);
 }
 
-static void wait_request(MPI_Request *r) {
+/* ---- the heartbeat (serve_ranks.h) ---- */
+
+static double max2(double a, double b) { return a > b ? a : b; }
+
+double serve_beat_idle_bound(double watchdog_s) {
+    return watchdog_s > 0 ? watchdog_s : watchdog_s == 0 ? 0 : WATCHDOG_FLOOR_S;
+}
+
+void serve_beat_heard(serve_beat_peer *p, double now, double promise) {
+    p->heard = now;
+    p->promise = promise;
+    if (promise < 0) p->final = 1, p->watched = 0;
+}
+
+void serve_beat_watch(serve_beat_peer *p, double now, int on) {
+    on = on && !p->final;
+    if (on && !p->watched) p->heard = now;
+    p->watched = on;
+}
+
+double serve_beat_limit(const serve_beat_peer *p, double idle_bound) {
+    return idle_bound > 0 ? max2(p->promise + SERVE_BEAT_MARGIN_S, idle_bound) : 0;
+}
+
+int serve_beat_dead(const serve_beat_peer *p, double now, double idle_bound, double *silent) {
+    *silent = now - p->heard;
+    return p->watched && idle_bound > 0 && *silent > serve_beat_limit(p, idle_bound);
+}
+
+static void beat_setup(serve_ranks *s) {
+    const dist *d = s->d;
+    int n = d->world_size;
+    s->host = xcalloc((size_t)n, sizeof *s->host);
+    char me[MPI_MAX_PROCESSOR_NAME] = "";
+    int len = 0;
+    MPI_Get_processor_name(me, &len);
+    char mine[64];
+    snprintf(mine, sizeof mine, "%s", me);
+    MPI_Allgather(mine, 64, MPI_CHAR, s->host, 64, MPI_CHAR, s->msg);
+    s->idle_bound = serve_beat_idle_bound(s->watchdog_s);
+    if (s->idle_bound <= 0 || n == 1) return;   /* no heartbeat */
+    s->peer = xcalloc((size_t)n, sizeof *s->peer);
+    s->beat_req = xmalloc((size_t)n * sizeof *s->beat_req);
+    s->beat_buf = xcalloc((size_t)n, sizeof *s->beat_buf);
+    s->beat_at = xcalloc((size_t)n, sizeof *s->beat_at);
+    s->final_want = xcalloc((size_t)n, sizeof *s->final_want);
+    s->final_sent = xcalloc((size_t)n, sizeof *s->final_sent);
+    double now = serve_now();
+    for (int r = 0; r < n; r++) {
+        s->beat_req[r] = MPI_REQUEST_NULL;
+        s->peer[r].heard = now;
+        s->peer[r].promise = SERVE_BEAT_IDLE_PROMISE_S;
+    }
+}
+
+/* the peers this rank beats and hears: all others on world rank 0, world rank 0 elsewhere */
+static int beat_peer_of(const serve_ranks *s, int r) { return s->d->world_rank == 0 ? r != 0 : r == 0; }
+
+static void beat_recv(serve_ranks *s, int src, double now) {
+    double v = 0;
+    MPI_Recv(&v, 1, MPI_DOUBLE, src, T_BEAT, s->msg, MPI_STATUS_IGNORE);
+    if (s->peer) serve_beat_heard(&s->peer[src], now, v);
+}
+
+/* take in every beat that arrived (before any check: a peer's beats may
+ * have waited while this rank was busy) */
+static void beat_drain(serve_ranks *s, double now) {
+    int flag;
+    MPI_Status st;
+    int from = s->d->world_rank == 0 ? MPI_ANY_SOURCE : 0;
+    while (MPI_Iprobe(from, T_BEAT, s->msg, &flag, &st), flag) beat_recv(s, st.MPI_SOURCE, now);
+}
+
+/* a beat to r when due (a period passed, or the promise changed), and only
+ * once the last one to r completed */
+static void beat_send(serve_ranks *s, int r, double promise, double now) {
+    if (s->final_sent[r]) return;
+    if (s->beat_req[r] != MPI_REQUEST_NULL) {
+        int done = 0;
+        MPI_Test(&s->beat_req[r], &done, MPI_STATUS_IGNORE);
+        if (!done) return;
+    }
+    if (s->final_want[r]) promise = -1;
+    else if (now - s->beat_at[r] < SERVE_BEAT_PERIOD_S && promise == s->beat_buf[r]) return;
+    s->beat_buf[r] = promise;
+    s->beat_at[r] = now;
+    if (promise < 0) s->final_sent[r] = 1;
+    MPI_Isend(&s->beat_buf[r], 1, MPI_DOUBLE, r, T_BEAT, s->msg, &s->beat_req[r]);
+}
+
+static void beat_fire(serve_ranks *s, double now) {
+    const dist *d = s->d;
+    char who[512] = "";
+    size_t at = 0;
+    double silent_max = 0, limit = 0;
+    int n_dead = 0;
+    for (int r = 0; r < d->world_size; r++) {
+        double silent;
+        if (!beat_peer_of(s, r) || !serve_beat_dead(&s->peer[r], now, s->idle_bound, &silent)) continue;
+        if (at < sizeof who - 1)
+            at += (size_t)snprintf(who + at, sizeof who - at, "%s%d (node %s)", n_dead ? ", " : "", r,
+                                   s->host[r][0] ? s->host[r] : "unknown");
+        if (silent > silent_max) silent_max = silent, limit = serve_beat_limit(&s->peer[r], s->idle_bound);
+        n_dead++;
+    }
+    if (!n_dead) return;
+    fprintf(stderr, "tpgen: error: rank %d: no heartbeat from world rank%s %s for %.0f s while serving idle (the "
+            "bound is %.0f s); did a rank die? Ending this rank so that the job ends (set --watchdog S to change the "
+            "bound, 0 turns it off)\n", d->world_rank, n_dead > 1 ? "s" : "", who, silent_max, limit);
+    fflush(stderr);
+    _exit(1);   /* as the watchdog: no MPI call can be trusted with a dead peer; the port closes with the process */
+}
+
+/* the heartbeat's turn: take in beats, send what is due, watch the idle
+ * peers, end the rank if one of them fell silent */
+static void beat_tick(serve_ranks *s) {
+    if (!s->peer) return;
+    const dist *d = s->d;
+    double now = serve_now();
+    beat_drain(s, now);
+    if (d->world_rank == 0) {
+        double promise = SERVE_BEAT_IDLE_PROMISE_S;
+        if (s->busy) promise = max2(promise, watchdog_current_bound());   /* it beats only between steps */
+        for (int r = 1; r < d->world_size; r++) {
+            beat_send(s, r, promise, now);
+            int g = r / d->tp;
+            int idle = g == 0 ? !s->busy : !s->inflight || !s->inflight[g];
+            serve_beat_watch(&s->peer[r], now, idle);
+        }
+    } else {
+        beat_send(s, 0, SERVE_BEAT_IDLE_PROMISE_S, now);
+        serve_beat_watch(&s->peer[0], now, s->idle);
+    }
+    beat_fire(s, now);
+}
+
+/* On stop: the final beats are sent (once each peer's is wanted) and the
+ * peers' final beats taken in, the peers watched meanwhile; then the last
+ * sends complete (bounded: a request still pending is cancelled). */
+static void beat_finish(serve_ranks *s) {
+    if (!s->peer) return;
+    const dist *d = s->d;
+    for (;;) {
+        int left = 0;
+        for (int r = 0; r < d->world_size; r++)
+            if (beat_peer_of(s, r) && (!s->final_sent[r] || !s->peer[r].final)) left++;
+        if (!left) break;
+        beat_tick(s);
+        nap();
+    }
+    double t0 = serve_now();
+    for (int r = 0; r < d->world_size; r++) {
+        int done = 0;
+        while (s->beat_req[r] != MPI_REQUEST_NULL) {
+            MPI_Test(&s->beat_req[r], &done, MPI_STATUS_IGNORE);
+            if (done) break;
+            if (serve_now() - t0 > s->idle_bound) {
+                MPI_Cancel(&s->beat_req[r]);
+                MPI_Request_free(&s->beat_req[r]);
+                break;
+            }
+            nap();
+        }
+    }
+}
+
+static void beat_free(serve_ranks *s) {
+    if (s->peer)
+        for (int r = 0; r < s->d->world_size; r++)
+            if (s->beat_req[r] != MPI_REQUEST_NULL) {   /* an error path: the beat is abandoned */
+                MPI_Cancel(&s->beat_req[r]);
+                MPI_Request_free(&s->beat_req[r]);
+            }
+    free(s->peer), free(s->beat_req), free(s->beat_buf), free(s->beat_at), free(s->final_want), free(s->final_sent);
+    free(s->host);
+    s->peer = NULL, s->beat_req = NULL, s->beat_buf = s->beat_at = NULL, s->final_want = s->final_sent = NULL;
+    s->host = NULL;
+}
+
+/* other ranks: entering (on = 1) or leaving an idle wait; entering restarts world rank 0's clock */
+static void set_idle(serve_ranks *s, int on) {
+    s->idle = on;
+    if (s->peer) serve_beat_watch(&s->peer[0], serve_now(), on);
+}
+
+/* world rank 0: group g's ranks are idle (on = 1: their clocks restart) or not */
+static void beat_watch_group(serve_ranks *s, int g, int on) {
+    if (!s->peer) return;
+    double now = serve_now();
+    for (int r = g * s->d->tp; r < (g + 1) * s->d->tp; r++)
+        if (r != 0) serve_beat_watch(&s->peer[r], now, on);
+}
+
+/* the final beat to every rank of group g is wanted (world rank 0, after STOP to g) */
+static void beat_want_final_group(serve_ranks *s, int g) {
+    if (!s->peer) return;
+    for (int r = g * s->d->tp; r < (g + 1) * s->d->tp; r++)
+        if (r != 0) s->final_want[r] = 1;
+}
+
+/* a request completed, with the heartbeat going on meanwhile */
+static void wait_request(serve_ranks *s, MPI_Request *r) {
     int done = 0;
     for (;;) {
         MPI_Test(r, &done, MPI_STATUS_IGNORE);
         if (done) return;
+        beat_tick(s);
         nap();
     }
+}
+
+void serve_ranks_beat(serve_ranks *s) {
+    if (!s->peer) return;
+    if (s->d->world_rank == 0) beat_tick(s);
+    else beat_drain(s, serve_now());
 }
 
 /* ---- the group: leader broadcasts a job or STOP ---- */
@@ -195,15 +405,17 @@ static void group_send(serve_ranks *s, int type, const uint8_t *p, size_t n) {
     int64_t hdr[2] = {type, (int64_t)n};
     MPI_Request r;
     MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->d->tp_comm, &r);
-    wait_request(&r);
+    wait_request(s, &r);
     if (n) MPI_Bcast((void *)p, (int)n, MPI_BYTE, 0, s->d->tp_comm);
 }
 
 static int group_recv(serve_ranks *s, uint8_t **p, size_t *n) {
     int64_t hdr[2];
     MPI_Request r;
+    set_idle(s, 1);   /* waiting for work: world rank 0 is watched */
     MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->d->tp_comm, &r);
-    wait_request(&r);
+    wait_request(s, &r);
+    set_idle(s, 0);
     *n = (size_t)hdr[1];
     *p = NULL;
     if (hdr[1] > 0) {
@@ -248,6 +460,7 @@ static void check_stop(serve_ranks *s) {
     for (int g = 1; g < d->dp; g++)
         if (!s->stopped[g] && !s->inflight[g] && s->ready[g]) {
             MPI_Send(NULL, 0, MPI_BYTE, leader_of(s, g), T_STOP, s->msg);
+            beat_want_final_group(s, g);
             s->stopped[g] = 1;
             s->n_stopped++;
         }
@@ -256,9 +469,14 @@ static void check_stop(serve_ranks *s) {
 void serve_ranks_service(serve_ranks *s) {
     const dist *d = s->d;
     if (d->world_rank != 0 || !s->inflight) return;
+    beat_tick(s);
     int flag;
     MPI_Status st;
     while (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s->msg, &flag, &st), flag) {
+        if (st.MPI_TAG == T_BEAT) {
+            beat_recv(s, st.MPI_SOURCE, serve_now());
+            continue;
+        }
         int g = st.MPI_SOURCE / d->tp, cnt = 0;
         MPI_Get_count(&st, MPI_BYTE, &cnt);
         uint8_t *buf = xmalloc((size_t)cnt + 1);
@@ -275,6 +493,7 @@ void serve_ranks_service(serve_ranks *s) {
             if (s->metrics) serve_metrics_add_job(s->metrics, j);
             s->inflight[g] = NULL;
             s->cancel_sent[g] = 0;
+            beat_watch_group(s, g, 1);   /* idle again: their clocks restart */
             serve_job_finish(s->queue, j);
         }
         free(buf);
@@ -296,15 +515,21 @@ void serve_ranks_service(serve_ranks *s) {
         size_t n = 0;
         uint8_t *p = pack_or_fail(s, j, &n);
         if (!p) continue;
-        MPI_Send(p, (int)n, MPI_BYTE, leader_of(s, g), T_JOB, s->msg);
+        /* not MPI_Send: a leader that died after its READY would block it for good; the group stays
+         * watched until the job is out */
+        MPI_Request r;
+        MPI_Isend(p, (int)n, MPI_BYTE, leader_of(s, g), T_JOB, s->msg, &r);
+        wait_request(s, &r);
         free(p);
         s->ready[g] = 0;
         s->inflight[g] = j;
+        beat_watch_group(s, g, 0);
     }
 }
 
 int serve_ranks_cancel_wanted(serve_ranks *s, const serve_job *j) {
     const dist *d = s->d;
+    if (d->world_rank != 0 && s->peer) beat_drain(s, serve_now());   /* world rank 0's beats, kept few */
     if (d->tp_rank != 0) return 0;
     if (d->world_rank == 0) {
         serve_ranks_service(s);   /* feed the other TP groups between steps */
@@ -339,13 +564,19 @@ static int run_world_rank0(serve_ranks *s) {
         size_t n = 0;
         uint8_t *p = pack_or_fail(s, j, &n);
         if (!p) continue;
-        group_send(s, MSG_JOB, p, n);
+        group_send(s, MSG_JOB, p, n);   /* group 0's ranks watched while it goes out */
         free(p);
+        s->busy = 1;   /* group 0's ranks are not idle now; the beats carry the watchdog's bound */
+        beat_watch_group(s, 0, 0);
         render_job(s, j);
+        s->busy = 0;
+        beat_watch_group(s, 0, 1);
         if (s->metrics) serve_metrics_add_job(s->metrics, j);
         serve_job_finish(s->queue, j);
     }
     group_send(s, MSG_STOP, NULL, 0);
+    beat_want_final_group(s, 0);
+    beat_finish(s);
     free(s->stopped);
     free(s->cancel_sent);
     free(s->inflight);
@@ -369,6 +600,7 @@ static int run_group_rank(serve_ranks *s) {
             MPI_Send(NULL, 0, MPI_BYTE, 0, T_READY, s->msg);
             MPI_Status st;
             int flag = 0;
+            set_idle(s, 1);   /* waiting for work: world rank 0 is watched */
             for (;;) {
                 MPI_Iprobe(0, MPI_ANY_TAG, s->msg, &flag, &st);
                 if (flag && st.MPI_TAG == T_CANCEL) {   /* for a job already finished */
@@ -376,9 +608,15 @@ static int run_group_rank(serve_ranks *s) {
                     MPI_Recv(stale, 2, MPI_INT64_T, 0, T_CANCEL, s->msg, MPI_STATUS_IGNORE);
                     continue;
                 }
+                if (flag && st.MPI_TAG == T_BEAT) {
+                    beat_recv(s, 0, serve_now());
+                    continue;
+                }
                 if (flag) break;
+                beat_tick(s);
                 nap();
             }
+            set_idle(s, 0);
             int cnt = 0;
             MPI_Get_count(&st, MPI_BYTE, &cnt);
             p = xmalloc((size_t)cnt + 1);
@@ -391,6 +629,9 @@ static int run_group_rank(serve_ranks *s) {
         }
         if (type == MSG_STOP) {
             free(p);
+            if (s->peer) s->final_want[0] = 1;
+            set_idle(s, 1);   /* leaving: world rank 0 watched until its final beat */
+            beat_finish(s);
             return 0;
         }
         serve_job j = {0};
@@ -406,7 +647,12 @@ static int run_group_rank(serve_ranks *s) {
                 serve_error_set(&j.err, 500, "server_error", NULL, "out of memory sending the result");
                 r = result_pack(&j, &n);
             }
-            MPI_Send(r, r ? (int)n : 0, MPI_BYTE, 0, T_RESULT, s->msg);
+            /* not MPI_Send: a dead world rank 0 would block it for good; watched while it goes out */
+            MPI_Request req;
+            MPI_Isend(r, r ? (int)n : 0, MPI_BYTE, 0, T_RESULT, s->msg, &req);
+            set_idle(s, 1);
+            wait_request(s, &req);
+            set_idle(s, 0);
             free(r);
         }
         serve_job_free_result(&j);
@@ -416,7 +662,9 @@ static int run_group_rank(serve_ranks *s) {
 
 int serve_ranks_run(serve_ranks *s) {
     MPI_Comm_dup(s->d->world, &s->msg);
+    beat_setup(s);
     int rc = s->d->world_rank == 0 ? run_world_rank0(s) : run_group_rank(s);
+    beat_free(s);
     MPI_Comm_free(&s->msg);
     return rc;
 }

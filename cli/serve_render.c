@@ -227,9 +227,11 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
                        .embeds = emb, .L = L, .neg_embeds = neg, .Ln = Ln, .on_step = on_step, .ctx = sc,
                        .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images};
         watchdog_phase_set(WD_STEPS, "rendering a request");   /* each step is a progress point */
+        serve_ranks_beat(sc->ranks);   /* world rank 0's heartbeat carries the new bound */
         rc = flux2_pipe_render(sc->pipe, &j, lat);
         if (rc) break;
         watchdog_phase_set(WD_STARTUP, "decoding a request's image");
+        serve_ranks_beat(sc->ranks);   /* world rank 0's heartbeat carries the new bound */
         double dt = 0;
         int mine = flux2_pipe_decode(sc->pipe, lat, W, H, rgb, &dt);   /* every rank decodes a band */
         t_dec += dt;
@@ -281,6 +283,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
  * waiting for the next one is not progress */
 void serve_render(void *ctx, const serve_request *q, serve_job *out) {
     watchdog_phase_set(WD_STARTUP, "encoding a request's prompts");
+    serve_ranks_beat(((serve_ctx *)ctx)->ranks);   /* world rank 0's heartbeat carries the new bound */
     render(ctx, q, out);
     watchdog_phase_set(WD_OFF, "waiting for requests");
 }

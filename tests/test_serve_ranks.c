@@ -91,7 +91,9 @@ static void *submit_main(void *p) {
     return NULL;
 }
 
-TEST_MPI(serve_ranks_dispatch_results_and_stop) {
+/* watchdog_s: 0 no heartbeat; > 0 the heartbeat on, with that bound (its
+ * beats and final beats must leave nothing behind: the sanitized np 2 run) */
+static void dispatch_results_and_stop(double watchdog_s) {
     dist d;
     REQUIRE(dist_init(NULL, NULL, &d) == 0, "%s", tp_error_msg());
     REQUIRE(dist_set_tp(&d, d.world_size >= 4 ? 2 : 1) == 0, "%s", tp_error_msg());
@@ -101,7 +103,8 @@ TEST_MPI(serve_ranks_dispatch_results_and_stop) {
     serve_metrics_init(&m, d.world_size);
     static volatile sig_atomic_t stop;
     stop = 0;
-    serve_ranks s = {.d = &d, .queue = &q, .metrics = &m, .render = render, .stop = &stop};
+    serve_ranks s = {.d = &d, .queue = &q, .metrics = &m, .render = render, .stop = &stop,
+                     .watchdog_s = watchdog_s};
     render_ctx rc = {.s = &s};
     s.ctx = &rc;
     submitter sb = {.q = &q, .stop = &stop};
@@ -147,6 +150,9 @@ TEST_MPI(serve_ranks_dispatch_results_and_stop) {
     serve_queue_destroy(&q);
     dist_set_tp(&d, 0);
 }
+
+TEST_MPI(serve_ranks_dispatch_results_and_stop) { dispatch_results_and_stop(0); }
+TEST_MPI(serve_ranks_dispatch_with_heartbeat) { dispatch_results_and_stop(30); }
 
 TEST(serve_request_pack_roundtrip) {
     serve_request r = {.prompt = strdup("caf\xc3\xa9 | fox"), .negative_prompt = NULL, .precision = strdup("f32"), .n = 3,

@@ -131,3 +131,10 @@ void watchdog_job(double job_seconds) {
     watchdog_note_job(&g_w, now_s(), job_seconds);
     pthread_mutex_unlock(&g_lock);
 }
+
+double watchdog_current_bound(void) {
+    pthread_mutex_lock(&g_lock);
+    double b = watchdog_bound(&g_w);
+    pthread_mutex_unlock(&g_lock);
+    return b;
+}

@@ -66,5 +66,9 @@ void watchdog_stop(void);
 void watchdog_phase_set(watchdog_phase ph, const char *what);
 void watchdog_step(double step_seconds);
 void watchdog_job(double job_seconds);
+/* The bound of the process's watchdog in its current phase, in seconds (0:
+ * disarmed or off). cli/serve_ranks.c sends it in world rank 0's heartbeat
+ * while it renders. */
+double watchdog_current_bound(void);
 
 #endif

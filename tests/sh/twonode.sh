@@ -16,6 +16,9 @@
 #     namespace: the host has no route to the nodes);
 #   - kill -9 of node2's only rank under the sbatch script and under a plain
 #     srun without -K: both end non-zero within 90 s, no PNG, no temp file;
+#   - the same while `tpgen serve` idles (slurm-serve.sbatch, and a plain
+#     srun without -K), --watchdog 10: both end non-zero within 40 s (the
+#     heartbeat of idle ranks, cli/serve_ranks.h), the port closed;
 #   - node2's veth set down mid-run: both ranks end within the watchdog's
 #     bound (+ slack); srun, non-zero, once slurmctld declares node2 down;
 #   - 5 ms of netem delay on the link: the same PNG, the step-time overhead
@@ -23,7 +26,7 @@
 #     skipped, with the reason: it is counted neither as passed nor failed).
 # TWONODE_MEASURE=1 adds the figures of docs/cluster.md: step times, the
 # all-reduce bandwidth (bench allreduce) across the link and on one machine,
-# kill-to-end times per launcher, serve with node2's rank killed.
+# kill-to-end times per launcher.
 # It needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN; without them it fails.
 # Every daemon is stopped by its pid file and every process left in the
 # nodes by its pid, then the namespaces are deleted, on every exit path.
@@ -326,6 +329,49 @@ if [ -z "$r2" ]; then fail "twonode: srun kill: no rank found in node2 ($(tail -
 fi
 kill $sp 2>/dev/null
 
+# --- kill -9 of node2's only rank while `tpgen serve` is idle (TP 2 across the nodes, --watchdog 10):
+# the heartbeat of idle ranks ends the server within the bound + 30 s, the port closed ---
+serve_gone() {   # serve_gone PORT: nothing listens on node1:PORT any more (curl in node1's namespace)
+    ! on 1 timeout 10 curl -s -o /dev/null -m 5 "http://node1:$1/health"
+}
+tpgen_in() { local p; for p in $(ns_pids "${NS[$1]}"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = tpgen ] && echo "$p"; done; }
+# under scripts/slurm-serve.sbatch (srun -K)
+sjob=$(TP=2 PORT=0 KEY_FILE="$W/key" sbatch_job slurm-serve.sbatch --watchdog 10 2>"$TMP/sbatch.err") || die "sbatch slurm-serve failed: $(cat "$TMP/sbatch.err")"
+slog=$W/tpgen-serve-$sjob.log
+for _ in $(seq 1 600); do grep -q "ready after" "$slog" 2>/dev/null && break; sleep 0.2; done
+sport=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$slog" 2>/dev/null | head -1)
+sleep 2
+r2=$(tpgen_in 2)
+if [ -z "$sport" ] || [ -z "$r2" ]; then
+    fail "twonode: serve kill (sbatch): no ready server (port '$sport') or no rank in node2 ('$r2'): $(grep -m3 -E 'error|heartbeat' "$slog" 2>&1) $(tail -3 "$slog" 2>&1)"
+else
+    t0=$(now); kill -9 $r2
+    state=$(wait_job "$sjob" 60); took=$(since "$t0")
+    [ "$state" != COMPLETED ] && [ "${state#TIMEOUT}" = "$state" ] && [ "$(echo "$took < 40" | bc)" = 1 ] && serve_gone "$sport" &&
+        ok "twonode: kill -9 of node2's only rank while slurm-serve.sbatch idles: job $state ${took} s after the kill, port closed" ||
+        fail "twonode: serve kill (sbatch): job $state after $took s: $(grep -m2 error "$slog")"
+fi
+# under a plain srun without -K: node1's rank 0 notices the silence (the heartbeat) and ends
+on 1 timeout 200 "${SRUN[@]}" "$TPGEN" serve --model "$W/model" --tp 2 --listen 0.0.0.0:0 --api-key-file "$W/key" \
+    --watchdog 10 >"$W/serve-srun.log" 2>&1 &
+sp=$!
+for _ in $(seq 1 600); do grep -q "ready after" "$W/serve-srun.log" 2>/dev/null && break; sleep 0.2; done
+sport=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$W/serve-srun.log" | head -1)
+sleep 2
+r2=$(tpgen_in 2)
+if [ -z "$sport" ] || [ -z "$r2" ]; then fail "twonode: serve kill (srun): no ready server or no rank in node2 ($(tail -2 "$W/serve-srun.log"))"; else
+    t0=$(now); kill -9 $r2
+    wait_for $sp 60; took=$(since "$t0")
+    [ $rc != 0 ] && [ $rc != 124 ] && [ "$(echo "$took < 40" | bc)" = 1 ] && serve_gone "$sport" &&
+        ok "twonode: kill -9 of node2's only rank while a plain srun (no -K) serve idles: rc $rc ${took} s after the kill, port closed" ||
+        fail "twonode: serve kill (srun): rc $rc after $took s: $(grep -m2 error "$W/serve-srun.log")"
+    grep -q "rank 0: no heartbeat from world rank 1 (node node2)" "$W/serve-srun.log" &&
+        ok "twonode: serve under srun without -K: node1's rank 0 named the silent rank and its node" ||
+        fail "twonode: serve under srun without -K: no heartbeat message: $(grep -m2 error "$W/serve-srun.log")"
+fi
+for p in $(tpgen_in 1); do kill -9 "$p"; done   # a server still up after a failed check
+kill $sp 2>/dev/null
+
 # --- TWONODE_MEASURE=1: the figures of docs/cluster.md ---
 if [ "${TWONODE_MEASURE:-0}" = 1 ]; then
     echo "# measure on $(nproc --all) cores: $(uptime)"
@@ -353,28 +399,6 @@ if [ "${TWONODE_MEASURE:-0}" = 1 ]; then
     sp=$!; r2=$(rank_on 2 "$W/mkill2.log")
     t0=$(now); kill -9 $r2; wait_for $sp 100
     echo "# kill -9 of node2's rank under srun -K (--kill-on-bad-exit=1) across the nodes: rc $rc, $(since "$t0") s"
-    # serve with node2's rank killed: under slurm-serve.sbatch (srun -K), and under a plain srun without -K
-    sjob=$(TP=2 PORT=0 KEY_FILE="$W/key" sbatch_job slurm-serve.sbatch 2>/dev/null)
-    slog=$W/tpgen-serve-$sjob.log
-    for _ in $(seq 1 600); do grep -q "ready after" "$slog" 2>/dev/null && break; sleep 0.2; done
-    for p in $(ns_pids "${NS[2]}"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = tpgen ] && r2=$p; done
-    t0=$(now); kill -9 $r2; state=$(wait_job "$sjob" 100)
-    echo "# kill -9 of node2's rank under slurm-serve.sbatch (idle server): job $state $(since "$t0") s later"
-    on 1 timeout 200 "${SRUN[@]}" "$TPGEN" serve --model "$W/model" --tp 2 --listen 0.0.0.0:0 --api-key-file "$W/key" >"$W/mserve.log" 2>&1 &
-    sp=$!
-    for _ in $(seq 1 600); do grep -q "ready after" "$W/mserve.log" 2>/dev/null && break; sleep 0.2; done
-    sport=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$W/mserve.log" | head -1)
-    for p in $(ns_pids "${NS[2]}"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = tpgen ] && r2=$p; done
-    t0=$(now); kill -9 $r2; wait_for $sp 20
-    echo "# kill -9 of node2's rank under a plain srun (no -K) serve, idle: after 20 s rc $rc (124: still running)"
-    if [ $rc = 124 ]; then
-        code=$(on 1 timeout 30 curl -s -o /dev/null -w %{http_code} -m 25 -H "Authorization: Bearer twonode-test-key" \
-            "http://node1:$sport/v1/images/generations" -d '{"prompt": "a fox", "size": "64x48", "seed": 5, "steps": 2}')
-        wait_for $sp 60
-        echo "# then a request: HTTP '$code' (curl -m 25), and srun rc $rc $(since "$t0") s after the kill (124: still running)"
-    fi
-    for p in $(ns_pids "${NS[1]}"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = tpgen ] && kill -9 "$p"; done   # the hung server
-    wait_for $sp 30
 fi
 
 # --- node2's veth goes down mid-run: both ranks end non-zero within the watchdog's bound (10 s) + slack ---
