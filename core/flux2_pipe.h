@@ -66,6 +66,9 @@ typedef struct flux2_components {
     const char *family;
 } flux2_components;
 int flux2_pipe_probe_components(const flux2_components *c, flux2_pipe_info *info, char *warning, size_t warning_len);
+/* Each part of a probed model (core/flux2_components.c), headers only: a JSON array of
+ * {component, path, from, naming, format, files, tensors, dtypes, config, ...}. */
+json_t *flux2_components_describe(const flux2_pipe_info *info);
 
 /* Probe a pipeline folder (diffusers layout). A contradiction between
  * model_index.json and the transformer config leaves a warning in warning.

@@ -76,6 +76,27 @@ out=$(gen 2 --model "$K" --vae "$C/kvae/flux2-vae.safetensors" --output "$TMP/on
 if [ $rc -eq 0 ] && same_pixels "$TMP/ref2.png" "$TMP/one.png"; then ok "components: --vae file in a pipeline folder"
 else fail "components: --vae in a pipeline: rc $rc $(echo "$out" | grep error | tail -2)"; fi
 
+# --- inspect --components: what each part is and where it came from ---
+out=$("$TPGEN" inspect --components --transformer "$C/diffusion_models/flux2-klein-tiny.safetensors" --text-encoder "$C/te_folder" \
+      --vae "$C/vae_nocfg/flux2-vae.safetensors" --family klein --json 2>&1); rc=$?
+got=$(echo "$out" | python3 -c '
+import json, sys
+p = {c["component"]: c for c in json.load(sys.stdin)}
+print(p["family"]["from"], p["family"]["name"], "|", p["transformer"]["from"], p["transformer"]["naming"], p["transformer"]["config"],
+      p["transformer"]["dtypes"], "|", p["text_encoder"]["from"], p["text_encoder"]["naming"], p["text_encoder"]["config"],
+      p["text_encoder"]["architecture"].split(",")[0], "|", p["vae"]["from"], p["vae"]["naming"], p["vae"]["config"])' 2>&1)
+want="--family FLUX.2-klein (distilled) | --transformer file BFL derived from the BFL tensor shapes {'BF16': 41} | --text-encoder folder HF, prefix 'text_encoder.model.' derived from the tensor shapes for klein (Qwen3) qwen3: 28 layers | --vae file BFL/LDM FLUX.2 default (AutoencoderKLFlux2; no config.json)"
+[ $rc -eq 0 ] && [ "$got" = "$want" ] && ok "components: inspect --components names source, naming, dtypes and config of each part" \
+    || fail "components: inspect --components: rc $rc got [$got] want [$want]"
+out=$("$TPGEN" inspect --components --model "$K" 2>&1); rc=$?
+[ $rc -eq 0 ] && [ "$(echo "$out" | grep -c 'from         pipeline folder')" = 3 ] && echo "$out" | grep -q "from         model_index.json" \
+    && echo "$out" | grep -q "naming       HF, prefix 'model.'" && ok "components: inspect --components on a pipeline folder" \
+    || fail "components: inspect --components --model: rc $rc $(echo "$out" | head -5)"
+GG=$(ls "$TPGEN_GOLDEN"/flux2-gguf/*/transformer/*.gguf | head -1)
+out=$("$TPGEN" inspect --components --transformer "$GG" --family dev 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "$out" | grep -q "format       gguf" && echo "$out" | grep -qE "dtypes .*Q[0-9]_" \
+    && ok "components: inspect --components shows a GGUF file's block types" || fail "components: inspect gguf: rc $rc $(echo "$out" | head -12)"
+
 # --- errors: named, non-zero on every rank (np 2), printed once, no crash ---
 once() { # NAME PATTERN ARGS...
     local name=$1 pat=$2; shift 2
