@@ -91,23 +91,22 @@ static int open_parts(textenc *t, const textenc_source *src) {
                        "(or --text-encoder PATH, or precomputed --prompt-embeds)", src->model_dir ? src->model_dir : "(no --model)");
     const char *where = te ? te : "";
     char *cfg_path = te ? config_path(te) : NULL;
-    if (!rc) rc = checkpoint_open(te, &t->ck);
-    if (!rc && path_is_file(cfg_path)) {
+    if (!rc && path_is_file(cfg_path)) {   /* config.json first: a bad config is named before the weights */
         json_error_t je;
         json_t *cfg = json_load_file(cfg_path, 0, &je);
         rc = cfg ? llm_config_parse(cfg, cfg_path, &t->cfg) : tp_error("%s: not valid JSON (%s, line %d)", cfg_path, je.text, je.line);
         json_decref(cfg);
+        if (!rc) rc = checkpoint_open(te, &t->ck);
         if (!rc) rc = llm_config_resolve_prefix(&t->cfg, t->ck);
     } else if (!rc && src->dev < 0) {
-        rc = tp_error("%s has no config.json beside it: say which family it belongs to (--family dev|klein|klein-base, "
-                      "or --model with model_index.json), so its configuration can be derived from the shapes", te);
+        rc = tp_error("%s has no config.json%s: say which family it belongs to (--family dev|klein|klein-base, "
+                      "or --model with model_index.json), so its configuration can be derived from the shapes", te,
+                      path_is_dir(te) ? "" : " beside it");
     } else if (!rc) {
-        rc = textenc_config_derive(t->ck, src->dev, &t->cfg);
+        rc = checkpoint_open(te, &t->ck);
+        if (!rc) rc = textenc_config_derive(t->ck, src->dev, &t->cfg);
     }
     if (!rc && md) rc = check_model_index(md, &t->cfg);
-    if (!rc && src->dev >= 0 && (t->cfg.arch == LLM_MISTRAL) != src->dev)
-        rc = tp_error("%s is a %s text encoder but the model is %s, which needs %s", where, llm_arch_name(t->cfg.arch),
-                      src->dev ? "FLUX.2-dev" : "FLUX.2-klein", src->dev ? "Mistral" : "Qwen3");
     if (!rc) rc = choose_layers(t, where);
     if (!rc) {
         char *tok_dir = textenc_tokenizer_dir(src);
