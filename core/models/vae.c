@@ -188,6 +188,9 @@ int vae_load_parts(const char *vae_dir, backend *be, dtype_t precision, int part
     *out = NULL;
     if (precision != DT_F32 && precision != DT_BF16)
         return tp_error("VAE precision must be f32 or bf16, not %s", dtype_name(precision));
+    if (!path_is_dir(vae_dir) && !path_is_file(vae_dir))
+        return tp_error("the VAE %s does not exist (give a folder with config.json and the weights, or one VAE "
+                        "checkpoint file)", vae_dir);
     vae_config cfg;
     char *src = NULL;
     if (read_config(vae_dir, &cfg, &src)) return -1;
