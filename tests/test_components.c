@@ -117,3 +117,58 @@ TEST(components_textenc_prefixed_file_same_embeddings) {
     backend_destroy(be);
     free(a), free(b), free(model), free(tok);
 }
+
+/* FLUX.2-dev's Mistral without config.json: head_dim 128 (Mistral Small 3.x), heads from the projections, the
+ * family's rope_theta/eps; Mistral3's language_model.model. prefix; a q_proj of the wrong width refused. */
+static char *write_mistral(const char *name, int64_t q_rows, int n_layers) {
+    const int64_t H = 32, V = 64, F = 48;
+    struct { const char *n; int64_t r, c; } spec[] = {
+        {"language_model.model.embed_tokens.weight", V, H},
+        {"language_model.model.layers.0.self_attn.q_proj.weight", q_rows, H},
+        {"language_model.model.layers.0.self_attn.k_proj.weight", 128, H},
+        {"language_model.model.layers.0.mlp.gate_proj.weight", F, H},
+        {"language_model.model.layers.%d.input_layernorm.weight", H, 1},
+        {"vision_tower.patch_conv.weight", 4, 4},
+    };
+    st_write_tensor t[6];
+    char last[96];
+    for (int i = 0; i < 6; i++) {
+        const char *n = spec[i].n;
+        if (strchr(n, '%')) snprintf(last, sizeof last, n, n_layers - 1), n = last;
+        t[i] = (st_write_tensor){.name = n, .dtype = DT_BF16, .ndim = spec[i].c > 1 ? 2 : 1,
+                                 .data = xcalloc((size_t)(spec[i].r * spec[i].c), 2)};
+        t[i].shape[0] = spec[i].r;
+        t[i].shape[1] = spec[i].c;
+    }
+    char *out = xasprintf("%s/%s", test_tmp_dir(), name);
+    int rc = st_write(out, t, 6, NULL);
+    for (int i = 0; i < 6; i++) free((void *)t[i].data);
+    if (rc) { free(out); return NULL; }
+    return out;
+}
+
+TEST(components_mistral_config_derived_for_dev) {
+    char *file = write_mistral("mistral.safetensors", 256, 31);
+    REQUIRE(file, "%s", tp_error_msg());
+    checkpoint *ck = NULL;
+    REQUIRE(checkpoint_open(file, &ck) == 0, "%s", tp_error_msg());
+    llm_config c;
+    REQUIRE(textenc_config_derive(ck, 1, &c) == 0, "%s", tp_error_msg());
+    CHECK(c.arch == LLM_MISTRAL && c.hidden == 32 && c.vocab == 64 && c.n_layers == 31 && c.head_dim == 128 &&
+          c.n_heads == 2 && c.n_kv_heads == 1 && c.ffn == 48 && c.rope_theta == 1e9 && c.eps == 1e-5f &&
+          !c.qk_norm && !c.sliding_window && !strcmp(c.prefix, "language_model.model."),
+          "H %d V %d L %d hd %d heads %d/%d ffn %d theta %g eps %g prefix %s", c.hidden, c.vocab, c.n_layers,
+          c.head_dim, c.n_heads, c.n_kv_heads, c.ffn, c.rope_theta, c.eps, c.prefix);
+    /* klein needs Qwen3: a Mistral file (no q_norm) is refused, naming it */
+    CHECK(textenc_config_derive(ck, 0, &c) == -1 && strstr(tp_error_msg(), "mistral.safetensors") &&
+          strstr(tp_error_msg(), "--family dev"), "klein accepted a Mistral file: %s", tp_error_msg());
+    checkpoint_close(ck);
+    free(file);
+    /* q_proj rows that are no multiple of 128 do not fit Mistral Small's heads */
+    file = write_mistral("mistral-bad.safetensors", 96, 31);
+    REQUIRE(file && checkpoint_open(file, &ck) == 0, "%s", tp_error_msg());
+    CHECK(textenc_config_derive(ck, 1, &c) == -1 && strstr(tp_error_msg(), "mistral-bad.safetensors") &&
+          strstr(tp_error_msg(), "head size 128"), "bad widths: %s", tp_error_msg());
+    checkpoint_close(ck);
+    free(file);
+}

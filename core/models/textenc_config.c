@@ -33,8 +33,14 @@ static const st_tensor_info *find(const checkpoint *ck, const char *prefix, cons
 int textenc_config_derive(const checkpoint *ck, int dev, llm_config *out) {
     const char *fam = dev ? "FLUX.2-dev (a Mistral Small 3.x language model)" : "FLUX.2-klein (a Qwen3 model)";
     llm_config probe = {.arch = dev ? LLM_MISTRAL : LLM_QWEN3};
-    if (llm_config_resolve_prefix(&probe, ck))
+    if (llm_config_resolve_prefix(&probe, ck)) {
+        llm_config other = {.arch = dev ? LLM_QWEN3 : LLM_MISTRAL};
+        if (!llm_config_resolve_prefix(&other, ck) && other.prefix[0])   /* the other family's own names */
+            return tp_error("%s: its tensor names (prefix '%s') are a %s text encoder's, but %s is needed (is it %s? "
+                            "then use %s)", ck->dir, other.prefix, dev ? "Qwen3" : "Mistral3", fam,
+                            dev ? "klein's" : "FLUX.2-dev's", dev ? "--family klein or klein-base" : "--family dev");
         return tp_error_context("deriving the text encoder's config from %s for %s", ck->dir, fam);
+    }
     const char *P = probe.prefix;
     const st_tensor_info *emb = find(ck, P, "embed_tokens.weight"), *q = find(ck, P, "layers.0.self_attn.q_proj.weight"),
                          *k = find(ck, P, "layers.0.self_attn.k_proj.weight"),
