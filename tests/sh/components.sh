@@ -133,3 +133,25 @@ once "components: a missing component file" "--vae $C/none.safetensors does not 
     "${G[@]}" "${TR[@]}" --text-encoder "$C/te_folder" --vae "$C/none.safetensors" --family klein
 once "components: --family contradicting model_index.json" "--family dev contradicts .*model_index.json" \
     "${G[@]}" --model "$K" --family dev
+
+# --- the same paths under ASan + UBSan (LeakSanitizer on: tests/run.sh) ---
+ASAN=$TPGEN_ROOT/build-asan/tpgen
+if [ ! -x "$ASAN" ]; then fail "components: no sanitized build at $ASAN (make asan)"; else
+    agen() { "$ASAN" generate --backend cpu --prompt "a red fox in the snow" --seed 3 --width 32 --height 32 --steps 2 \
+             --precision f32 --no-decode "$@" 2>&1; }
+    ref=$(agen --model "$K" --save-latents "$TMP/asan-ref.st"); r1=$?   # this build's own reference (-O1 rounds otherwise)
+    out=$(agen "${TR[@]}" --text-encoder "$C/te_folder" --vae "$C/kvae/flux2-vae.safetensors" --family klein \
+          --save-latents "$TMP/asan.st"); rc=$?
+    [ $r1 -eq 0 ] && [ $rc -eq 0 ] && cmp -s "$TMP/asan-ref.st" "$TMP/asan.st" && ok "components: asan generate from components" \
+        || fail "components: asan generate: rc $r1/$rc $(echo "$out" | grep -E 'ERROR|error' | head -3)"
+    out=$("$ASAN" inspect --components "${TR[@]}" --text-encoder "$C/text_encoders/qwen_3_tiny.safetensors" \
+          --vae "$C/vae/flux2-vae.safetensors" --family klein 2>&1); rc=$?
+    [ $rc -eq 0 ] && echo "$out" | grep -q "prefix ''" && ok "components: asan inspect --components" \
+        || fail "components: asan inspect: rc $rc $(echo "$out" | tail -3)"
+    expect_fail "components: asan VAE missing tensor" "decoder.up.1.block.0.conv1.weight" \
+        "$ASAN" "${G[@]}" "${TR[@]}" --text-encoder "$C/te_folder" --vae "$C/vae_miss/vae_miss.safetensors" --family klein
+    expect_fail "components: asan text encoder not fitting the family" "q_norm tensors" \
+        "$ASAN" "${G[@]}" "${TR[@]}" --text-encoder "$C/te_folder" --vae "$C/vae/flux2-vae.safetensors" --family dev
+    expect_fail "components: asan --family missing" "which FLUX.2 family" \
+        "$ASAN" "${G[@]}" "${TR[@]}" --text-encoder "$C/te_folder"
+fi
