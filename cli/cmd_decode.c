@@ -19,7 +19,7 @@
 
 
 typedef struct decode_opts {
-    const char *model, *latents, *output, *backend;
+    const char *model, *vae, *latents, *output, *backend;
     int width, height;          /* 0: from the latents metadata */
     dtype_t precision;
 } decode_opts;
@@ -31,6 +31,8 @@ static void usage(FILE *f) {
             "as written by --save-latents) with the VAE in DIR/vae/ and writes an 8-bit RGB PNG.\n"
             "Runs on rank 0; under mpirun the other ranks wait.\n\n"
             "  --model DIR          pipeline folder with vae/config.json and its safetensors\n"
+            "  --vae PATH           the VAE instead: a file (diffusers or BFL/LDM names, e.g. ComfyUI's\n"
+            "                       flux2-vae.safetensors; config.json beside it, else FLUX.2's) or a folder\n"
             "  --latents FILE[:T]   safetensors file with the packed latents (tensor T, default 'latents')\n"
             "  --output OUT.png     written atomically (temporary name, then rename)\n"
             "  --width W --height H image size in pixels (multiples of 16); default: the file's\n"
@@ -61,6 +63,7 @@ static int parse_args(int argc, char **argv, decode_opts *o, int *help) {
         char key[64];
         if (cli_flag(argc, argv, &i, "decode", key, &val)) return -1;
         if (!strcmp(key, "--model")) o->model = val;
+        else if (!strcmp(key, "--vae")) o->vae = val;
         else if (!strcmp(key, "--latents")) o->latents = val;
         else if (!strcmp(key, "--output")) o->output = val;
         else if (!strcmp(key, "--backend")) o->backend = val;
@@ -72,8 +75,9 @@ static int parse_args(int argc, char **argv, decode_opts *o, int *help) {
             else return tp_error("--precision must be f32 or bf16, not '%s'", val);
         } else return tp_error("decode: unknown option '%s' (see tpgen decode --help)", key);
     }
-    if (!o->model || !o->latents || !o->output)
-        return tp_error("decode needs --model DIR, --latents FILE[:TENSOR] and --output OUT.png (see tpgen decode --help)");
+    if ((!o->model && !o->vae) || !o->latents || !o->output)
+        return tp_error("decode needs --model DIR (or --vae PATH), --latents FILE[:TENSOR] and --output OUT.png (see "
+                        "tpgen decode --help)");
     return 0;
 }
 
@@ -164,10 +168,12 @@ static int read_latents(const decode_opts *o, const vae_config *cfg, float **lat
 }
 
 static int decode_run(const decode_opts *o, const dist *d) {
-    char *vae_dir = xasprintf("%s/vae", o->model);
+    char *vae_dir = o->vae ? xstrdup(o->vae) : xasprintf("%s/vae", o->model);
     struct stat sb;
     int rc = 0;
-    if (stat(vae_dir, &sb) || !S_ISDIR(sb.st_mode))
+    if (o->vae && stat(vae_dir, &sb))
+        rc = tp_error("--vae %s does not exist (a VAE checkpoint file or folder)", o->vae);
+    else if (!o->vae && (stat(vae_dir, &sb) || !S_ISDIR(sb.st_mode)))
         rc = tp_error("%s has no vae/ folder; --model must be a FLUX.2 pipeline folder (diffusers layout)", o->model);
     backend *be = NULL;
     vae_model *v = NULL;

@@ -12,13 +12,15 @@
 #include "core/formats/lora.h"
 #include "core/models/flux2.h"
 #include "core/models/model_plan.h"
+#include "core/flux2_pipe.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct inspect_args {
     const char *model, *component;
-    int tp, json, summary, scan;
+    const char *transformer, *text_encoder, *vae, *family;   /* single components (--components) */
+    int tp, json, summary, scan, components;
     lora_spec loras[LORA_MAX_ADAPTERS];
     int n_loras;
 } inspect_args;
@@ -26,7 +28,9 @@ typedef struct inspect_args {
 static int usage(FILE *f) {
     fprintf(f, "usage: tpgen inspect --model DIR [--component NAME] [--tp N] [--json] [--summary] [--scan-weights]\n"
                "                     [--lora FILE[:W]]...\n"
-               "       tpgen inspect --model FILE.gguf [--summary]\n\n"
+               "       tpgen inspect --model FILE.gguf [--summary]\n"
+               "       tpgen inspect --components [--model DIR] [--transformer P] [--text-encoder P] [--vae P]\n"
+               "                     [--family dev|klein|klein-base] [--json]\n\n"
                "Shows how NAME (default transformer) of the pipeline folder DIR is split over N ranks\n"
                "(default 1): each tensor's style and global/local shape, whether the split is valid,\n"
                "and per rank the weight bytes and the largest staging buffer. Reads headers only.\n"
@@ -35,6 +39,11 @@ static int usage(FILE *f) {
                "  --summary  leave out the per-tensor table (and the LoRA module list)\n"
                "  --lora F   also show what the LoRA adapter F does to the transformer: format, rank, scale,\n"
                "             the modules it targets and the bytes each rank reads from it (repeatable)\n"
+               "  --components  what each part of the model is and where it came from: path, source\n"
+               "             (pipeline folder, a file or folder given by flag, the family's default), naming\n"
+               "             (diffusers / BFL / GGUF, the text encoder's prefix), dtypes and quant types, config\n"
+               "  --transformer P, --text-encoder P, --vae P, --family F  the single components, as generate\n"
+               "             takes them (--transformer P also with --component transformer)\n"
                "  --scan-weights  also read every float tensor and name each one holding NaN/Inf\n"
                "             (exit 1 if any; reads the whole component)\n");
     return 2;
@@ -48,6 +57,11 @@ static int parse(int argc, char **argv, inspect_args *a) {
         else if (!strcmp(k, "--json")) a->json = 1;
         else if (!strcmp(k, "--summary")) a->summary = 1;
         else if (!strcmp(k, "--scan-weights")) a->scan = 1;
+        else if (!strcmp(k, "--components")) a->components = 1;
+        else if (v && !strcmp(k, "--transformer")) a->transformer = v, i++;
+        else if (v && !strcmp(k, "--text-encoder")) a->text_encoder = v, i++;
+        else if (v && !strcmp(k, "--vae")) a->vae = v, i++;
+        else if (v && !strcmp(k, "--family")) a->family = v, i++;
         else if (v && !strcmp(k, "--model")) a->model = v, i++;
         else if (v && !strcmp(k, "--component")) a->component = v, i++;
         else if (v && !strcmp(k, "--lora")) {
@@ -62,7 +76,9 @@ static int parse(int argc, char **argv, inspect_args *a) {
             a->tp = (int)t, i++;
         } else return tp_error("inspect: unknown or incomplete option '%s' (see tpgen inspect --help)", k);
     }
-    if (!a->model) return tp_error("inspect needs --model DIR (a diffusers pipeline folder)");
+    if (a->components) return 0;
+    if (!a->model && a->transformer && !strcmp(a->component, "transformer")) return 0;
+    if (!a->model) return tp_error("inspect needs --model DIR (a diffusers pipeline folder), or --components");
     if (a->n_loras && strcmp(a->component, "transformer"))
         return tp_error("inspect: --lora applies to the transformer (adapters for %s are not supported)", a->component);
     return 0;
@@ -169,6 +185,10 @@ static json_t *rank_table(const checkpoint *c, const component_plan *cp, int tp,
 }
 
 static int open_component(const inspect_args *a, model_dir **m, json_t **cfg, checkpoint **c) {
+    if (a->transformer && !strcmp(a->component, "transformer")) {   /* --transformer FILE|DIR */
+        if (!(*cfg = flux2_transformer_config(a->transformer, NULL))) return -1;
+        return checkpoint_open(a->transformer, c);
+    }
     if (model_dir_open(a->model, m)) return -1;
     if (!model_dir_has(*m, a->component))
         return tp_error("%s has no '%s' folder (is --model the pipeline folder?)", a->model, a->component);
@@ -179,6 +199,50 @@ static int open_component(const inspect_args *a, model_dir **m, json_t **cfg, ch
     int rc = checkpoint_open(dir, c);
     free(dir);
     return rc;
+}
+
+/* --components: each part of the model, where it came from (core/flux2_components.c) */
+static int inspect_components(const inspect_args *a) {
+    flux2_components c = {.model = a->model, .transformer = a->transformer, .text_encoder = a->text_encoder,
+                          .vae = a->vae, .family = a->family};
+    flux2_pipe_info info;
+    char warning[1024];
+    if (flux2_pipe_probe_components(&c, &info, warning, sizeof warning)) {
+        fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
+        return 1;
+    }
+    if (warning[0]) fprintf(stderr, "tpgen: warning: %s\n", warning);
+    json_t *parts = flux2_components_describe(&info);
+    int bad = 0;
+    if (a->json) {
+        char *s = json_dumps(parts, JSON_INDENT(2));
+        printf("%s\n", s);
+        free(s);
+    }
+    size_t i;
+    json_t *p;
+    json_array_foreach(parts, i, p) {
+        const char *err = json_string_value(json_object_get(p, "error"));
+        if (err) bad = 1, fprintf(stderr, "tpgen: error: %s: %s\n", json_string_value(json_object_get(p, "component")), err);
+        if (a->json) continue;
+        printf("%s:\n", json_string_value(json_object_get(p, "component")));
+        const char *k;
+        json_t *v;
+        json_object_foreach(p, k, v) {
+            if (!strcmp(k, "component") || !strcmp(k, "error")) continue;
+            if (json_is_object(v)) {   /* dtypes: NAME xN */
+                printf("  %-12s", k);
+                const char *dk;
+                json_t *dv;
+                json_object_foreach(v, dk, dv) printf(" %s x%lld", dk, (long long)json_integer_value(dv));
+                printf("\n");
+            } else if (json_is_integer(v)) printf("  %-12s %lld\n", k, (long long)json_integer_value(v));
+            else if (json_is_string(v)) printf("  %-12s %s\n", k, json_string_value(v));
+        }
+    }
+    json_decref(parts);
+    flux2_pipe_info_free(&info);
+    return bad;
 }
 
 /* inspect is one process; started under mpirun/srun anyway, every process
@@ -204,7 +268,8 @@ int cmd_inspect(int argc, char **argv) {
         fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
         return 2;
     }
-    if (gguf_is_gguf(a.model)) return inspect_gguf(a.model, a.summary);
+    if (a.components) return inspect_components(&a);
+    if (a.model && gguf_is_gguf(a.model)) return inspect_gguf(a.model, a.summary);
     model_dir *m = NULL;
     json_t *cfg = NULL, *tensors = NULL, *ranks = NULL;
     checkpoint *c = NULL;
@@ -220,7 +285,8 @@ int cmd_inspect(int argc, char **argv) {
     char *err = valid ? NULL : xstrdup(tp_error_msg());
     const plan *p = &cp.p;
     if (opened && !a.json)
-        printf("model %s, component %s, plan %s, tp %d, %d tensors in %d file(s)\n%s\n", a.model, a.component,
+        printf("model %s, component %s, plan %s, tp %d, %d tensors in %d file(s)\n%s\n",
+               a.transformer && !strcmp(a.component, "transformer") ? a.transformer : a.model, a.component,
                p->rules ? p->model : "none (all replicated)", a.tp, c->n, c->n_files, fp8_summary(c));
     if (planned) tensors = tensor_table(c, &cp, a.tp, !a.json && !a.summary);
     if (valid || n_bad) ranks = rank_table(c, &cp, a.tp, !a.json);
@@ -230,7 +296,7 @@ int cmd_inspect(int argc, char **argv) {
         err = xstrdup(tp_error_msg());
     }
     if (a.json) {
-        json_t *o = json_pack("{s:s,s:s,s:i,s:b,s:s?,s:o,s:o}", "model", a.model, "component", a.component, "tp", a.tp,
+        json_t *o = json_pack("{s:s?,s:s,s:i,s:b,s:s?,s:o,s:o}", "model", a.model ? a.model : a.transformer, "component", a.component, "tp", a.tp,
                               "valid", valid, "error", err, "ranks", ranks ? ranks : json_array(), "tensors",
                               tensors ? tensors : json_array());
         json_object_set_new(o, "plan", p->rules ? json_string(p->model) : json_null());

@@ -17,10 +17,22 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* what names the model in messages and PNG parameters: the folder, else the transformer file */
+static const char *gen_model_name(const run_spec *s) { return s->model ? s->model : s->transformer; }
+
 /* the model folder: family, sizes, components (core/flux2_pipe.c) */
-static int read_model(gen_setup *g, const char *root, const char *transformer) {
+static int read_model(gen_setup *g, const run_spec *s) {
     char warning[1024];
-    if (flux2_pipe_probe_with(root, transformer, &g->info, warning, sizeof warning)) return -1;
+    flux2_components c = {.model = s->model, .transformer = s->transformer, .text_encoder = s->text_encoder,
+                          .vae = s->vae, .family = s->family};
+    if (flux2_pipe_probe_components(&c, &g->info, warning, sizeof warning)) return -1;
+    /* a tokenizer is needed for prompts: found now, before any weight is read */
+    if (s->n_prompts && g->info.has_text_encoder) {
+        textenc_source src = flux2_pipe_text_source(&g->info);
+        char *tok = textenc_tokenizer_dir(&src);
+        if (!tok) return tp_error_context("--text-encoder %s", g->info.te_path);
+        free(tok);
+    }
     if (warning[0] && g->d->world_rank == 0) fprintf(stderr, "tpgen: warning: %s\n", warning);
     return 0;
 }
@@ -87,9 +99,9 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
     if (!g->has_refs) return 0;
     if (g->info.kv_refs && g->use_cfg)
         return tp_error("%s is a Flux2KleinKVPipeline: its KV-cached references run one pass per step, without CFG; "
-                        "use --guidance 1", s->model);
+                        "use --guidance 1", gen_model_name(s));
     if (!g->info.has_vae)
-        return tp_error("reference images need the VAE encoder, but %s has no vae/ folder (vae/config.json)", s->model);
+        return tp_error("reference images need the VAE encoder, but %s has no vae/ folder (vae/config.json)", gen_model_name(s));
     if (g->d->tp_rank == 0) {   /* the VAE file is only opened where the VAE runs */
         checkpoint *ck = NULL;
         if (checkpoint_open(g->info.vae_dir, &ck)) return tp_error_context("checking the VAE for reference images");
@@ -126,7 +138,7 @@ void gen_job_size(const gen_setup *g, int job, int *w, int *h) {
 static void apply_defaults(gen_setup *g, run_spec *s) {
     if ((g->info.family == FAMILY_KLEIN_DISTILLED || g->info.family == FAMILY_FLUX3_FLOWMAP) && s->guidance >= 0 &&
         g->d->world_rank == 0)
-        fprintf(stderr, "tpgen: note: %s is a guidance-distilled model; --guidance %g is ignored\n", s->model, s->guidance);
+        fprintf(stderr, "tpgen: note: %s is a guidance-distilled model; --guidance %g is ignored\n", gen_model_name(s), s->guidance);
     if (!s->steps) s->steps = flux2_default_steps(&g->info);
     if (s->guidance < 0) s->guidance = flux2_default_guidance(&g->info);
     if (!s->width) s->width = 1024;
@@ -207,25 +219,27 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     memset(g, 0, sizeof *g);
     g->spec = s;
     g->d = d;
-    if (read_model(g, s->model, s->transformer)) return -1;
+    if (read_model(g, s)) return -1;
     int width_given = s->width != 0, height_given = s->height != 0;
     apply_defaults(g, s);
     g->write_png = g->info.has_vae && !s->no_decode;
     if (s->n_prompts && !g->info.has_text_encoder)
-        return tp_error("%s has no text encoder (text_encoder/), so --prompt cannot be used; pass precomputed "
-                        "embeddings with --prompt-embeds FILE[:TENSOR] (e.g. from 'tpgen encode' on a full model)",
-                        s->model);
+        return tp_error("%s has no text encoder (text_encoder/), so --prompt cannot be used; pass --text-encoder "
+                        "PATH, or precomputed embeddings with --prompt-embeds FILE[:TENSOR] (e.g. from 'tpgen encode' "
+                        "on a full model)", gen_model_name(s));
     if (!g->write_png && !s->save_latents)
-        return tp_error("%s has no VAE (vae/config.json), so no PNG can be written; add --save-latents FILE to keep "
-                        "the final latents (tpgen decode can turn them into an image later)", s->model);
+        return tp_error("%s has no VAE (vae/config.json), so no PNG can be written; pass --vae PATH, or add "
+                        "--save-latents FILE to keep the final latents (tpgen decode can turn them into an image "
+                        "later)", gen_model_name(s));
     int flux3 = model_family_is_flux3(g->info.family);
     if (flux3 && g->use_cfg && s->prompt_embeds && !s->negative_prompt_embeds)
         return tp_error("%s is a FLUX.3 base model: guidance %.3g means CFG, which needs negative embeddings; add "
-                        "--negative-prompt-embeds FILE[:TENSOR], or --guidance 1 to turn CFG off", s->model, s->guidance);
+                        "--negative-prompt-embeds FILE[:TENSOR], or --guidance 1 to turn CFG off", gen_model_name(s),
+                        s->guidance);
     if (!flux3 && g->use_cfg && s->prompt_embeds)
         return tp_error("%s is a klein base model: guidance %.3g means CFG, which needs the text encoder for the "
                         "negative prompt; use --prompt instead of --prompt-embeds, or --guidance 1 to turn CFG off",
-                        s->model, s->guidance);
+                        gen_model_name(s), s->guidance);
     if (s->width % 16 || s->height % 16)
         return tp_error("the image size %dx%d must be a multiple of 16 in both directions", s->width, s->height);
     g->n_jobs = runspec_n_jobs(s);
@@ -323,11 +337,19 @@ char *gen_parameters_text(const gen_setup *g, int job) {
     }
     int w, h;
     gen_job_size(g, job, &w, &h);
+    /* single components replacing (or making up) the pipeline: each one named */
+    if (s->transformer || s->text_encoder || s->vae) {
+        char *t = xasprintf("%scomponents:%s%s%s%s%s%s\n", loras, s->transformer ? " transformer " : "",
+                            s->transformer ? s->transformer : "", s->text_encoder ? " text_encoder " : "",
+                            s->text_encoder ? s->text_encoder : "", s->vae ? " vae " : "", s->vae ? s->vae : "");
+        free(loras);
+        loras = t;
+    }
     char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%sseed: %llu\nsteps: %d\nguidance: %s\nsize: %dx%d\n"
                           "model: %s (%s)\n%stp: %d\nprecision: %s\ntpgen: %s\n",
                           prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
                           refs, (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, w, h,
-                          s->model, g->info.family_name, loras, g->d->tp,
+                          gen_model_name(s), g->info.family_name, loras, g->d->tp,
                           g->precision == DT_F32 ? (g->quantize_fp8 ? "f32, fp8 weights (--quantize)" : "f32")
                           : g->quantize_fp8 ? "bf16, fp8 weights (--quantize)" : "bf16",
                           TPGEN_VERSION);

@@ -72,8 +72,18 @@ static const key_def k_keys[] = {
      "output takes the first reference's size", 0, 1},
     {"images", K_IMAGES, 0, 0, 0, NULL, "[FILE, ...]", "reference images (run spec only; the --image flags)", 1, 0},
     /* last: y_scalar refers to k_keys[1] (prompt) and k_keys[5] (seed) by index */
-    {"transformer", K_STR, OFF(transformer), 0, 0, NULL, "DIR",
-     "a transformer checkpoint folder (safetensors, BFL single file, or one GGUF file) replacing the pipeline's transformer/", 0, 0},
+    {"transformer", K_STR, OFF(transformer), 0, 0, NULL, "PATH",
+     "the transformer: a checkpoint file (.safetensors in BFL names, fp8, or .gguf) or a folder, "
+     "replacing the pipeline's transformer/ (ComfyUI's diffusion_models/ files)", 0, 0},
+    {"text_encoder", K_STR, OFF(text_encoder), 0, 0, NULL, "PATH",
+     "the text encoder: a checkpoint file (HF names, model./text_encoder. prefix optional) or a folder, replacing "
+     "the pipeline's text_encoder/; without config.json its shape is derived for the family (docs/generate.md)", 0, 0},
+    {"vae", K_STR, OFF(vae), 0, 0, NULL, "PATH",
+     "the VAE: a checkpoint file (diffusers or BFL/LDM names, e.g. ComfyUI's flux2-vae.safetensors) or a folder, "
+     "replacing the pipeline's vae/; without config.json it is FLUX.2's VAE", 0, 0},
+    {"family", K_STR, OFF(family), 0, 0, "dev|klein|klein-base", "dev|klein|klein-base",
+     "the model family when there is no model_index.json (a model from component files): FLUX.2-dev, klein "
+     "(distilled) or klein base", 0, 0},
 };
 #define N_KEYS ((int)(sizeof k_keys / sizeof k_keys[0]))
 
@@ -98,7 +108,7 @@ static void free_prompt_images(run_spec *s) {
 }
 
 void runspec_free(run_spec *s) {
-    char **strs[] = {&s->model, &s->transformer, &s->prompt_embeds, &s->negative_prompt_embeds, &s->negative_prompt, &s->output, &s->precision, &s->quantize,
+    char **strs[] = {&s->model, &s->transformer, &s->text_encoder, &s->vae, &s->family, &s->prompt_embeds, &s->negative_prompt_embeds, &s->negative_prompt, &s->output, &s->precision, &s->quantize,
                      &s->backend, &s->save_latents, &s->json_metrics, &s->prompts_file, &s->spec_path};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
     free_prompt_images(s);
@@ -678,7 +688,9 @@ char *const *runspec_job_images(const run_spec *s, int job, int *n) {
 }
 
 int runspec_check(const run_spec *s) {
-    if (!s->model) return tp_error("no model: give --model DIR (a FLUX.2 pipeline folder) or 'model:' in the run spec");
+    if (!s->model && !s->transformer)
+        return tp_error("no model: give --model DIR (a FLUX.2 pipeline folder) or 'model:' in the run spec, or the "
+                        "components --transformer PATH (with --text-encoder, --vae and --family)");
     if (s->negative_prompt_embeds && !s->prompt_embeds)
         return tp_error("--negative-prompt-embeds goes with --prompt-embeds (with a prompt, the negative prompt is "
                         "--negative-prompt)");

@@ -14,7 +14,9 @@
 
 typedef struct run_spec {
     char *model;                 /* --model DIR */
-    char *transformer;           /* --transformer DIR: replaces <model>/transformer (NULL: the pipeline's) */
+    char *transformer;           /* --transformer PATH: replaces <model>/transformer (NULL: the pipeline's) */
+    char *text_encoder, *vae;    /* --text-encoder PATH, --vae PATH: the same for those components */
+    char *family;                /* --family dev|klein|klein-base: stands for model_index.json */
     char **prompts;              /* --prompt (one) or prompts: [..] */
     int n_prompts;
     char *prompt_embeds;         /* FILE[:TENSOR] instead of prompts */

@@ -73,49 +73,109 @@ int flux2_pipe_probe(const char *root, flux2_pipe_info *g, char *warning, size_t
 
 int flux2_pipe_probe_with(const char *root, const char *transformer, flux2_pipe_info *g, char *warning,
                           size_t warning_len) {
+    flux2_components c = {.model = root, .transformer = transformer};
+    return flux2_pipe_probe_components(&c, g, warning, warning_len);
+}
+
+/* model_index.json of a --family: the class diffusers' pipeline of that name writes */
+static json_t *family_index(const char *family) {
+    if (!strcmp(family, "dev")) return json_pack("{s:s}", "_class_name", "Flux2Pipeline");
+    if (!strcmp(family, "klein")) return json_pack("{s:s,s:b}", "_class_name", "Flux2KleinPipeline", "is_distilled", 1);
+    if (!strcmp(family, "klein-base")) return json_pack("{s:s,s:b}", "_class_name", "Flux2KleinPipeline", "is_distilled", 0);
+    return NULL;
+}
+
+/* "file" / "folder" of a path given by a flag, after checking it exists */
+static int component_path(const char *flag, const char *path, const char **kind) {
+    if (path_is_file(path)) *kind = "file";
+    else if (path_is_dir(path)) *kind = "folder";
+    else return tp_error("%s %s does not exist (give a .safetensors or .gguf file, or a folder holding one)", flag, path);
+    return 0;
+}
+
+int flux2_pipe_probe_components(const flux2_components *cp, flux2_pipe_info *g, char *warning, size_t warning_len) {
     memset(g, 0, sizeof *g);
     if (warning_len) warning[0] = 0;
-    if (!path_is_dir(root))
+    const char *root = cp->model, *kind = NULL;
+    if (root && !path_is_dir(root))
         return tp_error("model folder %s does not exist (give --model a FLUX.2 pipeline folder in the diffusers layout)", root);
-    if (transformer && !path_is_dir(transformer))
-        return tp_error("--transformer %s is not a folder (give the folder that holds the transformer's checkpoint: "
-                        "*.safetensors, an index, or one *.gguf file)", transformer);
-    g->transformer_dir = transformer ? xstrdup(transformer) : xasprintf("%s/transformer", root);
+    if (!root && !cp->transformer)
+        return tp_error("no model: pass --model PIPELINE_FOLDER, or the components --transformer FILE (with "
+                        "--text-encoder, --vae and --family)");
+    if (cp->family && strcmp(cp->family, "dev") && strcmp(cp->family, "klein") && strcmp(cp->family, "klein-base"))
+        return tp_error("--family '%s' is not a FLUX.2 family: use dev, klein or klein-base", cp->family);
+    if (cp->transformer && component_path("--transformer", cp->transformer, &kind)) return -1;
+    g->model_root = root ? xstrdup(root) : NULL;
+    g->transformer_dir = cp->transformer ? xstrdup(cp->transformer) : xasprintf("%s/transformer", root);
+    g->transformer_src = cp->transformer ? (!strcmp(kind, "file") ? "--transformer file" : "--transformer folder")
+                                         : "pipeline folder";
+    int is_file = path_is_file(g->transformer_dir);
     char *cfg_path = xasprintf("%s/config.json", g->transformer_dir);
-    /* a BFL single-file checkpoint may come without config.json: derived from its shapes */
-    json_t *cfg = path_is_dir(g->transformer_dir) && !path_is_file(cfg_path)
+    /* a BFL single-file checkpoint (or a GGUF, BFL names) may come without config.json: derived from its shapes */
+    json_t *cfg = is_file || (path_is_dir(g->transformer_dir) && !path_is_file(cfg_path))
                       ? flux2_transformer_config(g->transformer_dir, NULL) : load_json(cfg_path, 1);
+    if (is_file || !path_is_file(cfg_path)) {
+        free(cfg_path);
+        cfg_path = xasprintf("%s (config derived from the BFL tensor shapes)", g->transformer_dir);
+    }
     int rc = cfg ? 0 : -1;
-    if (!cfg && !path_is_dir(g->transformer_dir))
-        rc = tp_error("%s has no transformer/ folder: is it a FLUX.2 pipeline folder (diffusers layout)?", root);
+    if (!cfg && !path_is_dir(g->transformer_dir) && !is_file)
+        rc = tp_error("%s has no transformer/ folder: is it a FLUX.2 pipeline folder (diffusers layout)? (or pass "
+                      "--transformer FILE)", root);
     const json_t *tcls = cfg ? json_object_get(cfg, "_class_name") : NULL;
     const char *tclass = json_is_string(tcls) ? json_string_value(tcls) : NULL;
     int flux3 = tclass && !strcmp(tclass, FLUX3_CLASS_NAME), flow_map = 0;
-    if (flux3) {   /* FLUX.3: every field checked by the transformer's own parser */
+    if (!rc && flux3) {   /* FLUX.3: every field checked by the transformer's own parser */
         flux3_config c3;
         rc = flux3_config_parse(cfg, cfg_path, &c3);
         g->in_channels = c3.in_channels, g->joint_dim = c3.joint_dim, g->cond_in_channels = c3.cond_in_channels;
         flow_map = c3.flow_map;
         g->embedded_guidance = 0;
-    } else {
-        if (!rc) rc = json_int(cfg, "in_channels", 128, cfg_path, &g->in_channels);
+    } else if (!rc) {
+        rc = json_int(cfg, "in_channels", 128, cfg_path, &g->in_channels);
         if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, cfg_path, &g->joint_dim);
         g->cond_in_channels = g->in_channels;
-        json_t *ge = cfg ? json_object_get(cfg, "guidance_embeds") : NULL;
+        json_t *ge = json_object_get(cfg, "guidance_embeds");
         g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
     }
-    if (rc) return json_decref(cfg), free(cfg_path), -1;
+    if (rc) return json_decref(cfg), free(cfg_path), flux2_pipe_info_free(g), -1;
 
-    /* the pipeline class: model_index.json, else a modular pipeline's modular_model_index.json */
-    char *idx_path = xasprintf("%s/model_index.json", root);
-    if (!path_is_file(idx_path)) {
-        char *m = xasprintf("%s/modular_model_index.json", root);
-        if (path_is_file(m)) free(idx_path), idx_path = m;
-        else free(m);
+    /* the pipeline class: model_index.json, else a modular pipeline's modular_model_index.json, else --family */
+    int overrides = cp->transformer || cp->text_encoder || cp->vae;
+    char *idx_path = NULL;
+    if (root) {
+        idx_path = xasprintf("%s/model_index.json", root);
+        if (!path_is_file(idx_path)) {
+            char *m = xasprintf("%s/modular_model_index.json", root);
+            if (path_is_file(m)) free(idx_path), idx_path = m;
+            else free(m);
+        }
     }
-    json_t *idx = load_json(idx_path, 0);
-    if (!idx && path_is_file(idx_path)) rc = -1;
-    family_input fi = {.index = idx, .index_path = idx_path, .transformer_class = tclass,
+    json_t *idx = idx_path ? load_json(idx_path, 0) : NULL;
+    if (!idx && idx_path && path_is_file(idx_path)) rc = -1;
+    if (!rc && cp->family) {
+        json_t *fi = family_index(cp->family);
+        const char *mine = json_string_value(json_object_get(fi, "_class_name"));
+        const char *theirs = idx ? json_string_value(json_object_get(idx, "_class_name")) : NULL;
+        if (theirs && (strcmp(theirs, mine) ||
+                       (!strcmp(mine, "Flux2KleinPipeline") &&
+                        json_is_true(json_object_get(idx, "is_distilled")) != json_is_true(json_object_get(fi, "is_distilled")))))
+            rc = tp_error("--family %s contradicts %s (_class_name %s%s); leave out --family or the folder", cp->family,
+                          idx_path, theirs, json_is_true(json_object_get(idx, "is_distilled")) ? ", distilled" : "");
+        json_decref(idx);
+        idx = fi;
+        free(idx_path);
+        idx_path = xasprintf("--family %s", cp->family);
+        g->family_src = "--family";
+    } else if (!rc && !idx && !flux3 && (!root || overrides)) {
+        rc = tp_error("which FLUX.2 family is this? %s: pass --family dev (FLUX.2-dev, Mistral text encoder), "
+                      "--family klein (klein distilled, Qwen3) or --family klein-base (klein base, CFG)",
+                      root ? "the model folder has no model_index.json" : "a model assembled from component files has no model_index.json");
+    } else if (!rc) {
+        g->family_src = idx ? (strstr(idx_path, "modular_model_index.json") ? "modular_model_index.json" : "model_index.json")
+                        : flux3 ? "transformer config (_class_name)" : "transformer config (guidance_embeds)";
+    }
+    family_input fi = {.index = idx, .index_path = idx_path ? idx_path : "(none)", .transformer_class = tclass,
                        .guidance_embeds = g->embedded_guidance, .flow_map = flow_map, .config_path = cfg_path};
     if (!rc) rc = model_family_resolve(&fi, &g->family, &g->family_name, warning, warning_len);
     json_decref(cfg);
@@ -129,20 +189,30 @@ int flux2_pipe_probe_with(const char *root, const char *transformer, flux2_pipe_
     free(idx_path);
     free(cfg_path);
     json_decref(idx);
-    if (rc) return -1;
-
-    g->vae_dir = xasprintf("%s/vae", root);
-    char *vc = xasprintf("%s/config.json", g->vae_dir), *te = xasprintf("%s/text_encoder", root);
-    g->has_vae = path_is_file(vc);
-    g->has_text_encoder = path_is_dir(te);
+    if (!rc && cp->vae && component_path("--vae", cp->vae, &kind)) rc = -1;
+    if (!rc) {
+        g->vae_src = cp->vae ? (!strcmp(kind, "file") ? "--vae file" : "--vae folder") : "pipeline folder";
+        g->vae_dir = cp->vae ? xstrdup(cp->vae) : xasprintf("%s/vae", root);
+    }
+    if (!rc && cp->text_encoder && component_path("--text-encoder", cp->text_encoder, &kind)) rc = -1;
+    if (!rc) {
+        g->te_src = cp->text_encoder ? (!strcmp(kind, "file") ? "--text-encoder file" : "--text-encoder folder")
+                                     : "pipeline folder";
+        g->te_path = cp->text_encoder ? xstrdup(cp->text_encoder) : root ? xasprintf("%s/text_encoder", root) : NULL;
+    }
+    if (rc) return flux2_pipe_info_free(g), -1;
+    char *vc = xasprintf("%s/config.json", g->vae_dir);
+    g->has_vae = cp->vae ? 1 : path_is_file(vc);
+    g->has_text_encoder = g->te_path && (cp->text_encoder || path_is_dir(g->te_path));
     free(vc);
-    free(te);
     return 0;
 }
 
 void flux2_pipe_info_free(flux2_pipe_info *info) {
     free(info->transformer_dir);
     free(info->vae_dir);
+    free(info->te_path);
+    free(info->model_root);
     memset(info, 0, sizeof *info);
 }
 
@@ -156,6 +226,12 @@ double flux2_default_guidance(const flux2_pipe_info *info) {
     if (is_flux3(info)) return flux3_default_guidance(info->family == FAMILY_FLUX3_FLOWMAP);
     return info->family == FAMILY_KLEIN_DISTILLED ? 1.0 : 4.0;
 }
+
+textenc_source flux2_pipe_text_source(const flux2_pipe_info *info) {
+    return (textenc_source){.model_dir = info->model_root, .path = info->te_path,
+                            .dev = info->family == FAMILY_DEV};
+}
+
 int flux2_uses_cfg(const flux2_pipe_info *info, double guidance) {
     if (is_flux3(info)) return flux3_uses_cfg(info->family == FAMILY_FLUX3_FLOWMAP, guidance);
     return info->family == FAMILY_KLEIN_BASE && guidance > 1.0;
@@ -208,7 +284,8 @@ static int load_text_encoder(flux2_pipe *p) {
     if (p->te) return 0;
     load_stats ls = {0};
     double t0 = MPI_Wtime();
-    int rc = agree(p, textenc_load(p->cfg.model, p->be, p->c, p->cfg.precision, &p->te, &ls));
+    textenc_source src = flux2_pipe_text_source(p->info);
+    int rc = agree(p, textenc_load_from(&src, p->be, p->c, p->cfg.precision, &p->te, &ls));
     p->st.t_te_load += MPI_Wtime() - t0;
     p->st.te_bytes_loaded += ls.bytes_read;
     p->st.te_load_seconds += ls.seconds;

@@ -22,6 +22,7 @@
 #ifndef TPGEN_FLUX2_PIPE_H
 #define TPGEN_FLUX2_PIPE_H
 #include "core/formats/lora.h"
+#include "core/models/textenc.h"
 #include "pipeline.h"
 #include "kernels/tensor.h"
 #include <jansson.h>
@@ -65,8 +66,27 @@ typedef struct flux2_pipe_info {
     int in_channels, joint_dim;
     int cond_in_channels;        /* reference token width (FLUX.3's cond_in_channels; FLUX.2: in_channels) */
     int has_vae, has_text_encoder;
-    char *transformer_dir, *vae_dir;
+    char *transformer_dir, *vae_dir;   /* a folder or one checkpoint file each */
+    char *te_path;               /* text encoder folder or file (NULL: none) */
+    char *model_root;            /* --model, or NULL for a model assembled from components */
+    /* where each part came from, for messages and inspect: "pipeline folder", "--vae file", ... */
+    const char *transformer_src, *te_src, *vae_src, *family_src;
 } flux2_pipe_info;
+
+/* The parts of a model: a pipeline folder and/or single components, each a
+ * file (.safetensors / .gguf) or a folder, replacing the folder's own
+ * (ComfyUI's diffusion_models/, text_encoders/, vae/ files). family ("dev",
+ * "klein", "klein-base") stands for model_index.json; without either, a
+ * model built from components is refused with the choices. */
+typedef struct flux2_components {
+    const char *model;           /* pipeline folder, or NULL */
+    const char *transformer, *text_encoder, *vae;
+    const char *family;
+} flux2_components;
+int flux2_pipe_probe_components(const flux2_components *c, flux2_pipe_info *info, char *warning, size_t warning_len);
+/* Each part of a probed model (core/flux2_components.c), headers only: a JSON array of
+ * {component, path, from, naming, format, files, tensors, dtypes, config, ...}. */
+json_t *flux2_components_describe(const flux2_pipe_info *info);
 
 /* Probe a pipeline folder (diffusers layout). A contradiction between
  * model_index.json and the transformer config leaves a warning in warning.
@@ -78,6 +98,8 @@ int flux2_pipe_probe(const char *root, flux2_pipe_info *info, char *warning, siz
 int flux2_pipe_probe_with(const char *root, const char *transformer, flux2_pipe_info *info, char *warning,
                           size_t warning_len);
 void flux2_pipe_info_free(flux2_pipe_info *info);
+/* The text encoder of a probed model, for textenc_load_from. */
+textenc_source flux2_pipe_text_source(const flux2_pipe_info *info);
 /* The model's defaults (diffusers' pipelines): klein distilled 4 steps and
  * no guidance, the others 50 steps and guidance 4; FLUX.3 (core/flux3_pipe.h)
  * base 50 steps and CFG 3.5, flow-map 16 steps and no guidance. */

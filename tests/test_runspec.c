@@ -300,3 +300,27 @@ TEST(runspec_prompts_file_flag_and_key) {
     CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "--prompt-embeds, not both"), "%s", tp_error_msg());
     runspec_free(&s);
 }
+
+/* The component keys (a model from single files): spec keys, flags overriding them, the family's choices, and a
+ * spec with components but no model passing runspec_check. */
+TEST(runspec_component_keys) {
+    run_spec s;
+    REQUIRE(load(&s, "transformer: /c/diffusion_models/flux2-dev.safetensors\n"
+                     "text_encoder: /c/text_encoders/mistral_3_small_flux2_bf16.safetensors\n"
+                     "vae: /c/vae/flux2-vae.safetensors\nfamily: dev\nprompt: x\n") == 0, "%s", tp_error_msg());
+    CHECK(s.transformer && !strcmp(s.transformer, "/c/diffusion_models/flux2-dev.safetensors"), "transformer %s", s.transformer);
+    CHECK(s.text_encoder && strstr(s.text_encoder, "mistral_3_small_flux2_bf16"), "text_encoder %s", s.text_encoder);
+    CHECK(s.vae && !strcmp(s.vae, "/c/vae/flux2-vae.safetensors") && s.family && !strcmp(s.family, "dev"), "vae/family");
+    CHECK(!s.model && runspec_check(&s) == 0, "components without a model: %s", tp_error_msg());
+    char *argv[] = {"generate", "--family", "klein-base", "--vae", "/other/vae", "--text-encoder", "/te"};
+    REQUIRE(runspec_parse_args(&s, 7, argv) == 0, "%s", tp_error_msg());
+    CHECK(!strcmp(s.family, "klein-base") && !strcmp(s.vae, "/other/vae") && !strcmp(s.text_encoder, "/te"),
+          "flags override: %s %s %s", s.family, s.vae, s.text_encoder);
+    runspec_free(&s);
+    bad("family: schnell\n", "expected one of dev|klein|klein-base, got 'schnell'");
+    bad("vae: [a, b]\n", "vae");
+    runspec_init(&s);
+    CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "--transformer PATH"), "no model, no components: %s",
+          tp_error_msg());
+    runspec_free(&s);
+}

@@ -144,6 +144,13 @@ static void sort_tensors(checkpoint *c) {
 }
 
 static int add_file(checkpoint *c, const char *name) {
+    if (!name) {   /* c->dir is the file itself */
+        st_file *f;
+        if (ends_with(c->dir, ".gguf") ? gguf_st_open(c->dir, &f) : st_open(c->dir, &f)) return -1;
+        c->files = xrealloc(c->files, sizeof *c->files);
+        c->files[0] = f;
+        return c->n_files++;
+    }
     for (int i = 0; i < c->n_files; i++)
         if (!strcmp(c->files[i]->path + strlen(c->dir) + 1, name)) return i;
     if (strchr(name, '/'))
@@ -200,14 +207,24 @@ static int open_single(checkpoint *c, const char *name) {
     return 0;
 }
 
+/* A single checkpoint file: c->dir is the file's own path (messages name it). */
+static int open_file_path(checkpoint *c) {
+    if (!ends_with(c->dir, ".safetensors") && !ends_with(c->dir, ".gguf") && !ends_with(c->dir, ".sft"))
+        return tp_error("%s: a checkpoint file must be a .safetensors (or .sft) or a .gguf file", c->dir);
+    return open_single(c, NULL);
+}
+
 int checkpoint_open(const char *dir, checkpoint **out) {
     *out = NULL;
-    if (!path_is_dir(dir)) return tp_error("checkpoint folder %s does not exist", dir);
+    int is_file = path_is_file(dir);
+    if (!is_file && !path_is_dir(dir)) return tp_error("checkpoint %s does not exist (a folder or a .safetensors/.gguf file)", dir);
     checkpoint *c = xcalloc(1, sizeof *c);
     c->dir = xstrdup(dir);
+    c->is_file = is_file;
     char *idx = NULL, *single = NULL;
-    int rc = pick_file(dir, ".safetensors.index.json", &idx);
-    if (!rc && idx) rc = open_indexed(c, idx);
+    int rc = is_file ? open_file_path(c) : pick_file(dir, ".safetensors.index.json", &idx);
+    if (is_file) {
+    } else if (!rc && idx) rc = open_indexed(c, idx);
     else if (!rc) {
         rc = pick_file(dir, ".safetensors", &single);
         /* no safetensors: a GGUF file (core/formats/gguf_shard.h) */

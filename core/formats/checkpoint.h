@@ -26,7 +26,8 @@ int model_dir_flag(const model_dir *m, const char *key, int def);
 
 /* The tensors of one component across its files. */
 typedef struct checkpoint {
-    char *dir;
+    char *dir;                     /* the folder, or the file when is_file */
+    int is_file;                   /* opened from one file path (not a folder) */
     int n_files;
     st_file **files;
     int n;                         /* tensors in total */
@@ -41,7 +42,8 @@ typedef struct checkpoint {
  * (when it has several, the one named like the component, e.g.
  * diffusion_pytorch_model.safetensors or model.safetensors), or, with no
  * safetensors at all, one *.gguf file (its block-type tensors are DT_GGML
- * entries: core/formats/gguf_shard.h). */
+ * entries: core/formats/gguf_shard.h). `dir` may also be one such file
+ * (.safetensors, .sft or .gguf): then that file alone is the checkpoint. */
 int checkpoint_open(const char *dir, checkpoint **out);
 void checkpoint_close(checkpoint *c);
 /* Look a tensor up: NULL when absent; *file set when found. */

@@ -148,8 +148,12 @@ int llm_config_parse(const json_t *config, const char *where, llm_config *out) {
 }
 
 int llm_config_resolve_prefix(llm_config *cfg, const checkpoint *ck) {
-    static const char *k_qwen3[] = {"model.", NULL};
-    static const char *k_mistral[] = {"model.language_model.", "language_model.model.", "model.", NULL};
+    /* HF names, saved from the causal LM ("model."), from the bare model (""), or from a pipeline state dict
+     * ("text_encoder." in front) */
+    static const char *k_qwen3[] = {"model.", "text_encoder.model.", "", NULL};
+    static const char *k_mistral[] = {"model.language_model.", "language_model.model.", "model.",
+                                      "text_encoder.model.language_model.", "text_encoder.language_model.model.",
+                                      "text_encoder.model.", "", NULL};
     static const char *k_qwen3vl[] = {"model.language_model.", "language_model.model.", NULL};
     const char **cands = cfg->arch == LLM_QWEN3 ? k_qwen3 : cfg->arch == LLM_QWEN3VL ? k_qwen3vl : k_mistral;
     for (int i = 0; cands[i]; i++) {
@@ -160,8 +164,9 @@ int llm_config_resolve_prefix(llm_config *cfg, const checkpoint *ck) {
             return 0;
         }
     }
-    return tp_error("%s: no %s embedding table found (looked for %sembed_tokens.weight%s); is this a %s "
-                    "text encoder checkpoint?", ck->dir, llm_arch_name(cfg->arch), cands[0],
+    return tp_error("%s: no %s embedding table found (looked for %sembed_tokens.weight%s, with or without a "
+                    "text_encoder. prefix, and embed_tokens.weight); is this a %s text encoder checkpoint?", ck->dir,
+                    llm_arch_name(cfg->arch), cands[0],
                     cfg->arch == LLM_MISTRAL   ? ", language_model.model.embed_tokens.weight, model.embed_tokens.weight"
                     : cfg->arch == LLM_QWEN3VL ? ", language_model.model.embed_tokens.weight"
                                                : "",

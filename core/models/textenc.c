@@ -49,18 +49,18 @@ static int check_model_index(const model_dir *md, const llm_config *cfg) {
 
 /* FLUX.2-klein stacks Qwen3 hidden states 9, 18, 27; FLUX.2-dev Mistral's 10, 20, 30 (spec §1). */
 /* FLUX.3 stacks Qwen3-VL's 4, 8, ..., 32 (textenc_qwen3vl.c). */
-static int choose_layers(textenc *t, const model_dir *md) {
+static int choose_layers(textenc *t, const model_dir *md, const char *dir) {
     static const int k_qwen3[3] = {9, 18, 27}, k_mistral[3] = {10, 20, 30};
-    const char *dir = md->root;
     if (t->cfg.arch == LLM_QWEN3VL) {
         t->n_stack = QWEN3VL_N_STACK;
         memcpy(t->layers, qwen3vl_stack, sizeof qwen3vl_stack);
+        if (!md) return tp_error("%s: a Qwen3-VL (FLUX.3) text encoder needs its pipeline folder (--model)", dir);
         return qwen3vl_check(md, t->cfg.hidden, t->cfg.n_layers);
     }
     t->n_stack = 3;
     memcpy(t->layers, t->cfg.arch == LLM_QWEN3 ? k_qwen3 : k_mistral, 3 * sizeof *t->layers);
     if (t->cfg.n_layers < t->layers[2])
-        return tp_error("%s/text_encoder: the %s encoder has %d layers but FLUX.2 uses hidden state %d; this is "
+        return tp_error("%s: the %s encoder has %d layers but FLUX.2 uses hidden state %d; this is "
                         "not a FLUX.2 text encoder", dir, llm_arch_name(t->cfg.arch), t->cfg.n_layers, t->layers[2]);
     return 0;
 }
@@ -76,62 +76,98 @@ static int has_gguf(const char *dir) {
     return found;
 }
 
-/* text_encoder/ holds config.json + safetensors, or a llama.cpp GGUF file
- * whose metadata is the configuration (a config.json next to it must agree:
- * llm_gguf_adopt). */
-static int open_encoder(textenc *t, const model_dir *md, const char *te_dir) {
-    char *cfg_path = xasprintf("%s/config.json", te_dir);
-    int have_json = path_is_file(cfg_path), rc = 0;
-    llm_config json_cfg;
-    if (have_json) {
-        json_t *cfg = model_dir_config(md, "text_encoder");
-        rc = cfg ? llm_config_parse(cfg, cfg_path, &json_cfg) : -1;
-        json_decref(cfg);
-    }
-    if (!rc && !have_json && !has_gguf(te_dir)) {
-        json_decref(model_dir_config(md, "text_encoder"));   /* "component config missing" */
-        rc = -1;
-    }
-    if (!rc) rc = checkpoint_open(te_dir, &t->ck);
-    if (!rc && llm_gguf_is(t->ck)) {
-        rc = llm_gguf_adopt(t->ck, have_json ? &json_cfg : NULL, &t->cfg);
-    } else if (!rc && !have_json) {
-        json_decref(model_dir_config(md, "text_encoder"));
-        rc = -1;
-    } else if (!rc) {
-        t->cfg = json_cfg;
-    }
-    free(cfg_path);
-    return rc;
+/* config.json of a text-encoder folder, or the one beside a file (NULL when there is none) */
+static char *config_path(const char *te) {
+    if (path_is_dir(te)) return xasprintf("%s/config.json", te);
+    const char *slash = strrchr(te, '/');
+    return slash ? xasprintf("%.*s/config.json", (int)(slash - te), te) : xstrdup("config.json");
 }
 
-static int open_parts(textenc *t, const char *dir) {
+char *textenc_tokenizer_dir(const textenc_source *src) {
+    static const char *k_files[] = {"tokenizer.json", "tekken.json", "tokenizer_config.json"};
+    if (src->tokenizer) {
+        if (!path_is_dir(src->tokenizer)) return tp_error("tokenizer folder %s does not exist", src->tokenizer), NULL;
+        return xstrdup(src->tokenizer);
+    }
+    char *p = src->model_dir ? xasprintf("%s/tokenizer", src->model_dir) : NULL;
+    if (p && path_is_dir(p)) return p;
+    free(p);
+    /* a text-encoder folder that holds its tokenizer files (tokenizer.json, tekken.json) */
+    for (int i = 0; src->path && path_is_dir(src->path) && i < 3; i++) {
+        char *f = xasprintf("%s/%s", src->path, k_files[i]);
+        int ok = path_is_file(f);
+        free(f);
+        if (ok) return xstrdup(src->path);
+    }
+    /* hook: a .gguf text encoder carries its own tokenizer (tokenizer.ggml.*); a GGUF tokenizer loader goes here */
+    return tp_error("no tokenizer for the text encoder %s: pass --model PIPELINE (its tokenizer/ folder is used), "
+                    "or give --text-encoder a folder that also holds the tokenizer files (tokenizer.json + "
+                    "tokenizer_config.json, or tekken.json)", src->path ? src->path : "(none)"), NULL;
+}
+
+/* a llama.cpp GGUF text encoder: a .gguf file, or a folder holding one */
+static int is_gguf(const char *te) {
+    size_t n = strlen(te);
+    return path_is_dir(te) ? has_gguf(te) : n > 5 && !strcmp(te + n - 5, ".gguf");
+}
+
+/* The encoder's configuration: the config.json of its folder (or beside
+ * its file); a GGUF's metadata (a config.json next to it must agree:
+ * llm_gguf_adopt); else derived from the shapes for the family
+ * (textenc_config.c). */
+static int open_parts(textenc *t, const textenc_source *src) {
     model_dir *md = NULL;
-    int rc = model_dir_open(dir, &md);
-    if (!rc && !model_dir_has(md, "text_encoder"))
-        rc = tp_error("%s has no text_encoder/ folder: encoding a prompt needs the pipeline's text encoder "
-                      "(or pass precomputed --prompt-embeds)", dir);
-    char *te_dir = rc ? NULL : model_dir_path(md, "text_encoder");
-    if (!rc) rc = open_encoder(t, md, te_dir);
-    if (!rc) rc = check_model_index(md, &t->cfg);
-    if (!rc) rc = choose_layers(t, md);
+    int rc = 0;
+    char *te = NULL;
+    if (src->model_dir && (rc = model_dir_open(src->model_dir, &md))) return -1;
+    if (src->path) te = xstrdup(src->path);
+    else if (md && model_dir_has(md, "text_encoder")) te = model_dir_path(md, "text_encoder");
+    else rc = tp_error("%s has no text_encoder/ folder: encoding a prompt needs the pipeline's text encoder "
+                       "(or --text-encoder PATH, or precomputed --prompt-embeds)", src->model_dir ? src->model_dir : "(no --model)");
+    const char *where = te ? te : "";
+    char *cfg_path = te ? config_path(te) : NULL;
+    int have_json = !rc && path_is_file(cfg_path), gguf = !rc && is_gguf(te);
+    llm_config json_cfg;
+    if (have_json) {   /* config.json first: a bad config is named before the weights */
+        json_error_t je;
+        json_t *cfg = json_load_file(cfg_path, 0, &je);
+        rc = cfg ? llm_config_parse(cfg, cfg_path, &json_cfg) : tp_error("%s: not valid JSON (%s, line %d)", cfg_path, je.text, je.line);
+        json_decref(cfg);
+    } else if (!rc && !gguf && src->dev < 0) {
+        rc = tp_error("%s has no config.json%s: say which family it belongs to (--family dev|klein|klein-base, "
+                      "or --model with model_index.json), so its configuration can be derived from the shapes", te,
+                      path_is_dir(te) ? "" : " beside it");
+    }
+    if (!rc) rc = checkpoint_open(te, &t->ck);
+    if (!rc && llm_gguf_is(t->ck)) rc = llm_gguf_adopt(t->ck, have_json ? &json_cfg : NULL, &t->cfg);
+    else if (!rc && have_json) t->cfg = json_cfg;
+    else if (!rc) rc = textenc_config_derive(t->ck, src->dev, &t->cfg);
     if (!rc) rc = llm_config_resolve_prefix(&t->cfg, t->ck);
+    if (!rc && md) rc = check_model_index(md, &t->cfg);
+    if (!rc) rc = choose_layers(t, md, where);
     if (!rc) {
-        char *tok_dir = model_dir_path(md, "tokenizer");
-        if (!(t->tok = tokenizer_load(tok_dir))) rc = -1;
+        char *tok_dir = textenc_tokenizer_dir(src);
+        if (!tok_dir || !(t->tok = tokenizer_load(tok_dir))) rc = -1;
         free(tok_dir);
     }
-    free(te_dir);
+    free(cfg_path);
+    free(te);
     if (md) model_dir_close(md);
     return rc;
 }
 
 int textenc_load(const char *dir, backend *be, comm *c, dtype_t precision, textenc **out,
                  load_stats *st) {
+    textenc_source src = {.model_dir = dir, .dev = -1};
+    return textenc_load_from(&src, be, c, precision, out, st);
+}
+
+int textenc_load_from(const textenc_source *src, backend *be, comm *c, dtype_t precision, textenc **out,
+                      load_stats *st) {
     *out = NULL;
     textenc *t = xcalloc(1, sizeof *t);
     t->comm = c;
-    int rc = agree(c, open_parts(t, dir));
+    int rc = agree(c, open_parts(t, src));
     if (!rc) rc = llm_load(t->ck, &t->cfg, t->layers[t->n_stack - 1], be, c, precision, &t->model, st);  /* collective */
     if (rc) {
         tp_error_context("text encoder");

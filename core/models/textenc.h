@@ -49,6 +49,30 @@ int textenc_window(textenc *t, const char *prompt, int max_len, int *L);
 int textenc_max_len(const textenc *t);       /* the pipeline's default cap: 512, FLUX.3 8192 */
 int textenc_pad_multiple(const textenc *t);  /* FLUX.3 80; 0: fixed window */
 
+/* Where a text encoder comes from (--text-encoder PATH, --family).
+ * path: a folder or one checkpoint file in the HF names, with or without
+ * a `model.` / `text_encoder.` prefix (Mistral3 also `language_model.model.`);
+ * NULL: <model_dir>/text_encoder. Its config is the folder's config.json, or
+ * the one beside the file, else derived from the shapes for the family
+ * (dev 1: Mistral, 0: Qwen3; -1: unknown, then a config.json is required;
+ * textenc_config.c). The tokenizer: `tokenizer` when set, else
+ * <model_dir>/tokenizer, else the text-encoder folder when it holds the
+ * tokenizer files, else an error saying to pass --model. */
+typedef struct textenc_source {
+    const char *model_dir;       /* pipeline folder (model_index.json, tokenizer/) or NULL */
+    const char *path;            /* text-encoder folder or file, or NULL */
+    const char *tokenizer;       /* tokenizer folder, or NULL */
+    int dev;                     /* 1 FLUX.2-dev, 0 klein, -1 unknown */
+} textenc_source;
+int textenc_load_from(const textenc_source *src, struct backend *be, struct comm *c, dtype_t precision,
+                      textenc **out, load_stats *st);
+/* The tokenizer folder textenc_load_from would use (malloc'ed), or NULL + tp_error. */
+char *textenc_tokenizer_dir(const textenc_source *src);
+struct llm_config;
+struct checkpoint;
+/* The config of a checkpoint without config.json (textenc_config.c). */
+int textenc_config_derive(const struct checkpoint *ck, int dev, struct llm_config *out);
+
 /* Tokenize `prompt` with the pipeline's chat template, truncate/pad to
  * max_len (<= 0: 512) and run the encoder. Outputs (host, caller-owned):
  * embeds [max_len, K*H] f32, ids [max_len], mask [max_len] (1 real, 0 pad);

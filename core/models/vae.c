@@ -111,19 +111,35 @@ static vae_model *model_new(const vae_config *cfg, backend *be, dtype_t dt, int 
 typedef struct load_ctx {
     const weights *w;
     const char *dir;
+    const char *cfg_src;     /* where the config came from (for messages) */
+    int bfl, n_up;           /* BFL/LDM names: map each diffusers name (vae_bfl_names.c) */
 } load_ctx;
 
 static const tensor *load_get(void *vctx, const char *name, int64_t rows, int64_t cols, int k) {
     load_ctx *lc = vctx;
-    const tensor *t = weights_get(lc->w, name);
-    if (!t)
+    char bfl[NAME_MAX_LEN];
+    const char *file_name = name;
+    if (lc->bfl) {
+        if (!vae_bfl_name(name, lc->n_up, bfl, sizeof bfl))
+            return tp_error("%s: VAE tensor name %s is too long", lc->dir, name), NULL;
+        file_name = bfl;
+    }
+    const tensor *t = weights_get(lc->w, file_name);
+    if (!t) {
+        if (lc->bfl)
+            return tp_error("%s: tensor %s (diffusers %s) is missing; the file has BFL/LDM VAE names but lacks this "
+                            "tensor of the VAE %s describes (an incomplete or different VAE)", lc->dir, file_name,
+                            name, lc->cfg_src), NULL;
         return tp_error("%s: tensor %s is missing; the VAE needs the diffusers AutoencoderKLFlux2 names "
-                        "(spec §6.4; the encoder.* tensors for reference images) and a checkpoint that matches "
-                        "config.json", lc->dir, name), NULL;
+                        "(spec §6.4; the encoder.* tensors for reference images) or the BFL/LDM names, and a "
+                        "checkpoint that matches %s", lc->dir, name, lc->cfg_src), NULL;
+    }
     if (t->rows != rows || t->cols != cols)
-        return tp_error("%s: tensor %s is [%lld, %lld] as a matrix, config.json implies [%lld, %lld]; "
-                        "config.json and the weights do not match", lc->dir, name, (long long)t->rows,
-                        (long long)t->cols, (long long)rows, (long long)cols), NULL;
+        return tp_error("%s: tensor %s is [%lld, %lld] as a matrix, %s implies [%lld, %lld]; "
+                        "the config and the weights do not match%s", lc->dir, file_name, (long long)t->rows,
+                        (long long)t->cols, lc->cfg_src, (long long)rows, (long long)cols,
+                        strstr(lc->cfg_src, "FLUX.2 default") ? " (a VAE of other widths needs its config.json "
+                        "beside the file, or in its folder)" : ""), NULL;
     (void)k;
     return t;
 }
@@ -135,14 +151,31 @@ static int want_parts(const char *name, void *ctx) {
     return !strcmp(name, "bn.running_mean") || !strcmp(name, "bn.running_var");
 }
 
-static int read_config(const char *vae_dir, vae_config *cfg) {
-    char *path = xasprintf("%s/config.json", vae_dir);
+char *vae_config_path(const char *vae_path) {
+    if (path_is_dir(vae_path)) return xasprintf("%s/config.json", vae_path);
+    const char *slash = strrchr(vae_path, '/');
+    return slash ? xasprintf("%.*s/config.json", (int)(slash - vae_path), vae_path) : xstrdup("config.json");
+}
+
+/* The VAE's config: config.json in its folder (or beside its file), else
+ * FLUX.2's AutoencoderKLFlux2 configuration (ComfyUI's flux2-vae file has
+ * none); *src names which (malloc'ed). */
+static int read_config(const char *vae_path, vae_config *cfg, char **src) {
+    char *path = vae_config_path(vae_path);
+    *src = NULL;
+    if (!path_is_file(path)) {
+        vae_flux2_config(cfg);
+        *src = xasprintf("the FLUX.2 default VAE config (no %s)", path);
+        free(path);
+        return 0;
+    }
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
     int rc;
-    if (!j) rc = tp_error("%s: %s (line %d); the VAE folder needs a valid config.json", path, je.text, je.line);
+    if (!j) rc = tp_error("%s: %s (line %d); the VAE's config.json is not valid JSON", path, je.text, je.line);
     else rc = vae_config_parse(j, path, cfg);
     json_decref(j);
+    if (!rc) *src = xstrdup(path);
     free(path);
     return rc;
 }
@@ -155,23 +188,24 @@ int vae_load_parts(const char *vae_dir, backend *be, dtype_t precision, int part
     *out = NULL;
     if (precision != DT_F32 && precision != DT_BF16)
         return tp_error("VAE precision must be f32 or bf16, not %s", dtype_name(precision));
+    if (!path_is_dir(vae_dir) && !path_is_file(vae_dir))
+        return tp_error("the VAE %s does not exist (give a folder with config.json and the weights, or one VAE "
+                        "checkpoint file)", vae_dir);
     vae_config cfg;
-    if (read_config(vae_dir, &cfg)) return -1;
+    char *src = NULL;
+    if (read_config(vae_dir, &cfg, &src)) return -1;
     checkpoint *ck = NULL;
-    if (checkpoint_open(vae_dir, &ck)) return tp_error_context("loading the VAE from %s", vae_dir);
-    if (checkpoint_find(ck, "decoder.mid.attn_1.q.weight", NULL)) {
-        checkpoint_close(ck);
-        return tp_error("%s holds a VAE in the original BFL layout (decoder.mid.attn_1...); convert it to the "
-                        "diffusers layout (diffusers scripts/convert_flux2_to_diffusers.py)", vae_dir);
-    }
+    if (checkpoint_open(vae_dir, &ck)) return free(src), tp_error_context("loading the VAE from %s", vae_dir);
+    int bfl = vae_checkpoint_is_bfl(ck);
     vae_model *v = model_new(&cfg, be, precision, parts);
     load_opts o = {.tp = 1, .rank = 0, .be = be, .dtype = precision, .want = want_parts, .want_ctx = &parts};
     load_stats st;
     int rc = weights_load(ck, NULL, &o, &v->w, &st);
     checkpoint_close(ck);
     if (!rc) v->held_bytes = st.bytes_held;
-    load_ctx lc = {v->w, vae_dir};
+    load_ctx lc = {v->w, vae_dir, src, bfl, cfg.n_blocks};
     if (!rc) rc = bind_all(v, load_get, &lc);
+    free(src);
     if (rc) {
         vae_free(v);
         return -1;

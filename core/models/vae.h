@@ -55,6 +55,13 @@ int vae_load(const char *vae_dir, backend *be, dtype_t precision, vae_model **ou
  * the encoder reads encoder.*, quant_conv.* and bn.running_*. A folder
  * without encoder tensors fails with an error naming the missing tensor. */
 int vae_load_parts(const char *vae_dir, backend *be, dtype_t precision, int parts, vae_model **out);
+/* vae_dir may be a folder or one checkpoint file (.safetensors/.gguf), in
+ * the diffusers AutoencoderKLFlux2 names or the BFL/LDM names (ComfyUI's
+ * flux2-vae.safetensors; mapped in vae_bfl_names.c). Its config is the
+ * folder's config.json, or the one beside the file, else FLUX.2's own
+ * (vae_flux2_config), every tensor's shape checked against it.
+ * vae_config_path: where that config.json is looked for (malloc'ed). */
+char *vae_config_path(const char *vae_path);
 /* A decoder with random weights in backend memory (benchmarks): no file is read. */
 int vae_create_random(const vae_config *cfg, backend *be, dtype_t precision, unsigned seed,
                       vae_model **out);

@@ -154,3 +154,24 @@ int vae_config_write(const vae_config *c, const char *path) {
     free(tmp);
     return 0;
 }
+
+/* FLUX.2's AutoencoderKLFlux2 (spec flux2-text-vae.md §6.1): also the config
+ * of a VAE file without config.json (vae.c) */
+void vae_flux2_config(vae_config *c) {
+    memset(c, 0, sizeof *c);
+    int blocks[4] = {128, 256, 512, 512};
+    c->n_blocks = c->enc_n_blocks = 4;
+    memcpy(c->block_out, blocks, sizeof blocks);
+    memcpy(c->enc_block_out, blocks, sizeof blocks);
+    c->latent_channels = 32;
+    c->layers_per_block = 2;
+    c->norm_groups = 32;
+    c->out_channels = 3;
+    c->in_channels = 3;
+    c->mid_attention = 1;
+    c->post_quant_conv = 1;
+    c->quant_conv = 1;
+    c->enc_blocks_ok = 1;
+    c->bn_eps = 1e-4f;
+    c->norm_eps = 1e-6f;
+}

@@ -180,4 +180,11 @@ static inline int vae_bn_channels(const vae_config *c) { return 4 * c->latent_ch
 /* Write a config.json for cfg (used by vae_write_tiny). */
 int vae_config_write(const vae_config *cfg, const char *path);
 
+/* The BFL/LDM name of a diffusers VAE tensor name (vae_bfl_names.c; the map
+ * is in its header comment), n_up_blocks the decoder's up blocks. 0 when it
+ * does not fit out[n]. */
+int vae_bfl_name(const char *name, int n_up_blocks, char *out, size_t n);
+/* 1 when a VAE checkpoint uses the BFL/LDM names (decoder.mid.attn_1...). */
+int vae_checkpoint_is_bfl(const checkpoint *ck);
+
 #endif

@@ -81,16 +81,6 @@ static void tiny_config(vae_config *c) {
     c->enc_blocks_ok = 1;
 }
 
-void vae_flux2_config(vae_config *c) {
-    tiny_config(c);
-    c->latent_channels = 32;
-    int blocks[4] = {128, 256, 512, 512};
-    memcpy(c->block_out, blocks, sizeof blocks);
-    memcpy(c->enc_block_out, blocks, sizeof blocks);
-    c->layers_per_block = 2;
-    c->norm_groups = 32;
-}
-
 static int write_random(const char *vae_dir, const vae_config *cfgp, unsigned seed);
 
 int vae_write_tiny(const char *vae_dir, unsigned seed) {

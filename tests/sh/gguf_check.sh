@@ -96,7 +96,7 @@ printf 'model: %s\ntransformer: %s\nprompt_embeds: "%s"\nwidth: 96\nheight: 64\n
 out=$($MPI -np 2 "$TPGEN" generate --spec "$TMP/run.yaml" 2>&1)
 if [ $? -eq 0 ] && cmp -s "$TMP/folder.st" "$TMP/spec.st"; then ok "gguf_transformer_spec_key: transformer: in a run spec"
 else fail "gguf_transformer_spec_key: $(echo "$out" | grep -v '^#' | tail -2)"; fi
-expect_fail "gguf_transformer_flag_missing" "--transformer $TMP/none is not a folder" \
+expect_fail "gguf_transformer_flag_missing" "--transformer $TMP/none does not exist" \
     $MPI -np 2 "$TPGEN" generate --model "$P" --transformer "$TMP/none" \
     --prompt-embeds "$G/transformer_cases.safetensors:case1.encoder_hidden_states" --backend cpu
 
