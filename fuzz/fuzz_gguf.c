@@ -6,9 +6,14 @@
  * file is also written back with gguf_write (tensor data as holes) and must
  * parse again to the same keys and tensors (aborts otherwise). The file
  * inputs also open as a checkpoint's st_file (gguf_st_open), whose small
- * block tensors go through the weight scan (gguf_scan_finite). */
+ * block tensors go through the weight scan (gguf_scan_finite). Every parsed
+ * file is also handed to the GGUF tokenizer loader (tok_from_gguf, the core
+ * of tokenizer_load_gguf); a tokenizer that loads encodes a fixed text and
+ * the input's first bytes, and every id it gives must name a token (aborts
+ * otherwise). */
 #include "core/formats/gguf.h"
 #include "core/formats/gguf_shard.h"
+#include "core/models/tokenizer_int.h"
 #include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +57,28 @@ static void walk(gguf_file *g) {
     }
 }
 
+static void encode_checked(const tokenizer *t, const char *s, size_t n) {
+    int32_t *ids = NULL;
+    int k = 0;
+    if (tokenizer_encode(t, s, n, &ids, &k) == 0)
+        for (int i = 0; i < k; i++) {
+            int len;
+            if (!tokenizer_token_bytes(t, ids[i], &len)) abort();   /* an id without a token */
+        }
+    free(ids);
+}
+
+/* the tokenizer from the file's tokenizer.ggml.* keys */
+static void tokenizer_of(const gguf_file *g) {
+    tokenizer *t = tok_from_gguf(g);
+    if (!t) return;
+    static const char text[] = "a red fox in the snow, 1024px <|im_start|>[INST] caf\xc3\xa9 e\xcc\x81  \n\t!";
+    encode_checked(t, text, sizeof text - 1);
+    if (g->mem) encode_checked(t, (const char *)g->mem, g->file_size < 64 ? (size_t)g->file_size : 64);
+    if (tokenizer_pad_id(t) >= 0 && !tokenizer_token_bytes(t, tokenizer_pad_id(t), &(int){0})) abort();
+    tokenizer_free(t);
+}
+
 /* write g back and reparse: the same keys, value types and tensors */
 static void rewrite(const gguf_file *g) {
     static char out[64];
@@ -82,6 +109,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     gguf_file *g = NULL;
     if (gguf_open_mem(data, size, "fuzz.gguf", &g) == 0) {
         walk(g);
+        tokenizer_of(g);
         gguf_close(g);
     }
     if (calls++ % 16 == 0) {

@@ -25,6 +25,9 @@ same files). Writes tests/data/tok-gguf/:
   tekken-hf.gguf         tests/data/tekken-mini/hf (tokenizer.json + tokenizer_config.json)
                          converted on the same HF path, pre "tekken" (what the converter
                          names a Tekken tokenizer).
+  fuzz/corpus/gguf/tok-{qwen2,tekken}.gguf   small seeds for fuzz/fuzz_gguf.c (which also
+                         builds a tokenizer from each parsed file): the 256 byte tokens, a
+                         few merges and control tokens, pad/bos ids.
   tekken-mistral.gguf    tests/data/tekken-mini/tekken/tekken.json converted on the
                          converter's mistral-format path (_set_vocab_mistral with gguf-py's
                          MistralVocab rules, reimplemented here since mistral-common is not
@@ -167,6 +170,27 @@ def write_tekken_mistral(path, tekken_json):
     finish(w)
 
 
+def write_seed(path, pre):
+    enc = bytes_to_unicode()
+    tokens = [enc[b] for b in range(256)] + ["he", "ll", "hell", "hello", "\u0120w"]
+    types = [TokenType.NORMAL] * len(tokens)
+    for s in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<s>", "[INST]", "<pad>"):
+        tokens.append(s)
+        types.append(TokenType.CONTROL)
+    tokens.append("[PAD267]")
+    types.append(TokenType.UNUSED)
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(["h e", "l l", "he ll", "hell o", "\u0120 w"])
+    w.add_bos_token_id(264)
+    w.add_pad_token_id(266)
+    w.add_add_bos_token(False)
+    finish(w)
+
+
 def finish(w):
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -183,6 +207,8 @@ def main():
     tmp.unlink()
     write_hf(OUT / "tekken-hf.gguf", TEKKEN / "hf", "llama", "tekken", None)
     write_tekken_mistral(OUT / "tekken-mistral.gguf", TEKKEN / "tekken/tekken.json")
+    for pre in ("qwen2", "tekken"):
+        write_seed(ROOT / f"fuzz/corpus/gguf/tok-{pre}.gguf", pre)
     for p in sorted(OUT.iterdir()):
         print(p.relative_to(ROOT), p.stat().st_size)
 
