@@ -23,6 +23,7 @@
 #include "tokenizer_int.h"
 #include "core/formats/gguf.h"
 #include "kernels/err.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,12 +78,15 @@ static int unmap(const char *s, uint64_t n, char *out, const int16_t *cp_to_byte
     return k;
 }
 
-/* A string printable in a message: at most 40 bytes, no control bytes. */
-static void shown(const gguf_str *s, char out[48]) {
+/* A string safe in a message: its first 40 bytes, control and non-ASCII
+ * bytes as \xNN (a hostile file's bytes need not be UTF-8). */
+#define SHOWN 176
+static void shown(const gguf_str *s, char out[SHOWN]) {
     int k = 0;
-    for (uint64_t i = 0; i < s->len && k < 40; i++) {
+    for (uint64_t i = 0; i < s->len && i < 40; i++) {
         unsigned char c = (unsigned char)s->s[i];
-        out[k++] = c < 0x20 || c == 0x7f ? '?' : (char)c;
+        if (c < 0x20 || c >= 0x7f) k += snprintf(out + k, 5, "\\x%02x", c);
+        else out[k++] = (char)c;
     }
     if (s->len > 40) out[k++] = '.', out[k++] = '.', out[k++] = '.';
     out[k] = 0;
@@ -107,7 +111,7 @@ static int check_unique(const gguf_file *g, const gguf_str *tok, int n) {
             if (slot[h] < 0) { slot[h] = i; break; }
             const gguf_str *o = &tok[slot[h]];
             if (o->len == tok[i].len && !memcmp(o->s, tok[i].s, (size_t)o->len)) {
-                char s[48];
+                char s[SHOWN];
                 shown(&tok[i], s);
                 rc = tp_error("%s: tokenizer.ggml.tokens lists '%s' twice (ids %d and %d); the file is corrupt", g->path,
                               s, slot[h], i);
@@ -158,7 +162,7 @@ static int read_tokens(tokenizer *t, const gguf_file *g, const gguf_str *tok, co
         if (tok[i].len + 1 > cap) cap = (size_t)tok[i].len + 64, buf = xrealloc(buf, cap);
         int k = unmap(tok[i].s, tok[i].len, buf, cp_to_byte);
         if (k < 0) {
-            char s[48];
+            char s[SHOWN];
             shown(&tok[i], s);
             rc = tp_error("%s: tokenizer.ggml.tokens[%d] '%s' (NORMAL) is not in the byte-level alphabet; tpgen "
                           "supports byte-level BPE vocabularies only", g->path, i, s);
@@ -180,7 +184,7 @@ static int read_merges(tokenizer *t, const gguf_file *g, const gguf_str *m, uint
     int rc = 0;
     for (uint64_t i = 0; i < n && !rc; i++) {
         const char *sp = m[i].len > 1 ? memchr(m[i].s + 1, ' ', (size_t)m[i].len - 1) : NULL;
-        char s[48];
+        char s[SHOWN];
         shown(&m[i], s);
         if (!sp) {
             rc = tp_error("%s: tokenizer.ggml.merges[%llu] '%s' is not two tokens separated by a space", g->path,
