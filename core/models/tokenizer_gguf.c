@@ -185,8 +185,8 @@ static int read_merges(tokenizer *t, const gguf_file *g, const gguf_str *m, uint
     for (uint64_t i = 0; i < n && !rc; i++) {
         const char *sp = m[i].len > 1 ? memchr(m[i].s + 1, ' ', (size_t)m[i].len - 1) : NULL;
         char s[SHOWN];
-        shown(&m[i], s);
         if (!sp) {
+            shown(&m[i], s);
             rc = tp_error("%s: tokenizer.ggml.merges[%llu] '%s' is not two tokens separated by a space", g->path,
                           (unsigned long long)i, s);
             break;
@@ -199,7 +199,7 @@ static int read_merges(tokenizer *t, const gguf_file *g, const gguf_str *m, uint
         int ib = nb <= 0 ? -1 : tok_vocab_find(t, buf + na, nb);
         int im = ia < 0 || ib < 0 ? -1 : tok_vocab_find(t, buf, na + nb);
         if (ia < 0 || ib < 0 || im < 0)
-            rc = tp_error("%s: tokenizer.ggml.merges[%llu] '%s' names a token that is not a NORMAL entry of "
+            shown(&m[i], s), rc = tp_error("%s: tokenizer.ggml.merges[%llu] '%s' names a token that is not a NORMAL entry of "
                           "tokenizer.ggml.tokens (%s); the file is corrupt", g->path, (unsigned long long)i, s,
                           ia < 0 ? "its left part" : ib < 0 ? "its right part" : "the merged token");
         else
