@@ -13,8 +13,9 @@ same files). Writes tests/data/tok-gguf/:
   qwen3.gguf.xz          the real Qwen3 tokenizer (tests/data/qwen3-tokenizer) as the
                          converter writes it for Qwen3-4B / 8B (FLUX.2-klein's encoders):
                          the HF path (TextModel._set_vocab_gpt2 -> get_vocab_base):
-                         tokenizer.ggml.model "gpt2", .pre "qwen2" (the pre-tokenizer the
-                         converter's hash table names for Qwen3), .tokens for ids
+                         tokenizer.ggml.model "gpt2", .pre "qwen2" (checked by hand: the
+                         converter's pre-tokenizer hash of this tokenizer, sha256 of the ids of
+                         its check text, is e636dc30..., which its table names "qwen2"), .tokens for ids
                          0..vocab_size-1 (vocab_size 151936 from Qwen3-4B's config.json;
                          ids without a token are "[PAD<i>]", type UNUSED), vocabulary
                          entries byte-level mapped (NORMAL), added tokens as their text
