@@ -2,6 +2,7 @@
  * model's prompt layout, optionally truncated/padded like the pipeline. */
 #include "commands.h"
 #include "core/dist/dist.h"
+#include "core/formats/gguf.h"
 #include "kernels/err.h"
 #include "core/models/prompt.h"
 #include "core/models/tokenizer.h"
@@ -19,7 +20,8 @@ static void usage(FILE *f) {
             "usage: tpgen tokenize --model DIR --prompt TEXT [--chat] [--format klein|dev|raw]\n"
             "                      [--max-length N] [--json]\n\n"
             "  --model DIR       a pipeline folder (uses DIR/tokenizer/), a folder holding\n"
-            "                    tokenizer.json (+ tokenizer_config.json) or tekken.json, or that file\n"
+            "                    tokenizer.json (+ tokenizer_config.json) or tekken.json, that file,\n"
+            "                    or a GGUF file with tokenizer.ggml.* metadata (a llama.cpp text encoder)\n"
             "  --prompt TEXT     UTF-8 text ('-' reads it from standard input)\n"
             "  --chat            wrap the prompt in the model's layout: the klein chat template\n"
             "                    for Qwen tokenizers, the dev system/[INST] layout for Mistral\n"
@@ -115,7 +117,8 @@ static void print_ids(const tokenizer *t, const int32_t *ids, const int32_t *mas
 
 /* Load, encode and print (rank 0 prints). Returns 0 or -1 with tp_error. */
 static int run_tokenize(const tokenize_args *a, const char *prompt, int rank) {
-    tokenizer *t = tokenizer_load(a->model);
+    /* a GGUF file (told by its magic): the tokenizer from its metadata */
+    tokenizer *t = gguf_is_gguf(a->model) ? tokenizer_load_gguf(a->model) : tokenizer_load(a->model);
     if (!t) return -1;
     prompt_format f = a->chat ? prompt_format_for(t) : PROMPT_RAW;
     int rc = a->format ? prompt_format_parse(a->format, &f) : 0;

@@ -9,11 +9,16 @@
  * block tensors go through the weight scan (gguf_scan_finite). Every parsed
  * file's metadata also goes through the text-encoder configuration reader
  * (llm_gguf_config), and every 16th file through llm_gguf_adopt on a
- * checkpoint folder holding it (config + tensor renaming). */
+ * checkpoint folder holding it (config + tensor renaming). Every parsed
+ * file is also handed to the GGUF tokenizer loader (tok_from_gguf, the core
+ * of tokenizer_load_gguf); a tokenizer that loads encodes a fixed text and
+ * the input's first bytes, and every id it gives must name a token (aborts
+ * otherwise). */
 #include "core/formats/gguf.h"
 #include "core/formats/gguf_shard.h"
 #include "core/formats/checkpoint.h"
 #include "core/models/llm.h"
+#include "core/models/tokenizer_int.h"
 #include "kernels/err.h"
 #include <sys/stat.h>
 #include <stdio.h>
@@ -58,6 +63,28 @@ static void walk(gguf_file *g) {
     }
 }
 
+static void encode_checked(const tokenizer *t, const char *s, size_t n) {
+    int32_t *ids = NULL;
+    int k = 0;
+    if (tokenizer_encode(t, s, n, &ids, &k) == 0)
+        for (int i = 0; i < k; i++) {
+            int len;
+            if (!tokenizer_token_bytes(t, ids[i], &len)) abort();   /* an id without a token */
+        }
+    free(ids);
+}
+
+/* the tokenizer from the file's tokenizer.ggml.* keys */
+static void tokenizer_of(const gguf_file *g) {
+    tokenizer *t = tok_from_gguf(g);
+    if (!t) return;
+    static const char text[] = "a red fox in the snow, 1024px <|im_start|>[INST] caf\xc3\xa9 e\xcc\x81  \n\t!";
+    encode_checked(t, text, sizeof text - 1);
+    if (g->mem) encode_checked(t, (const char *)g->mem, g->file_size < 64 ? (size_t)g->file_size : 64);
+    if (tokenizer_pad_id(t) >= 0 && !tokenizer_token_bytes(t, tokenizer_pad_id(t), &(int){0})) abort();
+    tokenizer_free(t);
+}
+
 /* write g back and reparse: the same keys, value types and tensors */
 static void rewrite(const gguf_file *g) {
     static char out[64];
@@ -92,6 +119,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (llm_gguf_config(g, "fuzz.gguf", &cfg) == 0 &&
             (cfg.hidden <= 0 || cfg.n_heads <= 0 || cfg.n_kv_heads <= 0 || cfg.n_heads % cfg.n_kv_heads || cfg.vocab <= 0))
             abort();   /* an accepted configuration is consistent */
+        tokenizer_of(g);
         gguf_close(g);
     }
     if (calls++ % 16 == 0) {

@@ -647,3 +647,64 @@ TEST(llm_gguf_real_shapes_sparse) {
         free(dir), free(path);
     }
 }
+
+/* A llama.cpp Mistral GGUF that carries its tokenizer (the golden tiny
+ * Mistral's Q8_0 tensors + tekken-mini's tokenizer.ggml.* metadata, the
+ * way llama.cpp writes one file for both), given as --text-encoder FILE
+ * with no tokenizer folder anywhere: the tokenizer comes from the file's
+ * metadata, and ids and embeddings equal those of the same GGUF encoder
+ * with the tekken-mini tokenizer folder, bit for bit. */
+TEST(gguf_text_encoder_own_tokenizer) {
+    gguf_file *w = NULL, *tk = NULL;
+    REQUIRE(gguf_open(DATA "/mistral-q8_0.gguf", &w) == 0, "%s", tp_error_msg());
+    REQUIRE(gguf_open("tests/data/tok-gguf/tekken-hf.gguf", &tk) == 0, "%s", tp_error_msg());
+    int nkv = 0;
+    gguf_kv *kv = xcalloc((size_t)(w->n_kv + tk->n_kv), sizeof *kv);
+    for (int i = 0; i < w->n_kv; i++)
+        if (strncmp(w->kv[i].key, "tokenizer.", 10)) kv[nkv++] = w->kv[i];
+    for (int i = 0; i < tk->n_kv; i++)
+        if (!strncmp(tk->kv[i].key, "tokenizer.", 10)) kv[nkv++] = tk->kv[i];
+    gguf_write_tensor *t = xcalloc((size_t)w->n, sizeof *t);
+    void **bytes = xcalloc((size_t)w->n, sizeof *bytes);
+    int rc = 0;
+    for (int i = 0; i < w->n && !rc; i++) {
+        const gguf_tensor *g = &w->tensors[i];
+        bytes[i] = xmalloc((size_t)(g->end - g->begin));
+        rc = gguf_read_raw(w, g, bytes[i]);
+        t[i] = (gguf_write_tensor){.name = g->name, .type = g->type, .ndim = g->ndim, .data = bytes[i]};
+        memcpy(t[i].ne, g->ne, sizeof t[i].ne);
+    }
+    char *path = xasprintf("%s/mistral-with-tokenizer.gguf", test_tmp_dir());
+    if (!rc) rc = gguf_write(path, kv, nkv, t, w->n, NULL, NULL);
+    REQUIRE(rc == 0, "%s", tp_error_msg());
+    for (int i = 0; i < w->n; i++) free(bytes[i]);
+    free(bytes), free(t), free(kv);
+    gguf_close(w), gguf_close(tk);
+
+    backend *be = backend_cpu_create(1);
+    textenc_source own = {.path = path, .dev = 1}, folder = {.path = path, .tokenizer = "tests/data/tekken-mini/hf", .dev = 1};
+    textenc *a = NULL, *b = NULL;
+    REQUIRE(textenc_load_from(&own, be, NULL, DT_F32, &a, NULL) == 0, "the GGUF's own tokenizer: %s", tp_error_msg());
+    REQUIRE(textenc_load_from(&folder, be, NULL, DT_F32, &b, NULL) == 0, "%s", tp_error_msg());
+    const char *prompts[] = {"a red fox in the snow", "The café at 9:30, ünïcode!", ""};
+    enum { L = 32 };
+    int E = textenc_embed_dim(a);
+    float *ea = xmalloc((size_t)L * E * sizeof *ea), *eb = xmalloc((size_t)L * E * sizeof *eb);
+    int32_t ia[L], ib[L], ma[L], mb[L];
+    for (int k = 0; k < 3; k++) {
+        CHECK(textenc_encode(a, prompts[k], L, ea, ia, ma) == 0 && textenc_encode(b, prompts[k], L, eb, ib, mb) == 0,
+              "%s", tp_error_msg());
+        CHECK(!memcmp(ia, ib, sizeof ia) && !memcmp(ma, mb, sizeof ma), "prompt %d: ids differ", k);
+        CHECK(!memcmp(ea, eb, (size_t)L * E * sizeof *ea), "prompt %d: embeddings differ", k);
+    }
+    free(ea), free(eb);
+    textenc_free(a), textenc_free(b);
+    /* the test's GGUF without tokenizer metadata and no folder: refused, saying where it looked */
+    textenc *c = NULL;
+    textenc_source bare = {.path = DATA "/mistral-q8_0.gguf", .dev = 1};
+    CHECK(textenc_load_from(&bare, be, NULL, DT_F32, &c, NULL) == -1 && !c && strstr(tp_error_msg(), "mistral-q8_0.gguf") &&
+              strstr(tp_error_msg(), "tokenizer"),
+          "no tokenizer anywhere: %s", tp_error_msg());
+    backend_destroy(be);
+    free(path);
+}

@@ -65,14 +65,22 @@ static int choose_layers(textenc *t, const model_dir *md, const char *dir) {
     return 0;
 }
 
-static int has_gguf(const char *dir) {
+/* the .gguf file of a text-encoder folder (malloc'ed), NULL when it has none */
+static char *gguf_in(const char *dir) {
     DIR *d = opendir(dir);
-    int found = 0;
+    char *found = NULL;
     for (struct dirent *e; d && !found && (e = readdir(d));) {
         size_t n = strlen(e->d_name);
-        found = n > 5 && !strcmp(e->d_name + n - 5, ".gguf");
+        if (n > 5 && !strcmp(e->d_name + n - 5, ".gguf")) found = xasprintf("%s/%s", dir, e->d_name);
     }
     if (d) closedir(d);
+    return found;
+}
+
+static int has_gguf(const char *dir) {
+    char *p = gguf_in(dir);
+    int found = p != NULL;
+    free(p);
     return found;
 }
 
@@ -99,7 +107,7 @@ char *textenc_tokenizer_dir(const textenc_source *src) {
         free(f);
         if (ok) return xstrdup(src->path);
     }
-    /* hook: a .gguf text encoder carries its own tokenizer (tokenizer.ggml.*); a GGUF tokenizer loader goes here */
+    /* (a .gguf text encoder's own tokenizer.ggml.* metadata is open_parts' fallback) */
     return tp_error("no tokenizer for the text encoder %s: pass --model PIPELINE (its tokenizer/ folder is used), "
                     "or give --text-encoder a folder that also holds the tokenizer files (tokenizer.json + "
                     "tokenizer_config.json, or tekken.json)", src->path ? src->path : "(none)"), NULL;
@@ -146,8 +154,18 @@ static int open_parts(textenc *t, const textenc_source *src) {
     if (!rc && md) rc = check_model_index(md, &t->cfg);
     if (!rc) rc = choose_layers(t, md, where);
     if (!rc) {
+        /* a tokenizer folder when there is one; else a GGUF encoder's own tokenizer.ggml.* metadata */
         char *tok_dir = textenc_tokenizer_dir(src);
-        if (!tok_dir || !(t->tok = tokenizer_load(tok_dir))) rc = -1;
+        if (tok_dir) {
+            if (!(t->tok = tokenizer_load(tok_dir))) rc = -1;
+        } else if (gguf) {
+            char *g = path_is_dir(te) ? gguf_in(te) : xstrdup(te);
+            tp_error_clear();
+            if (!(t->tok = tokenizer_load_gguf(g))) rc = tp_error_context("no tokenizer/ folder, so the tokenizer comes from the GGUF's metadata");
+            free(g);
+        } else {
+            rc = -1;
+        }
         free(tok_dir);
     }
     free(cfg_path);

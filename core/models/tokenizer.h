@@ -39,6 +39,11 @@ tokenizer *tokenizer_load(const char *dir);
 /* Load one file explicitly: a tokenizer.json (config_path may be NULL) or a
  * tekken.json (detected from its content). */
 tokenizer *tokenizer_load_files(const char *json_path, const char *config_path);
+/* Load from a GGUF file's tokenizer.ggml.* metadata (a llama.cpp text-encoder
+ * GGUF: model "gpt2", pre-tokenizer "qwen2" or "tekken"); ids equal those of
+ * the tokenizer.json the file was converted from. NULL after tp_error naming
+ * the file and key. */
+tokenizer *tokenizer_load_gguf(const char *gguf_path);
 void tokenizer_free(tokenizer *t);
 
 /* Encode UTF-8 text (no chat template, no padding). *ids is malloc'ed and

@@ -87,4 +87,10 @@ struct hf_fast_s;
 tokenizer *tok_from_hf_json(json_t *root, const char *path, const char *config_path, const struct hf_fast_s *fast);
 tokenizer *tok_from_tekken_json(json_t *root, const char *path, const char *config_path);
 
+/* tokenizer_gguf.c: build from an open GGUF file's tokenizer.ggml.* keys;
+ * the split regex tpgen uses for a tokenizer.ggml.pre name (NULL: unknown). */
+struct gguf_file;
+tokenizer *tok_from_gguf(const struct gguf_file *g);
+const char *tok_gguf_pattern(const char *pre);
+
 #endif

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Command-line tests of `tpgen tokenize`: ids against the golden tokens.json
-# (Qwen3, via a pipeline folder and a tokenizer folder), the dev layout and
+# (Qwen3, via a pipeline folder, a tokenizer folder and a GGUF), the dev layout and
 # padding, mpirun behaviour, and clear failures on bad input.
 source "$TPGEN_ROOT/tests/lib.sh"
 cd "$TPGEN_ROOT"
@@ -74,3 +74,28 @@ if [ $rc -ne 0 ] && [ "$(echo "$out" | grep -c 'tpgen: error')" = 1 ]; then
 else
     fail "tokenize_mpirun_error_once: rc $rc: $out"
 fi
+
+# a GGUF file's tokenizer.ggml.* metadata (tests/data/tok-gguf, made by tests/tools/tok_gguf_testdata.py)
+xz -dc tests/data/tok-gguf/qwen3.gguf.xz > "$TMP/qwen3.gguf"
+n=$(jq '.cases | length' "$G/klein-tiny/tokens.json")
+bad=""
+for ((i = 0; i < n; i++)); do
+    want=$(jq -c ".cases[$i].chat_ids" "$G/klein-tiny/tokens.json")
+    got=$(jq -j ".cases[$i].prompt" "$G/klein-tiny/tokens.json" | "$TPGEN" tokenize --model "$TMP/qwen3.gguf" --prompt - --chat --json | jq -c .ids)
+    [ "$got" = "$want" ] || bad="$bad case$i"
+done
+[ -z "$bad" ] && [ "$n" -gt 2 ] && ok "tokenize_gguf_klein_chat ($n cases)" || fail "tokenize_gguf_klein_chat:$bad"
+a=$("$TPGEN" tokenize --model "$TMP/qwen3.gguf" --prompt "Hello World" --max-length 6 --json)
+b=$("$TPGEN" tokenize --model "$QWEN" --prompt "Hello World" --max-length 6 --json)
+[ "$a" = '{"ids": [9707, 4337, 151643, 151643, 151643, 151643], "mask": [1, 1, 0, 0, 0, 0]}' ] && [ "$a" = "$b" ] &&
+    ok "tokenize_gguf_right_pad" || fail "tokenize_gguf_right_pad: '$a' vs '$b'"
+for f in tekken-hf tekken-mistral; do
+    out=$("$TPGEN" tokenize --model tests/data/tok-gguf/$f.gguf --prompt "hello" --format raw --max-length 4 --json)
+    [ "$out" = '{"ids": [11, 11, 11, 1259], "mask": [0, 0, 0, 1]}' ] && ok "tokenize_gguf_${f}_left_pad" || fail "tokenize_gguf_${f}_left_pad: $out"
+done
+a=$("$TPGEN" tokenize --model tests/data/tok-gguf/tekken-mistral.gguf --prompt "helloWorld [IMG]ABc" --chat --json)
+b=$("$TPGEN" tokenize --model "$TEK/tekken" --prompt "helloWorld [IMG]ABc" --chat --json)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "tokenize_gguf_dev_layout" || fail "tokenize_gguf_dev_layout: '$a' vs '$b'"
+expect_fail "tokenize_gguf_without_tokenizer" "types.gguf has no tokenizer" "$TPGEN" tokenize --model tests/data/gguf/types.gguf --prompt x
+head -c 4000 "$TMP/qwen3.gguf" > "$TMP/cut.gguf"
+expect_fail "tokenize_gguf_truncated" "cut.gguf" "$TPGEN" tokenize --model "$TMP/cut.gguf" --prompt x
