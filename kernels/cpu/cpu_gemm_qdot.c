@@ -50,6 +50,8 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 10 || defined(__clang__))
 #define HAVE_QDOT_X86 1
+#endif
+#if defined(HAVE_QDOT_X86) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -66,13 +68,35 @@ typedef struct qd_type {
 static inline float le_f16(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 static const int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
+/* 32 bytes -> their low and high nibbles (32 each) */
+static inline void nibbles32(const uint8_t *q, uint8_t *lo, uint8_t *hi) {
+#ifdef __AVX2__
+    const __m256i f = _mm256_set1_epi8(15);
+    __m256i v = _mm256_loadu_si256((const __m256i *)q);
+    _mm256_storeu_si256((__m256i *)lo, _mm256_and_si256(v, f));
+    _mm256_storeu_si256((__m256i *)hi, _mm256_and_si256(_mm256_srli_epi16(v, 4), f));
+#else
+    for (int l = 0; l < 32; l++) lo[l] = q[l] & 15, hi[l] = q[l] >> 4;
+#endif
+}
 static void de_q8_0(const uint8_t *b, uint8_t *u, float *s, float *m) {
     s[0] = le_f16(b);
+#ifdef __AVX2__
+    _mm256_storeu_si256((__m256i *)u, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)),
+                                                       _mm256_set1_epi8((char)0x80)));
+#else
     for (int k = 0; k < 32; k++) u[k] = (uint8_t)(b[2 + k] ^ 0x80);
+#endif
 }
 static void de_q4_0(const uint8_t *b, uint8_t *u, float *s, float *m) {
     s[0] = le_f16(b);
+#ifdef __AVX2__
+    __m128i v = _mm_loadu_si128((const __m128i *)(b + 2)), f = _mm_set1_epi8(15);
+    _mm_storeu_si128((__m128i *)u, _mm_and_si128(v, f));
+    _mm_storeu_si128((__m128i *)(u + 16), _mm_and_si128(_mm_srli_epi16(v, 4), f));
+#else
     for (int j = 0; j < 16; j++) u[j] = b[2 + j] & 15, u[j + 16] = b[2 + j] >> 4;
+#endif
 }
 static void de_q4_1(const uint8_t *b, uint8_t *u, float *s, float *m) {
     s[0] = le_f16(b), m[0] = le_f16(b + 2);
@@ -130,10 +154,8 @@ static void de_q4_k(const uint8_t *b, uint8_t *u, float *s, float *m) {
         int sc, mn;
         k_scale_min(b + 4, t, &sc, &mn);
         s[t] = d * (float)sc, m[t] = -(dmin * (float)mn);
-        const uint8_t *q = b + 16 + 32 * (t / 2);
-        int sh = (t & 1) * 4;
-        for (int l = 0; l < 32; l++) u[32 * t + l] = (q[l] >> sh) & 15;
     }
+    for (int t = 0; t < 4; t++) nibbles32(b + 16 + 32 * t, u + 64 * t, u + 64 * t + 32);
 }
 static void de_q5_k(const uint8_t *b, uint8_t *u, float *s, float *m) {
     float d = le_f16(b), dmin = le_f16(b + 2);
@@ -142,16 +164,38 @@ static void de_q5_k(const uint8_t *b, uint8_t *u, float *s, float *m) {
         int sc, mn;
         k_scale_min(b + 4, t, &sc, &mn);
         s[t] = d * (float)sc, m[t] = -(dmin * (float)mn);
-        const uint8_t *q = b + 48 + 32 * (t / 2);
-        int sh = (t & 1) * 4;
-        for (int l = 0; l < 32; l++) u[32 * t + l] = (uint8_t)(((q[l] >> sh) & 15) | ((qh[l] >> t) & 1) << 4);
     }
+    for (int t = 0; t < 4; t++) nibbles32(b + 48 + 32 * t, u + 64 * t, u + 64 * t + 32);
+#ifdef __AVX2__
+    __m256i h = _mm256_loadu_si256((const __m256i *)qh), one = _mm256_set1_epi8(1);
+    for (int t = 0; t < 8; t++) {
+        __m256i bit = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, t), one), 4);
+        _mm256_storeu_si256((__m256i *)(u + 32 * t), _mm256_or_si256(_mm256_loadu_si256((const __m256i *)(u + 32 * t)), bit));
+    }
+#else
+    for (int t = 0; t < 8; t++)
+        for (int l = 0; l < 32; l++) u[32 * t + l] |= (uint8_t)(((qh[l] >> t) & 1) << 4);
+#endif
 }
 static void de_q6_k(const uint8_t *b, uint8_t *u, float *s, float *m) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     float d = le_f16(b + 208);
     for (int t = 0; t < 16; t++) s[t] = d * (float)sc[t];
+#ifdef __AVX2__
+    const __m256i f = _mm256_set1_epi8(15), h3 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; h++) {
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h)),
+                l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32)),
+                hh = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+        uint8_t *o = u + 128 * h;   /* quarter k: nibble (k >= 2) of l(k & 1) | bits 2k of hh, << 4 */
+        _mm256_storeu_si256((__m256i *)o, _mm256_or_si256(_mm256_and_si256(l0, f), _mm256_and_si256(_mm256_slli_epi16(hh, 4), h3)));
+        _mm256_storeu_si256((__m256i *)(o + 32), _mm256_or_si256(_mm256_and_si256(l1, f), _mm256_and_si256(_mm256_slli_epi16(hh, 2), h3)));
+        _mm256_storeu_si256((__m256i *)(o + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), f), _mm256_and_si256(hh, h3)));
+        _mm256_storeu_si256((__m256i *)(o + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), f), _mm256_and_si256(_mm256_srli_epi16(hh, 2), h3)));
+    }
+    return;
+#endif
     for (int h = 0; h < 2; h++)
         for (int k = 0; k < 4; k++) {
             const uint8_t *lo = ql + 64 * h + 32 * (k & 1), *hi = qh + 32 * h;
@@ -195,7 +239,10 @@ int cpu_gemm_qdot_supports(int qtype) { return qd_get(qtype) != NULL; }
 float qdot_quantize_block(const float *x, int n, int8_t *q) {
     if (n <= 0) return 0.0f;
     float amax = 0;
-    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
     if (!(amax > 0)) { /* all zero (or NaN: propagated through d) */
         memset(q, 0, (size_t)n);
         return amax == 0 ? 0.0f : amax;
@@ -260,29 +307,55 @@ static void quantise_row(const qd_gemm *g, const tensor *x, const tensor *w, int
     }
 }
 
-/* Pack rows [n0, n0 + nn) over virtual blocks [b0, b1): quads, scales, mins. */
+/* Pack rows [n0, n0 + nn) over virtual blocks [b0, b1): quads, scales,
+ * mins. Per block: the 32 rows decoded into ub[32][bs], then transposed as
+ * a matrix of 32-bit quads (8 x 8 in AVX2 registers) into the lines. */
 static void pack_panel(const qd_gemm *g, const tensor *w, int64_t n0, int64_t nn, int64_t b0, int64_t b1,
                        uint8_t *pq, float *ps, float *pm) {
     const qd_type *t = g->t;
-    uint8_t u[QUANT_MAX_BLOCK];
-    float s[16], m[16];
+    _Alignas(64) uint8_t ub[NR * QUANT_MAX_BLOCK];
+    float s[16], m[16] = {0};
     int64_t lines = t->bs / 4;
-    for (int64_t r = 0; r < NR; r++) {
-        const uint8_t *row = r < nn ? (const uint8_t *)w->data + (size_t)(n0 + r) * (size_t)w->qpitch : NULL;
-        for (int64_t b = b0; b < b1; b++) {
-            if (row) {
-                memset(m, 0, sizeof m);
-                t->decode(row + g->vboff[b], u, s, m);
+    for (int64_t b = b0; b < b1; b++) {
+        uint8_t *line0 = pq + (b - b0) * lines * 128;
+        for (int64_t r = 0; r < NR; r++) {
+            uint8_t *u = ub + r * t->bs;
+            if (r < nn) {
+                t->decode((const uint8_t *)w->data + (size_t)(n0 + r) * (size_t)w->qpitch + g->vboff[b], u, s, m);
             } else {
-                memset(u, 0, sizeof u), memset(s, 0, sizeof s), memset(m, 0, sizeof m);
+                memset(u, 0, (size_t)t->bs), memset(s, 0, sizeof s), memset(m, 0, sizeof m);
             }
-            uint8_t *dst = pq + (b - b0) * lines * 128 + r * 4;
-            for (int64_t p = 0; p < lines; p++) memcpy(dst + p * 128, u + 4 * p, 4);
             for (int j = 0; j < t->nsb; j++) {
                 ps[((b - b0) * t->nsb + j) * NR + r] = s[j];
                 pm[((b - b0) * t->nsb + j) * NR + r] = m[j];
             }
         }
+#ifdef __AVX2__
+        for (int64_t rg = 0; rg < NR; rg += 8)
+            for (int64_t qg = 0; qg < lines; qg += 8) {
+                __m256i v[8], t0[8], t1[8];
+                for (int i = 0; i < 8; i++) v[i] = _mm256_load_si256((const __m256i *)(ub + (rg + i) * t->bs + 4 * qg));
+                for (int i = 0; i < 4; i++) {
+                    t0[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+                    t0[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+                }
+                for (int i = 0; i < 2; i++)
+                    for (int k = 0; k < 2; k++) {
+                        t1[4 * i + k] = _mm256_unpacklo_epi64(t0[4 * i + k], t0[4 * i + 2 + k]);
+                        t1[4 * i + 2 + k] = _mm256_unpackhi_epi64(t0[4 * i + k], t0[4 * i + 2 + k]);
+                    }
+                /* t1[0] = rows 0-3 of quads 0 and 4 (per 128-bit lane), t1[2] quads 1, 5, t1[1] quads 2, 6, t1[3] 3, 7 */
+                static const int qi[4] = {0, 2, 1, 3};
+                for (int k = 0; k < 4; k++) {
+                    __m256i a = t1[qi[k]], c = t1[4 + qi[k]];
+                    _mm256_storeu_si256((__m256i *)(line0 + (qg + k) * 128 + rg * 4), _mm256_permute2x128_si256(a, c, 0x20));
+                    _mm256_storeu_si256((__m256i *)(line0 + (qg + k + 4) * 128 + rg * 4), _mm256_permute2x128_si256(a, c, 0x31));
+                }
+            }
+#else
+        for (int64_t r = 0; r < NR; r++)
+            for (int64_t p = 0; p < lines; p++) memcpy(line0 + p * 128 + r * 4, ub + r * t->bs + 4 * p, 4);
+#endif
     }
 }
 
@@ -323,22 +396,28 @@ static inline int32_t ld32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); retur
 static INL VNNI_T void uk_vnni_t(const qd_args *a, const int mr, const int sb, const int nsb, const int zp,
                                  const int mn) {
     __m512 facc[MR_MAX][2];
+    #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
+        #pragma GCC unroll 2
         for (int c = 0; c < 2; c++)
             facc[i][c] = a->accumulate ? _mm512_loadu_ps(a->acc + i * NR + 16 * c) : _mm512_setzero_ps();
     const uint8_t *pq = a->pq;
     const float *ps = a->ps, *pm = a->pm;
     for (int64_t b = 0; b < a->nblk; b++) {
         __m512 fb[MR_MAX][2];
+        #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) fb[i][0] = fb[i][1] = _mm512_setzero_ps(); /* set at j = 0 */
         for (int j = 0; j < nsb; j++) {
             __m512i ia[MR_MAX][2];
             int64_t sj = b * nsb + j;
+            #pragma GCC unroll 4
             for (int i = 0; i < mr; i++)
                 ia[i][0] = ia[i][1] = zp ? _mm512_set1_epi32(a->xz[i * a->lds + sj]) : _mm512_setzero_si512();
             const int8_t *qa = a->qa + sj * sb;
+            #pragma GCC unroll 8
             for (int p = 0; p < sb / 4; p++, pq += 128) {
                 __m512i w0 = _mm512_loadu_si512(pq), w1 = _mm512_loadu_si512(pq + 64);
+                #pragma GCC unroll 4
                 for (int i = 0; i < mr; i++) {
                     __m512i xb = _mm512_set1_epi32(ld32(qa + i * a->lda + 4 * p));
                     ia[i][0] = _mm512_dpbusd_epi32(ia[i][0], w0, xb);
@@ -347,6 +426,7 @@ static INL VNNI_T void uk_vnni_t(const qd_args *a, const int mr, const int sb, c
             }
             __m512 s0 = _mm512_loadu_ps(ps), s1 = _mm512_loadu_ps(ps + 16);
             ps += NR;
+            #pragma GCC unroll 4
             for (int i = 0; i < mr; i++) {
                 __m512 v0 = _mm512_cvtepi32_ps(ia[i][0]), v1 = _mm512_cvtepi32_ps(ia[i][1]);
                 fb[i][0] = j == 0 ? _mm512_mul_ps(v0, s0) : _mm512_fmadd_ps(v0, s0, fb[i][0]);
@@ -354,6 +434,7 @@ static INL VNNI_T void uk_vnni_t(const qd_args *a, const int mr, const int sb, c
             }
             if (mn) {
                 __m512 m0 = _mm512_loadu_ps(pm), m1 = _mm512_loadu_ps(pm + 16);
+                #pragma GCC unroll 4
                 for (int i = 0; i < mr; i++) {
                     __m512 xs = _mm512_set1_ps(a->xf[i * a->lds + sj]);
                     fb[i][0] = _mm512_fmadd_ps(xs, m0, fb[i][0]);
@@ -362,13 +443,16 @@ static INL VNNI_T void uk_vnni_t(const qd_args *a, const int mr, const int sb, c
             }
             pm += NR;
         }
+        #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             __m512 d = _mm512_set1_ps(a->dx[i * a->ldd + b]);
             facc[i][0] = _mm512_fmadd_ps(fb[i][0], d, facc[i][0]);
             facc[i][1] = _mm512_fmadd_ps(fb[i][1], d, facc[i][1]);
         }
     }
+    #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
+        #pragma GCC unroll 2
         for (int c = 0; c < 2; c++) _mm512_storeu_ps(a->acc + i * NR + 16 * c, facc[i][c]);
 }
 
@@ -377,7 +461,9 @@ static INL AVX2_T void uk_avx2_t(const qd_args *a, const int h, const int mr, co
                                  const int zp, const int mn, const int sgn) {
     __m256 facc[2][2];
     float *acc = a->acc + 16 * h;
+    #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
+        #pragma GCC unroll 2
         for (int c = 0; c < 2; c++)
             facc[i][c] = a->accumulate ? _mm256_loadu_ps(acc + i * NR + 8 * c) : _mm256_setzero_ps();
     const uint8_t *pq = a->pq + 64 * h;
@@ -385,21 +471,27 @@ static INL AVX2_T void uk_avx2_t(const qd_args *a, const int h, const int mr, co
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     for (int64_t b = 0; b < a->nblk; b++) {
         __m256 fb[2][2];
+        #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) fb[i][0] = fb[i][1] = _mm256_setzero_ps(); /* set at j = 0 */
         for (int j = 0; j < nsb; j++) {
             __m256i ia[2][2];
             int64_t sj = b * nsb + j;
+            #pragma GCC unroll 4
             for (int i = 0; i < mr; i++)
                 ia[i][0] = ia[i][1] = zp && !sgn ? _mm256_set1_epi32(a->xz[i * a->lds + sj]) : _mm256_setzero_si256();
             const int8_t *qa = a->qa + sj * sb;
+            #pragma GCC unroll 8
             for (int p = 0; p < sb / 4; p++, pq += 128) {
                 __m256i w[2], aw[2];
+                #pragma GCC unroll 2
                 for (int c = 0; c < 2; c++) {
                     w[c] = _mm256_loadu_si256((const __m256i *)(pq + 32 * c));
                     if (sgn) w[c] = _mm256_xor_si256(w[c], flip), aw[c] = _mm256_abs_epi8(w[c]);
                 }
+                #pragma GCC unroll 4
                 for (int i = 0; i < mr; i++) {
                     __m256i xb = _mm256_set1_epi32(ld32(qa + i * a->lda + 4 * p));
+                    #pragma GCC unroll 2
                     for (int c = 0; c < 2; c++) {
                         __m256i t = sgn ? _mm256_maddubs_epi16(aw[c], _mm256_sign_epi8(xb, w[c]))
                                         : _mm256_maddubs_epi16(w[c], xb);
@@ -407,7 +499,9 @@ static INL AVX2_T void uk_avx2_t(const qd_args *a, const int h, const int mr, co
                     }
                 }
             }
+            #pragma GCC unroll 4
             for (int i = 0; i < mr; i++)
+                #pragma GCC unroll 2
                 for (int c = 0; c < 2; c++) {
                     __m256 v = _mm256_cvtepi32_ps(ia[i][c]), s = _mm256_loadu_ps(ps + 8 * c);
                     fb[i][c] = j == 0 ? _mm256_mul_ps(v, s) : _mm256_fmadd_ps(v, s, fb[i][c]);
@@ -417,12 +511,16 @@ static INL AVX2_T void uk_avx2_t(const qd_args *a, const int h, const int mr, co
                 }
             ps += NR, pm += NR;
         }
+        #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             __m256 d = _mm256_set1_ps(a->dx[i * a->ldd + b]);
+            #pragma GCC unroll 2
             for (int c = 0; c < 2; c++) facc[i][c] = _mm256_fmadd_ps(fb[i][c], d, facc[i][c]);
         }
     }
+    #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
+        #pragma GCC unroll 2
         for (int c = 0; c < 2; c++) _mm256_storeu_ps(acc + i * NR + 8 * c, facc[i][c]);
 }
 
