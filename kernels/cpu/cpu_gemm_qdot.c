@@ -236,24 +236,65 @@ int cpu_gemm_qdot_supports(int qtype) { return qd_get(qtype) != NULL; }
 
 /* ---- the activation quantiser ---- */
 
-float qdot_quantize_block(const float *x, int n, int8_t *q) {
+/* q and d of n values (the definition in the header), and the sums of q
+ * over each run of sb (a multiple of 8 dividing n; sums NULL: none). */
+static float quant_block(const float *x, int n, int sb, int8_t *q, int32_t *sums) {
     if (n <= 0) return 0.0f;
     float amax = 0;
-    for (int i = 0; i < n; i++) {
+    int i = 0;
+#ifdef __AVX2__
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 vm = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(vm, _mm256_and_ps(_mm256_loadu_ps(x + i), absm));
+    float t8[8];
+    _mm256_storeu_ps(t8, vm);
+    for (int k = 0; k < 8; k++) amax = t8[k] > amax ? t8[k] : amax;
+#endif
+    for (; i < n; i++) {
         float a = fabsf(x[i]);
         amax = a > amax ? a : amax;
     }
     if (!(amax > 0)) { /* all zero (or NaN: propagated through d) */
         memset(q, 0, (size_t)n);
+        if (sums) memset(sums, 0, (size_t)(n / sb) * sizeof(int32_t));
         return amax == 0 ? 0.0f : amax;
     }
     float d = amax / 127.0f, id = 127.0f / amax;
-    for (int i = 0; i < n; i++) {
+    i = 0;
+#ifdef __AVX2__
+    /* round to nearest even (the default MXCSR mode, as rintf); |x * id| <= 127 rounds into [-127, 127] */
+    if (sums && sb % 8 == 0 && n % sb == 0) {
+        const __m256 vid = _mm256_set1_ps(id);
+        for (int j = 0; j < n / sb; j++) {
+            __m256i acc = _mm256_setzero_si256();
+            for (int e = 0; e < sb; e += 8, i += 8) {
+                __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vid));
+                v = _mm256_max_epi32(_mm256_min_epi32(v, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+                acc = _mm256_add_epi32(acc, v);
+                __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(w, w));
+            }
+            __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+            h = _mm_hadd_epi32(h, h);
+            sums[j] = _mm_cvtsi128_si32(_mm_hadd_epi32(h, h));
+        }
+        return d;
+    }
+#endif
+    for (; i < n; i++) {
         float v = rintf(x[i] * id);
         q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
     }
+    if (sums)
+        for (int j = 0; j < n / sb; j++) {
+            int32_t t = 0;
+            for (int e = 0; e < sb; e++) t += q[j * sb + e];
+            sums[j] = t;
+        }
     return d;
 }
+
+float qdot_quantize_block(const float *x, int n, int8_t *q) { return quant_block(x, n, 8, q, NULL); }
 
 /* ---- the GEMM's operands ---- */
 
@@ -291,18 +332,16 @@ static void quantise_row(const qd_gemm *g, const tensor *x, const tensor *w, int
         const tensor_qseg *s = &w->qseg[i];
         int64_t nb = (s->skip + s->ncols + t->bs - 1) / t->bs;
         for (int64_t j = 0; j < nb; j++, vb++) {
-            for (int e = 0; e < t->bs; e++) {
-                int64_t c = j * t->bs + e - s->skip;
-                tmp[e] = c >= 0 && c < s->ncols ? row[s->col0 + c] : 0.0f;
+            int64_t c0 = j * t->bs - s->skip;   /* segment column of element 0 */
+            const float *src = row + s->col0 + c0;
+            if (c0 < 0 || c0 + t->bs > s->ncols) { /* a block at a segment edge: zeros outside it */
+                for (int e = 0; e < t->bs; e++) tmp[e] = c0 + e >= 0 && c0 + e < s->ncols ? src[e] : 0.0f;
+                src = tmp;
             }
-            int8_t *q = qa + vb * t->bs;
-            g->dx[r * g->VB + vb] = qdot_quantize_block(tmp, t->bs, q);
-            for (int k = 0; k < t->nsb; k++) {
-                int32_t sum = 0;
-                for (int e = 0; e < t->sb; e++) sum += q[k * t->sb + e];
-                g->xz[(r * g->VB + vb) * t->nsb + k] = -t->zp * sum;
-                g->xf[(r * g->VB + vb) * t->nsb + k] = (float)sum;
-            }
+            int32_t *xz = g->xz + (r * g->VB + vb) * t->nsb;
+            float *xf = g->xf + (r * g->VB + vb) * t->nsb;
+            g->dx[r * g->VB + vb] = quant_block(src, t->bs, t->sb, qa + vb * t->bs, xz);
+            for (int k = 0; k < t->nsb; k++) xf[k] = (float)xz[k], xz[k] *= -t->zp;
         }
     }
 }
