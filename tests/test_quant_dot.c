@@ -183,6 +183,36 @@ TEST(quant_dot_quantizer) {
     }
 }
 
+/* a NaN or Inf activation must come out as NaN (the finiteness checks find it), not as a finite value */
+TEST(quant_dot_nonfinite) {
+    float x[256] = {0};
+    int8_t q[256];
+    CHECK(qdot_quantize_block(x, 256, q) == 0.0f && q[7] == 0, "zeros: d must be 0");
+    x[17] = NAN;
+    CHECK(isnan(qdot_quantize_block(x, 256, q)), "a NaN gave a finite d");
+    x[17] = INFINITY;
+    CHECK(isnan(qdot_quantize_block(x, 32, q)), "an Inf gave a finite d");
+    backend *be = backend_cpu_create(1);
+    tensor_qseg whole = {0, 256, 0, 0};
+    tensor *w = tensor_new_ggml(be, QUANT_Q4_K, 2, 256, 144, &whole, 1);
+    tensor *xb = tensor_new(be, DT_BF16, 3, 256), *y = tensor_new(be, DT_F32, 3, 2);
+    REQUIRE(w && xb && y, "alloc");
+    memset(w->data, 0, 2 * 144);
+    uint16_t one = f32_to_f16(1.0f);
+    for (int r = 0; r < 2; r++) memcpy((uint8_t *)w->data + r * 144, &one, 2);
+    uint16_t *xd = xb->data;
+    for (int i = 0; i < 3 * 256; i++) xd[i] = f32_to_bf16(0.5f);
+    xd[256 + 9] = f32_to_bf16(NAN);
+    cpu_gemm_qdot_policy(1);
+    op_gemm(be, y, xb, w, NULL);
+    cpu_gemm_qdot_policy(0);
+    const float *yf = y->data;
+    CHECK(isfinite(yf[0]) && isnan(yf[2]) && isnan(yf[3]) && isfinite(yf[4]), "row 1 holds a NaN: y %g %g %g %g %g %g",
+          yf[0], yf[1], yf[2], yf[3], yf[4], yf[5]);
+    tensor_free(w), tensor_free(xb), tensor_free(y);
+    backend_destroy(be);
+}
+
 TEST(quant_dot_kernels) {
     static const int types[] = {QUANT_Q8_0, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1, QUANT_IQ4_NL,
                                 QUANT_Q2_K, QUANT_Q3_K, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K, QUANT_IQ4_XS};

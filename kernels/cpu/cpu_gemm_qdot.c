@@ -244,20 +244,29 @@ static float quant_block(const float *x, int n, int sb, int8_t *q, int32_t *sums
     int i = 0;
 #ifdef __AVX2__
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 vm = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(vm, _mm256_and_ps(_mm256_loadu_ps(x + i), absm));
+    __m256 vm = _mm256_setzero_ps(), vn = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        vm = _mm256_max_ps(vm, _mm256_and_ps(v, absm));
+        vn = _mm256_or_ps(vn, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
     float t8[8];
     _mm256_storeu_ps(t8, vm);
     for (int k = 0; k < 8; k++) amax = t8[k] > amax ? t8[k] : amax;
+    int bad = _mm256_movemask_ps(vn) != 0;
+#else
+    int bad = 0;
 #endif
     for (; i < n; i++) {
         float a = fabsf(x[i]);
         amax = a > amax ? a : amax;
+        bad |= x[i] != x[i];
     }
-    if (!(amax > 0)) { /* all zero (or NaN: propagated through d) */
+    if (!(amax > 0) || bad || amax > 3.4028234663852886e38f) {
+        /* all zero: d = 0; a NaN or an Inf: d = NaN, so that the block's outputs are NaN (and found) */
         memset(q, 0, (size_t)n);
         if (sums) memset(sums, 0, (size_t)(n / sb) * sizeof(int32_t));
-        return amax == 0 ? 0.0f : amax;
+        return amax == 0 && !bad ? 0.0f : NAN;
     }
     float d = amax / 127.0f, id = 127.0f / amax;
     i = 0;

@@ -26,7 +26,8 @@ const char *cpu_gemm_qdot_kernel(void);   /* "avx512vnni", "avx2", "scalar" */
 void cpu_gemm_qdot_blocking(int64_t out[3]);
 
 /* The activation quantiser: n values -> q[n] = round(x / d) in [-127, 127]
- * with d = max|x| / 127 (d = 0, q = 0 when all are 0); returns d. */
+ * with d = max|x| / 127 (d = 0, q = 0 when all are 0; d = NaN, q = 0 when
+ * one is NaN or Inf, so that the outputs it meets are NaN); returns d. */
 float qdot_quantize_block(const float *x, int n, int8_t *q);
 
 #endif
