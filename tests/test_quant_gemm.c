@@ -4,12 +4,15 @@
  * and a whole-row one, on shapes that cross the packed GEMM's blocking
  * edges, at 1 and 2 threads, f32 and bf16 activations; the reference is the
  * whole rows dequantised (quant_dequant_row, bit-identical to gguf-py),
- * the segments' columns picked out, and the product in double. */
+ * the segments' columns picked out, and the product in double. This is the
+ * dequantising packed path (int8-dot route off: cpu_gemm_qdot_policy(-1));
+ * tests/test_quant_dot.c tests the int8 one. */
 #include "test.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_gemm_packed.h"
+#include "kernels/cpu/cpu_gemm_qdot.h"
 #include "kernels/err.h"
 #include <omp.h>
 #include <stdlib.h>
@@ -108,6 +111,7 @@ TEST(quant_gemm_types_segments) {
     int saved = omp_get_max_threads();
     backend *be = backend_cpu_create(2);
     uint32_t s = test_seed() | 1;
+    cpu_gemm_qdot_policy(-1);   /* bf16 x too: the packed path, not the int8-dot kernel */
     /* 64 KB tile budget: k blocks of 64 (inside every 256-block), B blocks of NR rows */
     cpu_set_tile_budget(65536);
     const int64_t M = 75, N = 530, Kg = 1024;
@@ -127,6 +131,7 @@ TEST(quant_gemm_types_segments) {
     /* default blocking, one token and a partial tile */
     quant_case(be, QUANT_Q4_K, 1, 3072, 3072, (const span[]){{384, 768}}, 1, &s);
     quant_case(be, QUANT_Q8_0, 33, 700, 1536, (const span[]){{0, 1536}}, 1, &s);
+    cpu_gemm_qdot_policy(0);
     omp_set_num_threads(saved);
     backend_destroy(be);
 }

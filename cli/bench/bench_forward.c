@@ -10,7 +10,11 @@
 #include "kernels/err.h"
 #include "core/formats/fp8.h"
 #include "kernels/quant.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_gemm_qdot.h"
 #include <cblas.h>
+#include <omp.h>
+#include <time.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +24,7 @@ typedef struct bench_opts {
     int n_img, n_txt, n_double, n_single, iters, warmup, prec_mask;
     int fp8;                    /* --quantize fp8: the block linears as E4M3 + per-row scales */
     int qtype;                  /* --quantize Q8_0/Q4_K/...: the block linears as random ggml blocks (-1: none) */
+    int gemm_only;              /* --gemm-only R: no forward; the block linears' GEMMs alone, R rounds (see gemm_only) */
     const char *backend;
 } bench_opts;
 
@@ -47,6 +52,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--iters")) o->iters = atoi(v);
         else if (!strcmp(a, "--warmup")) o->warmup = atoi(v);
         else if (!strcmp(a, "--backend")) o->backend = v;
+        else if (!strcmp(a, "--gemm-only")) o->gemm_only = atoi(v);
         else if (!strcmp(a, "--quantize")) {
             for (int id = 0; id < 64 && o->qtype < 0; id++)
                 if (quant_supported(id) && quant_type_get(id)->block > 1 && !strcmp(v, quant_type_name(id))) o->qtype = id;
@@ -249,6 +255,62 @@ static int ggml_randomize(tensor *t, int qtype, uint64_t seed) {
     return 0;
 }
 
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* --gemm-only R (with --quantize T, a ggml type; CPU backend, tp 1): the
+ * GEMMs of the block linears at klein-4B widths (1 double block: qkv, out,
+ * MLP in/out for M = image and M = text tokens; 1 single block: qkv+MLP and
+ * out for M = both), bf16 activations, on one thread timed with the process
+ * CPU clock (so that other jobs on a shared machine change the figure little).
+ * Each shape runs bf16 weights (the default bf16 route), T weights on the
+ * int8-dot kernel and T weights dequantised in the packing, one after the
+ * other, R rounds, best per shape; totals are sums of the bests. */
+static int gemm_only(const bench_opts *o, backend *be) {
+    const int64_t D = 3072, F = 9216, Ni = o->n_img, Nt = o->n_txt;
+    const int64_t sh[][3] = {{Ni, 3 * D, D}, {Ni, D, D}, {Ni, 2 * F, D}, {Ni, D, F}, {Nt, 3 * D, D}, {Nt, D, D},
+                             {Nt, 2 * F, D}, {Nt, D, F}, {Ni + Nt, 3 * D + 2 * F, D}, {Ni + Nt, D, D + F}};
+    const int ns = (int)(sizeof sh / sizeof sh[0]);
+    const char *name[3] = {"bf16", "int8", "dequant"};
+    double tot[3] = {0, 0, 0}, flops = 0;
+    cpu_set_threads(1);
+    for (int i = 0; i < ns; i++) {
+        int64_t M = sh[i][0], N = sh[i][1], K = sh[i][2];
+        tensor *x = tensor_new(be, DT_BF16, M, K), *y = tensor_new(be, DT_BF16, M, N);
+        tensor *wb = tensor_new(be, DT_BF16, N, K), *wq = tensor_new(be, DT_BF16, N, K);
+        if (!x || !y || !wb || !wq || ggml_randomize(wq, o->qtype, 5 + (uint64_t)i)) return -1;
+        uint16_t *xd = x->data, *wd = wb->data;
+        uint64_t r = 99 + (uint64_t)i;
+        for (int64_t j = 0; j < M * K; j++) r ^= r << 13, r ^= r >> 7, r ^= r << 17, xd[j] = f32_to_bf16((float)(r % 2001) / 1000.0f - 1);
+        for (int64_t j = 0; j < N * K; j++) r ^= r << 13, r ^= r >> 7, r ^= r << 17, wd[j] = f32_to_bf16(((float)(r % 2001) / 1000.0f - 1) * 0.02f);
+        double best[3] = {1e300, 1e300, 1e300};
+        for (int rep = 0; rep < o->gemm_only + 1; rep++)   /* the first round warms up */
+            for (int v = 0; v < 3; v++) {
+                cpu_gemm_qdot_policy(v == 2 ? -1 : 0);
+                double t0 = cpu_now();
+                op_gemm(be, y, x, v ? wq : wb, NULL);
+                double t = cpu_now() - t0;
+                if (rep && t < best[v]) best[v] = t;
+            }
+        cpu_gemm_qdot_policy(0);
+        double f = 2.0 * (double)M * (double)N * (double)K;
+        flops += f;
+        printf("  gemm %5lld x %5lld x %5lld:", (long long)M, (long long)N, (long long)K);
+        for (int v = 0; v < 3; v++) printf("  %s %6.1f GFLOP/s", name[v], f / best[v] / 1e9), tot[v] += best[v];
+        printf("  int8 / bf16 %.2fx\n", best[0] / best[1]);
+        tensor_free(x), tensor_free(y), tensor_free(wb), tensor_free(wq);
+    }
+    printf("bf16+%s gemm-only (1 thread, CPU time, best of %d): bf16 %.3f s (%.1f GFLOP/s), %s int8 %.3f s (%.1f GFLOP/s, "
+           "%.2fx bf16), %s dequantised %.3f s (%.1f GFLOP/s, %.2fx bf16); int8 kernel %s\n", quant_type_name(o->qtype),
+           o->gemm_only, tot[0], flops / tot[0] / 1e9, quant_type_name(o->qtype), tot[1], flops / tot[1] / 1e9,
+           tot[0] / tot[1], quant_type_name(o->qtype), tot[2], flops / tot[2] / 1e9, tot[0] / tot[2],
+           cpu_gemm_qdot_kernel());
+    return 0;
+}
+
 static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dtype_t prec) {
     flux2_config cfg = klein4b_widths(o);
     flux2_model *m;
@@ -342,7 +404,9 @@ int bench_forward(int argc, char **argv) {
                    "       [--text-tokens 128] [--double 2] [--single 2] [--iters 2] [--warmup 1] [--backend cpu|cuda]\n"
                    "       [--quantize fp8|Q8_0|Q4_K|Q6_K|...]\n"
                    "  --quantize T   the block linears as fp8 (E4M3 + per-row scales) or as random ggml blocks of type T\n"
-                   "                 (GGUF weights, decoded in the GEMM's packing)\n");
+                   "                 (GGUF weights: bf16 runs on the int8-dot kernel, f32 runs decoded in the GEMM's packing)\n"
+                   "  --gemm-only R  with --quantize T, tp 1: no forward; the block linears' GEMMs alone on one thread, CPU\n"
+                   "                 time, bf16 weights vs T on the int8 kernel vs T dequantised, best of R rounds\n");
         dist_finalize(&d);
         return 0;
     }
@@ -356,6 +420,12 @@ int bench_forward(int argc, char **argv) {
             printf("# bench forward: klein-4B widths (D 3072, 24 heads x 128, Jt 7680), %d double + %d single blocks, "
                    "%d image + %d text tokens, random weights, backend %s (%d threads/rank), tp %d\n",
                    o.n_double, o.n_single, o.n_img, o.n_txt, be->vt->name, be->threads, d.tp);
+        if (o.gemm_only > 0) {
+            if (o.qtype < 0 || d.tp != 1 || be->kind != BACKEND_CPU) {
+                tp_error("bench forward: --gemm-only needs --quantize with a ggml block type, tp 1 and the CPU backend");
+                rc = 1;
+            } else rc = gemm_only(&o, be) ? 1 : 0;
+        } else
         for (int p = 0; p < 2 && !rc; p++)
             if (o.prec_mask & (1 << p)) rc = run_one(&o, &d, be, c, p ? DT_BF16 : DT_F32) ? 1 : 0;
         if (rc) dist_report_error(d.tp_comm);

@@ -10,14 +10,17 @@
  * whose packing routines widen bf16/fp8 to f32 as they pack, and an f32 FMA
  * micro-kernel (AVX-512F or AVX2) that writes y once per k block. A bf16
  * weight never has a full f32 copy. Quantised GGUF weights (DT_GGML) take the
- * packed path only: their blocks are decoded as the packing reads them. y is
- * rounded once, after the bias. */
+ * int8-dot kernel of cpu_gemm_qdot.c when cpu_gemm_qdot_usable (by default
+ * bf16 activations; docs/gguf.md "The GEMM"), else the packed path, whose
+ * packing decodes their blocks as it reads them. y is rounded once, after
+ * the bias. */
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include "cpu_gemm_amx.h"
 #include "cpu_gemm_bf16.h"
 #include "cpu_gemm_fp8.h"
 #include "cpu_gemm_packed.h"
+#include "cpu_gemm_qdot.h"
 #include <cblas.h>
 #include <stdlib.h>
 
@@ -65,6 +68,8 @@ void cpu_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const te
         free(zero);
     } else if (x->dtype == DT_F32 && w->dtype == DT_F32 && y->dtype == DT_F32) {
         gemm_f32_direct(y, x, w, b);
+    } else if (cpu_gemm_qdot_usable(x, w)) {
+        cpu_gemm_qdot(y, x, w, b);   /* activations quantised per block, int8 dot products */
     } else if (w->dtype == DT_GGML) {
         cpu_gemm_packed(y, x, w, b); /* ggml blocks decoded in the packing (row_f32_weight): no AMX/bf16 route */
     } else if (cpu_gemm_amx_usable(x, w)) {
