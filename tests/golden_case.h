@@ -21,4 +21,10 @@ int golden_case_read(const st_file *f, int k, golden_case *c);
 int golden_case_read_ref(const st_file *f, const char *key, golden_case *c);
 void golden_case_free(golden_case *c);
 
+/* caseC.input_ids and caseC.attention_mask (I64 [1, n] or [n]) as int32; 0 or -1 */
+int golden_case_ids(const st_file *f, int c, int n, int32_t *ids, int32_t *mask);
+/* relative L2 of column block k of a stacked [n, K*H] output against ref
+ * [n, H], over the rows where row_ok (NULL: all); INFINITY for NaN */
+double golden_block_rel(const float *out, int K, int k, const float *ref, int n, int H, const int32_t *row_ok);
+
 #endif

@@ -19,3 +19,12 @@ expect_fail() {
 }
 TMP=$(mktemp -d /tmp/tpgen-sh-XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
+# flux3_folder KIND DIR: a FLUX.3 pipeline folder (KIND base or flowmap): the golden
+# tiny transformer, the golden tiny VAE and the modular_model_index.json that
+# diffusers 0.42.1 saves (tests/data/flux3-pipe)
+flux3_folder() {
+    mkdir -p "$2"
+    ln -s "$TPGEN_GOLDEN/flux3-tiny/$1/model/transformer" "$2/transformer"
+    ln -s "$TPGEN_GOLDEN/vae-tiny/model/vae" "$2/vae"
+    cp "$TPGEN_ROOT/tests/data/flux3-pipe/${1}_modular_model_index.json" "$2/modular_model_index.json"
+}

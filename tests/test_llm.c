@@ -3,6 +3,7 @@
  * mistral-tiny, padded and unpadded, at every TP degree in {1, 2, 4} that
  * divides the world (tp 4 exercises the replicated-KV rule: 2 KV heads). */
 #include "test.h"
+#include "golden_case.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
@@ -49,34 +50,6 @@ static float *golden_f32(st_file *f, int c, const char *what, size_t want) {
         return NULL;
     }
     return v;
-}
-
-static int golden_ids(st_file *f, int c, int n, int32_t *ids, int32_t *mask) {
-    char name[96];
-    int64_t *v = NULL;
-    const st_tensor_info *info;
-    snprintf(name, sizeof name, "case%d.input_ids", c);
-    if (st_read_i64(f, name, &v, &info) || st_numel(info) != n) return free(v), -1;
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)v[i];
-    free(v);
-    snprintf(name, sizeof name, "case%d.attention_mask", c);
-    if (st_read_i64(f, name, &v, &info) || st_numel(info) != n) return free(v), -1;
-    for (int i = 0; i < n; i++) mask[i] = (int32_t)v[i];
-    free(v);
-    return 0;
-}
-
-/* Column block k of a stacked [n, K*H] output, rows where row_ok (NULL: all). */
-static double block_rel(const float *out, int K, int k, const float *ref, int n, int H, const int *row_ok) {
-    double num = 0, den = 0;
-    for (int t = 0; t < n; t++) {
-        if (row_ok && !row_ok[t]) continue;
-        for (int d = 0; d < H; d++) {
-            double a = out[((size_t)t * K + k) * H + d], b = ref[(size_t)t * H + d];
-            num += (a - b) * (a - b), den += b * b;
-        }
-    }
-    return num != num ? INFINITY : sqrt(num / (den > 0 ? den : 1));
 }
 
 /* Pad rows under the production rule (SDPA: a fully masked query row gets
@@ -181,7 +154,7 @@ static void check_model(const golden_model *g, dtype_t dt, double tol) {
                   (unsigned long long)st.bytes_read, (unsigned long long)want);
         }
         for (int cs = 0; !rc && cs < g->n_cases && !test_failed(); cs++) {
-            REQUIRE(!golden_ids(cf, cs, n, ids, mask), "case %d ids: %s", cs, tp_error_msg());
+            REQUIRE(!golden_case_ids(cf, cs, n, ids, mask), "case %d ids: %s", cs, tp_error_msg());
             for (size_t i = 0; i < (size_t)n * g->n_hs * H; i++) out[i] = NAN;   /* poison */
             rc = llm_forward(m, ids, mask, n, g->hs, g->n_hs, out);
             CHECK(!rc, "forward: %s", tp_error_msg());
@@ -190,10 +163,10 @@ static void check_model(const golden_model *g, dtype_t dt, double tol) {
                 snprintf(what, sizeof what, "hidden_states_%d", g->hs[k]);
                 float *ref = golden_f32(cf, cs, what, (size_t)n * H);
                 REQUIRE(ref, "golden %s missing", what);
-                double e = block_rel(out, g->n_hs, k, ref, n, H, mask);   /* real rows */
+                double e = golden_block_rel(out, g->n_hs, k, ref, n, H, mask);   /* real rows */
                 CHECK(e < tol, "tp %d %s case %d %s (real rows): rel L2 %.3g", tp, dtype_name(dt), cs, what, e);
                 if (cfg.arch == LLM_QWEN3) {   /* right padding: pad rows are real computation too */
-                    double ea = block_rel(out, g->n_hs, k, ref, n, H, NULL);
+                    double ea = golden_block_rel(out, g->n_hs, k, ref, n, H, NULL);
                     CHECK(ea < tol, "tp %d %s case %d %s (all rows): rel L2 %.3g", tp, dtype_name(dt), cs, what, ea);
                 }
                 free(ref);
@@ -204,7 +177,7 @@ static void check_model(const golden_model *g, dtype_t dt, double tol) {
             int *rows = malloc((size_t)n * sizeof *rows);
             for (int t = 0; t < n; t++) rows[t] = cfg.arch == LLM_QWEN3 || mask[t];
             /* prompt_embeds [n, 3H] compared as one block of width 3H */
-            double e = block_rel(emb, 1, 0, pe, n, 3 * H, rows);
+            double e = golden_block_rel(emb, 1, 0, pe, n, 3 * H, rows);
             CHECK(!rc && e < tol, "tp %d %s case %d prompt_embeds: rel L2 %.3g", tp, dtype_name(dt), cs, e);
             free(rows), free(pe);
             if (cfg.arch == LLM_MISTRAL && !rc) {

@@ -8,6 +8,7 @@
  * formula; the permutation (RoPE on llama.cpp's row order) shown to matter;
  * textenc_load on a GGUF pipeline folder; bad files refused on every rank. */
 #include "test.h"
+#include "golden_case.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/gguf.h"
 #include "core/formats/safetensors.h"
@@ -70,34 +71,6 @@ static float *read_f32(st_file *f, const char *name, size_t want) {
     const st_tensor_info *info = NULL;
     if (st_read_f32(f, name, &v, &info) || (size_t)st_numel(info) != want) return free(v), NULL;
     return v;
-}
-
-static int read_ids(st_file *f, int c, int n, int32_t *ids, int32_t *mask) {
-    char name[64];
-    int64_t *v = NULL;
-    const st_tensor_info *info;
-    snprintf(name, sizeof name, "case%d.input_ids", c);
-    if (st_read_i64(f, name, &v, &info) || st_numel(info) != n) return free(v), -1;
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)v[i];
-    free(v);
-    snprintf(name, sizeof name, "case%d.attention_mask", c);
-    if (st_read_i64(f, name, &v, &info) || st_numel(info) != n) return free(v), -1;
-    for (int i = 0; i < n; i++) mask[i] = (int32_t)v[i];
-    free(v);
-    return 0;
-}
-
-/* block k of a stacked [n, K*H] output against ref [n, H] over rows where ok (NULL: all) */
-static double block_rel(const float *out, int K, int k, const float *ref, int n, int H, const int32_t *ok) {
-    double num = 0, den = 0;
-    for (int t = 0; t < n; t++) {
-        if (ok && !ok[t]) continue;
-        for (int d = 0; d < H; d++) {
-            double a = out[((size_t)t * K + k) * H + d], b = ref[(size_t)t * H + d];
-            num += (a - b) * (a - b), den += b * b;
-        }
-    }
-    return num != num ? INFINITY : sqrt(num / (den > 0 ? den : 1));
 }
 
 /* The bytes rank `rank` of tp reads, from the file's tensor list and the
@@ -180,7 +153,7 @@ static double check_variant(const variant *v, dtype_t dt, double tol, int no_per
                   (unsigned long long)st.bytes_read, (unsigned long long)want);
         }
         for (int cs = 0; !rc && cs < 2 && !test_failed(); cs++) {
-            REQ_D(!read_ids(gf, cs, n, ids, mask), "case %d ids: %s", cs, tp_error_msg());
+            REQ_D(!golden_case_ids(gf, cs, n, ids, mask), "case %d ids: %s", cs, tp_error_msg());
             /* right padding (Qwen3): pad rows are real computation; left padding (Mistral): real rows only */
             const int32_t *rows = cfg.arch == LLM_QWEN3 ? NULL : mask;
             for (size_t i = 0; i < (size_t)n * 5 * H; i++) out[i] = NAN;
@@ -191,7 +164,7 @@ static double check_variant(const variant *v, dtype_t dt, double tol, int no_per
                 snprintf(what, sizeof what, "hidden_states_%d", v->hs[k]);
                 float *ref = ref_tensor(v, rf, gf, cs, what, (size_t)n * H);
                 REQ_D(ref, "reference %s of case %d missing", what, cs);
-                double e = block_rel(out, 5, k, ref, n, H, rows);
+                double e = golden_block_rel(out, 5, k, ref, n, H, rows);
                 if (e > worst) worst = e;
                 if (e > tp_worst) tp_worst = e;
                 if (!no_permute)
@@ -205,14 +178,14 @@ static double check_variant(const variant *v, dtype_t dt, double tol, int no_per
                 snprintf(what, sizeof what, "hidden_states_%d", v->layers[k]);
                 float *ref = ref_tensor(v, rf, gf, cs, what, (size_t)n * H);
                 REQ_D(ref, "reference %s missing", what);
-                double e = block_rel(emb, 3, k, ref, n, H, rows);
+                double e = golden_block_rel(emb, 3, k, ref, n, H, rows);
                 CHECK(e < tol, "%s tp %d case %d prompt_embeds block %d: rel L2 %.3g", v->file, tp, cs, k, e);
                 free(ref);
             }
             if (!v->ref_prefix && !rc) {   /* and the golden prompt_embeds tensor itself */
                 float *pe = ref_tensor(v, rf, gf, cs, "prompt_embeds", (size_t)n * 3 * H);
                 REQ_D(pe, "golden prompt_embeds missing");
-                double e = block_rel(emb, 1, 0, pe, n, 3 * H, rows);
+                double e = golden_block_rel(emb, 1, 0, pe, n, 3 * H, rows);
                 CHECK(e < tol, "%s tp %d case %d golden prompt_embeds: rel L2 %.3g", v->file, tp, cs, e);
                 free(pe);
             }
@@ -280,7 +253,7 @@ TEST_MPI(llm_gguf_qwen3_kquant) {
                   (unsigned long long)st.bytes_read, (unsigned long long)want);
             for (size_t i = 0; i < (size_t)10 * 2 * 256; i++) out[i] = NAN;
             if (!rc) CHECK(!llm_forward(m, ids, NULL, 10, idx, 2, out), "forward: %s", tp_error_msg());
-            double e0 = block_rel(out, 2, 0, ref0, 10, 256, NULL), e1 = block_rel(out, 2, 1, ref1, 10, 256, NULL);
+            double e0 = golden_block_rel(out, 2, 0, ref0, 10, 256, NULL), e1 = golden_block_rel(out, 2, 1, ref1, 10, 256, NULL);
             CHECK(e0 < 1e-4 && e1 < 1e-4, "tp %d: embeddings %.3g, final norm %.3g", tp, e0, e1);
             if (world_rank == 0) printf("# qwen3-kquant.gguf tp %d F32: embeddings %.3g, final norm %.3g\n", tp, e0, e1);
         }
@@ -415,14 +388,14 @@ TEST_MPI(textenc_gguf_dev) {
     float *emb = malloc((size_t)64 * 3 * H * sizeof *emb);
     int32_t ids[64], mask[64];
     for (int cs = 0; cs < 2; cs++) {   /* the golden ids: prompt_embeds = hidden states 10, 20, 30 */
-        REQUIRE(!read_ids(gf, cs, n, ids, mask), "ids");
+        REQUIRE(!golden_case_ids(gf, cs, n, ids, mask), "ids");
         CHECK(!textenc_encode_ids(t, ids, mask, n, emb), "%s", tp_error_msg());
         for (int k = 0; k < 3; k++) {
             char name[96];
             snprintf(name, sizeof name, "mistral-q8_0.case%d.hidden_states_%d", cs, 10 * (k + 1));
             float *ref = read_f32(rf, name, (size_t)n * H);
             REQUIRE(ref, "%s missing", name);
-            double e = block_rel(emb, 3, k, ref, n, H, mask);
+            double e = golden_block_rel(emb, 3, k, ref, n, H, mask);
             CHECK(e < 1e-4, "tp %d case %d block %d: rel L2 %.3g", c->size, cs, k, e);
             free(ref);
         }

@@ -13,10 +13,7 @@ source "$TPGEN_ROOT/tests/lib.sh"
 export OMP_NUM_THREADS=1
 D=$TPGEN_ROOT/tests/data/flux3-pipe
 for k in base flowmap; do
-    mkdir -p "$TMP/$k"
-    ln -s "$TPGEN_GOLDEN/flux3-tiny/$k/model/transformer" "$TMP/$k/transformer"
-    ln -s "$TPGEN_GOLDEN/vae-tiny/model/vae" "$TMP/$k/vae"
-    cp "$D/${k}_modular_model_index.json" "$TMP/$k/modular_model_index.json"
+    flux3_folder $k "$TMP/$k"
     out=$(TPGEN_FLUX3_TE_OUT="$TMP/$k" "$TPGEN_TESTS" flux3te_tiny_writer_files 2>&1)
     echo "$out" | grep -q '^ok - ' || fail "flux3 e2e: writing the tiny text encoder into $k: $(echo "$out" | tail -2)"
 done

@@ -12,10 +12,7 @@ source "$TPGEN_ROOT/tests/lib.sh"
 export OMP_NUM_THREADS=1
 D=$TPGEN_ROOT/tests/data/flux3-pipe
 for k in base flowmap; do
-    mkdir -p "$TMP/$k"
-    ln -s "$TPGEN_GOLDEN/flux3-tiny/$k/model/transformer" "$TMP/$k/transformer"
-    ln -s "$TPGEN_GOLDEN/vae-tiny/model/vae" "$TMP/$k/vae"
-    cp "$D/${k}_modular_model_index.json" "$TMP/$k/modular_model_index.json"
+    flux3_folder $k "$TMP/$k"
 done
 
 # compare OURS latents file and PNG with the golden case: rel L2 <= 1e-4, |u8 diff| <= 1
