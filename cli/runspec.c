@@ -54,7 +54,7 @@ static const key_def k_keys[] = {
      "also write the final packed latents [1, N, C] (safetensors tensor 'latents'); a pattern like --output", 0, 0},
     {"no_decode", K_BOOL, OFF(no_decode), 0, 0, NULL, NULL, "do not run the VAE (no PNG); use with --save-latents", 0, 0},
     {"json_metrics", K_STR, OFF(json_metrics), 0, 0, NULL, "FILE", "write timings, memory and load figures as JSON", 0, 0},
-    {"max_sequence_length", K_INT, OFF(max_sequence_length), 1, 8192, NULL, "N", "text tokens per prompt (default 512)", 0, 0},
+    {"max_sequence_length", K_INT, OFF(max_sequence_length), 1, 8192, NULL, "N", "text tokens per prompt (default 512; FLUX.3: the cap of each prompt's window, default 8192)", 0, 0},
     {"prompts_file", K_STR, OFF(prompts_file), 0, 0, NULL, "FILE",
      "prompts, one per line (UTF-8; blank lines skipped), instead of --prompt / prompts:", 0, 0},
     {"watchdog", K_FLOAT, OFF(watchdog), 0, 1e7, NULL, "S",
