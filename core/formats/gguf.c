@@ -117,10 +117,11 @@ static int read_str_array(cur *c, gguf_value *v, const char *key) {
     uint64_t start = c->pos, total = 0;
     char w[280];
     if (v->n > (c->n - c->pos) / 8) return need(c, UINT64_MAX, of_key(w, sizeof w, "the string array", key));
+    of_key(w, sizeof w, "a string in the array", key);   /* once: a vocabulary has ~150k strings */
     for (uint64_t i = 0; i < v->n; i++) {
         uint64_t len;
         const uint8_t *b;
-        if (rd_str_span(c, &len, &b, of_key(w, sizeof w, "a string in the array", key))) return -1;
+        if (rd_str_span(c, &len, &b, w)) return -1;
         total += len + 1;
     }
     gguf_str *s = xcalloc(v->n ? v->n : 1, sizeof *s);
