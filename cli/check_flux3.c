@@ -164,15 +164,16 @@ static int count_cases(const char *path, const dist *d, st_file **f, int *n) {
     return dist_agree(d->tp_comm, rc);
 }
 
-int check_flux3(const char *dir, const char *cases_path, dtype_t precision, double tol, uint64_t seed, const dist *d,
-                backend *be, comm *c) {
+int check_flux3(const char *dir, const char *cases_path, dtype_t precision, int quantize_fp8, double tol, uint64_t seed,
+                const dist *d, backend *be, comm *c) {
+    flux3_load_extras x = {.quantize_fp8 = quantize_fp8};
     flux3_model *m = NULL, *ref = NULL;
     comm *self = NULL;
     st_file *cases = NULL;
-    int rc = flux3_load(dir, be, c, precision, &m, NULL), n_cases = 2, failed = 0;
+    int rc = flux3_load_ex(dir, be, c, precision, &x, &m, NULL), n_cases = 2, failed = 0;
     if (!rc && !cases_path && d->tp_rank == 0) {
         self = comm_create(MPI_COMM_SELF, be);
-        rc = self ? flux3_load(dir, be, self, precision, &ref, NULL) : -1;
+        rc = self ? flux3_load_ex(dir, be, self, precision, &x, &ref, NULL) : -1;
         if (rc) tp_error_context("unsharded reference on rank 0");
     }
     if (dist_agree(d->tp_comm, rc) || (cases_path && count_cases(cases_path, d, &cases, &n_cases))) {

@@ -384,9 +384,10 @@ int flux2_pipe_load(flux2_pipe *p) {
     int rc = 0;
     if (is_flux3(p->info) && !p->model3) {
         load_stats ls = {0};
-        rc = p->cfg.n_loras || p->cfg.quantize_fp8
-                 ? tp_error("%s: LoRA adapters and --quantize fp8 are not supported on FLUX.3 yet", p->info->transformer_dir)
-                 : flux3_load(p->info->transformer_dir, p->be, p->c, p->cfg.precision, &p->model3, &ls);
+        flux3_load_extras x3 = {.quantize_fp8 = p->cfg.quantize_fp8};
+        rc = p->cfg.n_loras
+                 ? tp_error("%s: LoRA adapters are not supported on FLUX.3 yet", p->info->transformer_dir)
+                 : flux3_load_ex(p->info->transformer_dir, p->be, p->c, p->cfg.precision, &x3, &p->model3, &ls);
         p->st.bytes_loaded += ls.bytes_read;
         p->st.load_seconds += ls.seconds;
         if (rc) tp_error_context("loading %s", p->info->transformer_dir);

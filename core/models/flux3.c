@@ -285,6 +285,13 @@ static int model_new(const flux3_config *cfg, backend *be, comm *c, dtype_t prec
 }
 
 int flux3_load(const char *dir, backend *be, comm *c, dtype_t precision, flux3_model **out, load_stats *st) {
+    return flux3_load_ex(dir, be, c, precision, NULL, out, st);
+}
+
+int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, const flux3_load_extras *x,
+                  flux3_model **out, load_stats *st) {
+    static const flux3_load_extras none = {0};
+    if (!x) x = &none;
     *out = NULL;
     char *path = xasprintf("%s/config.json", dir);
     json_error_t jerr;
@@ -305,7 +312,7 @@ int flux3_load(const char *dir, backend *be, comm *c, dtype_t precision, flux3_m
         checkpoint_open(dir, &ck) || check_names(m, dir, ck))
         goto done;
     plan p;
-    load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision};
+    load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision, .quantize_fp8 = x->quantize_fp8};
     if (precision == DT_BF16) o.want = is_not_qk_norm;   /* the QK norms load in f32, below */
     if (flux3_plan(&cfg, &p) || weights_load(ck, &p, &o, &m->w, st)) goto done;
     if (precision == DT_BF16) {

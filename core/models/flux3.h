@@ -82,6 +82,16 @@ typedef struct flux3_model flux3_model;
  * on failure (the caller agrees on errors across ranks). st may be NULL. */
 int flux3_load(const char *dir, struct backend *be, struct comm *c, dtype_t precision, flux3_model **out,
                load_stats *st);
+/* flux3_load with load-time options: quantize_fp8 (--quantize fp8) makes
+ * the sharded linears (the block projections and MLPs, plans/flux3_plan.c's
+ * colwise/rowwise weights) E4M3 with per-row absmax scales as FLUX.2 does
+ * (core/formats/fp8.h); embedders, modulations, norm_out and the QK norms
+ * keep their dtype. fp8 checkpoints load with or without it. x may be NULL. */
+typedef struct flux3_load_extras {
+    int quantize_fp8;
+} flux3_load_extras;
+int flux3_load_ex(const char *dir, struct backend *be, struct comm *c, dtype_t precision,
+                  const flux3_load_extras *x, flux3_model **out, load_stats *st);
 /* A model with random weights of the given config, made in memory
  * (benchmarks; no file): each rank fills its local shard from (seed, rank,
  * tensor name), linears ~ U(+-sqrt(3/in)) so activations stay O(1). */
