@@ -2,7 +2,8 @@
 # `tpgen check` on the FLUX.3 transformers (golden flux3-tiny: base and
 # flow-map, 4 cases each, 2 with reference tokens): the TP forward against
 # diffusers' outputs at every tp that divides the 6 heads (1, 2, 3), f32 and
-# bf16; against an unsharded run on rank 0; and its errors.
+# bf16; against an unsharded run on rank 0; --quantize fp8 (check and generate,
+# tp 2); and its errors.
 source "$TPGEN_ROOT/tests/lib.sh"
 export OMP_NUM_THREADS=1
 
@@ -46,6 +47,44 @@ expect_fail "flux3 check FLUX.2 cases on a FLUX.3 model" "encoder_hidden_states 
     "$TPGEN" check --backend cpu --model "$G/model" --cases "$TPGEN_GOLDEN/flux2-tiny-a/transformer_cases.safetensors"
 expect_fail "flux3 check FLUX.2-only option" "FLUX.2-only" \
     $MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$G/model" --unfused
+expect_fail "flux3 check --lora (FLUX.2-only)" "FLUX.2-only" \
+    $MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$G/model" --lora "$TPGEN_GOLDEN/flux2-lora/adapters/aitk_r4.safetensors"
+
+# --quantize fp8 (the block linears become E4M3 with per-row absmax scales at load, per rank shard):
+# tp 2 against diffusers' f32 outputs, near (fp8 rounding, ~5e-3 to 1e-2) but not at them
+for v in base flowmap; do
+    F=$TPGEN_GOLDEN/flux3-tiny/$v
+    out=$($MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$F/model" --cases "$F/transformer_cases.safetensors" \
+          --quantize fp8 --tol 5e-2 2>&1); rc=$?
+    err=$(echo "$out" | sed -n 's/^max_rel_err=\([^ ]*\) .*PASS$/\1/p')
+    if [ $rc -eq 0 ] && [ "$(echo "$out" | grep -c '^case[0-9] rel_err=')" -eq 4 ] && [ -n "$err" ] &&
+        python3 -c "import sys; sys.exit(0 if 1e-4 < $err < 5e-2 else 1)"; then
+        ok "flux3 $v check --quantize fp8 tp=2 (max_rel_err $err)"
+    else fail "flux3 $v check --quantize fp8 tp=2: rc=$rc $(echo "$out" | tail -3 | tr '\n' ' ')"; fi
+done
+
+# generate --quantize fp8 on a FLUX.3 folder at np 2: runs, and its latents are near, not at, the f32 weights' run
+flux3_folder base "$TMP/q3"
+P3=tests/data/flux3-pipe/base_t2i.safetensors
+for q in plain fp8; do
+    $MPIRUN -np 2 "$TPGEN" generate --model "$TMP/q3" --prompt-embeds "$TPGEN_ROOT/$P3" \
+        --negative-prompt-embeds "$TPGEN_ROOT/$P3" --seed 42 --steps 3 --width 64 --height 48 --precision f32 \
+        --backend cpu --no-decode --save-latents "$TMP/q3-$q.safetensors" $([ $q = fp8 ] && echo --quantize fp8) \
+        >"$TMP/q3-$q.log" 2>&1 || echo "rc=$?" >>"$TMP/q3-$q.log"
+done
+r=$(python3 - "$TMP/q3-plain.safetensors" "$TMP/q3-fp8.safetensors" <<'PY' 2>&1
+import json, math, struct, sys
+def st(path):
+    f = open(path, "rb"); n, = struct.unpack("<Q", f.read(8)); h = json.loads(f.read(n))
+    t = h["latents"]; a, b = t["data_offsets"]; f.seek(8 + n + a); d = f.read(b - a)
+    return struct.unpack("<%df" % (len(d) // 4), d)
+x, y = st(sys.argv[1]), st(sys.argv[2])
+rel = math.sqrt(sum((a - b) ** 2 for a, b in zip(x, y)) / sum(a * a for a in x))
+print("latents rel %.3g" % rel); sys.exit(0 if len(x) == len(y) and 1e-4 < rel < 5e-2 else 1)
+PY
+) && ok "flux3 generate --quantize fp8 tp=2 ($r from the f32 weights)" \
+  || fail "flux3 generate --quantize fp8: $r $(tail -2 "$TMP/q3-fp8.log" | tr '\n' ' ')"
+
 mkdir -p "$TMP/fm/transformer"
 ln -s "$G/model/transformer/diffusion_pytorch_model.safetensors" "$TMP/fm/transformer/"
 sed 's/"flow_map": false/"flow_map": true/' "$G/model/transformer/config.json" > "$TMP/fm/transformer/config.json"
