@@ -121,10 +121,10 @@ static int run(const char *in, const char *out, int type, int force) {
     if (!force && access(out, F_OK) == 0)
         return tp_error("quantize: output %s exists; pass --force to replace it", out);
     char *tmp = xstrdup(out), *dir = dirname(tmp);
-    int w = access(dir, W_OK);
-    if (w) {
-        int e = errno;
-        tp_error("quantize: cannot write to the folder %s of %s: %s", dir, out, strerror(e));
+    if (!path_is_dir(dir) || access(dir, W_OK)) {
+        int e = path_is_dir(dir) ? errno : path_is_file(dir) ? ENOTDIR : ENOENT;
+        tp_error("quantize: cannot write to the folder %s of %s: %s (create it, or give a writable folder)", dir,
+                 out, strerror(e));
         free(tmp);
         return -1;
     }
