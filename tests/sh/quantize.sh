@@ -6,7 +6,7 @@
 # passes tpgen check against its unquantised golden outputs within 3e-2 (measured 1.08e-2; the golden
 # flux2-gguf Q8_0 model is 5.6e-3 from its unquantised outputs) and is not the f32 model (> 1e-3); F32 and
 # BF16 of it (its weights are bf16, so both are lossless) within 1e-4; F32 of the golden mixed GGUF (K-quants dequantised) matches its
-# gguf_cases at 1e-5; bad input refused with no file left behind; the byte comparisons again under ASan.
+# gguf_cases at 1e-5, F32 of the golden fp8 folders their fp8_cases at 1e-5; bad input refused with no file left behind; the byte comparisons again under ASan.
 [ -n "${TPGEN_ROOT:-}" ] && [ -n "${TPGEN:-}" ] && [ -n "${TPGEN_GOLDEN:-}" ] || { echo "FAIL - quantize.sh: run it through tests/run.sh"; exit 1; }
 . "$TPGEN_ROOT/tests/lib.sh"
 D=$TPGEN_ROOT/tests/data/quant
@@ -58,6 +58,18 @@ out=$("$TPGEN" check --backend cpu --model "$TMP/mixed" --cases "$G/transformer_
       --outputs "$G/gguf_cases.safetensors" --prefix mixed --tol 1e-5 2>&1)
 if [ $? -eq 0 ] && echo "$out" | grep -qE '^max_rel_err=.* PASS$'; then ok "quantize_golden_mixed_F32: K-quants dequantised ($(echo "$out" | grep -oE 'max_rel_err=[^ ]+'))"
 else fail "quantize_golden_mixed_F32: $(echo "$out" | grep -v '^#' | tail -2)"; fi
+
+# fp8 inputs (per-tensor, per-row and E5M2 scales): F32 of each matches the golden fp8 outputs at 1e-5
+F=$TPGEN_GOLDEN/flux2-fp8
+for v in scaled channel e5m2; do
+    m=$TMP/fp8-$v
+    mkdir -p "$m/transformer" && cp -r "$F/$v/model_index.json" "$F/$v/scheduler" "$m/" && cp "$F/$v/transformer/config.json" "$m/transformer/"
+    out=$("$TPGEN" quantize --type F32 "$F/$v/transformer" "$m/transformer/t.gguf" 2>&1 &&
+          "$TPGEN" check --backend cpu --model "$m" --cases "$A/transformer_cases.safetensors" \
+              --outputs "$F/fp8_cases.safetensors" --prefix "$v" --tol 1e-5 2>&1)
+    if [ $? -eq 0 ] && echo "$out" | grep -qE '^max_rel_err=.* PASS$'; then ok "quantize_golden_fp8_${v}_F32 ($(echo "$out" | grep -oE 'max_rel_err=[^ ]+'))"
+    else fail "quantize_golden_fp8_${v}_F32: $(echo "$out" | grep -v '^#' | tail -2)"; fi
+done
 
 # bad input: a clear error, non-zero exit, no file (and no temporary) left behind
 mkdir -p "$TMP/bad"
