@@ -70,7 +70,7 @@ static int read_f32(const checkpoint *c, int k, float **out, int64_t *n_out) {
     } else if (dtype_is_fp8(t->dtype)) {
         const fp8_layer *l = fp8_layer_of(c, k);
         const float *tab = fp8_table(t->dtype);
-        int64_t row = t->ndim ? n / t->shape[0] : n;
+        int64_t row = t->ndim && t->shape[0] ? n / t->shape[0] : n;
         for (int64_t i = 0; i < n; i++) {
             float s = !l || !l->values ? 1.0f : l->per_row ? l->values[i / row] : l->values[0];
             x[i] = tab[((const uint8_t *)raw)[i]] * s;
@@ -142,6 +142,11 @@ static int run(const char *in, const char *out, int type, int force) {
         if (t->ndim > GGUF_MAX_DIMS) {
             rc = tp_error("quantize: tensor '%s' has %d dimensions; GGUF holds at most %d", t->name, t->ndim,
                           GGUF_MAX_DIMS);
+            break;
+        }
+        if (st_numel(t) == 0) {
+            rc = tp_error("quantize: tensor '%s' is empty (a dimension of 0); GGUF tensors have every dimension > 0",
+                          t->name);
             break;
         }
         wt[k].name = t->name;
