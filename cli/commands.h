@@ -32,6 +32,7 @@ int cmd_encode_image(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_affinity(int argc, char **argv);
 int cmd_make_tiny(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 /* A FLUX.2-shaped transformer checkpoint of real widths in DIR (shape dev,
  * klein-4b, klein-9b or small), random data or holes (sparse): written by
  * `bench load --make` and `make-tiny --widths *-full` (cli/bench/bench_load.c). */

@@ -18,6 +18,7 @@ static const struct {
     {"bench", "benchmarks (transformer forward, GEMM, load, VAE, encoder)"},
     {"make-tiny", "write a tiny random pipeline folder (for the demo and tests)"},
     {"affinity", "show each rank's CPU binding and thread count"},
+    {"quantize", "write a transformer checkpoint as a GGUF (ComfyUI-GGUF layout, Q8_0/Q4_0/...)"},
 };
 
 static command_fn lookup(const char *name) {
@@ -32,6 +33,7 @@ static command_fn lookup(const char *name) {
     if (!strcmp(name, "bench")) return cmd_bench;
     if (!strcmp(name, "make-tiny")) return cmd_make_tiny;
     if (!strcmp(name, "affinity")) return cmd_affinity;
+    if (!strcmp(name, "quantize")) return cmd_quantize;
     return NULL;
 }
 

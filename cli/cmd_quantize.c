@@ -1,0 +1,214 @@
+/* `tpgen quantize --type T [--force] IN OUT.gguf`: a FLUX.2 transformer
+ * checkpoint that tpgen reads (a diffusers folder, a BFL single file, a
+ * .gguf; bf16/f16/f32/fp8/GGUF blocks) rewritten as a GGUF in the
+ * ComfyUI-GGUF layout (docs/gguf.md "tpgen quantize"). Each tensor is read
+ * as f32 (fp8 with its scales, GGUF blocks dequantised), typed by
+ * gguf_quantize_pick and quantised by core/formats/gguf_quantize.c, one
+ * tensor in memory at a time (gguf_write's fill callback). Names are kept
+ * as the input has them. OUT is written through a temporary file renamed at
+ * the end (gguf_write), so no error leaves a partial OUT. */
+#include "commands.h"
+#include "kernels/err.h"
+#include "kernels/quant.h"
+#include "kernels/tensor.h"
+#include "core/formats/checkpoint.h"
+#include "core/formats/fp8.h"
+#include "core/formats/gguf.h"
+#include "core/formats/gguf_quantize.h"
+#include <errno.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int usage(FILE *f) {
+    fprintf(f,
+            "usage: tpgen quantize --type T [--force] IN OUT.gguf\n\n"
+            "Write the FLUX.2 transformer checkpoint IN (a diffusers transformer folder, a BFL single\n"
+            ".safetensors file, or a .gguf; bf16/f16/f32/fp8 or GGUF blocks) as a GGUF in the ComfyUI-GGUF\n"
+            "layout (general.architecture \"flux\"). Tensor names are kept as IN has them: a BFL file gives\n"
+            "BFL names (what ComfyUI-GGUF loads), a diffusers folder gives diffusers names (tpgen loads\n"
+            "both; converting diffusers names to BFL names is not done).\n\n"
+            "  --type T   %s (bit-identical to gguf-py 0.19.0's quantisers)\n"
+            "             1-D tensors and tensors of <= 1024 values stay F32; a tensor whose rows are not\n"
+            "             whole blocks of T is written F16; every other tensor is T\n"
+            "  --force    replace an existing OUT\n\n"
+            "OUT is written to a temporary file in its folder and renamed when complete.\n",
+            gguf_quantize_supported_list());
+    return f == stdout ? 0 : 2;
+}
+
+typedef struct qctx {
+    const checkpoint *c;
+    const gguf_write_tensor *wt;
+    int cur;              /* the tensor held in buf, -1 none */
+    uint8_t *buf;         /* its quantised bytes */
+    uint64_t n_buf;
+} qctx;
+
+/* tensor k of c as a malloc'ed f32 array of n values */
+static int read_f32(const checkpoint *c, int k, float **out, int64_t *n_out) {
+    const st_tensor_info *t = c->infos[k];
+    const st_file *f = c->files[c->file_of[k]];
+    int64_t n = st_numel(t);
+    uint64_t nb = t->end - t->begin;
+    void *raw = malloc(nb ? nb : 1);
+    float *x = malloc((size_t)(n ? n : 1) * sizeof *x);
+    if (!raw || !x) {
+        free(raw), free(x);
+        return tp_error("quantize: out of memory reading tensor '%s' (%lld values)", t->name, (long long)n);
+    }
+    if (st_read_raw(f, t, raw)) goto fail;
+    if (t->dtype == DT_GGML) {
+        if (!quant_supported(t->qtype)) {
+            tp_error("%s: tensor '%s' is %s, which tpgen cannot decode (supported: %s)", f->path, t->name,
+                     quant_type_name(t->qtype), quant_supported_list());
+            goto fail;
+        }
+        quant_dequant_row(t->qtype, raw, x, n);
+    } else if (dtype_is_fp8(t->dtype)) {
+        const fp8_layer *l = fp8_layer_of(c, k);
+        const float *tab = fp8_table(t->dtype);
+        int64_t row = t->ndim && t->shape[0] ? n / t->shape[0] : n;
+        for (int64_t i = 0; i < n; i++) {
+            float s = !l || !l->values ? 1.0f : l->per_row ? l->values[i / row] : l->values[0];
+            x[i] = tab[((const uint8_t *)raw)[i]] * s;
+        }
+    } else if (t->dtype == DT_F32 || t->dtype == DT_BF16 || t->dtype == DT_F16 || t->dtype == DT_F64) {
+        if (convert_to_f32(x, raw, t->dtype, (size_t)n)) goto fail;
+    } else {
+        tp_error("%s: tensor '%s' is %s, not a float tensor: tpgen quantize writes float weights only", f->path,
+                 t->name, dtype_name(t->dtype));
+        goto fail;
+    }
+    free(raw);
+    *out = x, *n_out = n;
+    return 0;
+fail:
+    free(raw), free(x);
+    return -1;
+}
+
+static int fill(void *vctx, int index, void *buf, uint64_t offset, size_t n) {
+    qctx *q = vctx;
+    if (q->cur != index) {
+        free(q->buf), q->buf = NULL, q->cur = -1;
+        float *x = NULL;
+        int64_t nv = 0;
+        if (read_f32(q->c, index, &x, &nv)) return -1;
+        const gguf_write_tensor *w = &q->wt[index];
+        q->n_buf = (uint64_t)quant_row_bytes(quant_type_get(w->type), w->ne[0]) * (uint64_t)(nv / w->ne[0]);
+        q->buf = malloc(q->n_buf ? q->n_buf : 1);
+        if (!q->buf) {
+            free(x);
+            return tp_error("quantize: out of memory for tensor '%s'", w->name);
+        }
+        gguf_quantize_row(w->type, x, nv, q->buf);
+        free(x);
+        q->cur = index;
+    }
+    if (offset + n > q->n_buf) return tp_error("quantize: internal: read past tensor %d", index);
+    memcpy(buf, q->buf + offset, n);
+    return 0;
+}
+
+static int run(const char *in, const char *out, int type, int force) {
+    if (!path_is_dir(in) && !path_is_file(in))
+        return tp_error("quantize: input %s does not exist (give a transformer folder, a .safetensors or a .gguf file)",
+                        in);
+    if (path_is_dir(out)) return tp_error("quantize: output %s is a folder; give the .gguf file to write", out);
+    if (!force && access(out, F_OK) == 0)
+        return tp_error("quantize: output %s exists; pass --force to replace it", out);
+    char *tmp = xstrdup(out), *dir = dirname(tmp);
+    if (!path_is_dir(dir) || access(dir, W_OK)) {
+        int e = path_is_dir(dir) ? errno : path_is_file(dir) ? ENOTDIR : ENOENT;
+        tp_error("quantize: cannot write to the folder %s of %s: %s (create it, or give a writable folder)", dir,
+                 out, strerror(e));
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    checkpoint *c;
+    if (checkpoint_open(in, &c)) return tp_error_context("quantize: %s", in);
+    if (c->n == 0) {
+        checkpoint_close(c);
+        return tp_error("quantize: %s holds no tensors", in);
+    }
+    gguf_write_tensor *wt = xcalloc((size_t)c->n, sizeof *wt);
+    int counts[64] = {0}, rc = 0;
+    for (int k = 0; k < c->n && !rc; k++) {
+        const st_tensor_info *t = c->infos[k];
+        if (t->ndim > GGUF_MAX_DIMS) {
+            rc = tp_error("quantize: tensor '%s' has %d dimensions; GGUF holds at most %d", t->name, t->ndim,
+                          GGUF_MAX_DIMS);
+            break;
+        }
+        if (st_numel(t) == 0) {
+            rc = tp_error("quantize: tensor '%s' is empty (a dimension of 0); GGUF tensors have every dimension > 0",
+                          t->name);
+            break;
+        }
+        wt[k].name = t->name;
+        wt[k].ndim = t->ndim ? t->ndim : 1;
+        for (int i = 0; i < GGUF_MAX_DIMS; i++) wt[k].ne[i] = 1;
+        for (int i = 0; i < t->ndim; i++) wt[k].ne[i] = t->shape[t->ndim - 1 - i];
+        wt[k].type = gguf_quantize_pick(type, wt[k].ndim, wt[k].ne);
+        counts[wt[k].type]++;
+    }
+    if (!rc) {
+        gguf_kv kv[1];
+        memset(kv, 0, sizeof kv);
+        kv[0].key = "general.architecture";
+        kv[0].v.type = GGUF_STRING;
+        kv[0].v.str.s = "flux";
+        kv[0].v.str.len = 4;
+        qctx q = {c, wt, -1, NULL, 0};
+        rc = gguf_write(out, kv, 1, wt, c->n, fill, &q);
+        free(q.buf);
+        if (rc) tp_error_context("quantize: writing %s", out);
+    }
+    if (!rc) {
+        printf("tpgen quantize: %s -> %s: %d tensors:", in, out, c->n);
+        for (int i = 0; i < 64; i++)
+            if (counts[i]) printf(" %d %s", counts[i], quant_type_name(i));
+        printf("\n");
+    }
+    free(wt);
+    checkpoint_close(c);
+    return rc;
+}
+
+int cmd_quantize(int argc, char **argv) {
+    const char *pos[2] = {NULL, NULL}, *tname = NULL;
+    int npos = 0, force = 0, rc = 0;
+    for (int i = 1; i < argc && !rc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
+        if (!strcmp(argv[i], "--force")) { force = 1; continue; }
+        if (!strncmp(argv[i], "--", 2)) {
+            char k[64];
+            const char *v;
+            if (cli_flag(argc, argv, &i, "quantize", k, &v)) { rc = -1; break; }
+            if (!strcmp(k, "--type")) tname = v;
+            else rc = tp_error("quantize: unknown option '%s' (see tpgen quantize --help)", k);
+            continue;
+        }
+        if (npos == 2) { rc = tp_error("quantize: one input and one output, got a third argument '%s'", argv[i]); break; }
+        pos[npos++] = argv[i];
+    }
+    int type = -1;
+    if (!rc && !tname) rc = tp_error("quantize needs --type T (one of %s)", gguf_quantize_supported_list());
+    if (!rc && npos != 2) rc = tp_error("quantize needs IN and OUT.gguf (see tpgen quantize --help)");
+    if (!rc) {
+        type = gguf_quantize_type_id(tname);
+        if (type < 0 || !gguf_quantize_supported(type))
+            rc = tp_error("quantize: --type %s is %s; tpgen quantize writes %s", tname,
+                          type < 0 ? "not a ggml type" : "not supported yet", gguf_quantize_supported_list());
+    }
+    if (!rc) rc = run(pos[0], pos[1], type, force);
+    if (rc) {
+        fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
+        return 1;
+    }
+    return 0;
+}
