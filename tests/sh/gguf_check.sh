@@ -16,8 +16,9 @@ check_case() { # NAME TPGEN VARIANT TP PRECISION TOL
     local name=$1 bin=$2 v=$3 tp=$4 prec=$5 tol=$6 out
     out=$($MPI -np "$tp" "$bin" check --model "$G/$v" --cases "$G/transformer_cases.safetensors" \
           --outputs "$G/gguf_cases.safetensors" --prefix "$v" --precision "$prec" --tol "$tol" 2>&1)
-    if [ $? -eq 0 ] && echo "$out" | grep -qE "^max_rel_err=.* PASS$"; then ok "$name ($(echo "$out" | grep -oE 'max_rel_err=[^ ]+'))"
-    else fail "$name: $(echo "$out" | grep -vE '^#' | tail -3)"; fi
+    local rc=$?
+    if [ $rc -eq 0 ] && echo "$out" | grep -qE "^max_rel_err=.* PASS$"; then ok "$name ($(echo "$out" | grep -oE 'max_rel_err=[^ ]+'))"
+    else fail "$name: rc $rc, $(echo "$out" | wc -l) lines of output: $(echo "$out" | tail -4 | tr '\n' ' ')"; fi
 }
 
 run_cases() { # TPGEN PREFIX TPS
