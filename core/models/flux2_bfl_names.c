@@ -138,10 +138,16 @@ static int add_one(const checkpoint *c, const bfl_rule *r, int blk, const char *
 
 int flux2_bfl_names(const checkpoint *c, flux2_bfl_tensor **out, int *n_out) {
     *out = NULL, *n_out = 0;
-    if (!flux2_bfl_is_diffusers(c))
-        return tp_error("not a diffusers FLUX.2 transformer (no x_embedder.weight, double_stream_modulation_img."
-                        "linear.weight and single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight): BFL names are "
-                        "written for FLUX.2 only; use --names keep");
+    if (!flux2_bfl_is_diffusers(c)) {
+        int flux3 = 0;
+        for (int k = 0; k < c->n && !flux3; k++)
+            flux3 = !strncmp(c->infos[k]->name, "early_stream_modulations.", 25) ||
+                    !strncmp(c->infos[k]->name, "txt_mode_blocks.", 16);
+        return tp_error("not a diffusers FLUX.2 transformer (%s): BFL names are written for FLUX.2 only; use --names "
+                        "keep", flux3 ? "a FLUX.3 transformer, which has no BFL layout"
+                                      : "no x_embedder.weight, double_stream_modulation_img.linear.weight and "
+                                        "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight");
+    }
     int counts[3] = {1, count_blocks(c, "transformer_blocks."), count_blocks(c, "single_transformer_blocks.")};
     char *used = xcalloc((size_t)c->n + 1, 1);
     int cap = 2 * c->n + 8, n = 0, rc = 0;
