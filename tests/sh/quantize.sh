@@ -39,7 +39,7 @@ folder() { # TYPE -> $TMP/m-TYPE
     mkdir -p "$m/transformer"
     cp -r "$A/model/model_index.json" "$A/model/scheduler" "$m/"
     cp "$A/model/transformer/config.json" "$m/transformer/"
-    "$TPGEN" quantize --type "$1" "$A/model/transformer" "$m/transformer/t-$1.gguf" > /dev/null
+    "$TPGEN" quantize --type "$1" ${QN:-} "$A/model/transformer" "$m/transformer/t-$1.gguf" > /dev/null
 }
 check_case() { # NAME TYPE TOL MIN [check args...]: max_rel_err <= TOL and >= MIN
     local name=$1 t=$2 tol=$3 min=$4 out e; shift 4
@@ -52,7 +52,10 @@ check_case() { # NAME TYPE TOL MIN [check args...]: max_rel_err <= TOL and >= MI
 }
 check_case quantize_golden_tiny_Q8_0 Q8_0 3e-2 1e-3
 check_case quantize_golden_tiny_F32 F32 1e-4 0
-check_case quantize_golden_tiny_BF16 BF16 1e-4 0   # the golden weights are bf16: lossless
+# the golden weights are bf16: lossless; --names keep: a diffusers-named GGUF (config.json beside it) loads too
+QN="--names keep" check_case quantize_golden_tiny_BF16_keep BF16 1e-4 0
+if "$TPGEN" inspect --model "$TMP/m-BF16/transformer/t-BF16.gguf" 2>&1 | grep -qE '^ +transformer_blocks.0.attn.to_q.weight +BF16'
+then ok "quantize_golden_tiny_BF16_keep_names: diffusers names kept"; else fail "quantize_golden_tiny_BF16_keep_names"; fi
 
 # --names bfl (the default for a diffusers FLUX.2 transformer): the ComfyUI-GGUF layout. F32 of the golden tiny
 # transformer is byte for byte the F32 GGUF (--names keep) of tests/test_bfl.c's independent diffusers -> BFL
