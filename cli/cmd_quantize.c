@@ -4,8 +4,11 @@
  * ComfyUI-GGUF layout (docs/gguf.md "tpgen quantize"). Each tensor is read
  * as f32 (fp8 with its scales, GGUF blocks dequantised), typed by
  * gguf_quantize_pick and quantised by core/formats/gguf_quantize.c, one
- * tensor in memory at a time (gguf_write's fill callback). Names are kept
- * as the input has them. OUT is written through a temporary file renamed at
+ * tensor in memory at a time (gguf_write's fill callback). Names: --names
+ * bfl (the default for a diffusers FLUX.2 transformer) writes the BFL names
+ * ComfyUI-GGUF loads, each BFL tensor assembled in f32 from its diffusers
+ * rows (core/models/flux2_bfl_names.c: fused qkv, the final layer's swapped
+ * halves); --names keep (the default otherwise) keeps IN's names. OUT is written through a temporary file renamed at
  * the end (gguf_write), so no error leaves a partial OUT. */
 #include "commands.h"
 #include "kernels/err.h"
@@ -15,6 +18,7 @@
 #include "core/formats/fp8.h"
 #include "core/formats/gguf.h"
 #include "core/formats/gguf_quantize.h"
+#include "core/models/flux2_bfl_names.h"
 #include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -24,15 +28,18 @@
 
 static int usage(FILE *f) {
     fprintf(f,
-            "usage: tpgen quantize --type T [--force] IN OUT.gguf\n\n"
+            "usage: tpgen quantize --type T [--names bfl|keep] [--force] IN OUT.gguf\n\n"
             "Write the FLUX.2 transformer checkpoint IN (a diffusers transformer folder, a BFL single\n"
             ".safetensors file, or a .gguf; bf16/f16/f32/fp8 or GGUF blocks) as a GGUF in the ComfyUI-GGUF\n"
-            "layout (general.architecture \"flux\"). Tensor names are kept as IN has them: a BFL file gives\n"
-            "BFL names (what ComfyUI-GGUF loads), a diffusers folder gives diffusers names (tpgen loads\n"
-            "both; converting diffusers names to BFL names is not done).\n\n"
+            "layout (general.architecture \"flux\").\n\n"
             "  --type T   %s (bit-identical to gguf-py 0.19.0's quantisers)\n"
             "             1-D tensors and tensors of <= 1024 values stay F32; a tensor whose rows are not\n"
             "             whole blocks of T is written F16; every other tensor is T\n"
+            "  --names N  bfl: BFL names, what ComfyUI-GGUF loads (double_blocks.N.img_attn.qkv from to_q,\n"
+            "             to_k, to_v stacked by rows, final_layer.adaLN_modulation.1 with the halves swapped,\n"
+            "             ...): IN must be a diffusers FLUX.2 transformer. keep: IN's names as they are.\n"
+            "             Default: bfl for a diffusers FLUX.2 transformer, keep otherwise (a BFL file or a\n"
+            "             ComfyUI GGUF already has BFL names)\n"
             "  --force    replace an existing OUT\n\n"
             "OUT is written to a temporary file in its folder and renamed when complete.\n",
             gguf_quantize_supported_list());
@@ -42,6 +49,7 @@ static int usage(FILE *f) {
 typedef struct qctx {
     const checkpoint *c;
     const gguf_write_tensor *wt;
+    const flux2_bfl_tensor *bt;   /* --names bfl: the recipe of each written tensor; NULL: tensor k is c's k */
     int cur;              /* the tensor held in buf, -1 none */
     uint8_t *buf;         /* its quantised bytes */
     uint64_t n_buf;
@@ -90,13 +98,42 @@ fail:
     return -1;
 }
 
+/* BFL tensor b of c in f32: its diffusers sources stacked by rows, the two
+ * row halves exchanged when b->swap */
+static int read_bfl_f32(const checkpoint *c, const flux2_bfl_tensor *b, float **out, int64_t *n_out) {
+    int64_t n = 1;
+    for (int i = 0; i < b->ndim; i++) n *= b->shape[i];
+    float *x = malloc((size_t)(n ? n : 1) * sizeof *x);
+    if (!x) return tp_error("quantize: out of memory assembling tensor '%s' (%lld values)", b->name, (long long)n);
+    int64_t off = 0;
+    for (int i = 0; i < b->n_src; i++) {
+        float *p = NULL;
+        int64_t np = 0;
+        if (read_f32(c, b->src[i], &p, &np)) return free(x), tp_error_context("quantize: assembling '%s'", b->name);
+        if (off + np > n) return free(x), free(p), tp_error("quantize: internal: '%s' overflows", b->name);
+        memcpy(x + off, p, (size_t)np * sizeof *x);
+        off += np;
+        free(p);
+    }
+    if (off != n) return free(x), tp_error("quantize: internal: '%s' has %lld of %lld values", b->name, (long long)off, (long long)n);
+    if (b->swap) {
+        int64_t h = n / 2;
+        for (int64_t i = 0; i < h; i++) {
+            float v = x[i];
+            x[i] = x[h + i], x[h + i] = v;
+        }
+    }
+    *out = x, *n_out = n;
+    return 0;
+}
+
 static int fill(void *vctx, int index, void *buf, uint64_t offset, size_t n) {
     qctx *q = vctx;
     if (q->cur != index) {
         free(q->buf), q->buf = NULL, q->cur = -1;
         float *x = NULL;
         int64_t nv = 0;
-        if (read_f32(q->c, index, &x, &nv)) return -1;
+        if (q->bt ? read_bfl_f32(q->c, &q->bt[index], &x, &nv) : read_f32(q->c, index, &x, &nv)) return -1;
         const gguf_write_tensor *w = &q->wt[index];
         q->n_buf = (uint64_t)quant_row_bytes(quant_type_get(w->type), w->ne[0]) * (uint64_t)(nv / w->ne[0]);
         q->buf = malloc(q->n_buf ? q->n_buf : 1);
@@ -113,7 +150,8 @@ static int fill(void *vctx, int index, void *buf, uint64_t offset, size_t n) {
     return 0;
 }
 
-static int run(const char *in, const char *out, int type, int force) {
+/* names: 0 default, 1 bfl, 2 keep */
+static int run(const char *in, const char *out, int type, int names, int force) {
     if (!path_is_dir(in) && !path_is_file(in))
         return tp_error("quantize: input %s does not exist (give a transformer folder, a .safetensors or a .gguf file)",
                         in);
@@ -135,24 +173,36 @@ static int run(const char *in, const char *out, int type, int force) {
         checkpoint_close(c);
         return tp_error("quantize: %s holds no tensors", in);
     }
-    gguf_write_tensor *wt = xcalloc((size_t)c->n, sizeof *wt);
+    if (names == 0) names = flux2_bfl_is_diffusers(c) ? 1 : 2;
+    if (names == 1 && checkpoint_is_bfl(c)) names = 2;   /* a BFL file or ComfyUI GGUF: already BFL names */
+    flux2_bfl_tensor *bt = NULL;
+    int n_out = c->n;
+    if (names == 1 && flux2_bfl_names(c, &bt, &n_out)) {
+        checkpoint_close(c);
+        return tp_error_context("quantize --names bfl: %s", in);
+    }
+    gguf_write_tensor *wt = xcalloc((size_t)n_out, sizeof *wt);
     int counts[64] = {0}, rc = 0;
-    for (int k = 0; k < c->n && !rc; k++) {
-        const st_tensor_info *t = c->infos[k];
-        if (t->ndim > GGUF_MAX_DIMS) {
-            rc = tp_error("quantize: tensor '%s' has %d dimensions; GGUF holds at most %d", t->name, t->ndim,
+    for (int k = 0; k < n_out && !rc; k++) {
+        const char *name = bt ? bt[k].name : c->infos[k]->name;
+        int ndim = bt ? bt[k].ndim : c->infos[k]->ndim;
+        const int64_t *shape = bt ? bt[k].shape : c->infos[k]->shape;
+        int64_t numel = 1;
+        for (int i = 0; i < ndim; i++) numel *= shape[i];
+        if (ndim > GGUF_MAX_DIMS) {
+            rc = tp_error("quantize: tensor '%s' has %d dimensions; GGUF holds at most %d", name, ndim,
                           GGUF_MAX_DIMS);
             break;
         }
-        if (st_numel(t) == 0) {
+        if (numel == 0) {
             rc = tp_error("quantize: tensor '%s' is empty (a dimension of 0); GGUF tensors have every dimension > 0",
-                          t->name);
+                          name);
             break;
         }
-        wt[k].name = t->name;
-        wt[k].ndim = t->ndim ? t->ndim : 1;
+        wt[k].name = name;
+        wt[k].ndim = ndim ? ndim : 1;
         for (int i = 0; i < GGUF_MAX_DIMS; i++) wt[k].ne[i] = 1;
-        for (int i = 0; i < t->ndim; i++) wt[k].ne[i] = t->shape[t->ndim - 1 - i];
+        for (int i = 0; i < ndim; i++) wt[k].ne[i] = shape[ndim - 1 - i];
         wt[k].type = gguf_quantize_pick(type, wt[k].ndim, wt[k].ne);
         counts[wt[k].type]++;
     }
@@ -163,24 +213,25 @@ static int run(const char *in, const char *out, int type, int force) {
         kv[0].v.type = GGUF_STRING;
         kv[0].v.str.s = "flux";
         kv[0].v.str.len = 4;
-        qctx q = {c, wt, -1, NULL, 0};
-        rc = gguf_write(out, kv, 1, wt, c->n, fill, &q);
+        qctx q = {c, wt, bt, -1, NULL, 0};
+        rc = gguf_write(out, kv, 1, wt, n_out, fill, &q);
         free(q.buf);
         if (rc) tp_error_context("quantize: writing %s", out);
     }
     if (!rc) {
-        printf("tpgen quantize: %s -> %s: %d tensors:", in, out, c->n);
+        printf("tpgen quantize: %s -> %s: %d tensors (%s names):", in, out, n_out, bt ? "BFL" : "kept");
         for (int i = 0; i < 64; i++)
             if (counts[i]) printf(" %d %s", counts[i], quant_type_name(i));
         printf("\n");
     }
     free(wt);
+    flux2_bfl_names_free(bt, bt ? n_out : 0);
     checkpoint_close(c);
     return rc;
 }
 
 int cmd_quantize(int argc, char **argv) {
-    const char *pos[2] = {NULL, NULL}, *tname = NULL;
+    const char *pos[2] = {NULL, NULL}, *tname = NULL, *nname = NULL;
     int npos = 0, force = 0, rc = 0;
     for (int i = 1; i < argc && !rc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
@@ -190,6 +241,7 @@ int cmd_quantize(int argc, char **argv) {
             const char *v;
             if (cli_flag(argc, argv, &i, "quantize", k, &v)) { rc = -1; break; }
             if (!strcmp(k, "--type")) tname = v;
+            else if (!strcmp(k, "--names")) nname = v;
             else rc = tp_error("quantize: unknown option '%s' (see tpgen quantize --help)", k);
             continue;
         }
@@ -205,7 +257,13 @@ int cmd_quantize(int argc, char **argv) {
             rc = tp_error("quantize: --type %s is %s; tpgen quantize writes %s", tname,
                           type < 0 ? "not a ggml type" : "not supported yet", gguf_quantize_supported_list());
     }
-    if (!rc) rc = run(pos[0], pos[1], type, force);
+    int names = 0;
+    if (!rc && nname) {
+        if (!strcmp(nname, "bfl")) names = 1;
+        else if (!strcmp(nname, "keep")) names = 2;
+        else rc = tp_error("quantize: --names %s: give bfl (BFL names, ComfyUI-GGUF's layout) or keep", nname);
+    }
+    if (!rc) rc = run(pos[0], pos[1], type, names, force);
     if (rc) {
         fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
         return 1;

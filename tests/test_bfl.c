@@ -15,6 +15,7 @@
 #include "kernels/err.h"
 #include "core/models/flux2.h"
 #include "core/models/flux2_impl.h"
+#include "core/models/flux2_bfl_names.h"
 #include "core/formats/safetensors.h"
 #include "kernels/ops.h"
 #include "plans/plan.h"
@@ -162,6 +163,35 @@ TEST(bfl_write_golden_as_bfl) {
     if (src && *src) CHECK(n > 0, "converting %s: %s", src, tp_error_msg());   /* counts: checked by the loader */
     else CHECK(n == 11 + 12 * 2 + 4 * 3 - (skip && *skip), "wrote %d tensors: %s", n, tp_error_msg());
     free(dir);
+}
+
+/* core/models/flux2_bfl_names.c (`tpgen quantize --names bfl`) gives the
+ * converter's tensors: the same names (sorted), shapes and source rows. */
+TEST(bfl_names_library_matches_converter) {
+    char *dir = xasprintf("%s/bfl-names", test_tmp_dir()), *src = golden_transformer();
+    REQUIRE(write_bfl(dir, NULL) > 0, "convert: %s", tp_error_msg());
+    checkpoint *c = NULL, *dc = NULL;
+    REQUIRE(checkpoint_open(dir, &c) == 0 && checkpoint_open(src, &dc) == 0, "%s", tp_error_msg());
+    CHECK(flux2_bfl_is_diffusers(dc) && !flux2_bfl_is_diffusers(c), "diffusers detection");
+    flux2_bfl_tensor *t = NULL;
+    int n = 0;
+    REQUIRE(flux2_bfl_names(dc, &t, &n) == 0, "%s", tp_error_msg());
+    CHECK(n == c->n, "%d BFL tensors, the converter wrote %d", n, c->n);
+    for (int i = 0; i < n && i < c->n; i++) {
+        const st_tensor_info *e = c->infos[i];
+        int64_t rows = 0;
+        for (int j = 0; j < t[i].n_src; j++) rows += dc->infos[t[i].src[j]]->shape[0];
+        CHECK(!strcmp(t[i].name, e->name) && t[i].ndim == e->ndim &&
+                  !memcmp(t[i].shape, e->shape, (size_t)e->ndim * sizeof *e->shape) && rows == e->shape[0] &&
+                  t[i].swap == !strcmp(e->name, "final_layer.adaLN_modulation.1.weight"),
+              "tensor %d: %s [%lld] vs the converter's %s [%lld]", i, t[i].name, (long long)t[i].shape[0], e->name,
+              (long long)e->shape[0]);
+    }
+    flux2_bfl_names_free(t, n);
+    CHECK(flux2_bfl_names(c, &t, &n) == -1 && strstr(tp_error_msg(), "not a diffusers FLUX.2 transformer"),
+          "BFL input: %s", tp_error_msg());
+    checkpoint_close(c), checkpoint_close(dc);
+    free(src), free(dir);
 }
 
 /* The config derived from the BFL shapes equals the golden config.json. */

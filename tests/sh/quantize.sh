@@ -6,7 +6,10 @@
 # passes tpgen check against its unquantised golden outputs within 3e-2 (measured 1.08e-2; the golden
 # flux2-gguf Q8_0 model is 5.6e-3 from its unquantised outputs) and is not the f32 model (> 1e-3); F32 and
 # BF16 of it (its weights are bf16, so both are lossless) within 1e-4; F32 of the golden mixed GGUF (K-quants dequantised) matches its
-# gguf_cases at 1e-5, F32 of the golden fp8 folders their fp8_cases at 1e-5; bad input refused with no file left behind; the byte comparisons again under ASan.
+# gguf_cases at 1e-5, F32 of the golden fp8 folders their fp8_cases at 1e-5; --names bfl (the default for the
+# diffusers input): byte-identical to tests/test_bfl.c's converter output, BFL-load errors equal to the diffusers
+# load's, Q8_0 within 3e-2; FLUX.3, unknown, incomplete or extra-tensor inputs refused for BFL names; bad input
+# refused with no file left behind; the byte comparisons again under ASan.
 [ -n "${TPGEN_ROOT:-}" ] && [ -n "${TPGEN:-}" ] && [ -n "${TPGEN_GOLDEN:-}" ] || { echo "FAIL - quantize.sh: run it through tests/run.sh"; exit 1; }
 . "$TPGEN_ROOT/tests/lib.sh"
 D=$TPGEN_ROOT/tests/data/quant
@@ -36,7 +39,7 @@ folder() { # TYPE -> $TMP/m-TYPE
     mkdir -p "$m/transformer"
     cp -r "$A/model/model_index.json" "$A/model/scheduler" "$m/"
     cp "$A/model/transformer/config.json" "$m/transformer/"
-    "$TPGEN" quantize --type "$1" "$A/model/transformer" "$m/transformer/t-$1.gguf" > /dev/null
+    "$TPGEN" quantize --type "$1" ${QN:-} "$A/model/transformer" "$m/transformer/t-$1.gguf" > /dev/null
 }
 check_case() { # NAME TYPE TOL MIN [check args...]: max_rel_err <= TOL and >= MIN
     local name=$1 t=$2 tol=$3 min=$4 out e; shift 4
@@ -49,7 +52,45 @@ check_case() { # NAME TYPE TOL MIN [check args...]: max_rel_err <= TOL and >= MI
 }
 check_case quantize_golden_tiny_Q8_0 Q8_0 3e-2 1e-3
 check_case quantize_golden_tiny_F32 F32 1e-4 0
-check_case quantize_golden_tiny_BF16 BF16 1e-4 0   # the golden weights are bf16: lossless
+# the golden weights are bf16: lossless; --names keep: a diffusers-named GGUF (config.json beside it) loads too
+QN="--names keep" check_case quantize_golden_tiny_BF16_keep BF16 1e-4 0
+if "$TPGEN" inspect --model "$TMP/m-BF16/transformer/t-BF16.gguf" 2>&1 | grep -qE '^ +transformer_blocks.0.attn.to_q.weight +BF16'
+then ok "quantize_golden_tiny_BF16_keep_names: diffusers names kept"; else fail "quantize_golden_tiny_BF16_keep_names"; fi
+
+# --names bfl (the default for a diffusers FLUX.2 transformer): the ComfyUI-GGUF layout. F32 of the golden tiny
+# transformer is byte for byte the F32 GGUF (--names keep) of tests/test_bfl.c's independent diffusers -> BFL
+# converter's file, passes tpgen check (BFL reader, no config.json) at 1e-5 with the diffusers load's errors;
+# Q8_0 within the 3e-2 above; inspect shows BFL names only
+mkdir -p "$TMP/conv/transformer" "$TMP/nb/transformer" "$TMP/nq/transformer"
+if TPGEN_BFL_OUT="$TMP/conv/transformer" "$TPGEN_TESTS" bfl_write_golden_as_bfl | grep -q '^ok - ' &&
+   "$TPGEN" quantize --type F32 --names keep "$TMP/conv/transformer/flux2-tiny-bfl.safetensors" "$TMP/conv.gguf" > /dev/null &&
+   out=$("$TPGEN" quantize --type F32 "$A/model/transformer" "$TMP/nb/transformer/t.gguf" 2>&1) &&
+   echo "$out" | grep -q '47 tensors (BFL names): 47 F32' && cmp -s "$TMP/conv.gguf" "$TMP/nb/transformer/t.gguf"
+then ok "quantize_names_bfl_F32: default BFL names, identical to the test converter's file requantised ($out)"
+else fail "quantize_names_bfl_F32: $(echo "$out" | tail -2; cmp "$TMP/conv.gguf" "$TMP/nb/transformer/t.gguf" 2>&1 | head -1)"; fi
+names=$("$TPGEN" inspect --model "$TMP/nb/transformer/t.gguf" 2>&1 | awk 'NR > 2 { print $1 }')
+if [ "$(echo "$names" | wc -l)" -eq 47 ] && echo "$names" | grep -qx 'double_blocks.1.img_attn.qkv.weight' &&
+   echo "$names" | grep -qx 'single_blocks.2.linear1.weight' && echo "$names" | grep -qx 'final_layer.adaLN_modulation.1.weight' &&
+   ! echo "$names" | grep -qE 'transformer_blocks|x_embedder|norm_out|proj_out'
+then ok "quantize_names_inspect: 47 BFL names, no diffusers name"
+else fail "quantize_names_inspect: $(echo "$names" | head -3 | tr '\n' ' ')"; fi
+d=$($MPI -np 2 "$TPGEN" check --backend cpu --model "$A/model" --cases "$A/transformer_cases.safetensors" --tol 1e-5 2>&1 | grep -E '^case[0-9]+ rel_err=|^max_rel_err=')
+b=$($MPI -np 2 "$TPGEN" check --backend cpu --model "$TMP/nb" --cases "$A/transformer_cases.safetensors" --tol 1e-5 2>&1)
+if echo "$b" | grep -qE '^max_rel_err=.* PASS$' && [ "$(echo "$b" | grep -E '^case[0-9]+ rel_err=|^max_rel_err=')" = "$d" ] &&
+   "$TPGEN" inspect --model "$TMP/nb" 2>&1 | grep -q 'plan flux2 (BFL names)'
+then ok "quantize_names_bfl_check_F32: BFL plan, the diffusers load's errors ($(echo "$b" | grep -oE '^max_rel_err=[^ ]+'), tp 2)"
+else fail "quantize_names_bfl_check_F32: $(echo "$b" | grep -v '^#' | tail -2) vs $(echo $d)"; fi
+out=$("$TPGEN" quantize --type Q8_0 --names bfl "$A/model/transformer" "$TMP/nq/transformer/t.gguf" 2>&1 &&
+      $MPI -np 2 "$TPGEN" check --backend cpu --model "$TMP/nq" --cases "$A/transformer_cases.safetensors" --tol 3e-2 2>&1)
+e=$(echo "$out" | grep -oE '^max_rel_err=[0-9.e+-]+' | cut -d= -f2)
+if [ -n "$e" ] && echo "$out" | grep -qE '^max_rel_err=.* PASS$' && awk -v e="$e" 'BEGIN { exit !(e >= 1e-3) }' &&
+   "$TPGEN" inspect --model "$TMP/nq/transformer/t.gguf" 2>&1 | grep -qE '^ +double_blocks.0.img_attn.qkv.weight +Q8_0 +\[384, 128\]'
+then ok "quantize_names_bfl_Q8_0: BFL names, max_rel_err=$e (tp 2)"
+else fail "quantize_names_bfl_Q8_0: $(echo "$out" | grep -v '^#' | tail -2)"; fi
+# --names bfl on a BFL file keeps its names (already BFL): the golden ComfyUI-GGUF file reproduced
+if "$TPGEN" quantize --type q8_0 --names bfl "$G/Q8_0/transformer/flux2-tiny-Q8_0.gguf" "$TMP/re-bfl.gguf" > /dev/null &&
+   cmp -s "$TMP/re-bfl.gguf" "$G/Q8_0/transformer/flux2-tiny-Q8_0.gguf"
+then ok "quantize_names_bfl_of_bfl: BFL input kept as it is"; else fail "quantize_names_bfl_of_bfl"; fi
 
 out=$("$TPGEN" quantize --type F32 "$G/mixed/transformer/flux2-tiny-mixed.gguf" "$TMP/mixed-f32.gguf" 2>&1)
 mkdir -p "$TMP/mixed/transformer" && cp -r "$G/mixed/model_index.json" "$G/mixed/scheduler" "$TMP/mixed/" &&
@@ -81,6 +122,30 @@ bad() { # NAME PATTERN ARGS...
 }
 bad quantize_bad_type_K "--type Q4_K is not supported yet; tpgen quantize writes F32, F16, BF16, Q8_0" --type Q4_K "$D/input.safetensors" "$TMP/bad/o.gguf"
 bad quantize_bad_type_name "--type Q9_9 is not a ggml type" --type Q9_9 "$D/input.safetensors" "$TMP/bad/o.gguf"
+bad quantize_names_bad "--names foo: give bfl" --type Q8_0 --names foo "$D/input.safetensors" "$TMP/bad/o.gguf"
+bad quantize_names_bfl_unknown "input.safetensors: not a diffusers FLUX.2 transformer" --type Q8_0 --names bfl "$D/input.safetensors" "$TMP/bad/o.gguf"
+bad quantize_names_bfl_flux3 "not a diffusers FLUX.2 transformer .a FLUX.3 transformer, which has no BFL layout" --type Q8_0 --names bfl "$TPGEN_GOLDEN/flux3-tiny/base/model/transformer" "$TMP/bad/o.gguf"
+# the golden tiny transformer as one file with a tensor left out / an unknown tensor added: refused naming it
+python3 - "$A/model/transformer" "$TMP" <<'PY'
+import glob, json, struct, sys
+t = {}
+for p in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    for k, v in h.items():
+        if k != "__metadata__": t[k] = (v["dtype"], v["shape"], b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+def write(path, t):
+    h, off, data = {}, 0, b""
+    for k, (d, s, raw) in t.items(): h[k] = {"dtype": d, "shape": s, "data_offsets": [off, off + len(raw)]}; off += len(raw); data += raw
+    j = json.dumps(h).encode(); j += b" " * (-len(j) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(j)) + j + data)
+write(sys.argv[2] + "/less.safetensors", {k: v for k, v in t.items() if k != "transformer_blocks.1.attn.add_k_proj.weight"})
+write(sys.argv[2] + "/more.safetensors", dict(t, **{"extra.weight": ("F32", [4, 64], bytes(1024))}))
+PY
+bad quantize_names_bfl_missing "tensor 'transformer_blocks.1.attn.add_k_proj.weight' is missing" --type Q8_0 "$TMP/less.safetensors" "$TMP/bad/o.gguf"
+bad quantize_names_bfl_unmapped "tensor 'extra.weight' has no BFL name" --type Q8_0 "$TMP/more.safetensors" "$TMP/bad/o.gguf"
+if "$TPGEN" quantize --type F32 --names keep "$TMP/more.safetensors" "$TMP/more.gguf" > /dev/null &&
+   "$TPGEN" inspect --model "$TMP/more.gguf" 2>&1 | grep -qE '^ +transformer_blocks.1.attn.add_k_proj.weight +F32'
+then ok "quantize_names_keep: diffusers names kept"; else fail "quantize_names_keep"; fi
 bad quantize_no_type "needs --type T" "$D/input.safetensors" "$TMP/bad/o.gguf"
 bad quantize_missing_input "input $TMP/none does not exist" --type Q8_0 "$TMP/none" "$TMP/bad/o.gguf"
 bad quantize_no_folder "cannot write to the folder $TMP/bad/nodir" --type Q8_0 "$D/input.safetensors" "$TMP/bad/nodir/o.gguf"
@@ -109,5 +174,8 @@ ASAN=$TPGEN_ROOT/build-asan
 if [ -x "$ASAN/tpgen" ]; then
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}:fast_unwind_on_malloc=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
     ref_cases "$ASAN/tpgen" "asan_"
+    if "$ASAN/tpgen" quantize --type F32 "$A/model/transformer" "$TMP/asan-bfl.gguf" > /dev/null && cmp -s "$TMP/asan-bfl.gguf" "$TMP/conv.gguf"
+    then ok "asan_quantize_names_bfl_F32: the same BFL file"; else fail "asan_quantize_names_bfl_F32"; fi
+    TPGEN=$ASAN/tpgen bad asan_quantize_names_bfl_unmapped "tensor 'extra.weight' has no BFL name" --type Q8_0 "$TMP/more.safetensors" "$TMP/bad/o.gguf"
     TPGEN=$ASAN/tpgen bad asan_quantize_int_tensor "tensor 'z.index' is I64" --type Q8_0 "$TMP/int.safetensors" "$TMP/bad/o.gguf"
 else fail "sanitizer runs: build-asan/ not found (make asan)"; fi
