@@ -20,7 +20,12 @@ ref_cases() { # TPGEN PREFIX
     for t in $TYPES; do
         out=$("$bin" quantize --type "$t" "$D/input.safetensors" "$TMP/$p$t.gguf" 2>&1)
         if [ $? -eq 0 ] && cmp -s "$TMP/$p$t.gguf" "$D/ref-$t.gguf"; then ok "${p}quantize_ref_$t: identical to the reference file"
-        else fail "${p}quantize_gguf_py_$t: $(echo "$out" | tail -2; cmp "$TMP/$p$t.gguf" "$D/ref-$t.gguf" 2>&1 | head -1)"; fi
+        else fail "${p}quantize_ref_$t: $(echo "$out" | tail -2; cmp "$TMP/$p$t.gguf" "$D/ref-$t.gguf" 2>&1 | head -1)"; fi
+    done
+    for t in Q4_K Q5_K Q6_K; do   # 32 more super-blocks (f16 input) of varied distributions
+        out=$("$bin" quantize --type "$t" "$D/kquant-input.safetensors" "$TMP/${p}kq$t.gguf" 2>&1)
+        if [ $? -eq 0 ] && cmp -s "$TMP/${p}kq$t.gguf" "$D/ref-kq-$t.gguf"; then ok "${p}quantize_ref_kq_$t: identical to the port's file"
+        else fail "${p}quantize_ref_kq_$t: $(echo "$out" | tail -2; cmp "$TMP/${p}kq$t.gguf" "$D/ref-kq-$t.gguf" 2>&1 | head -1)"; fi
     done
 }
 ref_cases "$TPGEN" ""

@@ -16,7 +16,10 @@ sums accumulated element by element (never np.sum, which sums pairwise), nearest
 Reads input.safetensors (made by tests/tools/quant_testdata.py; a.weight [16, 256] is the K-quant tensor:
 16 super-blocks of varied scale with zero, constant, tie, tiny, huge, outlier and all-negative sub-blocks;
 the others stay F32/F16 by the type rules) and writes ref-Q4_K.gguf, ref-Q5_K.gguf, ref-Q6_K.gguf with the
-layout of quant_testdata.py.
+layout of quant_testdata.py. Then writes kquant-input.safetensors, one F16 tensor k.weight [16, 512]
+(seed 8; 32 super-blocks: gaussian rows of scale 2^-12..2^6, cubed gaussian, positive-only, laplace,
+uniform, sparse with exact zeros, a row of small integers) and ref-kq-T.gguf for T in Q4_K Q5_K Q6_K,
+the f16 values widened to f32 (exactly, as tpgen reads them) and quantised by this port.
 """
 import os
 import sys
@@ -249,5 +252,34 @@ def main(out):
         w.close()
 
 
+def kq_input():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((16, 512)) * np.exp2(rng.uniform(-12, 6, (16, 1)))
+    x[1::8] = rng.standard_normal((2, 512)) ** 3
+    x[2::8] = np.abs(x[2::8])
+    x[3::8] = rng.laplace(size=(2, 512)) * 0.05
+    x[4::8] = rng.uniform(-1, 3, (2, 512))
+    x[5::8] *= rng.uniform(size=(2, 512)) < 0.2
+    x[6] = rng.integers(-8, 8, 512)
+    return x.astype(np.float16)
+
+
+def main_kq(out):
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+    from safetensors.numpy import save_file
+    x = kq_input()
+    save_file({"k.weight": x}, os.path.join(out, "kquant-input.safetensors"))
+    for tn in QUANT:
+        w = gguf.GGUFWriter(os.path.join(out, "ref-kq-%s.gguf" % tn), "flux")
+        q = quantize_k(x.astype(F), tn)
+        w.add_tensor("k.weight", q, raw_shape=q.shape, raw_dtype=Q[tn])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/quant")
+    main_kq(sys.argv[1] if len(sys.argv) > 1 else "tests/data/quant")
