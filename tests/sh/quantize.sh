@@ -2,8 +2,8 @@
 # tpgen quantize: every legacy type's output equals gguf-py 0.19.0's GGUF of the same f32 input byte for
 # byte (tests/data/quant, made by tests/tools/quant_testdata.py: types, shapes, tensor bytes, metadata and
 # layout), Q4_K/Q5_K/Q6_K the GGUFs of tests/tools/kquant_ref.py (a numpy port of ggml's reference
-# K-quantisers) byte for byte; the golden tiny transformer as Q4_K / Q6_K passes tpgen check within 6e-2 /
-# 1.5e-2; requantising the golden flux2-gguf Q8_0 file (ComfyUI-GGUF layout, gguf-py's quantiser)
+# K-quantisers) byte for byte; the golden tiny transformer as Q4_K / Q5_K / Q6_K passes tpgen check within
+# 6e-2 / 3e-2 / 1.5e-2; requantising the golden flux2-gguf Q8_0 file (ComfyUI-GGUF layout, gguf-py's quantiser)
 # reproduces it byte for byte; the golden tiny transformer (diffusers folder, sharded) quantised to Q8_0
 # passes tpgen check against its unquantised golden outputs within 3e-2 (measured 1.08e-2; the golden
 # flux2-gguf Q8_0 model is 5.6e-3 from its unquantised outputs) and is not the f32 model (> 1e-3); F32 and
@@ -56,8 +56,10 @@ check_case() { # NAME TYPE TOL MIN [check args...]: max_rel_err <= TOL and >= MI
 }
 check_case quantize_golden_tiny_Q8_0 Q8_0 3e-2 1e-3
 # K-quants: only the 3 single-block to_out weights [512 128] have whole 256-blocks (the rest F16/F32);
-# measured 2.02e-2 (Q4_K), 5.08e-3 (Q6_K): tolerance 3x that, and not the f32 model (> 1e-3)
+# measured 2.02e-2 (Q4_K), 1.09e-2 (Q5_K), 5.08e-3 (Q6_K): the error halves per bit, as it should;
+# tolerance 3x that, and not the f32 model (> 1e-3)
 check_case quantize_golden_tiny_Q4_K Q4_K 6e-2 1e-3
+check_case quantize_golden_tiny_Q5_K Q5_K 3e-2 1e-3
 check_case quantize_golden_tiny_Q6_K Q6_K 1.5e-2 1e-3
 check_case quantize_golden_tiny_F32 F32 1e-4 0
 check_case quantize_golden_tiny_BF16 BF16 1e-4 0   # the golden weights are bf16: lossless
