@@ -16,7 +16,8 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-static const int k_types[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q8_0, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1};
+static const int k_types[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q8_0, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1,
+                              QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
 
 int gguf_quantize_supported(int type) {
     for (size_t i = 0; i < sizeof k_types / sizeof k_types[0]; i++)
@@ -24,7 +25,7 @@ int gguf_quantize_supported(int type) {
     return 0;
 }
 
-const char *gguf_quantize_supported_list(void) { return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1"; }
+const char *gguf_quantize_supported_list(void) { return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K"; }
 
 int gguf_quantize_type_id(const char *name) {
     for (int id = 0; id < 64; id++)
@@ -163,6 +164,215 @@ static void q5_1(const float *x, uint8_t *o) {
     pack4(q, o + 8);
 }
 
+/* ---- K-quants: ggml's imatrix-less reference quantisers (quantize_row_q4_K_ref,
+ * _q5_K_ref, _q6_K_ref in ggml-quants.c), re-implemented in f32 with the same
+ * operation order (left to right, no contraction) so the bytes are ggml's. */
+
+/* ggml's nearest_int: f + 1.5 * 2^23 in f32 leaves round-to-nearest-even of f
+ * in the low mantissa bits (exact for |f| < 2^22; no UB for any input). */
+static int nint(float f) {
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* make_qkx2_quants: a scale and a min (returned as -min >= 0 in *mn) for n
+ * values at levels 0..nmax, searched over nstep + 1 scales around the
+ * min/max one by weighted least squares. */
+static float qkx2(int n, int nmax, const float *x, const float *w, uint8_t *L, float *mn, float rmin, float rdelta,
+                  int nstep) {
+    float lo = x[0], hi = x[0], sw = w[0], sx = sw * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < lo) lo = x[i];
+        if (x[i] > hi) hi = x[i];
+        sw += w[i];
+        sx += w[i] * x[i];
+    }
+    if (lo > 0) lo = 0;
+    if (hi == lo) {
+        memset(L, 0, (size_t)n);
+        *mn = -lo;
+        return 0.0f;
+    }
+    float is = (float)nmax / (hi - lo), scale = 1.0f / is, best = 0;
+    for (int i = 0; i < n; i++) {
+        int l = nint(is * (x[i] - lo));
+        L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        float d = scale * L[i] + lo - x[i];
+        best += w[i] * (d * d);
+    }
+    uint8_t La[32];
+    for (int s = 0; s <= nstep; s++) {
+        is = (rmin + rdelta * (float)s + (float)nmax) / (hi - lo);
+        float sl = 0, sl2 = 0, sxl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = nint(is * (x[i] - lo));
+            l = l < 0 ? 0 : l > nmax ? nmax : l;
+            La[i] = (uint8_t)l;
+            sl += w[i] * (float)l;
+            sl2 += w[i] * (float)l * (float)l;
+            sxl += w[i] * (float)l * x[i];
+        }
+        float D = sw * sl2 - sl * sl;
+        if (D > 0) {
+            float ts = (sw * sxl - sx * sl) / D, tm = (sl2 * sx - sl * sxl) / D;
+            if (tm > 0) tm = 0, ts = sxl / sl2;
+            float err = 0;
+            for (int i = 0; i < n; i++) {
+                float d = ts * La[i] + tm - x[i];
+                err += w[i] * (d * d);
+            }
+            if (err < best) memcpy(L, La, (size_t)n), best = err, scale = ts, lo = tm;
+        }
+    }
+    *mn = -lo;
+    return scale;
+}
+
+/* Q4_K / Q5_K: 8 sub-blocks of 32, 6-bit scales and mins packed in 12 bytes
+ * (the inverse of ggml's get_scale_min_k4), the sub-block levels in L. */
+static void k_scales(const float *x, int nmax, float rmin, int nstep, uint8_t *o, uint8_t *L) {
+    float sc[8], mn[8], w[32], ms = 0, mm = 0;
+    for (int j = 0; j < 8; j++) {
+        const float *xj = x + 32 * j;
+        float s2 = 0;
+        for (int l = 0; l < 32; l++) s2 += xj[l] * xj[l];
+        float av = sqrtf(s2 / 32.0f);
+        for (int l = 0; l < 32; l++) w[l] = av + fabsf(xj[l]);
+        sc[j] = qkx2(32, nmax, xj, w, L + 32 * j, &mn[j], rmin, 0.1f, nstep);
+        if (sc[j] > ms) ms = sc[j];
+        if (mn[j] > mm) mm = mn[j];
+    }
+    float iS = ms > 0 ? 63.0f / ms : 0.0f, iM = mm > 0 ? 63.0f / mm : 0.0f;
+    uint8_t *s = o + 4, ls[8], lm[8];
+    for (int j = 0; j < 8; j++) {
+        ls[j] = (uint8_t)nint(iS * sc[j]), lm[j] = (uint8_t)nint(iM * mn[j]);
+        if (ls[j] > 63) ls[j] = 63;
+        if (lm[j] > 63) lm[j] = 63;
+    }
+    for (int j = 0; j < 4; j++) {
+        s[j] = (uint8_t)(ls[j] | (ls[j + 4] >> 4) << 6);
+        s[j + 4] = (uint8_t)(lm[j] | (lm[j + 4] >> 4) << 6);
+        s[j + 8] = (uint8_t)((ls[j + 4] & 15) | (lm[j + 4] & 15) << 4);
+    }
+    uint16_t hd = f32_to_f16(ms / 63.0f), hm = f32_to_f16(mm / 63.0f);
+    put16(o, hd), put16(o + 2, hm);
+    float d0 = f16_to_f32(hd), m0 = f16_to_f32(hm);
+    for (int j = 0; j < 8; j++) {
+        float d = d0 * (float)ls[j];
+        if (d == 0) continue;
+        float dm = m0 * (float)lm[j];
+        for (int i = 0; i < 32; i++) {
+            int l = nint((x[32 * j + i] + dm) / d);
+            L[32 * j + i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        }
+    }
+}
+
+/* block_q4_K: d, dmin (f16), scales[12], qs[128] */
+static void q4_k(const float *x, uint8_t *o) {
+    uint8_t L[256];
+    k_scales(x, 15, -1.0f, 20, o, L);
+    uint8_t *q = o + 16;
+    for (int j = 0; j < 256; j += 64, q += 32)
+        for (int l = 0; l < 32; l++) q[l] = (uint8_t)(L[j + l] | L[j + l + 32] << 4);
+}
+
+/* block_q5_K: d, dmin, scales[12], qh[32], qs[128] */
+static void q5_k(const float *x, uint8_t *o) {
+    uint8_t L[256];
+    k_scales(x, 31, -0.5f, 15, o, L);
+    uint8_t *qh = o + 16, *q = o + 48;
+    memset(qh, 0, 32);
+    for (int j = 0, b = 0; j < 256; j += 64, b += 2, q += 32)
+        for (int l = 0; l < 32; l++) {
+            unsigned a = L[j + l], c = L[j + l + 32];
+            if (a > 15) a -= 16, qh[l] |= (uint8_t)(1u << b);
+            if (c > 15) c -= 16, qh[l] |= (uint8_t)(2u << b);
+            q[l] = (uint8_t)(a | c << 4);
+        }
+}
+
+/* make_qx_quants, rmse_type 1 (weights x^2), no imatrix: levels -nmax..nmax-1
+ * stored + nmax in L, the scale searched over 19 candidates. */
+static float qx1(int n, int nmax, const float *x, uint8_t *L) {
+    float mx = 0, am = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > am) am = fabsf(x[i]), mx = x[i];
+    if (am < 1e-15f) {
+        memset(L, 0, (size_t)n);
+        return 0.0f;
+    }
+    float is = (float)-nmax / mx, slx = 0, sl2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = nint(is * x[i]);
+        l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+        L[i] = (uint8_t)(l + nmax);
+        float w = x[i] * x[i];
+        slx += w * x[i] * (float)l;
+        sl2 += w * (float)l * (float)l;
+    }
+    float scale = sl2 != 0 ? slx / sl2 : 0.0f, best = scale * slx;
+    for (int s = -9; s <= 9; s++) {
+        if (!s) continue;
+        is = -((float)nmax + 0.1f * (float)s) / mx;
+        slx = sl2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = nint(is * x[i]);
+            l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+            float w = x[i] * x[i];
+            slx += w * x[i] * (float)l;
+            sl2 += w * (float)l * (float)l;
+        }
+        if (sl2 > 0 && slx * slx > best * sl2) {
+            for (int i = 0; i < n; i++) {
+                int l = nint(is * x[i]);
+                L[i] = (uint8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
+            }
+            scale = slx / sl2, best = scale * slx;
+        }
+    }
+    return scale;
+}
+
+/* block_q6_K: ql[128], qh[64], scales[16] (int8), d (f16) */
+static void q6_k(const float *x, uint8_t *o) {
+    uint8_t L[256];
+    float sc[16], ms = 0, mas = 0;
+    for (int b = 0; b < 16; b++) {
+        sc[b] = qx1(16, 32, x + 16 * b, L + 16 * b);
+        if (fabsf(sc[b]) > mas) mas = fabsf(sc[b]), ms = sc[b];
+    }
+    memset(o, 0, 210);
+    if (mas < 1e-15f) return;
+    float is = -128.0f / ms;
+    uint16_t hd = f32_to_f16(1.0f / is);
+    put16(o + 208, hd);
+    int8_t *s = (int8_t *)(o + 192);
+    for (int b = 0; b < 16; b++) {
+        int v = nint(is * sc[b]);
+        s[b] = (int8_t)(v > 127 ? 127 : v);
+    }
+    float d0 = f16_to_f32(hd);
+    for (int b = 0; b < 16; b++) {
+        float d = d0 * (float)s[b];
+        if (d == 0) continue;
+        for (int i = 0; i < 16; i++) {
+            int l = nint(x[16 * b + i] / d);
+            L[16 * b + i] = (uint8_t)((l < -32 ? -32 : l > 31 ? 31 : l) + 32);
+        }
+    }
+    uint8_t *ql = o, *qh = o + 128;
+    for (int j = 0; j < 256; j += 128, ql += 64, qh += 32)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *p = L + j + l;
+            ql[l] = (uint8_t)((p[0] & 15) | (p[64] & 15) << 4);
+            ql[l + 32] = (uint8_t)((p[32] & 15) | (p[96] & 15) << 4);
+            qh[l] = (uint8_t)(p[0] >> 4 | (p[32] >> 4) << 2 | (p[64] >> 4) << 4 | (p[96] >> 4) << 6);
+        }
+}
+
 void gguf_quantize_row(int type, const float *x, int64_t n, void *out) {
     uint8_t *o = out;
     switch (type) {
@@ -174,6 +384,9 @@ void gguf_quantize_row(int type, const float *x, int64_t n, void *out) {
     case QUANT_Q4_1: for (int64_t b = 0; b < n / 32; b++) q4_1(x + 32 * b, o + 20 * b); return;
     case QUANT_Q5_0: for (int64_t b = 0; b < n / 32; b++) q5_0(x + 32 * b, o + 22 * b); return;
     case QUANT_Q5_1: for (int64_t b = 0; b < n / 32; b++) q5_1(x + 32 * b, o + 24 * b); return;
+    case QUANT_Q4_K: for (int64_t b = 0; b < n / 256; b++) q4_k(x + 256 * b, o + 144 * b); return;
+    case QUANT_Q5_K: for (int64_t b = 0; b < n / 256; b++) q5_k(x + 256 * b, o + 176 * b); return;
+    case QUANT_Q6_K: for (int64_t b = 0; b < n / 256; b++) q6_k(x + 256 * b, o + 210 * b); return;
     default: tp_fatal("gguf_quantize_row: type %d not supported", type);
     }
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tpgen quantize: every legacy type's output equals gguf-py 0.19.0's GGUF of the same f32 input byte for
 # byte (tests/data/quant, made by tests/tools/quant_testdata.py: types, shapes, tensor bytes, metadata and
-# layout); requantising the golden flux2-gguf Q8_0 file (ComfyUI-GGUF layout, gguf-py's quantiser)
+# layout), Q4_K/Q5_K/Q6_K the GGUFs of tests/tools/kquant_ref.py (a numpy port of ggml's reference
+# K-quantisers) byte for byte; the golden tiny transformer as Q4_K / Q5_K / Q6_K passes tpgen check within
+# 6e-2 / 3e-2 / 1.5e-2; requantising the golden flux2-gguf Q8_0 file (ComfyUI-GGUF layout, gguf-py's quantiser)
 # reproduces it byte for byte; the golden tiny transformer (diffusers folder, sharded) quantised to Q8_0
 # passes tpgen check against its unquantised golden outputs within 3e-2 (measured 1.08e-2; the golden
 # flux2-gguf Q8_0 model is 5.6e-3 from its unquantised outputs) and is not the f32 model (> 1e-3); F32 and
@@ -14,14 +16,19 @@
 . "$TPGEN_ROOT/tests/lib.sh"
 D=$TPGEN_ROOT/tests/data/quant
 MPI=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
-TYPES="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1"
+TYPES="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K"
 
 ref_cases() { # TPGEN PREFIX
     local bin=$1 p=$2 t out
     for t in $TYPES; do
         out=$("$bin" quantize --type "$t" "$D/input.safetensors" "$TMP/$p$t.gguf" 2>&1)
-        if [ $? -eq 0 ] && cmp -s "$TMP/$p$t.gguf" "$D/ref-$t.gguf"; then ok "${p}quantize_gguf_py_$t: identical to gguf-py's file"
-        else fail "${p}quantize_gguf_py_$t: $(echo "$out" | tail -2; cmp "$TMP/$p$t.gguf" "$D/ref-$t.gguf" 2>&1 | head -1)"; fi
+        if [ $? -eq 0 ] && cmp -s "$TMP/$p$t.gguf" "$D/ref-$t.gguf"; then ok "${p}quantize_ref_$t: identical to the reference file"
+        else fail "${p}quantize_ref_$t: $(echo "$out" | tail -2; cmp "$TMP/$p$t.gguf" "$D/ref-$t.gguf" 2>&1 | head -1)"; fi
+    done
+    for t in Q4_K Q5_K Q6_K; do   # 32 more super-blocks (f16 input) of varied distributions
+        out=$("$bin" quantize --type "$t" "$D/kquant-input.safetensors" "$TMP/${p}kq$t.gguf" 2>&1)
+        if [ $? -eq 0 ] && cmp -s "$TMP/${p}kq$t.gguf" "$D/ref-kq-$t.gguf"; then ok "${p}quantize_ref_kq_$t: identical to the port's file"
+        else fail "${p}quantize_ref_kq_$t: $(echo "$out" | tail -2; cmp "$TMP/${p}kq$t.gguf" "$D/ref-kq-$t.gguf" 2>&1 | head -1)"; fi
     done
 }
 ref_cases "$TPGEN" ""
@@ -51,6 +58,12 @@ check_case() { # NAME TYPE TOL MIN [check args...]: max_rel_err <= TOL and >= MI
     else fail "$name: $(echo "$out" | grep -v '^#' | tail -2)"; fi
 }
 check_case quantize_golden_tiny_Q8_0 Q8_0 3e-2 1e-3
+# K-quants: only the 3 single-block to_out weights [512 128] have whole 256-blocks (the rest F16/F32);
+# measured 2.02e-2 (Q4_K), 1.09e-2 (Q5_K), 5.08e-3 (Q6_K): the error halves per bit, as it should;
+# tolerance 3x that, and not the f32 model (> 1e-3)
+check_case quantize_golden_tiny_Q4_K Q4_K 6e-2 1e-3
+check_case quantize_golden_tiny_Q5_K Q5_K 3e-2 1e-3
+check_case quantize_golden_tiny_Q6_K Q6_K 1.5e-2 1e-3
 check_case quantize_golden_tiny_F32 F32 1e-4 0
 # the golden weights are bf16: lossless; --names keep: a diffusers-named GGUF (config.json beside it) loads too
 QN="--names keep" check_case quantize_golden_tiny_BF16_keep BF16 1e-4 0
@@ -120,7 +133,7 @@ bad() { # NAME PATTERN ARGS...
     expect_fail "$name" "$pat" "$TPGEN" quantize "$@"
     none_left || { fail "$name: left $(ls "$TMP/bad")"; rm -rf "$TMP/bad"/*; }
 }
-bad quantize_bad_type_K "--type Q4_K is not supported yet; tpgen quantize writes F32, F16, BF16, Q8_0" --type Q4_K "$D/input.safetensors" "$TMP/bad/o.gguf"
+bad quantize_bad_type_K "--type Q2_K is not supported yet; tpgen quantize writes F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K" --type Q2_K "$D/input.safetensors" "$TMP/bad/o.gguf"
 bad quantize_bad_type_name "--type Q9_9 is not a ggml type" --type Q9_9 "$D/input.safetensors" "$TMP/bad/o.gguf"
 bad quantize_names_bad "--names foo: give bfl" --type Q8_0 --names foo "$D/input.safetensors" "$TMP/bad/o.gguf"
 bad quantize_names_bfl_unknown "input.safetensors: not a diffusers FLUX.2 transformer" --type Q8_0 --names bfl "$D/input.safetensors" "$TMP/bad/o.gguf"
