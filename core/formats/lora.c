@@ -481,7 +481,7 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         }
         if (!nt) {
             const char *fam = family_hint(r->name);
-            tp_error("%s: key %s: module '%s' matches no Linear of this FLUX.2 transformer (%s)%s%s", ad->path,
+            tp_error("%s: key %s: module '%s' matches no Linear of this transformer (%s)%s%s", ad->path,
                      r->a->name, r->name, ck->dir,
                      fam ? "; the names look like a LoRA for " : "; is the adapter for another model?",
                      fam ? fam : "");
