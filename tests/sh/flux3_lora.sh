@@ -33,13 +33,13 @@ for k in h:
     tot += 4 * (r * i + o // tp * r if col else r * i // tp + o * r if row else r * i + o * r)
 print(tot)'
 
-# run_check NAME NP ARGS...: exit 0, 4 case lines, PASS; sets $out
+# run_check NAME NP ARGS...: exit 0, $NC (default 4) case lines, PASS; sets $out
 run_check() {
     local name=$1 np=$2; shift 2
     local rc
     out=$($MPIRUN -np "$np" "$TPGEN" check --backend cpu --model "$G/model" "$@" 2>&1); rc=$?
     local ncase=$(echo "$out" | grep -cE '^case[0-9]+ rel_err=[0-9.e+-]+$')
-    if [ $rc -eq 0 ] && [ "$ncase" -eq 4 ] && echo "$out" | grep -qE '^max_rel_err=[0-9.e+-]+ tol=[0-9.e+-]+ PASS$'; then
+    if [ $rc -eq 0 ] && [ "$ncase" -eq "${NC:-4}" ] && echo "$out" | grep -qE '^max_rel_err=[0-9.e+-]+ tol=[0-9.e+-]+ PASS$'; then
         ok "$name ($(echo "$out" | grep -oE '^max_rel_err=[^ ]+'))"
     else fail "$name: rc=$rc, $ncase case lines: $(echo "$out" | tail -3 | tr '\n' ' ')"; fi
 }
@@ -52,6 +52,7 @@ for np in 1 2 3; do
         ok "flux3 lora bytes read per rank tp=$np = the shard formula ($want)"
     else fail "flux3 lora bytes tp=$np: read '$got', formula $want per rank"; fi
 done
+NC=2 run_check "flux3 lora check unsharded reference (adapter on rank 0's copy too) tp=3" 3 --lora "$A" --seed 5 --tol 1e-5
 run_check "flux3 lora check bf16 tp=2" 2 --cases "$CASES" --lora "$A" --precision bf16 --tol 3e-2
 run_check "flux3 lora check --quantize fp8 tp=2 (merged, then quantised to E4M3)" 2 --cases "$CASES" --lora "$A" \
     --quantize fp8 --tol 5e-2
