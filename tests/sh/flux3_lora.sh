@@ -71,6 +71,11 @@ out=$($MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$G/model" --cases "$CA
       --tol 1e-4 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -qE '^max_rel_err=.* FAIL$' && ok "flux3 lora without metadata at weight 1 fails (scale 1, not 2)" \
     || fail "flux3 lora without metadata at weight 1: rc=$rc $(echo "$out" | tail -2 | tr '\n' ' ')"
+# ai-toolkit: the same tensors under BFL FLUX.3 names (diffusion_model.*, content_mode_blocks, q_proj, attn_out,
+# mlp_in, single_blocks ...; no metadata, scale 1), renamed as diffusers' converter maps them back
+python3 "$TPGEN_ROOT/tests/tools/flux3_lora_bfl_names.py" "$A" "$TMP/aitk.safetensors"
+run_check "flux3 lora ai-toolkit file with BFL FLUX.3 names at weight 2 tp=3" 3 --cases "$CASES" \
+    --lora "$TMP/aitk.safetensors:2" --tol 1e-4
 out=$($MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$G/model" --cases "$CASES" --tol 1e-2 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -qE '^max_rel_err=.* FAIL$' && ok "flux3 the lora cases fail without the adapter" \
     || fail "flux3 lora cases without the adapter: rc=$rc $(echo "$out" | tail -2 | tr '\n' ' ')"

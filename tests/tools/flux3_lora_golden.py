@@ -16,7 +16,10 @@ transformer, and the forward run on the 4 golden transformer_cases (cases 1 and 
 lora_cases.safetensors holds the same inputs as build/golden/flux3-tiny/base/transformer_cases.safetensors
 with case<k>.output replaced by the adapted model's output. Checks made here: the adapted outputs differ from
 the base outputs (so the adapter matters); the same adapter file without metadata loaded by diffusers at
-adapter weight 2 (set_adapters) gives the same outputs (no metadata: scale 1, as tpgen reads it).
+adapter weight 2 (set_adapters) gives the same outputs (no metadata: scale 1, as tpgen reads it); so does the
+ai-toolkit copy with BFL FLUX.3 names that tests/tools/flux3_lora_bfl_names.py writes (diffusion_model.*,
+content_mode_blocks / single_blocks / q_proj / attn_out / mlp_in ...), whose keys diffusers' own converter
+(_convert_non_diffusers_flux3_lora_to_diffusers) maps back to the original ones.
 
 Run (from the repository root, after tests/unpack-golden.sh):
     /work/venv-flux3/bin/pip install --target /work/peft-pkgs --no-deps peft==0.21.2
@@ -117,6 +120,27 @@ def main():
         for k in out2:
             d = ((out2[k] - lora_out[k]).norm() / lora_out[k].norm()).item()
             assert d < 1e-6, f"case{k}: no-metadata adapter at weight 2 differs by {d}"
+
+    # ai-toolkit: the same tensors under BFL names (tests/tools/flux3_lora_bfl_names.py, no metadata: scale 1);
+    # diffusers' converter maps every key back, and its forward at weight 2 is the same
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import flux3_lora_bfl_names as bfl
+    from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_flux3_lora_to_diffusers as conv
+    orig = load_file(path)
+    back = conv({bfl.bfl_name(k): v for k, v in orig.items()})
+    assert sorted(back) == sorted(orig), "the BFL renaming is not the inverse of diffusers' converter"
+    with tempfile.TemporaryDirectory() as tmp:
+        aitk = f"{tmp}/aitk.safetensors"
+        bfl.main(path, aitk)
+        with safe_open(aitk, "pt") as f:
+            assert all(k.startswith("diffusion_model.") for k in f.keys())
+        m3 = base_model()
+        Holder(m3).load_lora_weights(aitk, adapter_name="c")
+        m3.set_adapters(["c"], weights=[2.0])
+        out3 = run_cases(m3, cases)
+        for k in out3:
+            d = ((out3[k] - lora_out[k]).norm() / lora_out[k].norm()).item()
+            assert d < 1e-6, f"case{k}: the ai-toolkit copy at weight 2 differs by {d}"
 
     res = {}
     for name, t in cases.items():
