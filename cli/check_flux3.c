@@ -11,6 +11,7 @@
 #include "check_flux3.h"
 #include "check_rng.h"
 #include "core/dist/dist.h"
+#include "core/formats/lora.h"
 #include "core/formats/safetensors.h"
 #include "core/models/flux3.h"
 #include "kernels/comm.h"
@@ -164,22 +165,41 @@ static int count_cases(const char *path, const dist *d, st_file **f, int *n) {
     return dist_agree(d->tp_comm, rc);
 }
 
-int check_flux3(const char *dir, const char *cases_path, dtype_t precision, int quantize_fp8, double tol, uint64_t seed,
-                const dist *d, backend *be, comm *c) {
-    flux3_load_extras x = {.quantize_fp8 = quantize_fp8};
+/* rank 0: the adapter bytes (A/B pieces + alphas) each rank read */
+static void print_lora_bytes(const lora_set *ls, const dist *d) {
+    for (int i = 0; i < LORA_MAX_ADAPTERS && i < (ls ? ls->n : 0); i++) {
+        unsigned long long mine = ls->ad[i].bytes_read + ls->ad[i].bytes_alpha;
+        unsigned long long *all = xcalloc((size_t)d->tp, sizeof *all);
+        MPI_Gather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, 0, d->tp_comm);
+        if (d->tp_rank == 0) {
+            printf("# lora %s: bytes read per rank", ls->ad[i].path);
+            for (int r = 0; r < d->tp; r++) printf(" %llu", all[r]);
+            printf("\n");
+        }
+        free(all);
+    }
+}
+
+int check_flux3(const char *dir, const char *cases_path, dtype_t precision, int quantize_fp8,
+                const lora_spec *loras, int n_loras, double tol, uint64_t seed, const dist *d, backend *be,
+                comm *c) {
+    lora_set *ls = NULL;
+    flux3_load_extras x = {.quantize_fp8 = quantize_fp8, .loras = loras, .n_loras = n_loras, .lora_set_out = &ls};
+    flux3_load_extras xref = {.quantize_fp8 = quantize_fp8, .loras = loras, .n_loras = n_loras};
     flux3_model *m = NULL, *ref = NULL;
     comm *self = NULL;
     st_file *cases = NULL;
     int rc = flux3_load_ex(dir, be, c, precision, &x, &m, NULL), n_cases = 2, failed = 0;
     if (!rc && !cases_path && d->tp_rank == 0) {
         self = comm_create(MPI_COMM_SELF, be);
-        rc = self ? flux3_load_ex(dir, be, self, precision, &x, &ref, NULL) : -1;
+        rc = self ? flux3_load_ex(dir, be, self, precision, &xref, &ref, NULL) : -1;
         if (rc) tp_error_context("unsharded reference on rank 0");
     }
     if (dist_agree(d->tp_comm, rc) || (cases_path && count_cases(cases_path, d, &cases, &n_cases))) {
         rc = -1;
         goto done;
     }
+    print_lora_bytes(ls, d);
     if (d->tp_rank == 0)
         printf("# FLUX.3 transformer%s\n", flux3_get_config(m)->flow_map ? " (flow map)" : "");
     if (cases_path && precision == DT_BF16) {   /* as for FLUX.2: measure the compute path, not the input rounding */
@@ -218,6 +238,7 @@ int check_flux3(const char *dir, const char *cases_path, dtype_t precision, int 
 done:
     if (rc < 0) dist_report_error(d->tp_comm);
     if (cases) st_close(cases);
+    lora_set_free(ls);
     flux3_free(ref);
     flux3_free(m);
     comm_destroy(self);

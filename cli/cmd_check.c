@@ -257,11 +257,11 @@ static void print_load(const dist *d, const load_stats *ls) {
  * the FLUX.2-only options */
 static int run_checks_flux3(const check_opts *o, const dist *d, backend *be, comm *c, char *dir) {
     int rc = 0;
-    if (o->n_loras || o->outputs || o->unfused)
-        rc = dist_agree(d->tp_comm, tp_error("check: %s is a FLUX.3 transformer; --lora, --outputs and --unfused are "
-                                             "FLUX.2-only so far", dir));
+    if (o->outputs || o->unfused)
+        rc = dist_agree(d->tp_comm, tp_error("check: %s is a FLUX.3 transformer; --outputs and --unfused are "
+                                             "FLUX.2-only so far (with --lora, --cases holds the outputs)", dir));
     rc = rc ? (dist_report_error(d->tp_comm), 1)
-            : check_flux3(dir, o->cases, o->precision, o->quantize_fp8, o->tol, o->seed, d, be, c);
+            : check_flux3(dir, o->cases, o->precision, o->quantize_fp8, o->loras, o->n_loras, o->tol, o->seed, d, be, c);
     free(dir);
     return rc;
 }

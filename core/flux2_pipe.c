@@ -384,10 +384,12 @@ int flux2_pipe_load(flux2_pipe *p) {
     int rc = 0;
     if (is_flux3(p->info) && !p->model3) {
         load_stats ls = {0};
-        flux3_load_extras x3 = {.quantize_fp8 = p->cfg.quantize_fp8};
-        rc = p->cfg.n_loras
-                 ? tp_error("%s: LoRA adapters are not supported on FLUX.3 yet", p->info->transformer_dir)
-                 : flux3_load_ex(p->info->transformer_dir, p->be, p->c, p->cfg.precision, &x3, &p->model3, &ls);
+        struct lora_set *lset = NULL;
+        flux3_load_extras x3 = {.quantize_fp8 = p->cfg.quantize_fp8, .loras = p->cfg.loras, .n_loras = p->cfg.n_loras,
+                                .lora_set_out = &lset};
+        rc = flux3_load_ex(p->info->transformer_dir, p->be, p->c, p->cfg.precision, &x3, &p->model3, &ls);
+        for (int i = 0; lset && i < lset->n && i < LORA_MAX_ADAPTERS; i++) p->st.lora_bytes[i] = lset->ad[i].bytes_read;
+        lora_set_free(lset);
         p->st.bytes_loaded += ls.bytes_read;
         p->st.load_seconds += ls.seconds;
         if (rc) tp_error_context("loading %s", p->info->transformer_dir);

@@ -5,7 +5,9 @@
  * _convert_kohya_flux2_lora_to_diffusers), with two differences documented
  * in docs/lora.md: diffusion_model.*.lora_down/up files are read as
  * ai-toolkit files (diffusers takes them for kohya and drops every key), and
- * the BFL final layer's (shift, scale) halves are swapped onto norm_out. */
+ * the BFL final layer's (shift, scale) halves are swapped onto norm_out. FLUX.3
+ * checkpoints (diffusers names) take a module as its same-named tensor, and
+ * ai-toolkit BFL FLUX.3 names renamed as diffusers' FLUX.3 converter does. */
 #include "lora.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
@@ -128,6 +130,34 @@ static const st_tensor_info *ck_weight(const checkpoint *ck, const char *module,
     return ti;
 }
 
+/* A FLUX.3 module with BFL names (ai-toolkit `diffusion_model.` files) in
+ * diffusers names, as diffusers' _convert_non_diffusers_flux3_lora_to_diffusers
+ * rewrites them (content_mode_blocks -> mode_blocks, single_blocks ->
+ * single_transformer_blocks, q/k/v_proj -> attn.to_q/k/v, attn_out ->
+ * attn.to_out.0, mlp_in/out -> ff.linear_in/out; the rest unchanged).
+ * NULL when nothing changes. */
+static char *flux3_bfl_to_diffusers(const char *m) {
+    static const char *rep[][2] = {
+        {"content_mode_blocks.", "mode_blocks."}, {"single_blocks.", "single_transformer_blocks."},
+        {".q_proj.", ".attn.to_q."}, {".k_proj.", ".attn.to_k."}, {".v_proj.", ".attn.to_v."},
+        {".attn_out.", ".attn.to_out.0."}, {".mlp_in.", ".ff.linear_in."}, {".mlp_out.", ".ff.linear_out."},
+    };
+    char *s = xasprintf("%s.", m);   /* the converter sees keys: ".q_proj." matches at the module's end */
+    int changed = 0;
+    for (size_t i = 0; i < sizeof rep / sizeof rep[0]; i++) {
+        char *at;
+        while ((at = strstr(s, rep[i][0]))) {
+            char *t = xasprintf("%.*s%s%s", (int)(at - s), s, rep[i][1], at + strlen(rep[i][0]));
+            free(s);
+            s = t;
+            changed = 1;
+        }
+    }
+    s[strlen(s) - 1] = 0;
+    if (!changed) { free(s); return NULL; }
+    return s;
+}
+
 /* Targets of module `m` in namespace ns (0: diffusers names, 1: BFL
  * names, 2: kohya's BFL names spelled with '_') on a checkpoint with BFL
  * (ck_bfl) or diffusers names. *b_rows: the rows lora_B must have.
@@ -173,6 +203,16 @@ static int map_module(const checkpoint *ck, int ck_bfl, const char *m, int ns, t
         }
         *b_rows = rows;
         return add_target(out, n, tn, 0, rows, 0);
+    }
+    /* FLUX.3 BFL names on a diffusers-named checkpoint: the renamed module is the tensor */
+    char *f3;
+    if (!n && ns == 1 && !ck_bfl && (f3 = flux3_bfl_to_diffusers(m))) {
+        ti = ck_weight(ck, f3, &tn);
+        free(f3);
+        if (ti) {
+            *b_rows = ti->shape[0];
+            return add_target(out, 0, tn, 0, ti->shape[0], 0);
+        }
     }
     return n;
 }
@@ -481,7 +521,7 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         }
         if (!nt) {
             const char *fam = family_hint(r->name);
-            tp_error("%s: key %s: module '%s' matches no Linear of this FLUX.2 transformer (%s)%s%s", ad->path,
+            tp_error("%s: key %s: module '%s' matches no Linear of this transformer (%s)%s%s", ad->path,
                      r->a->name, r->name, ck->dir,
                      fam ? "; the names look like a LoRA for " : "; is the adapter for another model?",
                      fam ? fam : "");

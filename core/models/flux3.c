@@ -6,6 +6,7 @@
 #include "config_json.h"
 #include "kernels/err.h"
 #include "core/formats/checkpoint.h"
+#include "core/formats/lora.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -293,6 +294,8 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     static const flux3_load_extras none = {0};
     if (!x) x = &none;
     *out = NULL;
+    if (x->lora_set_out) *x->lora_set_out = NULL;
+    lora_set *ls = NULL;
     char *path = xasprintf("%s/config.json", dir);
     json_error_t jerr;
     json_t *cfg_json = NULL;
@@ -314,6 +317,11 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     plan p;
     load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision, .quantize_fp8 = x->quantize_fp8};
     if (precision == DT_BF16) o.want = is_not_qk_norm;   /* the QK norms load in f32, below */
+    if (x->n_loras) {   /* every adapter is checked against the checkpoint before a weight byte is read */
+        if (lora_set_open(x->loras, x->n_loras, ck, m->rank == 0, &ls)) goto done;
+        o.transform = lora_merge_shard;
+        o.transform_ctx = ls;
+    }
     if (flux3_plan(&cfg, &p) || weights_load(ck, &p, &o, &m->w, st)) goto done;
     if (precision == DT_BF16) {
         load_opts o32 = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = DT_F32, .want = is_qk_norm};
@@ -329,6 +337,8 @@ done:
     } else {
         *out = m;
     }
+    if (rc || !x->lora_set_out) lora_set_free(ls);
+    else *x->lora_set_out = ls;
     checkpoint_close(ck);
     json_decref(cfg_json);
     free(path);

@@ -86,9 +86,19 @@ int flux3_load(const char *dir, struct backend *be, struct comm *c, dtype_t prec
  * the sharded linears (the block projections and MLPs, plans/flux3_plan.c's
  * colwise/rowwise weights) E4M3 with per-row absmax scales as FLUX.2 does
  * (core/formats/fp8.h); embedders, modulations, norm_out and the QK norms
- * keep their dtype. fp8 checkpoints load with or without it. x may be NULL. */
+ * keep their dtype. fp8 checkpoints load with or without it. loras: LoRA
+ * adapters (diffusers/PEFT `transformer.<module>` names, core/formats/lora.h)
+ * validated against the checkpoint before a weight byte is read, then merged
+ * into each rank's shard (lora_merge_shard as the load transform; on fp8
+ * weights low-rank terms); *lora_set_out, if given, gets the set (bytes read
+ * per adapter; free with lora_set_free). x may be NULL. */
+struct lora_spec;
+struct lora_set;
 typedef struct flux3_load_extras {
     int quantize_fp8;
+    const struct lora_spec *loras;
+    int n_loras;
+    struct lora_set **lora_set_out;
 } flux3_load_extras;
 int flux3_load_ex(const char *dir, struct backend *be, struct comm *c, dtype_t precision,
                   const flux3_load_extras *x, flux3_model **out, load_stats *st);
