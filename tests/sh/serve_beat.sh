@@ -95,16 +95,30 @@ else fail "serve_beat r0: not ready: $(tail -3 "$TMP/r0.log")"; fi
 # after group 1 went idle.
 cpu_s() { awk '{printf "%.2f", ($14 + $15) / 100}' /proc/$1/stat 2>/dev/null; }
 post() {   # post NAME JSON: in the background; NAME.code, NAME.end (when answered)
-    (curl -s -o "$TMP/$1.json" -w '%{http_code}' -m 300 "http://127.0.0.1:$PORT/v1/images/generations" -d "$2" >"$TMP/$1.code"
+    (curl -s -o "$TMP/$1.json" -w '%{http_code}' -m 600 "http://127.0.0.1:$PORT/v1/images/generations" -d "$2" >"$TMP/$1.code"
      now >"$TMP/$1.end") &
     POSTS+=($!)
 }
-if NP=4 start_server "$TMP/busy.log" "$TPGEN" --watchdog 10 --tp 2 --max-steps 1000; then
+if NP=4 start_server "$TMP/busy.log" "$TPGEN" --watchdog 10 --tp 2 --max-steps 10000; then
     sleep 2
+    # the long jobs' steps from this machine's speed now (a 10- and a 40-step job timed: the difference is 30
+    # steps without the request's fixed costs): L1 ~25 s, L2 ~50 s
+    timed() {
+        local t0; t0=$(now)
+        curl -s -o /dev/null -m 120 "http://127.0.0.1:$PORT/v1/images/generations" \
+            -d "{\"prompt\": \"a timing fox\", \"size\": \"128x128\", \"seed\": 4, \"steps\": $1}"
+        echo "$(now) - $t0" | bc -l
+    }
+    ta=$(timed 10) tb=$(timed 40)
+    per=$(echo "($tb - $ta) / 30" | bc -l)
+    lt "$per" 0.001 && per=0.001
+    n1=$(echo "25 / $per" | bc) n2=$(echo "50 / $per" | bc)
+    [ "$n1" -lt 100 ] && n1=100; [ "$n1" -gt 4000 ] && n1=4000
+    [ "$n2" -lt 200 ] && n2=200; [ "$n2" -gt 8000 ] && n2=8000
     POSTS=()
     r2=$(rank_pid 2)
     a0=$(cpu_s "$R0") a2=$(cpu_s "$r2")
-    post l1 '{"prompt": "a long fox", "size": "128x128", "seed": 2, "steps": 250}'
+    post l1 "{\"prompt\": \"a long fox\", \"size\": \"128x128\", \"seed\": 2, \"steps\": $n1}"
     sleep 2
     d0=$(echo "$(cpu_s "$R0") - $a0" | bc) d2=$(echo "$(cpu_s "$r2") - $a2" | bc)
     if lt "$d2" "$d0"; then
@@ -113,7 +127,7 @@ if NP=4 start_server "$TMP/busy.log" "$TPGEN" --watchdog 10 --tp 2 --max-steps 1
         busy=l1 other=s2
     else
         path="L1 on group 1 (CPU +$d2 s on rank 2, +$d0 s on rank 0), a longer L2 on group 0"
-        post s2 '{"prompt": "a longer fox", "size": "128x128", "seed": 3, "steps": 600}'
+        post s2 "{\"prompt\": \"a longer fox\", \"size\": \"128x128\", \"seed\": 3, \"steps\": $n2}"
         busy=s2 other=l1
     fi
     wait "${POSTS[@]}"
