@@ -222,7 +222,9 @@ static int flux3_plan_table(const flux3_config *c, const plan_table *tb, plan *o
 }
 
 int flux3_plan(const flux3_config *c, plan *out) { return flux3_plan_table(c, &plan_table_flux3, out); }
-int flux3_plan_bfl(const flux3_config *c, plan *out) { return flux3_plan_table(c, &plan_table_flux3_bfl, out); }
+int flux3_plan_bfl(const flux3_config *c, const char *prefix, plan *out) {
+    return flux3_plan_table(c, prefix && *prefix ? &plan_table_flux3_bfl_dm : &plan_table_flux3_bfl, out);
+}
 
 /* ---- binding tensors by name, with shape checks ---- */
 
@@ -489,7 +491,7 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision, .quantize_fp8 = x->quantize_fp8,
                    .want = is_model_tensor};
     if (precision == DT_BF16) o.want = is_not_qk_norm;   /* the QK norms load in f32, below */
-    if ((bfl ? flux3_plan_bfl(&cfg, &p) : flux3_plan(&cfg, &p)) || weights_load(ck, &p, &o, &m->w, st)) goto done;
+    if ((bfl ? flux3_plan_bfl(&cfg, bfl, &p) : flux3_plan(&cfg, &p)) || weights_load(ck, &p, &o, &m->w, st)) goto done;
     if (precision == DT_BF16) {
         load_opts o32 = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = DT_F32, .want = is_qk_norm};
         if (weights_load(ck, &p, &o32, &m->w_norm, NULL)) goto done;

@@ -71,9 +71,10 @@ int flux3_is_transformer_dir(const char *dir);
 
 /* The tensor-parallel plan of a config: plans/flux3_plan.c's rule table
  * with the symbols D and M and the divisor num_attention_heads;
- * flux3_plan_bfl the same over plans/flux3_bfl_plan.c (BFL names). */
+ * flux3_plan_bfl the same over plans/flux3_bfl_plan.c (BFL names behind
+ * prefix, flux3_bfl_prefix's). */
 int flux3_plan(const flux3_config *c, plan *out);
-int flux3_plan_bfl(const flux3_config *c, plan *out);
+int flux3_plan_bfl(const flux3_config *c, const char *prefix, plan *out);
 
 /* Black Forest Labs single files (names: the inverse of diffusers 0.42.1's
  * convert_flux3_transformer_checkpoint_to_diffusers). flux3_bfl_prefix:
