@@ -236,6 +236,7 @@ typedef struct binder {
     int n_names;
     int random;                /* flux3_init_random: create and fill each local tensor */
     const char *bfl;           /* BFL names behind this prefix; NULL: diffusers names */
+    int derived;               /* the config was derived from the BFL shapes (no config.json) */
     uint64_t seed;
 } binder;
 
@@ -285,6 +286,10 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
             const char *why = strstr(name, "target_timestep")
                                   ? " (config.json says flow_map: true, which needs the target-timestep embedder)"
                                   : "";
+            if (b->derived)
+                return tp_error("%s: tensor %s missing from the FLUX.3 BFL checkpoint (its config derived from the "
+                                "shapes has %d mode and %d single blocks); the file is incomplete", b->dir, name,
+                                b->m->cfg.num_layers, b->m->cfg.num_single_layers), NULL;
             return tp_error("%s: tensor %s missing from the checkpoint%s; the config does not belong to these weights",
                             b->dir, name, why), NULL;
         }
@@ -377,8 +382,8 @@ static int bind_all(binder *b) {
 /* Every name and global shape the config implies is in the checkpoint, and
  * the checkpoint holds nothing else (e.g. a target-timestep embedder under a
  * config without flow_map, or more blocks than num_layers). */
-static int check_names(flux3_model *m, const char *dir, const checkpoint *ck, const char *bfl) {
-    binder b = {.m = m, .dir = dir, .ck = ck, .bfl = bfl};
+static int check_names(flux3_model *m, const char *dir, const checkpoint *ck, const char *bfl, int derived) {
+    binder b = {.m = m, .dir = dir, .ck = ck, .bfl = bfl, .derived = derived};
     int rc = bind_all(&b);
     for (int k = 0; !rc && k < ck->n; k++) {
         const char *name = ck->infos[k]->name;
@@ -469,6 +474,7 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     flux3_config cfg;
     int rc = -1;
     const char *bfl = NULL;
+    int derived = 0;
     if (access(path, F_OK) == 0) {
         if (!(cfg_json = json_load_file(path, 0, &jerr))) {
             tp_error("%s: cannot read the transformer config (%s, line %d)", path, jerr.text, jerr.line);
@@ -479,13 +485,14 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 && (bfl = flux3_bfl_prefix(ck))) {
         free(path);   /* a BFL single file: the config from its shapes */
         path = xasprintf("%s (config derived from the FLUX.3 BFL checkpoint's tensor shapes)", dir);
+        derived = 1;
         if (!(cfg_json = flux3_config_from_bfl(ck))) goto done;
     } else {
         tp_error("%s is missing: pass the pipeline's transformer/ folder (diffusers layout, with config.json) "
                  "or a folder holding a FLUX.3 BFL single-file checkpoint (needs no config.json)", path);
         goto done;
     }
-    if (flux3_config_parse(cfg_json, path, &cfg) || model_new(&cfg, be, c, precision, &m) || check_names(m, dir, ck, bfl))
+    if (flux3_config_parse(cfg_json, path, &cfg) || model_new(&cfg, be, c, precision, &m) || check_names(m, dir, ck, bfl, derived))
         goto done;
     plan p;
     load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision, .quantize_fp8 = x->quantize_fp8,

@@ -47,7 +47,7 @@ else fail "flux3 bfl: base bf16 tp=3: rc=$rc $(echo "$b" | tail -2 | tr '\n' ' '
 S=$TPGEN_ROOT/tests/tools/st_rename.py
 mkdir -p "$TMP/miss" "$TMP/miss2" "$TMP/nomod"
 python3 "$S" "$TMP/bfl/base/flux3-tiny-bfl.safetensors" "$TMP/miss/x.safetensors" --drop single_blocks.1.mlp_out.weight
-expect_fail "flux3 bfl: missing tensor named" "single_blocks\.1\.mlp_out\.weight missing" \
+expect_fail "flux3 bfl: missing tensor named" "miss: tensor single_blocks\.1\.mlp_out\.weight missing from the FLUX.3 BFL checkpoint" \
     timeout 120 $MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$TMP/miss" --cases "$CASES"
 python3 "$S" "$TMP/bfl/base/flux3-tiny-bfl.safetensors" "$TMP/miss2/x.safetensors" --drop txt_in.weight
 expect_fail "flux3 bfl: config not derivable, names the tensor and the file" "miss2: FLUX.3 BFL checkpoint has no tensor txt_in\.weight" \
