@@ -197,6 +197,19 @@ json_t *flux3_config_from_bfl(const checkpoint *ck) {
                      checkpoint_find(ck, name, NULL) != NULL);
 }
 
+json_t *flux3_bfl_dir_config(const char *dir, int *is_flux3) {
+    *is_flux3 = 0;
+    struct stat s;
+    checkpoint *ck = NULL;
+    json_t *cfg = NULL;
+    if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0 && flux3_bfl_prefix(ck)) {
+        *is_flux3 = 1;
+        cfg = flux3_config_from_bfl(ck);
+    }
+    checkpoint_close(ck);
+    return cfg;
+}
+
 int flux3_is_transformer_dir(const char *dir) {
     char *path = xasprintf("%s/config.json", dir);
     json_t *j = json_load_file(path, 0, NULL);

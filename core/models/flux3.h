@@ -87,6 +87,10 @@ int flux3_plan_bfl(const flux3_config *c, const char *prefix, plan *out);
 struct checkpoint;
 const char *flux3_bfl_prefix(const struct checkpoint *ck);
 json_t *flux3_config_from_bfl(const struct checkpoint *ck);
+/* A folder holding a FLUX.3 BFL single file: *is_flux3 = 1 and its derived
+ * config (NULL + tp_error when underivable); otherwise *is_flux3 = 0 and
+ * NULL (the error, if any, is not about FLUX.3). */
+json_t *flux3_bfl_dir_config(const char *dir, int *is_flux3);
 
 typedef struct flux3_model flux3_model;
 

@@ -64,3 +64,17 @@ if TPGEN_BFL_OUT="$TMP/f2" "$TPGEN_TESTS" bfl_write_golden_as_bfl | grep -q '^ok
         ok "flux3 bfl: a FLUX.2 BFL file still checks as FLUX.2 ($(echo "$out" | grep '^max_rel_err'))"
     else fail "flux3 bfl: FLUX.2 BFL: rc=$rc $(echo "$out" | tail -3 | tr '\n' ' ')"; fi
 else fail "flux3 bfl: writing the FLUX.2 BFL file failed"; fi
+
+# generate from a FLUX.3 pipeline folder whose transformer/ is the BFL file (no config.json):
+# bit for bit the latents of the diffusers-named folder, at np 2
+P3=$TPGEN_ROOT/tests/data/flux3-pipe/base_t2i.safetensors
+flux3_folder base "$TMP/pd"
+mkdir -p "$TMP/pb" && ln -s "$TMP/bfl/base" "$TMP/pb/transformer" && ln -s "$TPGEN_GOLDEN/vae-tiny/model/vae" "$TMP/pb/vae" &&
+    cp "$TPGEN_ROOT/tests/data/flux3-pipe/base_modular_model_index.json" "$TMP/pb/modular_model_index.json"
+for x in pb pd; do
+    $MPIRUN -np 2 "$TPGEN" generate --model "$TMP/$x" --prompt-embeds "$P3" --negative-prompt-embeds "$P3" --seed 42 \
+        --steps 3 --width 64 --height 48 --precision f32 --backend cpu --no-decode --save-latents "$TMP/$x.st" \
+        >"$TMP/$x.log" 2>&1 || echo "rc=$?" >>"$TMP/$x.log"
+done
+if [ -s "$TMP/pb.st" ] && cmp -s "$TMP/pb.st" "$TMP/pd.st"; then ok "flux3 bfl: generate np=2 from a BFL transformer/ gives the diffusers folder's latents"
+else fail "flux3 bfl: generate: $(tail -2 "$TMP/pb.log" | tr '\n' ' ')"; fi
