@@ -112,8 +112,12 @@ int flux2_pipe_probe_components(const flux2_components *cp, flux2_pipe_info *g, 
     int is_file = path_is_file(g->transformer_dir);
     char *cfg_path = xasprintf("%s/config.json", g->transformer_dir);
     /* a BFL single-file checkpoint (or a GGUF, BFL names) may come without config.json: derived from its shapes */
-    json_t *cfg = is_file || (path_is_dir(g->transformer_dir) && !path_is_file(cfg_path))
-                      ? flux2_transformer_config(g->transformer_dir, NULL) : load_json(cfg_path, 1);
+    int bfl3 = 0;   /* a folder holding a FLUX.3 BFL single file: its own derivation */
+    json_t *cfg = !is_file && path_is_dir(g->transformer_dir) && !path_is_file(cfg_path)
+                      ? flux3_bfl_dir_config(g->transformer_dir, &bfl3) : NULL;
+    if (!bfl3)
+        cfg = is_file || (path_is_dir(g->transformer_dir) && !path_is_file(cfg_path))
+                  ? flux2_transformer_config(g->transformer_dir, NULL) : load_json(cfg_path, 1);
     if (is_file || !path_is_file(cfg_path)) {
         free(cfg_path);
         cfg_path = xasprintf("%s (config derived from the BFL tensor shapes)", g->transformer_dir);

@@ -1,9 +1,11 @@
 /* libFuzzer harness: a safetensors file (header + data) opened with
  * st_open, every tensor planned with the FLUX.2 plan at tp 1..4, and the
  * same bytes as the only file of a checkpoint folder (checkpoint_open);
- * the tensors are read back as f32 and i64. */
+ * the tensors are read back as f32 and i64; a FLUX.3 BFL config is derived
+ * from the checkpoint's shapes and parsed (flux3_config_from_bfl). */
 #include "core/models/model_plan.h"
 #include "core/formats/checkpoint.h"
+#include "core/models/flux3.h"
 #include "kernels/err.h"
 #include "plans/plan.h"
 #include <stdio.h>
@@ -50,6 +52,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         st_close(st);
     }
     checkpoint *c = NULL;
-    if (checkpoint_open(g_dir, &c) == 0) checkpoint_close(c);
+    if (checkpoint_open(g_dir, &c) == 0) {
+        if (flux3_bfl_prefix(c)) {
+            json_t *j = flux3_config_from_bfl(c);
+            flux3_config fc;
+            if (j) (void)flux3_config_parse(j, "fuzz", &fc);
+            json_decref(j);
+        }
+        checkpoint_close(c);
+    }
     return 0;
 }

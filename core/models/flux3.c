@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- config ---- */
@@ -74,6 +75,142 @@ int flux3_config_parse(const json_t *cfg, const char *where, flux3_config *c) {
     return 0;
 }
 
+/* ---- BFL single files (the inverse of diffusers 0.42.1's
+ * convert_flux3_transformer_checkpoint_to_diffusers) ---- */
+
+#define BFL_PREFIX "model.diffusion_model."
+
+/* The BFL name prefix of a FLUX.3 BFL checkpoint ("" or
+ * "model.diffusion_model."), NULL when it is not one. The key is the one
+ * diffusers detects FLUX.3 by (CHECKPOINT_KEY_NAMES["flux3"]); a FLUX.2 BFL
+ * file has single_stream_modulation.lin.weight instead. */
+const char *flux3_bfl_prefix(const checkpoint *ck) {
+    if (!ck) return NULL;
+    if (checkpoint_find(ck, "early_stream_modulations.image.lin.weight", NULL)) return "";
+    if (checkpoint_find(ck, BFL_PREFIX "early_stream_modulations.image.lin.weight", NULL)) return BFL_PREFIX;
+    return NULL;
+}
+
+/* diffusers name -> BFL name (behind pfx), into out[n] */
+static void bfl_name(const char *d, const char *pfx, char *out, size_t n) {
+    static const char *const exact[][2] = {
+        {"timestep_embedder.linear_1.weight", "time_in.in_layer.weight"},
+        {"timestep_embedder.linear_2.weight", "time_in.out_layer.weight"},
+        {"target_timestep_embedder.linear_1.weight", "ref_time_in.in_layer.weight"},
+        {"target_timestep_embedder.linear_2.weight", "ref_time_in.out_layer.weight"},
+        {"proj_out.weight", "final_layer.image.linear.weight"},
+        {"norm_out.linear.weight", "final_layer.image.adaLN_modulation.1.weight"},   /* halves swapped */
+    };
+    static const char *const prefix[][2] = {{"x_embedders.", "emb_in."}, {"context_embedder.", "txt_in."},
+                                            {"mode_blocks.", "content_mode_blocks."},
+                                            {"single_transformer_blocks.", "single_blocks."}};
+    static const char *const suffix[][2] = {
+        {"attn.to_q.weight", "q_proj.weight"}, {"attn.to_k.weight", "k_proj.weight"},
+        {"attn.to_v.weight", "v_proj.weight"}, {"attn.to_out.0.weight", "attn_out.weight"},
+        {"attn.norm_q.weight", "norm.query_norm.scale"}, {"attn.norm_k.weight", "norm.key_norm.scale"},
+        {"ff.linear_in.weight", "mlp_in.weight"}, {"ff.linear_out.weight", "mlp_out.weight"},
+        {".linear.weight", ".lin.weight"}};
+    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
+        if (!strcmp(d, exact[i][0])) { snprintf(out, n, "%s%s", pfx, exact[i][1]); return; }
+    char tmp[256];
+    snprintf(tmp, sizeof tmp, "%s", d);
+    for (size_t i = 0; i < sizeof prefix / sizeof prefix[0]; i++) {
+        size_t l = strlen(prefix[i][0]);
+        if (!strncmp(d, prefix[i][0], l)) { snprintf(tmp, sizeof tmp, "%s%s", prefix[i][1], d + l); break; }
+    }
+    size_t tl = strlen(tmp);
+    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
+        size_t l = strlen(suffix[i][0]);
+        if (tl >= l && !strcmp(tmp + tl - l, suffix[i][0])) {
+            snprintf(tmp + tl - l, sizeof tmp - (tl - l), "%s", suffix[i][1]);
+            break;
+        }
+    }
+    snprintf(out, n, "%s%s", pfx, tmp);
+}
+
+static int bfl_dim(const checkpoint *ck, const char *pfx, const char *name, int64_t *rows, int64_t *cols) {
+    char full[256];
+    snprintf(full, sizeof full, "%s%s", pfx, name);
+    const st_tensor_info *t = checkpoint_find(ck, full, NULL);
+    if (!t)
+        return tp_error("%s: FLUX.3 BFL checkpoint has no tensor %s (needed to derive the config; the file is "
+                        "incomplete, or put the model's diffusers config.json next to it)", ck->dir, full);
+    *rows = t->ndim >= 1 ? t->shape[0] : 1;
+    *cols = 1;
+    for (int d = 1; d < t->ndim; d++) *cols *= t->shape[d];
+    return 0;
+}
+
+static int bfl_count(const checkpoint *ck, const char *pfx, const char *fmt) {
+    char name[256];
+    int n = 0;
+    for (;; n++) {
+        int l = snprintf(name, sizeof name, "%s", pfx);
+        snprintf(name + l, sizeof name - (size_t)l, fmt, n);
+        if (!checkpoint_find(ck, name, NULL)) return n;
+    }
+}
+
+json_t *flux3_config_from_bfl(const checkpoint *ck) {
+    const char *pfx = flux3_bfl_prefix(ck);
+    if (!pfx) return tp_error("%s: not a FLUX.3 BFL checkpoint (no early_stream_modulations.image.lin.weight)",
+                              ck->dir), NULL;
+    int64_t D, cin, Dc, ccin, Dt, J, Dte, Ct, hd, one, M2, Dm, Dmod, D3, out_c, Dp;
+    if (bfl_dim(ck, pfx, "emb_in.image.weight", &D, &cin) || bfl_dim(ck, pfx, "emb_in.image_cond.weight", &Dc, &ccin) ||
+        bfl_dim(ck, pfx, "txt_in.weight", &Dt, &J) || bfl_dim(ck, pfx, "time_in.in_layer.weight", &Dte, &Ct) ||
+        bfl_dim(ck, pfx, "early_stream_modulations.image.lin.weight", &D3, &Dmod) ||
+        bfl_dim(ck, pfx, "final_layer.image.linear.weight", &out_c, &Dp))
+        return NULL;
+    int layers = bfl_count(ck, pfx, "content_mode_blocks.image.%d.q_proj.weight");
+    int singles = bfl_count(ck, pfx, "single_blocks.%d.q_proj.weight");
+    if (layers + singles == 0)
+        return tp_error("%s: FLUX.3 BFL checkpoint has neither content_mode_blocks.image.0 nor single_blocks.0",
+                        ck->dir), NULL;
+    const char *blk = singles ? "single_blocks.0." : "content_mode_blocks.image.0.";
+    char name[128];
+    snprintf(name, sizeof name, "%snorm.query_norm.scale", blk);
+    if (bfl_dim(ck, pfx, name, &hd, &one)) return NULL;
+    snprintf(name, sizeof name, "%smlp_in.weight", blk);
+    if (bfl_dim(ck, pfx, name, &M2, &Dm)) return NULL;
+    if (D <= 0 || D > FLUX3_MAX_D || Dc != D || Dt != D || Dte != D || Dmod != D || D3 != 3 * D || Dp != D ||
+        out_c != cin || Dm != D || one != 1 || hd <= 0 || D % hd || hd % 8 || M2 <= 0 || M2 % 2)
+        return tp_error("%s: FLUX.3 BFL checkpoint shapes are inconsistent (emb_in.image [%lld, %lld], "
+                        "emb_in.image_cond [%lld, %lld], txt_in [%lld, %lld], time_in [%lld, %lld], final_layer "
+                        "[%lld, %lld], head_dim %lld, mlp_in [%lld, %lld]); supply a config.json", ck->dir,
+                        (long long)D, (long long)cin, (long long)Dc, (long long)ccin, (long long)Dt, (long long)J,
+                        (long long)Dte, (long long)Ct, (long long)out_c, (long long)Dp, (long long)hd,
+                        (long long)M2, (long long)Dm), NULL;
+    int64_t M = M2 / 2, ax = hd / 4;
+    double ratio = (double)M / (double)D;
+    if ((int64_t)((double)D * ratio) != M)
+        return tp_error("%s: MLP width %lld is not int(D * ratio) for any ratio; supply a config.json", ck->dir,
+                        (long long)M), NULL;
+    /* Not in the shapes: four equal RoPE axes ([32,32,32,32] at head_dim
+     * 128), theta 10000 and eps 1e-6, the diffusers class defaults. */
+    snprintf(name, sizeof name, "%sref_time_in.in_layer.weight", pfx);
+    return json_pack("{s:s, s:I, s:I, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:[I,I,I,I], s:i, s:f, s:b}",
+                     "_class_name", FLUX3_CLASS_NAME, "in_channels", (json_int_t)cin, "cond_in_channels",
+                     (json_int_t)ccin, "num_layers", layers, "num_single_layers", singles, "attention_head_dim",
+                     (json_int_t)hd, "num_attention_heads", (json_int_t)(D / hd), "joint_attention_dim", (json_int_t)J,
+                     "timestep_channels", (json_int_t)Ct, "mlp_ratio", ratio, "axes_dims_rope", (json_int_t)ax,
+                     (json_int_t)ax, (json_int_t)ax, (json_int_t)ax, "rope_theta", 10000, "eps", 1e-6, "flow_map",
+                     checkpoint_find(ck, name, NULL) != NULL);
+}
+
+json_t *flux3_bfl_dir_config(const char *dir, int *is_flux3) {
+    *is_flux3 = 0;
+    struct stat s;
+    checkpoint *ck = NULL;
+    json_t *cfg = NULL;
+    if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0 && flux3_bfl_prefix(ck)) {
+        *is_flux3 = 1;
+        cfg = flux3_config_from_bfl(ck);
+    }
+    checkpoint_close(ck);
+    return cfg;
+}
+
 int flux3_is_transformer_dir(const char *dir) {
     char *path = xasprintf("%s/config.json", dir);
     json_t *j = json_load_file(path, 0, NULL);
@@ -81,16 +218,26 @@ int flux3_is_transformer_dir(const char *dir) {
     json_t *cls = json_object_get(j, "_class_name");
     int yes = json_is_string(cls) && !strcmp(json_string_value(cls), FLUX3_CLASS_NAME);
     json_decref(j);
+    if (!yes && !j) {   /* no config.json: a FLUX.3 BFL single file? */
+        struct stat s;
+        checkpoint *ck = NULL;
+        if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0) yes = flux3_bfl_prefix(ck) != NULL;
+        checkpoint_close(ck);
+    }
     return yes;
 }
 
-int flux3_plan(const flux3_config *c, plan *out) {
-    *out = (plan){.model = plan_table_flux3.model, .rules = plan_table_flux3.rules,
-                  .n_rules = plan_table_flux3.n_rules};
+static int flux3_plan_table(const flux3_config *c, const plan_table *tb, plan *out) {
+    *out = (plan){.model = tb->model, .rules = tb->rules, .n_rules = tb->n_rules};
     plan_add_symbol(out, "D", c->D);
     plan_add_symbol(out, "M", c->M);
     plan_add_divisor(out, "num_attention_heads", c->heads);
     return 0;
+}
+
+int flux3_plan(const flux3_config *c, plan *out) { return flux3_plan_table(c, &plan_table_flux3, out); }
+int flux3_plan_bfl(const flux3_config *c, const char *prefix, plan *out) {
+    return flux3_plan_table(c, prefix && *prefix ? &plan_table_flux3_bfl_dm : &plan_table_flux3_bfl, out);
 }
 
 /* ---- binding tensors by name, with shape checks ---- */
@@ -102,6 +249,8 @@ typedef struct binder {
     char **names;              /* dry run: the names bound, to find the unexpected ones */
     int n_names;
     int random;                /* flux3_init_random: create and fill each local tensor */
+    const char *bfl;           /* BFL names behind this prefix; NULL: diffusers names */
+    int derived;               /* the config was derived from the BFL shapes (no config.json) */
     uint64_t seed;
 } binder;
 
@@ -112,12 +261,22 @@ static const tensor k_dry_run;   /* what a dry-run bind returns */
 
 /* the QK-RMSNorm weights, which diffusers keeps in fp32 in a bf16 model
  * (_keep_in_fp32_modules); a load filter (want), hence the ctx */
+static int ends_with(const char *s, const char *suf) {
+    size_t n = strlen(s), l = strlen(suf);
+    return n > l && !strcmp(s + n - l, suf);
+}
 static int is_qk_norm(const char *name, void *ctx) {
     (void)ctx;
-    size_t n = strlen(name);
-    return n > 19 && (!strcmp(name + n - 19, ".attn.norm_q.weight") || !strcmp(name + n - 19, ".attn.norm_k.weight"));
+    return ends_with(name, ".attn.norm_q.weight") || ends_with(name, ".attn.norm_k.weight") ||
+           ends_with(name, ".norm.query_norm.scale") || ends_with(name, ".norm.key_norm.scale");   /* BFL */
 }
-static int is_not_qk_norm(const char *name, void *ctx) { return !is_qk_norm(name, ctx); }
+/* BFL files may carry training-only REPA projection heads, which diffusers'
+ * converter drops: never loaded */
+static int is_repa(const char *name) {
+    return !strncmp(name, "repa_projectors.", 16) || !strncmp(name, BFL_PREFIX "repa_projectors.", 38);
+}
+static int is_not_qk_norm(const char *name, void *ctx) { return !is_qk_norm(name, ctx) && !is_repa(name); }
+static int is_model_tensor(const char *name, void *ctx) { (void)ctx; return !is_repa(name); }
 
 static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows, int64_t lcols, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
@@ -128,6 +287,11 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    if (b->bfl) {
+        char d[256];
+        snprintf(d, sizeof d, "%s", name);
+        bfl_name(d, b->bfl, name, sizeof name);
+    }
     if (b->random) return random_tensor(b, name, grows, gcols, lrows, lcols);
     const tensor *t = NULL;
     const st_tensor_info *info;
@@ -136,6 +300,10 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
             const char *why = strstr(name, "target_timestep")
                                   ? " (config.json says flow_map: true, which needs the target-timestep embedder)"
                                   : "";
+            if (b->derived)
+                return tp_error("%s: tensor %s missing from the FLUX.3 BFL checkpoint (its config derived from the "
+                                "shapes has %d mode and %d single blocks); the file is incomplete", b->dir, name,
+                                b->m->cfg.num_layers, b->m->cfg.num_single_layers), NULL;
             return tp_error("%s: tensor %s missing from the checkpoint%s; the config does not belong to these weights",
                             b->dir, name, why), NULL;
         }
@@ -177,6 +345,22 @@ static int bind_block(binder *b, flux3_block_w *w, const char *prefix, int i) {
     return 0;
 }
 
+/* BFL's final layer emits (shift, scale), diffusers' norm_out (scale,
+ * shift): swap the two [D, D] row halves once, in place (norm_out is
+ * replicated and never quantised), through a temporary of one half. The
+ * weights object owns the memory and nothing else reads it. */
+static int swap_halves(flux3_model *m, const tensor *w, int64_t D) {
+    tensor *tmp = tensor_new(m->be, w->dtype, D, w->cols);
+    if (!tmp) return tp_error_context("swapping the halves of final_layer.image.adaLN_modulation.1.weight");
+    tensor *mw = (tensor *)w;
+    tensor top = tensor_rows(mw, 0, D), bottom = tensor_rows(mw, D, D);
+    op_copy(m->be, tmp, &top);
+    op_copy(m->be, &top, &bottom);
+    op_copy(m->be, &bottom, tmp);
+    tensor_free(tmp);
+    return be_sync(m->be);
+}
+
 static const char *const k_mode_names[FLUX3_MODES] = {"txt", "image", "image_cond"};
 static const char *const k_mode_blocks[FLUX3_MODES] = {"txt_mode_blocks", "mode_blocks.image",
                                                        "mode_blocks.image_cond"};
@@ -199,6 +383,7 @@ static int bind_all(binder *b) {
     BIND(m->x_emb[FLUX3_IMG], D, c->in_channels, D, c->in_channels, "x_embedders.image.weight");
     BIND(m->x_emb[FLUX3_COND], D, c->cond_in_channels, D, c->cond_in_channels, "x_embedders.image_cond.weight");
     BIND(m->norm_out, 2 * D, D, 2 * D, D, "norm_out.linear.weight");
+    if (b->bfl && !b->ck && swap_halves(m, m->norm_out, D)) return -1;
     BIND(m->proj_out, c->in_channels, D, c->in_channels, D, "proj_out.weight");
     for (int k = 0; k < FLUX3_MODES; k++)
         for (int i = 0; i < c->num_layers; i++)
@@ -211,11 +396,12 @@ static int bind_all(binder *b) {
 /* Every name and global shape the config implies is in the checkpoint, and
  * the checkpoint holds nothing else (e.g. a target-timestep embedder under a
  * config without flow_map, or more blocks than num_layers). */
-static int check_names(flux3_model *m, const char *dir, const checkpoint *ck) {
-    binder b = {.m = m, .dir = dir, .ck = ck};
+static int check_names(flux3_model *m, const char *dir, const checkpoint *ck, const char *bfl, int derived) {
+    binder b = {.m = m, .dir = dir, .ck = ck, .bfl = bfl, .derived = derived};
     int rc = bind_all(&b);
     for (int k = 0; !rc && k < ck->n; k++) {
         const char *name = ck->infos[k]->name;
+        if (bfl && is_repa(name)) continue;
         int known = 0;
         for (int i = 0; i < b.n_names && !known; i++) known = !strcmp(b.names[i], name);
         if (!known)
@@ -303,31 +489,42 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     flux3_model *m = NULL;
     flux3_config cfg;
     int rc = -1;
-    if (access(path, F_OK)) {
-        tp_error("%s is missing: pass the pipeline's transformer/ folder (diffusers layout, with config.json)", path);
+    const char *bfl = NULL;
+    int derived = 0;
+    if (access(path, F_OK) == 0) {
+        if (!(cfg_json = json_load_file(path, 0, &jerr))) {
+            tp_error("%s: cannot read the transformer config (%s, line %d)", path, jerr.text, jerr.line);
+            goto done;
+        }
+        if (checkpoint_open(dir, &ck)) goto done;
+        bfl = flux3_bfl_prefix(ck);
+    } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 && (bfl = flux3_bfl_prefix(ck))) {
+        free(path);   /* a BFL single file: the config from its shapes */
+        path = xasprintf("%s (config derived from the FLUX.3 BFL checkpoint's tensor shapes)", dir);
+        derived = 1;
+        if (!(cfg_json = flux3_config_from_bfl(ck))) goto done;
+    } else {
+        tp_error("%s is missing: pass the pipeline's transformer/ folder (diffusers layout, with config.json) "
+                 "or a folder holding a FLUX.3 BFL single-file checkpoint (needs no config.json)", path);
         goto done;
     }
-    if (!(cfg_json = json_load_file(path, 0, &jerr))) {
-        tp_error("%s: cannot read the transformer config (%s, line %d)", path, jerr.text, jerr.line);
-        goto done;
-    }
-    if (flux3_config_parse(cfg_json, path, &cfg) || model_new(&cfg, be, c, precision, &m) ||
-        checkpoint_open(dir, &ck) || check_names(m, dir, ck))
+    if (flux3_config_parse(cfg_json, path, &cfg) || model_new(&cfg, be, c, precision, &m) || check_names(m, dir, ck, bfl, derived))
         goto done;
     plan p;
-    load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision, .quantize_fp8 = x->quantize_fp8};
+    load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision, .quantize_fp8 = x->quantize_fp8,
+                   .want = is_model_tensor};
     if (precision == DT_BF16) o.want = is_not_qk_norm;   /* the QK norms load in f32, below */
     if (x->n_loras) {   /* every adapter is checked against the checkpoint before a weight byte is read */
         if (lora_set_open(x->loras, x->n_loras, ck, m->rank == 0, &ls)) goto done;
         o.transform = lora_merge_shard;
         o.transform_ctx = ls;
     }
-    if (flux3_plan(&cfg, &p) || weights_load(ck, &p, &o, &m->w, st)) goto done;
+    if ((bfl ? flux3_plan_bfl(&cfg, bfl, &p) : flux3_plan(&cfg, &p)) || weights_load(ck, &p, &o, &m->w, st)) goto done;
     if (precision == DT_BF16) {
         load_opts o32 = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = DT_F32, .want = is_qk_norm};
         if (weights_load(ck, &p, &o32, &m->w_norm, NULL)) goto done;
     }
-    binder b = {.m = m, .dir = dir};
+    binder b = {.m = m, .dir = dir, .bfl = bfl};
     if (bind_all(&b)) goto done;
     rc = 0;
 done:

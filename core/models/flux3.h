@@ -64,13 +64,33 @@ typedef struct flux3_config {
  * out-of-range or inconsistent values (axes not summing to head_dim) are
  * errors naming `where` and the field. */
 int flux3_config_parse(const json_t *cfg, const char *where, flux3_config *out);
-/* 1 when the transformer folder's config.json names Flux3Transformer2DModel
- * (0 when it names something else or cannot be read; sets no error). */
+/* 1 when the transformer folder's config.json names Flux3Transformer2DModel,
+ * or it has no config.json and holds a FLUX.3 BFL single file (0 otherwise;
+ * reports no error). */
 int flux3_is_transformer_dir(const char *dir);
 
 /* The tensor-parallel plan of a config: plans/flux3_plan.c's rule table
- * with the symbols D and M and the divisor num_attention_heads. */
+ * with the symbols D and M and the divisor num_attention_heads;
+ * flux3_plan_bfl the same over plans/flux3_bfl_plan.c (BFL names behind
+ * prefix, flux3_bfl_prefix's). */
 int flux3_plan(const flux3_config *c, plan *out);
+int flux3_plan_bfl(const flux3_config *c, const char *prefix, plan *out);
+
+/* Black Forest Labs single files (names: the inverse of diffusers 0.42.1's
+ * convert_flux3_transformer_checkpoint_to_diffusers). flux3_bfl_prefix:
+ * the names' prefix ("" or "model.diffusion_model.") when the checkpoint
+ * is a FLUX.3 BFL one (early_stream_modulations.image.lin.weight), else
+ * NULL. flux3_config_from_bfl: a config.json object derived from its
+ * shapes (RoPE: four equal axes, theta 10000, eps 1e-6, the class
+ * defaults; flow_map when ref_time_in is present); NULL + tp_error naming
+ * the file and the tensor when it cannot be derived. */
+struct checkpoint;
+const char *flux3_bfl_prefix(const struct checkpoint *ck);
+json_t *flux3_config_from_bfl(const struct checkpoint *ck);
+/* A folder holding a FLUX.3 BFL single file: *is_flux3 = 1 and its derived
+ * config (NULL + tp_error when underivable); otherwise *is_flux3 = 0 and
+ * NULL (the error, if any, is not about FLUX.3). */
+json_t *flux3_bfl_dir_config(const char *dir, int *is_flux3);
 
 typedef struct flux3_model flux3_model;
 
