@@ -4,6 +4,7 @@
  * against diffusers' outputs in f32 and bf16 and, under MPI, against an
  * unsharded run of the same model; and load errors that name the file. */
 #include "test.h"
+#include "flux3_case.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "core/models/flux3.h"
@@ -86,53 +87,6 @@ TEST(flux3_rope_table_matches_double_formula) {
 
 /* ---- golden cases ---- */
 
-typedef struct f3_case {
-    float *x, *txt, *cond, *ref, ts, tt;
-    int32_t *img_ids, *txt_ids, *cond_ids;
-    int64_t N, L, R;
-    int has_tt;
-} f3_case;
-
-static int32_t *read_ids(const st_file *f, const char *name, int64_t *n) {
-    int64_t *v;
-    const st_tensor_info *info;
-    if (st_read_i64(f, name, &v, &info)) return NULL;
-    *n = st_numel(info) / 4;
-    int32_t *r = xmalloc((size_t)st_numel(info) * 4);
-    for (int64_t i = 0; i < st_numel(info); i++) r[i] = (int32_t)v[i];
-    free(v);
-    return r;
-}
-
-static void case_free(f3_case *c) {
-    free(c->x), free(c->txt), free(c->cond), free(c->ref), free(c->img_ids), free(c->txt_ids), free(c->cond_ids);
-    memset(c, 0, sizeof *c);
-}
-
-static int read_case(const st_file *f, int k, f3_case *c) {
-    char key[64];
-    float *t = NULL, *tt = NULL;
-    memset(c, 0, sizeof *c);
-#define K(s) (snprintf(key, sizeof key, "case%d.%s", k, s), key)
-    int rc = st_read_f32(f, K("hidden_states"), &c->x, NULL) || st_read_f32(f, K("encoder_hidden_states"), &c->txt, NULL) ||
-             st_read_f32(f, K("timestep"), &t, NULL) || st_read_f32(f, K("output"), &c->ref, NULL) ||
-             !(c->img_ids = read_ids(f, K("img_ids"), &c->N)) || !(c->txt_ids = read_ids(f, K("txt_ids"), &c->L));
-    if (!rc && st_find(f, K("image_cond_hidden_states")))
-        rc = st_read_f32(f, key, &c->cond, NULL) || !(c->cond_ids = read_ids(f, K("image_cond_ids"), &c->R));
-    if (!rc && st_find(f, K("target_timestep"))) rc = st_read_f32(f, key, &tt, NULL), c->has_tt = 1;
-#undef K
-    if (!rc) c->ts = t[0], c->tt = tt ? tt[0] : 0;
-    free(t), free(tt);
-    if (rc) case_free(c);
-    return rc ? -1 : 0;
-}
-
-static flux3_inputs case_inputs(const f3_case *c) {
-    return (flux3_inputs){.x = c->x, .img_ids = c->img_ids, .N = c->N, .txt = c->txt, .txt_ids = c->txt_ids,
-                          .L = c->L, .cond = c->cond, .cond_ids = c->cond_ids, .R = c->R, .timestep = c->ts,
-                          .target_timestep = c->has_tt ? &c->tt : NULL};
-}
-
 static char *golden_path(const char *fmt, const char *variant) {
     char rel[256];
     snprintf(rel, sizeof rel, fmt, variant);
@@ -184,14 +138,14 @@ static void golden_model(const char *variant, dtype_t prec, double tol_ref, doub
     int n_refs = 0;
     for (int k = 0; k < 4; k++) {
         f3_case cs;
-        int ok = read_case(f, k, &cs) == 0;
+        int ok = f3_case_read(f, k, &cs) == 0;
         CHECK(ok, "%s case%d: %s", variant, k, tp_error_msg());
         if (!all_ok(ok)) break;
         n_refs += cs.R > 0;
         size_t n = (size_t)cs.N * (size_t)cfg->in_channels;
         float *out = malloc(n * 4), *out1 = malloc(n * 4);
         for (size_t i = 0; i < n; i++) out[i] = out1[i] = NAN;
-        flux3_inputs in = case_inputs(&cs);
+        flux3_inputs in = f3_case_inputs(&cs);
         flux3_stats s0, s1;
         flux3_get_stats(m, &s0);
         rc = flux3_forward(m, &in, out);
@@ -216,7 +170,7 @@ static void golden_model(const char *variant, dtype_t prec, double tol_ref, doub
                        prec == DT_F32 ? "f32" : "bf16", tp, k, (long long)cs.R, err, m1 ? rel_l2(out, out1, n) : 0.0);
         }
         free(out), free(out1);
-        case_free(&cs);
+        f3_case_free(&cs);
         if (!all_ok(rc == 0)) break;
     }
     CHECK(n_refs == 2, "%s: expected 2 cases with references, read %d", variant, n_refs);
@@ -300,26 +254,26 @@ TEST(flux3_forward_refuses_bad_inputs) {
     st_file *f = NULL;
     f3_case cs = {0};
     int ok = flux3_load(d1, be, c, DT_F32, &base, NULL) == 0 && flux3_load(d2, be, c, DT_F32, &fm, NULL) == 0 &&
-             st_open(cases, &f) == 0 && read_case(f, 1, &cs) == 0;
+             st_open(cases, &f) == 0 && f3_case_read(f, 1, &cs) == 0;
     CHECK(ok, "setup: %s", tp_error_msg());
     if (ok) {
         float *out = malloc((size_t)cs.N * 32 * 4);
-        flux3_inputs in = case_inputs(&cs);
+        flux3_inputs in = f3_case_inputs(&cs);
         CHECK(flux3_forward(base, &in, out) != 0 && strstr(tp_error_msg(), "target_timestep"),
               "base model took a target_timestep: %s", tp_error_msg());
         in.target_timestep = NULL;
         CHECK(flux3_forward(fm, &in, out) != 0 && strstr(tp_error_msg(), "flow_map true"),
               "flow-map model ran without target_timestep: %s", tp_error_msg());
-        in = case_inputs(&cs);
+        in = f3_case_inputs(&cs);
         in.cond_ids = NULL;
         CHECK(flux3_forward(fm, &in, out) != 0 && strstr(tp_error_msg(), "reference"),
               "references without ids: %s", tp_error_msg());
-        in = case_inputs(&cs);
+        in = f3_case_inputs(&cs);
         CHECK(flux3_forward(fm, &in, out) == 0 && rel_l2(out, cs.ref, (size_t)cs.N * 32) <= 1e-5,
               "the model is not usable after refused calls: %s", tp_error_msg());
         free(out);
     }
-    case_free(&cs);
+    f3_case_free(&cs);
     if (f) st_close(f);
     flux3_free(base), flux3_free(fm);
     free(d1), free(d2), free(cases);

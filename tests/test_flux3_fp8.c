@@ -15,6 +15,7 @@
  *   rows are absmax-scaled over this rank's column block) within 1e-5; and
  *   every fp8 output differs from the unquantised golden by more than 1e-4. */
 #include "test.h"
+#include "flux3_case.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "core/models/flux3.h"
@@ -144,54 +145,6 @@ static int write_pair(const char *src, int kind, int tp, const char *dq, const c
     return rc;
 }
 
-/* ---- golden cases (as tests/test_flux3.c reads them) ---- */
-
-typedef struct f3_case {
-    float *x, *txt, *cond, *ref, ts, tt;
-    int32_t *img_ids, *txt_ids, *cond_ids;
-    int64_t N, L, R;
-    int has_tt;
-} f3_case;
-
-static int32_t *read_ids(const st_file *f, const char *name, int64_t *n) {
-    int64_t *v;
-    const st_tensor_info *info;
-    if (st_read_i64(f, name, &v, &info)) return NULL;
-    *n = st_numel(info) / 4;
-    int32_t *r = xmalloc((size_t)st_numel(info) * 4);
-    for (int64_t i = 0; i < st_numel(info); i++) r[i] = (int32_t)v[i];
-    free(v);
-    return r;
-}
-
-static void case_free(f3_case *c) {
-    free(c->x), free(c->txt), free(c->cond), free(c->ref), free(c->img_ids), free(c->txt_ids), free(c->cond_ids);
-    memset(c, 0, sizeof *c);
-}
-
-static int read_case(const st_file *f, int k, f3_case *c) {
-    char key[64];
-    float *t = NULL, *tt = NULL;
-    memset(c, 0, sizeof *c);
-#define K(s) (snprintf(key, sizeof key, "case%d.%s", k, s), key)
-    int rc = st_read_f32(f, K("hidden_states"), &c->x, NULL) || st_read_f32(f, K("encoder_hidden_states"), &c->txt, NULL) ||
-             st_read_f32(f, K("timestep"), &t, NULL) || st_read_f32(f, K("output"), &c->ref, NULL) ||
-             !(c->img_ids = read_ids(f, K("img_ids"), &c->N)) || !(c->txt_ids = read_ids(f, K("txt_ids"), &c->L));
-    if (!rc && st_find(f, K("image_cond_hidden_states")))
-        rc = st_read_f32(f, key, &c->cond, NULL) || !(c->cond_ids = read_ids(f, K("image_cond_ids"), &c->R));
-    if (!rc && st_find(f, K("target_timestep"))) rc = st_read_f32(f, key, &tt, NULL), c->has_tt = 1;
-#undef K
-    if (!rc) c->ts = t[0], c->tt = tt ? tt[0] : 0;
-    free(t), free(tt);
-    if (rc) case_free(c);
-    return rc ? -1 : 0;
-}
-
-static flux3_inputs case_inputs(const f3_case *c) {
-    return (flux3_inputs){.x = c->x, .img_ids = c->img_ids, .N = c->N, .txt = c->txt, .txt_ids = c->txt_ids,
-                          .L = c->L, .cond = c->cond, .cond_ids = c->cond_ids, .R = c->R, .timestep = c->ts,
-                          .target_timestep = c->has_tt ? &c->tt : NULL};
-}
 
 static int all_ok(int ok) {
     int r;
@@ -248,13 +201,13 @@ static void fp8_case(const char *variant, int kind) {
     MPI_Comm_rank(g, &grank);
     for (int k = 0; k < 4; k++) {
         f3_case cs;
-        int ok = read_case(f, k, &cs) == 0;
+        int ok = f3_case_read(f, k, &cs) == 0;
         CHECK(ok, "%s case%d: %s", variant, k, tp_error_msg());
         if (!all_ok(ok)) break;
         n_refs += cs.R > 0;
         size_t n = (size_t)cs.N * (size_t)flux3_get_config(md)->in_channels;
         float *yq = malloc(n * 4), *yd = malloc(n * 4), *yb = malloc(n * 4);
-        flux3_inputs in = case_inputs(&cs);
+        flux3_inputs in = f3_case_inputs(&cs);
         rc = flux3_forward(mq, &in, yq);
         if (!rc) rc = flux3_forward(md, &in, yd);
         if (!rc && mb) rc = flux3_forward(mb, &in, yb);
@@ -272,7 +225,7 @@ static void fp8_case(const char *variant, int kind) {
                        kinds[kind], tp, k, (long long)cs.R, e, eg, eb);
         }
         free(yq), free(yd), free(yb);
-        case_free(&cs);
+        f3_case_free(&cs);
         if (!all_ok(rc == 0)) break;
     }
     CHECK(n_refs == 2, "%s: expected 2 cases with references, read %d", variant, n_refs);

@@ -6,6 +6,7 @@
  * FLUX.2 adapter on the FLUX.3 model is refused naming a module. The TP
  * sizes 1, 2, 3 against diffusers are in tests/sh/flux3_lora.sh. */
 #include "test.h"
+#include "golden_case.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "core/formats/lora.h"
@@ -19,17 +20,6 @@
 
 #define ADAPTER "tests/data/flux3-lora/adapter.safetensors"
 #define LCASES "tests/data/flux3-lora/lora_cases.safetensors"
-
-static int32_t *ids(const st_file *f, const char *name, int64_t *n) {
-    int64_t *v;
-    const st_tensor_info *info;
-    if (st_read_i64(f, name, &v, &info)) return NULL;
-    *n = st_numel(info) / 4;
-    int32_t *r = xmalloc((size_t)st_numel(info) * 4);
-    for (int64_t i = 0; i < st_numel(info); i++) r[i] = (int32_t)v[i];
-    free(v);
-    return r;
-}
 
 /* case1 of the golden lora cases (it has reference tokens) through a model
  * loaded with `loras` (n 0: none); *out gets the output, *ref diffusers'
@@ -49,8 +39,8 @@ static int run(const lora_spec *loras, int n, dtype_t prec, float **out, float *
     if (!rc)
         rc = st_read_f32(f, "case1.hidden_states", &x, NULL) || st_read_f32(f, "case1.encoder_hidden_states", &txt, NULL) ||
              st_read_f32(f, "case1.image_cond_hidden_states", &cond, NULL) || st_read_f32(f, "case1.timestep", &t, NULL) ||
-             st_read_f32(f, "case1.output", ref, NULL) || !(img = ids(f, "case1.img_ids", &N)) ||
-             !(tid = ids(f, "case1.txt_ids", &L)) || !(cid = ids(f, "case1.image_cond_ids", &R));
+             st_read_f32(f, "case1.output", ref, NULL) || !(img = golden_ids32(f, "case1.img_ids", &N)) ||
+             !(tid = golden_ids32(f, "case1.txt_ids", &L)) || !(cid = golden_ids32(f, "case1.image_cond_ids", &R));
     if (!rc) {
         if (prec == DT_BF16) flux3_set_exact_timestep(m, 1);
         *numel = (size_t)N * (size_t)flux3_get_config(m)->in_channels;
