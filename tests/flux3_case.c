@@ -34,3 +34,15 @@ flux3_inputs f3_case_inputs(const f3_case *c) {
                           .L = c->L, .cond = c->cond, .cond_ids = c->cond_ids, .R = c->R, .timestep = c->ts,
                           .target_timestep = c->has_tt ? &c->tt : NULL};
 }
+
+MPI_Comm f3_tp_group(int heads, int *tp) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int t = size;
+    while (heads % t) t--;
+    MPI_Comm g;
+    MPI_Comm_split(MPI_COMM_WORLD, rank / t, rank, &g);
+    MPI_Comm_size(g, tp);
+    return g;
+}

@@ -5,6 +5,7 @@
 #define TPGEN_TEST_FLUX3_CASE_H
 #include "core/formats/safetensors.h"
 #include "core/models/flux3.h"
+#include <mpi.h>
 #include <stdint.h>
 
 typedef struct f3_case {
@@ -18,5 +19,10 @@ typedef struct f3_case {
 int f3_case_read(const st_file *f, int k, f3_case *c);
 void f3_case_free(f3_case *c);
 flux3_inputs f3_case_inputs(const f3_case *c);
+/* The largest tp <= np that divides `heads` (6: np 1 -> 1, 2 -> 2, 3 and 4
+ * -> 3). Ranks are grouped by tp consecutive ranks; a remainder (rank 3 of
+ * 4) is a group of its own at tp 1, so tp 3 and tp 1 both run at np 4.
+ * *tp: this rank's group size. */
+MPI_Comm f3_tp_group(int heads, int *tp);
 
 #endif

@@ -100,27 +100,13 @@ static int all_ok(int ok) {
     return r;
 }
 
-/* The largest tp <= np that divides 6 heads: np 1 -> 1, 2 -> 2, 3 and 4
- * -> 3. Ranks are grouped by tp consecutive ranks; a remainder (rank 3 of
- * 4) is a group of its own at tp 1, so tp 3 and tp 1 both run at np 4. */
-static MPI_Comm tp_group(int heads, int *tp) {
-    int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    int t = size;
-    while (heads % t) t--;
-    MPI_Comm g;
-    MPI_Comm_split(MPI_COMM_WORLD, rank / t, rank, &g);
-    MPI_Comm_size(g, tp);
-    return g;
-}
 
 /* Every case of one golden model: the TP result against diffusers' output
  * (tol_ref) and, when the group has tp > 1, against this rank's own
  * unsharded run (tol_tp1). One all-reduce per layer at tp > 1. */
 static void golden_model(const char *variant, dtype_t prec, double tol_ref, double tol_tp1) {
     int tp;
-    MPI_Comm g = tp_group(6, &tp);
+    MPI_Comm g = f3_tp_group(6, &tp);
     backend *be = backend_cpu_create(1);
     comm *c = comm_create_mpi(g, be), *self = comm_create_mpi(MPI_COMM_SELF, be);
     flux3_model *m = NULL, *m1 = NULL;

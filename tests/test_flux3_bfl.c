@@ -7,6 +7,7 @@
  * diffusers-named model; FLUX.3 BFL detection. tests/sh/flux3_bfl.sh runs
  * `tpgen check` on the same files against diffusers' outputs. */
 #include "test.h"
+#include "flux3_case.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
@@ -36,19 +37,6 @@ static int all_ok(int ok) {
     return r;
 }
 
-/* the largest tp <= np dividing 6 heads; a remainder rank is a group of its own */
-static MPI_Comm tp_group(int *tp) {
-    int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    int t = size;
-    while (6 % t) t--;
-    MPI_Comm g;
-    MPI_Comm_split(MPI_COMM_WORLD, rank / t, rank, &g);
-    MPI_Comm_size(g, tp);
-    return g;
-}
-
 /* one input, deterministic, with two reference tokens */
 static int forward_once(flux3_model *m, float *out) {
     const flux3_config *c = flux3_get_config(m);
@@ -70,7 +58,7 @@ static int forward_once(flux3_model *m, float *out) {
 
 static void same_as_diffusers(const char *variant, int prefix, dtype_t prec) {
     int tp;
-    MPI_Comm g = tp_group(&tp);
+    MPI_Comm g = f3_tp_group(6, &tp);
     backend *be = backend_cpu_create(1);
     comm *c = comm_create_mpi(g, be);
     char *root = make_bfl(prefix);

@@ -152,25 +152,13 @@ static int all_ok(int ok) {
     return r;
 }
 
-/* the largest tp <= np dividing 6 heads; np 4 runs a tp-3 group and a tp-1 group */
-static MPI_Comm tp_group(int heads, int *tp) {
-    int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    int t = size;
-    while (heads % t) t--;
-    MPI_Comm g;
-    MPI_Comm_split(MPI_COMM_WORLD, rank / t, rank, &g);
-    MPI_Comm_size(g, tp);
-    return g;
-}
 
 /* One variant and kind: the models under test (fp8 file at f32 and bf16,
  * or --quantize fp8 of the golden at f32) against the twin, every case. */
 static void fp8_case(const char *variant, int kind) {
     static const char *kinds[] = {"per-tensor", "per-channel", "--quantize"};
     int tp;
-    MPI_Comm g = tp_group(6, &tp);
+    MPI_Comm g = f3_tp_group(6, &tp);
     backend *be = backend_cpu_create(1);
     comm *cm = comm_create_mpi(g, be);
     char *src = xasprintf("%s/flux3-tiny/%s/model/transformer", test_golden_dir(), variant);
