@@ -19,36 +19,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { int64_t c0, c1; } span;   /* global columns of a segment */
 
 /* N x Kg weights of `type`; the local tensor holds columns `sp` (in that
  * order) as covering blocks; GEMM with M x K activations against double. */
 static void quant_case(backend *be, int type, int64_t M, int64_t N, int64_t Kg, const span *sp, int nsp, uint32_t *s) {
     const quant_type *qt = quant_type_get(type);
-    int64_t rb = quant_row_bytes(qt, Kg), K = 0, pitch = 0;
-    uint8_t *g = xmalloc((size_t)(N * rb));
-    random_blocks(type, g, N * rb / qt->bytes, s);
-    tensor_qseg seg[TENSOR_MAX_QSEGS];
-    int64_t off[TENSOR_MAX_QSEGS], len[TENSOR_MAX_QSEGS];
-    for (int i = 0; i < nsp; i++) {
-        int64_t skip;
-        quant_col_span(qt, sp[i].c0, sp[i].c1, &off[i], &len[i], &skip);
-        seg[i] = (tensor_qseg){K, sp[i].c1 - sp[i].c0, pitch, skip};
-        K += sp[i].c1 - sp[i].c0, pitch += len[i];
-    }
-    tensor *w = tensor_new_ggml(be, type, N, K, pitch, seg, nsp);
+    int64_t K = 0;
+    double *wd = NULL;
+    tensor *w = segmented_weight(be, type, N, Kg, sp, nsp, s, &K, &wd);
     REQUIRE(w, "%s", tp_error_msg());
-    for (int64_t r = 0; r < N; r++)
-        for (int i = 0; i < nsp; i++)
-            memcpy((uint8_t *)w->data + r * pitch + seg[i].off, g + r * rb + off[i], (size_t)len[i]);
-    /* reference weights: whole rows decoded, the segments' columns picked */
-    float *row = xmalloc((size_t)Kg * sizeof(float));
-    double *wd = xmalloc((size_t)(N * K) * sizeof(double));
-    for (int64_t r = 0; r < N; r++) {
-        quant_dequant_row(type, g + r * rb, row, Kg);
-        for (int i = 0, k = 0; i < nsp; i++)
-            for (int64_t c = sp[i].c0; c < sp[i].c1; c++) wd[r * K + k++] = row[c];
-    }
     float *xf = xmalloc((size_t)(M * K) * sizeof(float)), *yf = xmalloc((size_t)(M * N) * sizeof(float));
     float *ref = xmalloc((size_t)(M * N) * sizeof(float));
     for (int64_t i = 0; i < M * K; i++) xf[i] = (float)((int)(rng_next(s) % 2001) - 1000) / 1000.0f;
@@ -77,7 +56,7 @@ static void quant_case(backend *be, int type, int64_t M, int64_t N, int64_t Kg, 
         tensor_free(x), tensor_free(y);
     }
     tensor_free(w);
-    free(g), free(row), free(wd), free(xf), free(yf), free(ref);
+    free(wd), free(xf), free(yf), free(ref);
 }
 
 TEST(quant_gemm_types_segments) {
