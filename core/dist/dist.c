@@ -2,12 +2,17 @@
 #include "kernels/err.h"
 #include "affinity.h"
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 int dist_init(int *argc, char ***argv, dist *d) {
     memset(d, 0, sizeof *d);
     affinity_early();
+    /* A rank writing to a dead peer's TCP socket gets EPIPE, which Open MPI
+     * reports (and the watchdog or the job's error path then ends the rank,
+     * naming the group), instead of dying silently of SIGPIPE. */
+    signal(SIGPIPE, SIG_IGN);
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {

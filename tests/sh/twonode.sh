@@ -324,14 +324,17 @@ if [ -z "$r2" ]; then fail "twonode: srun kill: no rank found in node2 ($(tail -
     [ $rc != 0 ] && [ $rc != 124 ] && [ "$(echo "$took < 90" | bc)" = 1 ] && [ -z "$(left_in kill-srun)" ] &&
         ok "twonode: kill -9 of node2's only rank under srun without -K: rc $rc ${took} s after the kill, no PNG or temporary file" ||
         fail "twonode: srun kill: rc $rc after $took s, left: '$(left_in kill-srun)' $(tail -2 "$W/kill-srun.log")"
-    # node1's rank either blocks on the dead peer (its watchdog ends it, naming the group) or, when it was
-    # writing to it, Open MPI's TCP send gets EPIPE and the process dies of SIGPIPE at once (rc 141): the
-    # job ends either way, and only the first path leaves the survivor alive long enough to need the watchdog
+    # node1's rank either blocks on the dead peer (its watchdog ends it, naming the group) or was writing to it:
+    # then Open MPI's TCP send gets EPIPE (tpgen ignores SIGPIPE, so it is not a silent rc 141 death) and
+    # reports the lost connection; either way the job ends with a message saying why
     if [ "$rc" = 141 ]; then
-        ok "twonode: srun without -K: node1's rank died of SIGPIPE writing to the dead peer ${took} s after the kill (no watchdog needed)"
+        fail "twonode: srun without -K: node1's rank died of SIGPIPE (rc 141, no message) ${took} s after the kill"
+    elif grep -q "no progress in tensor-parallel group" "$W/kill-srun.log"; then
+        ok "twonode: srun without -K: the watchdog of node1's rank ended it"
+    elif grep -qiE "broken pipe|connection reset|unreachable|lost connection|process failure|terminated" "$W/kill-srun.log"; then
+        ok "twonode: srun without -K: node1's rank reported the lost peer: $(grep -m1 -iE "broken pipe|connection reset|unreachable|lost connection|process failure|terminated" "$W/kill-srun.log" | cut -c1-160)"
     else
-        grep -q "no progress in tensor-parallel group" "$W/kill-srun.log" && ok "twonode: srun without -K: the watchdog of node1's rank ended it" ||
-            fail "twonode: srun without -K: no watchdog message (rc $rc): $(grep -m2 error "$W/kill-srun.log")"
+        fail "twonode: srun without -K: no watchdog or lost-peer message (rc $rc): $(tail -3 "$W/kill-srun.log")"
     fi
 fi
 kill $sp 2>/dev/null
