@@ -117,6 +117,7 @@ TEST(tokenizer_gguf_pretokenizer_patterns) {
         {"qwen2", QWEN_DIR "/tokenizer.json"},
         {"tekken", TEKKEN_HF "/tokenizer.json"},
         {"tekken", TEKKEN_TJ "/tekken.json"},
+        {"pixtral", TEKKEN_HF "/tokenizer.json"},
     };
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
         char *want = file_pattern(k[i].file);
@@ -431,7 +432,7 @@ TEST(tokenizer_gguf_rejects_bad_metadata) {
 
     variant_start(v), set_str(v, "tokenizer.ggml.model", "llama"), variant_expect(v, "spm", "tokenizer.ggml.model is 'llama'");
     variant_start(v), drop(v, "tokenizer.ggml.model"), variant_expect(v, "nomodel", "no tokenizer");
-    variant_start(v), set_str(v, "tokenizer.ggml.pre", "pixtral"), variant_expect(v, "pixtral", "'pixtral'");
+    variant_start(v), set_str(v, "tokenizer.ggml.pre", "llama-bpe"), variant_expect(v, "llama-bpe", "'llama-bpe'");
     variant_start(v), drop(v, "tokenizer.ggml.pre"), variant_expect(v, "nopre", "tokenizer.ggml.pre");
     variant_start(v), set_u32(v, "tokenizer.ggml.pre", 3), variant_expect(v, "prenum", "tokenizer.ggml.pre");
     variant_start(v), drop(v, "tokenizer.ggml.tokens"), variant_expect(v, "notokens", "tokenizer.ggml.tokens");
@@ -487,4 +488,25 @@ TEST(tokenizer_gguf_cut_fillers_and_open_handle) {
     tokenizer_free(t);
     gguf_close(g);
     free(kv), free(path);
+}
+
+/* "pixtral" (the converter's name for pixtral-12b's Tekken vocabulary) is
+ * Tekken's tokenizer: tekken-hf.gguf relabelled gives tokenizer.json's
+ * tables and ids (the regex itself: tokenizer_gguf_pretokenizer_patterns) */
+TEST(tokenizer_gguf_pixtral_is_tekken) {
+    static const char *const sp[] = {"<s>", "[INST]", "[/INST]", "<pad>", "[IMG]", "<SPECIAL_500>", "[SYSTEM_PROMPT]"};
+    variant *v = xmalloc(sizeof *v);
+    variant_start(v);
+    REQUIRE(v->src, "open: %s", tp_error_msg());
+    set_str(v, "tokenizer.ggml.pre", "pixtral");
+    char *path = xasprintf("%s/pixtral.gguf", test_tmp_dir());
+    REQUIRE(gguf_write(path, v->kv, v->n, NULL, 0, NULL, NULL) == 0, "%s", tp_error_msg());
+    gguf_close(v->src);
+    free(v);
+    tokenizer *g = tokenizer_load_gguf(path), *hf = tokenizer_load(TEKKEN_HF);
+    REQUIRE(g && hf, "load: %s", tp_error_msg());
+    compare_tables(g, hf, 1, "pixtral.gguf vs tokenizer.json");
+    hard_and_random(g, hf, "pixtral.gguf", sp, 7);
+    tokenizer_free(g), tokenizer_free(hf);
+    free(path);
 }

@@ -42,16 +42,25 @@ typedef struct {
     tokenizer_side padding_side;
 } gguf_pretok;
 
+/* Tekken's split regex, under both names llama.cpp's converter writes for a
+ * Tekken tokenizer.json: "tekken" (Mistral Nemo's) and "pixtral" (the hash
+ * of pixtral-12b's, whose tokenizer.json splits with the same regex; which
+ * of the two a given Mistral Small 3.x GGUF carries depends on its vocabulary).
+ * llama.cpp itself runs "pixtral" with its llama3 regex (digits in runs of
+ * 3), which differs from the HF tokenizer on numbers: tpgen follows the HF
+ * tokenizer, the reference of the FLUX.2 pipelines. */
+#define TEKKEN_PATTERN                                                                                                \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"                           \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|"                           \
+    "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
 static const gguf_pretok k_pretoks[] = {
     {"qwen2",
      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
      "\\s+(?!\\S)|\\s+",
      1, 0, TOKENIZER_PAD_RIGHT},
-    {"tekken",
-     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"
-     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|"
-     "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-     0, 1, TOKENIZER_PAD_LEFT},
+    {"tekken", TEKKEN_PATTERN, 0, 1, TOKENIZER_PAD_LEFT},
+    {"pixtral", TEKKEN_PATTERN, 0, 1, TOKENIZER_PAD_LEFT},
 };
 
 const char *tok_gguf_pattern(const char *pre) {
@@ -235,7 +244,7 @@ tokenizer *tok_from_gguf(const gguf_file *g) {
         return tp_error("%s: tokenizer.ggml.model is '%s'; tpgen supports 'gpt2' (byte-level BPE: the Qwen3 and "
                         "Mistral Tekken tokenizers of FLUX.2) only", g->path, model), NULL;
     if ((r = gguf_get_str(g, "tokenizer.ggml.pre", &pre))) {
-        if (r == 1) tp_error("%s: tokenizer.ggml.pre (the pre-tokenizer) is missing; tpgen knows 'qwen2' and 'tekken'", g->path);
+        if (r == 1) tp_error("%s: tokenizer.ggml.pre (the pre-tokenizer) is missing; tpgen knows 'qwen2', 'tekken' and 'pixtral'", g->path);
         return NULL;
     }
     const gguf_pretok *pt = NULL;
@@ -243,7 +252,7 @@ tokenizer *tok_from_gguf(const gguf_file *g) {
         if (!strcmp(k_pretoks[i].name, pre)) pt = &k_pretoks[i];
     if (!pt)
         return tp_error("%s: tokenizer.ggml.pre is '%s', a pre-tokenizer tpgen does not know (it knows 'qwen2' for "
-                        "Qwen3 and 'tekken' for Mistral Small 3.x); give the model's tokenizer folder instead",
+                        "Qwen3 and 'tekken' / 'pixtral' for Mistral Small 3.x); give the model's tokenizer folder instead",
                         g->path, pre), NULL;
     const gguf_str *tok, *merges;
     uint64_t n_tok, n_types, n_merges;
