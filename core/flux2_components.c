@@ -57,7 +57,8 @@ static json_t *describe_transformer(const flux2_pipe_info *g) {
     json_object_set_new(o, "naming", json_string(bfl ? "BFL" : "diffusers"));
     char *cfg = path_is_dir(g->transformer_dir) ? xasprintf("%s/config.json", g->transformer_dir) : NULL;
     json_object_set_new(o, "config", cfg && path_is_file(cfg) ? json_string(cfg)
-                                     : json_string("derived from the BFL tensor shapes"));
+                                     : json_string(bfl ? "derived from the BFL tensor shapes"
+                                                       : "derived from the diffusers tensor shapes"));
     free(cfg);
     checkpoint_close(c);
     return o;

@@ -115,12 +115,15 @@ int flux2_pipe_probe_components(const flux2_components *cp, flux2_pipe_info *g, 
     int bfl3 = 0;   /* a folder holding a FLUX.3 BFL single file: its own derivation */
     json_t *cfg = !is_file && path_is_dir(g->transformer_dir) && !path_is_file(cfg_path)
                       ? flux3_bfl_dir_config(g->transformer_dir, &bfl3) : NULL;
+    char *derived = NULL;   /* where flux2_transformer_config found or derived it */
     if (!bfl3)
         cfg = is_file || (path_is_dir(g->transformer_dir) && !path_is_file(cfg_path))
-                  ? flux2_transformer_config(g->transformer_dir, NULL) : load_json(cfg_path, 1);
+                  ? flux2_transformer_config(g->transformer_dir, &derived) : load_json(cfg_path, 1);
     if (is_file || !path_is_file(cfg_path)) {
         free(cfg_path);
-        cfg_path = xasprintf("%s (config derived from the BFL tensor shapes)", g->transformer_dir);
+        cfg_path = derived ? derived : xasprintf("%s (config derived from the BFL tensor shapes)", g->transformer_dir);
+    } else {
+        free(derived);
     }
     int rc = cfg ? 0 : -1;
     if (!cfg && !path_is_dir(g->transformer_dir) && !is_file)

@@ -202,18 +202,28 @@ TEST(bfl_config_derived_from_shapes) {
     char *src = golden_transformer();
     REQUIRE(checkpoint_open(dir, &c) == 0 && checkpoint_open(src, &dc) == 0, "%s", tp_error_msg());
     CHECK(checkpoint_is_bfl(c) && !checkpoint_is_bfl(dc), "BFL detection");
+    CHECK(flux2_checkpoint_is_diffusers(dc) && !flux2_checkpoint_is_diffusers(c), "diffusers-name detection");
     json_t *derived = flux2_config_from_bfl(c), *golden = golden_config();
-    flux2_config a, b;
-    REQUIRE(derived && golden, "derive: %s", tp_error_msg());
-    REQUIRE(flux2_config_parse(derived, "derived", &a) == 0 && flux2_config_parse(golden, "golden", &b) == 0, "%s",
-            tp_error_msg());
-    CHECK(a.patch_size == b.patch_size && a.in_channels == b.in_channels && a.out_channels == b.out_channels &&
-              a.num_layers == b.num_layers && a.num_single_layers == b.num_single_layers &&
-              a.head_dim == b.head_dim && a.heads == b.heads && a.joint_dim == b.joint_dim &&
-              a.time_channels == b.time_channels && a.mlp_ratio == b.mlp_ratio && a.n_axes == b.n_axes &&
-              !memcmp(a.axes_dims, b.axes_dims, sizeof a.axes_dims) && a.rope_theta == b.rope_theta &&
-              a.eps == b.eps && a.guidance_embeds == b.guidance_embeds && a.D == b.D && a.M == b.M,
-          "derived config differs from config.json: %s", json_dumps(derived, JSON_COMPACT));
+    /* the diffusers-named golden file derives the same config from its own names */
+    json_t *derived_d = flux2_config_from_diffusers(dc);
+    flux2_config a, b, d;
+    REQUIRE(derived && golden && derived_d, "derive: %s", tp_error_msg());
+    REQUIRE(flux2_config_parse(derived, "derived", &a) == 0 && flux2_config_parse(golden, "golden", &b) == 0 &&
+                flux2_config_parse(derived_d, "derived (diffusers)", &d) == 0,
+            "%s", tp_error_msg());
+    const flux2_config *both[2] = {&a, &d};
+    for (int k = 0; k < 2; k++) {
+        const flux2_config *x = both[k];
+        CHECK(x->patch_size == b.patch_size && x->in_channels == b.in_channels && x->out_channels == b.out_channels &&
+                  x->num_layers == b.num_layers && x->num_single_layers == b.num_single_layers &&
+                  x->head_dim == b.head_dim && x->heads == b.heads && x->joint_dim == b.joint_dim &&
+                  x->time_channels == b.time_channels && x->mlp_ratio == b.mlp_ratio && x->n_axes == b.n_axes &&
+                  !memcmp(x->axes_dims, b.axes_dims, sizeof x->axes_dims) && x->rope_theta == b.rope_theta &&
+                  x->eps == b.eps && x->guidance_embeds == b.guidance_embeds && x->D == b.D && x->M == b.M,
+              "%s config differs from config.json: %s", k ? "diffusers-derived" : "BFL-derived",
+              json_dumps(k ? derived_d : derived, JSON_COMPACT));
+    }
+    json_decref(derived_d);
     /* the BFL plan is the diffusers plan's split: qkv packed [D, D, D] */
     component_plan cp;
     REQUIRE(plan_for_component("transformer", derived, c, 4, &cp) == 0 && checkpoint_validate_plan(c, &cp.p, 4) == 0, "%s",

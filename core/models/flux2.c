@@ -283,13 +283,21 @@ json_t *flux2_transformer_config(const char *dir, char **where) {
     if (access(path, F_OK) == 0) {
         if (!(cfg = json_load_file(path, 0, &jerr)))
             tp_error("%s: cannot read the transformer config (%s, line %d)", path, jerr.text, jerr.line);
-    } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 && checkpoint_is_bfl(ck)) {
+    } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 &&
+               (checkpoint_is_bfl(ck) || flux2_checkpoint_is_diffusers(ck))) {
+        int bfl = checkpoint_is_bfl(ck);
         free(path);
-        path = xasprintf("%s (config derived from the BFL checkpoint's tensor shapes)", dir);
-        cfg = flux2_config_from_bfl(ck);
+        path = xasprintf("%s (config derived from the %s checkpoint's tensor shapes)", dir, bfl ? "BFL" : "diffusers-named");
+        cfg = bfl ? flux2_config_from_bfl(ck) : flux2_config_from_diffusers(ck);
+    } else if (access(dir, F_OK) == 0 && ck) {
+        tp_error("%s: no config.json beside it, and its tensors are neither BFL- nor diffusers-named FLUX.2 "
+                 "transformer weights (no img_in.weight or x_embedder.weight): pass the pipeline's transformer/ "
+                 "folder (with config.json) or a FLUX.2 transformer checkpoint", dir);
+    } else if (access(dir, F_OK) == 0) {
+        tp_error_context("%s (no config.json beside it)", dir);
     } else {
-        tp_error("%s is missing: pass the pipeline's transformer/ folder (diffusers layout, with config.json) "
-                 "or a folder holding a BFL single-file checkpoint (needs no config.json)", path);
+        tp_error("%s is missing: pass the pipeline's transformer/ folder (diffusers layout, with config.json), "
+                 "or a BFL- or diffusers-named transformer checkpoint (a config is derived from its shapes)", path);
     }
     checkpoint_close(ck);
     if (cfg && where) *where = path;

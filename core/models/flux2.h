@@ -61,8 +61,15 @@ int flux2_config_parse(const json_t *cfg, const char *where, flux2_config *out);
  * tensor it needs is missing or the shapes disagree. Free with json_decref. */
 struct checkpoint;
 json_t *flux2_config_from_bfl(const struct checkpoint *c);
+/* The same for a diffusers-named checkpoint without its config.json (a
+ * lone diffusion_pytorch_model.safetensors or a diffusers-named GGUF):
+ * x_embedder, context_embedder, the timestep embedder, proj_out,
+ * transformer_blocks.N / single_transformer_blocks.N, norm_q, ff.linear_in
+ * or to_qkv_mlp_proj, the guidance embedder. */
+int flux2_checkpoint_is_diffusers(const struct checkpoint *c);
+json_t *flux2_config_from_diffusers(const struct checkpoint *c);
 /* The config of a transformer folder: <dir>/config.json when present, else
- * for a BFL single-file checkpoint the derived one. NULL + tp_error when
+ * for a BFL or diffusers-named checkpoint the one derived from its shapes. NULL + tp_error when
  * neither; *where (optional, malloc'ed) says where it came from. */
 json_t *flux2_transformer_config(const char *dir, char **where);
 

@@ -109,7 +109,32 @@ void flux2_rope_table(const flux2_config *cfg, const int32_t *ids, int64_t n, fl
     }
 }
 
-/* ---- the config of a BFL single-file checkpoint, from tensor shapes ---- */
+/* ---- the config of a checkpoint without config.json, from tensor shapes ---- */
+
+/* The tensors the derivation reads, in BFL and in diffusers names. */
+typedef struct {
+    const char *kind;                  /* for messages */
+    const char *img_in, *txt_in, *time_in, *final, *guidance;
+    const char *double_fmt, *single_fmt; /* one tensor per block, to count them */
+    const char *double_qnorm, *single_qnorm;
+    const char *double_mlp_in;         /* [2M, D] */
+    const char *single_fused;          /* [3D + 2M, D] */
+} shape_names;
+
+static const shape_names k_bfl_names = {
+    "BFL", "img_in.weight", "txt_in.weight", "time_in.in_layer.weight", "final_layer.linear.weight",
+    "guidance_in.in_layer.weight", "double_blocks.%d.img_attn.qkv.weight", "single_blocks.%d.linear1.weight",
+    "double_blocks.0.img_attn.norm.query_norm.scale", "single_blocks.0.norm.query_norm.scale",
+    "double_blocks.0.img_mlp.0.weight", "single_blocks.0.linear1.weight",
+};
+
+static const shape_names k_diffusers_names = {
+    "diffusers", "x_embedder.weight", "context_embedder.weight", "time_guidance_embed.timestep_embedder.linear_1.weight",
+    "proj_out.weight", "time_guidance_embed.guidance_embedder.linear_1.weight", "transformer_blocks.%d.attn.to_q.weight",
+    "single_transformer_blocks.%d.attn.to_qkv_mlp_proj.weight", "transformer_blocks.0.attn.norm_q.weight",
+    "single_transformer_blocks.0.attn.norm_q.weight", "transformer_blocks.0.ff.linear_in.weight",
+    "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight",
+};
 
 /* Shape of a tensor as [rows, cols] (a 1-D [n] is [n, 1]); -1 when absent. */
 static int bfl_shape(const checkpoint *c, const char *name, int64_t *rows, int64_t *cols) {
@@ -121,10 +146,10 @@ static int bfl_shape(const checkpoint *c, const char *name, int64_t *rows, int64
     return 0;
 }
 
-static int bfl_req(const checkpoint *c, const char *name, int64_t *rows, int64_t *cols) {
+static int bfl_req(const checkpoint *c, const shape_names *nm, const char *name, int64_t *rows, int64_t *cols) {
     if (!bfl_shape(c, name, rows, cols)) return 0;
-    return tp_error("%s: BFL checkpoint has no tensor %s (needed to derive the config; the file is incomplete, "
-                    "or put the model's diffusers config.json next to it)", c->dir, name);
+    return tp_error("%s: %s-named checkpoint has no tensor %s (needed to derive the config; the file is incomplete, "
+                    "or put the model's diffusers config.json next to it)", c->dir, nm->kind, name);
 }
 
 /* Blocks are numbered 0..n-1 without gaps; count them by one tensor each. */
@@ -137,28 +162,26 @@ static int bfl_count(const checkpoint *c, const char *fmt) {
     }
 }
 
-json_t *flux2_config_from_bfl(const checkpoint *c) {
+static json_t *config_from_shapes(const checkpoint *c, const shape_names *nm) {
     int64_t D, cin, Dt, Jt, Dc, Ct, out_dim, Dp, hd, one, M2, Dm;
-    if (bfl_req(c, "img_in.weight", &D, &cin) || bfl_req(c, "txt_in.weight", &Dt, &Jt) ||
-        bfl_req(c, "time_in.in_layer.weight", &Dc, &Ct) || bfl_req(c, "final_layer.linear.weight", &out_dim, &Dp))
+    if (bfl_req(c, nm, nm->img_in, &D, &cin) || bfl_req(c, nm, nm->txt_in, &Dt, &Jt) ||
+        bfl_req(c, nm, nm->time_in, &Dc, &Ct) || bfl_req(c, nm, nm->final, &out_dim, &Dp))
         return NULL;
-    int layers = bfl_count(c, "double_blocks.%d.img_attn.qkv.weight");
-    int singles = bfl_count(c, "single_blocks.%d.linear1.weight");
+    int layers = bfl_count(c, nm->double_fmt);
+    int singles = bfl_count(c, nm->single_fmt);
     if (layers + singles == 0)
-        return tp_error("%s: BFL checkpoint has neither double_blocks.0 nor single_blocks.0", c->dir), NULL;
+        return tp_error("%s: %s-named checkpoint has no block 0 (neither %s nor %s)", c->dir, nm->kind,
+                        nm->double_fmt, nm->single_fmt), NULL;
     /* head_dim from the QK-norm scale [hd], the MLP width from a fused MLP input [2M, D] */
-    if (bfl_req(c, layers ? "double_blocks.0.img_attn.norm.query_norm.scale" : "single_blocks.0.norm.query_norm.scale",
-                &hd, &one))
-        return NULL;
-    if (layers ? bfl_req(c, "double_blocks.0.img_mlp.0.weight", &M2, &Dm)
-               : bfl_req(c, "single_blocks.0.linear1.weight", &M2, &Dm))
-        return NULL;
-    if (!layers) M2 -= 3 * D;   /* linear1 is [3D + 2M, D] */
+    if (bfl_req(c, nm, layers ? nm->double_qnorm : nm->single_qnorm, &hd, &one)) return NULL;
+    if (layers ? bfl_req(c, nm, nm->double_mlp_in, &M2, &Dm) : bfl_req(c, nm, nm->single_fused, &M2, &Dm)) return NULL;
+    if (!layers) M2 -= 3 * D;   /* the single block's fused input is [3D + 2M, D] */
     if (D <= 0 || D > FLUX2_MAX_D || Dt != D || Dc != D || Dp != D || Dm != D || one != 1 || hd <= 0 || D % hd || hd % 8 || M2 <= 0 || M2 % 2)
-        return tp_error("%s: BFL checkpoint shapes are inconsistent (img_in [%lld, %lld], txt_in [%lld, %lld], "
-                        "time_in [%lld, %lld], head_dim %lld, MLP in [%lld, %lld]); supply a config.json",
-                        c->dir, (long long)D, (long long)cin, (long long)Dt, (long long)Jt, (long long)Dc,
-                        (long long)Ct, (long long)hd, (long long)M2, (long long)Dm), NULL;
+        return tp_error("%s: %s-named checkpoint shapes are inconsistent (%s [%lld, %lld], %s [%lld, %lld], "
+                        "%s [%lld, %lld], head_dim %lld, MLP in [%lld, %lld]); supply a config.json",
+                        c->dir, nm->kind, nm->img_in, (long long)D, (long long)cin, nm->txt_in, (long long)Dt,
+                        (long long)Jt, nm->time_in, (long long)Dc, (long long)Ct, (long long)hd, (long long)M2,
+                        (long long)Dm), NULL;
     int64_t M = M2 / 2, ax = hd / 4;
     double ratio = (double)M / (double)D;
     if ((int64_t)((double)D * ratio) != M)
@@ -168,10 +191,18 @@ json_t *flux2_config_from_bfl(const checkpoint *c) {
      * packed), four equal RoPE axes ([32,32,32,32] at head_dim 128),
      * theta 2000 and eps 1e-6, the diffusers defaults. */
     return json_pack("{s:i, s:I, s:I, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:[I,I,I,I], s:i, s:f, s:b}",
-                     "patch_size", 1, "in_channels", (json_int_t)cin, "out_channels", (json_int_t)out_dim,
-                     "num_layers", layers, "num_single_layers", singles, "attention_head_dim", (json_int_t)hd,
-                     "num_attention_heads", (json_int_t)(D / hd), "joint_attention_dim", (json_int_t)Jt,
-                     "timestep_guidance_channels", (json_int_t)Ct, "mlp_ratio", ratio, "axes_dims_rope",
-                     (json_int_t)ax, (json_int_t)ax, (json_int_t)ax, (json_int_t)ax, "rope_theta", 2000, "eps", 1e-6,
-                     "guidance_embeds", checkpoint_find(c, "guidance_in.in_layer.weight", NULL) != NULL);
+                     "patch_size", 1, "in_channels", (json_int_t)cin,
+                     "out_channels", (json_int_t)out_dim, "num_layers", layers, "num_single_layers", singles,
+                     "attention_head_dim", (json_int_t)hd, "num_attention_heads", (json_int_t)(D / hd),
+                     "joint_attention_dim", (json_int_t)Jt, "timestep_guidance_channels", (json_int_t)Ct, "mlp_ratio",
+                     ratio, "axes_dims_rope", (json_int_t)ax, (json_int_t)ax, (json_int_t)ax, (json_int_t)ax,
+                     "rope_theta", 2000, "eps", 1e-6, "guidance_embeds", checkpoint_find(c, nm->guidance, NULL) != NULL);
 }
+
+json_t *flux2_config_from_bfl(const checkpoint *c) { return config_from_shapes(c, &k_bfl_names); }
+
+int flux2_checkpoint_is_diffusers(const checkpoint *c) {
+    return checkpoint_find(c, k_diffusers_names.img_in, NULL) && checkpoint_find(c, k_diffusers_names.txt_in, NULL);
+}
+
+json_t *flux2_config_from_diffusers(const checkpoint *c) { return config_from_shapes(c, &k_diffusers_names); }

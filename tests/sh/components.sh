@@ -61,6 +61,16 @@ for np in 1 2; do
         ok "components: components only (BFL transformer file, prefixed text encoder, BFL VAE file, --family) = the pipeline folder, np $np"
     else fail "components: components only np $np: rc $r1/$r2 $(echo "$out" | grep error | tail -2)"; fi
 done
+# a diffusers-named transformer file without its config.json (the config derived from its shapes)
+cp "$K/transformer/diffusion_pytorch_model.safetensors" "$C/diffusion_models/klein-diffusers.safetensors"
+out=$(gen 2 --transformer "$C/diffusion_models/klein-diffusers.safetensors" --text-encoder "$C/te_folder" \
+      --vae "$C/kvae/flux2-vae.safetensors" --family klein --output "$TMP/dn.png" --save-latents "$TMP/dn.st"); rc=$?
+if [ $rc -eq 0 ] && cmp -s "$TMP/ref2.st" "$TMP/dn.st" && same_pixels "$TMP/ref2.png" "$TMP/dn.png"; then
+    ok "components: a diffusers-named transformer file without config.json = the pipeline folder, np 2"
+else fail "components: diffusers-named file: rc $rc $(echo "$out" | grep error | tail -2)"; fi
+out=$("$TPGEN" inspect --components --transformer "$C/diffusion_models/klein-diffusers.safetensors" --family klein 2>&1)
+echo "$out" | grep -q "config       derived from the diffusers tensor shapes" && echo "$out" | grep -q "naming       diffusers" \
+    && ok "components: inspect names a diffusers-named file's derived config" || fail "components: inspect diffusers-named: $(echo "$out" | head -12)"
 # the PNG names its components; the pixels are the same, the parameters chunk differs by those names
 strings "$TMP/cmp1.png" | grep -q "components: transformer $C/diffusion_models/flux2-klein-tiny.safetensors text_encoder $C/te_folder vae $C/kvae/flux2-vae.safetensors" \
     && ok "components: the PNG parameters name each component" || fail "components: PNG parameters: $(strings "$TMP/cmp1.png" | grep -a components)"
@@ -123,6 +133,9 @@ once "components: a VAE file that is not FLUX.2's and has no config.json" \
 once "components: a text encoder whose shapes do not fit the family" \
     "te_folder: the text encoder has q_norm tensors \(a Qwen3 model\), but FLUX.2-dev" \
     "${G[@]}" "${TR[@]}" --text-encoder "$C/te_folder" --vae "$C/vae/flux2-vae.safetensors" --family dev
+once "components: a transformer file that is no FLUX.2 transformer" \
+    "te_folder/model.safetensors: no config.json beside it, and its tensors are neither BFL- nor diffusers-named FLUX.2" \
+    "${G[@]}" --transformer "$C/te_folder/model.safetensors" --text-encoder "$C/te_folder" --vae "$C/vae/flux2-vae.safetensors" --family klein
 once "components: --family missing" "which FLUX.2 family is this\?.*--family dev .*--family klein .*--family klein-base" \
     "${G[@]}" "${TR[@]}" --text-encoder "$C/te_folder" --vae "$C/vae/flux2-vae.safetensors"
 once "components: an unknown family" "--family: expected one of dev\|klein\|klein-base, got 'schnell'" \
