@@ -81,6 +81,31 @@ for v in mixed Q4_K; do
     done
 done
 
+# a whole job (prompt -> text encoder -> GGUF transformer -> VAE -> PNG): klein-tiny's transformer
+# quantised to Q8_0 by tpgen quantize (bytes proven equal to gguf-py's in quantize.sh), beside the
+# pipeline's own text encoder and VAE; its latents equal, to f32 rounding, those of the same job on the
+# GGUF's dequantised twin (tpgen quantize --type F32 of that GGUF), at tp 1 and 2
+K=$TPGEN_GOLDEN/klein-tiny/model
+if "$TPGEN" quantize --type Q8_0 "$K/transformer" "$TMP/klein-q8.gguf" >/dev/null 2>&1 &&
+   "$TPGEN" quantize --type F32 "$TMP/klein-q8.gguf" "$TMP/klein-q8-twin.gguf" >/dev/null 2>&1; then
+    job() { # TRANSFORMER NP OUT
+        $MPI -np "$2" "$TPGEN" generate --model "$K" --transformer "$1" --prompt "a red fox in the snow" --seed 5 \
+            --width 64 --height 48 --steps 3 --precision f32 --backend cpu --output "$3.png" --save-latents "$3.st" 2>&1
+    }
+    for np in 1 2; do
+        out=$(job "$TMP/klein-q8.gguf" $np "$TMP/kq-$np"); rq=$?
+        tw=$(job "$TMP/klein-q8-twin.gguf" $np "$TMP/kt-$np"); rt=$?
+        ref=$(job "$K/transformer" $np "$TMP/kr-$np"); rr=$?
+        e=$([ $rq -eq 0 ] && [ $rt -eq 0 ] && rel_l2 "$TMP/kq-$np.st" "$TMP/kt-$np.st")
+        d=$([ $rr -eq 0 ] && [ -n "$e" ] && rel_l2 "$TMP/kq-$np.st" "$TMP/kr-$np.st")
+        # the twin agrees to rounding; the bf16 original differs by the quantisation (so the GGUF was used)
+        if [ -n "$e" ] && [ -n "$d" ] && [ -s "$TMP/kq-$np.png" ] &&
+           python3 -c "import sys; sys.exit(0 if $e <= 1e-5 and $d > 1e-4 else 1)"; then
+            ok "gguf_generate_klein_Q8_0_prompt_tp$np: a whole job from a Q8_0 GGUF: latents = the dequantised twin's (rel L2 $e; vs the unquantised model $d)"
+        else fail "gguf_generate_klein_Q8_0_prompt_tp$np: rc $rq/$rt/$rr err '$e' vs original '$d': $(echo "$out" | grep -v '^#' | tail -2)"; fi
+    done
+else fail "gguf_generate_klein_Q8_0_prompt: tpgen quantize of $K/transformer failed"; fi
+
 # --transformer DIR (and the run-spec key transformer:) replaces the
 # pipeline's transformer/: a folder without one, given the GGUF folder, gives
 # the latents of the GGUF pipeline folder bit for bit
