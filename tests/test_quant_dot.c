@@ -222,3 +222,41 @@ TEST(quant_dot_dispatch) {
     tensor_free(w), tensor_free(xb), tensor_free(xf);
     backend_destroy(be);
 }
+
+/* A GEMM of more rows than the activation budget runs in row chunks: the
+ * same bits as one pass (each row's sums do not depend on the chunking),
+ * every output written, for a whole-row and an in-block segmented weight. */
+TEST(quant_dot_row_chunks) {
+    backend *be = backend_cpu_create(2);
+    uint32_t s = test_seed() | 1;
+    int64_t b[3];
+    cpu_gemm_qdot_blocking(b);
+    const int64_t M = 37, N = 45;
+    REQUIRE(M > 4 * b[0] && M % (4 * b[0]), "M %lld must need several chunks of %lld rows", (long long)M,
+            (long long)(4 * b[0]));
+    static const int types[] = {QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K};
+    const span split[] = {{100, 600}, {768, 1000}}, whole[] = {{0, 1024}};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        for (int sp = 0; sp < 2; sp++) {
+            int64_t K = 0;
+            double *wd = NULL;
+            tensor *w = segmented_weight(be, types[i], N, 1024, sp ? split : whole, sp ? 2 : 1, &s, &K, &wd);
+            REQUIRE(w, "%s", tp_error_msg());
+            tensor *x = tensor_new(be, DT_BF16, M, K), *y = tensor_new(be, DT_F32, M, N);
+            REQUIRE(x && y, "alloc");
+            float *xf = xmalloc((size_t)(M * K) * sizeof(float)), *one = xmalloc((size_t)(M * N) * sizeof(float));
+            for (int64_t k = 0; k < M * K; k++) xf[k] = (float)((int)(rng_next(&s) % 2001) - 1000) / 500.0f;
+            convert_from_f32(x->data, DT_BF16, xf, (size_t)(M * K));
+            op_gemm(be, y, x, w, NULL);
+            memcpy(one, y->data, (size_t)(M * N) * sizeof(float));
+            cpu_gemm_qdot_act_budget(1);   /* the smallest chunk: 4 x MR rows */
+            memset(y->data, 0xff, tensor_nbytes(y));
+            op_gemm(be, y, x, w, NULL);
+            cpu_gemm_qdot_act_budget(0);
+            CHECK(!memcmp(one, y->data, (size_t)(M * N) * sizeof(float)), "%s, %s: chunked rows differ from one pass",
+                  quant_type_name(types[i]), sp ? "segments" : "whole rows");
+            tensor_free(w), tensor_free(x), tensor_free(y);
+            free(wd), free(xf), free(one);
+        }
+    backend_destroy(be);
+}

@@ -698,10 +698,34 @@ static void gemm_item(const qd_gemm *g, const qd_kernel *kn, tensor *y, const te
     }
 }
 
+/* The activation buffers (quants, scales, sub-block sums: about 1.3 bytes
+ * per element) are bounded: a GEMM of more rows runs in row chunks of at
+ * most this many bytes (each chunk decodes the weight panels again, which
+ * costs 1/rows of the chunk's dot products). */
+static size_t g_act_budget = (size_t)16 << 20;
+void cpu_gemm_qdot_act_budget(size_t bytes) { g_act_budget = bytes ? bytes : (size_t)16 << 20; }
+
+static void gemm_rows(tensor *y, const tensor *x, const tensor *w, const float *bias, const qd_type *t,
+                      const qd_kernel *kn);
+
 void cpu_gemm_qdot(tensor *y, const tensor *x, const tensor *w, const float *bias) {
     const qd_type *t = qd_get(w->qtype);
     CPU_REQUIRE(t, "cpu_gemm_qdot: no int8 kernel for %s", quant_type_name(w->qtype));
     const qd_kernel *kn = kernel();
+    int64_t VB = 0;
+    for (int i = 0; i < w->n_qseg; i++) VB += (w->qseg[i].skip + w->qseg[i].ncols + t->bs - 1) / t->bs;
+    size_t row_bytes = (size_t)VB * ((size_t)t->bs + sizeof(float) + (size_t)t->nsb * (sizeof(int32_t) + sizeof(float)));
+    int64_t chunk = row_bytes ? (int64_t)(g_act_budget / row_bytes) : x->rows;
+    chunk = chunk < 4 * kn->mr ? 4 * kn->mr : chunk / kn->mr * kn->mr;
+    for (int64_t m0 = 0; m0 < x->rows; m0 += chunk) {
+        int64_t n = x->rows - m0 < chunk ? x->rows - m0 : chunk;
+        tensor xs = tensor_rows(x, m0, n), ys = tensor_rows(y, m0, n);
+        gemm_rows(&ys, &xs, w, bias, t, kn);
+    }
+}
+
+static void gemm_rows(tensor *y, const tensor *x, const tensor *w, const float *bias, const qd_type *t,
+                      const qd_kernel *kn) {
     qd_gemm g = {.t = t, .M = x->rows, .N = w->rows, .K = x->cols};
     for (int i = 0; i < w->n_qseg; i++) g.VB += (w->qseg[i].skip + w->qseg[i].ncols + t->bs - 1) / t->bs;
     g.VK = g.VB * t->bs;

@@ -3,6 +3,7 @@
 #ifndef TPGEN_CPU_GEMM_QDOT_H
 #define TPGEN_CPU_GEMM_QDOT_H
 #include "kernels/tensor.h"
+#include <stddef.h>
 #include <stdint.h>
 
 /* 1 when cpu_gemm dispatches this GEMM to the int8 kernel: w is DT_GGML of
@@ -22,6 +23,9 @@ int cpu_gemm_qdot_supports(int qtype);
 void cpu_gemm_qdot_force(int isa);
 void cpu_gemm_qdot_policy(int policy);
 const char *cpu_gemm_qdot_kernel(void);   /* "avx512vnni", "avx2", "scalar" */
+/* Bytes of activation buffers one row chunk may use (default 16 MB; 0
+ * restores it): a GEMM of more rows runs in chunks of rows. */
+void cpu_gemm_qdot_act_budget(size_t bytes);
 /* out = {MR, NR (weight rows per panel), KR (elements per k range)} */
 void cpu_gemm_qdot_blocking(int64_t out[3]);
 
