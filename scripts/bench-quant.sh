@@ -6,15 +6,17 @@
 # that every variant sees the same machine load. Prints per run the load
 # average, s/forward and GEMM GFLOP/s, then per variant the median s/forward
 # and its speed against bf16 (bf16 s / variant s, same round, median).
-# DEQUANT=0 leaves out the dequantising runs.
+# DEQUANT=0 leaves out the dequantising runs; TOKENS="1024 128" sets the image and text tokens.
 # Usage: scripts/bench-quant.sh [ROUNDS] [NP] [types...]   (defaults: 1, 1, Q8_0 Q6_K Q4_K)
-# Widths: klein-4B (D 3072, MLP 9216), 1 double + 1 single block, 256 image + 64 text tokens, bf16 activations.
+# Widths: klein-4B (D 3072, MLP 9216), 1 double + 1 single block, 256 image + 64 text tokens (TOKENS), bf16 activations.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T=build/tpgen
 rounds=${1:-1}; np=${2:-1}; shift 2 2>/dev/null || shift $#
 types=("$@"); [ ${#types[@]} -eq 0 ] && types=(Q8_0 Q6_K Q4_K)
-opts=(--precision bf16 --double 1 --single 1 --image-tokens 256 --text-tokens 64 --iters 2)
+# TOKENS="IMAGE TEXT" changes the token counts (default "256 64"; "1024 128" is a 512x512 job's)
+read -r itok ttok <<<"${TOKENS:-256 64}"
+opts=(--precision bf16 --double 1 --single 1 --image-tokens "$itok" --text-tokens "$ttok" --iters 2)
 launch=(); if [ "$np" -gt 1 ]; then launch=(mpirun --oversubscribe --bind-to none -np "$np"); [ "$(id -u)" = 0 ] && launch+=(--allow-run-as-root); fi
 # DEQUANT=0: only the int8 route (no TPGEN_QDOT=0 runs)
 variants=(bf16); for t in "${types[@]}"; do variants+=("$t"); [ "${DEQUANT:-1}" = 0 ] || variants+=("$t/dequant"); done
