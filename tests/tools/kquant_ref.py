@@ -27,10 +27,11 @@ too; the others stay F32/F16 by the type rules) and writes ref-T.gguf for the se
 of quant_testdata.py. Then writes kquant-input.safetensors, one F16 tensor k.weight [16, 512] (seed 8; 32
 super-blocks: gaussian rows of scale 2^-12..2^6, cubed gaussian, positive-only, laplace, uniform, sparse
 with exact zeros, a row of small integers) and ref-kq-T.gguf, the f16 values widened to f32 (exactly, as
-tpgen reads them) and quantised by this port; then hard-input.safetensors, h.weight [14, 256] f32
+tpgen reads them) and quantised by this port; then hard-input.safetensors, h.weight [16, 256] f32
 (hard_input(): all zero, constants, outliers, f16-subnormal scales, values under ggml's 1e-15 zero
 threshold, large, negative/positive only, integer and half-integer ties, a different scale per sub-block,
-sparse, alternate all-zero sub-blocks) and ref-hard-T.gguf.
+sparse, alternate all-zero sub-blocks, kvalues_iq4nl midpoints under a first IQ4 scale of exactly 1) and
+ref-hard-T.gguf.
 
 Also checked once (not part of the suite; ggml's code is not in this repository): ggml-quants.c of
 ggml-org/ggml d99724f2 compiled with gcc -O2 -ffp-contract=off gives the same bytes as this port and as
@@ -467,10 +468,10 @@ def main_kq(out):
 
 
 def hard_input():
-    """14 super-blocks (f32, seed 9), one hard case each"""
+    """16 super-blocks (f32, seed 9), one hard case each"""
     rng = np.random.default_rng(9)
     g = rng.standard_normal((14, 256))
-    x = np.zeros((14, 256))
+    x = np.zeros((16, 256))
     x[1] = 0.75                                          # constant
     x[2] = -3.0                                          # negative constant
     x[3] = g[3] * 1e-3
@@ -487,6 +488,10 @@ def hard_input():
     x[11] = g[11] * np.exp2(np.repeat(np.arange(16) - 8, 16))   # every sub-block a different scale
     x[12] = g[12] * (rng.uniform(size=256) < 0.05)       # sparse, mostly exact zeros
     x[13] = g[13] * np.repeat(np.arange(16) % 2, 16)     # every other 16-sub-block all zero
+    mids = (KV[1:] + KV[:-1]) / 2                        # IQ4 ties: kvalues_iq4nl midpoints with the
+    x[14:] = rng.choice(np.concatenate([mids, KV, KV]), (2, 256))     # first trial scale exactly 1
+    x[14, ::32] = 127
+    x[15, ::32] = -127
     return x.astype(F)
 
 
@@ -519,7 +524,7 @@ def roundtrip(tn, x, q, gauss=False):
 
 
 def main_hard(out):
-    """hard-input.safetensors (h.weight [14, 256] f32, hard_input()) and ref-hard-T.gguf for every T"""
+    """hard-input.safetensors (h.weight [16, 256] f32, hard_input()) and ref-hard-T.gguf for every T"""
     import gguf
     from gguf import GGMLQuantizationType as Q
     from safetensors.numpy import save_file
