@@ -2,7 +2,8 @@
  * in f32 (numpy float32 arrays with Python-int operands stay float32 under
  * NumPy 2's promotion rules, so every step is one f32 rounding). Nothing is
  * fused: this file is compiled in ISO C mode (-std=c17), where GCC does not
- * contract a * b + c; the pragma asks the same of other compilers. */
+ * contract a * b + c; the pragma asks the same of other compilers. Blocks are
+ * quantised on OpenMP threads (each block's bytes depend on it alone). */
 #include "gguf_quantize.h"
 #include "kernels/quant.h"
 #include "kernels/err.h"
@@ -596,24 +597,32 @@ static void iq4_xs(const float *x, uint8_t *o) {
     put16(o, f32_to_f16(d)), put16(o + 2, (uint16_t)sh);
 }
 
+typedef void (*block_fn)(const float *x, uint8_t *o);
+static const struct {
+    int type, block, bytes;
+    block_fn fn;
+} k_block[] = {
+    {QUANT_Q8_0, 32, 34, q8_0},     {QUANT_Q4_0, 32, 18, q4_0},     {QUANT_Q4_1, 32, 20, q4_1},
+    {QUANT_Q5_0, 32, 22, q5_0},     {QUANT_Q5_1, 32, 24, q5_1},     {QUANT_Q2_K, 256, 84, q2_k},
+    {QUANT_Q3_K, 256, 110, q3_k},   {QUANT_Q4_K, 256, 144, q4_k},   {QUANT_Q5_K, 256, 176, q5_k},
+    {QUANT_Q6_K, 256, 210, q6_k},   {QUANT_IQ4_NL, 32, 18, iq4_nl}, {QUANT_IQ4_XS, 256, 136, iq4_xs},
+};
+
 void gguf_quantize_row(int type, const float *x, int64_t n, void *out) {
     uint8_t *o = out;
     switch (type) {
     case QUANT_F32: memcpy(o, x, (size_t)n * 4); return;
     case QUANT_F16: for (int64_t i = 0; i < n; i++) put16(o + 2 * i, h16(x[i])); return;
     case QUANT_BF16: for (int64_t i = 0; i < n; i++) put16(o + 2 * i, bf16(x[i])); return;
-    case QUANT_Q8_0: for (int64_t b = 0; b < n / 32; b++) q8_0(x + 32 * b, o + 34 * b); return;
-    case QUANT_Q4_0: for (int64_t b = 0; b < n / 32; b++) q4_0(x + 32 * b, o + 18 * b); return;
-    case QUANT_Q4_1: for (int64_t b = 0; b < n / 32; b++) q4_1(x + 32 * b, o + 20 * b); return;
-    case QUANT_Q5_0: for (int64_t b = 0; b < n / 32; b++) q5_0(x + 32 * b, o + 22 * b); return;
-    case QUANT_Q5_1: for (int64_t b = 0; b < n / 32; b++) q5_1(x + 32 * b, o + 24 * b); return;
-    case QUANT_Q4_K: for (int64_t b = 0; b < n / 256; b++) q4_k(x + 256 * b, o + 144 * b); return;
-    case QUANT_Q5_K: for (int64_t b = 0; b < n / 256; b++) q5_k(x + 256 * b, o + 176 * b); return;
-    case QUANT_Q6_K: for (int64_t b = 0; b < n / 256; b++) q6_k(x + 256 * b, o + 210 * b); return;
-    case QUANT_Q2_K: for (int64_t b = 0; b < n / 256; b++) q2_k(x + 256 * b, o + 84 * b); return;
-    case QUANT_Q3_K: for (int64_t b = 0; b < n / 256; b++) q3_k(x + 256 * b, o + 110 * b); return;
-    case QUANT_IQ4_NL: for (int64_t b = 0; b < n / 32; b++) iq4_nl(x + 32 * b, o + 18 * b); return;
-    case QUANT_IQ4_XS: for (int64_t b = 0; b < n / 256; b++) iq4_xs(x + 256 * b, o + 136 * b); return;
-    default: tp_fatal("gguf_quantize_row: type %d not supported", type);
     }
+    for (size_t k = 0; k < sizeof k_block / sizeof k_block[0]; k++) {
+        if (k_block[k].type != type) continue;
+        /* blocks are independent: the bytes do not depend on the thread count */
+        const int64_t bs = k_block[k].block, nb = n / bs, by = k_block[k].bytes;
+        const block_fn fn = k_block[k].fn;
+#pragma omp parallel for schedule(static) if (nb >= 64)
+        for (int64_t b = 0; b < nb; b++) fn(x + bs * b, o + by * b);
+        return;
+    }
+    tp_fatal("gguf_quantize_row: type %d not supported", type);
 }

@@ -78,6 +78,13 @@ if awk -v a="${E_Q2_K:-0}" -v b="${E_Q3_K:-0}" -v c="${E_Q4_K:-0}" -v d="${E_Q5_
        'BEGIN { exit !(a > b && b > c && c > d && d > e && e > 0) }'
 then ok "quantize_golden_tiny_K_ladder: Q2_K > Q3_K > Q4_K > Q5_K > Q6_K errors"
 else fail "quantize_golden_tiny_K_ladder: ${E_Q2_K:-} ${E_Q3_K:-} ${E_Q4_K:-} ${E_Q5_K:-} ${E_Q6_K:-}"; fi
+# the block loop runs on OpenMP threads: the same bytes on 1 and 3 threads as on the default
+for t in Q2_K IQ4_NL IQ4_XS; do
+    if OMP_NUM_THREADS=1 "$TPGEN" quantize --type $t "$A/model/transformer" "$TMP/omp1-$t.gguf" > /dev/null &&
+       OMP_NUM_THREADS=3 "$TPGEN" quantize --type $t "$A/model/transformer" "$TMP/omp3-$t.gguf" > /dev/null &&
+       cmp -s "$TMP/omp1-$t.gguf" "$TMP/m-$t/transformer/t-$t.gguf" && cmp -s "$TMP/omp3-$t.gguf" "$TMP/m-$t/transformer/t-$t.gguf"
+    then ok "quantize_threads_$t: 1, 3 and default threads give the same file"; else fail "quantize_threads_$t"; fi
+done
 if "$TPGEN" inspect --model "$TMP/m-IQ4_NL/transformer/t-IQ4_NL.gguf" 2>&1 | grep -qE '^ +double_blocks.0.img_attn.qkv.weight +IQ4_NL' &&
    "$TPGEN" inspect --model "$TMP/m-Q2_K/transformer/t-Q2_K.gguf" 2>&1 | grep -cE ' Q2_K ' | grep -qx 3
 then ok "quantize_golden_tiny_types: IQ4_NL for the 32-block matrices, Q2_K for the 3 256-block ones"
