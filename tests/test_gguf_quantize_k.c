@@ -56,3 +56,7 @@ static void roundtrip(int type, double lo, double hi, int constant_exact) {
 TEST(gguf_quantize_q4_k_roundtrip) { roundtrip(QUANT_Q4_K, 0.026, 0.1, 1); }
 TEST(gguf_quantize_q5_k_roundtrip) { roundtrip(QUANT_Q5_K, 0.013, 0.05, 1); }
 TEST(gguf_quantize_q6_k_roundtrip) { roundtrip(QUANT_Q6_K, 0.006, 0.03, 0); }
+TEST(gguf_quantize_q2_k_roundtrip) { roundtrip(QUANT_Q2_K, 0.1, 0.4, 0); }
+TEST(gguf_quantize_q3_k_roundtrip) { roundtrip(QUANT_Q3_K, 0.043, 0.2, 0); }
+TEST(gguf_quantize_iq4_nl_roundtrip) { roundtrip(QUANT_IQ4_NL, 0.026, 0.1, 0); }
+TEST(gguf_quantize_iq4_xs_roundtrip) { roundtrip(QUANT_IQ4_XS, 0.026, 0.1, 0); }

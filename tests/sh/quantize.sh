@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # tpgen quantize: every legacy type's output equals gguf-py 0.19.0's GGUF of the same f32 input byte for
 # byte (tests/data/quant, made by tests/tools/quant_testdata.py: types, shapes, tensor bytes, metadata and
-# layout), Q4_K/Q5_K/Q6_K the GGUFs of tests/tools/kquant_ref.py (a numpy port of ggml's reference
-# K-quantisers) byte for byte; the golden tiny transformer as Q4_K / Q5_K / Q6_K passes tpgen check within
-# 6e-2 / 3e-2 / 1.5e-2; requantising the golden flux2-gguf Q8_0 file (ComfyUI-GGUF layout, gguf-py's quantiser)
+# layout), Q2_K..Q6_K, IQ4_NL, IQ4_XS the GGUFs of tests/tools/kquant_ref.py (a numpy port of ggml's
+# reference quantisers, its round trips checked with gguf-py's dequantisers) byte for byte on three inputs
+# (mixed, varied distributions, hard blocks); the golden tiny transformer as Q2_K / Q3_K / Q4_K / Q5_K / Q6_K
+# / IQ4_NL / IQ4_XS passes tpgen check within 1.7e-1 / 9e-2 / 6e-2 / 3e-2 / 1.5e-2 / 3e-1 / 4.5e-2, the K-quant
+# errors falling with each bit; requantising the golden flux2-gguf Q8_0 file (ComfyUI-GGUF layout, gguf-py's quantiser)
 # reproduces it byte for byte; the golden tiny transformer (diffusers folder, sharded) quantised to Q8_0
 # passes tpgen check against its unquantised golden outputs within 3e-2 (measured 1.08e-2; the golden
 # flux2-gguf Q8_0 model is 5.6e-3 from its unquantised outputs) and is not the f32 model (> 1e-3); F32 and
@@ -16,7 +18,8 @@
 . "$TPGEN_ROOT/tests/lib.sh"
 D=$TPGEN_ROOT/tests/data/quant
 MPI=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
-TYPES="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K"
+TYPES="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS"
+KTYPES="Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS"
 
 ref_cases() { # TPGEN PREFIX
     local bin=$1 p=$2 t out
@@ -25,10 +28,12 @@ ref_cases() { # TPGEN PREFIX
         if [ $? -eq 0 ] && cmp -s "$TMP/$p$t.gguf" "$D/ref-$t.gguf"; then ok "${p}quantize_ref_$t: identical to the reference file"
         else fail "${p}quantize_ref_$t: $(echo "$out" | tail -2; cmp "$TMP/$p$t.gguf" "$D/ref-$t.gguf" 2>&1 | head -1)"; fi
     done
-    for t in Q4_K Q5_K Q6_K; do   # 32 more super-blocks (f16 input) of varied distributions
-        out=$("$bin" quantize --type "$t" "$D/kquant-input.safetensors" "$TMP/${p}kq$t.gguf" 2>&1)
-        if [ $? -eq 0 ] && cmp -s "$TMP/${p}kq$t.gguf" "$D/ref-kq-$t.gguf"; then ok "${p}quantize_ref_kq_$t: identical to the port's file"
-        else fail "${p}quantize_ref_kq_$t: $(echo "$out" | tail -2; cmp "$TMP/${p}kq$t.gguf" "$D/ref-kq-$t.gguf" 2>&1 | head -1)"; fi
+    for t in $KTYPES; do   # 32 more super-blocks (f16 input) of varied distributions, 14 hard ones (f32)
+        for k in kq hard; do
+            out=$("$bin" quantize --type "$t" "$D/$([ $k = kq ] && echo kquant || echo hard)-input.safetensors" "$TMP/$p$k$t.gguf" 2>&1)
+            if [ $? -eq 0 ] && cmp -s "$TMP/$p$k$t.gguf" "$D/ref-$k-$t.gguf"; then ok "${p}quantize_ref_${k}_$t: identical to the port's file"
+            else fail "${p}quantize_ref_${k}_$t: $(echo "$out" | tail -2; cmp "$TMP/$p$k$t.gguf" "$D/ref-$k-$t.gguf" 2>&1 | head -1)"; fi
+        done
     done
 }
 ref_cases "$TPGEN" ""
@@ -54,16 +59,36 @@ check_case() { # NAME TYPE TOL MIN [check args...]: max_rel_err <= TOL and >= MI
     out=$($MPI -np 2 "$TPGEN" check --backend cpu --model "$TMP/m-$t" --cases "$A/transformer_cases.safetensors" --tol "$tol" "$@" 2>&1)
     e=$(echo "$out" | grep -oE '^max_rel_err=[0-9.e+-]+' | cut -d= -f2)
     if [ -n "$e" ] && echo "$out" | grep -qE ' PASS$' && awk -v e="$e" -v m="$min" 'BEGIN { exit !(e >= m) }'
-    then ok "$name (max_rel_err=$e, tp 2)"
+    then ok "$name (max_rel_err=$e, tp 2)"; eval "E_$t=$e"
     else fail "$name: $(echo "$out" | grep -v '^#' | tail -2)"; fi
 }
 check_case quantize_golden_tiny_Q8_0 Q8_0 3e-2 1e-3
 # K-quants: only the 3 single-block to_out weights [512 128] have whole 256-blocks (the rest F16/F32);
 # measured 2.02e-2 (Q4_K), 1.09e-2 (Q5_K), 5.08e-3 (Q6_K): the error halves per bit, as it should;
-# tolerance 3x that, and not the f32 model (> 1e-3)
+# tolerance 3x that, and not the f32 model (> 1e-3). Q2_K 8.50e-2, Q3_K 4.37e-2, IQ4_XS 2.13e-2 (the same
+# 3 weights), IQ4_NL 1.57e-1 (32-blocks: all 33 matrices, like Q4_0's 1.70e-1): tolerance 2x
+check_case quantize_golden_tiny_Q2_K Q2_K 1.7e-1 1e-3
+check_case quantize_golden_tiny_Q3_K Q3_K 9e-2 1e-3
 check_case quantize_golden_tiny_Q4_K Q4_K 6e-2 1e-3
 check_case quantize_golden_tiny_Q5_K Q5_K 3e-2 1e-3
 check_case quantize_golden_tiny_Q6_K Q6_K 1.5e-2 1e-3
+check_case quantize_golden_tiny_IQ4_NL IQ4_NL 3e-1 1e-3
+check_case quantize_golden_tiny_IQ4_XS IQ4_XS 4.5e-2 1e-3
+if awk -v a="${E_Q2_K:-0}" -v b="${E_Q3_K:-0}" -v c="${E_Q4_K:-0}" -v d="${E_Q5_K:-0}" -v e="${E_Q6_K:-0}" \
+       'BEGIN { exit !(a > b && b > c && c > d && d > e && e > 0) }'
+then ok "quantize_golden_tiny_K_ladder: Q2_K > Q3_K > Q4_K > Q5_K > Q6_K errors"
+else fail "quantize_golden_tiny_K_ladder: ${E_Q2_K:-} ${E_Q3_K:-} ${E_Q4_K:-} ${E_Q5_K:-} ${E_Q6_K:-}"; fi
+# the block loop runs on OpenMP threads: the same bytes on 1 and 3 threads as on the default
+for t in Q2_K IQ4_NL IQ4_XS; do
+    if OMP_NUM_THREADS=1 "$TPGEN" quantize --type $t "$A/model/transformer" "$TMP/omp1-$t.gguf" > /dev/null &&
+       OMP_NUM_THREADS=3 "$TPGEN" quantize --type $t "$A/model/transformer" "$TMP/omp3-$t.gguf" > /dev/null &&
+       cmp -s "$TMP/omp1-$t.gguf" "$TMP/m-$t/transformer/t-$t.gguf" && cmp -s "$TMP/omp3-$t.gguf" "$TMP/m-$t/transformer/t-$t.gguf"
+    then ok "quantize_threads_$t: 1, 3 and default threads give the same file"; else fail "quantize_threads_$t"; fi
+done
+if "$TPGEN" inspect --model "$TMP/m-IQ4_NL/transformer/t-IQ4_NL.gguf" 2>&1 | grep -qE '^ +double_blocks.0.img_attn.qkv.weight +IQ4_NL' &&
+   "$TPGEN" inspect --model "$TMP/m-Q2_K/transformer/t-Q2_K.gguf" 2>&1 | grep -cE ' Q2_K ' | grep -qx 3
+then ok "quantize_golden_tiny_types: IQ4_NL for the 32-block matrices, Q2_K for the 3 256-block ones"
+else fail "quantize_golden_tiny_types: $("$TPGEN" inspect --model "$TMP/m-Q2_K/transformer/t-Q2_K.gguf" 2>&1 | grep -c Q2_K)"; fi
 check_case quantize_golden_tiny_F32 F32 1e-4 0
 # the golden weights are bf16: lossless; --names keep: a diffusers-named GGUF (config.json beside it) loads too
 QN="--names keep" check_case quantize_golden_tiny_BF16_keep BF16 1e-4 0
@@ -133,7 +158,7 @@ bad() { # NAME PATTERN ARGS...
     expect_fail "$name" "$pat" "$TPGEN" quantize "$@"
     none_left || { fail "$name: left $(ls "$TMP/bad")"; rm -rf "$TMP/bad"/*; }
 }
-bad quantize_bad_type_K "--type Q2_K is not supported yet; tpgen quantize writes F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K" --type Q2_K "$D/input.safetensors" "$TMP/bad/o.gguf"
+bad quantize_bad_type_K "--type Q8_K is not supported yet; tpgen quantize writes F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS" --type Q8_K "$D/input.safetensors" "$TMP/bad/o.gguf"
 bad quantize_bad_type_name "--type Q9_9 is not a ggml type" --type Q9_9 "$D/input.safetensors" "$TMP/bad/o.gguf"
 bad quantize_names_bad "--names foo: give bfl" --type Q8_0 --names foo "$D/input.safetensors" "$TMP/bad/o.gguf"
 bad quantize_names_bfl_unknown "input.safetensors: not a diffusers FLUX.2 transformer" --type Q8_0 --names bfl "$D/input.safetensors" "$TMP/bad/o.gguf"
