@@ -40,3 +40,18 @@ extern "C" void cuda_ggml_dequant(backend *be, void *dst, dtype_t ddt, int64_t d
     k_ggml_tile<<<(unsigned)blocks, threads, 0, cuda_stream(be)>>>(a);
     CUDA_LAUNCHED("ggml dequant");
 }
+
+/* op_gather_rows from a DT_GGML table (a quantised GGUF token_embd, as the
+ * CPU backend allows): each id's row decoded into its row of y (ids is a
+ * host array), rows outside [row0, row0 + table.rows) zero. One launch per
+ * token: a prompt is at most a few thousand. */
+extern "C" void cuda_gather_rows_ggml(backend *be, tensor *y, const tensor *table, const int32_t *ids, int64_t n,
+                                      int64_t row0) {
+    size_t es = dtype_size(y->dtype);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t src = (int64_t)ids[i] - row0;
+        char *dst = (char *)y->data + (size_t)i * (size_t)y->ld * es;
+        if (src >= 0 && src < table->rows) cuda_ggml_dequant(be, dst, y->dtype, y->ld, table, src, 1);
+        else CUDA_CHECK(cudaMemsetAsync(dst, 0, (size_t)y->cols * es, cuda_stream(be)));
+    }
+}
