@@ -13,6 +13,10 @@
 #include "kernels/err.h"
 #include "kernels/quant.h"
 #include "kernels/cpu/cpu_gemm_qdot.h"
+#include "core/formats/checkpoint.h"
+#include "core/formats/weights.h"
+#include "core/models/flux2.h"
+#include "core/models/model_plan.h"
 #include "quant_random.h"
 #include <fcntl.h>
 #include <stdlib.h>
@@ -52,6 +56,45 @@ TEST(cuda_device_count_is_sane) {
         CHECK(backend_cuda_create(0) == NULL && tp_error_msg()[0], "backend_cuda_create without a GPU must fail with a message");
         tp_error_clear();
     }
+}
+
+/* The loader keeps GGUF blocks quantised on the CPU and CUDA backends only,
+ * and only on a backend that can read them in place (upload_file): a CPU
+ * backend stripped of upload_file, and one that calls itself another kind,
+ * are refused naming the tensor and the type; the plain CPU backend loads. */
+TEST(ggml_load_refuses_backend_without_upload_file) {
+    char *dir = xasprintf("%s/flux2-gguf/Q4_K/transformer", test_golden_dir());
+    checkpoint *c;
+    REQUIRE(checkpoint_open(dir, &c) == 0, "%s", tp_error_msg());
+    json_t *cfg = flux2_config_from_bfl(c);
+    component_plan cp;
+    REQUIRE(cfg && plan_for_component("transformer", cfg, c, 1, &cp) >= 0, "%s", tp_error_msg());
+    backend *cpu = backend_cpu_create(1);
+    backend_vtable vt = *cpu->vt;
+    const backend_vtable *saved = cpu->vt;
+    for (int k = 0; k < 3; k++) {
+        vt.upload_file = k == 1 ? NULL : saved->upload_file;
+        cpu->vt = k ? &vt : saved;
+        backend_kind kind = cpu->kind;
+        if (k == 2) cpu->kind = (backend_kind)7;   /* neither CPU nor CUDA */
+        load_opts o = {.tp = 1, .rank = 0, .be = cpu, .dtype = DT_F32};
+        weights *w = NULL;
+        load_stats st;
+        tp_error_clear();
+        int rc = weights_load(c, &cp.p, &o, &w, &st);
+        cpu->kind = kind;
+        if (k == 0) CHECK(rc == 0, "the CPU backend must load GGUF blocks: %s", tp_error_msg());
+        else CHECK(rc == -1 && strstr(tp_error_msg(), "cannot hold quantised weights") &&
+                       strstr(tp_error_msg(), "is quantised (GGUF "), "case %d: %s", k, tp_error_msg());
+        weights_free(w);
+    }
+    cpu->vt = saved;
+    tp_error_clear();
+    backend_destroy(cpu);
+    component_plan_free(&cp);
+    json_decref(cfg);
+    checkpoint_close(c);
+    free(dir);
 }
 
 #ifdef TPGEN_CUDA
