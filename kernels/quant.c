@@ -19,7 +19,9 @@
  * CUDA backend compiles), one unit (16 or 32 elements) at a time. */
 #define DQ_BLOCK(name, type)                                                        \
     static void name(const uint8_t *restrict b, float *restrict y) {               \
-        for (int u = 0; u < qb_block(type) / qb_unit(type); u++) qb_dq_unit(type, b, u, y + u * qb_unit(type)); \
+        float dd[2];                                                                \
+        qb_block_scales(type, b, dd);                                               \
+        for (int u = 0; u < qb_block(type) / qb_unit(type); u++) qb_dq_unit_s(type, b, u, dd, y + u * qb_unit(type)); \
     }
 DQ_BLOCK(dq_q4_0, QB_Q4_0)
 DQ_BLOCK(dq_q4_1, QB_Q4_1)

@@ -7,7 +7,9 @@
  * for the 32-element types and the K-quants with 32-element sub-blocks
  * (Q4_K, Q5_K, IQ4_XS), 16 for those with 16-element sub-blocks (Q2_K,
  * Q3_K, Q6_K). qb_dq_unit(type, blk, u, y) writes elements
- * [u * unit, (u + 1) * unit) of the block to y[0..unit). Every value is
+ * [u * unit, (u + 1) * unit) of the block to y[0..unit); a whole-block loop
+ * decodes the block's f16 super-scales once (qb_block_scales) and calls
+ * qb_dq_unit_s per unit. Every value is
  * computed with the f32 operations of gguf-py's reference dequantiser, each
  * multiply and subtraction rounded separately (QB_MUL / QB_SUB: __fmul_rn
  * and friends on the device, where nvcc would otherwise fuse them; plain
@@ -94,10 +96,17 @@ QB_FN static inline uint16_t qb_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* the IQ4_NL / IQ4_XS non-linear table */
+/* the IQ4_NL / IQ4_XS non-linear table (constant memory on the device) */
+#ifdef __CUDACC__
+static __constant__ int8_t qb_iq4_dev[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+#endif
+static const int8_t qb_iq4_host[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 QB_FN static inline float qb_iq4(int i) {
-    const int8_t v[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-    return (float)v[i];
+#ifdef __CUDA_ARCH__
+    return (float)qb_iq4_dev[i];
+#else
+    return (float)qb_iq4_host[i];
+#endif
 }
 
 /* ---- legacy 32-element blocks (one unit): f16 scale (+ f16 min) ---- */
@@ -171,9 +180,9 @@ QB_FN static inline void qb_iq4_nl(const uint8_t *QB_RESTRICT b, float *QB_RESTR
  * sub-block e / 16), 64 bytes of 2-bit quants, d, dmin. Element
  * e = 128h + 32j + 16s + l (sub-block sb = e / 16 = 8h + 2j + s) takes bits
  * 2j of byte 32h + 16s + l; value (d * scale) * q - dmin * min. */
-QB_FN static inline void qb_q2_k(const uint8_t *QB_RESTRICT b, int sb, float *QB_RESTRICT y) {
+QB_FN static inline void qb_q2_k(const uint8_t *QB_RESTRICT b, int sb, const float *dd, float *QB_RESTRICT y) {
     const uint8_t *sc = b, *qs = b + 16;
-    float d = qb_le_f16(b + 80), dmin = qb_le_f16(b + 82);
+    float d = dd[0], dmin = dd[1];
     int h = sb / 8, j = (sb % 8) / 2, s = sb & 1;
     float dl = QB_MUL(d, (float)(sc[sb] & 15)), ml = QB_MUL(dmin, (float)(sc[sb] >> 4));
     const uint8_t *q = qs + 32 * h + 16 * s;
@@ -185,9 +194,9 @@ QB_FN static inline void qb_q2_k(const uint8_t *QB_RESTRICT b, int sb, float *QB
  * out as Q2_K, 12 bytes of 6-bit scales, d. Scale sb: low 4 bits from byte
  * sb (sb < 8, low nibble) or sb - 8 (high nibble), high 2 bits from bits
  * 2 * (sb / 4) of byte 8 + sb % 4; stored with a bias of 32. */
-QB_FN static inline void qb_q3_k(const uint8_t *QB_RESTRICT b, int sb, float *QB_RESTRICT y) {
+QB_FN static inline void qb_q3_k(const uint8_t *QB_RESTRICT b, int sb, const float *dd, float *QB_RESTRICT y) {
     const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
-    float d = qb_le_f16(b + 108);
+    float d = dd[0];
     int h = sb / 8, j = (sb % 8) / 2, s = sb & 1;
     int lo = sb < 8 ? sc[sb] & 15 : sc[sb - 8] >> 4, hi = (sc[8 + sb % 4] >> (2 * (sb / 4))) & 3;
     float dl = QB_MUL(d, (float)((lo | hi << 4) - 32));
@@ -214,8 +223,8 @@ QB_FN static inline void qb_k_scale_min(const uint8_t *p, int s, int *sc, int *m
 /* Q4_K (144 bytes): d, dmin, 12 scale bytes, 128 bytes of nibbles. Sub-block
  * s of 32 takes byte 32 * (s / 2) + e % 32, low nibble for even s, high
  * for odd; value (d * scale) * q - dmin * min. */
-QB_FN static inline void qb_q4_k(const uint8_t *QB_RESTRICT b, int s, float *QB_RESTRICT y) {
-    float d = qb_le_f16(b), dmin = qb_le_f16(b + 2);
+QB_FN static inline void qb_q4_k(const uint8_t *QB_RESTRICT b, int s, const float *dd, float *QB_RESTRICT y) {
+    float d = dd[0], dmin = dd[1];
     int sc, mn;
     qb_k_scale_min(b + 4, s, &sc, &mn);
     float dl = QB_MUL(d, (float)sc), ml = QB_MUL(dmin, (float)mn);
@@ -226,8 +235,8 @@ QB_FN static inline void qb_q4_k(const uint8_t *QB_RESTRICT b, int s, float *QB_
 
 /* Q5_K (176 bytes): as Q4_K with 32 bytes of fifth bits after the scales:
  * element e's is bit e / 32 of byte e % 32. */
-QB_FN static inline void qb_q5_k(const uint8_t *QB_RESTRICT b, int s, float *QB_RESTRICT y) {
-    float d = qb_le_f16(b), dmin = qb_le_f16(b + 2);
+QB_FN static inline void qb_q5_k(const uint8_t *QB_RESTRICT b, int s, const float *dd, float *QB_RESTRICT y) {
+    float d = dd[0], dmin = dd[1];
     const uint8_t *qh = b + 16;
     int sc, mn;
     qb_k_scale_min(b + 4, s, &sc, &mn);
@@ -245,10 +254,10 @@ QB_FN static inline void qb_q5_k(const uint8_t *QB_RESTRICT b, int s, float *QB_
  * quarter k = (e % 128) / 32): low nibble of byte 64h + 32 (k & 1) + 16s + l
  * (high nibble for k >= 2), high bits 2k of byte 32h + 16s + l; value
  * (d * scale[sb]) * (q - 32). */
-QB_FN static inline void qb_q6_k(const uint8_t *QB_RESTRICT b, int sb, float *QB_RESTRICT y) {
+QB_FN static inline void qb_q6_k(const uint8_t *QB_RESTRICT b, int sb, const float *dd, float *QB_RESTRICT y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
-    float d = qb_le_f16(b + 208);
+    float d = dd[0];
     int h = sb / 8, k = (sb % 8) / 2, s = sb & 1;
     float dl = QB_MUL(d, (float)sc[sb]);
     const uint8_t *lo = ql + 64 * h + 32 * (k & 1) + 16 * s, *hi = qh + 32 * h + 16 * s;
@@ -259,8 +268,8 @@ QB_FN static inline void qb_q6_k(const uint8_t *QB_RESTRICT b, int sb, float *QB
 /* IQ4_XS (136 bytes): d, a 16-bit word of scale high bits (2 per
  * sub-block), 4 bytes of scale low nibbles, 128 bytes of table indices
  * (sub-block s of 32: bytes 16s..16s+15, low nibbles then high). */
-QB_FN static inline void qb_iq4_xs(const uint8_t *QB_RESTRICT b, int s, float *QB_RESTRICT y) {
-    float d = qb_le_f16(b);
+QB_FN static inline void qb_iq4_xs(const uint8_t *QB_RESTRICT b, int s, const float *dd, float *QB_RESTRICT y) {
+    float d = dd[0];
     unsigned sh = (unsigned)b[2] | (unsigned)b[3] << 8;
     const uint8_t *sl = b + 4, *qs = b + 8 + 16 * s;
     int ls = ((sl[s / 2] >> (4 * (s % 2))) & 15) | (int)((sh >> (2 * s)) & 3) << 4;
@@ -307,8 +316,24 @@ QB_FN static inline int qb_unit(int type) {
     }
 }
 
-/* unit u of the block at b into y[0..qb_unit(type)) */
-QB_FN static inline void qb_dq_unit(int type, const uint8_t *QB_RESTRICT b, int u, float *QB_RESTRICT y) {
+/* the block's f16 super-scales decoded once for all its units: dd[0] = d,
+ * dd[1] = dmin (the K-quants; the 32-element types have one unit and decode
+ * their own) */
+QB_FN static inline void qb_block_scales(int type, const uint8_t *b, float *dd) {
+    dd[0] = dd[1] = 0;
+    switch (type) {
+    case QB_Q2_K: dd[0] = qb_le_f16(b + 80), dd[1] = qb_le_f16(b + 82); break;
+    case QB_Q3_K: dd[0] = qb_le_f16(b + 108); break;
+    case QB_Q4_K: case QB_Q5_K: dd[0] = qb_le_f16(b), dd[1] = qb_le_f16(b + 2); break;
+    case QB_Q6_K: dd[0] = qb_le_f16(b + 208); break;
+    case QB_IQ4_XS: dd[0] = qb_le_f16(b); break;
+    default: break;
+    }
+}
+
+/* unit u of the block at b into y[0..qb_unit(type)), dd from qb_block_scales */
+QB_FN static inline void qb_dq_unit_s(int type, const uint8_t *QB_RESTRICT b, int u, const float *dd,
+                                      float *QB_RESTRICT y) {
     switch (type) {
     case QB_Q4_0: qb_q4_0(b, y); break;
     case QB_Q4_1: qb_q4_1(b, y); break;
@@ -316,14 +341,21 @@ QB_FN static inline void qb_dq_unit(int type, const uint8_t *QB_RESTRICT b, int 
     case QB_Q5_1: qb_q5_1(b, y); break;
     case QB_Q8_0: qb_q8_0(b, y); break;
     case QB_IQ4_NL: qb_iq4_nl(b, y); break;
-    case QB_Q2_K: qb_q2_k(b, u, y); break;
-    case QB_Q3_K: qb_q3_k(b, u, y); break;
-    case QB_Q4_K: qb_q4_k(b, u, y); break;
-    case QB_Q5_K: qb_q5_k(b, u, y); break;
-    case QB_Q6_K: qb_q6_k(b, u, y); break;
-    case QB_IQ4_XS: qb_iq4_xs(b, u, y); break;
+    case QB_Q2_K: qb_q2_k(b, u, dd, y); break;
+    case QB_Q3_K: qb_q3_k(b, u, dd, y); break;
+    case QB_Q4_K: qb_q4_k(b, u, dd, y); break;
+    case QB_Q5_K: qb_q5_k(b, u, dd, y); break;
+    case QB_Q6_K: qb_q6_k(b, u, dd, y); break;
+    case QB_IQ4_XS: qb_iq4_xs(b, u, dd, y); break;
     default: break;
     }
+}
+
+/* unit u of the block at b into y[0..qb_unit(type)) */
+QB_FN static inline void qb_dq_unit(int type, const uint8_t *QB_RESTRICT b, int u, float *QB_RESTRICT y) {
+    float dd[2];
+    qb_block_scales(type, b, dd);
+    qb_dq_unit_s(type, b, u, dd, y);
 }
 
 /* ---- the tile: rows of a DT_GGML tensor -> a row-major f32/bf16 matrix ---- */
