@@ -419,8 +419,28 @@ static inline int qb_tile_init(qb_tile_args *a, int type, const void *w, int64_t
 /* total work items of a tile */
 static inline int64_t qb_tile_items(const qb_tile_args *a) { return a->rows * a->units; }
 
+/* 16-byte stores of 4 f32 / 8 bf16 values at a 16-byte aligned p (the
+ * device's vector stores; memcpy on the little-endian host) */
+QB_FN static inline void qb_store4_f32(float *p, const float *v) {
+#ifdef __CUDA_ARCH__
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+#else
+    memcpy(p, v, 16);
+#endif
+}
+QB_FN static inline void qb_store8_bf16(uint16_t *p, const float *v) {
+    uint32_t w[4];
+    for (int i = 0; i < 4; i++) w[i] = (uint32_t)qb_bf16(v[2 * i]) | (uint32_t)qb_bf16(v[2 * i + 1]) << 16;
+#ifdef __CUDA_ARCH__
+    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+#else
+    memcpy(p, w, 16);
+#endif
+}
+
 /* The kernel body: item blk * nthr + thr (a CUDA block index, its size and
- * a thread index). */
+ * a thread index). A unit wholly inside its segment whose destination is
+ * 16-byte aligned is stored 16 bytes at a time, else element by element. */
 QB_FN static inline void qb_tile_body(const qb_tile_args *a, int64_t blk, int nthr, int thr) {
     int64_t g = blk * nthr + thr;
     if (g >= a->rows * a->units) return;
@@ -435,6 +455,16 @@ QB_FN static inline void qb_tile_body(const qb_tile_args *a, int64_t blk, int nt
     /* element k of the unit is element e of the segment's covering blocks, column e - skip of the segment */
     int64_t e0 = bi * a->block + (int64_t)ub * a->unit - a->skip[i], n = a->ncols[i];
     int64_t o = r * a->ld + a->col0[i] + e0;
+    if (e0 >= 0 && e0 + a->unit <= n) {
+        if (!a->out_bf16 && ((uintptr_t)((float *)a->out + o) & 15) == 0) {
+            for (int k = 0; k < a->unit; k += 4) qb_store4_f32((float *)a->out + o + k, v + k);
+            return;
+        }
+        if (a->out_bf16 && ((uintptr_t)((uint16_t *)a->out + o) & 15) == 0) {
+            for (int k = 0; k < a->unit; k += 8) qb_store8_bf16((uint16_t *)a->out + o + k, v + k);
+            return;
+        }
+    }
     for (int k = 0; k < a->unit; k++) {
         if (e0 + k < 0 || e0 + k >= n) continue;
         if (a->out_bf16) ((uint16_t *)a->out)[o + k] = qb_bf16(v[k]);
