@@ -657,4 +657,57 @@ TEST_GPU(gpu_ggml_gemm) {
     cpu_gemm_qdot_policy(0);
 }
 
+/* The GGUF loader path on CUDA: the golden flux2-gguf Q4_K and mixed
+ * transformers' shards of every rank of tp 1 and 2 (tp 2: row-parallel
+ * segments of half a Q4_K block) read by the CUDA backend's upload_file hold
+ * exactly the bytes of the CPU backend's load of the same shard, with the
+ * same layout (qpitch, segments). */
+TEST_GPU(gpu_ggml_load_matches_cpu) {
+    NEED_GPU();
+    static const char *vars[] = {"Q4_K", "mixed"};
+    for (int v = 0; v < 2; v++)
+        for (int tp = 1; tp <= 2; tp++)
+            for (int rank = 0; rank < tp; rank++) {
+                char *dir = xasprintf("%s/flux2-gguf/%s/transformer", test_golden_dir(), vars[v]);
+                checkpoint *c;
+                REQUIRE(checkpoint_open(dir, &c) == 0, "%s", tp_error_msg());
+                json_t *cfg = flux2_config_from_bfl(c);
+                component_plan cp;
+                REQUIRE(cfg && plan_for_component("transformer", cfg, c, tp, &cp) >= 0, "%s", tp_error_msg());
+                weights *wg = NULL, *wc = NULL;
+                load_stats sg, sc;
+                load_opts og = {.tp = tp, .rank = rank, .be = g_gpu, .dtype = DT_F32};
+                load_opts oc = {.tp = tp, .rank = rank, .be = g_cpu, .dtype = DT_F32};
+                REQUIRE(weights_load(c, &cp.p, &og, &wg, &sg) == 0, "CUDA load: %s", tp_error_msg());
+                REQUIRE(weights_load(c, &cp.p, &oc, &wc, &sc) == 0, "CPU load: %s", tp_error_msg());
+                CHECK(sg.bytes_read == sc.bytes_read, "%s tp %d rank %d: bytes read %llu vs %llu", vars[v], tp, rank,
+                      (unsigned long long)sg.bytes_read, (unsigned long long)sc.bytes_read);
+                int n_ggml = 0, n_seg = 0;
+                for (int i = 0; i < weights_count(wc); i++) {
+                    const char *name = weights_name(wc, i);
+                    const tensor *tc = weights_get(wc, name), *tg = weights_get(wg, name);
+                    REQUIRE(tg, "%s missing from the CUDA load", name);
+                    if (tc->dtype != DT_GGML) continue;
+                    n_ggml++, n_seg += tc->n_qseg > 1 || tc->qseg[0].skip;
+                    CHECK(tg->dtype == DT_GGML && tg->qpitch == tc->qpitch && tg->n_qseg == tc->n_qseg &&
+                              !memcmp(tg->qseg, tc->qseg, sizeof tc->qseg[0] * (size_t)tc->n_qseg),
+                          "%s: layout differs", name);
+                    size_t nb = tensor_nbytes(tc);
+                    uint8_t *h = xmalloc(nb ? nb : 1);
+                    CHECK(be_download(g_gpu, h, tg->data, nb) == 0 && !memcmp(h, tc->data, nb),
+                          "%s (%s tp %d rank %d): the CUDA shard's %zu bytes differ from the CPU's", name, vars[v], tp,
+                          rank, nb);
+                    free(h);
+                }
+                CHECK(n_ggml > 0, "%s: no quantised tensor loaded", vars[v]);
+                printf("# ggml load %s tp %d rank %d: %d block tensors (%d of several segments or a skip), %llu bytes read\n",
+                       vars[v], tp, rank, n_ggml, n_seg, (unsigned long long)sg.bytes_read);
+                weights_free(wg), weights_free(wc);
+                component_plan_free(&cp);
+                json_decref(cfg);
+                checkpoint_close(c);
+                free(dir);
+            }
+}
+
 #endif /* TPGEN_CUDA */
