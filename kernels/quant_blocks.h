@@ -379,9 +379,12 @@ typedef struct qb_tile_args {
     int out_bf16;              /* 1: bf16 (round to nearest even), 0: f32 */
 } qb_tile_args;
 
-/* Fill a from n segments seg of rows x ... rows of qpitch bytes of `type`
- * blocks at w. Returns -1 for a type without block decoders or a segment
- * that is out of its row. Host code. */
+/* Fill a for `rows` rows of qpitch bytes of `type` blocks starting at w,
+ * each local row made of the n segments seg (kernels/tensor.h), decoded to
+ * out (f32, or bf16 when out_bf16; row pitch ld elements). Returns -1 for a
+ * type without block decoders, no or too many segments, or a segment whose
+ * covering blocks leave its row. Host code (pointer arithmetic only: w and
+ * out may be device memory). */
 static inline int qb_tile_init(qb_tile_args *a, int type, const void *w, int64_t qpitch, const tensor_qseg *seg,
                                int n, int64_t rows, void *out, int64_t ld, int out_bf16) {
     memset(a, 0, sizeof *a);
