@@ -2,7 +2,8 @@
 # The CUDA backend's one-shot check on a GPU machine (one H200: under 8 minutes,
 # unattended). Builds for sm_90, runs the TEST_GPU op tests (every CUDA op
 # against the CPU backend), the golden checks with --backend cuda (flux2-tiny-a
-# transformer cases f32 and bf16, its denoising loop, klein-tiny end to end,
+# transformer cases f32 and bf16, the flux2-gguf Q4_K and mixed GGUF
+# transformers f32 and bf16, its denoising loop, klein-tiny end to end,
 # the vae-tiny decoder), GEMM and attention throughput (with PyTorch on the
 # same shapes as a yardstick), one klein-4B-shaped forward, and prints a
 # short table last.
@@ -176,6 +177,28 @@ for prec in f32 bf16; do
     line=$(awk -v p="== check $prec" '$0==p{on=1;next} /^== /{on=0} on' "$OUTDIR/golden.log" | grep -E 'max_rel_err|error' | tail -1)
     echo "$line" | grep -qE 'PASS' || line="FAIL: ${line:-no result} (see golden.log)"
     row "golden transformer cases ($prec)" "$line"
+done
+# GGUF weights kept quantised on the GPU (DT_GGML: tiles decoded to f32/bf16, then cuBLAS): the golden flux2-gguf
+# Q4_K and mixed (Q6_K, Q4_K, Q8_0, ...) transformers at tp 1 against diffusers' forward on gguf-py's dequantised
+# weights, tolerances of tests/sh/gguf_check.sh (CPU: f32 ~4e-7, bf16 without int8 activations ~5.8e-3)
+GG=$golden/flux2-gguf
+{
+    for v in Q4_K mixed; do
+        for prec in f32 bf16; do
+            tol=1e-5; [ $prec = bf16 ] && tol=3e-2
+            log "gguf check $v $prec"
+            timeout 120 "$TPGEN" check --model "$GG/$v" --cases "$GG/transformer_cases.safetensors" \
+                --outputs "$GG/gguf_cases.safetensors" --prefix $v --precision $prec --tol $tol --backend $BK
+            echo "exit=$?"
+        done
+    done
+} >>"$OUTDIR/golden.log" 2>&1
+for v in Q4_K mixed; do
+    for prec in f32 bf16; do
+        line=$(awk -v p="== gguf check $v $prec" '$0==p{on=1;next} /^== /{on=0} on' "$OUTDIR/golden.log" | grep -E 'max_rel_err|error' | tail -1)
+        echo "$line" | grep -qE 'PASS' || line="FAIL: ${line:-no result} (see golden.log)"
+        row "golden flux2-gguf $v tp 1 ($prec)" "$line"
+    done
 done
 W=$(mktemp -d)
 compare() { # compare FILE's (only) tensor with GOLDEN_FILE's KEY: rel L2 error against TOL (plain python3)

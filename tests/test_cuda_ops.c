@@ -11,6 +11,13 @@
 #include "kernels/comm.h"
 #include "core/dist/dist.h"
 #include "kernels/err.h"
+#include "kernels/quant.h"
+#include "kernels/cpu/cpu_gemm_qdot.h"
+#include "core/formats/checkpoint.h"
+#include "core/formats/weights.h"
+#include "core/models/flux2.h"
+#include "core/models/model_plan.h"
+#include "quant_random.h"
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +56,45 @@ TEST(cuda_device_count_is_sane) {
         CHECK(backend_cuda_create(0) == NULL && tp_error_msg()[0], "backend_cuda_create without a GPU must fail with a message");
         tp_error_clear();
     }
+}
+
+/* The loader keeps GGUF blocks quantised on the CPU and CUDA backends only,
+ * and only on a backend that can read them in place (upload_file): a CPU
+ * backend stripped of upload_file, and one that calls itself another kind,
+ * are refused naming the tensor and the type; the plain CPU backend loads. */
+TEST(ggml_load_refuses_backend_without_upload_file) {
+    char *dir = xasprintf("%s/flux2-gguf/Q4_K/transformer", test_golden_dir());
+    checkpoint *c;
+    REQUIRE(checkpoint_open(dir, &c) == 0, "%s", tp_error_msg());
+    json_t *cfg = flux2_config_from_bfl(c);
+    component_plan cp;
+    REQUIRE(cfg && plan_for_component("transformer", cfg, c, 1, &cp) >= 0, "%s", tp_error_msg());
+    backend *cpu = backend_cpu_create(1);
+    backend_vtable vt = *cpu->vt;
+    const backend_vtable *saved = cpu->vt;
+    for (int k = 0; k < 3; k++) {
+        vt.upload_file = k == 1 ? NULL : saved->upload_file;
+        cpu->vt = k ? &vt : saved;
+        backend_kind kind = cpu->kind;
+        if (k == 2) cpu->kind = (backend_kind)7;   /* neither CPU nor CUDA */
+        load_opts o = {.tp = 1, .rank = 0, .be = cpu, .dtype = DT_F32};
+        weights *w = NULL;
+        load_stats st;
+        tp_error_clear();
+        int rc = weights_load(c, &cp.p, &o, &w, &st);
+        cpu->kind = kind;
+        if (k == 0) CHECK(rc == 0, "the CPU backend must load GGUF blocks: %s", tp_error_msg());
+        else CHECK(rc == -1 && strstr(tp_error_msg(), "cannot hold quantised weights") &&
+                       strstr(tp_error_msg(), "is quantised (GGUF "), "case %d: %s", k, tp_error_msg());
+        weights_free(w);
+    }
+    cpu->vt = saved;
+    tp_error_clear();
+    backend_destroy(cpu);
+    component_plan_free(&cp);
+    json_decref(cfg);
+    checkpoint_close(c);
+    free(dir);
 }
 
 #ifdef TPGEN_CUDA
@@ -498,6 +544,170 @@ TEST_GPU(gpu_fp8_tensor_core_gemm) {
                                    : (with_bias ? "fp8 TC gemm per-tensor+bias" : "fp8 TC gemm per-tensor"), 1e-1);
             pair_free(&w); pair_free(&x); pair_free(&y); pair_free(&b);
         }
+}
+
+/* GGUF block weights (DT_GGML): the CUDA GEMM decodes tiles of rows into
+ * scratch (cuda_ggml.cu) and runs cuBLAS; the CPU backend's GEMM on the same
+ * bytes is the reference, on its exact dequantising path (int8-dot route
+ * off, so both multiply the exact decoded weights). Every supported type;
+ * whole rows and a row-parallel local row of three segments whose edges fall
+ * inside blocks (half a block, 1.5 blocks, a range inside one block); f32 and
+ * bf16 activations (y in x's dtype); with and without a bias and a low-rank
+ * (LoRA) term; tiles of 7 rows (TPGEN_CUDA_GGML_TILE_BYTES) and one tile; a
+ * row view of the weight. Bounds: f32 1e-5 (both sides use the same f32
+ * weights; only the summation order differs, ~1e-7); bf16 1e-2: the GPU
+ * rounds the weights to bf16 once (relative error <= 2^-8 each, ~2e-3 RMS on
+ * a sum of random terms) and both round y to bf16 (another ~2e-3).
+ * (float64 simulation of this shape, x in [-1, 1], w ~ N(0, 0.02): 2.3-2.7e-3).
+ * f32 x = the identity gives y = Wᵀ exactly on both sides (one nonzero
+ * product per output), so the decoded values are checked bit for bit too,
+ * and op_gather_rows from the quantised table must match exactly. */
+static void ggml_twin(int type, int64_t N, int64_t Kg, const span *sp, int nsp, uint32_t *s, pair *w, int64_t *K) {
+    double *wd;
+    memset(w, 0, sizeof *w);
+    w->cown = segmented_weight(g_cpu, type, N, Kg, sp, nsp, s, K, &wd);
+    if (!w->cown) tp_fatal("segmented_weight: %s", tp_error_msg());
+    free(wd);
+    w->gown = tensor_new_ggml(g_gpu, type, N, *K, w->cown->qpitch, w->cown->qseg, w->cown->n_qseg);
+    if (!w->gown || be_upload(g_gpu, w->gown->data, w->cown->data, tensor_nbytes(w->cown)))
+        tp_fatal("GGML upload: %s", tp_error_msg());
+    w->g = *w->gown, w->c = *w->cown;
+}
+
+/* the same low-rank term on both twins: rows [5, 25), columns [3, K - 7), rank 4 */
+static void ggml_lowrank(pair *w) {
+    int64_t K = w->c.cols, nc = K - 10;
+    pair a = pair_rand(DT_F32, 4, nc, -0.05f, 0.05f), b = pair_rand(DT_F32, 20, 4, -0.05f, 0.05f);
+    tensor_lowrank_add(w->gown, 5, 20, 3, nc, a.gown, b.gown);
+    tensor_lowrank_add(w->cown, 5, 20, 3, nc, a.cown, b.cown);
+    w->g = *w->gown, w->c = *w->cown;
+}
+
+static void ggml_gemm_case(const char *name, pair *w, dtype_t dt, int bias, double tol) {
+    int64_t M = 37, N = w->c.rows, K = w->c.cols;
+    pair x = pair_rand(dt, M, K, -1, 1), y = pair_new(dt, M, N), b = pair_rand(dt, 1, N, -1, 1);
+    pair_poison(&y);
+    op_gemm(g_gpu, &y.g, &x.g, &w->g, bias ? &b.g : NULL);
+    op_gemm(g_cpu, &y.c, &x.c, &w->c, bias ? &b.c : NULL);
+    char what[96];
+    snprintf(what, sizeof what, "ggml %s%s %s", quant_type_name(w->c.qtype), bias ? "+bias" : "", name);
+    pair_check(&y, what, tol);
+    pair_free(&x), pair_free(&y), pair_free(&b);
+}
+
+TEST_GPU(gpu_ggml_gemm) {
+    NEED_GPU(); NEED_CPU(gemm);
+    static const int types[] = {QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1, QUANT_Q8_0, QUANT_IQ4_NL,
+                                QUANT_Q2_K, QUANT_Q3_K, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K, QUANT_IQ4_XS};
+    uint32_t s = test_seed() | 1;
+    cpu_gemm_qdot_policy(-1);
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        int64_t bs = quant_type_get(types[t])->block, Kg = 4 * bs, N = 45, K;
+        span whole[] = {{0, Kg}}, split[] = {{bs / 2, 2 * bs}, {3 * bs + 5, 4 * bs - 3}, {0, bs / 2}};
+        for (int c = 0; c < 2; c++) {
+            pair w;
+            ggml_twin(types[t], N, Kg, c ? split : whole, c ? 3 : 1, &s, &w, &K);
+            const char *lay = c ? "segments" : "whole rows";
+            /* exact: x = I (f32) gives y = Wᵀ */
+            pair x = pair_new(DT_F32, K, K), y = pair_new(DT_F32, K, N);
+            float *eye = xcalloc((size_t)(K * K), sizeof(float));
+            for (int64_t i = 0; i < K; i++) eye[i * K + i] = 1;
+            if (tensor_upload_f32(&x.g, eye) || tensor_upload_f32(&x.c, eye)) tp_fatal("upload");
+            free(eye);
+            pair_poison(&y);
+            op_gemm(g_gpu, &y.g, &x.g, &w.g, NULL); op_gemm(g_cpu, &y.c, &x.c, &w.c, NULL);
+            char what[96];
+            snprintf(what, sizeof what, "ggml %s decoded (x = I) %s", quant_type_name(types[t]), lay);
+            pair_check(&y, what, 0);
+            pair_free(&x), pair_free(&y);
+            /* a quantised embedding table: decoded rows, exact in f32 and bf16 (one rounding), others' rows 0 */
+            int32_t ids[6] = {3, 44, 0, 45, 100, 17};
+            for (int d = 0; d < 2; d++) {
+                pair g = pair_new(k_dts[d], 6, K);
+                pair_poison(&g);
+                op_gather_rows(g_gpu, &g.g, &w.g, ids, 6, 0); op_gather_rows(g_cpu, &g.c, &w.c, ids, 6, 0);
+                snprintf(what, sizeof what, "ggml %s gather_rows %s", quant_type_name(types[t]), lay);
+                pair_check(&g, what, 0);
+                pair_free(&g);
+            }
+            for (int d = 0; d < 2; d++) {
+                dtype_t dt = k_dts[d];
+                double tol = dt == DT_F32 ? 1e-5 : 1e-2;
+                char tile[32];
+                snprintf(tile, sizeof tile, "%lld", (long long)(7 * K * (int64_t)dtype_size(dt)));
+                setenv("TPGEN_CUDA_GGML_TILE_BYTES", tile, 1);   /* 7 rows a tile: 6 full + 3 */
+                ggml_gemm_case(c ? "segments, 7-row tiles" : "whole rows, 7-row tiles", &w, dt, 0, tol);
+                ggml_gemm_case(c ? "segments, 7-row tiles" : "whole rows, 7-row tiles", &w, dt, 1, tol);
+                unsetenv("TPGEN_CUDA_GGML_TILE_BYTES");
+                ggml_gemm_case(c ? "segments" : "whole rows", &w, dt, 1, tol);
+                pair wv = {tensor_rows(&w.g, 10, 30), tensor_rows(&w.c, 10, 30), NULL, NULL};
+                ggml_gemm_case(c ? "segments, row view" : "whole rows, row view", &wv, dt, 0, tol);
+            }
+            ggml_lowrank(&w);
+            for (int d = 0; d < 2; d++) {
+                double tol = k_dts[d] == DT_F32 ? 1e-5 : 1e-2;
+                ggml_gemm_case(c ? "segments + LoRA" : "whole rows + LoRA", &w, k_dts[d], 0, tol);
+                ggml_gemm_case(c ? "segments + LoRA" : "whole rows + LoRA", &w, k_dts[d], 1, tol);
+                pair wv = {tensor_rows(&w.g, 10, 30), tensor_rows(&w.c, 10, 30), NULL, NULL};
+                ggml_gemm_case(c ? "segments + LoRA, row view" : "whole rows + LoRA, row view", &wv, k_dts[d], 1, tol);
+            }
+            pair_free(&w);
+        }
+    }
+    cpu_gemm_qdot_policy(0);
+}
+
+/* The GGUF loader path on CUDA: the golden flux2-gguf Q4_K and mixed
+ * transformers' shards of every rank of tp 1 and 2 (tp 2: row-parallel
+ * segments of half a Q4_K block) read by the CUDA backend's upload_file hold
+ * exactly the bytes of the CPU backend's load of the same shard, with the
+ * same layout (qpitch, segments). */
+TEST_GPU(gpu_ggml_load_matches_cpu) {
+    NEED_GPU();
+    static const char *vars[] = {"Q4_K", "mixed"};
+    for (int v = 0; v < 2; v++)
+        for (int tp = 1; tp <= 2; tp++)
+            for (int rank = 0; rank < tp; rank++) {
+                char *dir = xasprintf("%s/flux2-gguf/%s/transformer", test_golden_dir(), vars[v]);
+                checkpoint *c;
+                REQUIRE(checkpoint_open(dir, &c) == 0, "%s", tp_error_msg());
+                json_t *cfg = flux2_config_from_bfl(c);
+                component_plan cp;
+                REQUIRE(cfg && plan_for_component("transformer", cfg, c, tp, &cp) >= 0, "%s", tp_error_msg());
+                weights *wg = NULL, *wc = NULL;
+                load_stats sg, sc;
+                load_opts og = {.tp = tp, .rank = rank, .be = g_gpu, .dtype = DT_F32};
+                load_opts oc = {.tp = tp, .rank = rank, .be = g_cpu, .dtype = DT_F32};
+                REQUIRE(weights_load(c, &cp.p, &og, &wg, &sg) == 0, "CUDA load: %s", tp_error_msg());
+                REQUIRE(weights_load(c, &cp.p, &oc, &wc, &sc) == 0, "CPU load: %s", tp_error_msg());
+                CHECK(sg.bytes_read == sc.bytes_read, "%s tp %d rank %d: bytes read %llu vs %llu", vars[v], tp, rank,
+                      (unsigned long long)sg.bytes_read, (unsigned long long)sc.bytes_read);
+                int n_ggml = 0, n_seg = 0;
+                for (int i = 0; i < weights_count(wc); i++) {
+                    const char *name = weights_name(wc, i);
+                    const tensor *tc = weights_get(wc, name), *tg = weights_get(wg, name);
+                    REQUIRE(tg, "%s missing from the CUDA load", name);
+                    if (tc->dtype != DT_GGML) continue;
+                    n_ggml++, n_seg += tc->n_qseg > 1 || tc->qseg[0].skip;
+                    CHECK(tg->dtype == DT_GGML && tg->qpitch == tc->qpitch && tg->n_qseg == tc->n_qseg &&
+                              !memcmp(tg->qseg, tc->qseg, sizeof tc->qseg[0] * (size_t)tc->n_qseg),
+                          "%s: layout differs", name);
+                    size_t nb = tensor_nbytes(tc);
+                    uint8_t *h = xmalloc(nb ? nb : 1);
+                    CHECK(be_download(g_gpu, h, tg->data, nb) == 0 && !memcmp(h, tc->data, nb),
+                          "%s (%s tp %d rank %d): the CUDA shard's %zu bytes differ from the CPU's", name, vars[v], tp,
+                          rank, nb);
+                    free(h);
+                }
+                CHECK(n_ggml > 0, "%s: no quantised tensor loaded", vars[v]);
+                printf("# ggml load %s tp %d rank %d: %d block tensors (%d of several segments or a skip), %llu bytes read\n",
+                       vars[v], tp, rank, n_ggml, n_seg, (unsigned long long)sg.bytes_read);
+                weights_free(wg), weights_free(wc);
+                component_plan_free(&cp);
+                json_decref(cfg);
+                checkpoint_close(c);
+                free(dir);
+            }
 }
 
 #endif /* TPGEN_CUDA */

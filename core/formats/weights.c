@@ -167,19 +167,22 @@ static load_path pick_path(const loader *L, dtype_t stored, dtype_t target) {
 }
 
 /* A GGUF block tensor stays quantised: the local tensor holds the shard's
- * covering blocks (gguf_shard.h), read in place on the reader threads. */
+ * covering blocks (gguf_shard.h), read in place: on the CPU on the reader
+ * threads (pread or from the mapping), on CUDA by the backend's 2-D
+ * upload_file from the calling thread (its GEMM decodes the blocks,
+ * kernels/cuda/cuda_ggml.cu). */
 static int prepare_ggml(loader *L, const st_tensor_info *ti, wentry *e, job *j) {
     backend *be = L->o->be;
-    if (be->kind != BACKEND_CPU)
-        return tp_error("tensor '%s' is quantised (GGUF %s): quantised weights run on the CPU backend only for now "
-                        "(run with --device cpu, or use a bf16 checkpoint on the GPU)", ti->name,
-                        quant_type_name(ti->qtype));
+    if ((be->kind != BACKEND_CPU && be->kind != BACKEND_CUDA) || !be->vt->upload_file || !be->vt->gemm)
+        return tp_error("tensor '%s' is quantised (GGUF %s): the %s backend cannot hold quantised weights (it needs "
+                        "upload_file and a GEMM on GGUF blocks; use --backend cpu or cuda, or a bf16 checkpoint)",
+                        ti->name, quant_type_name(ti->qtype), be->vt->name);
     if (qshard_plan(ti, &j->si, L->o->tp, L->o->rank, &j->q)) return -1;
     e->t = tensor_new_ggml(be, ti->qtype, j->si.local_rows, j->si.local_cols, j->q.pitch, j->q.seg, j->q.n_seg);
     if (!e->t) return tp_error_context("tensor '%s'", ti->name);
     j->ggml = 1;
-    j->path = L->o->use_mmap ? PATH_MAPPED : PATH_FILE;
-    j->threaded = 1;
+    j->path = L->o->use_mmap && be->kind == BACKEND_CPU ? PATH_MAPPED : PATH_FILE;
+    j->threaded = be->kind == BACKEND_CPU;
     L->st->bytes_held += tensor_nbytes(e->t);
     return 0;
 }

@@ -9,9 +9,14 @@
  * Mixed dtypes (f32 x with bf16 W, ...) upcast the bf16 operand to f32 in
  * scratch (exact). Outputs cuBLAS cannot write directly (bf16 from f32
  * inputs, or an f32 bias into a bf16 output) are computed in an f32 scratch
- * and converted, so y is always rounded once, after the bias. */
+ * and converted, so y is always rounded once, after the bias.
+ *
+ * Quantised GGUF weights (DT_GGML) are decoded tile by tile over their rows
+ * into scratch in x's dtype (cuda_ggml.cu) and multiplied by the same
+ * cuBLAS path (gemm_ggml). */
 #include "cuda_internal.h"
 #include "kernels/err.h"
+#include <stdlib.h>
 
 static cudaDataType_t cuda_type(dtype_t dt) { return dt == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
@@ -51,26 +56,16 @@ static const void *as_f32(backend *be, const tensor *t, int slot, int64_t *ld) {
     return d;
 }
 
-void cuda_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias) {
-    tensor wd;
-    /* E4M3 weights on sm_89+: the fp8 tensor cores (cuda_gemm_fp8.c) */
-    if (dtype_is_fp8(w->dtype) && x->cols == w->cols && y->rows == x->rows && y->cols == w->rows &&
-        cuda_gemm_fp8_applies(be, y, x, w) && cuda_gemm_fp8(be, y, x, w, bias) == 0)
-        return;
-    if (dtype_is_fp8(w->dtype)) {
-        /* fp8 weight: dequantised into scratch in x's dtype (bf16 x: the
-         * decoded codes times the scale rounded to bf16 once), then the
-         * ordinary GEMM; one weight's local shard at a time */
-        need_float(x, "gemm");
-        wd = tensor_wrap(be, x->dtype, w->rows, w->cols,
-                         cuda_scratch(be, 2, dtype_size(x->dtype) * (size_t)w->rows * (size_t)w->cols));
-        cuda_dequant(be, wd.data, wd.dtype, wd.ld, w);
-        w = &wd;
-    }
-    need_float(y, "gemm"); need_float(x, "gemm"); need_float(w, "gemm");
+static void check_shapes(const tensor *y, const tensor *x, const tensor *w, const tensor *bias) {
     if (x->cols != w->cols || y->rows != x->rows || y->cols != w->rows || (bias && bias->cols != w->rows))
         tp_fatal("cuda gemm: bad shapes y [%lld,%lld] = x [%lld,%lld] · w [%lld,%lld]ᵀ", (long long)y->rows,
                  (long long)y->cols, (long long)x->rows, (long long)x->cols, (long long)w->rows, (long long)w->cols);
+}
+
+/* y = x·wᵀ (+ bias) with f32/bf16 operands: cuBLAS */
+static void gemm_dense(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias) {
+    need_float(y, "gemm"); need_float(x, "gemm"); need_float(w, "gemm");
+    check_shapes(y, x, w, bias);
     if (bias) need_float(bias, "gemm bias");
     int64_t M = x->rows, N = w->rows, K = x->cols;
     if (M == 0 || N == 0) return;
@@ -100,6 +95,61 @@ void cuda_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const t
     if (bias) cuda_fill_rows(be, C, c_dt, ldc, M, N, bias->data, bias->dtype);
     gemm_raw(be, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, W, wld, X, xld, in_dt, C, ldc, c_dt, bias ? 1.0f : 0.0f);
     if (!direct) cuda_convert_2d(be, y->data, y->dtype, y->ld, C, DT_F32, N, M, N);
+}
+
+/* the rows of a DT_GGML weight decoded per tile: TPGEN_CUDA_GGML_TILE_BYTES or CUDA_GGML_TILE_BYTES */
+static size_t ggml_tile_bytes(void) {
+    const char *e = getenv("TPGEN_CUDA_GGML_TILE_BYTES");
+    long long v = e ? atoll(e) : 0;
+    return v > 0 ? (size_t)v : CUDA_GGML_TILE_BYTES;
+}
+
+/* A GGUF block weight: tiles of its rows decoded into scratch in x's dtype
+ * (f32 x: the exact f32 values, the CPU's bit for bit; bf16 x: those values
+ * rounded to bf16 once), each multiplied by cuBLAS into its columns of y;
+ * at most one tile (ggml_tile_bytes) is ever decoded, never the whole
+ * weight. */
+static void gemm_ggml(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias) {
+    need_float(y, "gemm"); need_float(x, "gemm");
+    check_shapes(y, x, w, bias);
+    if (bias) need_float(bias, "gemm bias");
+    int64_t N = w->rows, K = w->cols;
+    if (x->rows == 0 || N == 0) return;
+    size_t es = dtype_size(x->dtype), row = (size_t)K * es;
+    int64_t tile = row ? (int64_t)(ggml_tile_bytes() / row) : N;
+    if (tile < 1) tile = 1;
+    if (tile > N) tile = N;
+    for (int64_t r0 = 0; r0 < N; r0 += tile) {
+        int64_t nr = N - r0 < tile ? N - r0 : tile;
+        tensor wd = tensor_wrap(be, x->dtype, nr, K, cuda_scratch(be, 2, row * (size_t)nr));
+        cuda_ggml_dequant(be, wd.data, wd.dtype, wd.ld, w, r0, nr);
+        tensor yv = tensor_cols(y, r0, nr), bv = yv;
+        if (bias) bv = tensor_cols(bias, r0, nr);
+        gemm_dense(be, &yv, x, &wd, bias ? &bv : NULL);
+    }
+}
+
+void cuda_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias) {
+    tensor wd;
+    if (w->dtype == DT_GGML) {
+        gemm_ggml(be, y, x, w, bias);
+        return;
+    }
+    /* E4M3 weights on sm_89+: the fp8 tensor cores (cuda_gemm_fp8.c) */
+    if (dtype_is_fp8(w->dtype) && x->cols == w->cols && y->rows == x->rows && y->cols == w->rows &&
+        cuda_gemm_fp8_applies(be, y, x, w) && cuda_gemm_fp8(be, y, x, w, bias) == 0)
+        return;
+    if (dtype_is_fp8(w->dtype)) {
+        /* fp8 weight: dequantised into scratch in x's dtype (bf16 x: the
+         * decoded codes times the scale rounded to bf16 once), then the
+         * ordinary GEMM; one weight's local shard at a time */
+        need_float(x, "gemm");
+        wd = tensor_wrap(be, x->dtype, w->rows, w->cols,
+                         cuda_scratch(be, 2, dtype_size(x->dtype) * (size_t)w->rows * (size_t)w->cols));
+        cuda_dequant(be, wd.data, wd.dtype, wd.ld, w);
+        w = &wd;
+    }
+    gemm_dense(be, y, x, w, bias);
 }
 
 /* Convolution = im2col over a chunk of output pixels + one GEMM per chunk:

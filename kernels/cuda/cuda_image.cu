@@ -113,10 +113,11 @@ void cuda_transpose(backend *be, tensor *y, const tensor *x) {
 
 void cuda_gather_rows(backend *be, tensor *y, const tensor *table, const int32_t *ids, int64_t n, int64_t row0) {
     cuda_need_float(y, "gather_rows");
-    if (!dtype_is_fp8(table->dtype)) cuda_need_float(table, "gather_rows");
+    if (!dtype_is_fp8(table->dtype) && table->dtype != DT_GGML) cuda_need_float(table, "gather_rows");
     if (y->rows < n || y->cols != table->cols) tp_fatal("cuda gather_rows: y must be [>=%lld, %lld]", (long long)n,
                                                         (long long)table->cols);
     if (n == 0) return;
+    if (table->dtype == DT_GGML) { cuda_gather_rows_ggml(be, y, table, ids, n, row0); return; }   /* a GGUF token_embd */
     /* ids is a host array; a pageable-memory async copy returns once the
      * driver has taken its own copy, so the caller may free ids at once. */
     int32_t *d_ids = (int32_t *)cuda_scratch(be, 2, sizeof(int32_t) * (size_t)n);

@@ -62,6 +62,15 @@ void cuda_fp8_release(backend *be);
 void cuda_gather_rows_fp8(backend *be, tensor *y, const tensor *table, const int32_t *d_ids, int64_t n, int64_t row0);
 /* fp8 weight w -> dst (f32 or bf16, row pitch dld): decode x scale (cuda_fp8.cu) */
 void cuda_dequant(backend *be, void *dst, dtype_t ddt, int64_t dld, const tensor *w);
+/* rows [r0, r0 + nr) of a DT_GGML (GGUF block) weight w -> dst (f32 or bf16,
+ * row pitch dld elements, row r0 first): the shared block decoders of
+ * kernels/quant_blocks.h, the CPU's values bit for bit (cuda_ggml.cu) */
+void cuda_ggml_dequant(backend *be, void *dst, dtype_t ddt, int64_t dld, const tensor *w, int64_t r0, int64_t nr);
+/* op_gather_rows from a DT_GGML table (ids on the host), cuda_ggml.cu */
+void cuda_gather_rows_ggml(backend *be, tensor *y, const tensor *table, const int32_t *ids, int64_t n, int64_t row0);
+/* bytes of device scratch a DT_GGML GEMM decodes its weight into at most
+ * (one tile of rows; TPGEN_CUDA_GGML_TILE_BYTES overrides, for tests) */
+#define CUDA_GGML_TILE_BYTES ((size_t)64 << 20)
 void cuda_layernorm_mod(backend *, tensor *y, const tensor *x, const tensor *shift,
                         const tensor *scale, float eps);
 void cuda_rmsnorm(backend *, tensor *y, const tensor *x, const tensor *w, int group, float eps);
