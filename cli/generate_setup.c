@@ -332,8 +332,12 @@ char *gen_parameters_text(const gen_setup *g, int job) {
         free(refs);
         refs = t;
     }
-    int w, h;
+    int w, h, box[4];
     gen_job_size(g, job, &w, &h);
+    char size[96];   /* FLUX.3: the PNG's size, and the canvas it was generated at when cropped back */
+    if (gen_job_crop(g, job, box)) snprintf(size, sizeof size, "%dx%d (generated at %dx%d, cropped back to the reference)",
+                                            box[2], box[3], w, h);
+    else snprintf(size, sizeof size, "%dx%d", w, h);
     /* single components replacing (or making up) the pipeline: each one named */
     if (s->transformer || s->text_encoder || s->vae) {
         char *t = xasprintf("%scomponents:%s%s%s%s%s%s\n", loras, s->transformer ? " transformer " : "",
@@ -342,10 +346,10 @@ char *gen_parameters_text(const gen_setup *g, int job) {
         free(loras);
         loras = t;
     }
-    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%sseed: %llu\nsteps: %d\nguidance: %s\nsize: %dx%d\n"
+    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%sseed: %llu\nsteps: %d\nguidance: %s\nsize: %s\n"
                           "model: %s (%s)\n%stp: %d\nprecision: %s\ntpgen: %s\n",
                           prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
-                          refs, (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, w, h,
+                          refs, (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, size,
                           gen_model_name(s), g->info.family_name, loras, g->d->tp,
                           g->precision == DT_F32 ? (g->quantize_fp8 ? "f32, fp8 weights (--quantize)" : "f32")
                           : g->quantize_fp8 ? "bf16, fp8 weights (--quantize)" : "bf16",
