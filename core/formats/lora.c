@@ -511,6 +511,14 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         }
         size_t mlen;
         key_part part = key_suffix(k + plen, &mlen);
+        if (part == PART_OTHER && flux3 && (strstr(k, "lora_magnitude_vector") || strstr(k, ".lora_B.bias"))) {
+            int dora = strstr(k, "lora_magnitude_vector") != NULL;
+            tp_error("%s: key %s is a PEFT %s; diffusers applies it, tpgen does not (it merges plain LoRAs only); "
+                     "merge the adapter into the weights first (PEFT merge_and_unload) or train it without %s",
+                     ad->path, t->name, dora ? "DoRA magnitude vector (use_dora)" : "lora_B bias (lora_bias)",
+                     dora ? "DoRA" : "lora_bias");
+            goto done;
+        }
         if (part == PART_OTHER) {
             tp_error("%s: key %s is not a LoRA matrix or alpha (expected .lora_A.weight, .lora_B.weight, "
                      ".lora_down.weight, .lora_up.weight or .alpha; biases and other extras are not supported)",

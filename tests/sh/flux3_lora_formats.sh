@@ -4,13 +4,15 @@
 # diffusers keys (transformer.<module>.lora.down/.lora.up.weight; attn.processor.to_q_lora.down ...) and as
 # ai-toolkit BFL names with .lora.down/.lora.up; `tpgen check --lora` against diffusers' adapted outputs
 # (lora_cases) at tp 1, 2, 3, reading exactly the bytes the original file costs. A kohya lora_unet_* file for
-# FLUX.3 (diffusers has no converter and loads nothing of it) is refused naming the file on every rank.
+# FLUX.3 (diffusers has no converter and loads nothing of it) is refused naming the file on every rank; so are
+# a PEFT DoRA file (lora_magnitude_vector) and a lora_bias file (lora_B.bias), which diffusers applies and tpgen
+# does not, each with a message naming the key and what to do.
 source "$TPGEN_ROOT/tests/lib.sh"
 export OMP_NUM_THREADS=1
 G=$TPGEN_GOLDEN/flux3-tiny/base
 L=$TPGEN_ROOT/tests/data/flux3-lora
 F=$TPGEN_ROOT/tests/tools/flux3_lora_formats.py
-for s in old processor aitk_old kohya; do python3 "$F" $s "$L/adapter.safetensors" "$TMP/$s.safetensors"; done
+for s in old processor aitk_old kohya dora bias; do python3 "$F" $s "$L/adapter.safetensors" "$TMP/$s.safetensors"; done
 
 # check NAME NP LORA [ARGS]: 4 cases, PASS; prints the bytes-read line into $bytes
 check() {
@@ -45,3 +47,9 @@ out=$($MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$G/model" --cases "$L/
       --lora "$TMP/kohya.safetensors" 2>&1)
 [ "$(echo "$out" | grep -c 'kohya LoRA')" -ge 1 ] && ! echo "$out" | grep -q "rel_err" \
     && ok "flux3 kohya refusal before any case runs" || fail "flux3 kohya: $(echo "$out" | tail -2 | tr '\n' ' ')"
+expect_fail "flux3 PEFT DoRA (lora_magnitude_vector) refused naming the key" \
+    'dora.safetensors: key transformer\.[^ ]*\.lora_magnitude_vector is a PEFT DoRA magnitude vector.*merge_and_unload' \
+    $MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$G/model" --cases "$L/lora_cases.safetensors" --lora "$TMP/dora.safetensors"
+expect_fail "flux3 PEFT lora_bias (lora_B.bias) refused naming the key" \
+    'bias.safetensors: key transformer\.[^ ]*\.lora_B\.bias is a PEFT lora_B bias \(lora_bias\)' \
+    $MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$G/model" --cases "$L/lora_cases.safetensors" --lora "$TMP/bias.safetensors"

@@ -18,6 +18,10 @@ Styles written here (python3 standard library only; the tests write them at run 
   aitk_old   diffusion_model.<BFL FLUX.3 module>.lora.down/.lora.up.weight, no metadata (scale 1)
   kohya      lora_unet_<BFL FLUX.3 module with '_'>.lora_down/.lora_up.weight + .alpha (= rank), what a kohya
              trainer would write for FLUX.3
+  dora       the file plus a PEFT DoRA magnitude vector per module (<module>.lora_magnitude_vector [out], 1.5),
+             no metadata (diffusers infers use_dora from the keys)
+  bias       the file plus a lora_B bias per module (<module>.lora_B.bias [out], 0.01; PEFT lora_bias), no
+             metadata
 
     python3 tests/tools/flux3_lora_formats.py STYLE IN.safetensors OUT.safetensors
     PYTHONPATH=/work/peft-pkgs /work/venv-flux3/bin/python tests/tools/flux3_lora_formats.py --verify
@@ -26,7 +30,8 @@ Styles written here (python3 standard library only; the tests write them at run 
 writes each style of tests/data/flux3-lora/adapter.safetensors to a temporary folder, loads it with the mixin's
 load_lora_weights into a fresh tiny base model and runs the 4 golden cases: old and processor must give
 lora_cases' outputs (weight 1), aitk_old the same at adapter weight 2; kohya must leave the base model's outputs
-unchanged (diffusers loads nothing of it). Printed: the max relative difference per style.
+unchanged (diffusers loads nothing of it); dora and bias must load and, at weight 2, differ from lora_cases (diffusers
+applies the extra tensors; tpgen refuses them). Printed: the max relative difference per style.
 """
 import json
 import os
@@ -58,6 +63,8 @@ def rename(style, key):
         return f"{m}.lora.{part}.weight"
     if style == "aitk_old":
         return f"{bfl.bfl_name(m + '.x')[:-2]}.lora.{part}.weight"
+    if style in ("dora", "bias"):
+        return key
     if style == "kohya":
         b = bfl.bfl_name(m + ".x")[len("diffusion_model."):-2]
         return f"lora_unet_{b.replace('.', '_')}.lora_{part}.weight"
@@ -82,6 +89,12 @@ def write(style, src_path, dst_path):
                                                                            "data_offsets": [off, off + 4]}
             data += struct.pack("<f", float(r))
             off += 4
+        if style in ("dora", "bias") and k.endswith(".lora_B.weight"):   # one [out] F32 vector per module
+            o = v["shape"][0]
+            name = k[:-len(".lora_B.weight")] + (".lora_magnitude_vector" if style == "dora" else ".lora_B.bias")
+            out[name] = {"dtype": "F32", "shape": [o], "data_offsets": [off, off + 4 * o]}
+            data += struct.pack("<%df" % o, *([1.5 if style == "dora" else 0.01] * o))
+            off += 4 * o
     if meta and style in ("old", "processor"):
         out["__metadata__"] = meta
     hb = json.dumps(out).encode()
@@ -113,6 +126,16 @@ def verify():
                 worst = max(worst, ((o - r).norm() / r.norm()).item())
             print(f"{style}: diffusers' outputs vs {'lora_cases' if ref == 'lora' else 'the base model'}: max rel {worst:.3g}")
             assert worst < 1e-6, style
+        for style in ("dora", "bias"):   # diffusers takes them (and they change the outputs); tpgen refuses them
+            p = f"{tmp}/{style}.safetensors"
+            write(style, f"{g.OUT}/adapter.safetensors", p)
+            m = g.base_model()
+            g.Holder(m).load_lora_weights(p, adapter_name="x")
+            m.set_adapters(["x"], weights=[2.0])   # = lora_cases but for the DoRA vector / the bias
+            out = g.run_cases(m, cases)
+            d = min(((out[k] - want[f"case{k}.output"]).norm() / want[f"case{k}.output"].norm()).item() for k in out)
+            print(f"{style}: diffusers loads it; at weight 2 its outputs differ from lora_cases by at least {d:.3g}")
+            assert d > 1e-3, style
 
 
 if __name__ == "__main__":
