@@ -58,9 +58,8 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
             int idx = gen_ref_index(g, imgs[k]);
             if (idx < 0) {
                 int w, h;
-                /* diffusers' FLUX.2 checks (sides >= 64, aspect <= 8); FLUX.3's single "fill" reference has none */
-                if (image_probe(imgs[k], &w, &h) || (!(flux3 && n == 1) && image_check_reference(imgs[k], w, h)))
-                    return -1;
+                /* diffusers' FLUX.2 checks (sides >= 64, aspect <= 8); FLUX.3 has none (flux3_check_reference) */
+                if (image_probe(imgs[k], &w, &h) || (!flux3 && image_check_reference(imgs[k], w, h))) return -1;
                 if (g->d->tp_rank == 0) {
                     uint8_t *rgb = NULL;
                     int dw, dh;
@@ -79,19 +78,17 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
                 g->ref_ow[idx] = w, g->ref_oh[idx] = h;
                 if (file_sha256(imgs[k], g->ref_sha256[idx])) return -1;
             }
+            if (flux3 && flux3_check_reference(imgs[k], g->ref_ow[idx], g->ref_oh[idx], n)) return -1;
             if (k == 0) first = idx;
         }
         g->has_refs |= n > 0;
         int rw = first >= 0 ? g->ref_w[first] : s->width, rh = first >= 0 ? g->ref_h[first] : s->height;
         if (flux3 && first >= 0) {   /* FLUX.3: one reference gives its canvas, cropped back when no size is given */
             int ow = g->ref_ow[first], oh = g->ref_oh[first];
-            if (n == 1 && flux3_check_reference(imgs[0], ow, oh, 1)) return -1;
             flux3_reference_size(ow, oh, n, &rw, &rh);
-            if (n == 1 && !width_given && !height_given && (rw != ow || rh != oh)) {
-                int l, t;
-                flux3_reference_canvas(ow, oh, &rw, &rh, &l, &t);
-                g->prompt_crop[p][0] = l, g->prompt_crop[p][1] = t, g->prompt_crop[p][2] = ow, g->prompt_crop[p][3] = oh;
-            }
+            int box[4];   /* the resized reference inside its canvas */
+            if (n == 1 && !width_given && !height_given && flux3_reference_crop_box(ow, oh, box))
+                memcpy(g->prompt_crop[p], box, sizeof box);
         }
         g->prompt_w[p] = width_given ? s->width : rw;
         g->prompt_h[p] = height_given ? s->height : rh;
@@ -335,8 +332,12 @@ char *gen_parameters_text(const gen_setup *g, int job) {
         free(refs);
         refs = t;
     }
-    int w, h;
+    int w, h, box[4];
     gen_job_size(g, job, &w, &h);
+    char size[96];   /* FLUX.3: the PNG's size, and the canvas it was generated at when cropped back */
+    if (gen_job_crop(g, job, box)) snprintf(size, sizeof size, "%dx%d (generated at %dx%d, cropped back to the reference)",
+                                            box[2], box[3], w, h);
+    else snprintf(size, sizeof size, "%dx%d", w, h);
     /* single components replacing (or making up) the pipeline: each one named */
     if (s->transformer || s->text_encoder || s->vae) {
         char *t = xasprintf("%scomponents:%s%s%s%s%s%s\n", loras, s->transformer ? " transformer " : "",
@@ -345,10 +346,10 @@ char *gen_parameters_text(const gen_setup *g, int job) {
         free(loras);
         loras = t;
     }
-    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%sseed: %llu\nsteps: %d\nguidance: %s\nsize: %dx%d\n"
+    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%sseed: %llu\nsteps: %d\nguidance: %s\nsize: %s\n"
                           "model: %s (%s)\n%stp: %d\nprecision: %s\ntpgen: %s\n",
                           prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
-                          refs, (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, w, h,
+                          refs, (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, size,
                           gen_model_name(s), g->info.family_name, loras, g->d->tp,
                           g->precision == DT_F32 ? (g->quantize_fp8 ? "f32, fp8 weights (--quantize)" : "f32")
                           : g->quantize_fp8 ? "bf16, fp8 weights (--quantize)" : "bf16",

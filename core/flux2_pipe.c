@@ -459,8 +459,10 @@ static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
         rc = image_probe(j->images[k], &w, &h) || flux3_check_reference(j->images[k], w, h, j->n_images) ? -1 : 0;
     }
     if (agree(p, rc)) return -1;
-    /* FLUX.3, one reference: "fill" (reflect-padded to its canvas); else as FLUX.2 ("crop") */
-    refs_load_fn load = is_flux3(p->info) && j->n_images == 1 ? flux3_load_reference : image_load_reference;
+    /* FLUX.3: one reference "fill" (downscaled under 4 MP, reflect-padded to its canvas), several "crop" (FLUX.2's
+     * preprocessing without its checks); FLUX.2: image_load_reference */
+    refs_load_fn load = !is_flux3(p->info) ? image_load_reference
+                        : j->n_images == 1 ? flux3_load_reference : flux3_load_reference_crop;
     if (refs_encode_group_with(p->vae, p->tp_comm, j->images, j->n_images, load, rs)) return -1;   /* agreed inside */
     if (p->tp_rank == 0 && is_flux3(p->info)) flux3_ref_ids(rs);   /* (0, y, x, -(1+k)); the others get them below */
     int64_t hdr[2] = {rs->R, rs->C};

@@ -58,20 +58,46 @@ void flux3_reference_canvas(int w, int h, int *cw, int *ch, int *left, int *top)
     *left = (s[0] - w) / 2, *top = (s[1] - h) / 2;
 }
 
+void flux3_reference_resized_size(int w, int h, int *rw, int *rh) {
+    /* Flux3ImageProcessor._resize_if_canvas_exceeds_area: Python floats, round() half to even (rint) */
+    const double area = 4.0 * 1024 * 1024, max_side = 4096;
+    double scale = fmin(1.0, fmin(sqrt(area / ((double)w * (double)h)), max_side / (double)(w > h ? w : h)));
+    for (;;) {
+        double sh = rint((double)h * scale), sw = rint((double)w * scale);
+        *rh = sh < 1 ? 1 : (int)sh, *rw = sw < 1 ? 1 : (int)sw;
+        int cw, ch, l, t;
+        flux3_reference_canvas(*rw, *rh, &cw, &ch, &l, &t);
+        if ((double)cw * (double)ch <= area) break;
+        scale *= 0.995;
+    }
+}
+
+int flux3_reference_crop_box(int w, int h, int box[4]) {
+    int rw, rh, cw, ch;
+    flux3_reference_resized_size(w, h, &rw, &rh);
+    flux3_reference_canvas(rw, rh, &cw, &ch, &box[0], &box[1]);
+    box[2] = rw, box[3] = rh;
+    return cw != rw || ch != rh;
+}
+
 void flux3_reference_size(int w, int h, int n_refs, int *pw, int *ph) {
-    int l, t;
-    if (n_refs == 1) flux3_reference_canvas(w, h, pw, ph, &l, &t);
-    else image_reference_size(w, h, pw, ph);
+    int l, t, rw, rh;
+    if (n_refs == 1) {
+        flux3_reference_resized_size(w, h, &rw, &rh);
+        flux3_reference_canvas(rw, rh, pw, ph, &l, &t);
+    } else {
+        image_reference_size(w, h, pw, ph);
+    }
 }
 
 int flux3_check_reference(const char *path, int w, int h, int n) {
-    if (n > 1) return 0;   /* "crop": under 1 MP, center-cropped to the grid, as FLUX.2's references */
-    int cw, ch, l, t;
-    flux3_reference_canvas(w, h, &cw, &ch, &l, &t);
-    if ((int64_t)cw * ch > 4 * 1024 * 1024 || w > 4096 || h > 4096)
-        return tp_error("reference image %s is %dx%d: FLUX.3 downscales a single reference whose canvas (%dx%d) is over "
-                        "4 megapixels, which tpgen does not do yet; give a smaller reference", path, w, h, cw, ch);
-    if (w > cw || h > ch) return tp_error("reference image %s is %dx%d, larger than its canvas", path, w, h);
+    if (n <= 1) return 0;   /* "fill": any size is downscaled under 4 MP and padded to at least 64 x 64 */
+    int pw, ph;
+    image_reference_size(w, h, &pw, &ph);
+    if (pw < 16 || ph < 16)
+        return tp_error("reference image %s is %dx%d: FLUX.3 fits each of several references under 1 megapixel and "
+                        "crops it to multiples of 16 pixels, which leaves %dx%d, no token; give a reference at least "
+                        "16 pixels on each side", path, w, h, pw, ph);
     return 0;
 }
 
@@ -83,12 +109,26 @@ static int pad_index(int i, int n, int symmetric) {
     return m < n ? m : symmetric ? 2 * n - 1 - m : 2 * (n - 1) - m;
 }
 
-int flux3_load_reference(const char *path, float **pixels, int *pw, int *ph) {
+/* rgb (consumed) resized to (rw, rh) with PIL's LANCZOS; NULL + tp_error when out of memory */
+static uint8_t *resized(uint8_t *rgb, int w, int h, int rw, int rh, const char *name) {
+    if (rw == w && rh == h) return rgb;
+    uint8_t *r = malloc((size_t)rw * (size_t)rh * 3);
+    if (!r) {
+        free(rgb);
+        tp_error("reference image %s: out of memory resizing it to %dx%d", name, rw, rh);
+        return NULL;
+    }
+    image_resize_lanczos(rgb, w, h, r, rw, rh);
+    free(rgb);
+    return r;
+}
+
+int flux3_reference_from_rgb(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph) {
     *pixels = NULL;
-    uint8_t *rgb = NULL;
-    int w, h;
-    if (image_read_rgb(path, &rgb, &w, &h)) return -1;
-    if (flux3_check_reference(path, w, h, 1)) return free(rgb), -1;
+    int rw, rh;
+    flux3_reference_resized_size(w, h, &rw, &rh);
+    if (!(rgb = resized(rgb, w, h, rw, rh, name))) return -1;
+    w = rw, h = rh;
     int cw, ch, left, top;
     flux3_reference_canvas(w, h, &cw, &ch, &left, &top);
     int sym = (w < h ? w : h) <= 16;   /* an image smaller than one token is mirrored instead */
@@ -107,6 +147,42 @@ int flux3_load_reference(const char *path, float **pixels, int *pw, int *ph) {
     free(rgb);
     *pixels = px, *pw = cw, *ph = ch;
     return 0;
+}
+
+int flux3_load_reference(const char *path, float **pixels, int *pw, int *ph) {
+    *pixels = NULL;
+    uint8_t *rgb = NULL;
+    int w, h;
+    if (image_read_rgb(path, &rgb, &w, &h)) return -1;
+    return flux3_reference_from_rgb(rgb, w, h, path, pixels, pw, ph);
+}
+
+int flux3_crop_reference_from_rgb(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph) {
+    *pixels = NULL;
+    if (flux3_check_reference(name, w, h, 2)) return free(rgb), -1;
+    int rw, rh;
+    image_target_area_size(w, h, &rw, &rh);
+    if (!(rgb = resized(rgb, w, h, rw, rh, name))) return -1;
+    int cw = rw / 16 * 16, ch = rh / 16 * 16, left = (rw - cw) / 2, top = (rh - ch) / 2;
+    size_t np = (size_t)cw * ch;
+    float *px = xmalloc(np * 3 * sizeof *px);
+    for (int y = 0; y < ch; y++)
+        for (int x = 0; x < cw; x++)
+            for (int c = 0; c < 3; c++) {
+                float u = (float)rgb[((size_t)(top + y) * rw + left + x) * 3 + c] / 255.0f;
+                px[(size_t)c * np + (size_t)y * cw + x] = 2.0f * u - 1.0f;
+            }
+    free(rgb);
+    *pixels = px, *pw = cw, *ph = ch;
+    return 0;
+}
+
+int flux3_load_reference_crop(const char *path, float **pixels, int *pw, int *ph) {
+    *pixels = NULL;
+    uint8_t *rgb = NULL;
+    int w, h;
+    if (image_read_rgb(path, &rgb, &w, &h)) return -1;
+    return flux3_crop_reference_from_rgb(rgb, w, h, path, pixels, pw, ph);
 }
 
 /* the model's timestep for a scheduler timestep t (sigma·1000 in f32): t/1000 in the latents' dtype */

@@ -50,19 +50,40 @@ void flux3_ref_ids(ref_set *rs);
  * rounded up to 16 and clamped to [64, 4096], and the box the image takes
  * in it, centered (left = (cw - w) / 2, top likewise). */
 void flux3_reference_canvas(int w, int h, int *cw, int *ch, int *left, int *top);
+/* The size Flux3ImageProcessor._resize_if_canvas_exceeds_area gives a
+ * single w x h reference: scale = min(1, sqrt(4 MP / (w h)), 4096 /
+ * max(w, h)), sides round(side * scale) (half to even, at least 1), the
+ * scale backed off by 0.995 until the canvas of that size is at most
+ * 4 MP; (w, h) unchanged when it already fits. */
+void flux3_reference_resized_size(int w, int h, int *rw, int *rh);
+/* The crop-back box of a single reference (w x h as read) inside its
+ * canvas: left, top, width, height of the resized reference; 1 when the
+ * canvas is larger than it (the generated image is cropped back when no
+ * size was given), 0 when they are equal. */
+int flux3_reference_crop_box(int w, int h, int box[4]);
 /* The output size a prompt's references give when no size is asked for
- * (Flux3ImageCondInputStep): one reference, its canvas (the decoded image
- * is then cropped back to the reference); several, the first one's
- * FLUX.2-style size (under 1 MP, cropped to the grid). */
+ * (Flux3ImageCondInputStep): one reference, the canvas of its resized size
+ * (the decoded image is then cropped back to the resized reference);
+ * several, the first one's size under 1 MP floored to 16 ("crop"). */
 void flux3_reference_size(int w, int h, int n_refs, int *pw, int *ph);
-/* What tpgen cannot yet prepare as FLUX.3's processor does: a single
- * reference whose canvas exceeds 4 MP (it would be downscaled). -1 +
- * tp_error naming path; several references are FLUX.2's "crop". */
+/* FLUX.3 has none of FLUX.2's reference checks (sides >= 64, aspect <= 8).
+ * A single reference always works; one of several (n > 1) must keep at
+ * least 16 pixels per side after the 1 MP fit (else it gives no token,
+ * and diffusers fails): -1 + tp_error naming path otherwise. */
 int flux3_check_reference(const char *path, int w, int h, int n);
-/* refs_load_fn of a single FLUX.3 reference: read, reflect-pad to the
- * canvas (numpy.pad "reflect", or "symmetric" when a side is 16 pixels or
- * less), pixels [3, ch, cw] in [-1, 1]. */
+/* refs_load_fn of a single FLUX.3 reference ("fill"): read, downscaled
+ * with PIL's LANCZOS to flux3_reference_resized_size, reflect-padded to
+ * the canvas (numpy.pad "reflect", or "symmetric" when a side of the
+ * resized image is 16 pixels or less), pixels [3, ch, cw] in [-1, 1].
+ * The _from_rgb form takes decoded RGB (consumed; name for messages). */
 int flux3_load_reference(const char *path, float **pixels, int *pw, int *ph);
+int flux3_reference_from_rgb(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph);
+/* refs_load_fn of each of several FLUX.3 references ("crop"): FLUX.2's
+ * preprocessing (image_load_reference: LANCZOS under 1 MP, sides floored
+ * to 16, centre crop) without FLUX.2's checks, flux3_check_reference's
+ * instead. */
+int flux3_load_reference_crop(const char *path, float **pixels, int *pw, int *ph);
+int flux3_crop_reference_from_rgb(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph);
 
 typedef struct flux3_job {
     uint64_t seed;

@@ -433,18 +433,70 @@ static void push_seg(lora_set *s, lora_segment g) {
     s->seg[s->n_seg++] = g;
 }
 
+/* A FLUX.3 transformer (diffusers names, or BFL FLUX.3 names): the LoRA
+ * rules of Flux3LoraLoaderMixin apply instead of Flux2LoraLoaderMixin's. */
+static int is_flux3_checkpoint(const checkpoint *ck) {
+    static const char *k[] = {"x_embedders.image.weight", "early_stream_modulations.image.linear.weight",
+                              "early_stream_modulations.image.lin.weight",
+                              "model.diffusion_model.early_stream_modulations.image.lin.weight"};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (checkpoint_find(ck, k[i], NULL)) return 1;
+    return 0;
+}
+
+/* FLUX.3: the older diffusers spellings that load_lora_adapter rewrites
+ * (convert_unet_state_dict_to_peft): ".processor." -> ".", then the first
+ * UNET_TO_DIFFUSERS pattern found, e.g. ".to_q_lora.down" -> ".to_q.lora_A",
+ * ".lora.up" -> ".lora_B". NULL when the key has none of them. */
+static char *flux3_old_diffusers_key(const char *key) {
+    static const char *map[][2] = {
+        {".to_out_lora.up", ".to_out.0.lora_B"}, {".to_out_lora.down", ".to_out.0.lora_A"},
+        {".to_q_lora.down", ".to_q.lora_A"},     {".to_q_lora.up", ".to_q.lora_B"},
+        {".to_k_lora.down", ".to_k.lora_A"},     {".to_k_lora.up", ".to_k.lora_B"},
+        {".to_v_lora.down", ".to_v.lora_A"},     {".to_v_lora.up", ".to_v.lora_B"},
+        {".lora.up", ".lora_B"},                 {".lora.down", ".lora_A"},
+    };
+    char *s = xstrdup(key), *at;
+    int changed = 0;
+    while ((at = strstr(s, ".processor."))) {
+        memmove(at, at + 10, strlen(at + 10) + 1);   /* ".processor." -> "." */
+        changed = 1;
+    }
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        if (!strstr(s, map[i][0])) continue;
+        while ((at = strstr(s, map[i][0]))) {
+            char *t = xasprintf("%.*s%s%s", (int)(at - s), s, map[i][1], at + strlen(map[i][0]));
+            free(s);
+            s = t;
+        }
+        changed = 1;
+        break;
+    }
+    if (!changed) { free(s); return NULL; }
+    return s;
+}
+
 /* Map every module of adapter ai onto ck and append its segments. */
 static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, int verbose) {
     lora_adapter *ad = &s->ad[ai];
     const char *prefix;
     ad->fmt = detect_format(ad->f, &prefix);
+    int flux3 = is_flux3_checkpoint(ck);
+    if (flux3 && ad->fmt == LORA_FMT_KOHYA)
+        return tp_error("%s: a kohya LoRA (lora_unet_* keys) on a FLUX.3 transformer: diffusers 0.42.1 converts no "
+                        "kohya file for FLUX.3 (Flux3LoraLoaderMixin takes diffusers/PEFT transformer.* and "
+                        "ai-toolkit diffusion_model.* names only, and loads nothing of a lora_unet_* file), so tpgen "
+                        "refuses it; rename its modules to diffusers (transformer.<module>.lora_A/B.weight) or "
+                        "ai-toolkit (diffusion_model.<BFL module>) names", ad->path);
     peft_cfg pc;
     int rc = -1, n_rec = 0;
     module_rec *rec = xcalloc((size_t)ad->f->n + 1, sizeof *rec);
+    char **kn = xcalloc((size_t)ad->f->n + 1, sizeof *kn);   /* FLUX.3: keys in the older diffusers spellings, renamed */
     if (peft_cfg_read(ad->f, &pc)) goto done;
     for (int i = 0; i < ad->f->n; i++) {
         const st_tensor_info *t = &ad->f->tensors[i];
         const char *k = t->name;
+        if (flux3 && (kn[i] = flux3_old_diffusers_key(k))) k = kn[i];   /* the name diffusers reads it under */
         if (is_text_encoder_key(k)) {
             tp_error("%s: key %s belongs to a text encoder; tpgen applies adapters to the transformer only, so "
                      "text-encoder LoRAs are refused (use a file without text-encoder keys)", ad->path, k);
@@ -453,16 +505,24 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         size_t plen = strlen(prefix);
         if (plen && strncmp(k, prefix, plen)) {
             const char *fam = family_hint(k);
-            tp_error("%s: key %s does not start with '%s' like the file's other keys (format %s)%s%s", ad->path, k,
+            tp_error("%s: key %s does not start with '%s' like the file's other keys (format %s)%s%s", ad->path, t->name,
                      prefix, lora_format_name(ad->fmt), fam ? "; it looks like a LoRA for " : "", fam ? fam : "");
             goto done;
         }
         size_t mlen;
         key_part part = key_suffix(k + plen, &mlen);
+        if (part == PART_OTHER && flux3 && (strstr(k, "lora_magnitude_vector") || strstr(k, ".lora_B.bias"))) {
+            int dora = strstr(k, "lora_magnitude_vector") != NULL;
+            tp_error("%s: key %s is a PEFT %s; diffusers applies it, tpgen does not (it merges plain LoRAs only); "
+                     "merge the adapter into the weights first (PEFT merge_and_unload) or train it without %s",
+                     ad->path, t->name, dora ? "DoRA magnitude vector (use_dora)" : "lora_B bias (lora_bias)",
+                     dora ? "DoRA" : "lora_bias");
+            goto done;
+        }
         if (part == PART_OTHER) {
             tp_error("%s: key %s is not a LoRA matrix or alpha (expected .lora_A.weight, .lora_B.weight, "
                      ".lora_down.weight, .lora_up.weight or .alpha; biases and other extras are not supported)",
-                     ad->path, k);
+                     ad->path, t->name);
             goto done;
         }
         if (part == PART_DORA) { ad->n_dora_dropped++; continue; }
@@ -568,6 +628,8 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
 done:
     for (int i = 0; i < n_rec; i++) free(rec[i].name);
     free(rec);
+    for (int i = 0; i < ad->f->n; i++) free(kn[i]);
+    free(kn);
     json_decref(pc.meta);
     return rc;
 }
