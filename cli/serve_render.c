@@ -8,6 +8,7 @@
 #include "core/image/image.h"
 #include "core/image/png.h"
 #include "core/image/sha256.h"
+#include "core/flux3_pipe.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,8 @@ typedef struct req_refs {
     char **paths;
     char (*sha)[65];
     int w, h;                    /* the first reference's processed size */
+    int crop[4];                 /* FLUX.3, one reference, no size asked: the PNG cropped back to it */
+    int has_crop;
 } req_refs;
 
 static void refs_cleanup(req_refs *r, int n) {
@@ -36,7 +39,9 @@ static void refs_cleanup(req_refs *r, int n) {
     memset(r, 0, sizeof *r);
 }
 
-static int refs_prepare(const serve_request *q, req_refs *r) {
+/* flux3: FLUX.3's preparation (flux3_pipe.h: none of FLUX.2's checks, its
+ * own sizes, a single reference's canvas cropped back), as generate does */
+static int refs_prepare(const serve_request *q, int flux3, req_refs *r) {
     const char *tmp = getenv("TMPDIR");
     snprintf(r->dir, sizeof r->dir, "%.40s/tpgen-serve-XXXXXX", tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
     if (!mkdtemp(r->dir)) {
@@ -49,13 +54,19 @@ static int refs_prepare(const serve_request *q, req_refs *r) {
         r->paths[k] = xasprintf("%s/%d-%s", r->dir, k + 1, q->image_names[k]);
         int w, h;
         if (file_write_atomic(r->paths[k], q->images[k], q->image_sizes[k]) || image_probe(r->paths[k], &w, &h) ||
-            image_check_reference(r->paths[k], w, h) || file_sha256(r->paths[k], r->sha[k]))
+            (flux3 ? flux3_check_reference(r->paths[k], w, h, q->n_images) : image_check_reference(r->paths[k], w, h)) ||
+            file_sha256(r->paths[k], r->sha[k]))
             return -1;
         uint8_t *rgb = NULL;   /* decoded whole here, so that a truncated file is a bad request */
         int dw, dh;
         if (image_read_rgb(r->paths[k], &rgb, &dw, &dh)) return -1;
         free(rgb);
-        if (k == 0) image_reference_size(w, h, &r->w, &r->h);
+        if (k == 0 && flux3) {
+            flux3_reference_size(w, h, q->n_images, &r->w, &r->h);
+            r->has_crop = q->n_images == 1 && !q->width && flux3_reference_crop_box(w, h, r->crop);
+        } else if (k == 0) {
+            image_reference_size(w, h, &r->w, &r->h);
+        }
     }
     return 0;
 }
@@ -109,6 +120,7 @@ static void request_spec(const serve_ctx *sc, const serve_request *q, run_spec *
     if (q->negative_prompt) rs->negative_prompt = q->negative_prompt;
     rs->images = NULL, rs->n_images = 0, rs->prompt_images = NULL;
     gs->prompt_w = gs->prompt_h = NULL;
+    gs->prompt_crop = NULL;
     gs->use_cfg = flux2_uses_cfg(&g->info, rs->guidance);
 }
 
@@ -186,7 +198,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     /* the references, on the group's first rank; the group agrees, and learns the output size */
     req_refs refs = {0};
     if (q->n_images) {
-        int bad = d->tp_rank == 0 ? refs_prepare(q, &refs) : 0;
+        int bad = d->tp_rank == 0 ? refs_prepare(q, model_family_is_flux3(g->info.family), &refs) : 0;
         if (dist_agree(d->tp_comm, bad)) {
             char msg[sizeof out->err.message];
             message_without(refs.dir, msg, sizeof msg);
@@ -198,6 +210,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         int wh[2] = {refs.w, refs.h};
         MPI_Bcast(wh, 2, MPI_INT, 0, d->tp_comm);
         if (!q->width) rs.width = wh[0], rs.height = wh[1];   /* diffusers: the first reference's size */
+        if (refs.has_crop) gs.prompt_crop = &refs.crop;      /* rank 0 writes the PNG, and only it needs the box */
         /* the PNG parameters name the uploads and their sha256 */
         rs.images = q->image_names, rs.n_images = q->n_images;
         gs.ref_files = q->image_names, gs.n_ref_files = q->n_images, gs.ref_sha256 = refs.sha;
@@ -237,7 +250,13 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         t_dec += dt;
         if (!mine && d->tp_rank == 0) {
             char *params = gen_parameters_text(&gs, 0);
-            if (!mine) mine = png_encode_rgb(rgb, W, H, "parameters", params, &out->pngs[k], &out->png_sizes[k]);
+            int pw = W, ph = H, box[4];
+            if (gen_job_crop(&gs, 0, box)) {   /* FLUX.3: the padded reference's canvas, cropped back to it */
+                for (int y = 0; y < box[3]; y++)
+                    memmove(rgb + (size_t)y * box[2] * 3, rgb + ((size_t)(box[1] + y) * W + box[0]) * 3, (size_t)box[2] * 3);
+                pw = box[2], ph = box[3];
+            }
+            if (!mine) mine = png_encode_rgb(rgb, pw, ph, "parameters", params, &out->pngs[k], &out->png_sizes[k]);
             free(params);
             if (!mine) out->n_pngs++;
         }

@@ -454,7 +454,9 @@ static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
     if (!j->n_images) return 0;
     double t0 = MPI_Wtime();
     int rc = p->vae && p->cfg.encoder ? 0 : tp_error("reference images need the VAE encoder, which this pipeline did not load");
-    for (int k = 0; !rc && is_flux3(p->info) && k < j->n_images; k++) {   /* what FLUX.3's processor would change */
+    /* what FLUX.3's processor would refuse, on the first rank (the only one that reads the images: a
+     * server's uploads are files on it alone) */
+    for (int k = 0; !rc && is_flux3(p->info) && p->tp_rank == 0 && k < j->n_images; k++) {
         int w = 0, h = 0;
         rc = image_probe(j->images[k], &w, &h) || flux3_check_reference(j->images[k], w, h, j->n_images) ? -1 : 0;
     }

@@ -8,7 +8,8 @@
 # in flux3_pipe.sh), at tp 1 and 2: base with CFG (the negative prompt ""
 # encoded too) and flow-map; a bad prompt width: a text encoder whose
 # 8H is not the transformer's joint dim is refused, naming the file; and
-# tpgen serve on both folders answers with generate's PNG byte for byte.
+# tpgen serve on both folders answers with generate's PNG byte for byte, and
+# its edits (one reference cropped back; two, one 40 px wide) equal generate --image's.
 source "$TPGEN_ROOT/tests/lib.sh"
 export OMP_NUM_THREADS=1
 D=$TPGEN_ROOT/tests/data/flux3-pipe
@@ -79,4 +80,30 @@ for k in flowmap base; do
     stop_server
     cmp -s "$TMP/s$k.png" "$TMP/p${k}2.png" && ok "flux3 serve $k (tp 2): the PNG of generate --prompt, byte for byte" ||
         fail "flux3 serve $k: PNG differs from generate's ($(tail -2 "$TMP/srv$k.log" | tr '\n' ' '))"
+done
+# serve edits on FLUX.3: FLUX.3's reference preparation, as generate --image: one 70x56 reference
+# (canvas 80x64, the PNG cropped back to 70x56) on flow-map, and 40x200 + 70x56 on base (FLUX.2's
+# checks would refuse the 40-pixel side) -- each byte-identical to generate --image with the same names
+python3 "$TPGEN_ROOT/tests/tools/flux3_refs_images.py" "$TMP" small tall >/dev/null
+ed() { # MODEL OUT IMAGES...: generate --image in $TMP (the PNG parameters name the files as given)
+    local m=$1 o=$2; shift 2
+    local im=(); for f in "$@"; do im+=(--image "$f"); done
+    (cd "$TMP" && $MPIRUN -np 2 "$TPGEN" generate --model "$m" --prompt "$P" --seed 4 --steps 2 --precision f32 --backend cpu \
+        "${im[@]}" --output "$o" >"$TMP/edgen.log" 2>&1)
+}
+for k in flowmap base; do
+    M=$TMP/$k
+    refs=(small.png); [ $k = base ] && refs=(tall.png small.png)
+    ed "$M" "$TMP/eg$k.png" "${refs[@]}" || { fail "flux3 serve edit $k: generate --image: $(tail -2 "$TMP/edgen.log")"; continue; }
+    if ! start_server "$TMP/sre$k.log" "$TPGEN" --precision f32 --backend cpu; then
+        fail "flux3 serve edit $k: no server: $(tail -3 "$TMP/sre$k.log" | tr '\n' ' ')"; kill -9 $SRV 2>/dev/null; continue
+    fi
+    form=(); for f in "${refs[@]}"; do form+=(-F "image[]=@$TMP/$f"); done
+    curl -s -F prompt="$P" -F seed=4 -F steps=2 "${form[@]}" "http://127.0.0.1:$PORT/v1/images/edits" |
+        tee "$TMP/es$k.json" | jq -r ".data[0].b64_json" | base64 -d >"$TMP/es$k.png" 2>/dev/null
+    stop_server
+    size=$(python3 -c "import struct,sys; b=open(sys.argv[1],'rb').read(24); print('%dx%d' % struct.unpack('>II', b[16:24]))" "$TMP/es$k.png" 2>/dev/null)
+    cmp -s "$TMP/es$k.png" "$TMP/eg$k.png" &&
+        ok "flux3 serve edit $k (tp 2, ${refs[*]}): the PNG of generate --image byte for byte ($size)" ||
+        fail "flux3 serve edit $k: PNG ($size) differs from generate's: $(head -c 300 "$TMP/es$k.json")"
 done
