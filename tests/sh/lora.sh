@@ -119,7 +119,7 @@ loras:
 EOF
 g4=$(gen 2 "$K" "$TMP/spec" --spec "$TMP/spec.yaml"); r4=$?
 if [ $r4 -eq 0 ] && cmp -s "$TMP/spec.st" "$TMP/withlora.st"; then ok "lora: run-spec loras: = --lora (same latents)"
-else fail "lora: run spec loras: rc=$r4 $(echo "$g4" | tail -1)"; fi
+else fail "lora: run spec loras: rc=$r4 $(echo "$g4" | grep -v "^#" | tail -4 | tr "\n" " ")"; fi
 # --lora on the command line replaces the spec's list (weight 0 = no adapter)
 g5=$(gen 1 "$K" "$TMP/flag0" --spec "$TMP/spec.yaml" --lora "$E/lora.safetensors:0"); r5=$?
 g6=$(gen 1 "$K" "$TMP/base1"); r6=$?
