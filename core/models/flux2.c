@@ -6,6 +6,7 @@
 #include "core/formats/checkpoint.h"
 #include "core/formats/lora.h"
 #include "model_plan.h"
+#include "flux3.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -287,6 +288,10 @@ json_t *flux2_transformer_config(const char *dir, char **where) {
         free(path);
         path = xasprintf("%s (config derived from the BFL checkpoint's tensor shapes)", dir);
         cfg = flux2_config_from_bfl(ck);
+    } else if (ck && flux3_checkpoint_names(ck, &(const char *){NULL})) {   /* FLUX.3 (BFL or GGUF), no config.json */
+        free(path);
+        path = xasprintf("%s (config derived from the FLUX.3 checkpoint's tensor shapes)", dir);
+        cfg = flux3_config_from_shapes(ck);
     } else {
         tp_error("%s is missing: pass the pipeline's transformer/ folder (diffusers layout, with config.json) "
                  "or a folder holding a BFL single-file checkpoint (needs no config.json)", path);

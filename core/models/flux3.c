@@ -91,8 +91,8 @@ const char *flux3_bfl_prefix(const checkpoint *ck) {
     return NULL;
 }
 
-/* diffusers name -> BFL name (behind pfx), into out[n] */
-static void bfl_name(const char *d, const char *pfx, char *out, size_t n) {
+/* diffusers name -> BFL name (behind pfx), into out[n] (flux3.h) */
+void flux3_bfl_name(const char *d, const char *pfx, char *out, size_t n) {
     static const char *const exact[][2] = {
         {"timestep_embedder.linear_1.weight", "time_in.in_layer.weight"},
         {"timestep_embedder.linear_2.weight", "time_in.out_layer.weight"},
@@ -129,53 +129,70 @@ static void bfl_name(const char *d, const char *pfx, char *out, size_t n) {
     snprintf(out, n, "%s%s", pfx, tmp);
 }
 
-static int bfl_dim(const checkpoint *ck, const char *pfx, const char *name, int64_t *rows, int64_t *cols) {
+/* A FLUX.3 checkpoint's naming: its BFL prefix, or NULL with *diffusers
+ * set for diffusers names (a GGUF or safetensors file without config.json).
+ * 0 when neither. */
+int flux3_checkpoint_names(const checkpoint *ck, const char **bfl) {
+    *bfl = flux3_bfl_prefix(ck);
+    if (*bfl) return 1;
+    return ck && checkpoint_find(ck, "early_stream_modulations.image.linear.weight", NULL) ? 1 : 0;
+}
+
+/* the [rows, cols] of the tensor of diffusers name `name`, looked up under
+ * the checkpoint's naming (pfx: BFL prefix, NULL: diffusers names) */
+static int shape_dim(const checkpoint *ck, const char *pfx, const char *name, int64_t *rows, int64_t *cols) {
     char full[256];
-    snprintf(full, sizeof full, "%s%s", pfx, name);
+    if (pfx) flux3_bfl_name(name, pfx, full, sizeof full);
+    else snprintf(full, sizeof full, "%s", name);
     const st_tensor_info *t = checkpoint_find(ck, full, NULL);
     if (!t)
-        return tp_error("%s: FLUX.3 BFL checkpoint has no tensor %s (needed to derive the config; the file is "
-                        "incomplete, or put the model's diffusers config.json next to it)", ck->dir, full);
+        return tp_error("%s: FLUX.3 %s checkpoint has no tensor %s (needed to derive the config; the file is "
+                        "incomplete, or put the model's diffusers config.json next to it)", ck->dir,
+                        pfx ? "BFL" : "diffusers-named", full);
     *rows = t->ndim >= 1 ? t->shape[0] : 1;
     *cols = 1;
     for (int d = 1; d < t->ndim; d++) *cols *= t->shape[d];
     return 0;
 }
 
-static int bfl_count(const checkpoint *ck, const char *pfx, const char *fmt) {
-    char name[256];
+static int shape_count(const checkpoint *ck, const char *pfx, const char *fmt) {
+    char name[256], full[256];
     int n = 0;
     for (;; n++) {
-        int l = snprintf(name, sizeof name, "%s", pfx);
-        snprintf(name + l, sizeof name - (size_t)l, fmt, n);
-        if (!checkpoint_find(ck, name, NULL)) return n;
+        snprintf(name, sizeof name, fmt, n);
+        if (pfx) flux3_bfl_name(name, pfx, full, sizeof full);
+        else snprintf(full, sizeof full, "%s", name);
+        if (!checkpoint_find(ck, full, NULL)) return n;
     }
 }
 
-json_t *flux3_config_from_bfl(const checkpoint *ck) {
-    const char *pfx = flux3_bfl_prefix(ck);
-    if (!pfx) return tp_error("%s: not a FLUX.3 BFL checkpoint (no early_stream_modulations.image.lin.weight)",
-                              ck->dir), NULL;
+json_t *flux3_config_from_shapes(const checkpoint *ck) {
+    const char *pfx;
+    if (!flux3_checkpoint_names(ck, &pfx))
+        return tp_error("%s: not a FLUX.3 checkpoint (no early_stream_modulations.image.lin.weight (BFL) or "
+                        "early_stream_modulations.image.linear.weight (diffusers))", ck->dir), NULL;
     int64_t D, cin, Dc, ccin, Dt, J, Dte, Ct, hd, one, M2, Dm, Dmod, D3, out_c, Dp;
-    if (bfl_dim(ck, pfx, "emb_in.image.weight", &D, &cin) || bfl_dim(ck, pfx, "emb_in.image_cond.weight", &Dc, &ccin) ||
-        bfl_dim(ck, pfx, "txt_in.weight", &Dt, &J) || bfl_dim(ck, pfx, "time_in.in_layer.weight", &Dte, &Ct) ||
-        bfl_dim(ck, pfx, "early_stream_modulations.image.lin.weight", &D3, &Dmod) ||
-        bfl_dim(ck, pfx, "final_layer.image.linear.weight", &out_c, &Dp))
+    if (shape_dim(ck, pfx, "x_embedders.image.weight", &D, &cin) ||
+        shape_dim(ck, pfx, "x_embedders.image_cond.weight", &Dc, &ccin) ||
+        shape_dim(ck, pfx, "context_embedder.weight", &Dt, &J) ||
+        shape_dim(ck, pfx, "timestep_embedder.linear_1.weight", &Dte, &Ct) ||
+        shape_dim(ck, pfx, "early_stream_modulations.image.linear.weight", &D3, &Dmod) ||
+        shape_dim(ck, pfx, "proj_out.weight", &out_c, &Dp))
         return NULL;
-    int layers = bfl_count(ck, pfx, "content_mode_blocks.image.%d.q_proj.weight");
-    int singles = bfl_count(ck, pfx, "single_blocks.%d.q_proj.weight");
+    int layers = shape_count(ck, pfx, "mode_blocks.image.%d.attn.to_q.weight");
+    int singles = shape_count(ck, pfx, "single_transformer_blocks.%d.attn.to_q.weight");
     if (layers + singles == 0)
-        return tp_error("%s: FLUX.3 BFL checkpoint has neither content_mode_blocks.image.0 nor single_blocks.0",
-                        ck->dir), NULL;
-    const char *blk = singles ? "single_blocks.0." : "content_mode_blocks.image.0.";
+        return tp_error("%s: FLUX.3 checkpoint has neither mode block 0 (content_mode_blocks.image.0 / "
+                        "mode_blocks.image.0) nor single block 0", ck->dir), NULL;
+    const char *blk = singles ? "single_transformer_blocks.0." : "mode_blocks.image.0.";
     char name[128];
-    snprintf(name, sizeof name, "%snorm.query_norm.scale", blk);
-    if (bfl_dim(ck, pfx, name, &hd, &one)) return NULL;
-    snprintf(name, sizeof name, "%smlp_in.weight", blk);
-    if (bfl_dim(ck, pfx, name, &M2, &Dm)) return NULL;
+    snprintf(name, sizeof name, "%sattn.norm_q.weight", blk);
+    if (shape_dim(ck, pfx, name, &hd, &one)) return NULL;
+    snprintf(name, sizeof name, "%sff.linear_in.weight", blk);
+    if (shape_dim(ck, pfx, name, &M2, &Dm)) return NULL;
     if (D <= 0 || D > FLUX3_MAX_D || Dc != D || Dt != D || Dte != D || Dmod != D || D3 != 3 * D || Dp != D ||
         out_c != cin || Dm != D || one != 1 || hd <= 0 || D % hd || hd % 8 || M2 <= 0 || M2 % 2)
-        return tp_error("%s: FLUX.3 BFL checkpoint shapes are inconsistent (emb_in.image [%lld, %lld], "
+        return tp_error("%s: FLUX.3 checkpoint shapes are inconsistent (emb_in.image [%lld, %lld], "
                         "emb_in.image_cond [%lld, %lld], txt_in [%lld, %lld], time_in [%lld, %lld], final_layer "
                         "[%lld, %lld], head_dim %lld, mlp_in [%lld, %lld]); supply a config.json", ck->dir,
                         (long long)D, (long long)cin, (long long)Dc, (long long)ccin, (long long)Dt, (long long)J,
@@ -188,7 +205,8 @@ json_t *flux3_config_from_bfl(const checkpoint *ck) {
                         (long long)M), NULL;
     /* Not in the shapes: four equal RoPE axes ([32,32,32,32] at head_dim
      * 128), theta 10000 and eps 1e-6, the diffusers class defaults. */
-    snprintf(name, sizeof name, "%sref_time_in.in_layer.weight", pfx);
+    if (pfx) flux3_bfl_name("target_timestep_embedder.linear_1.weight", pfx, name, sizeof name);
+    else snprintf(name, sizeof name, "target_timestep_embedder.linear_1.weight");
     return json_pack("{s:s, s:I, s:I, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:[I,I,I,I], s:i, s:f, s:b}",
                      "_class_name", FLUX3_CLASS_NAME, "in_channels", (json_int_t)cin, "cond_in_channels",
                      (json_int_t)ccin, "num_layers", layers, "num_single_layers", singles, "attention_head_dim",
@@ -198,14 +216,24 @@ json_t *flux3_config_from_bfl(const checkpoint *ck) {
                      checkpoint_find(ck, name, NULL) != NULL);
 }
 
+
+json_t *flux3_config_from_bfl(const checkpoint *ck) {
+    const char *pfx;
+    if (!flux3_checkpoint_names(ck, &pfx) || !pfx)
+        return tp_error("%s: not a FLUX.3 BFL checkpoint (no early_stream_modulations.image.lin.weight)", ck->dir),
+               NULL;
+    return flux3_config_from_shapes(ck);
+}
+
 json_t *flux3_bfl_dir_config(const char *dir, int *is_flux3) {
     *is_flux3 = 0;
     struct stat s;
     checkpoint *ck = NULL;
     json_t *cfg = NULL;
-    if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0 && flux3_bfl_prefix(ck)) {
+    const char *pfx;
+    if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0 && flux3_checkpoint_names(ck, &pfx)) {
         *is_flux3 = 1;
-        cfg = flux3_config_from_bfl(ck);
+        cfg = flux3_config_from_shapes(ck);
     }
     checkpoint_close(ck);
     return cfg;
@@ -221,7 +249,8 @@ int flux3_is_transformer_dir(const char *dir) {
     if (!yes && !j) {   /* no config.json: a FLUX.3 BFL single file? */
         struct stat s;
         checkpoint *ck = NULL;
-        if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0) yes = flux3_bfl_prefix(ck) != NULL;
+        const char *pfx;
+        if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0) yes = flux3_checkpoint_names(ck, &pfx);
         checkpoint_close(ck);
     }
     return yes;
@@ -290,7 +319,7 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
     if (b->bfl) {
         char d[256];
         snprintf(d, sizeof d, "%s", name);
-        bfl_name(d, b->bfl, name, sizeof name);
+        flux3_bfl_name(d, b->bfl, name, sizeof name);
     }
     if (b->random) return random_tensor(b, name, grows, gcols, lrows, lcols);
     const tensor *t = NULL;
@@ -301,8 +330,9 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
                                   ? " (config.json says flow_map: true, which needs the target-timestep embedder)"
                                   : "";
             if (b->derived)
-                return tp_error("%s: tensor %s missing from the FLUX.3 BFL checkpoint (its config derived from the "
+                return tp_error("%s: tensor %s missing from the FLUX.3 %s checkpoint (its config derived from the "
                                 "shapes has %d mode and %d single blocks); the file is incomplete", b->dir, name,
+                                b->bfl ? "BFL" : "diffusers-named",
                                 b->m->cfg.num_layers, b->m->cfg.num_single_layers), NULL;
             return tp_error("%s: tensor %s missing from the checkpoint%s; the config does not belong to these weights",
                             b->dir, name, why), NULL;
@@ -350,6 +380,13 @@ static int bind_block(binder *b, flux3_block_w *w, const char *prefix, int i) {
  * replicated and never quantised), through a temporary of one half. The
  * weights object owns the memory and nothing else reads it. */
 static int swap_halves(flux3_model *m, const tensor *w, int64_t D) {
+    if (w->dtype == DT_GGML) {   /* quantised (a GGUF; CPU memory, whole rows): swap the rows' stored bytes */
+        size_t n = (size_t)D * (size_t)w->qpitch;
+        char *a = w->data, *tmp = xmalloc(n);
+        memcpy(tmp, a, n), memcpy(a, a + n, n), memcpy(a + n, tmp, n);
+        free(tmp);
+        return 0;
+    }
     tensor *tmp = tensor_new(m->be, w->dtype, D, w->cols);
     if (!tmp) return tp_error_context("swapping the halves of final_layer.image.adaLN_modulation.1.weight");
     tensor *mw = (tensor *)w;
@@ -498,14 +535,16 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
         }
         if (checkpoint_open(dir, &ck)) goto done;
         bfl = flux3_bfl_prefix(ck);
-    } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 && (bfl = flux3_bfl_prefix(ck))) {
-        free(path);   /* a BFL single file: the config from its shapes */
-        path = xasprintf("%s (config derived from the FLUX.3 BFL checkpoint's tensor shapes)", dir);
+    } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 && flux3_checkpoint_names(ck, &bfl)) {
+        free(path);   /* a BFL single file or a GGUF/safetensors file of either naming: the config from its shapes */
+        path = xasprintf("%s (config derived from the FLUX.3 %s checkpoint's tensor shapes)", dir,
+                         bfl ? "BFL" : "diffusers-named");
         derived = 1;
-        if (!(cfg_json = flux3_config_from_bfl(ck))) goto done;
+        if (!(cfg_json = flux3_config_from_shapes(ck))) goto done;
     } else {
         tp_error("%s is missing: pass the pipeline's transformer/ folder (diffusers layout, with config.json) "
-                 "or a folder holding a FLUX.3 BFL single-file checkpoint (needs no config.json)", path);
+                 "or a folder holding a FLUX.3 BFL single-file checkpoint or a FLUX.3 GGUF (need no config.json)",
+                 path);
         goto done;
     }
     if (flux3_config_parse(cfg_json, path, &cfg) || model_new(&cfg, be, c, precision, &m) || check_names(m, dir, ck, bfl, derived))
