@@ -1,0 +1,289 @@
+/* FLUX.3 transformers stored as GGUF (docs/flux3.md "GGUF"): the golden
+ * flux3-tiny models written as GGUF here with tpgen's quantisers (Q8_0 in
+ * diffusers and BFL names, and a mixed file: the i-th tensor in name order
+ * asks for Q4_0, Q5_1, Q8_0, F16, as tests/tools/flux3_gguf_golden.py
+ * writes it with gguf-py; tests/sh/flux3_gguf.sh checks the bytes against
+ * gguf-py's sha256 and runs `tpgen check` against diffusers on gguf-py's
+ * dequantised weights). Here, per rank at tp 1, 2, 3 (mpirun -np 1, 2, 3/4):
+ * the bytes each rank reads equal the covering-blocks formula computed
+ * from the tensor names (independent of the plan engine), the block
+ * linears stay quantised, and the forward equals the dequantised twin's
+ * (an F32 safetensors file of gguf_read_f32's values) within 1e-6; the
+ * BFL-named GGUF gives the diffusers-named one's output bit for bit. */
+#include "test.h"
+#include "flux3_case.h"
+#include "kernels/comm.h"
+#include "kernels/err.h"
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+#include "core/models/flux3.h"
+#include "core/models/flux3_bfl_names.h"
+#include "core/formats/checkpoint.h"
+#include "core/formats/gguf.h"
+#include "core/formats/gguf_quantize.h"
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_1 = 7, T_Q8_0 = 8 };
+static const int k_mix[4] = {T_Q4_0, T_Q5_1, T_Q8_0, T_F16};
+
+/* Write the golden FLUX.3 transformer of `variant` as the GGUF `out`:
+ * type T for every tensor (mixed: k_mix[i % 4] by name order), typed by
+ * gguf_quantize_pick as `tpgen quantize` does; bfl: BFL names
+ * (flux3_bfl_names, norm_out's halves swapped); drop: a tensor left out. */
+static int write_gguf(const char *variant, const char *out, int type, int mixed, int bfl, const char *drop) {
+    char *src = xasprintf("%s/flux3-tiny/%s/model/transformer", test_golden_dir(), variant);
+    checkpoint *c = NULL;
+    flux2_bfl_tensor *bt = NULL;
+    int n = 0, rc = checkpoint_open(src, &c);
+    if (!rc) n = c->n;
+    if (!rc && bfl) rc = flux3_bfl_names(c, &bt, &n);
+    gguf_write_tensor *wt = xcalloc((size_t)n + 1, sizeof *wt);
+    void **bufs = xcalloc((size_t)n + 1, sizeof *bufs);
+    int m = 0;
+    for (int i = 0; !rc && i < n; i++) {
+        int k = bt ? bt[i].src[0] : i;
+        const st_tensor_info *ti = c->infos[k];
+        const char *name = bt ? bt[i].name : ti->name;
+        if (drop && !strcmp(name, drop)) continue;
+        float *x;
+        const st_tensor_info *info;
+        if ((rc = st_read_f32(c->files[c->file_of[k]], ti->name, &x, &info))) break;
+        int64_t nv = st_numel(ti);
+        if (bt && bt[i].swap)
+            for (int64_t j = 0; j < nv / 2; j++) {
+                float v = x[j];
+                x[j] = x[nv / 2 + j], x[nv / 2 + j] = v;
+            }
+        gguf_write_tensor *w = &wt[m];
+        w->name = name;
+        w->ndim = ti->ndim;
+        for (int d = 0; d < GGUF_MAX_DIMS; d++) w->ne[d] = 1;
+        for (int d = 0; d < ti->ndim; d++) w->ne[d] = ti->shape[ti->ndim - 1 - d];
+        w->type = gguf_quantize_pick(mixed ? k_mix[i % 4] : type, w->ndim, w->ne);
+        size_t nb = (size_t)quant_row_bytes(quant_type_get(w->type), w->ne[0]) * (size_t)(nv / w->ne[0]);
+        bufs[m] = xmalloc(nb);
+        gguf_quantize_row(w->type, x, nv, bufs[m]);
+        w->data = bufs[m++];
+        free(x);
+    }
+    if (!rc) {
+        gguf_kv kv = {.key = "general.architecture", .v = {.type = GGUF_STRING, .str = {5, "flux3"}}};
+        rc = gguf_write(out, &kv, 1, wt, m, NULL, NULL);
+    }
+    for (int i = 0; i < m; i++) free(bufs[i]);
+    free(bufs), free(wt);
+    flux2_bfl_names_free(bt, bt ? n : 0);
+    checkpoint_close(c);
+    free(src);
+    return rc;
+}
+
+/* The dequantised twin of a GGUF file: every tensor F32 with gguf_read_f32's
+ * values, same names, one safetensors file. */
+static int write_twin(const char *gguf_path, const char *out) {
+    gguf_file *g;
+    if (gguf_open(gguf_path, &g)) return -1;
+    st_write_tensor *t = xcalloc((size_t)g->n, sizeof *t);
+    float **vals = xcalloc((size_t)g->n, sizeof *vals);
+    int rc = 0;
+    for (int i = 0; i < g->n && !rc; i++) {
+        const gguf_tensor *gt;
+        rc = gguf_read_f32(g, g->tensors[i].name, &vals[i], &gt);
+        if (rc) break;
+        t[i] = (st_write_tensor){.name = gt->name, .dtype = DT_F32, .ndim = gt->ndim, .data = vals[i]};
+        for (int d = 0; d < gt->ndim; d++) t[i].shape[d] = gt->shape[d];
+    }
+    if (!rc) rc = st_write(out, t, g->n, NULL);
+    for (int i = 0; i < g->n; i++) free(vals[i]);
+    free(vals), free(t);
+    gguf_close(g);
+    return rc;
+}
+
+/* With TPGEN_F3GGUF_OUT=FILE.gguf (TPGEN_F3GGUF_VARIANT base|flowmap,
+ * TPGEN_F3GGUF_TYPE mixed (default) or a type name, TPGEN_F3GGUF_BFL=1 for
+ * BFL names, TPGEN_F3GGUF_DROP=NAME to leave a tensor out) it writes that
+ * file for tests/sh/flux3_gguf.sh, and with TPGEN_F3GGUF_TWIN=FILE also the
+ * file's dequantised twin. Always: the mixed base file holds every type of
+ * the mix in the places the rule gives. */
+TEST(flux3_gguf_write) {
+    const char *out = getenv("TPGEN_F3GGUF_OUT"), *var = getenv("TPGEN_F3GGUF_VARIANT");
+    const char *tn = getenv("TPGEN_F3GGUF_TYPE"), *b = getenv("TPGEN_F3GGUF_BFL"), *drop = getenv("TPGEN_F3GGUF_DROP");
+    const char *twin = getenv("TPGEN_F3GGUF_TWIN");
+    if (out) {
+        int mixed = !tn || !strcmp(tn, "mixed"), type = mixed ? -1 : gguf_quantize_type_id(tn);
+        REQUIRE(mixed || (type >= 0 && gguf_quantize_supported(type)), "TPGEN_F3GGUF_TYPE %s", tn);
+        REQUIRE(write_gguf(var && *var ? var : "base", out, type, mixed, b && !strcmp(b, "1"), drop) == 0, "%s",
+                tp_error_msg());
+        if (twin) REQUIRE(write_twin(out, twin) == 0, "%s", tp_error_msg());
+    }
+    char *p = xasprintf("%s/mixed.gguf", test_tmp_dir());
+    REQUIRE(write_gguf("base", p, -1, 1, 0, NULL) == 0, "%s", tp_error_msg());
+    gguf_file *g;
+    REQUIRE(gguf_open(p, &g) == 0, "%s", tp_error_msg());
+    int count[40] = {0}, bad = 0;
+    for (int i = 0; i < g->n; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        int ask = k_mix[i % 4], bs = quant_type_get(ask)->block;
+        int64_t nv = t->ne[0] * t->rows;
+        int want = t->ndim == 1 || nv <= 1024 ? T_F32 : t->ne[0] % bs ? T_F16 : ask;
+        bad += t->type != want;
+        count[t->type]++;
+        if (i && strcmp(g->tensors[i - 1].name, t->name) >= 0) bad++;   /* name order */
+    }
+    CHECK(!bad && count[T_Q4_0] && count[T_Q5_1] && count[T_Q8_0] && count[T_F16] && count[T_F32],
+          "mixed file: %d tensors off the rule; Q4_0 %d Q5_1 %d Q8_0 %d F16 %d F32 %d", bad, count[T_Q4_0],
+          count[T_Q5_1], count[T_Q8_0], count[T_F16], count[T_F32]);
+    gguf_close(g);
+    free(p);
+}
+
+/* 0 replicated, 1 colwise (whole rows: q, k, v; mlp_in packed [gate; up],
+ * whole rows too), 2 rowwise (attn out, mlp out), from the name alone */
+static int style_of(const char *n) {
+    static const char *const col[] = {".attn.to_q.weight", ".attn.to_k.weight", ".attn.to_v.weight",
+                                      ".ff.linear_in.weight", ".q_proj.weight", ".k_proj.weight",
+                                      ".v_proj.weight", ".mlp_in.weight"};
+    static const char *const row[] = {".attn.to_out.0.weight", ".ff.linear_out.weight", ".attn_out.weight",
+                                      ".mlp_out.weight"};
+    size_t l = strlen(n);
+    for (size_t i = 0; i < sizeof col / sizeof col[0]; i++)
+        if (l > strlen(col[i]) && !strcmp(n + l - strlen(col[i]), col[i])) return 1;
+    for (size_t i = 0; i < sizeof row / sizeof row[0]; i++)
+        if (l > strlen(row[i]) && !strcmp(n + l - strlen(row[i]), row[i])) return 2;
+    return 0;
+}
+
+/* the bytes rank `rank` of tp reads from the GGUF file: replicated all,
+ * colwise rows/tp whole rows, rowwise rows x (ceil(c1/bs) - floor(c0/bs))
+ * blocks of its columns [c0, c1); *held: the bytes it then holds in f32
+ * (blocks as read, F16/F32 tensors as f32) */
+static uint64_t formula(const char *path, int tp, int rank, uint64_t *held) {
+    gguf_file *g;
+    if (gguf_open(path, &g)) return 0;
+    uint64_t b = 0;
+    *held = 0;
+    for (int i = 0; i < g->n; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        int s = style_of(t->name);
+        int64_t bs = t->qt->block, R = t->rows, C = t->row_len;
+        uint64_t x = s == 0 ? (uint64_t)R * t->row_bytes : s == 1 ? (uint64_t)(R / tp) * t->row_bytes : 0;
+        if (s == 2) {
+            int64_t c0 = rank * (C / tp), c1 = c0 + C / tp;
+            x = (uint64_t)R * (uint64_t)((c1 + bs - 1) / bs - c0 / bs) * t->qt->bytes;
+        }
+        b += x;
+        *held += bs > 1 ? x : x / t->qt->bytes * 4;
+    }
+    gguf_close(g);
+    return b;
+}
+
+static int all_ok(int ok) {
+    int r;
+    MPI_Allreduce(&ok, &r, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return r;
+}
+
+/* per rank of tp 1, 2, 3: bytes read = the formula; forward = the twin's
+ * (within 1e-6, all 4 golden cases, 2 with references); BFL names = the
+ * diffusers names bit for bit */
+static void shards_and_twin(const char *variant) {
+    int tp, wrank;
+    MPI_Comm g = f3_tp_group(6, &tp);
+    MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
+    backend *be = backend_cpu_create(1);
+    comm *cm = comm_create_mpi(g, be);
+    const char *kinds[3] = {"Q8_0", "mixed", "Q8_0-bfl"};
+    char *dirs[3], *twin = xasprintf("%s/f3gguf-%s-%d-twin", test_tmp_dir(), variant, wrank);
+    mkdir(twin, 0755);
+    int rc = 0;
+    for (int i = 0; i < 3; i++) {
+        dirs[i] = xasprintf("%s/f3gguf-%s-%d-%s", test_tmp_dir(), variant, wrank, kinds[i]);
+        mkdir(dirs[i], 0755);
+        char *f = xasprintf("%s/x.gguf", dirs[i]);
+        if (!rc) rc = write_gguf(variant, f, T_Q8_0, i == 1, i == 2, NULL);
+        if (!rc && i == 1) {
+            char *t = xasprintf("%s/x.safetensors", twin);
+            rc = write_twin(f, t);
+            free(t);
+        }
+        free(f);
+    }
+    CHECK(rc == 0, "%s: writing the GGUF files: %s", variant, tp_error_msg());
+    flux3_model *m[3] = {NULL, NULL, NULL}, *mt = NULL;
+    st_file *cf = NULL;
+    int grank;
+    MPI_Comm_rank(g, &grank);
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        load_stats st = {0};
+        size_t before = be->bytes_in_use;
+        rc = flux3_load(dirs[i], be, cm, DT_F32, &m[i], &st);
+        size_t held = be->bytes_in_use - before;
+        CHECK(rc == 0, "%s %s: %s", variant, kinds[i], tp_error_msg());
+        if (rc) break;
+        char *f = xasprintf("%s/x.gguf", dirs[i]);
+        uint64_t want_held = 0, want = formula(f, tp, grank, &want_held);
+        CHECK(st.bytes_read == want && want > 0, "%s %s tp %d rank %d: read %llu bytes, formula %llu", variant,
+              kinds[i], tp, grank, (unsigned long long)st.bytes_read, (unsigned long long)want);
+        CHECK(held == want_held, "%s %s tp %d rank %d: holds %zu bytes, blocks + f32 of the rest %llu: the block "
+              "linears are not kept quantised", variant, kinds[i], tp, grank, held, (unsigned long long)want_held);
+        if (getenv("TPGEN_TEST_VERBOSE"))
+            printf("# %s %s tp %d rank %d: bytes read %llu = formula %llu, held %zu\n", variant, kinds[i], tp, grank,
+                   (unsigned long long)st.bytes_read, (unsigned long long)want, held);
+        free(f);
+    }
+    if (!rc) rc = flux3_load(twin, be, cm, DT_F32, &mt, NULL);
+    char *cases = xasprintf("%s/flux3-tiny/%s/transformer_cases.safetensors", test_golden_dir(), variant);
+    if (!rc) rc = st_open(cases, &cf);
+    CHECK(rc == 0, "%s: loading: %s", variant, tp_error_msg());
+    if (!all_ok(rc == 0)) goto out;
+    int n_refs = 0;
+    for (int k = 0; k < 4; k++) {
+        f3_case cs;
+        int ok = f3_case_read(cf, k, &cs) == 0;
+        CHECK(ok, "%s case%d: %s", variant, k, tp_error_msg());
+        if (!all_ok(ok)) break;
+        n_refs += cs.R > 0;
+        size_t n = (size_t)cs.N * 32;
+        float *y[4];
+        flux3_inputs in = f3_case_inputs(&cs);
+        for (int i = 0; i < 3; i++) {
+            y[i] = malloc(n * 4);
+            if (!rc) rc = flux3_forward(m[i], &in, y[i]);
+        }
+        y[3] = malloc(n * 4);
+        if (!rc) rc = flux3_forward(mt, &in, y[3]);
+        CHECK(rc == 0, "%s case%d forward: %s", variant, k, tp_error_msg());
+        if (!rc) {
+            double e = rel_l2(y[1], y[3], n), eg = rel_l2(y[1], cs.ref, n), eq = rel_l2(y[0], cs.ref, n);
+            CHECK(e <= 1e-6, "%s tp %d case%d (R %lld): mixed GGUF vs its dequantised twin %.3g > 1e-6", variant, tp,
+                  k, (long long)cs.R, e);
+            CHECK(eg > 1e-4 && eq > 1e-4, "%s case%d: GGUF output %.3g / %.3g from the unquantised: not quantised",
+                  variant, k, eq, eg);
+            CHECK(!memcmp(y[0], y[2], n * 4), "%s tp %d case%d: the BFL-named GGUF differs from the diffusers-named",
+                  variant, tp, k);
+            if (getenv("TPGEN_TEST_VERBOSE") && grank == 0)
+                printf("# %s tp %d case%d R=%lld mixed-twin %.3e Q8_0-golden %.3e mixed-golden %.3e\n", variant, tp, k,
+                       (long long)cs.R, e, eq, eg);
+        }
+        for (int i = 0; i < 4; i++) free(y[i]);
+        f3_case_free(&cs);
+        if (!all_ok(rc == 0)) break;
+    }
+    CHECK(n_refs == 2, "%s: expected 2 cases with references, read %d", variant, n_refs);
+out:
+    if (cf) st_close(cf);
+    for (int i = 0; i < 3; i++) flux3_free(m[i]), free(dirs[i]);
+    flux3_free(mt);
+    comm_destroy(cm);
+    backend_destroy(be);
+    MPI_Comm_free(&g);
+    free(cases), free(twin);
+}
+
+TEST_MPI(flux3_gguf_shards_base) { shards_and_twin("base"); }
+TEST_MPI(flux3_gguf_shards_flowmap) { shards_and_twin("flowmap"); }

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Golden data for FLUX.3 transformers stored as GGUF (tests/sh/flux3_gguf.sh, docs/flux3.md "GGUF").
+
+    tests/unpack-golden.sh build/golden
+    /work/venv-flux3/bin/python tests/tools/flux3_gguf_golden.py build/golden/flux3-tiny tests/data/flux3-gguf
+
+Versions: gguf-py 0.19.0 (gguf.quants.quantize / dequantize, GGUFWriter, GGUFReader), diffusers 0.42.1
+(Flux3Transformer2DModel, convert_flux3_transformer_checkpoint_to_diffusers), torch 2.15 (CPU, float32),
+numpy 2.4.6, safetensors (venv /work/venv-flux3).
+
+For each golden tiny FLUX.3 transformer (base, flowmap: build/golden/flux3-tiny/V/model/transformer) this
+writes, with gguf-py, three GGUF files (GGUFWriter, architecture "flux3", tensors in name order, each typed by
+ComfyUI-GGUF's rules as `tpgen quantize` types them: 1-D or <= 1024 values F32, rows that are not whole blocks
+F16, else the type asked for):
+  Q8_0-keep.gguf   diffusers names, Q8_0                      (= tpgen quantize --type Q8_0 --names keep)
+  Q8_0-bfl.gguf    BFL names (tests/tools/flux3_bfl_testdata.py's map: norm_out's halves swapped), Q8_0
+                                                              (= tpgen quantize --type Q8_0, the default names)
+  mixed.gguf       diffusers names; the i-th tensor in name order asks for Q4_0, Q5_1, Q8_0, F16 (i mod 4)
+                                                              (= tpgen_tests flux3_gguf_write_mixed)
+The files are not committed: only their sha256 (flux3-gguf.sha256); the tests make them with tpgen and
+check these sums, so tpgen's bytes are gguf-py's. Then each file is read back with GGUFReader and
+dequantised with gguf.quants.dequantize; the BFL file's tensors go through diffusers' own
+convert_flux3_transformer_checkpoint_to_diffusers and must equal the keep file's dequantised tensors bit for
+bit. Diffusers' Flux3Transformer2DModel (the golden config.json, float32) with the dequantised weights is run
+on the golden transformer_cases (4 cases, 2 with reference tokens); V-T_cases.safetensors (T = Q8_0, mixed)
+is transformer_cases.safetensors with each caseK.output replaced by that output (must differ from the
+unquantised golden output by > 1e-4 relative: the weights were quantised).
+No K-quant file: the tiny models' rows (96, 80, 32, 288 values) are no whole 256-blocks, so a K-quant type
+would write every tensor F16 (docs/flux3.md "GGUF", not done).
+"""
+import hashlib
+import os
+import sys
+
+import numpy as np
+import torch
+import gguf
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import quantize, dequantize
+from safetensors.numpy import load_file as np_load
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from flux3_bfl_testdata import bfl_name  # noqa: E402  (the one Python copy of the map)
+
+MIX = ["Q4_0", "Q5_1", "Q8_0", "F16"]
+
+
+def pick(tn, x):
+    qt = Q[tn]
+    if x.ndim <= 1 or x.size <= 1024:
+        return Q.F32
+    return Q.F16 if x.shape[-1] % gguf.GGML_QUANT_SIZES[qt][0] else qt
+
+
+def write(path, tensors, types):
+    w = gguf.GGUFWriter(path, "flux3")
+    for name in sorted(tensors):
+        x = tensors[name]
+        qt = pick(types(name), x)
+        q = quantize(x, qt)
+        if qt in (Q.F32, Q.F16):
+            w.add_tensor(name, q)
+        else:
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def read_dequantised(path):
+    r = gguf.GGUFReader(path)
+    out = {}
+    for t in r.tensors:
+        shape = [int(d) for d in reversed(t.shape.tolist())]   # ne fastest first -> row-major
+        out[t.name] = torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type).astype(np.float32)
+                                                            .reshape(shape)))
+    return out
+
+
+def run_cases(m, cases):
+    outs, k = {}, 0
+    while f"case{k}.hidden_states" in cases:
+        args = {n: cases[f"case{k}.{n}"] for n in ("hidden_states", "encoder_hidden_states", "timestep", "img_ids",
+                                                    "txt_ids", "image_cond_hidden_states", "image_cond_ids",
+                                                    "target_timestep") if f"case{k}.{n}" in cases}
+        with torch.no_grad():
+            outs[k] = m(**args, return_dict=False)[0].float()
+        k += 1
+    return outs
+
+
+def main(src, dst):
+    from diffusers import Flux3Transformer2DModel
+    from diffusers.loaders.single_file_utils import convert_flux3_transformer_checkpoint_to_diffusers
+    os.makedirs(dst, exist_ok=True)
+    tmp = os.path.join(dst, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    sums = []
+    for v in ("base", "flowmap"):
+        tdir = os.path.join(src, v, "model", "transformer")
+        ts = np_load(os.path.join(tdir, "diffusion_pytorch_model.safetensors"))
+        assert all(x.dtype == np.float32 for x in ts.values())
+        names = sorted(ts)
+        bfl = {}
+        for k, x in ts.items():
+            if k == "norm_out.linear.weight":   # diffusers [scale; shift] -> BFL [shift; scale]
+                h = x.shape[0] // 2
+                x = np.concatenate([x[h:], x[:h]])
+            bfl[bfl_name(k)] = x
+        files = {"Q8_0-keep": (ts, lambda n: "Q8_0"), "Q8_0-bfl": (bfl, lambda n: "Q8_0"),
+                 "mixed": (ts, lambda n: MIX[names.index(n) % 4])}
+        deq = {}
+        for f, (tensors, types) in files.items():
+            p = os.path.join(tmp, f"{v}-{f}.gguf")
+            sums.append(f"{write(p, tensors, types)}  {v}/{f}.gguf\n")
+            deq[f] = read_dequantised(p)
+            os.remove(p)
+        conv = convert_flux3_transformer_checkpoint_to_diffusers(dict(deq["Q8_0-bfl"]))
+        assert sorted(conv) == sorted(deq["Q8_0-keep"])
+        for k in conv:
+            assert torch.equal(conv[k], deq["Q8_0-keep"][k]), k
+        cases = load_file(os.path.join(src, v, "transformer_cases.safetensors"))
+        for f in ("Q8_0-keep", "mixed"):
+            m = Flux3Transformer2DModel.from_pretrained(tdir, torch_dtype=torch.float32).eval()
+            missing, unexpected = m.load_state_dict(deq[f], strict=True)
+            outs = run_cases(m, cases)
+            res = dict(cases)
+            for k, o in outs.items():
+                g = cases[f"case{k}.output"].float()
+                d = float((o - g).norm() / g.norm())
+                assert d > 1e-4, f"{v} {f} case{k}: quantised output equals the golden ({d})"
+                print(f"{v} {f} case{k}: |quantised - golden| / |golden| = {d:.3e}")
+                res[f"case{k}.output"] = o.contiguous()
+            save_file(res, os.path.join(dst, f"{v}-{f.split('-')[0]}_cases.safetensors"))
+    os.rmdir(tmp)
+    open(os.path.join(dst, "flux3-gguf.sha256"), "w").write("".join(sums))
+    print("".join(sums), end="")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "build/golden/flux3-tiny",
+         sys.argv[2] if len(sys.argv) > 2 else "tests/data/flux3-gguf")
