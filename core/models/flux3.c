@@ -329,13 +329,15 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
             const char *why = strstr(name, "target_timestep")
                                   ? " (config.json says flow_map: true, which needs the target-timestep embedder)"
                                   : "";
+            /* a single file (a BFL file, a GGUF) is named too */
+            const char *file = b->ck->n_files == 1 ? b->ck->files[0]->path : "";
             if (b->derived)
-                return tp_error("%s: tensor %s missing from the FLUX.3 %s checkpoint (its config derived from the "
+                return tp_error("%s: tensor %s missing from the FLUX.3 %s checkpoint %s (its config derived from the "
                                 "shapes has %d mode and %d single blocks); the file is incomplete", b->dir, name,
-                                b->bfl ? "BFL" : "diffusers-named",
+                                b->bfl ? "BFL" : "diffusers-named", file,
                                 b->m->cfg.num_layers, b->m->cfg.num_single_layers), NULL;
-            return tp_error("%s: tensor %s missing from the checkpoint%s; the config does not belong to these weights",
-                            b->dir, name, why), NULL;
+            return tp_error("%s: tensor %s missing from the checkpoint %s%s; the config does not belong to these "
+                            "weights", b->dir, name, file, why), NULL;
         }
         b->names = xrealloc(b->names, (size_t)(b->n_names + 1) * sizeof *b->names);
         b->names[b->n_names++] = xstrdup(name);
