@@ -46,7 +46,7 @@ done
 lines() { echo "$1" | grep -E '^case[0-9]+ rel_err='; }
 check() { # NAME DIR CASES NP PREC TOL: PASS with 4 cases; sets $out
     local name=$1 rc
-    out=$($MPIRUN -np "$4" "$TPGEN" check --backend cpu --model "$2" --cases "$3" --precision "$5" --tol "$6" 2>&1); rc=$?
+    out=$($MPIRUN -np "$4" "${BIN:-$TPGEN}" check --backend cpu --model "$2" --cases "$3" --precision "$5" --tol "$6" 2>&1); rc=$?
     if [ $rc -eq 0 ] && echo "$out" | grep -q '^# FLUX.3 transformer' && [ "$(lines "$out" | wc -l)" -eq 4 ] &&
         echo "$out" | grep -qE '^max_rel_err=.* PASS$'; then ok "$name ($(echo "$out" | grep -oE '^max_rel_err=[^ ]+'))"
     else fail "$name: rc=$rc $(echo "$out" | tail -3 | tr '\n' ' ')"; fi
@@ -77,6 +77,19 @@ python3 "$TPGEN_ROOT/tests/tools/flux3_bfl_testdata.py" "$TPGEN_GOLDEN/flux3-tin
     cmp -s "$TMP/from-bfl.gguf" "$F/base/Q8_0-bfl.gguf" &&
     ok "flux3 gguf: quantize of a BFL FLUX.3 file (names kept) = the diffusers folder's --names bfl bytes" ||
     fail "flux3 gguf: quantize of the BFL file differs"
+# quantize of an fp8 FLUX.3 checkpoint (per-channel E4M3 block linears + weight_scale, written by the test binary)
+# = of its dequantised twin (decode(code) x scale in F32), byte for byte, in both namings; not the unquantised golden's
+if TPGEN_F3FP8_OUT="$TMP/fp8" "$TPGEN_TESTS" flux3_fp8_write_pair | grep -q '^ok - '; then
+    r=""
+    for n in keep bfl; do
+        for x in fp8 twin; do "$TPGEN" quantize --type F32 --names $n "$TMP/fp8/$x" "$TMP/fp8/$x-$n.gguf" >/dev/null || r="$r $x-$n:rc"; done
+        cmp -s "$TMP/fp8/fp8-$n.gguf" "$TMP/fp8/twin-$n.gguf" || r="$r $n:differ"
+    done
+    "$TPGEN" quantize --type F32 --names keep "$(gold_t base)" "$TMP/fp8/golden-keep.gguf" >/dev/null
+    cmp -s "$TMP/fp8/fp8-keep.gguf" "$TMP/fp8/golden-keep.gguf" && r="$r same-as-golden"
+    [ -z "$r" ] && ok "flux3 gguf: quantize of an fp8 FLUX.3 folder = of its dequantised twin (keep and BFL names)" ||
+        fail "flux3 gguf: fp8 quantize:$r"
+else fail "flux3 gguf: writing the fp8 folder"; fi
 # --names bfl refuses a tensor that is not FLUX.3's
 mkdir -p "$TMP/extra" && python3 "$TPGEN_ROOT/tests/tools/st_rename.py" "$(gold_t base)/diffusion_pytorch_model.safetensors" \
     "$TMP/extra/diffusion_pytorch_model.safetensors" --prefix proj_out. extra_head.
@@ -139,3 +152,16 @@ for d in drop drop-cfg; do
     [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -ge 1 ] && ok "flux3 gguf: $d: the missing mode weight refused naming the file and the tensor" ||
         fail "flux3 gguf: $d: rc=$rc: $(echo "$out" | grep -i error | head -2 | tr '\n' ' ')"
 done
+
+# again under AddressSanitizer + UBSan: check (mixed, BFL names without config.json) at tp 2, quantize --names bfl
+ASAN=$TPGEN_ROOT/build-asan
+if [ -x "$ASAN/tpgen" ]; then
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}:fast_unwind_on_malloc=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+    for l in mixed bfl; do
+        t=$([ $l = mixed ] && echo mixed || echo Q8_0)
+        BIN=$ASAN/tpgen check "flux3 gguf: asan $l check f32 tp=2" "$TMP/base/$l" "$D/base-${t}_cases.safetensors" 2 f32 1e-5
+    done
+    "$ASAN/tpgen" quantize --type Q8_0 "$(gold_t base)" "$TMP/asan-bfl.gguf" >/dev/null 2>"$TMP/asan-q.log" &&
+        cmp -s "$TMP/asan-bfl.gguf" "$F/base/Q8_0-bfl.gguf" && ok "flux3 gguf: asan quantize --names bfl: the same bytes" ||
+        fail "flux3 gguf: asan quantize: $(tail -3 "$TMP/asan-q.log" | tr '\n' ' ')"
+else fail "flux3 gguf: sanitizer runs: build-asan/ not found (run 'make asan')"; fi
