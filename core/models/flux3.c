@@ -91,42 +91,64 @@ const char *flux3_bfl_prefix(const checkpoint *ck) {
     return NULL;
 }
 
-/* diffusers name -> BFL name (behind pfx), into out[n] (flux3.h) */
-void flux3_bfl_name(const char *d, const char *pfx, char *out, size_t n) {
-    static const char *const exact[][2] = {
-        {"timestep_embedder.linear_1.weight", "time_in.in_layer.weight"},
-        {"timestep_embedder.linear_2.weight", "time_in.out_layer.weight"},
-        {"target_timestep_embedder.linear_1.weight", "ref_time_in.in_layer.weight"},
-        {"target_timestep_embedder.linear_2.weight", "ref_time_in.out_layer.weight"},
-        {"proj_out.weight", "final_layer.image.linear.weight"},
-        {"norm_out.linear.weight", "final_layer.image.adaLN_modulation.1.weight"},   /* halves swapped */
-    };
-    static const char *const prefix[][2] = {{"x_embedders.", "emb_in."}, {"context_embedder.", "txt_in."},
-                                            {"mode_blocks.", "content_mode_blocks."},
-                                            {"single_transformer_blocks.", "single_blocks."}};
-    static const char *const suffix[][2] = {
-        {"attn.to_q.weight", "q_proj.weight"}, {"attn.to_k.weight", "k_proj.weight"},
-        {"attn.to_v.weight", "v_proj.weight"}, {"attn.to_out.0.weight", "attn_out.weight"},
-        {"attn.norm_q.weight", "norm.query_norm.scale"}, {"attn.norm_k.weight", "norm.key_norm.scale"},
-        {"ff.linear_in.weight", "mlp_in.weight"}, {"ff.linear_out.weight", "mlp_out.weight"},
-        {".linear.weight", ".lin.weight"}};
-    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
-        if (!strcmp(d, exact[i][0])) { snprintf(out, n, "%s%s", pfx, exact[i][1]); return; }
+/* The name map, [diffusers, BFL] pairs: exact names, then one prefix and
+ * one suffix rewrite. */
+static const char *const k_exact[][2] = {
+    {"timestep_embedder.linear_1.weight", "time_in.in_layer.weight"},
+    {"timestep_embedder.linear_2.weight", "time_in.out_layer.weight"},
+    {"target_timestep_embedder.linear_1.weight", "ref_time_in.in_layer.weight"},
+    {"target_timestep_embedder.linear_2.weight", "ref_time_in.out_layer.weight"},
+    {"proj_out.weight", "final_layer.image.linear.weight"},
+    {"norm_out.linear.weight", "final_layer.image.adaLN_modulation.1.weight"},   /* halves swapped */
+};
+static const char *const k_prefix[][2] = {{"x_embedders.", "emb_in."}, {"context_embedder.", "txt_in."},
+                                          {"mode_blocks.", "content_mode_blocks."},
+                                          {"single_transformer_blocks.", "single_blocks."}};
+static const char *const k_suffix[][2] = {
+    {"attn.to_q.weight", "q_proj.weight"}, {"attn.to_k.weight", "k_proj.weight"},
+    {"attn.to_v.weight", "v_proj.weight"}, {"attn.to_out.0.weight", "attn_out.weight"},
+    {"attn.norm_q.weight", "norm.query_norm.scale"}, {"attn.norm_k.weight", "norm.key_norm.scale"},
+    {"ff.linear_in.weight", "mlp_in.weight"}, {"ff.linear_out.weight", "mlp_out.weight"},
+    {".linear.weight", ".lin.weight"}};
+
+/* `in` mapped from side `from` (0 diffusers, 1 BFL) to the other, into out[n] */
+static void map_name(const char *in, int from, char *out, size_t n) {
+    int to = !from;
+    for (size_t i = 0; i < sizeof k_exact / sizeof k_exact[0]; i++)
+        if (!strcmp(in, k_exact[i][from])) { snprintf(out, n, "%s", k_exact[i][to]); return; }
     char tmp[256];
-    snprintf(tmp, sizeof tmp, "%s", d);
-    for (size_t i = 0; i < sizeof prefix / sizeof prefix[0]; i++) {
-        size_t l = strlen(prefix[i][0]);
-        if (!strncmp(d, prefix[i][0], l)) { snprintf(tmp, sizeof tmp, "%s%s", prefix[i][1], d + l); break; }
+    snprintf(tmp, sizeof tmp, "%s", in);
+    for (size_t i = 0; i < sizeof k_prefix / sizeof k_prefix[0]; i++) {
+        size_t l = strlen(k_prefix[i][from]);
+        if (!strncmp(in, k_prefix[i][from], l)) { snprintf(tmp, sizeof tmp, "%s%s", k_prefix[i][to], in + l); break; }
     }
     size_t tl = strlen(tmp);
-    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
-        size_t l = strlen(suffix[i][0]);
-        if (tl >= l && !strcmp(tmp + tl - l, suffix[i][0])) {
-            snprintf(tmp + tl - l, sizeof tmp - (tl - l), "%s", suffix[i][1]);
+    for (size_t i = 0; i < sizeof k_suffix / sizeof k_suffix[0]; i++) {
+        size_t l = strlen(k_suffix[i][from]);
+        if (tl >= l && !strcmp(tmp + tl - l, k_suffix[i][from])) {
+            snprintf(tmp + tl - l, sizeof tmp - (tl - l), "%s", k_suffix[i][to]);
             break;
         }
     }
+    snprintf(out, n, "%s", tmp);
+}
+
+/* diffusers name -> BFL name (behind pfx), into out[n] (flux3.h) */
+void flux3_bfl_name(const char *d, const char *pfx, char *out, size_t n) {
+    char tmp[256];
+    map_name(d, 0, tmp, sizeof tmp);
     snprintf(out, n, "%s%s", pfx, tmp);
+}
+
+/* checkpoint_rename callback: a BFL name (behind the prefix ctx) -> its
+ * diffusers name (the REPA heads keep theirs, without the prefix) */
+static int bfl_to_diffusers(const char *name, char *out, size_t cap, void *ctx) {
+    const char *pfx = ctx;
+    size_t l = strlen(pfx);
+    if (strncmp(name, pfx, l)) return 0;
+    if (!strncmp(name + l, "repa_projectors.", 16)) return snprintf(out, cap, "%s", name + l), 1;
+    map_name(name + l, 1, out, cap);
+    return 1;
 }
 
 /* A FLUX.3 checkpoint's naming: its BFL prefix, or NULL with *diffusers
@@ -435,12 +457,13 @@ static int bind_all(binder *b) {
 /* Every name and global shape the config implies is in the checkpoint, and
  * the checkpoint holds nothing else (e.g. a target-timestep embedder under a
  * config without flow_map, or more blocks than num_layers). */
-static int check_names(flux3_model *m, const char *dir, const checkpoint *ck, const char *bfl, int derived) {
+static int check_names(flux3_model *m, const char *dir, const checkpoint *ck, const char *bfl, int derived,
+                       int renamed) {
     binder b = {.m = m, .dir = dir, .ck = ck, .bfl = bfl, .derived = derived};
     int rc = bind_all(&b);
     for (int k = 0; !rc && k < ck->n; k++) {
         const char *name = ck->infos[k]->name;
-        if (bfl && is_repa(name)) continue;
+        if ((bfl || renamed) && is_repa(name)) continue;
         int known = 0;
         for (int i = 0; i < b.n_names && !known; i++) known = !strcmp(b.names[i], name);
         if (!known)
@@ -510,6 +533,18 @@ static int model_new(const flux3_config *cfg, backend *be, comm *c, dtype_t prec
     return 0;
 }
 
+/* LoRA on a BFL file (renamed to diffusers names at load): norm_out's
+ * halves are put in diffusers' order before the adapter merges into them */
+typedef struct swap_merge {
+    flux3_model *m;
+    lora_set *ls;
+} swap_merge;
+static int swap_then_merge(void *ctx, const st_tensor_info *ti, const shard_info *si, int tp, int rank, tensor *t) {
+    swap_merge *sm = ctx;
+    if (!strcmp(ti->name, "norm_out.linear.weight") && swap_halves(sm->m, t, t->rows / 2)) return -1;
+    return lora_merge_shard(sm->ls, ti, si, tp, rank, t);
+}
+
 int flux3_load(const char *dir, backend *be, comm *c, dtype_t precision, flux3_model **out, load_stats *st) {
     return flux3_load_ex(dir, be, c, precision, NULL, out, st);
 }
@@ -521,6 +556,7 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     *out = NULL;
     if (x->lora_set_out) *x->lora_set_out = NULL;
     lora_set *ls = NULL;
+    swap_merge sm = {0};
     char *path = xasprintf("%s/config.json", dir);
     json_error_t jerr;
     json_t *cfg_json = NULL;
@@ -549,7 +585,21 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
                  path);
         goto done;
     }
-    if (flux3_config_parse(cfg_json, path, &cfg) || model_new(&cfg, be, c, precision, &m) || check_names(m, dir, ck, bfl, derived))
+    /* LoRA on a BFL file: the adapter maps onto diffusers names, so the file is
+     * renamed (checkpoint_rename: the same tensors and bytes) and norm_out's
+     * halves swapped before the merge (swap_then_merge) */
+    int renamed = 0;
+    if (bfl && x->n_loras) {
+        if (ck->fp8) {
+            tp_error("%s: LoRA on an fp8 FLUX.3 checkpoint in BFL names is not supported (use a bf16/f32 or GGUF "
+                     "file, or diffusers names)", dir);
+            goto done;
+        }
+        if (checkpoint_rename(ck, bfl_to_diffusers, (void *)bfl)) goto done;
+        bfl = NULL, renamed = 1;
+    }
+    if (flux3_config_parse(cfg_json, path, &cfg) || model_new(&cfg, be, c, precision, &m) ||
+        check_names(m, dir, ck, bfl, derived, renamed))
         goto done;
     plan p;
     load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision, .quantize_fp8 = x->quantize_fp8,
@@ -557,8 +607,10 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     if (precision == DT_BF16) o.want = is_not_qk_norm;   /* the QK norms load in f32, below */
     if (x->n_loras) {   /* every adapter is checked against the checkpoint before a weight byte is read */
         if (lora_set_open(x->loras, x->n_loras, ck, m->rank == 0, &ls)) goto done;
+        sm = (swap_merge){m, ls};
         o.transform = lora_merge_shard;
         o.transform_ctx = ls;
+        if (renamed) o.transform = swap_then_merge, o.transform_ctx = &sm;
     }
     if ((bfl ? flux3_plan_bfl(&cfg, bfl, &p) : flux3_plan(&cfg, &p)) || weights_load(ck, &p, &o, &m->w, st)) goto done;
     if (precision == DT_BF16) {

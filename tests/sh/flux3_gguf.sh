@@ -44,9 +44,11 @@ for v in base flowmap; do
 done
 
 lines() { echo "$1" | grep -E '^case[0-9]+ rel_err='; }
-check() { # NAME DIR CASES NP PREC TOL: PASS with 4 cases; sets $out
-    local name=$1 rc
-    out=$($MPIRUN -np "$4" "${BIN:-$TPGEN}" check --backend cpu --model "$2" --cases "$3" --precision "$5" --tol "$6" 2>&1); rc=$?
+check() { # NAME DIR CASES NP PREC TOL [ARGS...]: PASS with 4 cases; sets $out
+    local name=$1 dir=$2 cases=$3 np=$4 prec=$5 tol=$6 rc
+    shift 6
+    out=$($MPIRUN -np "$np" "${BIN:-$TPGEN}" check --backend cpu --model "$dir" --cases "$cases" --precision "$prec" \
+          --tol "$tol" "$@" 2>&1); rc=$?
     if [ $rc -eq 0 ] && echo "$out" | grep -q '^# FLUX.3 transformer' && [ "$(lines "$out" | wc -l)" -eq 4 ] &&
         echo "$out" | grep -qE '^max_rel_err=.* PASS$'; then ok "$name ($(echo "$out" | grep -oE '^max_rel_err=[^ ]+'))"
     else fail "$name: rc=$rc $(echo "$out" | tail -3 | tr '\n' ' ')"; fi
@@ -139,6 +141,29 @@ for lora in none lora; do
 done
 c=$("$CMP" "$TMP/pg-lora.st" "$TMP/pg-none.st" latents 1e-3) && fail "flux3 gguf: the adapter changed nothing ($c)" ||
     ok "flux3 gguf: the adapter changes the GGUF model's latents ($c)"
+
+# LoRA on BFL-named FLUX.3 files (the adapter merged into a file renamed to diffusers names at load, norm_out's
+# halves swapped first): a BFL safetensors file (bare, and behind model.diffusion_model.) against diffusers + PEFT
+# (tests/data/flux3-lora) with the diffusers-named folder's errors; the BFL GGUF (unmerged terms) = the diffusers GGUF
+L3=$TPGEN_ROOT/tests/data/flux3-lora
+python3 "$TPGEN_ROOT/tests/tools/flux3_bfl_testdata.py" "$TPGEN_GOLDEN/flux3-tiny" "$TMP/bfldm" --no-verify --raw --prefix
+for x in bflst/base:1 bflst/base:2 bflst/base:3 bfldm/base:2; do
+    d=${x%%:*} np=${x#*:}
+    check "flux3 gguf: lora on the BFL file $d, f32 tp=$np vs diffusers+PEFT" "$TMP/$d" "$L3/lora_cases.safetensors" $np f32 1e-4 \
+        --lora "$L3/adapter.safetensors"
+    b=$(lines "$out")
+    check "flux3 gguf: lora on the diffusers folder tp=$np" "$(gold_t base)" "$L3/lora_cases.safetensors" $np f32 1e-4 \
+        --lora "$L3/adapter.safetensors" >/dev/null
+    [ "$b" = "$(lines "$out")" ] && ok "flux3 gguf: lora on $d tp=$np: the diffusers folder's errors, case by case" ||
+        fail "flux3 gguf: lora $d tp=$np: [$(echo "$b" | tr '\n' ' ')] vs [$(lines "$out" | tr '\n' ' ')]"
+done
+for l in bfl keep; do
+    check "flux3 gguf: lora on the $l Q8_0 GGUF tp=2 (runs; quantised, so far from the golden)" "$TMP/base/$l" \
+        "$L3/lora_cases.safetensors" 2 f32 1 --lora "$L3/adapter.safetensors"
+    eval "g_$l=\$(lines \"\$out\")"
+done
+[ -n "$g_bfl" ] && [ "$g_bfl" = "$g_keep" ] && ok "flux3 gguf: lora on the BFL-named GGUF = on the diffusers-named GGUF" ||
+    fail "flux3 gguf: lora GGUF bfl [$g_bfl] vs keep [$g_keep]"
 
 # hostile: a GGUF missing a mode weight, with and without config.json, named with its file, on every rank
 mkdir -p "$TMP/drop" "$TMP/drop-cfg"
