@@ -1,4 +1,5 @@
-/* `tpgen quantize --type T [--force] IN OUT.gguf`: a FLUX.2 transformer
+/* `tpgen quantize --type T [--force] IN OUT.gguf`: a FLUX.2 (or FLUX.3:
+ * BFL recipes from core/models/flux3_bfl_names.c) transformer
  * checkpoint that tpgen reads (a diffusers folder, a BFL single file, a
  * .gguf; bf16/f16/f32/fp8/GGUF blocks) rewritten as a GGUF in the
  * ComfyUI-GGUF layout (docs/gguf.md "tpgen quantize"). Each tensor is read
@@ -31,7 +32,7 @@
 static int usage(FILE *f) {
     fprintf(f,
             "usage: tpgen quantize --type T [--names bfl|keep] [--force] IN OUT.gguf\n\n"
-            "Write the FLUX.2 transformer checkpoint IN (a diffusers transformer folder, a BFL single\n"
+            "Write the FLUX.2 or FLUX.3 transformer checkpoint IN (a diffusers transformer folder, a BFL single\n"
             ".safetensors file, or a .gguf; bf16/f16/f32/fp8 or GGUF blocks) as a GGUF in the ComfyUI-GGUF\n"
             "layout (general.architecture \"flux\"; a FLUX.3 transformer: \"flux3\").\n\n"
             "  --type T   %s\n"

@@ -12,6 +12,7 @@
  * BFL-named GGUF gives the diffusers-named one's output bit for bit. */
 #include "test.h"
 #include "flux3_case.h"
+#include "gguf_twin.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
@@ -81,28 +82,6 @@ static int write_gguf(const char *variant, const char *out, int type, int mixed,
     return rc;
 }
 
-/* The dequantised twin of a GGUF file: every tensor F32 with gguf_read_f32's
- * values, same names, one safetensors file. */
-static int write_twin(const char *gguf_path, const char *out) {
-    gguf_file *g;
-    if (gguf_open(gguf_path, &g)) return -1;
-    st_write_tensor *t = xcalloc((size_t)g->n, sizeof *t);
-    float **vals = xcalloc((size_t)g->n, sizeof *vals);
-    int rc = 0;
-    for (int i = 0; i < g->n && !rc; i++) {
-        const gguf_tensor *gt;
-        rc = gguf_read_f32(g, g->tensors[i].name, &vals[i], &gt);
-        if (rc) break;
-        t[i] = (st_write_tensor){.name = gt->name, .dtype = DT_F32, .ndim = gt->ndim, .data = vals[i]};
-        for (int d = 0; d < gt->ndim; d++) t[i].shape[d] = gt->shape[d];
-    }
-    if (!rc) rc = st_write(out, t, g->n, NULL);
-    for (int i = 0; i < g->n; i++) free(vals[i]);
-    free(vals), free(t);
-    gguf_close(g);
-    return rc;
-}
-
 /* With TPGEN_F3GGUF_OUT=FILE.gguf (TPGEN_F3GGUF_VARIANT base|flowmap,
  * TPGEN_F3GGUF_TYPE mixed (default) or a type name, TPGEN_F3GGUF_BFL=1 for
  * BFL names, TPGEN_F3GGUF_DROP=NAME to leave a tensor out) it writes that
@@ -118,7 +97,7 @@ TEST(flux3_gguf_write) {
         REQUIRE(mixed || (type >= 0 && gguf_quantize_supported(type)), "TPGEN_F3GGUF_TYPE %s", tn);
         REQUIRE(write_gguf(var && *var ? var : "base", out, type, mixed, b && !strcmp(b, "1"), drop) == 0, "%s",
                 tp_error_msg());
-        if (twin) REQUIRE(write_twin(out, twin) == 0, "%s", tp_error_msg());
+        if (twin) REQUIRE(gguf_twin_write(out, twin) == 0, "%s", tp_error_msg());
     }
     char *p = xasprintf("%s/mixed.gguf", test_tmp_dir());
     REQUIRE(write_gguf("base", p, -1, 1, 0, NULL) == 0, "%s", tp_error_msg());
@@ -208,7 +187,7 @@ static void shards_and_twin(const char *variant) {
         if (!rc) rc = write_gguf(variant, f, T_Q8_0, i == 1, i == 2, NULL);
         if (!rc && i == 1) {
             char *t = xasprintf("%s/x.safetensors", twin);
-            rc = write_twin(f, t);
+            rc = gguf_twin_write(f, t);
             free(t);
         }
         free(f);
