@@ -9,7 +9,8 @@
  * from the tensor names (independent of the plan engine), the block
  * linears stay quantised, and the forward equals the dequantised twin's
  * (an F32 safetensors file of gguf_read_f32's values) within 1e-6; the
- * BFL-named GGUF gives the diffusers-named one's output bit for bit. */
+ * BFL-named GGUF gives the diffusers-named one's output bit for bit; a
+ * wider random model (D 256) carries Q4_K/Q5_K/Q6_K through tp 1, 2, 4. */
 #include "test.h"
 #include "flux3_case.h"
 #include "gguf_twin.h"
@@ -22,20 +23,22 @@
 #include "core/formats/checkpoint.h"
 #include "core/formats/gguf.h"
 #include "core/formats/gguf_quantize.h"
+#include <math.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_1 = 7, T_Q8_0 = 8 };
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 static const int k_mix[4] = {T_Q4_0, T_Q5_1, T_Q8_0, T_F16};
+static const int k_kmix[3] = {T_Q4_K, T_Q5_K, T_Q6_K};
 
 /* Write the golden FLUX.3 transformer of `variant` as the GGUF `out`:
  * type T for every tensor (mixed: k_mix[i % 4] by name order), typed by
  * gguf_quantize_pick as `tpgen quantize` does; bfl: BFL names
  * (flux3_bfl_names, norm_out's halves swapped); drop: a tensor left out. */
-static int write_gguf(const char *variant, const char *out, int type, int mixed, int bfl, const char *drop) {
-    char *src = xasprintf("%s/flux3-tiny/%s/model/transformer", test_golden_dir(), variant);
+static int write_gguf_from(const char *src, const char *out, int type, const int *mix, int n_mix, int bfl,
+                           const char *drop) {
     checkpoint *c = NULL;
     flux2_bfl_tensor *bt = NULL;
     int n = 0, rc = checkpoint_open(src, &c);
@@ -63,7 +66,7 @@ static int write_gguf(const char *variant, const char *out, int type, int mixed,
         w->ndim = ti->ndim;
         for (int d = 0; d < GGUF_MAX_DIMS; d++) w->ne[d] = 1;
         for (int d = 0; d < ti->ndim; d++) w->ne[d] = ti->shape[ti->ndim - 1 - d];
-        w->type = gguf_quantize_pick(mixed ? k_mix[i % 4] : type, w->ndim, w->ne);
+        w->type = gguf_quantize_pick(mix ? mix[i % n_mix] : type, w->ndim, w->ne);
         size_t nb = (size_t)quant_row_bytes(quant_type_get(w->type), w->ne[0]) * (size_t)(nv / w->ne[0]);
         bufs[m] = xmalloc(nb);
         gguf_quantize_row(w->type, x, nv, bufs[m]);
@@ -78,6 +81,12 @@ static int write_gguf(const char *variant, const char *out, int type, int mixed,
     free(bufs), free(wt);
     flux2_bfl_names_free(bt, bt ? n : 0);
     checkpoint_close(c);
+    return rc;
+}
+
+static int write_gguf(const char *variant, const char *out, int type, int mixed, int bfl, const char *drop) {
+    char *src = xasprintf("%s/flux3-tiny/%s/model/transformer", test_golden_dir(), variant);
+    int rc = write_gguf_from(src, out, type, mixed ? k_mix : NULL, 4, bfl, drop);
     free(src);
     return rc;
 }
@@ -266,3 +275,150 @@ out:
 
 TEST_MPI(flux3_gguf_shards_base) { shards_and_twin("base"); }
 TEST_MPI(flux3_gguf_shards_flowmap) { shards_and_twin("flowmap"); }
+
+/* ---- K-quants: a random FLUX.3 wide enough for 256-value blocks ---- */
+
+/* D 256 = 4 heads x 64, M 768, one mode and one single block, joint 80,
+ * 32 channels: every block linear has rows of 256 or 768 values, so the
+ * K-quants apply, and at tp 2 / 4 the row-parallel shards are half / a
+ * quarter of a block (to_out.0) and 1.5 / 0.75 blocks (ff.linear_out). */
+static int write_random_flux3(const char *dir) {
+    enum { D = 256, M = 768, CT = 32, J = 80, CIN = 32, HD = 64 };
+    static const char *const modes[3] = {"txt", "image", "image_cond"};
+    static const char *const blocks[4] = {"txt_mode_blocks.0", "mode_blocks.image.0", "mode_blocks.image_cond.0",
+                                          "single_transformer_blocks.0"};
+    struct { char name[96]; int64_t r, c; } t[64];
+    int n = 0;
+#define ADD(R, C, ...) (snprintf(t[n].name, sizeof t[n].name, __VA_ARGS__), t[n].r = (R), t[n].c = (C), n++)
+    ADD(D, CT, "timestep_embedder.linear_1.weight");
+    ADD(D, D, "timestep_embedder.linear_2.weight");
+    for (int k = 0; k < 3; k++) {
+        ADD(3 * D, D, "early_stream_modulations.%s.linear.weight", modes[k]);
+        ADD(3 * D, D, "single_stream_modulations.%s.linear.weight", modes[k]);
+    }
+    ADD(D, J, "context_embedder.weight");
+    ADD(D, CIN, "x_embedders.image.weight");
+    ADD(D, CIN, "x_embedders.image_cond.weight");
+    ADD(2 * D, D, "norm_out.linear.weight");
+    ADD(CIN, D, "proj_out.weight");
+    for (int b = 0; b < 4; b++) {
+        ADD(D, D, "%s.attn.to_q.weight", blocks[b]);
+        ADD(D, D, "%s.attn.to_k.weight", blocks[b]);
+        ADD(D, D, "%s.attn.to_v.weight", blocks[b]);
+        ADD(D, D, "%s.attn.to_out.0.weight", blocks[b]);
+        ADD(0, HD, "%s.attn.norm_q.weight", blocks[b]);
+        ADD(0, HD, "%s.attn.norm_k.weight", blocks[b]);
+        ADD(2 * M, D, "%s.ff.linear_in.weight", blocks[b]);
+        ADD(D, M, "%s.ff.linear_out.weight", blocks[b]);
+    }
+#undef ADD
+    st_write_tensor w[64];
+    float *vals[64];
+    uint64_t s = 0x243F6A8885A308D3ull;
+    for (int i = 0; i < n; i++) {
+        int64_t nv = (t[i].r ? t[i].r : 1) * t[i].c;
+        vals[i] = xmalloc((size_t)nv * sizeof(float));
+        float scale = t[i].r ? sqrtf(3.0f / (float)t[i].c) : 0.1f, off = t[i].r ? 0.0f : 1.0f;
+        for (int64_t j = 0; j < nv; j++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            vals[i][j] = off + scale * (2.0f * (float)(s >> 40) / 16777216.0f - 1.0f);
+        }
+        w[i] = (st_write_tensor){.name = t[i].name, .dtype = DT_F32, .ndim = t[i].r ? 2 : 1,
+                                 .shape = {t[i].r ? t[i].r : t[i].c, t[i].c}, .data = vals[i]};
+    }
+    char *p = xasprintf("%s/diffusion_pytorch_model.safetensors", dir);
+    int rc = st_write(p, w, n, NULL);
+    free(p);
+    for (int i = 0; i < n; i++) free(vals[i]);
+    p = xasprintf("%s/config.json", dir);
+    FILE *f = rc ? NULL : fopen(p, "w");
+    if (f) {
+        fprintf(f, "{\"_class_name\": \"Flux3Transformer2DModel\", \"in_channels\": %d, \"cond_in_channels\": %d, "
+                   "\"num_layers\": 1, \"num_single_layers\": 1, \"attention_head_dim\": %d, "
+                   "\"num_attention_heads\": %d, \"joint_attention_dim\": %d, \"timestep_channels\": %d, "
+                   "\"mlp_ratio\": 3.0, \"axes_dims_rope\": [16, 16, 16, 16], \"flow_map\": false}\n",
+                CIN, CIN, HD, D / HD, J, CT);
+        rc = fclose(f) ? -1 : 0;
+    } else if (!rc) rc = tp_error("cannot write %s", p);
+    free(p);
+    return rc;
+}
+
+/* seeded inputs: 8 image tokens, 5 text, 3 references */
+static int forward_k(flux3_model *m, float *out) {
+    enum { N = 8, L = 5, R = 3 };
+    static float x[N * 32], txt[L * 80], cond[R * 32];
+    static int32_t img_ids[N * 4], txt_ids[L * 4], cond_ids[R * 4];
+    for (int i = 0; i < N * 32; i++) x[i] = sinf(0.37f * (float)i);
+    for (int i = 0; i < L * 80; i++) txt[i] = cosf(0.11f * (float)i);
+    for (int i = 0; i < R * 32; i++) cond[i] = sinf(0.23f * (float)i + 1);
+    for (int i = 0; i < N; i++) img_ids[4 * i] = 0, img_ids[4 * i + 1] = 0, img_ids[4 * i + 2] = i / 4, img_ids[4 * i + 3] = i % 4;
+    for (int i = 0; i < L; i++) txt_ids[4 * i] = 0, txt_ids[4 * i + 1] = 0, txt_ids[4 * i + 2] = 0, txt_ids[4 * i + 3] = i;
+    for (int i = 0; i < R; i++) cond_ids[4 * i] = 0, cond_ids[4 * i + 1] = 0, cond_ids[4 * i + 2] = i, cond_ids[4 * i + 3] = -1;
+    flux3_inputs in = {.x = x, .N = N, .img_ids = img_ids, .txt = txt, .L = L, .txt_ids = txt_ids, .cond = cond,
+                       .R = R, .cond_ids = cond_ids, .timestep = 0.625f};
+    return flux3_forward(m, &in, out);
+}
+
+/* A K-quant FLUX.3 GGUF (Q4_K, Q5_K, Q6_K by name order) at tp 1, 2, 4:
+ * bytes read = the formula (shards of half / a quarter of a block), the
+ * block linears held quantised, the forward = the dequantised twin's in
+ * f32 (1e-6) and within 3e-2 in bf16 (the int8-dot route). */
+TEST_MPI(flux3_gguf_kquants) {
+    int tp, wrank;
+    MPI_Comm g = f3_tp_group(4, &tp);
+    MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
+    backend *be = backend_cpu_create(1);
+    comm *cm = comm_create_mpi(g, be);
+    char *src = xasprintf("%s/f3k-%d-src", test_tmp_dir(), wrank), *dq = xasprintf("%s/f3k-%d-q", test_tmp_dir(), wrank);
+    char *dt = xasprintf("%s/f3k-%d-twin", test_tmp_dir(), wrank), *fq = xasprintf("%s/x.gguf", dq);
+    char *ft = xasprintf("%s/x.safetensors", dt);
+    mkdir(src, 0755), mkdir(dq, 0755), mkdir(dt, 0755);
+    int rc = write_random_flux3(src);
+    if (!rc) rc = write_gguf_from(src, fq, -1, k_kmix, 3, 0, NULL);
+    if (!rc) rc = gguf_twin_write(fq, ft);
+    CHECK(rc == 0, "writing the K-quant files: %s", tp_error_msg());
+    flux3_model *mq = NULL, *mb = NULL, *mt = NULL;
+    load_stats st = {0};
+    int grank;
+    MPI_Comm_rank(g, &grank);
+    size_t before = be->bytes_in_use, held = 0;
+    if (!rc) rc = flux3_load(dq, be, cm, DT_F32, &mq, &st);
+    held = be->bytes_in_use - before;
+    if (!rc) rc = flux3_load(dq, be, cm, DT_BF16, &mb, NULL);
+    if (!rc) flux3_set_exact_timestep(mb, 1);   /* the twin runs in f32 */
+    if (!rc) rc = flux3_load(dt, be, cm, DT_F32, &mt, NULL);
+    CHECK(rc == 0, "loading: %s", tp_error_msg());
+    if (!all_ok(rc == 0)) goto out;
+    uint64_t want_held = 0, want = formula(fq, tp, grank, &want_held);
+    CHECK(st.bytes_read == want && held == want_held, "tp %d rank %d: read %llu (formula %llu), holds %zu (%llu)", tp,
+          grank, (unsigned long long)st.bytes_read, (unsigned long long)want, held, (unsigned long long)want_held);
+    gguf_file *gf;
+    int nk = 0;
+    if (gguf_open(fq, &gf) == 0) {
+        for (int i = 0; i < gf->n; i++) nk += gf->tensors[i].type >= T_Q4_K && gf->tensors[i].type <= T_Q6_K;
+        gguf_close(gf);
+    }
+    CHECK(nk == 4 * 6 + 6 + 3, "%d K-quant tensors, want the 24 block linears, 6 modulations, linear_2, norm_out, "
+          "proj_out", nk);
+    enum { NOUT = 8 * 32 };
+    float yq[NOUT], yb[NOUT], yt[NOUT];
+    rc = forward_k(mq, yq) || forward_k(mb, yb) || forward_k(mt, yt);
+    CHECK(rc == 0, "forward: %s", tp_error_msg());
+    if (!rc) {
+        double e = rel_l2(yq, yt, NOUT), eb = rel_l2(yb, yt, NOUT), n2 = 0;
+        for (int i = 0; i < NOUT; i++) n2 += (double)yt[i] * yt[i];
+        CHECK(e <= 1e-6 && eb <= 3e-2 && n2 > 1e-3, "tp %d: K-quant GGUF vs twin f32 %.3g (tol 1e-6), bf16 %.3g (tol 3e-2)",
+              tp, e, eb);
+        if (getenv("TPGEN_TEST_VERBOSE") && grank == 0)
+            printf("# kquants tp %d: read %llu B/rank, f32 vs twin %.3e, bf16 vs twin %.3e\n", tp,
+                   (unsigned long long)st.bytes_read, e, eb);
+    }
+    all_ok(rc == 0);
+out:
+    flux3_free(mq), flux3_free(mb), flux3_free(mt);
+    comm_destroy(cm);
+    backend_destroy(be);
+    MPI_Comm_free(&g);
+    free(src), free(dq), free(dt), free(fq), free(ft);
+}
