@@ -91,7 +91,12 @@ static int write_gguf(const char *variant, const char *out, int type, int mixed,
     return rc;
 }
 
-/* With TPGEN_F3GGUF_OUT=FILE.gguf (TPGEN_F3GGUF_VARIANT base|flowmap,
+static int write_random_flux3(const char *dir);
+
+/* With TPGEN_F3GGUF_RANDOM=DIR it writes the random D 256 FLUX.3 of
+ * flux3_gguf_kquants (config.json + safetensors) into DIR (tests/sh/flux3_gguf.sh
+ * quantises it to K-quants; tests/tools/flux3_gguf_golden.py draws the same
+ * values). With TPGEN_F3GGUF_OUT=FILE.gguf (TPGEN_F3GGUF_VARIANT base|flowmap,
  * TPGEN_F3GGUF_TYPE mixed (default) or a type name, TPGEN_F3GGUF_BFL=1 for
  * BFL names, TPGEN_F3GGUF_DROP=NAME to leave a tensor out) it writes that
  * file for tests/sh/flux3_gguf.sh, and with TPGEN_F3GGUF_TWIN=FILE also the
@@ -100,7 +105,11 @@ static int write_gguf(const char *variant, const char *out, int type, int mixed,
 TEST(flux3_gguf_write) {
     const char *out = getenv("TPGEN_F3GGUF_OUT"), *var = getenv("TPGEN_F3GGUF_VARIANT");
     const char *tn = getenv("TPGEN_F3GGUF_TYPE"), *b = getenv("TPGEN_F3GGUF_BFL"), *drop = getenv("TPGEN_F3GGUF_DROP");
-    const char *twin = getenv("TPGEN_F3GGUF_TWIN");
+    const char *twin = getenv("TPGEN_F3GGUF_TWIN"), *rnd = getenv("TPGEN_F3GGUF_RANDOM");
+    if (rnd) {
+        mkdir(rnd, 0755);
+        REQUIRE(write_random_flux3(rnd) == 0, "%s", tp_error_msg());
+    }
     if (out) {
         int mixed = !tn || !strcmp(tn, "mixed"), type = mixed ? -1 : gguf_quantize_type_id(tn);
         REQUIRE(mixed || (type >= 0 && gguf_quantize_supported(type)), "TPGEN_F3GGUF_TYPE %s", tn);

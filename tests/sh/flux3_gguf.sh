@@ -11,7 +11,8 @@
 # BFL safetensors file without config.json); generate from a GGUF pipeline
 # folder = its dequantised twin's latents (and with a LoRA adapter: unmerged
 # low-rank terms vs merged); a GGUF missing a mode weight is refused naming the
-# file and the tensor; quantize refuses a non-FLUX.3 tensor under --names bfl.
+# file and the tensor; quantize refuses a non-FLUX.3 tensor under --names bfl; K-quants
+# (tpgen's Q4_K/Q5_K/Q6_K) on a random D 256 model against diffusers at tp 1, 2, 4.
 source "$TPGEN_ROOT/tests/lib.sh"
 export OMP_NUM_THREADS=1
 D=$TPGEN_ROOT/tests/data/flux3-gguf
@@ -68,6 +69,27 @@ for v in base flowmap; do
     check "flux3 gguf: $v keep without config.json (derived) f32 tp=2" "$TMP/$v/keep-nocfg" "$D/$v-Q8_0_cases.safetensors" 2 f32 1e-5
     check "flux3 gguf: $v bfl check bf16 tp=3" "$TMP/$v/bfl" "$D/$v-Q8_0_cases.safetensors" 3 bf16 3e-2
 done
+# K-quants on the random D 256 FLUX.3 of tests/test_flux3_gguf.c (the tiny golden rows are no whole 256-blocks):
+# tpgen quantize Q4_K / Q5_K / Q6_K = the bytes the golden script's reference was computed on (gguf-py's
+# dequantisation, diffusers' forward on the golden base inputs); check at tp 1, 2, 4 (row-parallel shards of half
+# and a quarter of a block), f32 and bf16
+KQ=$TMP/kq
+mkdir -p "$KQ"
+TPGEN_F3GGUF_RANDOM="$KQ/src" "$TPGEN_TESTS" flux3_gguf_write | grep -q '^ok - ' || fail "flux3 gguf: writing the random model"
+for t in Q4_K Q5_K Q6_K; do
+    mkdir -p "$KQ/$t" && "$TPGEN" quantize --type $t --names keep "$KQ/src" "$KQ/$t/x.gguf" >/dev/null &&
+        mkdir -p "$KQ/kq" && ln -sf "$KQ/$t/x.gguf" "$KQ/kq/$t.gguf" || fail "flux3 gguf: quantize $t"
+done
+(cd "$KQ" && sha256sum --quiet -c "$D/flux3-gguf-kq.sha256") && ok "flux3 gguf: Q4_K/Q5_K/Q6_K of the random model = the reference's bytes" ||
+    fail "flux3 gguf: K-quant sha256: $(cd "$KQ" && sha256sum kq/*)"
+for t in Q4_K Q5_K Q6_K; do
+    for np in 1 2 4; do
+        check "flux3 gguf: random D 256 $t check f32 tp=$np vs diffusers on gguf-py's dequantised" "$KQ/$t" \
+            "$D/kq-${t}_cases.safetensors" $np f32 1e-5
+    done
+    check "flux3 gguf: random D 256 $t check bf16 tp=2" "$KQ/$t" "$D/kq-${t}_cases.safetensors" 2 bf16 3e-2
+done
+
 # the unquantised golden outputs are not met at 1e-4 (the weights are quantised)
 expect_fail "flux3 gguf: Q8_0 against the unquantised golden fails at 1e-4" "^max_rel_err=.* FAIL$" \
     $MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$TMP/base/keep" \

@@ -25,8 +25,16 @@ bit. Diffusers' Flux3Transformer2DModel (the golden config.json, float32) with t
 on the golden transformer_cases (4 cases, 2 with reference tokens); V-T_cases.safetensors (T = Q8_0, mixed)
 is transformer_cases.safetensors with each caseK.output replaced by that output (must differ from the
 unquantised golden output by > 1e-4 relative: the weights were quantised).
-No K-quant file: the tiny models' rows (96, 80, 32, 288 values) are no whole 256-blocks, so a K-quant type
-would write every tensor F16 (docs/flux3.md "GGUF", not done).
+K-quants (gguf-py 0.19.0 has no K-quant quantiser, and the tiny models' rows of 96, 80, 32, 288 values are no
+whole 256-blocks): with --kquant TPGEN (the tpgen binary) the script draws the random D 256 FLUX.3 of
+tests/test_flux3_gguf.c (write_random_flux3: the same LCG and float32 steps, so the same values) with numpy,
+has `TPGEN quantize --type T --names keep` write it for T = Q4_K, Q5_K, Q6_K, dequantises those bytes with
+gguf-py, runs diffusers on them for the golden base cases' inputs and writes kq-T_cases.safetensors (and the
+files' sha256 to flux3-gguf-kq.sha256: the test writes the model again with the test binary, quantises it and
+checks them):
+
+    /work/venv-flux3/bin/python tests/tools/flux3_gguf_golden.py build/golden/flux3-tiny tests/data/flux3-gguf \
+        --kquant build/tpgen
 """
 import hashlib
 import os
@@ -140,6 +148,79 @@ def main(src, dst):
     print("".join(sums), end="")
 
 
+def random_flux3():
+    """write_random_flux3 of tests/test_flux3_gguf.c, value for value"""
+    D, M, CT, J, CIN, HD = 256, 768, 32, 80, 32, 64
+    t = [("timestep_embedder.linear_1.weight", D, CT), ("timestep_embedder.linear_2.weight", D, D)]
+    for m in ("txt", "image", "image_cond"):
+        t += [(f"early_stream_modulations.{m}.linear.weight", 3 * D, D),
+              (f"single_stream_modulations.{m}.linear.weight", 3 * D, D)]
+    t += [("context_embedder.weight", D, J), ("x_embedders.image.weight", D, CIN),
+          ("x_embedders.image_cond.weight", D, CIN), ("norm_out.linear.weight", 2 * D, D), ("proj_out.weight", CIN, D)]
+    for b in ("txt_mode_blocks.0", "mode_blocks.image.0", "mode_blocks.image_cond.0", "single_transformer_blocks.0"):
+        t += [(f"{b}.attn.to_q.weight", D, D), (f"{b}.attn.to_k.weight", D, D), (f"{b}.attn.to_v.weight", D, D),
+              (f"{b}.attn.to_out.0.weight", D, D), (f"{b}.attn.norm_q.weight", 0, HD),
+              (f"{b}.attn.norm_k.weight", 0, HD), (f"{b}.ff.linear_in.weight", 2 * M, D),
+              (f"{b}.ff.linear_out.weight", D, M)]
+    s = np.uint64(0x243F6A8885A308D3)
+    A, C = np.uint64(6364136223846793005), np.uint64(1442695040888963407)
+    out = {}
+    with np.errstate(over="ignore"):
+        for name, r, c in t:
+            nv = (r or 1) * c
+            st = np.empty(nv, dtype=np.uint64)
+            for j in range(nv):
+                s = s * A + C
+                st[j] = s
+            u = (st >> np.uint64(40)).astype(np.float32)
+            f = np.float32(2.0) * u / np.float32(16777216.0) - np.float32(1.0)
+            scale = np.sqrt(np.float32(3.0) / np.float32(c)) if r else np.float32(0.1)
+            off = np.float32(0.0) if r else np.float32(1.0)
+            out[name] = (off + scale * f).astype(np.float32).reshape((r, c) if r else (c,))
+    cfg = {"_class_name": "Flux3Transformer2DModel", "in_channels": CIN, "cond_in_channels": CIN, "num_layers": 1,
+           "num_single_layers": 1, "attention_head_dim": HD, "num_attention_heads": D // HD, "joint_attention_dim": J,
+           "timestep_channels": CT, "mlp_ratio": 3.0, "axes_dims_rope": [16, 16, 16, 16], "flow_map": False}
+    return out, cfg
+
+
+def kquant(src, dst, tpgen):
+    import json, subprocess, tempfile
+    from diffusers import Flux3Transformer2DModel
+    from safetensors.numpy import save_file as np_save
+    ts, cfg = random_flux3()
+    cases = load_file(os.path.join(src, "base", "transformer_cases.safetensors"))
+    sums = []
+    with tempfile.TemporaryDirectory() as tmp:
+        np_save(ts, os.path.join(tmp, "diffusion_pytorch_model.safetensors"))
+        json.dump(cfg, open(os.path.join(tmp, "config.json"), "w"))
+        for tn in ("Q4_K", "Q5_K", "Q6_K"):
+            g = os.path.join(tmp, f"{tn}.gguf")
+            subprocess.run([tpgen, "quantize", "--type", tn, "--names", "keep", tmp, g], check=True)
+            sums.append(f"{hashlib.sha256(open(g, 'rb').read()).hexdigest()}  kq/{tn}.gguf\n")
+            deq = read_dequantised(g)
+            nk = sum(1 for t in gguf.GGUFReader(g).tensors if t.tensor_type == Q[tn])
+            m = Flux3Transformer2DModel(**{k: v for k, v in cfg.items() if k != "_class_name"}).eval()
+            m.load_state_dict(deq, strict=True)
+            outs = run_cases(m, cases)
+            full = Flux3Transformer2DModel(**{k: v for k, v in cfg.items() if k != "_class_name"}).eval()
+            full.load_state_dict({k: torch.from_numpy(v) for k, v in ts.items()}, strict=True)
+            fo = run_cases(full, cases)
+            res = dict(cases)
+            for k, o in outs.items():
+                d = float((o - fo[k]).norm() / fo[k].norm())
+                assert d > 1e-4, f"{tn} case{k}: equal to the unquantised model ({d})"
+                print(f"{tn} ({nk} tensors) case{k}: |quantised - unquantised| / |unquantised| = {d:.3e}")
+                res[f"case{k}.output"] = o.contiguous()
+            os.remove(g)
+            save_file(res, os.path.join(dst, f"kq-{tn}_cases.safetensors"))
+    open(os.path.join(dst, "flux3-gguf-kq.sha256"), "w").write("".join(sums))
+    print("".join(sums), end="")
+
+
 if __name__ == "__main__":
+    if "--kquant" in sys.argv:
+        i = sys.argv.index("--kquant")
+        kquant(sys.argv[1], sys.argv[2], sys.argv[i + 1])
+        sys.exit()
     main(sys.argv[1] if len(sys.argv) > 1 else "build/golden/flux3-tiny",
          sys.argv[2] if len(sys.argv) > 2 else "tests/data/flux3-gguf")
