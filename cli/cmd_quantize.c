@@ -1,4 +1,5 @@
-/* `tpgen quantize --type T [--force] IN OUT.gguf`: a FLUX.2 transformer
+/* `tpgen quantize --type T [--force] IN OUT.gguf`: a FLUX.2 (or FLUX.3:
+ * BFL recipes from core/models/flux3_bfl_names.c) transformer
  * checkpoint that tpgen reads (a diffusers folder, a BFL single file, a
  * .gguf; bf16/f16/f32/fp8/GGUF blocks) rewritten as a GGUF in the
  * ComfyUI-GGUF layout (docs/gguf.md "tpgen quantize"). Each tensor is read
@@ -19,6 +20,8 @@
 #include "core/formats/gguf.h"
 #include "core/formats/gguf_quantize.h"
 #include "core/models/flux2_bfl_names.h"
+#include "core/models/flux3.h"
+#include "core/models/flux3_bfl_names.h"
 #include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -29,9 +32,9 @@
 static int usage(FILE *f) {
     fprintf(f,
             "usage: tpgen quantize --type T [--names bfl|keep] [--force] IN OUT.gguf\n\n"
-            "Write the FLUX.2 transformer checkpoint IN (a diffusers transformer folder, a BFL single\n"
+            "Write the FLUX.2 or FLUX.3 transformer checkpoint IN (a diffusers transformer folder, a BFL single\n"
             ".safetensors file, or a .gguf; bf16/f16/f32/fp8 or GGUF blocks) as a GGUF in the ComfyUI-GGUF\n"
-            "layout (general.architecture \"flux\").\n\n"
+            "layout (general.architecture \"flux\"; a FLUX.3 transformer: \"flux3\").\n\n"
             "  --type T   %s\n"
             "             (bit-identical to gguf-py 0.19.0's quantisers; the K-quants to ggml's\n"
             "             reference quantisers, IQ4_NL and IQ4_XS to ggml's quantize_iq4_nl/_xs,\n"
@@ -40,8 +43,9 @@ static int usage(FILE *f) {
             "             whole blocks of T is written F16; every other tensor is T\n"
             "  --names N  bfl: BFL names, what ComfyUI-GGUF loads (double_blocks.N.img_attn.qkv from to_q,\n"
             "             to_k, to_v stacked by rows, final_layer.adaLN_modulation.1 with the halves swapped,\n"
-            "             ...): IN must be a diffusers FLUX.2 transformer. keep: IN's names as they are.\n"
-            "             Default: bfl for a diffusers FLUX.2 transformer, keep otherwise (a BFL file or a\n"
+            "             ...; FLUX.3: the inverse of diffusers' FLUX.3 converter): IN must be a diffusers FLUX.2\n"
+            "             or FLUX.3 transformer. keep: IN's names as they are.\n"
+            "             Default: bfl for a diffusers transformer, keep otherwise (a BFL file or a\n"
             "             ComfyUI GGUF already has BFL names)\n"
             "  --force    replace an existing OUT\n\n"
             "OUT is written to a temporary file in its folder and renamed when complete.\n",
@@ -176,11 +180,14 @@ static int run(const char *in, const char *out, int type, int names, int force) 
         checkpoint_close(c);
         return tp_error("quantize: %s holds no tensors", in);
     }
-    if (names == 0) names = flux2_bfl_is_diffusers(c) ? 1 : 2;
-    if (names == 1 && checkpoint_is_bfl(c)) names = 2;   /* a BFL file or ComfyUI GGUF: already BFL names */
+    /* FLUX.3 (diffusers or BFL names): its own recipes (flux3_bfl_names.h), architecture "flux3" */
+    const char *bfl3 = NULL;
+    int flux3 = flux3_checkpoint_names(c, &bfl3);
+    if (names == 0) names = flux2_bfl_is_diffusers(c) || flux3_bfl_is_diffusers(c) ? 1 : 2;
+    if (names == 1 && (checkpoint_is_bfl(c) || bfl3)) names = 2;   /* a BFL file or ComfyUI GGUF: already BFL names */
     flux2_bfl_tensor *bt = NULL;
     int n_out = c->n;
-    if (names == 1 && flux2_bfl_names(c, &bt, &n_out)) {
+    if (names == 1 && (flux3 ? flux3_bfl_names(c, &bt, &n_out) : flux2_bfl_names(c, &bt, &n_out))) {
         checkpoint_close(c);
         return tp_error_context("quantize --names bfl: %s", in);
     }
@@ -214,8 +221,8 @@ static int run(const char *in, const char *out, int type, int names, int force) 
         memset(kv, 0, sizeof kv);
         kv[0].key = "general.architecture";
         kv[0].v.type = GGUF_STRING;
-        kv[0].v.str.s = "flux";
-        kv[0].v.str.len = 4;
+        kv[0].v.str.s = flux3 ? "flux3" : "flux";
+        kv[0].v.str.len = strlen(kv[0].v.str.s);
         qctx q = {c, wt, bt, -1, NULL, 0};
         rc = gguf_write(out, kv, 1, wt, n_out, fill, &q);
         free(q.buf);

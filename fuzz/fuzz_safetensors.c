@@ -1,8 +1,9 @@
 /* libFuzzer harness: a safetensors file (header + data) opened with
  * st_open, every tensor planned with the FLUX.2 plan at tp 1..4, and the
  * same bytes as the only file of a checkpoint folder (checkpoint_open);
- * the tensors are read back as f32 and i64; a FLUX.3 BFL config is derived
- * from the checkpoint's shapes and parsed (flux3_config_from_bfl). */
+ * the tensors are read back as f32 and i64; a FLUX.3 config (BFL or
+ * diffusers names) is derived from the checkpoint's shapes and parsed
+ * (flux3_config_from_shapes). */
 #include "core/models/model_plan.h"
 #include "core/formats/checkpoint.h"
 #include "core/models/flux3.h"
@@ -53,8 +54,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     checkpoint *c = NULL;
     if (checkpoint_open(g_dir, &c) == 0) {
-        if (flux3_bfl_prefix(c)) {
-            json_t *j = flux3_config_from_bfl(c);
+        const char *pfx;
+        if (flux3_checkpoint_names(c, &pfx)) {   /* BFL or diffusers FLUX.3 names */
+            json_t *j = flux3_config_from_shapes(c);
             flux3_config fc;
             if (j) (void)flux3_config_parse(j, "fuzz", &fc);
             json_decref(j);

@@ -256,3 +256,18 @@ TEST_MPI(flux3_fp8_flowmap_per_tensor) { fp8_case("flowmap", KIND_TENSOR); }
 TEST_MPI(flux3_fp8_flowmap_per_channel) { fp8_case("flowmap", KIND_CHANNEL); }
 TEST_MPI(flux3_fp8_base_quantize) { fp8_case("base", KIND_QUANTIZE); }
 TEST_MPI(flux3_fp8_flowmap_quantize) { fp8_case("flowmap", KIND_QUANTIZE); }
+
+/* With TPGEN_F3FP8_OUT=DIR: the base model's per-channel fp8 file in
+ * DIR/fp8 and its dequantised twin in DIR/twin, for tests/sh/flux3_gguf.sh
+ * (`tpgen quantize` of an fp8 FLUX.3 checkpoint = of its twin). */
+TEST(flux3_fp8_write_pair) {
+    const char *env = getenv("TPGEN_F3FP8_OUT");
+    char *root = env ? xstrdup(env) : xasprintf("%s/f3fp8", test_tmp_dir());
+    mkdir(root, 0755);
+    char *src = xasprintf("%s/flux3-tiny/base/model/transformer", test_golden_dir());
+    char *dq = xasprintf("%s/fp8", root), *dd = xasprintf("%s/twin", root);
+    int n_fp8 = 0;
+    CHECK(write_pair(src, KIND_CHANNEL, 1, dq, dd, &n_fp8) == 0 && n_fp8 >= 24, "%s (%d fp8 weights)", tp_error_msg(),
+          n_fp8);
+    free(root), free(src), free(dq), free(dd);
+}

@@ -6,6 +6,7 @@
 #include "core/formats/checkpoint.h"
 #include "core/formats/lora.h"
 #include "model_plan.h"
+#include "flux3.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -290,8 +291,12 @@ json_t *flux2_transformer_config(const char *dir, char **where) {
         free(path);
         path = xasprintf("%s (config derived from the %s checkpoint's tensor shapes)", dir, bfl ? "BFL" : "diffusers-named");
         cfg = bfl ? flux2_config_from_bfl(ck) : flux2_config_from_diffusers(ck);
+    } else if (ck && flux3_checkpoint_names(ck, &(const char *){NULL})) {   /* FLUX.3 (BFL or GGUF), no config.json */
+        free(path);
+        path = xasprintf("%s (config derived from the FLUX.3 checkpoint's tensor shapes)", dir);
+        cfg = flux3_config_from_shapes(ck);
     } else if (access(dir, F_OK) == 0 && ck) {
-        tp_error("%s: no config.json beside it, and its tensors are neither BFL- nor diffusers-named FLUX.2 "
+        tp_error("%s: no config.json beside it, and its tensors are neither BFL- nor diffusers-named FLUX.2 or FLUX.3 "
                  "transformer weights (no img_in.weight or x_embedder.weight): pass the pipeline's transformer/ "
                  "folder (with config.json) or a FLUX.2 transformer checkpoint", dir);
     } else if (access(dir, F_OK) == 0) {

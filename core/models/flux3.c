@@ -91,91 +91,130 @@ const char *flux3_bfl_prefix(const checkpoint *ck) {
     return NULL;
 }
 
-/* diffusers name -> BFL name (behind pfx), into out[n] */
-static void bfl_name(const char *d, const char *pfx, char *out, size_t n) {
-    static const char *const exact[][2] = {
-        {"timestep_embedder.linear_1.weight", "time_in.in_layer.weight"},
-        {"timestep_embedder.linear_2.weight", "time_in.out_layer.weight"},
-        {"target_timestep_embedder.linear_1.weight", "ref_time_in.in_layer.weight"},
-        {"target_timestep_embedder.linear_2.weight", "ref_time_in.out_layer.weight"},
-        {"proj_out.weight", "final_layer.image.linear.weight"},
-        {"norm_out.linear.weight", "final_layer.image.adaLN_modulation.1.weight"},   /* halves swapped */
-    };
-    static const char *const prefix[][2] = {{"x_embedders.", "emb_in."}, {"context_embedder.", "txt_in."},
-                                            {"mode_blocks.", "content_mode_blocks."},
-                                            {"single_transformer_blocks.", "single_blocks."}};
-    static const char *const suffix[][2] = {
-        {"attn.to_q.weight", "q_proj.weight"}, {"attn.to_k.weight", "k_proj.weight"},
-        {"attn.to_v.weight", "v_proj.weight"}, {"attn.to_out.0.weight", "attn_out.weight"},
-        {"attn.norm_q.weight", "norm.query_norm.scale"}, {"attn.norm_k.weight", "norm.key_norm.scale"},
-        {"ff.linear_in.weight", "mlp_in.weight"}, {"ff.linear_out.weight", "mlp_out.weight"},
-        {".linear.weight", ".lin.weight"}};
-    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
-        if (!strcmp(d, exact[i][0])) { snprintf(out, n, "%s%s", pfx, exact[i][1]); return; }
+/* The name map, [diffusers, BFL] pairs: exact names, then one prefix and
+ * one suffix rewrite. */
+static const char *const k_exact[][2] = {
+    {"timestep_embedder.linear_1.weight", "time_in.in_layer.weight"},
+    {"timestep_embedder.linear_2.weight", "time_in.out_layer.weight"},
+    {"target_timestep_embedder.linear_1.weight", "ref_time_in.in_layer.weight"},
+    {"target_timestep_embedder.linear_2.weight", "ref_time_in.out_layer.weight"},
+    {"proj_out.weight", "final_layer.image.linear.weight"},
+    {"norm_out.linear.weight", "final_layer.image.adaLN_modulation.1.weight"},   /* halves swapped */
+};
+static const char *const k_prefix[][2] = {{"x_embedders.", "emb_in."}, {"context_embedder.", "txt_in."},
+                                          {"mode_blocks.", "content_mode_blocks."},
+                                          {"single_transformer_blocks.", "single_blocks."}};
+static const char *const k_suffix[][2] = {
+    {"attn.to_q.weight", "q_proj.weight"}, {"attn.to_k.weight", "k_proj.weight"},
+    {"attn.to_v.weight", "v_proj.weight"}, {"attn.to_out.0.weight", "attn_out.weight"},
+    {"attn.norm_q.weight", "norm.query_norm.scale"}, {"attn.norm_k.weight", "norm.key_norm.scale"},
+    {"ff.linear_in.weight", "mlp_in.weight"}, {"ff.linear_out.weight", "mlp_out.weight"},
+    {".linear.weight", ".lin.weight"}};
+
+/* `in` mapped from side `from` (0 diffusers, 1 BFL) to the other, into out[n] */
+static void map_name(const char *in, int from, char *out, size_t n) {
+    int to = !from;
+    for (size_t i = 0; i < sizeof k_exact / sizeof k_exact[0]; i++)
+        if (!strcmp(in, k_exact[i][from])) { snprintf(out, n, "%s", k_exact[i][to]); return; }
     char tmp[256];
-    snprintf(tmp, sizeof tmp, "%s", d);
-    for (size_t i = 0; i < sizeof prefix / sizeof prefix[0]; i++) {
-        size_t l = strlen(prefix[i][0]);
-        if (!strncmp(d, prefix[i][0], l)) { snprintf(tmp, sizeof tmp, "%s%s", prefix[i][1], d + l); break; }
+    snprintf(tmp, sizeof tmp, "%s", in);
+    for (size_t i = 0; i < sizeof k_prefix / sizeof k_prefix[0]; i++) {
+        size_t l = strlen(k_prefix[i][from]);
+        if (!strncmp(in, k_prefix[i][from], l)) { snprintf(tmp, sizeof tmp, "%s%s", k_prefix[i][to], in + l); break; }
     }
     size_t tl = strlen(tmp);
-    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
-        size_t l = strlen(suffix[i][0]);
-        if (tl >= l && !strcmp(tmp + tl - l, suffix[i][0])) {
-            snprintf(tmp + tl - l, sizeof tmp - (tl - l), "%s", suffix[i][1]);
+    for (size_t i = 0; i < sizeof k_suffix / sizeof k_suffix[0]; i++) {
+        size_t l = strlen(k_suffix[i][from]);
+        if (tl >= l && !strcmp(tmp + tl - l, k_suffix[i][from])) {
+            snprintf(tmp + tl - l, sizeof tmp - (tl - l), "%s", k_suffix[i][to]);
             break;
         }
     }
+    snprintf(out, n, "%s", tmp);
+}
+
+/* diffusers name -> BFL name (behind pfx), into out[n] (flux3.h) */
+void flux3_bfl_name(const char *d, const char *pfx, char *out, size_t n) {
+    char tmp[256];
+    map_name(d, 0, tmp, sizeof tmp);
     snprintf(out, n, "%s%s", pfx, tmp);
 }
 
-static int bfl_dim(const checkpoint *ck, const char *pfx, const char *name, int64_t *rows, int64_t *cols) {
+/* checkpoint_rename callback: a BFL name (behind the prefix ctx) -> its
+ * diffusers name (the REPA heads keep theirs, without the prefix) */
+static int bfl_to_diffusers(const char *name, char *out, size_t cap, void *ctx) {
+    const char *pfx = ctx;
+    size_t l = strlen(pfx);
+    if (strncmp(name, pfx, l)) return 0;
+    if (!strncmp(name + l, "repa_projectors.", 16)) return snprintf(out, cap, "%s", name + l), 1;
+    map_name(name + l, 1, out, cap);
+    return 1;
+}
+
+/* A FLUX.3 checkpoint's naming: its BFL prefix, or NULL with *diffusers
+ * set for diffusers names (a GGUF or safetensors file without config.json).
+ * 0 when neither. */
+int flux3_checkpoint_names(const checkpoint *ck, const char **bfl) {
+    *bfl = flux3_bfl_prefix(ck);
+    if (*bfl) return 1;
+    return ck && checkpoint_find(ck, "early_stream_modulations.image.linear.weight", NULL) ? 1 : 0;
+}
+
+/* the [rows, cols] of the tensor of diffusers name `name`, looked up under
+ * the checkpoint's naming (pfx: BFL prefix, NULL: diffusers names) */
+static int shape_dim(const checkpoint *ck, const char *pfx, const char *name, int64_t *rows, int64_t *cols) {
     char full[256];
-    snprintf(full, sizeof full, "%s%s", pfx, name);
+    if (pfx) flux3_bfl_name(name, pfx, full, sizeof full);
+    else snprintf(full, sizeof full, "%s", name);
     const st_tensor_info *t = checkpoint_find(ck, full, NULL);
     if (!t)
-        return tp_error("%s: FLUX.3 BFL checkpoint has no tensor %s (needed to derive the config; the file is "
-                        "incomplete, or put the model's diffusers config.json next to it)", ck->dir, full);
+        return tp_error("%s: FLUX.3 %s checkpoint has no tensor %s (needed to derive the config; the file is "
+                        "incomplete, or put the model's diffusers config.json next to it)", ck->dir,
+                        pfx ? "BFL" : "diffusers-named", full);
     *rows = t->ndim >= 1 ? t->shape[0] : 1;
     *cols = 1;
     for (int d = 1; d < t->ndim; d++) *cols *= t->shape[d];
     return 0;
 }
 
-static int bfl_count(const checkpoint *ck, const char *pfx, const char *fmt) {
-    char name[256];
+static int shape_count(const checkpoint *ck, const char *pfx, const char *fmt) {
+    char name[256], full[256];
     int n = 0;
     for (;; n++) {
-        int l = snprintf(name, sizeof name, "%s", pfx);
-        snprintf(name + l, sizeof name - (size_t)l, fmt, n);
-        if (!checkpoint_find(ck, name, NULL)) return n;
+        snprintf(name, sizeof name, fmt, n);
+        if (pfx) flux3_bfl_name(name, pfx, full, sizeof full);
+        else snprintf(full, sizeof full, "%s", name);
+        if (!checkpoint_find(ck, full, NULL)) return n;
     }
 }
 
-json_t *flux3_config_from_bfl(const checkpoint *ck) {
-    const char *pfx = flux3_bfl_prefix(ck);
-    if (!pfx) return tp_error("%s: not a FLUX.3 BFL checkpoint (no early_stream_modulations.image.lin.weight)",
-                              ck->dir), NULL;
+json_t *flux3_config_from_shapes(const checkpoint *ck) {
+    const char *pfx;
+    if (!flux3_checkpoint_names(ck, &pfx))
+        return tp_error("%s: not a FLUX.3 checkpoint (no early_stream_modulations.image.lin.weight (BFL) or "
+                        "early_stream_modulations.image.linear.weight (diffusers))", ck->dir), NULL;
     int64_t D, cin, Dc, ccin, Dt, J, Dte, Ct, hd, one, M2, Dm, Dmod, D3, out_c, Dp;
-    if (bfl_dim(ck, pfx, "emb_in.image.weight", &D, &cin) || bfl_dim(ck, pfx, "emb_in.image_cond.weight", &Dc, &ccin) ||
-        bfl_dim(ck, pfx, "txt_in.weight", &Dt, &J) || bfl_dim(ck, pfx, "time_in.in_layer.weight", &Dte, &Ct) ||
-        bfl_dim(ck, pfx, "early_stream_modulations.image.lin.weight", &D3, &Dmod) ||
-        bfl_dim(ck, pfx, "final_layer.image.linear.weight", &out_c, &Dp))
+    if (shape_dim(ck, pfx, "x_embedders.image.weight", &D, &cin) ||
+        shape_dim(ck, pfx, "x_embedders.image_cond.weight", &Dc, &ccin) ||
+        shape_dim(ck, pfx, "context_embedder.weight", &Dt, &J) ||
+        shape_dim(ck, pfx, "timestep_embedder.linear_1.weight", &Dte, &Ct) ||
+        shape_dim(ck, pfx, "early_stream_modulations.image.linear.weight", &D3, &Dmod) ||
+        shape_dim(ck, pfx, "proj_out.weight", &out_c, &Dp))
         return NULL;
-    int layers = bfl_count(ck, pfx, "content_mode_blocks.image.%d.q_proj.weight");
-    int singles = bfl_count(ck, pfx, "single_blocks.%d.q_proj.weight");
+    int layers = shape_count(ck, pfx, "mode_blocks.image.%d.attn.to_q.weight");
+    int singles = shape_count(ck, pfx, "single_transformer_blocks.%d.attn.to_q.weight");
     if (layers + singles == 0)
-        return tp_error("%s: FLUX.3 BFL checkpoint has neither content_mode_blocks.image.0 nor single_blocks.0",
-                        ck->dir), NULL;
-    const char *blk = singles ? "single_blocks.0." : "content_mode_blocks.image.0.";
+        return tp_error("%s: FLUX.3 checkpoint has neither mode block 0 (content_mode_blocks.image.0 / "
+                        "mode_blocks.image.0) nor single block 0", ck->dir), NULL;
+    const char *blk = singles ? "single_transformer_blocks.0." : "mode_blocks.image.0.";
     char name[128];
-    snprintf(name, sizeof name, "%snorm.query_norm.scale", blk);
-    if (bfl_dim(ck, pfx, name, &hd, &one)) return NULL;
-    snprintf(name, sizeof name, "%smlp_in.weight", blk);
-    if (bfl_dim(ck, pfx, name, &M2, &Dm)) return NULL;
+    snprintf(name, sizeof name, "%sattn.norm_q.weight", blk);
+    if (shape_dim(ck, pfx, name, &hd, &one)) return NULL;
+    snprintf(name, sizeof name, "%sff.linear_in.weight", blk);
+    if (shape_dim(ck, pfx, name, &M2, &Dm)) return NULL;
     if (D <= 0 || D > FLUX3_MAX_D || Dc != D || Dt != D || Dte != D || Dmod != D || D3 != 3 * D || Dp != D ||
         out_c != cin || Dm != D || one != 1 || hd <= 0 || D % hd || hd % 8 || M2 <= 0 || M2 % 2)
-        return tp_error("%s: FLUX.3 BFL checkpoint shapes are inconsistent (emb_in.image [%lld, %lld], "
+        return tp_error("%s: FLUX.3 checkpoint shapes are inconsistent (emb_in.image [%lld, %lld], "
                         "emb_in.image_cond [%lld, %lld], txt_in [%lld, %lld], time_in [%lld, %lld], final_layer "
                         "[%lld, %lld], head_dim %lld, mlp_in [%lld, %lld]); supply a config.json", ck->dir,
                         (long long)D, (long long)cin, (long long)Dc, (long long)ccin, (long long)Dt, (long long)J,
@@ -188,7 +227,8 @@ json_t *flux3_config_from_bfl(const checkpoint *ck) {
                         (long long)M), NULL;
     /* Not in the shapes: four equal RoPE axes ([32,32,32,32] at head_dim
      * 128), theta 10000 and eps 1e-6, the diffusers class defaults. */
-    snprintf(name, sizeof name, "%sref_time_in.in_layer.weight", pfx);
+    if (pfx) flux3_bfl_name("target_timestep_embedder.linear_1.weight", pfx, name, sizeof name);
+    else snprintf(name, sizeof name, "target_timestep_embedder.linear_1.weight");
     return json_pack("{s:s, s:I, s:I, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:[I,I,I,I], s:i, s:f, s:b}",
                      "_class_name", FLUX3_CLASS_NAME, "in_channels", (json_int_t)cin, "cond_in_channels",
                      (json_int_t)ccin, "num_layers", layers, "num_single_layers", singles, "attention_head_dim",
@@ -198,14 +238,24 @@ json_t *flux3_config_from_bfl(const checkpoint *ck) {
                      checkpoint_find(ck, name, NULL) != NULL);
 }
 
+
+json_t *flux3_config_from_bfl(const checkpoint *ck) {
+    const char *pfx;
+    if (!flux3_checkpoint_names(ck, &pfx) || !pfx)
+        return tp_error("%s: not a FLUX.3 BFL checkpoint (no early_stream_modulations.image.lin.weight)", ck->dir),
+               NULL;
+    return flux3_config_from_shapes(ck);
+}
+
 json_t *flux3_bfl_dir_config(const char *dir, int *is_flux3) {
     *is_flux3 = 0;
     struct stat s;
     checkpoint *ck = NULL;
     json_t *cfg = NULL;
-    if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0 && flux3_bfl_prefix(ck)) {
+    const char *pfx;
+    if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0 && flux3_checkpoint_names(ck, &pfx)) {
         *is_flux3 = 1;
-        cfg = flux3_config_from_bfl(ck);
+        cfg = flux3_config_from_shapes(ck);
     }
     checkpoint_close(ck);
     return cfg;
@@ -221,7 +271,8 @@ int flux3_is_transformer_dir(const char *dir) {
     if (!yes && !j) {   /* no config.json: a FLUX.3 BFL single file? */
         struct stat s;
         checkpoint *ck = NULL;
-        if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0) yes = flux3_bfl_prefix(ck) != NULL;
+        const char *pfx;
+        if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode) && checkpoint_open(dir, &ck) == 0) yes = flux3_checkpoint_names(ck, &pfx);
         checkpoint_close(ck);
     }
     return yes;
@@ -290,7 +341,7 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
     if (b->bfl) {
         char d[256];
         snprintf(d, sizeof d, "%s", name);
-        bfl_name(d, b->bfl, name, sizeof name);
+        flux3_bfl_name(d, b->bfl, name, sizeof name);
     }
     if (b->random) return random_tensor(b, name, grows, gcols, lrows, lcols);
     const tensor *t = NULL;
@@ -300,12 +351,15 @@ static const tensor *bind(binder *b, int64_t grows, int64_t gcols, int64_t lrows
             const char *why = strstr(name, "target_timestep")
                                   ? " (config.json says flow_map: true, which needs the target-timestep embedder)"
                                   : "";
+            /* a single file (a BFL file, a GGUF) is named too */
+            const char *file = b->ck->n_files == 1 ? b->ck->files[0]->path : "";
             if (b->derived)
-                return tp_error("%s: tensor %s missing from the FLUX.3 BFL checkpoint (its config derived from the "
+                return tp_error("%s: tensor %s missing from the FLUX.3 %s checkpoint %s (its config derived from the "
                                 "shapes has %d mode and %d single blocks); the file is incomplete", b->dir, name,
+                                b->bfl ? "BFL" : "diffusers-named", file,
                                 b->m->cfg.num_layers, b->m->cfg.num_single_layers), NULL;
-            return tp_error("%s: tensor %s missing from the checkpoint%s; the config does not belong to these weights",
-                            b->dir, name, why), NULL;
+            return tp_error("%s: tensor %s missing from the checkpoint %s%s; the config does not belong to these "
+                            "weights", b->dir, name, file, why), NULL;
         }
         b->names = xrealloc(b->names, (size_t)(b->n_names + 1) * sizeof *b->names);
         b->names[b->n_names++] = xstrdup(name);
@@ -350,6 +404,13 @@ static int bind_block(binder *b, flux3_block_w *w, const char *prefix, int i) {
  * replicated and never quantised), through a temporary of one half. The
  * weights object owns the memory and nothing else reads it. */
 static int swap_halves(flux3_model *m, const tensor *w, int64_t D) {
+    if (w->dtype == DT_GGML) {   /* quantised (a GGUF; CPU memory, whole rows): swap the rows' stored bytes */
+        size_t n = (size_t)D * (size_t)w->qpitch;
+        char *a = w->data, *tmp = xmalloc(n);
+        memcpy(tmp, a, n), memcpy(a, a + n, n), memcpy(a + n, tmp, n);
+        free(tmp);
+        return 0;
+    }
     tensor *tmp = tensor_new(m->be, w->dtype, D, w->cols);
     if (!tmp) return tp_error_context("swapping the halves of final_layer.image.adaLN_modulation.1.weight");
     tensor *mw = (tensor *)w;
@@ -396,12 +457,13 @@ static int bind_all(binder *b) {
 /* Every name and global shape the config implies is in the checkpoint, and
  * the checkpoint holds nothing else (e.g. a target-timestep embedder under a
  * config without flow_map, or more blocks than num_layers). */
-static int check_names(flux3_model *m, const char *dir, const checkpoint *ck, const char *bfl, int derived) {
+static int check_names(flux3_model *m, const char *dir, const checkpoint *ck, const char *bfl, int derived,
+                       int renamed) {
     binder b = {.m = m, .dir = dir, .ck = ck, .bfl = bfl, .derived = derived};
     int rc = bind_all(&b);
     for (int k = 0; !rc && k < ck->n; k++) {
         const char *name = ck->infos[k]->name;
-        if (bfl && is_repa(name)) continue;
+        if ((bfl || renamed) && is_repa(name)) continue;
         int known = 0;
         for (int i = 0; i < b.n_names && !known; i++) known = !strcmp(b.names[i], name);
         if (!known)
@@ -471,6 +533,18 @@ static int model_new(const flux3_config *cfg, backend *be, comm *c, dtype_t prec
     return 0;
 }
 
+/* LoRA on a BFL file (renamed to diffusers names at load): norm_out's
+ * halves are put in diffusers' order before the adapter merges into them */
+typedef struct swap_merge {
+    flux3_model *m;
+    lora_set *ls;
+} swap_merge;
+static int swap_then_merge(void *ctx, const st_tensor_info *ti, const shard_info *si, int tp, int rank, tensor *t) {
+    swap_merge *sm = ctx;
+    if (!strcmp(ti->name, "norm_out.linear.weight") && swap_halves(sm->m, t, t->rows / 2)) return -1;
+    return lora_merge_shard(sm->ls, ti, si, tp, rank, t);
+}
+
 int flux3_load(const char *dir, backend *be, comm *c, dtype_t precision, flux3_model **out, load_stats *st) {
     return flux3_load_ex(dir, be, c, precision, NULL, out, st);
 }
@@ -482,6 +556,7 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     *out = NULL;
     if (x->lora_set_out) *x->lora_set_out = NULL;
     lora_set *ls = NULL;
+    swap_merge sm = {0};
     char *path = xasprintf("%s/config.json", dir);
     json_error_t jerr;
     json_t *cfg_json = NULL;
@@ -498,17 +573,33 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
         }
         if (checkpoint_open(dir, &ck)) goto done;
         bfl = flux3_bfl_prefix(ck);
-    } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 && (bfl = flux3_bfl_prefix(ck))) {
-        free(path);   /* a BFL single file: the config from its shapes */
-        path = xasprintf("%s (config derived from the FLUX.3 BFL checkpoint's tensor shapes)", dir);
+    } else if (access(dir, F_OK) == 0 && checkpoint_open(dir, &ck) == 0 && flux3_checkpoint_names(ck, &bfl)) {
+        free(path);   /* a BFL single file or a GGUF/safetensors file of either naming: the config from its shapes */
+        path = xasprintf("%s (config derived from the FLUX.3 %s checkpoint's tensor shapes)", dir,
+                         bfl ? "BFL" : "diffusers-named");
         derived = 1;
-        if (!(cfg_json = flux3_config_from_bfl(ck))) goto done;
+        if (!(cfg_json = flux3_config_from_shapes(ck))) goto done;
     } else {
         tp_error("%s is missing: pass the pipeline's transformer/ folder (diffusers layout, with config.json) "
-                 "or a folder holding a FLUX.3 BFL single-file checkpoint (needs no config.json)", path);
+                 "or a folder holding a FLUX.3 BFL single-file checkpoint or a FLUX.3 GGUF (need no config.json)",
+                 path);
         goto done;
     }
-    if (flux3_config_parse(cfg_json, path, &cfg) || model_new(&cfg, be, c, precision, &m) || check_names(m, dir, ck, bfl, derived))
+    /* LoRA on a BFL file: the adapter maps onto diffusers names, so the file is
+     * renamed (checkpoint_rename: the same tensors and bytes) and norm_out's
+     * halves swapped before the merge (swap_then_merge) */
+    int renamed = 0;
+    if (bfl && x->n_loras) {
+        if (ck->fp8) {
+            tp_error("%s: LoRA on an fp8 FLUX.3 checkpoint in BFL names is not supported (use a bf16/f32 or GGUF "
+                     "file, or diffusers names)", dir);
+            goto done;
+        }
+        if (checkpoint_rename(ck, bfl_to_diffusers, (void *)bfl)) goto done;
+        bfl = NULL, renamed = 1;
+    }
+    if (flux3_config_parse(cfg_json, path, &cfg) || model_new(&cfg, be, c, precision, &m) ||
+        check_names(m, dir, ck, bfl, derived, renamed))
         goto done;
     plan p;
     load_opts o = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = precision, .quantize_fp8 = x->quantize_fp8,
@@ -516,8 +607,10 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
     if (precision == DT_BF16) o.want = is_not_qk_norm;   /* the QK norms load in f32, below */
     if (x->n_loras) {   /* every adapter is checked against the checkpoint before a weight byte is read */
         if (lora_set_open(x->loras, x->n_loras, ck, m->rank == 0, &ls)) goto done;
+        sm = (swap_merge){m, ls};
         o.transform = lora_merge_shard;
         o.transform_ctx = ls;
+        if (renamed) o.transform = swap_then_merge, o.transform_ctx = &sm;
     }
     if ((bfl ? flux3_plan_bfl(&cfg, bfl, &p) : flux3_plan(&cfg, &p)) || weights_load(ck, &p, &o, &m->w, st)) goto done;
     if (precision == DT_BF16) {

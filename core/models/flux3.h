@@ -65,7 +65,8 @@ typedef struct flux3_config {
  * errors naming `where` and the field. */
 int flux3_config_parse(const json_t *cfg, const char *where, flux3_config *out);
 /* 1 when the transformer folder's config.json names Flux3Transformer2DModel,
- * or it has no config.json and holds a FLUX.3 BFL single file (0 otherwise;
+ * or it has no config.json and holds a FLUX.3 checkpoint (BFL single file,
+ * or a GGUF/safetensors file in either naming: flux3_checkpoint_names) (0 otherwise;
  * reports no error). */
 int flux3_is_transformer_dir(const char *dir);
 
@@ -87,7 +88,19 @@ int flux3_plan_bfl(const flux3_config *c, const char *prefix, plan *out);
 struct checkpoint;
 const char *flux3_bfl_prefix(const struct checkpoint *ck);
 json_t *flux3_config_from_bfl(const struct checkpoint *ck);
-/* A folder holding a FLUX.3 BFL single file: *is_flux3 = 1 and its derived
+/* Any FLUX.3 checkpoint without config.json (docs/flux3.md "GGUF"): 1 when
+ * ck has FLUX.3 names, BFL (*bfl = the prefix, as flux3_bfl_prefix) or
+ * diffusers (*bfl = NULL: early_stream_modulations.image.linear.weight, as
+ * a `tpgen quantize --names keep` GGUF has), else 0. flux3_config_from_shapes:
+ * the config derived from the shapes under either naming (as
+ * flux3_config_from_bfl). flux3_bfl_name: the BFL name (behind pfx) of the
+ * diffusers tensor name d, into out[n] (the converter's inverse; used by the
+ * loader, the config derivation and `tpgen quantize --names bfl`). */
+int flux3_checkpoint_names(const struct checkpoint *ck, const char **bfl);
+json_t *flux3_config_from_shapes(const struct checkpoint *ck);
+void flux3_bfl_name(const char *d, const char *pfx, char *out, size_t n);
+/* A folder holding a FLUX.3 BFL single file (or, without config.json, any
+ * FLUX.3-named checkpoint, e.g. a GGUF): *is_flux3 = 1 and its derived
  * config (NULL + tp_error when underivable); otherwise *is_flux3 = 0 and
  * NULL (the error, if any, is not about FLUX.3). */
 json_t *flux3_bfl_dir_config(const char *dir, int *is_flux3);

@@ -44,12 +44,26 @@ int plan_flux2_bfl(const json_t *config, plan *out) { return flux2_plan_from(con
 
 /* ---- which plan each pipeline component uses ---- */
 
-/* FLUX.3 says so in its config's _class_name; FLUX.2 in diffusers or BFL names */
+/* FLUX.3 says so in its config's _class_name, or (no class: a BFL file or
+ * a GGUF without config.json) in its tensor names (flux3_checkpoint_names:
+ * then the config is derived from the shapes, as flux3_load does); the plan
+ * follows the names (diffusers, or BFL behind their prefix). FLUX.2 in
+ * diffusers or BFL names. */
 static int transformer_plan(const json_t *config, const checkpoint *c, int tp, component_plan *out) {
+    (void)tp;
     const char *cls = json_string_value(json_object_get(config, "_class_name"));
-    if (cls && !strcmp(cls, FLUX3_CLASS_NAME)) {
+    const char *bfl = NULL;
+    int names3 = flux3_checkpoint_names(c, &bfl);
+    if ((cls && !strcmp(cls, FLUX3_CLASS_NAME)) || (!cls && names3)) {
+        json_t *derived = cls ? NULL : flux3_config_from_shapes(c);
+        if (!cls && !derived) return -1;
         flux3_config f3;
-        return flux3_config_parse(config, "transformer/config.json", &f3) || flux3_plan(&f3, &out->p) ? -1 : 0;
+        int rc = flux3_config_parse(derived ? derived : config,
+                                    derived ? "transformer (config derived from the FLUX.3 tensor shapes)"
+                                            : "transformer/config.json", &f3) ||
+                 (bfl ? flux3_plan_bfl(&f3, bfl, &out->p) : flux3_plan(&f3, &out->p)) ? -1 : 0;
+        json_decref(derived);
+        return rc;
     }
     return checkpoint_is_bfl(c) ? plan_flux2_bfl(config, &out->p) : plan_flux2(config, &out->p);
 }

@@ -12,7 +12,7 @@
 # BF16 of it (its weights are bf16, so both are lossless) within 1e-4; F32 of the golden mixed GGUF (K-quants dequantised) matches its
 # gguf_cases at 1e-5, F32 of the golden fp8 folders their fp8_cases at 1e-5; --names bfl (the default for the
 # diffusers input): byte-identical to tests/test_bfl.c's converter output, BFL-load errors equal to the diffusers
-# load's, Q8_0 within 3e-2; FLUX.3, unknown, incomplete or extra-tensor inputs refused for BFL names; bad input
+# load's, Q8_0 within 3e-2; unknown, incomplete or extra-tensor inputs refused for BFL names (FLUX.3: flux3_gguf.sh); bad input
 # refused with no file left behind; the byte comparisons again under ASan.
 [ -n "${TPGEN_ROOT:-}" ] && [ -n "${TPGEN:-}" ] && [ -n "${TPGEN_GOLDEN:-}" ] || { echo "FAIL - quantize.sh: run it through tests/run.sh"; exit 1; }
 . "$TPGEN_ROOT/tests/lib.sh"
@@ -162,7 +162,7 @@ bad quantize_bad_type_K "--type Q8_K is not supported yet; tpgen quantize writes
 bad quantize_bad_type_name "--type Q9_9 is not a ggml type" --type Q9_9 "$D/input.safetensors" "$TMP/bad/o.gguf"
 bad quantize_names_bad "--names foo: give bfl" --type Q8_0 --names foo "$D/input.safetensors" "$TMP/bad/o.gguf"
 bad quantize_names_bfl_unknown "input.safetensors: not a diffusers FLUX.2 transformer" --type Q8_0 --names bfl "$D/input.safetensors" "$TMP/bad/o.gguf"
-bad quantize_names_bfl_flux3 "not a diffusers FLUX.2 transformer .a FLUX.3 transformer, which has no BFL layout" --type Q8_0 --names bfl "$TPGEN_GOLDEN/flux3-tiny/base/model/transformer" "$TMP/bad/o.gguf"
+# FLUX.3 gets its own BFL names (the inverse of diffusers' FLUX.3 converter): tests/sh/flux3_gguf.sh
 # the golden tiny transformer as one file with a tensor left out / an unknown tensor added: refused naming it
 python3 - "$A/model/transformer" "$TMP" <<'PY'
 import glob, json, struct, sys
