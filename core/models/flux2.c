@@ -296,7 +296,7 @@ json_t *flux2_transformer_config(const char *dir, char **where) {
         path = xasprintf("%s (config derived from the FLUX.3 checkpoint's tensor shapes)", dir);
         cfg = flux3_config_from_shapes(ck);
     } else if (access(dir, F_OK) == 0 && ck) {
-        tp_error("%s: no config.json beside it, and its tensors are neither BFL- nor diffusers-named FLUX.2 or FLUX.3 "
+        tp_error("%s: config.json is missing, and its tensors are neither BFL- nor diffusers-named FLUX.2 or FLUX.3 "
                  "transformer weights (no img_in.weight or x_embedder.weight): pass the pipeline's transformer/ "
                  "folder (with config.json) or a FLUX.2 transformer checkpoint", dir);
     } else if (access(dir, F_OK) == 0) {

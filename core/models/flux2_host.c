@@ -129,7 +129,7 @@ static const shape_names k_bfl_names = {
 };
 
 static const shape_names k_diffusers_names = {
-    "diffusers", "x_embedder.weight", "context_embedder.weight", "time_guidance_embed.timestep_embedder.linear_1.weight",
+    "diffusers-named", "x_embedder.weight", "context_embedder.weight", "time_guidance_embed.timestep_embedder.linear_1.weight",
     "proj_out.weight", "time_guidance_embed.guidance_embedder.linear_1.weight", "transformer_blocks.%d.attn.to_q.weight",
     "single_transformer_blocks.%d.attn.to_qkv_mlp_proj.weight", "transformer_blocks.0.attn.norm_q.weight",
     "single_transformer_blocks.0.attn.norm_q.weight", "transformer_blocks.0.ff.linear_in.weight",
@@ -148,7 +148,7 @@ static int bfl_shape(const checkpoint *c, const char *name, int64_t *rows, int64
 
 static int bfl_req(const checkpoint *c, const shape_names *nm, const char *name, int64_t *rows, int64_t *cols) {
     if (!bfl_shape(c, name, rows, cols)) return 0;
-    return tp_error("%s: %s-named checkpoint has no tensor %s (needed to derive the config; the file is incomplete, "
+    return tp_error("%s: %s checkpoint has no tensor %s (needed to derive the config; the file is incomplete, "
                     "or put the model's diffusers config.json next to it)", c->dir, nm->kind, name);
 }
 
@@ -170,14 +170,14 @@ static json_t *config_from_shapes(const checkpoint *c, const shape_names *nm) {
     int layers = bfl_count(c, nm->double_fmt);
     int singles = bfl_count(c, nm->single_fmt);
     if (layers + singles == 0)
-        return tp_error("%s: %s-named checkpoint has no block 0 (neither %s nor %s)", c->dir, nm->kind,
+        return tp_error("%s: %s checkpoint has no block 0 (neither %s nor %s)", c->dir, nm->kind,
                         nm->double_fmt, nm->single_fmt), NULL;
     /* head_dim from the QK-norm scale [hd], the MLP width from a fused MLP input [2M, D] */
     if (bfl_req(c, nm, layers ? nm->double_qnorm : nm->single_qnorm, &hd, &one)) return NULL;
     if (layers ? bfl_req(c, nm, nm->double_mlp_in, &M2, &Dm) : bfl_req(c, nm, nm->single_fused, &M2, &Dm)) return NULL;
     if (!layers) M2 -= 3 * D;   /* the single block's fused input is [3D + 2M, D] */
     if (D <= 0 || D > FLUX2_MAX_D || Dt != D || Dc != D || Dp != D || Dm != D || one != 1 || hd <= 0 || D % hd || hd % 8 || M2 <= 0 || M2 % 2)
-        return tp_error("%s: %s-named checkpoint shapes are inconsistent (%s [%lld, %lld], %s [%lld, %lld], "
+        return tp_error("%s: %s checkpoint shapes are inconsistent (%s [%lld, %lld], %s [%lld, %lld], "
                         "%s [%lld, %lld], head_dim %lld, MLP in [%lld, %lld]); supply a config.json",
                         c->dir, nm->kind, nm->img_in, (long long)D, (long long)cin, nm->txt_in, (long long)Dt,
                         (long long)Jt, nm->time_in, (long long)Dc, (long long)Ct, (long long)hd, (long long)M2,

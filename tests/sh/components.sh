@@ -134,7 +134,7 @@ once "components: a text encoder whose shapes do not fit the family" \
     "te_folder: the text encoder has q_norm tensors \(a Qwen3 model\), but FLUX.2-dev" \
     "${G[@]}" "${TR[@]}" --text-encoder "$C/te_folder" --vae "$C/vae/flux2-vae.safetensors" --family dev
 once "components: a transformer file that is no FLUX.2 transformer" \
-    "te_folder/model.safetensors: no config.json beside it, and its tensors are neither BFL- nor diffusers-named FLUX.2" \
+    "te_folder/model.safetensors: config.json is missing, and its tensors are neither BFL- nor diffusers-named FLUX.2" \
     "${G[@]}" --transformer "$C/te_folder/model.safetensors" --text-encoder "$C/te_folder" --vae "$C/vae/flux2-vae.safetensors" --family klein
 once "components: --family missing" "which FLUX.2 family is this\?.*--family dev .*--family klein .*--family klein-base" \
     "${G[@]}" "${TR[@]}" --text-encoder "$C/te_folder" --vae "$C/vae/flux2-vae.safetensors"
