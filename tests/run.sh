@@ -26,8 +26,10 @@ filter=${1:-}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
-run() { # run a command, echo its output, keep it for counting
+run() { # run a command, echo its output, keep it for counting; then its wall time
+    local t0=$SECONDS
     "$@" 2>&1 | tee -a "$log" | grep -E '^(ok|FAIL|SKIP) - |^# ' || true
+    echo "# ($((SECONDS - t0)) s)"
 }
 
 echo "# golden data"
@@ -65,5 +67,6 @@ if grep -qE 'AddressSanitizer|LeakSanitizer|runtime error:|Segmentation fault|co
     echo "FAIL - a test process crashed or a sanitizer reported an error (see above)"
     failed=$((failed + 1))
 fi
+echo "# the suite took $SECONDS s"
 if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"; else echo "$passed passed, $failed failed"; fi
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
