@@ -160,21 +160,7 @@ int flux3_load_reference(const char *path, float **pixels, int *pw, int *ph) {
 int flux3_crop_reference_from_rgb(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph) {
     *pixels = NULL;
     if (flux3_check_reference(name, w, h, 2)) return free(rgb), -1;
-    int rw, rh;
-    image_target_area_size(w, h, &rw, &rh);
-    if (!(rgb = resized(rgb, w, h, rw, rh, name))) return -1;
-    int cw = rw / 16 * 16, ch = rh / 16 * 16, left = (rw - cw) / 2, top = (rh - ch) / 2;
-    size_t np = (size_t)cw * ch;
-    float *px = xmalloc(np * 3 * sizeof *px);
-    for (int y = 0; y < ch; y++)
-        for (int x = 0; x < cw; x++)
-            for (int c = 0; c < 3; c++) {
-                float u = (float)rgb[((size_t)(top + y) * rw + left + x) * 3 + c] / 255.0f;
-                px[(size_t)c * np + (size_t)y * cw + x] = 2.0f * u - 1.0f;
-            }
-    free(rgb);
-    *pixels = px, *pw = cw, *ph = ch;
-    return 0;
+    return image_fit_crop_reference(rgb, w, h, name, pixels, pw, ph);
 }
 
 int flux3_load_reference_crop(const char *path, float **pixels, int *pw, int *ph) {

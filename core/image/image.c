@@ -245,9 +245,7 @@ void image_reference_size(int w, int h, int *pw, int *ph) {
     *ph = rh / 16 * 16;
 }
 
-/* read, checked, resized and cropped: the part after decoding */
-static int reference_from_rgb(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph) {
-    if (image_check_reference(name, w, h)) { free(rgb); return -1; }
+int image_fit_crop_reference(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph) {
     int rw, rh;
     image_target_area_size(w, h, &rw, &rh);
     if (rw != w || rh != h) {
@@ -274,6 +272,12 @@ static int reference_from_rgb(uint8_t *rgb, int w, int h, const char *name, floa
     *pw = cw;
     *ph = chh;
     return 0;
+}
+
+/* read, checked, resized and cropped: the part after decoding */
+static int reference_from_rgb(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph) {
+    if (image_check_reference(name, w, h)) { free(rgb); return -1; }
+    return image_fit_crop_reference(rgb, w, h, name, pixels, pw, ph);
 }
 
 int image_reference_mem(const uint8_t *data, size_t size, const char *name, const image_limits *lim, float **pixels,

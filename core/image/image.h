@@ -81,6 +81,11 @@ void image_target_area_size(int w, int h, int *ow, int *oh);
 /* The processed size of a w x h reference: after the area resize, each
  * side floored to a multiple of 16. */
 void image_reference_size(int w, int h, int *pw, int *ph);
+/* FLUX.2's preprocessing of a decoded reference without its checks: rgb
+ * (w x h, consumed) resized under IMAGE_REF_MAX_AREA with PIL LANCZOS,
+ * centre-cropped to multiples of 16, as [3, ph, pw] floats in [-1, 1].
+ * -1 + tp_error naming name on out-of-memory. */
+int image_fit_crop_reference(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph);
 
 /* A whole reference: read, check, resize, crop, normalise. *pixels
  * (malloc'ed) is [3, ph, pw] in [-1, 1]. The _mem form decodes bytes
