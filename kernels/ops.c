@@ -153,3 +153,12 @@ int backend_select(const char *name, int local_rank, int local_size, backend **o
     }
     return tp_error("unknown --backend '%s': use cpu, cuda or auto", name);
 }
+
+int op_swap_ggml_row_halves(tensor *w, int64_t d) {
+    size_t n = (size_t)d * (size_t)w->qpitch;
+    char *a = w->data, *tmp = xmalloc(2 * n);
+    int rc = be_download(w->be, tmp, a, 2 * n) || be_upload(w->be, a, tmp + n, n) || be_upload(w->be, a + n, tmp, n) ||
+             be_sync(w->be);
+    free(tmp);
+    return rc ? tp_error("swapping two halves of quantised rows failed on the %s backend", w->be->vt->name) : 0;
+}

@@ -142,6 +142,10 @@ int tensor_download_raw(const tensor *t, void *host);
  * the GEMM, CUDA runs an fp8 tensor-core GEMM or dequantises to bf16).
  * Shapes: x.cols == w.cols, y.rows == x.rows, y.cols == w.rows. */
 void op_gemm(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
+/* Swap rows [0, d) and [d, 2d) of a DT_GGML tensor's stored bytes in place
+ * (whole rows are whole blocks), through host memory so that it works on
+ * any backend; -1 + tp_error on a failed copy. */
+int op_swap_ggml_row_halves(tensor *w, int64_t d);
 
 /* y = x with dtype conversion; same shape; views allowed. An fp8 x (a
  * weight, kernels/tensor.h) is dequantised: y = decode(code) * scale, one

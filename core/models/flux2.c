@@ -98,14 +98,9 @@ static const tensor *keep_view(flux2_model *m, tensor v) {
  * temporary of one half. The weights object owns the memory and nothing
  * else reads it, so the const is cast away deliberately. */
 static int swap_halves(flux2_model *m, const tensor *w, int64_t D) {
-    if (w->dtype == DT_GGML) {   /* quantised, whole rows: swap the rows' stored bytes (through the host: CPU or GPU memory) */
-        size_t n = (size_t)D * (size_t)w->qpitch;
-        char *a = w->data, *tmp = xmalloc(2 * n);
-        int rc = be_download(w->be, tmp, a, 2 * n) || be_upload(w->be, a, tmp + n, n) || be_upload(w->be, a + n, tmp, n) ||
-                 be_sync(w->be);
-        free(tmp);
-        return rc ? tp_error_context("swapping the halves of final_layer.adaLN_modulation.1.weight") : 0;
-    }
+    if (w->dtype == DT_GGML)   /* quantised, whole rows: swap the rows' stored bytes */
+        return op_swap_ggml_row_halves((tensor *)w, D)
+                   ? tp_error_context("swapping the halves of final_layer.adaLN_modulation.1.weight") : 0;
     tensor *tmp = tensor_new(m->be, w->dtype, D, w->cols);
     if (!tmp) return tp_error_context("swapping the halves of final_layer.adaLN_modulation.1.weight");
     tensor *mw = (tensor *)w;

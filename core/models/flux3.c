@@ -404,13 +404,9 @@ static int bind_block(binder *b, flux3_block_w *w, const char *prefix, int i) {
  * replicated and never quantised), through a temporary of one half. The
  * weights object owns the memory and nothing else reads it. */
 static int swap_halves(flux3_model *m, const tensor *w, int64_t D) {
-    if (w->dtype == DT_GGML) {   /* quantised (a GGUF; CPU memory, whole rows): swap the rows' stored bytes */
-        size_t n = (size_t)D * (size_t)w->qpitch;
-        char *a = w->data, *tmp = xmalloc(n);
-        memcpy(tmp, a, n), memcpy(a, a + n, n), memcpy(a + n, tmp, n);
-        free(tmp);
-        return 0;
-    }
+    if (w->dtype == DT_GGML)   /* quantised (a GGUF), whole rows: swap the rows' stored bytes, on any backend */
+        return op_swap_ggml_row_halves((tensor *)w, D)
+                   ? tp_error_context("swapping the halves of final_layer.image.adaLN_modulation.1.weight") : 0;
     tensor *tmp = tensor_new(m->be, w->dtype, D, w->cols);
     if (!tmp) return tp_error_context("swapping the halves of final_layer.image.adaLN_modulation.1.weight");
     tensor *mw = (tensor *)w;
