@@ -140,10 +140,11 @@ static void all_shapes(dtype_t xd, dtype_t wd_t, int route, const char *note) {
 }
 
 /* bf16 on route 0 (AMX where the CPU has it), 1 (AMX off: vdpbf16ps where
- * the CPU has AVX512-BF16) or 2 (bf16 kernels off: sgemm) */
+ * the CPU has AVX512-BF16, whether or not it is the CPU's default) or 2
+ * (bf16 kernels off: sgemm) */
 static void set_route(int route) {
     cpu_conv_amx_force_off(route >= 1);
-    cpu_gemm_force_portable(route == 2);
+    cpu_kernel_route(route == 2 ? CPU_ROUTE_PORTABLE : CPU_ROUTE_VECTOR);
 }
 
 TEST(conv_f32_shapes) {
@@ -160,6 +161,8 @@ TEST(conv_bf16_shapes_every_route) {
     }
     set_route(0);
     all_shapes(DT_BF16, DT_F32, 2, "f32 weights: sgemm"); /* mixed dtypes take the sgemm route */
+    cpu_conv_amx_force_off(0);
+    cpu_kernel_route(CPU_ROUTE_AUTO);
 }
 
 /* items of one output row and K in chunks of one 16-pair tile step (a tile

@@ -9,6 +9,7 @@
 #include "core/formats/checkpoint.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "core/formats/fp8.h"
 #include "core/models/flux2.h"
 #include "core/formats/safetensors.h"
@@ -513,7 +514,6 @@ TEST(bad_fp8_files) {
 }
 
 /* ---- the CPU fp8 GEMM paths against a naive double reference ---- */
-void cpu_gemm_force_portable(int on);   /* kernels/cpu: the packed portable path even with AVX512-BF16 */
 
 static void fp8_gemm_case(dtype_t wdt, dtype_t xdt, int per_row, int64_t M, int64_t N, int64_t K, int portable) {
     backend *be = backend_cpu_create(2);
@@ -530,7 +530,7 @@ static void fp8_gemm_case(dtype_t wdt, dtype_t xdt, int per_row, int64_t M, int6
     for (int64_t i = 0; i < M * K; i++) xf[i] = (float)(rand() / (double)RAND_MAX * 2 - 1);
     tensor_upload_f32(x, xf);
     tensor_download_f32(x, xf);   /* the values x holds (bf16-rounded) */
-    cpu_gemm_force_portable(portable);
+    cpu_kernel_route(portable ? CPU_ROUTE_PORTABLE : CPU_ROUTE_VECTOR);
     /* a row view too: rows [3, N) of w with the scales moved along */
     tensor wv = tensor_rows(w, 3, N - 3);
     tensor yv = tensor_cols(y, 0, N - 3);
@@ -551,7 +551,7 @@ static void fp8_gemm_case(dtype_t wdt, dtype_t xdt, int per_row, int64_t M, int6
               per_row ? "per-row" : "per-tensor", (long long)M, (long long)N, (long long)K, portable ? "portable" : "default",
               view ? " row view" : "", rel, tol);
     }
-    cpu_gemm_force_portable(0);
+    cpu_kernel_route(CPU_ROUTE_AUTO);
     w->scale = NULL;
     free(s), free(xf), free(yf);
     tensor_free(w), tensor_free(x), tensor_free(y);

@@ -173,23 +173,23 @@ TEST(ops_gemm_odd_sizes) {
 
 TEST(ops_gemm_bf16_paths) { /* the AVX512-BF16 kernel (when present) and the portable path agree with the reference */
     for (int portable = 0; portable < 2; portable++) {
-        cpu_gemm_force_portable(portable);
+        cpu_kernel_route(portable ? CPU_ROUTE_PORTABLE : CPU_ROUTE_VECTOR);
         gemm_case(67, 131, 96, DT_BF16, DT_BF16, DT_BF16, 1);
         gemm_case(200, 64, 258, DT_BF16, DT_BF16, DT_F32, 0);
         gemm_case(5, 33, 7, DT_BF16, DT_BF16, DT_BF16, 0);
         gemm_case(20, 40, 8200, DT_BF16, DT_BF16, DT_F32, 1); /* K over two blocks of the AVX512 kernel, plus a tail */
     }
-    cpu_gemm_force_portable(0);
+    cpu_kernel_route(CPU_ROUTE_AUTO);
 }
 
 TEST(ops_gemm_row_chunks) { /* the packed path with a small budget (rows in chunks, short k blocks), a long K */
     cpu_set_tile_budget(4096);
     gemm_case(50, 40, 100, DT_BF16, DT_BF16, DT_BF16, 1);
     gemm_case(50, 40, 100, DT_F32, DT_BF16, DT_F32, 0);
-    cpu_gemm_force_portable(1);
+    cpu_kernel_route(CPU_ROUTE_PORTABLE);
     gemm_case(30, 50, 2100, DT_BF16, DT_BF16, DT_BF16, 1);
     gemm_case(30, 50, 2100, DT_F32, DT_BF16, DT_F32, 1);
-    cpu_gemm_force_portable(0);
+    cpu_kernel_route(CPU_ROUTE_AUTO);
     cpu_set_tile_budget(0);
 }
 
@@ -223,7 +223,7 @@ static void packed_edges(int64_t M, int64_t N, int64_t K) {
 
 TEST(ops_gemm_packed_edges) {
     int saved = omp_get_max_threads();
-    cpu_gemm_force_portable(1);
+    cpu_kernel_route(CPU_ROUTE_PORTABLE);
     int have512 = 0;
     for (int level = 0; level < 3; level++) { /* AVX-512F (when the CPU has it), AVX2, scalar */
         cpu_gemm_packed_force(level);
@@ -257,7 +257,7 @@ TEST(ops_gemm_packed_edges) {
     CHECK(have512 == want512, "the AVX-512F kernel is %s, the CPU %s it (TPGEN_NO_AVX512=%s)", have512 ? "on" : "off",
           __builtin_cpu_supports("avx512f") ? "has" : "lacks", off ? off : "");
     cpu_gemm_packed_force(0);
-    cpu_gemm_force_portable(0);
+    cpu_kernel_route(CPU_ROUTE_AUTO);
     omp_set_num_threads(saved);
 }
 
@@ -445,10 +445,10 @@ TEST(ops_attention_many_key_tiles) { /* Sk over several key tiles of the online 
 }
 
 TEST(ops_attention_bf16_portable) { /* bf16 scores through widening + sgemm (the path of CPUs without AVX512-BF16) */
-    cpu_gemm_force_portable(1);
+    cpu_kernel_route(CPU_ROUTE_PORTABLE);
     attention_case(&(attn_case){.Sq = 70, .Sk = 600, .Hq = 4, .Hkv = 2, .hd = 16, .causal = 1, .q_pos0 = 530, .dt = DT_BF16});
     attention_case(&(attn_case){.Sq = 33, .Sk = 40, .Hq = 2, .Hkv = 2, .hd = 24, .masked_keys = 5, .dt = DT_BF16});
-    cpu_gemm_force_portable(0);
+    cpu_kernel_route(CPU_ROUTE_AUTO);
 }
 
 TEST(ops_attention_all_masked) { /* every key invalid: every output row is 0 */
@@ -776,13 +776,13 @@ TEST(ops_conv2d) {
     }
     /* even Cin·k·k with bf16 x and w: the vdpbf16ps route (when the CPU has it) and the forced sgemm route */
     for (int portable = 0; portable < 2; portable++) {
-        cpu_gemm_force_portable(portable);
+        cpu_kernel_route(portable ? CPU_ROUTE_PORTABLE : CPU_ROUTE_VECTOR);
         conv_case(4, 70, 7, 9, 3, DT_BF16, DT_BF16, 1);
         conv_case(10, 19, 5, 40, 1, DT_BF16, DT_BF16, 1);
         conv_case(2, 5, 3, 2, 3, DT_BF16, DT_BF16, 0);   /* narrower than the 3x3 window */
         conv_case(8, 9, 1, 33, 3, DT_BF16, DT_BF16, 1);  /* one row */
     }
-    cpu_gemm_force_portable(0);
+    cpu_kernel_route(CPU_ROUTE_AUTO);
     cpu_set_tile_budget(4 * 9 * 9 * 2 * 2); /* bf16 route: bands of two output rows */
     conv_case(4, 70, 7, 9, 3, DT_BF16, DT_BF16, 1);
     cpu_set_tile_budget(5 * 9 * 9 * 4 * 2); /* bands of two output rows */

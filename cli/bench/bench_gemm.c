@@ -7,7 +7,7 @@
  * OpenBLAS's core type, so that TPGEN_NO_AVX512=2 OPENBLAS_CORETYPE=Haswell
  * compares the AVX2 kernels of both), through the AVX512-BF16 kernel when this CPU has it (AMX off) and
  * through the AMX kernel when it has AMX, fp8 weights with f32 x (widened)
- * and with bf16 x (the default route: AMX, else AVX512-BF16), and the
+ * and with bf16 x (AMX where present, else vdpbf16ps), and the
  * portable and AMX paths as shares of sgemm. Each
  * figure is the best of --reps rounds after one warm-up round; a round runs
  * every column once, one after the other (side by side). With --ops it
@@ -36,17 +36,17 @@ static double now(void) {
 
 /* One column of the table: plain sgemm, or op_gemm on (y, x, w) with the
  * AVX512-BF16 routes (and AMX) on or forced off, or only AMX off. */
-typedef struct { int sgemm, portable, no_amx; tensor *y; const tensor *x, *w; double best; } variant;
+typedef struct { int sgemm, no_amx; cpu_route route; tensor *y; const tensor *x, *w; double best; } variant;
 
 static void run_variant(backend *be, variant *v) {
     if (v->sgemm)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)v->x->rows, (int)v->w->rows, (int)v->x->cols, 1.0f,
                     v->x->data, (int)v->x->ld, v->w->data, (int)v->w->ld, 0.0f, v->y->data, (int)v->y->ld);
     else {
-        cpu_gemm_force_portable(v->portable);
+        cpu_kernel_route(v->route);
         cpu_gemm_amx_force_off(v->no_amx);
         op_gemm(be, v->y, v->x, v->w, NULL);
-        cpu_gemm_force_portable(0);
+        cpu_kernel_route(CPU_ROUTE_AUTO);
         cpu_gemm_amx_force_off(0);
     }
 }
@@ -153,10 +153,11 @@ static int ops_table(backend *be, int reps, int avx) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const op_case *oc = &cases[i];
         double f = op_flop(oc), t32 = op_seconds(be, oc, DT_F32, reps);
-        cpu_gemm_force_portable(1);
+        cpu_kernel_route(CPU_ROUTE_PORTABLE);
         double tport = op_seconds(be, oc, DT_BF16, reps);
-        cpu_gemm_force_portable(0);
+        cpu_kernel_route(CPU_ROUTE_VECTOR);
         double tavx = avx ? op_seconds(be, oc, DT_BF16, reps) : 0;
+        cpu_kernel_route(CPU_ROUTE_AUTO);
         if (t32 < 0 || tport < 0 || tavx < 0) {
             fprintf(stderr, "tpgen: error: bench gemm --ops: %s\n", tp_error_msg());
             return 1;
@@ -207,7 +208,13 @@ int bench_gemm(int argc, char **argv) {
     printf("# op_gemm GFLOP/s, M = %lld tokens, %d threads, best of %d (%s time); portable kernel: %s; OpenBLAS: %s; "
            "AVX512-BF16 kernel: %s; AMX: %s\n",
            (long long)M, omp_get_max_threads(), reps, g_cpu_time ? "CPU" : "wall", cpu_gemm_packed_kernel(),
-           openblas_get_corename(), avx ? "yes" : "not available on this CPU/build", amx ? "yes" : "no");
+           openblas_get_corename(),
+           !avx ? "not available on this CPU/build" : cpu_vdpbf16_preferred() ? "yes, the default"
+                                                                           : "yes, not the default (slower than FMA here)",
+           amx ? "yes" : "no");
+    if (getenv("TPGEN_BLAS_CORE") && !strcmp(getenv("TPGEN_BLAS_CORE"), "set"))
+        printf("# OpenBLAS's own choice for this CPU was its Prescott fallback: tpgen restarted with "
+               "OPENBLAS_CORETYPE=%s (core/dist/blas_core.c)\n", getenv("OPENBLAS_CORETYPE"));
     printf("%-14s %10s %10s %12s %14s %14s %12s %12s %14s %12s %10s\n", "W [N x K]", "sgemm f32", "op f32",
            "op bf16w/f32x", "op bf16 port.", "op bf16 avx512", "op bf16 amx", "op fp8w/f32x", "op fp8w bf16x",
            "port./sgemm", "amx/sgemm");
@@ -222,10 +229,11 @@ int bench_gemm(int argc, char **argv) {
             fprintf(stderr, "tpgen: error: bench gemm: %s\n", tp_error_msg());
             rc = 1;
         } else {
-            /* fp8 weights: widened to f32 panels (f32 x), on the default route (bf16 x: AMX, else AVX512-BF16) */
+            /* fp8 weights: widened to f32 panels (f32 x), on the hardware route (bf16 x: AMX, else vdpbf16ps) */
             variant v[] = {{.sgemm = 1, .y = y, .x = x, .w = w}, {.y = y, .x = x, .w = w}, {.y = y, .x = x, .w = wb},
-                           {.portable = 1, .y = yb, .x = xb, .w = wb}, {.y = y, .x = x, .w = w8},
-                           {.y = yb, .x = xb, .w = w8}, {.no_amx = 1, .y = yb, .x = xb, .w = wb},
+                           {.route = CPU_ROUTE_PORTABLE, .y = yb, .x = xb, .w = wb}, {.y = y, .x = x, .w = w8},
+                           {.route = CPU_ROUTE_VECTOR, .y = yb, .x = xb, .w = w8},
+                           {.no_amx = 1, .route = CPU_ROUTE_VECTOR, .y = yb, .x = xb, .w = wb},
                            {.y = yb, .x = xb, .w = wb}};
             /* the fp8/bf16 column only with a bf16 kernel, the AVX512-BF16 column with it, AMX with AMX */
             time_variants(be, v, amx ? 8 : avx ? 7 : 5, reps);

@@ -111,4 +111,4 @@ void cpu_amx_block(const uint16_t *a0, const uint16_t *a1, const uint32_t *b, in
 
 #endif
 
-int cpu_amx_enabled(void) { return cpu_bf16_kernels_enabled() && cpu_amx_available(); }
+int cpu_amx_enabled(void) { return cpu_bf16_hw_allowed() && cpu_amx_available(); }

@@ -11,8 +11,9 @@
  * result is computed once and cached; call it once before any parallel
  * region that uses tiles. It does not look at AVX512 (cpu_amx_enabled). */
 int cpu_amx_available(void);
-/* cpu_amx_available() and the AVX512-BF16 kernels enabled (not forced off
- * by cpu_gemm_force_portable or TPGEN_NO_AVX512=1): the AMX kernels pack
+/* cpu_amx_available() and the bf16 hardware kernels allowed (AVX512-BF16
+ * present, not forced off by cpu_kernel_route(CPU_ROUTE_PORTABLE) or
+ * TPGEN_NO_AVX512=1): the AMX kernels pack
  * their operands with AVX-512, and the test/bench switch that selects the
  * portable routes turns AMX off too. */
 int cpu_amx_enabled(void);

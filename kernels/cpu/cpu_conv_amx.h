@@ -6,7 +6,7 @@
 
 /* 1 when the kernel is compiled in, the CPU has AMX-BF16 with the OS's
  * permission for the tile state, the bf16 kernels are not forced off
- * (cpu_gemm_force_portable, TPGEN_NO_AVX512) and neither is AMX
+ * (cpu_kernel_route PORTABLE, TPGEN_NO_AVX512) and neither is AMX
  * (cpu_conv_amx_force_off, TPGEN_NO_AMX). */
 int cpu_conv_amx_enabled(void);
 /* the bf16 weight [Cout, K] as AMX A tiles; *kp = K/2 padded to 16 pairs.

@@ -2,10 +2,12 @@
  *
  * f32 x, f32 w, f32 y: one multi-threaded cblas_sgemm straight on the views.
  * With bf16 x and bf16 or fp8 w on a CPU with AMX (Sapphire Rapids and
- * later), M >= 16: the tile kernel of cpu_gemm_amx.c. Otherwise, with bf16 x and bf16 w on a CPU with AVX512-BF16 the dot products run on
+ * later), M >= 16: the tile kernel of cpu_gemm_amx.c. Otherwise, with bf16 x and bf16 w on a CPU with AVX512-BF16
+ * where vdpbf16ps outruns f32 FMAs (AMD Zen 4/5; cpu_vdpbf16_preferred) the dot products run on
  * vdpbf16ps (cpu_gemm_bf16.c), and bf16 x with fp8 w on the same kernel
  * (cpu_gemm_fp8.c). Anything else (bf16 weights with f32 activations, bf16
- * output, every bf16 GEMM on a CPU without AVX512-BF16, fp8 weights there)
+ * output, every bf16 GEMM on a CPU without AVX512-BF16 or whose vdpbf16ps is
+ * the slower (Intel: half the FMA rate, docs/cpu-backend.md), fp8 weights there)
  * goes through the packed path of cpu_gemm_packed.c: GotoBLAS-style blocking
  * whose packing routines widen bf16/fp8 to f32 as they pack, and an f32 FMA
  * micro-kernel (AVX-512F or AVX2) that writes y once per k block. A bf16
@@ -24,9 +26,12 @@
 #include <cblas.h>
 #include <stdlib.h>
 
-static int g_force_portable;
-void cpu_gemm_force_portable(int on) { g_force_portable = on; }
-int cpu_bf16_kernels_enabled(void) { return !g_force_portable && cpu_has_avx512bf16(); }
+static cpu_route g_route = CPU_ROUTE_AUTO;
+void cpu_kernel_route(cpu_route r) { g_route = r; }
+int cpu_bf16_hw_allowed(void) { return g_route != CPU_ROUTE_PORTABLE && cpu_has_avx512bf16(); }
+int cpu_bf16_kernels_enabled(void) {
+    return cpu_bf16_hw_allowed() && (g_route == CPU_ROUTE_VECTOR || cpu_vdpbf16_preferred());
+}
 
 /* bias as f32 (NULL when absent); *owned set when it was converted */
 static float *bias_f32(const tensor *bias, int64_t N, int *owned) {

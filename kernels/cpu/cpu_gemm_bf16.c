@@ -50,6 +50,25 @@ int cpu_has_avx512bf16(void) {
     return cached;
 }
 
+/* vdpbf16ps against f32 FMA, multiply-adds per cycle, measured with 12
+ * independent chains of each (docs/cpu-backend.md): AMD Zen 4 (512-bit ops
+ * on two 256-bit pipes) 64 vs 32, so the kernels of this file are twice the
+ * FMA path's peak; Intel Emerald Rapids (Golden Cove / Raptor Cove cores,
+ * as Sapphire Rapids) one vdpbf16ps per two cycles, 16 vs 32 per port
+ * pair: there the f32 FMA paths are the faster (bench gemm: 141 vs 74
+ * GFLOP/s per thread). The choice is by vendor, not by a timing, so that a
+ * machine always computes the same bits; TPGEN_BF16_DOT=1 or 0 overrides. */
+int cpu_vdpbf16_preferred(void) {
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    const char *env = getenv("TPGEN_BF16_DOT");
+    if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return cached = env[0] == '1';
+    unsigned a, b, c, d;
+    char vendor[13] = {0};
+    if (__get_cpuid(0, &a, &b, &c, &d)) memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
+    return cached = !strcmp(vendor, "AuthenticAMD");
+}
+
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* pack nn (<= 32) rows of a bf16 matrix (row r at base + r*ld, K = 2*kp
@@ -195,6 +214,7 @@ void cpu_gemm_bf16(tensor *y, const tensor *x, const tensor *w, const float *bia
 #else /* no compiler support: the portable path is used */
 
 int cpu_has_avx512bf16(void) { return 0; }
+int cpu_vdpbf16_preferred(void) { return 0; }
 void bf16_pack_panel(const uint16_t *base, int64_t ld, int64_t nn, int64_t kp, uint32_t *panel) {
     tp_fatal("bf16_pack_panel: this build has no AVX512-BF16 kernel");
 }

@@ -22,12 +22,21 @@ void *cpu_scratch_get(cpu_scratch *s, size_t bytes);
 void cpu_gemm(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias);
 /* 1 when the AVX512-BF16 GEMM kernel is compiled in and the CPU supports it */
 int cpu_has_avx512bf16(void);
-/* Force the portable bf16 paths (GEMM: the packed f32 path of
- * cpu_gemm_packed.c; attention: widen to f32 + sgemm) even when
- * AVX512-BF16 is available: for benchmarks and tests. */
-void cpu_gemm_force_portable(int on);
-/* AVX512-BF16 available and not forced off */
+/* 1 when vdpbf16ps does more multiply-adds per second than f32 FMAs on
+ * this CPU (cpu_gemm_bf16.c): AMD Zen 4/5 yes, Intel's cores no. */
+int cpu_vdpbf16_preferred(void);
+/* Which bf16 kernels run. AUTO (the default): AMX where the CPU has it,
+ * the AVX512-BF16 kernels (GEMM, fp8 GEMM, attention, convolution) where
+ * the CPU has them and cpu_vdpbf16_preferred, else the portable paths
+ * (GEMM: the packed f32 path of cpu_gemm_packed.c; attention: widen to f32
+ * + sgemm). PORTABLE: the portable paths only. VECTOR: the AVX512-BF16
+ * kernels wherever the CPU has them. For benchmarks and tests. */
+typedef enum { CPU_ROUTE_AUTO, CPU_ROUTE_PORTABLE, CPU_ROUTE_VECTOR } cpu_route;
+void cpu_kernel_route(cpu_route r);
+/* the AVX512-BF16 (vdpbf16ps) kernels run: the CPU has them and the route takes them */
 int cpu_bf16_kernels_enabled(void);
+/* the route allows the bf16 hardware kernels at all (AMX included): not PORTABLE, AVX512-BF16 present */
+int cpu_bf16_hw_allowed(void);
 
 /* cpu_attention.c */
 void cpu_attention(backend *, tensor *o, const tensor *q, const tensor *k, const tensor *v,

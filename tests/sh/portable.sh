@@ -49,6 +49,36 @@ for v in 1 2; do
     fi
 done
 
+# OpenBLAS's kernels: its own choice for a CPU model newer than the library is its SSE3 "Prescott" fallback
+# (about a sixth of the AVX-512 sgemm rate); tpgen restarts itself with OPENBLAS_CORETYPE set for the CPU's
+# features (core/dist/blas_core.c), and keeps a user's own OPENBLAS_CORETYPE
+core=$(env -u OPENBLAS_CORETYPE "$TPGEN" bench gemm --quick --reps 1 --m 8 --threads 1 2>&1 | sed -n 's/.*; OpenBLAS: \([^;]*\);.*/\1/p')
+if [ -n "$core" ] && [ "$core" != Prescott ]; then ok "OpenBLAS runs its $core kernels here, not its Prescott fallback"
+else fail "OpenBLAS core: '$core'"; fi
+core=$(OPENBLAS_CORETYPE=Haswell "$TPGEN" bench gemm --quick --reps 1 --m 8 --threads 1 2>&1 | sed -n 's/.*; OpenBLAS: \([^;]*\);.*/\1/p')
+[ "$core" = Haswell ] && ok "a user's OPENBLAS_CORETYPE=Haswell is kept" || fail "OPENBLAS_CORETYPE=Haswell gave '$core'"
+# the vdpbf16ps kernels are the default where they outrun f32 FMAs (AMD), not on Intel's cores (half the FMA
+# rate: docs/cpu-backend.md); TPGEN_BF16_DOT=1/0 overrides, and the GEMM op tests pass on either default
+if grep -qw avx512_bf16 /proc/cpuinfo; then
+    vendor=$(sed -n 's/^vendor_id\s*: //p' /proc/cpuinfo | head -1)
+    want="not the default"; [ "$vendor" = AuthenticAMD ] && want="the default"
+    out=$("$TPGEN" bench gemm --quick --reps 1 --m 8 --threads 1 2>&1 | head -1)
+    echo "$out" | grep -q "AVX512-BF16 kernel: yes, $want" && ok "on this $vendor CPU the vdpbf16ps kernels are $want" \
+        || fail "$vendor, expected '$want': $out"
+    for v in 1 0; do
+        want="not the default"; [ $v = 1 ] && want="the default"
+        out=$(TPGEN_BF16_DOT=$v "$TPGEN" bench gemm --quick --reps 1 --m 8 --threads 1 2>&1 | head -1)
+        echo "$out" | grep -q "AVX512-BF16 kernel: yes, $want" || fail "TPGEN_BF16_DOT=$v: $out"
+        out=$(TPGEN_BF16_DOT=$v "$TPGEN_TESTS" ops_gemm 2>&1)
+        n=$(echo "$out" | grep -c '^ok - ops_gemm')
+        if echo "$out" | grep -q '^# unit np=1: [0-9]* passed, 0 failed' && [ "$n" -ge 5 ]; then
+            ok "TPGEN_BF16_DOT=$v makes the vdpbf16ps kernels $want; the GEMM op tests pass ($n tests)"
+        else
+            fail "GEMM op tests with TPGEN_BF16_DOT=$v: $(echo "$out" | grep -v '^ok' | head -5)"
+        fi
+    done
+fi
+
 nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [ -n "$nvcc" ]; then
     gen=$(make -s -C "$TPGEN_ROOT" print-cuda-gencode)
