@@ -1,7 +1,8 @@
 /* The patch-parallel VAE decode (vae_decode_latent_group, core/models/vae_band.c)
  * against the one-rank decode on the same rank: golden vae-tiny and
  * klein-tiny-edit latents, odd band sizes, bands of one row and ranks
- * without a band, bf16, errors agreed on every rank, and the per-rank peak
+ * without a band, bf16 (bit-identical where the kernels are band-invariant),
+ * errors agreed on every rank, and the per-rank peak
  * memory falling with the band. Run by tests/run.sh at np 1, 2 and 4; each
  * test decodes over the whole world and over groups of 3 (np 4: ranks 0-2,
  * rank 3 alone), so tp 1, 2, 3 and 4 are all covered. */
@@ -10,6 +11,8 @@
 #include "core/formats/safetensors.h"
 #include "core/models/vae_internal.h"
 #include "kernels/ops.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_conv_amx.h"
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +25,16 @@ static MPI_Comm group_of(int kind) {
     MPI_Comm_split(MPI_COMM_WORLD, kind == 0 ? 0 : wr / 3, wr, &g);
     return g;
 }
+
+/* Whether the bf16 convolutions give the same bits whatever the band: the
+ * AMX and vdpbf16ps kernels sum each output in a fixed order; the route a
+ * CPU without them (or with a slow vdpbf16ps: Intel without AMX,
+ * cpu_vdpbf16_preferred) takes widens to f32 for Winograd / OpenBLAS sgemm,
+ * whose tiles and small-matrix kernels follow the band's shape, so its
+ * f32 sums move by a few ulps and bf16 rounding carries that on. Those
+ * routes are held to the bf16 golden bounds (tests/test_vae.c: rel_l2 1e-2,
+ * max 3e-2, 8 levels), not to bit identity. */
+static int bf16_band_invariant(void) { return cpu_conv_amx_enabled() || cpu_bf16_kernels_enabled(); }
 
 typedef struct cmp {
     double rel_l2, max_rel;   /* ||a - ref|| / ||ref||, max |a - ref| / max |ref| */
@@ -66,9 +79,12 @@ static float *check_group_decode(vae_model *v, MPI_Comm g, const char *label, co
         cmp c = compare(img, one, rg, r1, n);
         printf("# %s tp %d, latent %dx%d: rel_l2 %.3g, max rel %.3g, u8 max diff %d%s\n", label, gs, h, w, c.rel_l2,
                c.max_rel, c.u8_max, c.bit_same ? " (bit-identical)" : "");
-        CHECK(c.rel_l2 <= 1e-5 && c.max_rel <= 1e-5, "%s tp %d: rel_l2 %.3g, max rel %.3g > 1e-5", label, gs, c.rel_l2,
-              c.max_rel);
-        CHECK(c.u8_max <= 1, "%s tp %d: the 8-bit image differs by %d levels", label, gs, c.u8_max);
+        int strict = v->dt == DT_F32 || bf16_band_invariant();
+        double lim = strict ? 1e-5 : 1e-2, lim_max = strict ? 1e-5 : 3e-2;
+        int lim_u8 = strict ? 1 : 8;
+        CHECK(c.rel_l2 <= lim && c.max_rel <= lim_max, "%s tp %d: rel_l2 %.3g, max rel %.3g > %.0e / %.0e", label, gs,
+              c.rel_l2, c.max_rel, lim, lim_max);
+        CHECK(c.u8_max <= lim_u8, "%s tp %d: the 8-bit image differs by %d levels (> %d)", label, gs, c.u8_max, lim_u8);
     }
     free(one); free(r1); free(rg);
     if (gr != 0 || rc) { free(img); return NULL; }
@@ -297,8 +313,10 @@ static float *check_group_encode(vae_model *v, MPI_Comm g, const char *label, co
         for (size_t i = 0; i < nm; i++) ref = fabs(m1[i]) > ref ? fabs(m1[i]) : ref;
         printf("# encode %s tp %d, %dx%d: mode rel_l2 %.3g (max rel %.3g), packed rel_l2 %.3g%s\n", label, gs, W, H, em,
                mx / ref, ep, memcmp(mg, m1, nm * sizeof(float)) ? "" : " (bit-identical)");
-        CHECK(em <= 1e-5 && ep <= 1e-5 && mx <= 1e-5 * ref, "%s tp %d: mode %.3g / %.3g, packed %.3g > 1e-5", label,
-              gs, em, mx / ref, ep);
+        int strict = v->dt == DT_F32 || bf16_band_invariant();
+        double lim = strict ? 1e-5 : 1e-2, lim_max = strict ? 1e-5 : 3e-2;
+        CHECK(em <= lim && ep <= lim && mx <= lim_max * ref, "%s tp %d: mode %.3g / %.3g, packed %.3g > %.0e / %.0e",
+              label, gs, em, mx / ref, ep, lim, lim_max);
     }
     free(m1); free(p1); free(pg);
     if (gr != 0 || rc) { free(mg); return NULL; }

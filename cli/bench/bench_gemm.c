@@ -212,9 +212,10 @@ int bench_gemm(int argc, char **argv) {
            !avx ? "not available on this CPU/build" : cpu_vdpbf16_preferred() ? "yes, the default"
                                                                            : "yes, not the default (slower than FMA here)",
            amx ? "yes" : "no");
-    if (getenv("TPGEN_BLAS_CORE") && !strcmp(getenv("TPGEN_BLAS_CORE"), "set"))
-        printf("# OpenBLAS's own choice for this CPU was its Prescott fallback: tpgen restarted with "
-               "OPENBLAS_CORETYPE=%s (core/dist/blas_core.c)\n", getenv("OPENBLAS_CORETYPE"));
+    if (!strcmp(openblas_get_corename(), "Prescott") && __builtin_cpu_supports("avx2"))
+        printf("# OpenBLAS fell back to its SSE3 Prescott kernels on this CPU model: OPENBLAS_CORETYPE=%s makes "
+               "sgemm several times faster (docs/cpu-backend.md)\n",
+               __builtin_cpu_supports("avx512bw") ? "SkylakeX" : "Haswell");
     printf("%-14s %10s %10s %12s %14s %14s %12s %12s %14s %12s %10s\n", "W [N x K]", "sgemm f32", "op f32",
            "op bf16w/f32x", "op bf16 port.", "op bf16 avx512", "op bf16 amx", "op fp8w/f32x", "op fp8w bf16x",
            "port./sgemm", "amx/sgemm");

@@ -49,14 +49,6 @@ for v in 1 2; do
     fi
 done
 
-# OpenBLAS's kernels: its own choice for a CPU model newer than the library is its SSE3 "Prescott" fallback
-# (about a sixth of the AVX-512 sgemm rate); tpgen restarts itself with OPENBLAS_CORETYPE set for the CPU's
-# features (core/dist/blas_core.c), and keeps a user's own OPENBLAS_CORETYPE
-core=$(env -u OPENBLAS_CORETYPE "$TPGEN" bench gemm --quick --reps 1 --m 8 --threads 1 2>&1 | sed -n 's/.*; OpenBLAS: \([^;]*\);.*/\1/p')
-if [ -n "$core" ] && [ "$core" != Prescott ]; then ok "OpenBLAS runs its $core kernels here, not its Prescott fallback"
-else fail "OpenBLAS core: '$core'"; fi
-core=$(OPENBLAS_CORETYPE=Haswell "$TPGEN" bench gemm --quick --reps 1 --m 8 --threads 1 2>&1 | sed -n 's/.*; OpenBLAS: \([^;]*\);.*/\1/p')
-[ "$core" = Haswell ] && ok "a user's OPENBLAS_CORETYPE=Haswell is kept" || fail "OPENBLAS_CORETYPE=Haswell gave '$core'"
 # the vdpbf16ps kernels are the default where they outrun f32 FMAs (AMD), not on Intel's cores (half the FMA
 # rate: docs/cpu-backend.md); TPGEN_BF16_DOT=1/0 overrides, and the GEMM op tests pass on either default
 if grep -qw avx512_bf16 /proc/cpuinfo; then
