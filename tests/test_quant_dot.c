@@ -1,6 +1,8 @@
 /* The int8-dot GEMM on quantised (DT_GGML) weights (kernels/cpu/cpu_gemm_qdot.c):
- * every type with an int8 decoder, each kernel forced (AVX512-VNNI, AVX2,
- * scalar), f32 and bf16 activations, 1 and 2 threads, M 1 / 2 / 7 / 37, N 45
+ * every type with an int8 decoder, each kernel forced (AMX-INT8, AVX512-VNNI,
+ * AVX2, scalar: the levels of cpu_gemm_qdot_force; a level this CPU lacks
+ * runs the next one), f32 and bf16 activations, 1 and 2 threads, M 1 / 2 /
+ * 7 (below the AMX kernel's 16) / 20 / 37 (one and two A tiles), N 45
  * (a full and a partial 32-row panel), K of one block, of many blocks, past
  * a k range, and a local row of three segments out of global order that
  * start and end inside blocks. Two independent references:
@@ -15,8 +17,8 @@
  *  (2) the f32 activations: |y - w.x| <= bound (1) + sum_k |w_k| d_b(k) / 2,
  *      since round-to-nearest leaves |x - d q| <= d / 2 with d = max|x| / 127
  *      of the block (computed here in double from the block's values).
- * The three kernels compute the same integers and f32 operations in the
- * same order: their outputs must be identical bit for bit. */
+ * The kernels compute the same integers and f32 operations in the same
+ * order: their outputs must be identical bit for bit. */
 #include "test.h"
 #include "quant_random.h"
 #include "kernels/ops.h"
@@ -28,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { NK = 4 };   /* kernel levels */
 
 /* The activation as the int8 kernel sees it, rebuilt from the definition:
  * xq[m][k] = d * q at local column k, and dh[m][k] = d / 2 of its block. */
@@ -64,9 +67,9 @@ static void dot_case(backend *be, int type, int64_t M, int64_t N, int64_t Kg, co
     double *wd = NULL;
     tensor *w = segmented_weight(be, type, N, Kg, sp, nsp, s, &K, &wd);
     REQUIRE(w, "%s", tp_error_msg());
-    float *xf = xmalloc((size_t)(M * K) * sizeof(float)), *yf[3];
+    float *xf = xmalloc((size_t)(M * K) * sizeof(float)), *yf[NK];
     double *xq = xmalloc((size_t)(M * K) * sizeof(double)), *dh = xmalloc((size_t)(M * K) * sizeof(double));
-    for (int i = 0; i < 3; i++) yf[i] = xmalloc((size_t)(M * N) * sizeof(float));
+    for (int i = 0; i < NK; i++) yf[i] = xmalloc((size_t)(M * N) * sizeof(float));
     /* activations of varied magnitude per block (as real ones), a few exact zeros */
     for (int64_t i = 0; i < M * K; i++) {
         float mag = (float)(1 + (i / 37) % 5);
@@ -79,44 +82,51 @@ static void dot_case(backend *be, int type, int64_t M, int64_t N, int64_t Kg, co
         tensor *x = tensor_new(be, dt, M, K), *y = tensor_new(be, DT_F32, M, N);
         REQUIRE(x && y, "alloc");
         convert_from_f32(x->data, dt, xf, (size_t)(M * K));
+        /* the references and bounds, per output */
+        double *ref = xmalloc((size_t)(M * N) * 4 * sizeof(double));
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double r1 = 0, r2 = 0, a1 = 0, a2 = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    double wv = wd[n * K + k];
+                    r1 += wv * xq[m * K + k], r2 += wv * xf[m * K + k];
+                    a1 += fabs(wv * xq[m * K + k]), a2 += fabs(wv) * dh[m * K + k];
+                }
+                double *o = ref + (m * N + n) * 4;
+                o[0] = r1, o[1] = 1e-5 * a1 + 1e-30, o[2] = r2, o[3] = o[1] + a2;
+            }
         for (int t = 1; t <= 2; t++) {
             omp_set_num_threads(t);
-            for (int isa = 0; isa < 3; isa++) {
+            for (int isa = 0; isa < NK; isa++) {
                 cpu_gemm_qdot_force(isa);
                 memset(y->data, 0xff, tensor_nbytes(y));   /* NaN: every element must be written */
                 op_gemm(be, y, x, w, NULL);
                 memcpy(yf[isa], y->data, (size_t)(M * N) * sizeof(float));
                 int bad1 = 0, bad2 = 0;
                 double worst1 = 0, worst2 = 0;
-                for (int64_t m = 0; m < M; m++)
-                    for (int64_t n = 0; n < N; n++) {
-                        double r1 = 0, r2 = 0, a1 = 0, a2 = 0;
-                        for (int64_t k = 0; k < K; k++) {
-                            double wv = wd[n * K + k];
-                            r1 += wv * xq[m * K + k], r2 += wv * xf[m * K + k];
-                            a1 += fabs(wv * xq[m * K + k]), a2 += fabs(wv) * dh[m * K + k];
-                        }
-                        double v = yf[isa][m * N + n], b1 = 1e-5 * a1 + 1e-30, b2 = b1 + a2;
-                        double e1 = fabs(v - r1) / b1, e2 = fabs(v - r2) / b2;
-                        bad1 += !(e1 <= 1), bad2 += !(e2 <= 1);
-                        worst1 = e1 > worst1 || e1 != e1 ? e1 : worst1, worst2 = e2 > worst2 || e2 != e2 ? e2 : worst2;
-                    }
+                for (int64_t i = 0; i < M * N; i++) {
+                    const double *o = ref + i * 4, v = yf[isa][i];
+                    double e1 = fabs(v - o[0]) / o[1], e2 = fabs(v - o[2]) / o[3];
+                    bad1 += !(e1 <= 1), bad2 += !(e2 <= 1);
+                    worst1 = e1 > worst1 || e1 != e1 ? e1 : worst1, worst2 = e2 > worst2 || e2 != e2 ? e2 : worst2;
+                }
                 CHECK(!bad1 && !bad2, "%s %s x %s, %d segment(s), M %lld N %lld K %lld, %d thread(s): %d outputs past "
                       "bound (1) (worst %.3g of it), %d past bound (2) (worst %.3g)", cpu_gemm_qdot_kernel(),
                       dtype_name(dt), qt->name, nsp, (long long)M, (long long)N, (long long)K, t, bad1, worst1, bad2,
                       worst2);
                 g_fails += bad1 || bad2;
             }
-            for (int isa = 1; isa < 3; isa++)
+            for (int isa = 1; isa < NK; isa++)
                 CHECK(!memcmp(yf[0], yf[isa], (size_t)(M * N) * sizeof(float)), "%s x %s M %lld K %lld: kernel %d "
                       "differs from kernel 0 bit for bit", dtype_name(dt), qt->name, (long long)M, (long long)K, isa);
         }
         tensor_free(x), tensor_free(y);
+        free(ref);
     }
     cpu_gemm_qdot_force(0);
     tensor_free(w);
     free(wd), free(xf), free(xq), free(dh);
-    for (int i = 0; i < 3; i++) free(yf[i]);
+    for (int i = 0; i < NK; i++) free(yf[i]);
 }
 
 TEST(quant_dot_quantizer) {
@@ -176,6 +186,7 @@ TEST(quant_dot_kernels) {
     backend *be = backend_cpu_create(2);
     uint32_t s = test_seed() | 1;
     cpu_gemm_qdot_policy(1);   /* every type, f32 activations too */
+    cpu_gemm_qdot_amx(1);      /* level 0: AMX-INT8 where the CPU has it */
     int64_t b[3];
     cpu_gemm_qdot_blocking(b);
     const int64_t N = 45;
@@ -183,7 +194,7 @@ TEST(quant_dot_kernels) {
           (long long)N, (long long)b[1], (long long)b[2]);
     /* three segments out of global order, each starting and ending inside a block (of 32 and of 256) */
     const span split[] = {{100, 600}, {768, 1000}, {0, 37}}, whole[] = {{0, 1024}};
-    static const int64_t Ms[] = {1, 2, 7, 37};
+    static const int64_t Ms[] = {1, 2, 7, 20, 37};
     g_fails = 0;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         REQUIRE(cpu_gemm_qdot_supports(types[i]), "type %d has no int8 kernel", types[i]);
@@ -198,7 +209,8 @@ TEST(quant_dot_kernels) {
     }
     /* the tp-8 klein-4B shard: 384 columns from inside a Q4_K block */
     dot_case(be, QUANT_Q4_K, 9, 70, 3072, (const span[]){{384, 768}}, 1, &s);
-    printf("# quant_dot_kernels: %d failing comparisons\n", g_fails);
+    printf("# quant_dot_kernels: %d failing comparisons (level 0: %s)\n", g_fails, cpu_gemm_qdot_kernel());
+    cpu_gemm_qdot_amx(0);
     cpu_gemm_qdot_policy(0);
     omp_set_num_threads(saved);
     backend_destroy(be);
@@ -230,10 +242,9 @@ TEST(quant_dot_row_chunks) {
     backend *be = backend_cpu_create(2);
     uint32_t s = test_seed() | 1;
     int64_t b[3];
+    cpu_gemm_qdot_amx(1);
     cpu_gemm_qdot_blocking(b);
-    const int64_t M = 37, N = 45;
-    REQUIRE(M > 4 * b[0] && M % (4 * b[0]), "M %lld must need several chunks of %lld rows", (long long)M,
-            (long long)(4 * b[0]));
+    const int64_t M = 4 * b[0] + 5, N = 45;   /* a whole chunk of 4 x MR rows and a tail */
     static const int types[] = {QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K};
     const span split[] = {{100, 600}, {768, 1000}}, whole[] = {{0, 1024}};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++)
@@ -258,5 +269,6 @@ TEST(quant_dot_row_chunks) {
             tensor_free(w), tensor_free(x), tensor_free(y);
             free(wd), free(xf), free(one);
         }
+    cpu_gemm_qdot_amx(0);
     backend_destroy(be);
 }

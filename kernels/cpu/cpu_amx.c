@@ -64,7 +64,25 @@ static const tile_config g_config = {
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
 
+/* the int8 kernels' configurations (cpu_amx.h), for kb = 16, 32 and 64 */
+#define INT8_CONFIG(kb)                                                                                        \
+    {.palette = 1, .colsb = {64, 64, 64, 64, kb, kb, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, kb / 4, kb / 4}}
+static const tile_config g_int8_config[3] = {INT8_CONFIG(16), INT8_CONFIG(32), INT8_CONFIG(64)};
+
+int cpu_amx_int8_available(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        unsigned a, b, c, d;
+        cached = cpu_amx_available() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
+    }
+    return cached;
+}
+
 __attribute__((target("amx-tile"))) void cpu_amx_tiles_begin(void) { _tile_loadconfig(&g_config); }
+__attribute__((target("amx-tile"))) void cpu_amx_tiles_begin_int8(int kb) {
+    if (kb != 16 && kb != 32 && kb != 64) tp_fatal("cpu_amx_tiles_begin_int8: k bytes %d not 16, 32 or 64", kb);
+    _tile_loadconfig(&g_int8_config[kb == 16 ? 0 : kb == 32 ? 1 : 2]);
+}
 __attribute__((target("amx-tile"))) void cpu_amx_tiles_end(void) { _tile_release(); }
 
 __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(const uint16_t *a0, const uint16_t *a1,
@@ -102,7 +120,9 @@ __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(const uint16_t *
 #else /* no AMX in this build */
 
 int cpu_amx_available(void) { return 0; }
+int cpu_amx_int8_available(void) { return 0; }
 void cpu_amx_tiles_begin(void) { tp_fatal("cpu_amx_tiles_begin: this build has no AMX support"); }
+void cpu_amx_tiles_begin_int8(int kb) { tp_fatal("cpu_amx_tiles_begin_int8: this build has no AMX support"); }
 void cpu_amx_tiles_end(void) {}
 void cpu_amx_block(const uint16_t *a0, const uint16_t *a1, const uint32_t *b, int64_t b_step, int64_t ldb, int64_t nk,
                    float *c, int64_t ldc, int load) {

@@ -27,6 +27,15 @@ int cpu_amx_enabled(void);
 void cpu_amx_tiles_begin(void);
 void cpu_amx_tiles_end(void);
 
+/* 1 when cpu_amx_available() and the CPU has AMX-INT8 (TDPBSUD and friends).
+ * The int8 kernels (cpu_gemm_qdot.c) use another configuration, loaded by
+ * cpu_amx_tiles_begin_int8(kb) and released by cpu_amx_tiles_end(): tiles
+ * 0-3 16 rows of 64 bytes (16 x 16 int32 C), tiles 4-5 16 rows of kb bytes
+ * (A: kb signed bytes of 16 rows), tiles 6-7 kb/4 rows of 64 bytes (B: kb/4
+ * lines of 16 columns x 4 bytes); kb is 16, 32 or 64. */
+int cpu_amx_int8_available(void);
+void cpu_amx_tiles_begin_int8(int kb);
+
 /* The one micro-kernel: a 32x32 fp32 block C (2x2 tiles at c, rows ldc
  * floats apart) = [C +, load] sum over nk steps of A · B, where step ks
  * takes the 1 KB A tiles (16 rows of 32 bf16 k) of rows 0-15 at a0 + 512·ks

@@ -32,14 +32,23 @@
  * vpmaddubsw + vpmaddwd(1) per 8 columns, MR = 2 x 16 columns twice; its
  * pair sums saturate at 2^15, so the zp-128 types (u up to 255) run it on
  * |w| and sign(x, w) as llama.cpp does (|w| <= 128, |x| <= 127: 32512);
- * every other type has u <= 63. Scalar: the same loops in C, the reference.
- * All three compute the same exact integers and then the same f32 fmas in
- * the same order, so they agree bit for bit (tests/test_quant_dot.c).
+ * every other type has u <= 63. AMX-INT8 (M >= 16): per sub-block, TDPBSUD
+ * of a 16-token x SB-byte A tile (the activations, read in place from the
+ * quantised rows) and a B tile of SB/4 lines x 16 columns (the packed
+ * panel is that layout, 128 bytes between lines) gives the 16 x 16 int32
+ * sums Σ u·q; they are stored and finished with AVX-512 as the VNNI kernel
+ * does, MR = 32 tokens (two A tiles) x 32 columns. The sums must be taken
+ * per sub-block (each has its own scale), so a tile product is only SB
+ * deep and the AVX-512 finish dominates: measured no faster than VNNI
+ * (docs/gguf.md), so it runs only when asked (TPGEN_QDOT=amx). Scalar: the same loops in C, the reference. All four compute the
+ * same exact integers and then the same f32 fmas in the same order, so they
+ * agree bit for bit (tests/test_quant_dot.c).
  *
  * Threads: as cpu_gemm_bf16.c: x is quantised once per call (rows spread
  * over the threads), then items (panel, row chunk) are shared out; an item
  * packs its panel once per k range and runs all its token rows on it. */
 #include "cpu_gemm_qdot.h"
+#include "cpu_amx.h"
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include "kernels/quant.h"
@@ -55,7 +64,7 @@
 #include <immintrin.h>
 #endif
 
-enum { NR = 32, MR_MAX = 4, KR = 4096 };
+enum { NR = 32, MR_MAX = 4, KR = 4096, MR_AMX = 32, AMX_MIN_M = 16 };
 
 /* ---- weights as u8 + scales ---- */
 
@@ -612,20 +621,103 @@ static void uk_avx2(const qd_type *t, const qd_args *a, int mr) {
 }
 #endif
 
-/* ---- selection ---- */
+#if defined(HAVE_QDOT_X86) && defined(__linux__) && (__GNUC__ >= 11 || defined(__clang__))
+#define HAVE_QDOT_AMX 1
+#define AMX8_T __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
 
-typedef struct { const char *name; int mr; void (*fn)(const qd_type *, const qd_args *, int); } qd_kernel;
-static const qd_kernel K_SCALAR = {"scalar", 4, uk_scalar};
-#ifdef HAVE_QDOT_X86
-static const qd_kernel K_VNNI = {"avx512vnni", 4, uk_vnni}, K_AVX2 = {"avx2", 2, uk_avx2};
+/* mr <= 32 tokens x 32 columns on the tiles of cpu_amx_tiles_begin_int8(sb).
+ * The A tiles read 16 (or 32) rows of qa whatever mr: the rows past mr are
+ * padding the caller allocated, and their sums are never used. */
+static INL AMX8_T void uk_amx_t(const qd_args *a, const int mr, const int sb, const int nsb, const int zp,
+                                const int mn) {
+    _Alignas(64) int32_t ci[MR_AMX][NR];
+    _Alignas(64) float fb[MR_AMX][NR];
+    const int two = mr > 16;
+    float *acc = a->acc;
+    if (!a->accumulate) memset(acc, 0, (size_t)mr * NR * sizeof(float));
+    const uint8_t *pq = a->pq;
+    const float *ps = a->ps, *pm = a->pm;
+    const size_t lda = (size_t)a->lda;
+    for (int64_t b = 0; b < a->nblk; b++) {
+        for (int j = 0; j < nsb; j++) {
+            int64_t sj = b * nsb + j;
+            const int8_t *qa = a->qa + sj * sb;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_loadd(4, qa, lda);
+            _tile_loadd(6, pq, 128);
+            _tile_loadd(7, pq + 64, 128);
+            _tile_dpbsud(0, 4, 6);
+            _tile_dpbsud(1, 4, 7);
+            _tile_stored(0, &ci[0][0], NR * 4);
+            _tile_stored(1, &ci[0][16], NR * 4);
+            if (two) {
+                _tile_zero(2);
+                _tile_zero(3);
+                _tile_loadd(5, qa + 16 * lda, lda);
+                _tile_dpbsud(2, 5, 6);
+                _tile_dpbsud(3, 5, 7);
+                _tile_stored(2, &ci[16][0], NR * 4);
+                _tile_stored(3, &ci[16][16], NR * 4);
+            }
+            __m512 s0 = _mm512_loadu_ps(ps), s1 = _mm512_loadu_ps(ps + 16), m0, m1;
+            if (mn) m0 = _mm512_loadu_ps(pm), m1 = _mm512_loadu_ps(pm + 16);
+            for (int i = 0; i < mr; i++) {
+                __m512i i0 = _mm512_load_si512(&ci[i][0]), i1 = _mm512_load_si512(&ci[i][16]);
+                if (zp) {
+                    __m512i z = _mm512_set1_epi32(a->xz[i * a->lds + sj]);
+                    i0 = _mm512_add_epi32(z, i0), i1 = _mm512_add_epi32(z, i1);
+                }
+                __m512 v0 = _mm512_cvtepi32_ps(i0), v1 = _mm512_cvtepi32_ps(i1), f0, f1;
+                if (j == 0) f0 = _mm512_mul_ps(v0, s0), f1 = _mm512_mul_ps(v1, s1);
+                else
+                    f0 = _mm512_fmadd_ps(v0, s0, _mm512_load_ps(&fb[i][0])),
+                    f1 = _mm512_fmadd_ps(v1, s1, _mm512_load_ps(&fb[i][16]));
+                if (mn) {
+                    __m512 xs = _mm512_set1_ps(a->xf[i * a->lds + sj]);
+                    f0 = _mm512_fmadd_ps(xs, m0, f0), f1 = _mm512_fmadd_ps(xs, m1, f1);
+                }
+                _mm512_store_ps(&fb[i][0], f0);
+                _mm512_store_ps(&fb[i][16], f1);
+            }
+            pq += (sb / 4) * 128, ps += NR, pm += NR;
+        }
+        for (int i = 0; i < mr; i++) {
+            __m512 d = _mm512_set1_ps(a->dx[i * a->ldd + b]);
+            float *o = acc + i * NR;
+            _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_load_ps(&fb[i][0]), d, _mm512_loadu_ps(o)));
+            _mm512_storeu_ps(o + 16, _mm512_fmadd_ps(_mm512_load_ps(&fb[i][16]), d, _mm512_loadu_ps(o + 16)));
+        }
+    }
+}
+
+#define AMX_CALL(mr_, sb_, nsb_, zp_, mn_) uk_amx_t(a, mr_, sb_, nsb_, zp_, mn_)
+static AMX8_T void uk_amx(const qd_type *t, const qd_args *a, int mr) { QD_SHAPES(AMX_CALL, mr) }
 #endif
 
-static int g_isa, g_policy;
+/* ---- selection ---- */
+
+typedef struct {
+    const char *name;
+    int mr, amx;
+    void (*fn)(const qd_type *, const qd_args *, int);
+} qd_kernel;
+static const qd_kernel K_SCALAR = {"scalar", 4, 0, uk_scalar};
+#ifdef HAVE_QDOT_X86
+static const qd_kernel K_VNNI = {"avx512vnni", 4, 0, uk_vnni}, K_AVX2 = {"avx2", 2, 0, uk_avx2};
+#endif
+#ifdef HAVE_QDOT_AMX
+static const qd_kernel K_AMX = {"amx-int8", MR_AMX, 1, uk_amx};
+#endif
+
+static int g_isa, g_policy, g_amx = -1;
 void cpu_gemm_qdot_force(int isa) { g_isa = isa; }
+void cpu_gemm_qdot_amx(int on) { g_amx = on; }
 void cpu_gemm_qdot_policy(int policy) { g_policy = policy; }
 
-static const qd_kernel *kernel(void) {
-    static int has_vnni = -1, has_avx2 = -1, env = -1; /* the same value from every thread */
+/* the kernel for a GEMM of M rows (M < 0: whatever M) */
+static const qd_kernel *kernel_for(int64_t M) {
+    static int has_amx = -1, has_vnni = -1, has_avx2 = -1, env = -1; /* the same value from every thread */
     if (env < 0) {
         const char *e = getenv("TPGEN_QDOT"), *off = getenv("TPGEN_NO_AVX512");
         int no512 = off && *off && strcmp(off, "0");
@@ -634,20 +726,26 @@ static const qd_kernel *kernel(void) {
         has_vnni = !no512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
         has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        has_amx = has_vnni && cpu_amx_int8_available(); /* AVX-512 finishes the tile sums */
 #else
-        has_vnni = has_avx2 = 0;
+        has_amx = has_vnni = has_avx2 = 0;
 #endif
-        env = !e ? 0 : !strcmp(e, "avx2") ? 1 : !strcmp(e, "scalar") ? 2 : 0;
+        env = !e ? 0 : !strcmp(e, "vnni") ? 1 : !strcmp(e, "avx2") ? 2 : !strcmp(e, "scalar") ? 3 : 0;
+        if (g_amx < 0) g_amx = e && !strcmp(e, "amx");
     }
     int lvl = g_isa > env ? g_isa : env;
+#ifdef HAVE_QDOT_AMX
+    /* below 16 rows most of every A tile would be padding */
+    if (has_amx && g_amx > 0 && lvl < 1 && (M < 0 || M >= AMX_MIN_M)) return &K_AMX;
+#endif
 #ifdef HAVE_QDOT_X86
-    if (has_vnni && lvl < 1) return &K_VNNI;
-    if (has_avx2 && lvl < 2) return &K_AVX2;
+    if (has_vnni && lvl < 2) return &K_VNNI;
+    if (has_avx2 && lvl < 3) return &K_AVX2;
 #endif
     return &K_SCALAR;
 }
-const char *cpu_gemm_qdot_kernel(void) { return kernel()->name; }
-void cpu_gemm_qdot_blocking(int64_t out[3]) { out[0] = kernel()->mr, out[1] = NR, out[2] = KR; }
+const char *cpu_gemm_qdot_kernel(void) { return kernel_for(-1)->name; }
+void cpu_gemm_qdot_blocking(int64_t out[3]) { out[0] = kernel_for(-1)->mr, out[1] = NR, out[2] = KR; }
 
 /* Default policy (docs/gguf.md, "The GEMM"): bf16 activations only (f32
  * runs keep the exact dequantising path: int8 activations cannot meet the
@@ -711,7 +809,7 @@ static void gemm_rows(tensor *y, const tensor *x, const tensor *w, const float *
 void cpu_gemm_qdot(tensor *y, const tensor *x, const tensor *w, const float *bias) {
     const qd_type *t = qd_get(w->qtype);
     CPU_REQUIRE(t, "cpu_gemm_qdot: no int8 kernel for %s", quant_type_name(w->qtype));
-    const qd_kernel *kn = kernel();
+    const qd_kernel *kn = kernel_for(x->rows);
     int64_t VB = 0;
     for (int i = 0; i < w->n_qseg; i++) VB += (w->qseg[i].skip + w->qseg[i].ncols + t->bs - 1) / t->bs;
     size_t row_bytes = (size_t)VB * ((size_t)t->bs + sizeof(float) + (size_t)t->nsb * (sizeof(int32_t) + sizeof(float)));
@@ -734,7 +832,10 @@ static void gemm_rows(tensor *y, const tensor *x, const tensor *w, const float *
         int64_t nb = (w->qseg[i].skip + w->qseg[i].ncols + t->bs - 1) / t->bs;
         for (int64_t j = 0; j < nb; j++) g.vboff[vb++] = w->qseg[i].off + j * t->bytes;
     }
-    g.qa = xmalloc((size_t)(g.M * g.VK));
+    /* the AMX kernel's A tiles read up to MR_AMX rows past a tail's last one */
+    size_t pad = kn->amx ? (size_t)MR_AMX * (size_t)g.VK : 0;
+    g.qa = xmalloc((size_t)(g.M * g.VK) + pad);
+    memset(g.qa + g.M * g.VK, 0, pad);
     g.dx = xmalloc((size_t)(g.M * g.VB) * sizeof(float));
     g.xz = xmalloc((size_t)(g.M * g.VB * t->nsb) * sizeof(int32_t));
     g.xf = xmalloc((size_t)(g.M * g.VB * t->nsb) * sizeof(float));
@@ -756,12 +857,14 @@ static void gemm_rows(tensor *y, const tensor *x, const tensor *w, const float *
         float *pm = xmalloc((size_t)(rb * t->nsb * NR) * sizeof(float));
         float *acc = xmalloc((size_t)mc * NR * sizeof(float));
         if (!pq) tp_fatal("cpu_gemm_qdot: out of memory");
+        if (kn->amx) cpu_amx_tiles_begin_int8(t->sb);
 #pragma omp for collapse(2) schedule(dynamic)
         for (int64_t pi = 0; pi < npanel; pi++)
             for (int64_t mi = 0; mi < mchunks; mi++) {
                 int64_t m0 = mi * mc, m1 = m0 + mc < M ? m0 + mc : M;
                 if (m0 < m1) gemm_item(&g, kn, y, w, bias, pi * NR, m0, m1, pq, ps, pm, acc);
             }
+        if (kn->amx) cpu_amx_tiles_end();
         free(pq), free(ps), free(pm), free(acc);
     }
     free(g.vboff), free(g.qa), free(g.dx), free(g.xz), free(g.xf);

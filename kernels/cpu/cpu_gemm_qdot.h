@@ -17,12 +17,17 @@ void cpu_gemm_qdot(tensor *y, const tensor *x, const tensor *w, const float *bia
 
 /* 1 when the type has an int8 decoder (whatever the policy) */
 int cpu_gemm_qdot_supports(int qtype);
-/* Testing / benchmark hooks. isa: 0 the CPU's best, 1 not VNNI (AVX2),
- * 2 scalar. policy: 0 default, 1 every supported type and any x dtype,
- * -1 never (the dequantising packed path for everything). */
+/* Testing / benchmark hooks. isa: 0 the CPU's best (AMX-INT8 from 16 rows
+ * where present and turned on, below), 1 not AMX (AVX512-VNNI), 2 not
+ * AVX-512 (AVX2), 3 scalar; TPGEN_QDOT=vnni|avx2|scalar sets the same
+ * levels. The AMX-INT8 kernel (no faster than VNNI where measured) runs only
+ * with TPGEN_QDOT=amx or cpu_gemm_qdot_amx(1). policy: 0 default, 1 every
+ * supported type and any x dtype, -1 never (the dequantising packed path for
+ * everything). */
 void cpu_gemm_qdot_force(int isa);
 void cpu_gemm_qdot_policy(int policy);
-const char *cpu_gemm_qdot_kernel(void);   /* "avx512vnni", "avx2", "scalar" */
+void cpu_gemm_qdot_amx(int on);
+const char *cpu_gemm_qdot_kernel(void);   /* "amx-int8", "avx512vnni", "avx2", "scalar" */
 /* Bytes of activation buffers one row chunk may use (default 16 MB; 0
  * restores it): a GEMM of more rows runs in chunks of rows. */
 void cpu_gemm_qdot_act_budget(size_t bytes);
