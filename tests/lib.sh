@@ -11,6 +11,12 @@ expect_fail() {
     local name=$1 pat=$2; shift 2
     local out rc
     out=$("$@" 2>&1); rc=$?
+    # LeakSanitizer's own tracer failing to stop the threads (seen now and then on loaded 2-vCPU machines) is
+    # no finding about tpgen (a leak is reported as a leak): run the command once more
+    if echo "$out" | grep -q 'LeakSanitizer has encountered a fatal error'; then
+        echo "# $name: LeakSanitizer's tracer failed; run again"
+        out=$("$@" 2>&1); rc=$?
+    fi
     if [ $rc -eq 0 ]; then fail "$name: exited 0"; return; fi
     if [ $rc -ge 128 ] || echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|LeakSanitizer|runtime error'; then
         fail "$name: crashed (rc $rc): $(echo "$out" | tail -3)"; return
