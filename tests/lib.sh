@@ -5,18 +5,35 @@ fail() { echo "FAIL - $*"; }
 # a check this machine cannot run (a kernel feature it lacks), with the reason:
 # counted apart from passes and failures in the closing line
 skip() { echo "SKIP - $*"; }
+# lsan_run NAME CMD...: run CMD, its output in $out and its status in $rc. When
+# LeakSanitizer's own tracer fails to stop the threads ("has encountered a fatal
+# error": no finding about tpgen, a leak is reported as a leak), run it again, at
+# most twice, the last time with LeakSanitizer's verbose log; if it fails every
+# time, that log's lines are shown, so that the cause can be read in CI's output
+lsan_run() {
+    local name=$1 try; shift
+    out=$("$@" 2>&1); rc=$?
+    for try in 2 3; do
+        echo "$out" | grep -q 'LeakSanitizer has encountered a fatal error' || return 0
+        echo "# $name: LeakSanitizer's tracer failed (try $((try - 1))); run again"
+        sleep 1
+        if [ $try = 3 ]; then
+            out=$(LSAN_OPTIONS="${LSAN_OPTIONS:-}:verbosity=1:log_threads=1" "$@" 2>&1); rc=$?
+        else
+            out=$("$@" 2>&1); rc=$?
+        fi
+    done
+    if echo "$out" | grep -q 'LeakSanitizer has encountered a fatal error'; then
+        echo "$out" | grep -vE '^(tpgen: |HINT: )' | grep -iE 'tracer|thread|attach|suspend|waitpid|errno|proc' | tail -12 | sed 's/^/# lsan: /'
+    fi
+    return 0
+}
 # expect_fail NAME PATTERN CMD...: CMD must exit non-zero, not crash, and
 # print PATTERN (grep -E) on stderr/stdout.
 expect_fail() {
     local name=$1 pat=$2; shift 2
     local out rc
-    out=$("$@" 2>&1); rc=$?
-    # LeakSanitizer's own tracer failing to stop the threads (seen now and then on loaded 2-vCPU machines) is
-    # no finding about tpgen (a leak is reported as a leak): run the command once more
-    if echo "$out" | grep -q 'LeakSanitizer has encountered a fatal error'; then
-        echo "# $name: LeakSanitizer's tracer failed; run again"
-        out=$("$@" 2>&1); rc=$?
-    fi
+    lsan_run "$name" "$@"
     if [ $rc -eq 0 ]; then fail "$name: exited 0"; return; fi
     if [ $rc -ge 128 ] || echo "$out" | grep -qE 'Segmentation|core dumped|AddressSanitizer|LeakSanitizer|runtime error'; then
         fail "$name: crashed (rc $rc): $(echo "$out" | tail -3)"; return

@@ -136,8 +136,8 @@ ASAN=$TPGEN_ROOT/build-asan
 if [ -x "$ASAN/tpgen" ]; then
     export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1   # ASAN_OPTIONS and LSAN_OPTIONS (leaks on) come from tests/run.sh
     bad_cases "$ASAN/tpgen" "asan_"
-    out=$("$ASAN/tpgen" encode-image --model "$KM" --image "$G/refs/r1_100x70.png" --output "$TMP/asan.st" --precision f32 --backend cpu 2>&1) \
-        && ok "asan_encode-image on a crop-path reference" || fail "asan_encode-image: $(echo "$out" | tail -3)"
+    lsan_run asan_encode-image "$ASAN/tpgen" encode-image --model "$KM" --image "$G/refs/r1_100x70.png" --output "$TMP/asan.st" --precision f32 --backend cpu
+    [ $rc -eq 0 ] && ok "asan_encode-image on a crop-path reference" || fail "asan_encode-image: $(echo "$out" | tail -3)"
 fi
 
 # --- 6. the dev path (guidance embeds) with a reference, tp 1 and 2 ---

@@ -39,15 +39,19 @@ for v in 1 2; do
 done
 # the GEMM op tests (double references) with the AVX512-BF16 kernels off from the start, as on a CPU without
 # them, and (=2) with the portable GEMM's AVX-512F kernel off too, as on an AVX2-only CPU
-for v in 1 2; do
-    out=$(TPGEN_NO_AVX512=$v "$TPGEN_TESTS" ops_gemm 2>&1)
+# gemm_op_tests VAR=VALUE WHAT: the GEMM op tests under that setting pass (at least 5 of them); WHAT names the
+# check
+gemm_op_tests() {
+    local out n
+    out=$(env "$1" "$TPGEN_TESTS" ops_gemm 2>&1)
     n=$(echo "$out" | grep -c '^ok - ops_gemm')
     if echo "$out" | grep -q '^# unit np=1: [0-9]* passed, 0 failed' && [ "$n" -ge 5 ]; then
-        ok "GEMM op tests pass with TPGEN_NO_AVX512=$v ($n tests)"
+        ok "$2 ($n tests)"
     else
-        fail "GEMM op tests with TPGEN_NO_AVX512=$v: $(echo "$out" | grep -v '^ok' | head -5)"
+        fail "GEMM op tests with $1: $(echo "$out" | grep -v '^ok' | head -5)"
     fi
-done
+}
+for v in 1 2; do gemm_op_tests TPGEN_NO_AVX512=$v "GEMM op tests pass with TPGEN_NO_AVX512=$v"; done
 
 # the vdpbf16ps kernels are the default where they outrun f32 FMAs (AMD), not on Intel's cores (half the FMA
 # rate: docs/cpu-backend.md); TPGEN_BF16_DOT=1/0 overrides, and the GEMM op tests pass on either default
@@ -61,13 +65,7 @@ if grep -qw avx512_bf16 /proc/cpuinfo; then
         want="not the default"; [ $v = 1 ] && want="the default"
         out=$(TPGEN_BF16_DOT=$v "$TPGEN" bench gemm --quick --reps 1 --m 8 --threads 1 2>&1 | head -1)
         echo "$out" | grep -q "AVX512-BF16 kernel: yes, $want" || fail "TPGEN_BF16_DOT=$v: $out"
-        out=$(TPGEN_BF16_DOT=$v "$TPGEN_TESTS" ops_gemm 2>&1)
-        n=$(echo "$out" | grep -c '^ok - ops_gemm')
-        if echo "$out" | grep -q '^# unit np=1: [0-9]* passed, 0 failed' && [ "$n" -ge 5 ]; then
-            ok "TPGEN_BF16_DOT=$v makes the vdpbf16ps kernels $want; the GEMM op tests pass ($n tests)"
-        else
-            fail "GEMM op tests with TPGEN_BF16_DOT=$v: $(echo "$out" | grep -v '^ok' | head -5)"
-        fi
+        gemm_op_tests TPGEN_BF16_DOT=$v "TPGEN_BF16_DOT=$v makes the vdpbf16ps kernels $want; the GEMM op tests pass"
     done
 fi
 
