@@ -27,6 +27,14 @@ unsigned test_seed(void);            /* per-run random seed (printed on failure)
 #define CHECK(cond, ...) do { if (!(cond)) { test_fail(__FILE__, __LINE__, __VA_ARGS__); } } while (0)
 #define REQUIRE(cond, ...) do { if (!(cond)) { test_fail(__FILE__, __LINE__, __VA_ARGS__); return; } } while (0)
 
+/* 1 in the ASan + UBSan build (make asan): its run is for memory errors, undefined behaviour and leaks, so a
+ * randomised test may draw fewer cases there (every code path still runs); the release build draws them all */
+#ifdef __SANITIZE_ADDRESS__
+#define TEST_SANITIZED 1
+#else
+#define TEST_SANITIZED 0
+#endif
+
 /* relative L2 error ||a-b|| / ||b|| in double */
 double rel_l2(const float *a, const float *b, size_t n);
 double max_abs_diff(const float *a, const float *b, size_t n);

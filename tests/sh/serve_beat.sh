@@ -6,8 +6,8 @@
 #       bound + 10 s, naming the rank; the port no longer accepts;
 #   (b) paused 4 s only: the server stays, a request afterwards is 200;
 #   (c) world rank 0 paused while idle: the other ranks end the job;
-#   (d) tp 2 x dp 2, group 0 renders a job longer than the bound while
-#       group 1 is idle: no false alarm, every request 200;
+#   (d) tp 2 x dp 2 under --watchdog 6, group 0 renders a job longer than
+#       the bound while group 1 is idle: no false alarm, every request 200;
 #   (e) SIGTERM afterwards still stops every rank with exit 0.
 . "$TPGEN_ROOT/tests/lib.sh"
 M=$TMP/m
@@ -99,10 +99,10 @@ post() {   # post NAME JSON: in the background; NAME.code, NAME.end (when answer
      now >"$TMP/$1.end") &
     POSTS+=($!)
 }
-if NP=4 start_server "$TMP/busy.log" "$TPGEN" --watchdog 10 --tp 2 --max-steps 10000; then
+if NP=4 start_server "$TMP/busy.log" "$TPGEN" --watchdog 6 --tp 2 --max-steps 10000; then
     sleep 2
     # the long jobs' steps from this machine's speed now (a 10- and a 40-step job timed: the difference is 30
-    # steps without the request's fixed costs): L1 ~25 s, L2 ~50 s
+    # steps without the request's fixed costs): L1 ~14 s, L2 ~28 s, both past the 6 s bound with room
     timed() {
         local t0; t0=$(now)
         curl -s -o /dev/null -m 120 "http://127.0.0.1:$PORT/v1/images/generations" \
@@ -112,9 +112,9 @@ if NP=4 start_server "$TMP/busy.log" "$TPGEN" --watchdog 10 --tp 2 --max-steps 1
     ta=$(timed 10) tb=$(timed 40)
     per=$(echo "($tb - $ta) / 30" | bc -l)
     lt "$per" 0.001 && per=0.001
-    n1=$(echo "25 / $per" | bc) n2=$(echo "50 / $per" | bc)
-    [ "$n1" -lt 100 ] && n1=100; [ "$n1" -gt 4000 ] && n1=4000
-    [ "$n2" -lt 200 ] && n2=200; [ "$n2" -gt 8000 ] && n2=8000
+    n1=$(echo "14 / $per" | bc) n2=$(echo "28 / $per" | bc)
+    [ "$n1" -lt 30 ] && n1=30; [ "$n1" -gt 4000 ] && n1=4000
+    [ "$n2" -lt 60 ] && n2=60; [ "$n2" -gt 8000 ] && n2=8000
     POSTS=()
     r2=$(rank_pid 2)
     a0=$(cpu_s "$R0") a2=$(cpu_s "$r2")
@@ -133,8 +133,8 @@ if NP=4 start_server "$TMP/busy.log" "$TPGEN" --watchdog 10 --tp 2 --max-steps 1
     wait "${POSTS[@]}"
     idle=$(echo "$(cat "$TMP/$busy.end") - $(cat "$TMP/$other.end")" | bc)   # group 1 idle, group 0 rendering
     if [ "$(cat "$TMP/l1.code")" = 200 ] && [ "$(cat "$TMP/s2.code")" = 200 ] && kill -0 $SRV 2>/dev/null &&
-       ! grep -q "no heartbeat\|no progress" "$TMP/busy.log" && lt 12 "$idle"; then
-        ok "serve_beat: dp 2: $path; group 0 rendered on for $(printf %.1f "$idle") s with group 1 idle: no false alarm, both 200"
+       ! grep -q "no heartbeat\|no progress" "$TMP/busy.log" && lt 8 "$idle"; then
+        ok "serve_beat: dp 2: $path ($n1 / $n2 steps, $(printf %.4f "$per") s each by the timing jobs); group 0 rendered on for $(printf %.1f "$idle") s with group 1 idle: no false alarm, both 200"
     else
         fail "serve_beat: dp 2 busy: $path: codes $(cat "$TMP/l1.code") $(cat "$TMP/s2.code"), idle overlap ${idle} s: $(grep -m1 error "$TMP/busy.log")"
     fi
