@@ -5,7 +5,7 @@
   mkpng.py --expect W H KIND [SEED]    print the RGB bytes PIL's convert("RGB")
                                        gives for that PNG, as hex
 
-KIND: rgb8, rgba8, grey8, greya8, palette8 (with a tRNS alpha), rgb16, grey16,
+KIND: rgb8 (over 1 Mpx: rows are windows of one pseudo-random sequence), rgba8, grey8, greya8, palette8 (with a tRNS alpha), rgb16, grey16,
 greya16; huge (a valid IHDR claiming W x H, no pixel data). The expected RGB
 follows PIL's rules, written out here independently of tpgen: grey is
 replicated, alpha dropped, palettes looked up, 16-bit RGB/LA samples reduced
@@ -30,7 +30,19 @@ def samples(w, h, seed):
     return out
 
 
+def build_large_rgb8(w, h, seed):
+    """rgb8 over 1 Mpx (the size and memory tests): row y is a window, 3y bytes in, of one pseudo-random
+    sequence, fast in plain Python (the per-pixel loop below takes half a minute at 12 Mpx)"""
+    seq = bytes(v & 255 for v in samples(3 * (w + h), 1, seed)[0])
+    raw = b"".join(b"\0" + seq[3 * y:3 * y + 3 * w] for y in range(h))
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+    png += chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+    return png, b"".join(seq[3 * y:3 * y + 3 * w] for y in range(h))
+
+
 def build(w, h, kind, seed):
+    if kind == "rgb8" and w * h > 1 << 20:
+        return build_large_rgb8(w, h, seed)
     v = samples(w, h, seed)
     ctype, depth, plte, trns = {"rgb8": (2, 8), "rgba8": (6, 8), "grey8": (0, 8), "greya8": (4, 8),
                                 "palette8": (3, 8), "rgb16": (2, 16), "grey16": (0, 16),
