@@ -75,7 +75,8 @@ typedef struct qd_type {
 } qd_type;
 
 static inline float le_f16(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
-static const int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* ggml's IQ4 values (-127 ... 113) + 128: IQ4_NL / IQ4_XS weights as unsigned bytes */
+static const uint8_t iq4_u8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
 /* 32 bytes -> their low and high nibbles (32 each) */
 static inline void nibbles32(const uint8_t *q, uint8_t *lo, uint8_t *hi) {
@@ -86,6 +87,16 @@ static inline void nibbles32(const uint8_t *q, uint8_t *lo, uint8_t *hi) {
     _mm256_storeu_si256((__m256i *)hi, _mm256_and_si256(_mm256_srli_epi16(v, 4), f));
 #else
     for (int l = 0; l < 32; l++) lo[l] = q[l] & 15, hi[l] = q[l] >> 4;
+#endif
+}
+/* 16 bytes -> their low nibbles, then their high nibbles (32 bytes) */
+static inline void nibbles16(const uint8_t *q, uint8_t *u) {
+#ifdef __AVX2__
+    __m128i v = _mm_loadu_si128((const __m128i *)q), f = _mm_set1_epi8(15);
+    _mm_storeu_si128((__m128i *)u, _mm_and_si128(v, f));
+    _mm_storeu_si128((__m128i *)(u + 16), _mm_and_si128(_mm_srli_epi16(v, 4), f));
+#else
+    for (int j = 0; j < 16; j++) u[j] = q[j] & 15, u[j + 16] = q[j] >> 4;
 #endif
 }
 static void de_q8_0(const uint8_t *b, uint8_t *u, float *s, float *m) {
@@ -99,24 +110,41 @@ static void de_q8_0(const uint8_t *b, uint8_t *u, float *s, float *m) {
 }
 static void de_q4_0(const uint8_t *b, uint8_t *u, float *s, float *m) {
     s[0] = le_f16(b);
-#ifdef __AVX2__
-    __m128i v = _mm_loadu_si128((const __m128i *)(b + 2)), f = _mm_set1_epi8(15);
-    _mm_storeu_si128((__m128i *)u, _mm_and_si128(v, f));
-    _mm_storeu_si128((__m128i *)(u + 16), _mm_and_si128(_mm_srli_epi16(v, 4), f));
-#else
-    for (int j = 0; j < 16; j++) u[j] = b[2 + j] & 15, u[j + 16] = b[2 + j] >> 4;
-#endif
+    nibbles16(b + 2, u);
 }
 static void de_q4_1(const uint8_t *b, uint8_t *u, float *s, float *m) {
     s[0] = le_f16(b), m[0] = le_f16(b + 2);
-    for (int j = 0; j < 16; j++) u[j] = b[4 + j] & 15, u[j + 16] = b[4 + j] >> 4;
+    nibbles16(b + 4, u);
 }
 static inline void q5_nibbles(const uint8_t *qhp, const uint8_t *qs, uint8_t *u) {
     uint32_t qh = (uint32_t)qhp[0] | (uint32_t)qhp[1] << 8 | (uint32_t)qhp[2] << 16 | (uint32_t)qhp[3] << 24;
+#ifdef __AVX2__
+    /* byte l gets bit l of qh: byte l / 8 of qh spread over 8 bytes, one bit each */
+    const __m256i sel = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+                  bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
+    __m128i v = _mm_loadu_si128((const __m128i *)qs), f = _mm_set1_epi8(15);
+    __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), f), _mm_and_si128(v, f));
+    h = _mm256_and_si256(_mm256_cmpeq_epi8(h, bit), _mm256_set1_epi8(16));
+    _mm256_storeu_si256((__m256i *)u, _mm256_or_si256(nib, h));
+#else
     for (int j = 0; j < 16; j++) {
         u[j] = (uint8_t)((qs[j] & 15) | ((qh >> j) & 1) << 4);
         u[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
     }
+#endif
+}
+/* 16 bytes of 4-bit indices -> the IQ4 values of their low, then high nibbles, + 128 */
+static inline void iq4_lookup16(const uint8_t *q, uint8_t *u) {
+#ifdef __AVX2__
+    const __m128i tbl = _mm_loadu_si128((const __m128i *)iq4_u8);
+    __m128i v = _mm_loadu_si128((const __m128i *)q), f = _mm_set1_epi8(15);
+    _mm_storeu_si128((__m128i *)u, _mm_shuffle_epi8(tbl, _mm_and_si128(v, f)));
+    _mm_storeu_si128((__m128i *)(u + 16), _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(v, 4), f)));
+#else
+    for (int j = 0; j < 16; j++)
+        u[j] = iq4_u8[q[j] & 15], u[j + 16] = iq4_u8[q[j] >> 4];
+#endif
 }
 static void de_q5_0(const uint8_t *b, uint8_t *u, float *s, float *m) { s[0] = le_f16(b), q5_nibbles(b + 2, b + 6, u); }
 static void de_q5_1(const uint8_t *b, uint8_t *u, float *s, float *m) {
@@ -124,34 +152,49 @@ static void de_q5_1(const uint8_t *b, uint8_t *u, float *s, float *m) {
 }
 static void de_iq4_nl(const uint8_t *b, uint8_t *u, float *s, float *m) {
     s[0] = le_f16(b);
-    for (int j = 0; j < 16; j++)
-        u[j] = (uint8_t)(iq4_values[b[2 + j] & 15] + 128), u[j + 16] = (uint8_t)(iq4_values[b[2 + j] >> 4] + 128);
+    iq4_lookup16(b + 2, u);
 }
+/* Q2_K and Q3_K: sub-blocks 8h + 2j and 8h + 2j + 1 (32 values, u + 128h + 32j) are bits 2j, 2j + 1 of the
+ * 32 bytes qs + 32h; Q3_K adds 4 where bit 4h + j of its 32 hmask bytes is set */
 static void de_q2_k(const uint8_t *b, uint8_t *u, float *s, float *m) {
     const uint8_t *sc = b, *qs = b + 16;
     float d = le_f16(b + 80), dmin = le_f16(b + 82);
-    for (int h = 0; h < 2; h++)
+    for (int sbi = 0; sbi < 16; sbi++) s[sbi] = d * (float)(sc[sbi] & 15), m[sbi] = -(dmin * (float)(sc[sbi] >> 4));
+    for (int h = 0; h < 2; h++) {
+#ifdef __AVX2__
+        __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h)), three = _mm256_set1_epi8(3);
         for (int j = 0; j < 4; j++)
-            for (int t = 0; t < 2; t++) {
-                int sbi = 8 * h + 2 * j + t;
-                s[sbi] = d * (float)(sc[sbi] & 15), m[sbi] = -(dmin * (float)(sc[sbi] >> 4));
-                const uint8_t *q = qs + 32 * h + 16 * t;
-                for (int l = 0; l < 16; l++) u[16 * sbi + l] = (q[l] >> (2 * j)) & 3;
-            }
+            _mm256_storeu_si256((__m256i *)(u + 128 * h + 32 * j), _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), three));
+#else
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) u[128 * h + 32 * j + l] = (qs[32 * h + l] >> (2 * j)) & 3;
+#endif
+    }
 }
 static void de_q3_k(const uint8_t *b, uint8_t *u, float *s, float *m) {
     const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
     float d = le_f16(b + 108);
+    for (int sbi = 0; sbi < 16; sbi++) {
+        int lo = sbi < 8 ? sc[sbi] & 15 : sc[sbi - 8] >> 4, hi = (sc[8 + sbi % 4] >> (2 * (sbi / 4))) & 3;
+        s[sbi] = d * (float)((lo | hi << 4) - 32);
+    }
+    /* v = q2 - (bit ? 0 : 4), u = v + 4 */
+#ifdef __AVX2__
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), mm = _mm256_loadu_si256((const __m256i *)hm);
+    for (int h = 0; h < 2; h++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+        for (int j = 0; j < 4; j++) {
+            __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(mm, 4 * h + j), one), 2);
+            _mm256_storeu_si256((__m256i *)(u + 128 * h + 32 * j),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), three), hb));
+        }
+    }
+#else
     for (int h = 0; h < 2; h++)
         for (int j = 0; j < 4; j++)
-            for (int t = 0; t < 2; t++) {
-                int sbi = 8 * h + 2 * j + t;
-                int lo = sbi < 8 ? sc[sbi] & 15 : sc[sbi - 8] >> 4, hi = (sc[8 + sbi % 4] >> (2 * (sbi / 4))) & 3;
-                s[sbi] = d * (float)((lo | hi << 4) - 32);
-                const uint8_t *q = qs + 32 * h + 16 * t, *mm = hm + 16 * t;
-                for (int l = 0; l < 16; l++)   /* v = q2 - (bit ? 0 : 4), u = v + 4 */
-                    u[16 * sbi + l] = (uint8_t)(((q[l] >> (2 * j)) & 3) + (((mm[l] >> (4 * h + j)) & 1) ? 4 : 0));
-            }
+            for (int l = 0; l < 32; l++)
+                u[128 * h + 32 * j + l] = (uint8_t)(((qs[32 * h + l] >> (2 * j)) & 3) + (((hm[l] >> (4 * h + j)) & 1) ? 4 : 0));
+#endif
 }
 static inline void k_scale_min(const uint8_t *p, int t, int *sc, int *mn) {
     if (t < 4) *sc = p[t] & 63, *mn = p[t + 4] & 63;
@@ -220,10 +263,7 @@ static void de_iq4_xs(const uint8_t *b, uint8_t *u, float *s, float *m) {
     for (int t = 0; t < 8; t++) {
         int ls = ((sl[t / 2] >> (4 * (t % 2))) & 15) | (int)((sh >> (2 * t)) & 3) << 4;
         s[t] = d * (float)(ls - 32);
-        for (int j = 0; j < 16; j++) {
-            u[32 * t + j] = (uint8_t)(iq4_values[qs[16 * t + j] & 15] + 128);
-            u[32 * t + j + 16] = (uint8_t)(iq4_values[qs[16 * t + j] >> 4] + 128);
-        }
+        iq4_lookup16(qs + 16 * t, u + 32 * t);
     }
 }
 
