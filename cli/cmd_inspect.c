@@ -115,6 +115,15 @@ static const char *fp8_summary(const checkpoint *c) {
     return buf;
 }
 
+/* a ComfyUI / stable-diffusion.cpp diffusion model (checkpoint.h CHECKPOINT_DM_PREFIX) */
+static const char *prefix_summary(const checkpoint *c) {
+    static char buf[256];
+    if (!c->prefix) return "";
+    snprintf(buf, sizeof buf, "names behind '%s' (a ComfyUI / stable-diffusion.cpp diffusion model), read without "
+             "it; %d tensor(s) outside it ignored\n", c->prefix, c->n_other);
+    return buf;
+}
+
 static json_t *tensor_table(const checkpoint *c, const component_plan *cp, int tp, int print) {
     const plan *p = &cp->p;
     json_t *arr = json_array();
@@ -285,9 +294,9 @@ int cmd_inspect(int argc, char **argv) {
     char *err = valid ? NULL : xstrdup(tp_error_msg());
     const plan *p = &cp.p;
     if (opened && !a.json)
-        printf("model %s, component %s, plan %s, tp %d, %d tensors in %d file(s)\n%s\n",
+        printf("model %s, component %s, plan %s, tp %d, %d tensors in %d file(s)\n%s%s\n",
                a.transformer && !strcmp(a.component, "transformer") ? a.transformer : a.model, a.component,
-               p->rules ? p->model : "none (all replicated)", a.tp, c->n, c->n_files, fp8_summary(c));
+               p->rules ? p->model : "none (all replicated)", a.tp, c->n, c->n_files, prefix_summary(c), fp8_summary(c));
     if (planned) tensors = tensor_table(c, &cp, a.tp, !a.json && !a.summary);
     if (valid || n_bad) ranks = rank_table(c, &cp, a.tp, !a.json);
     json_t *loras = NULL;
@@ -301,6 +310,9 @@ int cmd_inspect(int argc, char **argv) {
                               tensors ? tensors : json_array());
         json_object_set_new(o, "plan", p->rules ? json_string(p->model) : json_null());
         if (a.n_loras) json_object_set_new(o, "loras", loras ? loras : json_array());
+        if (opened && c->prefix)
+            json_object_set_new(o, "name_prefix", json_pack("{s:s,s:i}", "prefix", c->prefix, "tensors_outside_ignored",
+                                                            c->n_other));
         if (opened && c->fp8)
             json_object_set_new(o, "fp8", json_pack("{s:i,s:i,s:i,s:i}", "fp8_weights", c->fp8->n_fp8, "scaled",
                                                     c->fp8->n_scaled, "non_weight_tensors", c->fp8->n_aux, "marker",

@@ -43,6 +43,10 @@ static void add_ckpt(json_t *o, const checkpoint *c) {
     json_object_set_new(o, "tensors", json_integer(c->n));
     json_object_set_new(o, "dtypes", dtype_counts(c));
     if (c->fp8) json_object_set_new(o, "fp8_weights", json_integer(c->fp8->n_fp8));
+    if (c->prefix) {   /* a ComfyUI / stable-diffusion.cpp diffusion model: names read behind the prefix */
+        json_object_set_new(o, "name_prefix", json_string(c->prefix));
+        json_object_set_new(o, "tensors_outside_prefix_ignored", json_integer(c->n_other));
+    }
 }
 
 static json_t *describe_transformer(const flux2_pipe_info *g) {

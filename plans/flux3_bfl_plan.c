@@ -3,10 +3,10 @@
  * 0.42.1's convert_flux3_transformer_checkpoint_to_diffusers). The same
  * split as plans/flux3_plan.c: BFL FLUX.3 fuses nothing, so each rule is a
  * rename (q_proj/k_proj/v_proj colwise, attn_out rowwise, the [gate; up]
- * mlp_in colwise block by block, mlp_out rowwise). Two tables: the bare
- * names and the same behind the `model.diffusion_model.` prefix that
- * ComfyUI-style files carry ('*' matches only a block index, and every
- * rule must match). Everything not listed
+ * mlp_in colwise block by block, mlp_out rowwise); '*' matches only a
+ * block index, and every rule must match. Names behind the
+ * `model.diffusion_model.` prefix that ComfyUI-style files carry are read
+ * without it (checkpoint_open). Everything not listed
  * (emb_in, txt_in, time_in, ref_time_in, modulations, QK norms,
  * final_layer) is replicated. */
 #include "plan.h"
@@ -19,14 +19,9 @@
     {.glob = prefix ".*.mlp_in.weight", .style = STYLE_PACKED_COLWISE, .blocks = "1,1"},           \
     {.glob = prefix ".*.mlp_out.weight", .style = STYLE_ROWWISE, .blocks = NULL}
 
-#define FLUX3_BFL_ALL(p)                                                                           \
-    FLUX3_BFL_BLOCK(p "txt_mode_blocks"), FLUX3_BFL_BLOCK(p "content_mode_blocks.image"),         \
-    FLUX3_BFL_BLOCK(p "content_mode_blocks.image_cond"), FLUX3_BFL_BLOCK(p "single_blocks")
-
-static const plan_rule k_flux3_bfl_rules[] = {FLUX3_BFL_ALL("")};
-static const plan_rule k_flux3_bfl_dm_rules[] = {FLUX3_BFL_ALL("model.diffusion_model.")};
+static const plan_rule k_flux3_bfl_rules[] = {
+    FLUX3_BFL_BLOCK("txt_mode_blocks"), FLUX3_BFL_BLOCK("content_mode_blocks.image"),
+    FLUX3_BFL_BLOCK("content_mode_blocks.image_cond"), FLUX3_BFL_BLOCK("single_blocks")};
 
 const plan_table plan_table_flux3_bfl = {"flux3 (BFL names)", k_flux3_bfl_rules,
                                         (int)(sizeof k_flux3_bfl_rules / sizeof k_flux3_bfl_rules[0])};
-const plan_table plan_table_flux3_bfl_dm = {"flux3 (BFL names, model.diffusion_model.)", k_flux3_bfl_dm_rules,
-                                           (int)(sizeof k_flux3_bfl_dm_rules / sizeof k_flux3_bfl_dm_rules[0])};

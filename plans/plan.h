@@ -46,7 +46,6 @@ extern const plan_table plan_table_mistral;     /* Mistral Small 3.x language mo
 extern const plan_table plan_table_qwen3vl;     /* Qwen3-VL language model, FLUX.3 (KV, V) */
 extern const plan_table plan_table_flux3;       /* FLUX.3 transformer (D, M) */
 extern const plan_table plan_table_flux3_bfl;   /* the same under Black Forest Labs names */
-extern const plan_table plan_table_flux3_bfl_dm;   /* ... behind model.diffusion_model. */
 
 /* One tensor as the engine sees it: a name and a row-major shape. */
 typedef struct plan_tensor {

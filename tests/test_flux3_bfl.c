@@ -113,7 +113,11 @@ TEST(flux3_bfl_detection) {
         checkpoint *ck = NULL;
         REQUIRE(checkpoint_open(dir, &ck) == 0, "%s", tp_error_msg());
         const char *p = flux3_bfl_prefix(ck);
-        CHECK(p && !strcmp(p, prefix ? "model.diffusion_model." : ""), "prefix %d: detected %s", prefix, p ? p : "NULL");
+        CHECK(p && !*p, "prefix %d: detected as %s", prefix, p ? "BFL behind a prefix" : "not BFL");
+        /* names behind model.diffusion_model. are read without it, by checkpoint_open */
+        CHECK(prefix ? ck->prefix && !strcmp(ck->prefix, "model.diffusion_model.") : !ck->prefix,
+              "prefix %d: checkpoint prefix %s", prefix, ck->prefix ? ck->prefix : "none");
+        CHECK(ck->n_other == 0, "prefix %d: %d tensors outside the prefix", prefix, ck->n_other);
         CHECK(!checkpoint_is_bfl(ck), "a FLUX.3 BFL file taken for FLUX.2 BFL");
         CHECK(flux3_is_transformer_dir(dir), "%s not routed to FLUX.3", dir);
         checkpoint_close(ck);

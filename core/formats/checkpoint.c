@@ -214,6 +214,8 @@ static int open_file_path(checkpoint *c) {
     return open_single(c, NULL);
 }
 
+static int strip_dm_prefix(checkpoint *c);
+
 int checkpoint_open(const char *dir, checkpoint **out) {
     *out = NULL;
     int is_file = path_is_file(dir);
@@ -236,8 +238,9 @@ int checkpoint_open(const char *dir, checkpoint **out) {
     free(idx), free(single);
     if (rc) { checkpoint_close(c); return -1; }
     sort_tensors(c);
-    /* fp8 scales and hints are not weights: fp8_scan takes them out of the list */
-    if (fp8_scan(c)) { checkpoint_close(c); return -1; }
+    /* a ComfyUI / stable-diffusion.cpp diffusion model: read behind its prefix; then the fp8 scales and hints,
+     * which are not weights: fp8_scan takes them out of the list */
+    if (strip_dm_prefix(c) || fp8_scan(c)) { checkpoint_close(c); return -1; }
     *out = c;
     return 0;
 }
@@ -302,6 +305,47 @@ int checkpoint_rename(checkpoint *c, checkpoint_rename_fn fn, void *ctx) {
         if (!strcmp(c->infos[k - 1]->name, c->infos[k]->name))
             return tp_error("%s: two tensors are both named '%s' after renaming; the checkpoint holds a tensor twice "
                             "under different names", c->dir, c->infos[k]->name);
+    return 0;
+}
+
+/* ---- the diffusion-model prefix (checkpoint.h CHECKPOINT_DM_PREFIX) ---- */
+
+enum { DM_LEN = sizeof CHECKPOINT_DM_PREFIX - 1 };
+
+static int dm_strip(const char *name, char *out, size_t cap, void *ctx) {
+    if (strncmp(name, CHECKPOINT_DM_PREFIX, DM_LEN)) return 0;
+    if (!name[DM_LEN]) return tp_error("%s: a tensor is named just '%s'", ((const checkpoint *)ctx)->dir, name);
+    snprintf(out, cap, "%s", name + DM_LEN);
+    return 1;
+}
+
+/* Before fp8_scan (checkpoint_rename refuses fp8 checkpoints: their scales are paired by name). The tensors
+ * outside the prefix leave the list first, so only the model's own names are renamed and checked for
+ * duplicates; one of them whose name equals a stripped one is refused (a lookup in its file would be
+ * ambiguous). */
+static int strip_dm_prefix(checkpoint *c) {
+    int n_dm = 0;
+    for (int k = 0; k < c->n; k++) n_dm += !strncmp(c->infos[k]->name, CHECKPOINT_DM_PREFIX, DM_LEN);
+    if (!n_dm) return 0;
+    char **other = xcalloc((size_t)(c->n - n_dm + 1), sizeof *other);
+    int n = 0, n_other = 0;
+    for (int k = 0; k < c->n; k++) {
+        if (strncmp(c->infos[k]->name, CHECKPOINT_DM_PREFIX, DM_LEN)) {
+            other[n_other++] = xstrdup(c->infos[k]->name);
+            continue;
+        }
+        c->infos[n] = c->infos[k], c->file_of[n] = c->file_of[k], n++;
+    }
+    c->n = n;
+    int rc = checkpoint_rename(c, dm_strip, c);
+    for (int i = 0; i < n_other && !rc; i++)
+        if (checkpoint_find(c, other[i], NULL))
+            rc = tp_error("%s: holds tensor '%s' both under that name and behind '%s'; the file is not one model: "
+                          "extract the diffusion model", c->dir, other[i], CHECKPOINT_DM_PREFIX);
+    for (int i = 0; i < n_other; i++) free(other[i]);
+    free(other);
+    if (rc) return -1;
+    c->prefix = CHECKPOINT_DM_PREFIX, c->n_other = n_other;
     return 0;
 }
 

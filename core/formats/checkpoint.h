@@ -34,7 +34,13 @@ typedef struct checkpoint {
     const st_tensor_info **infos;  /* sorted by name */
     int *file_of;                  /* index into files for each info */
     struct fp8_info *fp8;          /* fp8 layers and scales (core/formats/fp8.h); NULL when none */
+    const char *prefix;            /* CHECKPOINT_DM_PREFIX when the names were read behind it, else NULL */
+    int n_other;                   /* tensors outside that prefix, left out of the list */
 } checkpoint;
+
+/* ComfyUI saves a diffusion model, and stable-diffusion.cpp's `convert` writes one, with every name behind
+ * this prefix (a whole ComfyUI checkpoint also holds the VAE, first_stage_model.*, and text encoders). */
+#define CHECKPOINT_DM_PREFIX "model.diffusion_model."
 
 /* Open every safetensors file of a component folder. With an index, every
  * tensor of its weight_map must exist in the named file (and the file must
@@ -43,7 +49,10 @@ typedef struct checkpoint {
  * diffusion_pytorch_model.safetensors or model.safetensors), or, with no
  * safetensors at all, one *.gguf file (its block-type tensors are DT_GGML
  * entries: core/formats/gguf_shard.h). `dir` may also be one such file
- * (.safetensors, .sft or .gguf): then that file alone is the checkpoint. */
+ * (.safetensors, .sft or .gguf): then that file alone is the checkpoint.
+ * A checkpoint with names behind CHECKPOINT_DM_PREFIX is read as that
+ * diffusion model, as ComfyUI-GGUF's loader reads it: those tensors under
+ * the names without the prefix, the others left out (n_other). */
 int checkpoint_open(const char *dir, checkpoint **out);
 void checkpoint_close(checkpoint *c);
 /* Look a tensor up: NULL when absent; *file set when found. */

@@ -94,9 +94,15 @@ static int meta_hints(const checkpoint *c, hints *H) {
             rc = tp_error("%s: _quantization_metadata has no \"layers\" object", path);
         const char *k;
         json_t *v;
+        /* a file read behind the diffusion-model prefix (checkpoint.h) may name its layers with it; with
+         * tensors outside the prefix (a whole ComfyUI checkpoint), a layer without it is another part's */
+        size_t pl = c->prefix ? strlen(c->prefix) : 0;
         json_object_foreach(layers, k, v) {
             if (rc) break;
-            hint *h = hint_get(H, k, strlen(k));
+            int behind = pl && !strncmp(k, c->prefix, pl);
+            if (pl && !behind && c->n_other) continue;
+            const char *m = behind ? k + pl : k;
+            hint *h = hint_get(H, m, strlen(m));
             h->from_meta = 1;
             rc = hint_parse(h, v, path);
         }

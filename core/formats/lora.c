@@ -437,8 +437,7 @@ static void push_seg(lora_set *s, lora_segment g) {
  * rules of Flux3LoraLoaderMixin apply instead of Flux2LoraLoaderMixin's. */
 static int is_flux3_checkpoint(const checkpoint *ck) {
     static const char *k[] = {"x_embedders.image.weight", "early_stream_modulations.image.linear.weight",
-                              "early_stream_modulations.image.lin.weight",
-                              "model.diffusion_model.early_stream_modulations.image.lin.weight"};
+                              "early_stream_modulations.image.lin.weight"};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
         if (checkpoint_find(ck, k[i], NULL)) return 1;
     return 0;

@@ -78,17 +78,12 @@ int flux3_config_parse(const json_t *cfg, const char *where, flux3_config *c) {
 /* ---- BFL single files (the inverse of diffusers 0.42.1's
  * convert_flux3_transformer_checkpoint_to_diffusers) ---- */
 
-#define BFL_PREFIX "model.diffusion_model."
-
-/* The BFL name prefix of a FLUX.3 BFL checkpoint ("" or
- * "model.diffusion_model."), NULL when it is not one. The key is the one
- * diffusers detects FLUX.3 by (CHECKPOINT_KEY_NAMES["flux3"]); a FLUX.2 BFL
- * file has single_stream_modulation.lin.weight instead. */
+/* "" when the checkpoint is a FLUX.3 BFL one, NULL when it is not. The key
+ * is the one diffusers detects FLUX.3 by (CHECKPOINT_KEY_NAMES["flux3"]); a
+ * FLUX.2 BFL file has single_stream_modulation.lin.weight instead. Names
+ * behind model.diffusion_model. are read without it (checkpoint_open). */
 const char *flux3_bfl_prefix(const checkpoint *ck) {
-    if (!ck) return NULL;
-    if (checkpoint_find(ck, "early_stream_modulations.image.lin.weight", NULL)) return "";
-    if (checkpoint_find(ck, BFL_PREFIX "early_stream_modulations.image.lin.weight", NULL)) return BFL_PREFIX;
-    return NULL;
+    return ck && checkpoint_find(ck, "early_stream_modulations.image.lin.weight", NULL) ? "" : NULL;
 }
 
 /* The name map, [diffusers, BFL] pairs: exact names, then one prefix and
@@ -287,9 +282,7 @@ static int flux3_plan_table(const flux3_config *c, const plan_table *tb, plan *o
 }
 
 int flux3_plan(const flux3_config *c, plan *out) { return flux3_plan_table(c, &plan_table_flux3, out); }
-int flux3_plan_bfl(const flux3_config *c, const char *prefix, plan *out) {
-    return flux3_plan_table(c, prefix && *prefix ? &plan_table_flux3_bfl_dm : &plan_table_flux3_bfl, out);
-}
+int flux3_plan_bfl(const flux3_config *c, plan *out) { return flux3_plan_table(c, &plan_table_flux3_bfl, out); }
 
 /* ---- binding tensors by name, with shape checks ---- */
 
@@ -324,7 +317,7 @@ static int is_qk_norm(const char *name, void *ctx) {
 /* BFL files may carry training-only REPA projection heads, which diffusers'
  * converter drops: never loaded */
 static int is_repa(const char *name) {
-    return !strncmp(name, "repa_projectors.", 16) || !strncmp(name, BFL_PREFIX "repa_projectors.", 38);
+    return !strncmp(name, "repa_projectors.", 16);
 }
 static int is_not_qk_norm(const char *name, void *ctx) { return !is_qk_norm(name, ctx) && !is_repa(name); }
 static int is_model_tensor(const char *name, void *ctx) { (void)ctx; return !is_repa(name); }
@@ -608,7 +601,7 @@ int flux3_load_ex(const char *dir, backend *be, comm *c, dtype_t precision, cons
         o.transform_ctx = ls;
         if (renamed) o.transform = swap_then_merge, o.transform_ctx = &sm;
     }
-    if ((bfl ? flux3_plan_bfl(&cfg, bfl, &p) : flux3_plan(&cfg, &p)) || weights_load(ck, &p, &o, &m->w, st)) goto done;
+    if ((bfl ? flux3_plan_bfl(&cfg, &p) : flux3_plan(&cfg, &p)) || weights_load(ck, &p, &o, &m->w, st)) goto done;
     if (precision == DT_BF16) {
         load_opts o32 = {.tp = m->tp, .rank = m->rank, .be = be, .dtype = DT_F32, .want = is_qk_norm};
         if (weights_load(ck, &p, &o32, &m->w_norm, NULL)) goto done;

@@ -72,15 +72,15 @@ int flux3_is_transformer_dir(const char *dir);
 
 /* The tensor-parallel plan of a config: plans/flux3_plan.c's rule table
  * with the symbols D and M and the divisor num_attention_heads;
- * flux3_plan_bfl the same over plans/flux3_bfl_plan.c (BFL names behind
- * prefix, flux3_bfl_prefix's). */
+ * flux3_plan_bfl the same over plans/flux3_bfl_plan.c (BFL names). */
 int flux3_plan(const flux3_config *c, plan *out);
-int flux3_plan_bfl(const flux3_config *c, const char *prefix, plan *out);
+int flux3_plan_bfl(const flux3_config *c, plan *out);
 
 /* Black Forest Labs single files (names: the inverse of diffusers 0.42.1's
  * convert_flux3_transformer_checkpoint_to_diffusers). flux3_bfl_prefix:
- * the names' prefix ("" or "model.diffusion_model.") when the checkpoint
- * is a FLUX.3 BFL one (early_stream_modulations.image.lin.weight), else
+ * "" when the checkpoint is a FLUX.3 BFL one
+ * (early_stream_modulations.image.lin.weight; a file with names behind
+ * model.diffusion_model. is read without it by checkpoint_open), else
  * NULL. flux3_config_from_bfl: a config.json object derived from its
  * shapes (RoPE: four equal axes, theta 10000, eps 1e-6, the class
  * defaults; flow_map when ref_time_in is present); NULL + tp_error naming

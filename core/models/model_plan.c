@@ -61,7 +61,7 @@ static int transformer_plan(const json_t *config, const checkpoint *c, int tp, c
         int rc = flux3_config_parse(derived ? derived : config,
                                     derived ? "transformer (config derived from the FLUX.3 tensor shapes)"
                                             : "transformer/config.json", &f3) ||
-                 (bfl ? flux3_plan_bfl(&f3, bfl, &out->p) : flux3_plan(&f3, &out->p)) ? -1 : 0;
+                 (bfl ? flux3_plan_bfl(&f3, &out->p) : flux3_plan(&f3, &out->p)) ? -1 : 0;
         json_decref(derived);
         return rc;
     }
