@@ -2,7 +2,8 @@
 # backend, plus the CUDA backend plugin build/libtpgen-cuda.so when nvcc is
 # found (force with CUDA=1, disable with CUDA=0; the binaries dlopen it when
 # a GPU is asked for, see kernels/cuda_plugin.c). `make asan` builds
-# sanitized copies in build-asan/. `make test` runs the test suite.
+# sanitized copies in build-asan/. `make test` runs the test suite, `make test-quick`
+# its quick tier.
 
 BUILD   ?= build
 CC      ?= gcc
@@ -90,9 +91,17 @@ asan:
 	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 	    LDFLAGS="-fsanitize=address,undefined"
 
-# the README's test command: normal build, sanitized build, whole suite
-test: all asan
+# the README's test command: normal and sanitized builds side by side, then the
+# whole suite (tests/run.sh runs its jobs side by side too); test-quick is the
+# edit-compile-test tier: the normal build, unit tests, MPI tests at 2 ranks
+# and one end-to-end render per family (tests/sh files marked `# tier: quick`)
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+test:
+	$(MAKE) -j$(NPROC) all asan
 	tests/run.sh
+test-quick:
+	$(MAKE) -j$(NPROC) all
+	tests/run.sh --quick
 
 clean:
 	rm -rf build build-asan build-fuzz
@@ -103,7 +112,7 @@ print-cuda-gencode:
 print-opt:
 	@echo '$(OPT)'
 
-.PHONY: all asan test clean print-cuda-gencode print-opt
+.PHONY: all asan test test-quick clean print-cuda-gencode print-opt
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # ---- fuzzing (fuzz/): libFuzzer harnesses built with clang, ASan + UBSan ----

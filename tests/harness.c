@@ -1,6 +1,8 @@
-/* Test runner: `tpgen_tests [--mpi|--gpu] [--list] [FILTER...]`. Without --mpi it runs the
+/* Test runner: `tpgen_tests [--mpi|--gpu] [--list] [--exact] [FILTER...]`. Without --mpi it runs the
  * single-process tests; with --mpi (under mpirun) the TEST_MPI tests, each
- * judged on every rank and reported once by rank 0. */
+ * judged on every rank and reported once by rank 0. A FILTER selects the tests whose names contain
+ * it; with --exact, the tests named exactly (tests/run.sh passes the names of a shard, and after a
+ * crash the names the dead process did not reach). */
 #include "test.h"
 #include <mpi.h>
 #include <stdarg.h>
@@ -77,20 +79,21 @@ double max_abs_diff(const float *a, const float *b, size_t n) {
     return m;
 }
 
-static int matches(const char *name, int nf, char **filters) {
+static int matches(const char *name, int nf, char **filters, int exact) {
     if (nf == 0) return 1;
     for (int i = 0; i < nf; i++)
-        if (strstr(name, filters[i])) return 1;
+        if (exact ? !strcmp(name, filters[i]) : strstr(name, filters[i]) != NULL) return 1;
     return 0;
 }
 
 int main(int argc, char **argv) {
-    int mpi = 0, nf = 0, list = 0;
+    int mpi = 0, nf = 0, list = 0, exact = 0, times = getenv("TPGEN_TEST_TIMES") != NULL; /* each test's seconds */
     char **filters = calloc((size_t)argc, sizeof *filters);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mpi")) mpi = 1;
         else if (!strcmp(argv[i], "--gpu")) mpi = 2;
         else if (!strcmp(argv[i], "--list")) list = 1;
+        else if (!strcmp(argv[i], "--exact")) exact = 1;
         else filters[nf++] = argv[i];
     }
     int provided, rank = 0, size = 1;
@@ -105,12 +108,14 @@ int main(int argc, char **argv) {
     MPI_Bcast(&g_seed, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);
     int passed = 0, failed = 0;
     for (int i = 0; i < g_n; i++) {
-        if (g_tests[i].mpi != mpi || !matches(g_tests[i].name, nf, filters)) continue;
+        if (g_tests[i].mpi != mpi || !matches(g_tests[i].name, nf, filters, exact)) continue;
         if (list) { if (rank == 0) printf("%s\n", g_tests[i].name); continue; }
         g_failed_now = 0;
         g_why[0] = 0;
         srand(g_seed + (unsigned)i);
+        double t0 = MPI_Wtime();
         g_tests[i].fn();
+        double dt = MPI_Wtime() - t0;
         int any = g_failed_now, first = g_failed_now ? rank : size;
         if (mpi) {
             MPI_Allreduce(&g_failed_now, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -122,6 +127,7 @@ int main(int argc, char **argv) {
             if (mpi) snprintf(np, sizeof np, " [np=%d]", size);
             if (any) printf("FAIL - %s%s [seed=%u]: %s\n", g_tests[i].name, np, g_seed, g_why), failed++;
             else printf("ok - %s%s\n", g_tests[i].name, np), passed++;
+            if (times) printf("# time %s %.2f s\n", g_tests[i].name, dt);
             fflush(stdout);
         }
     }

@@ -207,6 +207,16 @@ TEST(quant_dot_kernels) {
         dot_case(be, types[i], 5, N, 4608, (const span[]){{0, 4608}}, 1, &s); /* two k ranges */
         dot_case(be, types[i], 5, N, 4608, (const span[]){{1000, 4500}, {5, 17}}, 2, &s);
     }
+    /* a level this CPU lacks runs the next one, so its comparisons compare a kernel with itself: say so */
+    static const char *const level_name[NK] = {"amx-int8", "avx512vnni", "avx2", "scalar"};
+    for (int isa = 0; isa < NK; isa++) {
+        cpu_gemm_qdot_force(isa);
+        const char *ran = cpu_gemm_qdot_kernel();
+        if (strcmp(ran, level_name[isa]))
+            printf("SKIP - quant_dot_kernels level %d (%s): not on this CPU (or off by TPGEN_QDOT/TPGEN_NO_AVX512); "
+                   "that level ran %s, so it was compared with itself\n", isa, level_name[isa], ran);
+    }
+    cpu_gemm_qdot_force(0);
     /* the tp-8 klein-4B shard: 384 columns from inside a Q4_K block */
     dot_case(be, QUANT_Q4_K, 9, 70, 3072, (const span[]){{384, 768}}, 1, &s);
     printf("# quant_dot_kernels: %d failing comparisons (level 0: %s)\n", g_fails, cpu_gemm_qdot_kernel());

@@ -34,7 +34,16 @@ static MPI_Comm group_of(int kind) {
  * f32 sums move by a few ulps and bf16 rounding carries that on. Those
  * routes are held to the bf16 golden bounds (tests/test_vae.c: rel_l2 1e-2,
  * max 3e-2, 8 levels), not to bit identity. */
-static int bf16_band_invariant(void) { return cpu_conv_amx_enabled() || cpu_bf16_kernels_enabled(); }
+static int bf16_band_invariant(void) {
+    int yes = cpu_conv_amx_enabled() || cpu_bf16_kernels_enabled();
+    static int said;
+    int wr;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    if (!yes && !said++ && wr == 0)
+        printf("SKIP - vae_dist bf16 bit identity: this CPU's bf16 convolutions widen to f32 (no AMX, no preferred "
+               "vdpbf16ps), whose sums follow the band's shape; bf16 group decodes are held to the golden bounds\n");
+    return yes;
+}
 
 typedef struct cmp {
     double rel_l2, max_rel;   /* ||a - ref|| / ||ref||, max |a - ref| / max |ref| */

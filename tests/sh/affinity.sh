@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 5 s; checks: 8
 # CPU binding under a plain mpirun (Open MPI's default binding, which binds
 # each rank to one core when np <= 2): the node's ranks together run
 # threads on every CPU this test may use; an explicit --bind-to core is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 20 s; checks: 4
 # The AMX GEMM route (kernels/cpu/cpu_gemm_amx.c): on by default on a CPU
 # whose /proc/cpuinfo lists amx_bf16 and amx_tile, off with TPGEN_NO_AMX=1 or
 # TPGEN_NO_AVX512=1; with it off the GEMM op tests (double references) and

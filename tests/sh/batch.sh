@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 15 s; checks: 15
 # Batch features for re-queued Slurm jobs: --skip-existing (a re-run renders
 # only the missing outputs, byte-identical to the first run's) and
 # --prompts-file (one prompt per line, errors with line numbers).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 15 s; checks: 11
 # BFL single-file checkpoints: the golden flux2-tiny-a transformer converted
 # to the BFL layout (by the test binary: one file, BFL names, fused qkv,
 # swapped final-layer halves, no config.json) must pass `tpgen check`

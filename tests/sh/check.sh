@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 20 s; checks: 17
 # `tpgen check`: the TP transformer against the golden diffusers outputs at
 # tp 1, 2, 4 (f32 and bf16), against an unsharded run on rank 0, and its errors.
 source "$TPGEN_ROOT/tests/lib.sh"

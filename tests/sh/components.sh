@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 45 s; checks: 29
 # A model from single component files (ComfyUI's diffusion_models/,
 # text_encoders/, vae/ files): --transformer/--text-encoder/--vae PATH and
 # --family, against the same weights as a diffusers pipeline folder.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 5 s; checks: 4
 # --backend cuda on a machine without a usable GPU (CI, this build host): every
 # rank must fail with a clear message, printed once, and a non-zero exit. In a
 # build without CUDA the message must say so instead. On a machine with a GPU

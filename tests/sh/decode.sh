@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 15 s; checks: 21
 # tpgen decode: golden latents to PNG, a --save-latents style file (tensor
 # `latents`, height/width metadata), mpirun, and the errors users hit.
 source "$TPGEN_ROOT/tests/lib.sh"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 20 s; checks: 18
 # Diffusion models behind model.diffusion_model. (checkpoint.h CHECKPOINT_DM_PREFIX): what ComfyUI saves
 # and what stable-diffusion.cpp's `convert` writes (a GGUF without general.architecture). The golden models
 # renamed that way (tests/tools/st_rename.py, gguf_rename.py: same bytes, names behind the prefix) must give

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 85 s; checks: 46
 # Reference-image editing from the command line (issue #15): encode-image
 # against the golden (klein-tiny-edit), the PNG variants PIL converts to
 # RGB (grey, alpha, palette, 16-bit), a JPEG, a 4000x3000 reference resized

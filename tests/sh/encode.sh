@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 20 s; checks: 16
 # tpgen encode: prompt -> prompt_embeds file, checked against diffusers'
 # klein-tiny golden (ids exactly, embeds by relative L2), at tp 1, tp 2 and
 # with two data-parallel groups; bad inputs give clear errors on every rank.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 15 s; checks: 8
 # tpgen encode on FLUX.3's Qwen3-VL text encoder (tests/data/flux3-te, made by
 # tests/tools/flux3_te_golden.py from diffusers' Flux3TextEncoderStep): the
 # window (prompt length rounded up to 80, capped at --max-sequence-length),

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 15 s; checks: 9
 # tpgen encode with a llama.cpp GGUF text encoder (FLUX.2-dev layout: text_encoder/mistral-q8_0.gguf,
 # arch llama, permuted Q/K rows, Q8_0; tokenizer/ = the mini Tekken tokenizer), at tp 1, 2 and 4 and in
 # bf16, against the transformers reference of tests/data/te-gguf/refs.safetensors (ids exactly, embeds

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 10 s; checks: 6
 # The model family follows model_index.json's _class_name (generate on the
 # tiny klein model with its model_index.json edited): a contradiction with
 # guidance_embeds is followed with one warning, klein-kv is klein with

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 25 s; checks: 24
 # `tpgen check` on the FLUX.3 transformers (golden flux3-tiny: base and
 # flow-map, 4 cases each, 2 with reference tokens): the TP forward against
 # diffusers' outputs at every tp that divides the 6 heads (1, 2, 3), f32 and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 40 s; checks: 8
 # Run-spec batches on FLUX.3 folders (the golden tiny transformers + VAE +
 # make-tiny's Qwen3-VL text encoder): base with CFG and a negative prompt,
 # and flow-map, prompts x seeds with per-prompt references (one padded and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 25 s; checks: 21
 # `tpgen check` on FLUX.3 transformers in Black Forest Labs single-file names:
 # the golden flux3-tiny base and flow-map models renamed by
 # tests/tools/flux3_bfl_testdata.py (the files whose sha256, in

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# budget: 35 s; checks: 10
+# tier: quick
 # FLUX.3 from a prompt: the golden tiny FLUX.3 transformers (base, flow-map)
 # + the golden tiny VAE + make-tiny's Qwen3-VL text encoder (random, as wide
 # as joint_attention_dim / 8, the real Qwen3 tokenizer). `generate --prompt`

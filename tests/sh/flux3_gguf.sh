@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 65 s; checks: 77
 # FLUX.3 transformers stored as GGUF (docs/flux3.md "GGUF"): the golden
 # flux3-tiny base and flow-map models written by `tpgen quantize` (Q8_0,
 # diffusers names and the default BFL names) and by the test binary (a mixed

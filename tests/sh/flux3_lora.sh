@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 20 s; checks: 15
 # LoRA adapters on FLUX.3: `tpgen check --lora` with the golden adapter of
 # tests/data/flux3-lora (diffusers + PEFT on the tiny FLUX.3 base, made by
 # tests/tools/flux3_lora_golden.py) against diffusers' adapted outputs at tp

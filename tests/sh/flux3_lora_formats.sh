@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 20 s; checks: 18
 # The other FLUX.3 LoRA spellings diffusers 0.42.1 loads (tests/tools/flux3_lora_formats.py, whose --verify
 # checks each against diffusers + PEFT): the golden adapter of tests/data/flux3-lora rewritten as older
 # diffusers keys (transformer.<module>.lora.down/.lora.up.weight; attn.processor.to_q_lora.down ...) and as

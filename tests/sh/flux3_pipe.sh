@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 40 s; checks: 25
 # `tpgen generate` on FLUX.3 folders (the golden tiny base and flow-map
 # transformers + the golden tiny VAE + the modular_model_index.json that
 # diffusers 0.42.1 saves) against the real modular pipelines' runs

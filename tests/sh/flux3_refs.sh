@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 20 s; checks: 8
 # FLUX.3 references as diffusers 0.42.1 prepares them (tests/data/flux3-refs,
 # tests/tools/flux3_refs_golden.py): `tpgen generate` with a single 4500x40
 # reference (over 4096 px wide: LANCZOS-downscaled to 4096x36, reflect-padded

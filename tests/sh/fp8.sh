@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 45 s; checks: 22
 # fp8 checkpoints from the command line: inspect shows fp8 tensors, scales
 # and halved per-rank bytes; check --quantize fp8 quantises (near, not at,
 # the bf16 golden); bad fp8 files fail with a clear error and a non-zero

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# budget: 45 s; checks: 27
+# tier: quick
 # Command-line tests of `tpgen generate` and `tpgen make-tiny`: help, every
 # class of bad input (non-zero exit on every rank, message printed once),
 # and runs on the golden tiny pipeline and a make-tiny folder.

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# budget: 10 s; checks: 12
+# tier: quick
 # FLUX.2-dev end to end on a tiny folder (issue #8): `tpgen make-tiny
 # --family dev` (Mistral3 text encoder + Tekken tokenizer, transformer with
 # guidance embeds, VAE), then prompt -> PNG at tp 1 and tp 2 with the same

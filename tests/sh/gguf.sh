@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 5 s; checks: 14
 # tpgen inspect of GGUF files: every tensor of tests/data/gguf/types.gguf and
 # of the golden flux2-gguf files listed with the type and row-major shape
 # that tests/data/gguf/*.json (written from gguf-py) give, the metadata keys,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 65 s; checks: 30
 # GGUF transformers run sharded: tpgen check of the golden flux2-gguf folders
 # (Q8_0, Q4_K, mixed: quantised weights kept quantised, decoded in the GEMM's
 # packing) against diffusers' float32 forward on gguf-py's dequantised

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 70 s; checks: 69
 # Hostile inputs (issue 13, issue 16 item 7): each crafted file is made here
 # and must give a clear error, a non-zero exit (on every rank under mpirun),
 # no crash, and bounded time and memory; the NaN/Inf cases must write no

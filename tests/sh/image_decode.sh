@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 85 s; checks: 69
 # Reference images built to hurt the decoder (issue 21 item 3): each file
 # is made here (tests/tools/craft_image.py, tests/tools/mkjpeg.c) and must
 # be refused with a clear error, a non-zero exit and no crash, in bounded

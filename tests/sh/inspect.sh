@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 10 s; checks: 33
 # tpgen inspect: per-rank bytes of the real FLUX.2 shapes (sparse, header-only
 # checkpoints) against the config formulas, the JSON contract, and bad input
 # (each must fail with a clear message, non-zero exit, no crash), also under

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 10 s; checks: 5
 # The layer order (docs/architecture.md): no file includes or calls a file of
 # a higher layer, and no call circles in the front ends, the pipeline and the
 # models (tests/tools/layers.py). Checked on the tree and on build/'s objects,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 95 s; checks: 43
 # LoRA adapters from the command line: `tpgen check --lora` on the golden
 # flux2-lora cases with the BFL single-file layout (the diffusers layout is
 # covered by tests/test_lora.c at np 1/2/4); end to end, a klein-tiny render

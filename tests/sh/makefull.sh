@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 5 s; checks: 2
 # make-tiny --widths klein-4b-full / dev-full --sparse: complete full-size
 # random pipelines, checked by tensor count and shapes against the spec's
 # tables (transcribed below: flux2-transformer.md §1-2 for the transformer,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 10 s; checks: 2
 # The load figures add up: the text encoder's load and the transformer's are
 # reported apart (summary and --json-metrics), each byte count equals what
 # `tpgen inspect` says the ranks hold, and each GB/s is its bytes over its

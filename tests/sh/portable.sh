@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 90 s; checks: 11
 # Portable builds: on a CPU without the extensions the build uses (an
 # emulated Westmere, no AVX/AVX2/FMA, under qemu-user) tpgen stops with a
 # clear error naming them and how to rebuild, not SIGILL; on an emulated

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 35 s; checks: 103
 # tpgen quantize: every legacy type's output equals gguf-py 0.19.0's GGUF of the same f32 input byte for
 # byte (tests/data/quant, made by tests/tools/quant_testdata.py: types, shapes, tensor bytes, metadata and
 # layout), Q2_K..Q6_K, IQ4_NL, IQ4_XS the GGUFs of tests/tools/kquant_ref.py (a numpy port of ggml's

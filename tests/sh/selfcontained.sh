@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 10 s; checks: 6
 # The repository holds every test input: no test, script or build file names
 # the upstream ../shared folder, the tracked tree stays under 60 MB, and a
 # fresh clone (in an empty temporary folder, nothing beside it) unpacks its

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 160 s; checks: 87
 # `tpgen serve` end to end on a make-tiny model at tp 2: the official
 # openai client and curl get PNGs byte-identical to `tpgen generate`; a
 # bounded load test from concurrent clients; a full queue answers 429; bad

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 80 s; checks: 12
 # The heartbeat of idle `tpgen serve` ranks (cli/serve_ranks.h) with real
 # ranks on the make-tiny model, --watchdog 10 (the idle bound: 10 s):
 #   (a) an idle rank paused (SIGSTOP) for 20 s, at tp 2 and in the second

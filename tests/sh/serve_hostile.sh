@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 320 s; checks: 52
 # `tpgen serve` against hostile clients (issue 21), on a make-tiny model at
 # tp 2, 127.0.0.1 only, every test bounded in count and time: the pre-auth
 # crash request (a multipart part without Content-Disposition), unauthenticated

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 35 s; checks: 10
 # A real single-node Slurm: munged, slurmctld and slurmd from Debian's
 # packages (installed by scripts/install-slurm.sh when missing), with a
 # slurm.conf written here for this host (its cores and memory, from

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 20 s; checks: 25
 # Command-line tests of `tpgen tokenize`: ids against the golden tokens.json
 # (Qwen3, via a pipeline folder, a tokenizer folder and a GGUF), the dev layout and
 # padding, mpirun behaviour, and clear failures on bad input.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 10 s; checks: 2
 # What "same seed at any --tp" means, measured (scripts/tp-invariance.sh):
 # f32 latents at tp 2 within 1e-5 relative of tp 1, bf16 images above the
 # 35 dB that scripts/regress.sh compares at by default.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 110 s; checks: 18
 # A two-node Slurm cluster built from Linux namespaces on this one host, and
 # tpgen across it. Each node is a network namespace (its own lo and one end
 # of a veth pair, 10.77.0.1 and 10.77.0.2) plus a UTS and a private mount

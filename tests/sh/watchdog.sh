@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 40 s; checks: 5
 # The watchdog (core/dist/watchdog.h) with real ranks: a rank paused for
 # less than the bound changes nothing (same PNG); a rank paused for longer
 # makes the other rank end the job with a message naming its TP group,

@@ -1,0 +1,2 @@
+# A file without its budget line.
+echo "ok - noheader one"
