@@ -159,7 +159,8 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
     const char *job_opt = s->n_prompts ? "--prompt" : s->prompts_file ? "--prompts-file" : s->prompt_embeds ? "--prompt-embeds"
                           : s->n_seeds ? "--seed" : s->output ? "--output" : s->save_latents ? "--save-latents"
                           : s->json_metrics ? "--json-metrics" : s->skip_existing ? "--skip-existing"
-                          : s->no_decode ? "--no-decode" : s->n_images ? "--image" : NULL;
+                          : s->no_decode ? "--no-decode" : s->n_images ? "--image"
+                          : s->initial_latents ? "--initial-latents" : NULL;
     if (job_opt)
         return tp_error("serve: %s is an option of generate; a server takes prompts, seeds and images from its requests "
                         "(see tpgen serve --help)", job_opt);
