@@ -201,3 +201,56 @@ TEST(rng_pipeline_noise_matches_golden_runs) {
     }
     json_decref(e2e);
 }
+
+/* --seed itself against torch 2.15, for the seeds and sizes of every FLUX.2
+ * golden run (their stored initial_latents were drawn by torch 1.13 and
+ * are fed to the end-to-end tests through --initial-latents): dev
+ * (flux2-tiny-a, seed 1), klein (klein-tiny's cases) and edit
+ * (klein-tiny-edit's cases): the pipeline's noise equals torch 2.15's bf16
+ * draw stored in randn-torch2.safetensors. FLUX.3's f32 draw is checked by
+ * rng_matches_torch2_randn and its golden runs (made on torch 2.15). */
+static void check_noise_torch2(st_file *r2, const char *what, uint64_t seed, int H, int W, int *checked) {
+    int C = 32, h = H / 16, w = W / 16;
+    char name[96];
+    snprintf(name, sizeof name, "seed%llu.1x%dx%dx%d.bf16", (unsigned long long)seed, C, h, w);
+    const st_tensor_info *t = st_find(r2, name);
+    REQUIRE(t && t->end - t->begin == (uint64_t)C * h * w * 2, "randn-torch2.safetensors: no %s (%s)", name, what);
+    uint16_t *ref = malloc((size_t)C * h * w * 2);
+    REQUIRE(st_read_raw(r2, t, ref) == 0, "%s", tp_error_msg());
+    float *x = flux2_noise_packed(seed, C, h, w);
+    size_t bad = 0;
+    for (int c = 0; c < C; c++)
+        for (int tk = 0; tk < h * w; tk++) bad += x[(size_t)tk * C + c] != bf16_to_f32(ref[(size_t)c * h * w + tk]);
+    CHECK(bad == 0, "%s (seed %llu, %dx%d): %zu of %d noise values differ from torch 2.15", what,
+          (unsigned long long)seed, W, H, bad, C * h * w);
+    (*checked)++;
+    free(x);
+    free(ref);
+}
+
+TEST(rng_golden_runs_seeds_match_torch2) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/randn-torch2.safetensors", test_golden_dir());
+    st_file *r2 = NULL;
+    REQUIRE(st_open(path, &r2) == 0, "%s", tp_error_msg());
+    int checked = 0;
+    check_noise_torch2(r2, "dev: flux2-tiny-a", 1, 64, 96, &checked);
+    const char *sets[2][2] = {{"klein-tiny/e2e.json", "klein"}, {"klein-tiny-edit/edit.json", "edit"}};
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/%s", test_golden_dir(), sets[k][0]);
+        json_t *root = json_load_file(path, 0, NULL);
+        json_t *cases = json_object_get(root, "cases");
+        REQUIRE(json_array_size(cases) == 3, "%s: 3 cases expected", path);
+        for (size_t i = 0; i < 3; i++) {
+            json_t *c = json_array_get(cases, i);
+            char what[64];
+            snprintf(what, sizeof what, "%s case %zu", sets[k][1], i);
+            check_noise_torch2(r2, what, (uint64_t)json_integer_value(json_object_get(c, "seed")),
+                               (int)json_integer_value(json_object_get(c, "height")),
+                               (int)json_integer_value(json_object_get(c, "width")), &checked);
+        }
+        json_decref(root);
+    }
+    CHECK(checked == 7, "%d golden runs checked", checked);
+    st_close(r2);
+}
