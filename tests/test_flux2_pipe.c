@@ -63,9 +63,9 @@ TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
     float *init = NULL;
     const st_tensor_info *ti = NULL;
     REQUIRE(st_open(golden, &gf) == 0 && st_read_f32(gf, "case0.initial_latents", &init, &ti) == 0, "%s", tp_error_msg());
-    st_close(gf);
-    REQUIRE(ti->ndim == 4 && ti->shape[1] == info.in_channels && ti->shape[2] == H / 16 && ti->shape[3] == W / 16,
-            "case0.initial_latents: shape");
+    int shape_ok = ti->ndim == 4 && ti->shape[1] == info.in_channels && ti->shape[2] == H / 16 && ti->shape[3] == W / 16;
+    st_close(gf);   /* ti belongs to gf */
+    REQUIRE(shape_ok, "case0.initial_latents: shape");
     float *start = flux2_latents_pack(init, info.in_channels, H / 16, W / 16);
     free(init);
     flux2_job job = {.seed = seed, .init_latents = start, .steps = 4, .guidance = 1.0, .width = W, .height = H,

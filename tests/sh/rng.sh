@@ -9,7 +9,7 @@
 #    gives torch 1.13's draw of flux2-tiny-a's golden run;
 #  - --initial-latents: the exact start (a golden set's initial_latents) at
 #    tp 1 and 2, several jobs from one file (one tensor each, named with
-#    {index}; also as the run-spec key), the PNG's parameters (file and
+#    {index}; also as the run-spec key), decode's and the PNG's parameters (file and
 #    sha256, no seed), and refusals (wrong shape on every rank of tp 2, NaN,
 #    several jobs with one tensor, a missing tensor) with no file written.
 source "$TPGEN_ROOT/tests/lib.sh"
@@ -113,6 +113,12 @@ if $MPIRUN -np 2 "$TPGEN" generate --spec "$TMP/multi.yaml" "${BASE[@]}" --preci
     [ -z "$bad" ] && ok "initial-latents: 3 jobs, each from its own tensor (case{index}.initial_latents, run spec)" \
         || fail "initial-latents several jobs:$bad"
 else fail "initial-latents several jobs: $(tail -3 "$TMP/log" | tr '\n' ' ')"; fi
+# tpgen decode of such latents names the start instead of a seed
+if "$TPGEN" decode --backend cpu --model "$Z" --latents "$TMP/m1.st" --output "$TMP/m1.png" >"$TMP/log" 2>&1 &&
+    grep -aq "initial_latents: $G/klein-tiny/e2e.safetensors:case1.initial_latents" "$TMP/m1.png" &&
+    ! grep -aq "seed: " "$TMP/m1.png"; then
+    ok "initial-latents: tpgen decode's PNG names the start (file:tensor), no seed"
+else fail "initial-latents: decode parameters: $(tail -3 "$TMP/log" | tr '\n' ' ')"; fi
 # the PNG records the file and its sha256 instead of a seed
 sha=$(sha256sum "$L" | cut -d' ' -f1)
 if "$TPGEN" generate --model "$Z" --prompt-embeds "$E" --steps 2 --backend cpu --width 96 --height 64 \
