@@ -5,7 +5,8 @@
  * Every path (float64 below 16 elements, the vectorised f32 path, the bf16
  * paths, tails that are not a multiple of 16), several seeds (some of them
  * 2^32 and above). The aim is bit equality; the largest difference is
- * reported. The torch 1.13 file keeps the 64x64 shape of seed 0 only
+ * reported. The torch 1.13 file keeps the 64x64 shape of seed 0 only; the
+ * torch 2.15 file keeps large draws as sha256 digests
  * (tests/data/golden/README.md). */
 #include "test.h"
 #include "core/rng.h"
@@ -13,6 +14,7 @@
 #include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
+#include <nettle/sha2.h>
 
 /* the reader lives in core/formats/safetensors.c (loader area) */
 
@@ -253,4 +255,49 @@ TEST(rng_golden_runs_seeds_match_torch2) {
     }
     CHECK(checked == 7, "%d golden runs checked", checked);
     st_close(r2);
+}
+
+/* Large draws (FLUX.2's real noise [1, 128, 64, 64] of a 1024x1024 image,
+ * [1, 128, 96, 80], and 332667 values with a tail), kept in the file as
+ * torch 2.15's sha256 of the raw bytes only (metadata sha256.seedS.SHAPE.DT):
+ * the draw's bytes must hash to it. */
+TEST(rng_large_draws_match_torch2_digests) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/randn-torch2.safetensors", test_golden_dir());
+    st_file *f = NULL;
+    REQUIRE(st_open(path, &f) == 0, "%s", tp_error_msg());
+    int checked = 0, tails = 0;
+    for (int i = 0; i < f->n_meta; i++) {
+        const char *key = f->meta_keys[i];
+        if (strncmp(key, "sha256.", 7)) continue;
+        unsigned long long seed;
+        char shape[64], dt[8];
+        REQUIRE(sscanf(key + 7, "seed%llu.%63[0-9x].%7s", &seed, shape, dt) == 3, "%s: metadata key %s", path, key);
+        size_t n = 1;
+        for (char *p = shape; *p;) {
+            n *= strtoull(p, &p, 10);
+            if (*p == 'x') p++;
+        }
+        int bf = !strcmp(dt, "bf16");
+        size_t es = bf ? 2 : 4;
+        uint8_t *buf = malloc(n * es);
+        tp_rng g;
+        rng_seed(&g, seed);
+        if (bf) rng_randn_bf16(&g, (uint16_t *)buf, n);
+        else rng_randn_f32(&g, (float *)buf, n);
+        struct sha256_ctx ctx;
+        uint8_t digest[SHA256_DIGEST_SIZE];
+        sha256_init(&ctx);
+        sha256_update(&ctx, n * es, buf);
+        sha256_digest(&ctx, sizeof digest, digest);
+        char hex[65];
+        for (int k = 0; k < 32; k++) snprintf(hex + 2 * k, 3, "%02x", digest[k]);
+        CHECK(!strcmp(hex, f->meta_values[i]), "%s: the draw of %zu values hashes to %s, torch 2.15's to %s", key + 7, n,
+              hex, f->meta_values[i]);
+        checked++, tails += n % 16 != 0;
+        free(buf);
+    }
+    printf("# rng: %d large draws (%d with a tail) hash to torch 2.15's sha256\n", checked, tails);
+    CHECK(checked >= 18 && tails >= 6, "%d digests checked", checked);
+    st_close(f);
 }
