@@ -90,6 +90,13 @@ for np in 1 2; do
     done
 done
 
+# FLUX.3 from --initial-latents (any float tensor of the right shape: here torch's f32 draw of seed 42)
+if $MPIRUN -np 2 "$TPGEN" generate --model "$F" --prompt-embeds "$TMP/e80.st" --steps 2 --precision f32 --backend cpu \
+    --no-decode --width 96 --height 64 --initial-latents "$R:seed42.1x32x4x6.f32" --save-latents "$TMP/f3i.st" \
+    >"$TMP/log" 2>&1 && r=$($CHECK "$TMP/f3i.st" "$R" seed42.1x32x4x6.f32 2>&1); then
+    ok "initial-latents flux3 tp=2: the run starts exactly from the given tensor"
+else fail "initial-latents flux3: ${r:-$(tail -3 "$TMP/log" | tr '\n' ' ')}"; fi
+
 # --- --initial-latents ---
 L=$G/flux2-tiny-a/denoise.safetensors   # initial_latents [1, 32, 4, 6]: 64x96
 for np in 1 2; do
