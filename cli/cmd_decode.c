@@ -110,9 +110,11 @@ static int meta_int(const st_file *f, const char *key, int *out) {
 
 /* The PNG's "parameters" text says where the image came from, with the
  * seed and steps of the latents file when it records them. */
-static char *parameters_text(const decode_opts *o, const char *seed, const char *steps) {
-    return xasprintf("tpgen %s decode; latents: %s%s%s%s%s; precision: %s", TPGEN_VERSION, o->latents,
-                     seed ? "; seed: " : "", seed ? seed : "", steps ? "; steps: " : "", steps ? steps : "",
+/* start_key: "seed" or "initial_latents" (a run from --initial-latents), start its value (NULL: none) */
+static char *parameters_text(const decode_opts *o, const char *start_key, const char *start, const char *steps) {
+    return xasprintf("tpgen %s decode; latents: %s%s%s%s%s%s%s; precision: %s", TPGEN_VERSION, o->latents,
+                     start ? "; " : "", start ? start_key : "", start ? ": " : "", start ? start : "",
+                     steps ? "; steps: " : "", steps ? steps : "",
                      o->precision == DT_F32 ? "f32" : "bf16");
 }
 
@@ -160,7 +162,11 @@ static int read_latents(const decode_opts *o, const vae_config *cfg, float **lat
         rc = tp_error("%s: tensor '%s' is not finite (%s at token %lld, channel %lld); the run that wrote it went "
                       "wrong, render it again", file, name, (*lat)[bad] != (*lat)[bad] ? "NaN" : "Inf",
                       (long long)(bad / C), (long long)(bad % C));
-    if (!rc) *params = parameters_text(o, st_meta(f, "seed"), st_meta(f, "steps"));
+    if (!rc) {   /* a run from --initial-latents records its start instead of a seed */
+        const char *seed = st_meta(f, "seed"), *init = st_meta(f, "initial_latents");
+        *params = seed || !init ? parameters_text(o, "seed", seed, st_meta(f, "steps"))
+                                : parameters_text(o, "initial_latents", init, st_meta(f, "steps"));
+    }
     st_close(f);
     free(file);
     free(name);

@@ -69,7 +69,8 @@ static void print_help(void) {
            "model options (as for generate): --model DIR (required), --tp T, --precision bf16|f32,\n"
            "  --backend cpu|cuda, --quantize fp8, --lora FILE[:WEIGHT] (repeatable), --max-sequence-length L,\n"
            "  and the defaults of requests that leave them out: --steps, --guidance, --width, --height,\n"
-           "  --negative-prompt; --spec FILE reads them from a run spec.\n"
+           "  --negative-prompt, --rng torch2|torch1 (a request's \"rng\" overrides it); --spec FILE reads them from\n"
+           "  a run spec. --initial-latents is not taken (a server never reads a file a client names).\n"
            "  --watchdog S: a rank silent for S seconds ends the server (renders: the watchdog; idle ranks: a\n"
            "  heartbeat every second, default bound 60 s; 0 turns both off; see docs/serve.md)\n\n"
            "SIGTERM, SIGINT or SIGUSR1 (to world rank 0; mpirun forwards SIGUSR1 to every rank, while its own SIGTERM\n"
@@ -159,7 +160,8 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
     const char *job_opt = s->n_prompts ? "--prompt" : s->prompts_file ? "--prompts-file" : s->prompt_embeds ? "--prompt-embeds"
                           : s->n_seeds ? "--seed" : s->output ? "--output" : s->save_latents ? "--save-latents"
                           : s->json_metrics ? "--json-metrics" : s->skip_existing ? "--skip-existing"
-                          : s->no_decode ? "--no-decode" : s->n_images ? "--image" : NULL;
+                          : s->no_decode ? "--no-decode" : s->n_images ? "--image"
+                          : s->initial_latents ? "--initial-latents" : NULL;
     if (job_opt)
         return tp_error("serve: %s is an option of generate; a server takes prompts, seeds and images from its requests "
                         "(see tpgen serve --help)", job_opt);

@@ -31,6 +31,12 @@ typedef struct gen_setup {
     float *neg_embeds;           /* --negative-prompt-embeds (CFG with --prompt-embeds) */
     int64_t neg_embeds_len;
     char *neg_embeds_desc;
+    int rng;                     /* --rng: tp_rng_kind (core/rng.h) */
+    /* --initial-latents, read and checked at setup on every rank: per job,
+     * the packed start [(H/16)*(W/16), C] and "FILE:TENSOR"; NULL without */
+    float **init_latents;
+    char **init_desc;
+    char init_sha256[65];        /* the file's */
     /* reference images (editing): every distinct file, checked at setup */
     int has_refs;                /* some job has references: the VAE encoder is loaded */
     int n_ref_files;

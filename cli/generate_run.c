@@ -104,7 +104,9 @@ static int save_latents(run_state *r, int job, const float *latents) {
     snprintf(ws, sizeof ws, "%d", W);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)runspec_job_seed(s, job));
     snprintf(steps, sizeof steps, "%d", s->steps);
-    const char *meta[] = {"height", hs, "width", ws, "seed", seed, "steps", steps, "format", "packed [1, (H/16)*(W/16), C], row-major tokens", NULL};
+    const char *meta[] = {"height", hs, "width", ws, r->g->init_latents ? "initial_latents" : "seed",
+                          r->g->init_latents ? r->g->init_desc[job] : seed, "steps", steps, "format",
+                          "packed [1, (H/16)*(W/16), C], row-major tokens", NULL};
     double t0 = gen_now();
     int rc = st_write(path, &t, 1, meta);
     r->m->t_write += gen_now() - t0;
@@ -156,7 +158,8 @@ static int run_job(run_state *r, int job) {
     float *latents = xmalloc(n * sizeof *latents);
     int ns = s->n_seeds ? s->n_seeds : 1;
     flux2_job j = {
-        .seed = runspec_job_seed(s, job), .steps = s->steps, .guidance = s->guidance, .width = W, .height = H,
+        .seed = runspec_job_seed(s, job), .rng = g->rng, .init_latents = g->init_latents ? g->init_latents[job] : NULL,
+        .steps = s->steps, .guidance = s->guidance, .width = W, .height = H,
         .embeds = s->prompt_embeds ? g->embeds : r->prompt_embeds[job / ns],
         .L = s->prompt_embeds ? r->L : r->prompt_L[job / ns],
         .neg_embeds = !g->use_cfg ? NULL : s->prompt_embeds ? g->neg_embeds : r->neg_embeds,

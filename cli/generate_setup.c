@@ -10,8 +10,10 @@
 #include "core/models/flux2.h"
 #include "core/flux3_pipe.h"
 #include "core/models/textenc.h"
+#include "core/rng.h"
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +185,75 @@ static int read_embeds(gen_setup *g, const char *arg, const char *flag, const ch
     return rc;
 }
 
+/* --initial-latents FILE[:TENSOR]: each job's tensor [1, C, H/16, W/16]
+ * (TENSOR expanded per job like --output), finite, packed for the
+ * pipeline. Every rank reads the file and takes the same decision. */
+static int read_initial_latents(gen_setup *g, const run_spec *s) {
+    const char *arg = s->initial_latents;
+    char *file = xstrdup(arg);
+    const char *pattern = "initial_latents";
+    char *colon = strrchr(file, ':');
+    if (colon && !path_is_file(arg)) {
+        *colon = 0;
+        pattern = colon + 1;
+    }
+    int rc = 0;
+    if (!*pattern) rc = tp_error("--initial-latents %s: the tensor name after ':' is empty", arg);
+    if (!rc && g->n_jobs > 1 && !runspec_pattern_varies(pattern))
+        rc = tp_error("--initial-latents %s: this run has %d jobs, and each needs its own tensor, but '%s' names one for "
+                      "all; put a job placeholder in the tensor name, e.g. %s:initial_latents_{index} for tensors "
+                      "initial_latents_0 to initial_latents_%d (one per job, in job order: prompt_index x n_seeds + "
+                      "seed_index), or run one job per file", arg, g->n_jobs, pattern, file, g->n_jobs - 1);
+    st_file *f = NULL;
+    if (!rc) rc = st_open(file, &f) ? tp_error_context("--initial-latents") : 0;
+    if (!rc) rc = file_sha256(file, g->init_sha256) ? tp_error("--initial-latents: cannot read %s", file) : 0;
+    if (!rc) {
+        g->init_latents = xcalloc((size_t)g->n_jobs, sizeof *g->init_latents);
+        g->init_desc = xcalloc((size_t)g->n_jobs, sizeof *g->init_desc);
+    }
+    int C = g->info.in_channels;
+    for (int j = 0; j < g->n_jobs && !rc; j++) {
+        char *name = runspec_output_path(s, pattern, j);
+        if (!name) {
+            rc = tp_error_context("--initial-latents %s", arg);
+            break;
+        }
+        int w, h;
+        gen_job_size(g, j, &w, &h);
+        const st_tensor_info *t = st_find(f, name);
+        char job[48] = "";
+        if (g->n_jobs > 1) snprintf(job, sizeof job, " (job %d)", j);
+        if (!t)
+            rc = tp_error("--initial-latents: %s has no tensor '%s'%s; name the tensor with FILE:TENSOR (the default is "
+                          "'initial_latents')", file, name, job);
+        else if (t->ndim != 4 || t->shape[0] != 1 || t->shape[1] != C || t->shape[2] != h / 16 || t->shape[3] != w / 16) {
+            char got[128] = "";
+            for (int d = 0; d < t->ndim && d < 8; d++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+            rc = tp_error("--initial-latents: %s:%s%s has shape [%s], but a %dx%d image on this transformer (%d "
+                          "channels) starts from [1, %d, %d, %d] (diffusers' prepare_latents shape [1, C, H/16, W/16]); "
+                          "give latents made for this size and model, or change --width/--height", file, name, job, got,
+                          w, h, C, C, h / 16, w / 16);
+        }
+        float *v = NULL;
+        if (!rc) rc = st_read_f32(f, name, &v, NULL) ? tp_error_context("--initial-latents") : 0;
+        size_t n = (size_t)C * (size_t)(h / 16) * (size_t)(w / 16);
+        for (size_t i = 0; !rc && i < n; i++)
+            if (!isfinite(v[i]))
+                rc = tp_error("--initial-latents: %s:%s%s has a non-finite value (%g) at element %zu (channel %zu); "
+                              "latents must be finite numbers", file, name, job, v[i], i, i / (n / (size_t)C));
+        if (!rc) {
+            g->init_latents[j] = flux2_latents_pack(v, C, h / 16, w / 16);
+            g->init_desc[j] = xasprintf("%s:%s", file, name);
+        }
+        free(v);
+        free(name);
+    }
+    if (f) st_close(f);
+    free(file);
+    return rc;
+}
+
 static int check_parent_dir(const char *path, const char *what) {
     const char *slash = strrchr(path, '/');
     if (!slash) return 0;
@@ -249,6 +320,9 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
         read_embeds(g, s->negative_prompt_embeds, "--negative-prompt-embeds", "negative_prompt_embeds", &g->neg_embeds,
                     &g->neg_embeds_len, &g->neg_embeds_desc))
         return -1;
+    g->rng = rng_kind_parse(s->rng ? s->rng : "torch2");
+    if (g->rng < 0) return tp_error("--rng %s: expected torch2 or torch1", s->rng);
+    if (s->initial_latents && read_initial_latents(g, s)) return -1;
     if (gen_lora_setup(g)) return -1;
     g->my_jobs = xmalloc(sizeof(int) * (size_t)(g->n_jobs ? g->n_jobs : 1));
     g->n_my_jobs = runspec_group_jobs(g->n_jobs, d->dp, d->dp_rank, g->my_jobs);
@@ -297,6 +371,10 @@ void gen_setup_free(gen_setup *g) {
     free(g->neg_embeds);
     free(g->neg_embeds_desc);
     free(g->my_jobs);
+    for (int j = 0; g->init_latents && j < g->n_jobs; j++) free(g->init_latents[j]);
+    for (int j = 0; g->init_desc && j < g->n_jobs; j++) free(g->init_desc[j]);
+    free(g->init_latents);
+    free(g->init_desc);
     gen_lora_free(g);
     for (int i = 0; i < g->n_ref_files; i++) free(g->ref_files[i]);
     free(g->ref_files);
@@ -346,10 +424,14 @@ char *gen_parameters_text(const gen_setup *g, int job) {
         free(loras);
         loras = t;
     }
-    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%sseed: %llu\nsteps: %d\nguidance: %s\nsize: %s\n"
+    /* the start: the seed (and whose draw when not the default), or the latents file and its sha256 */
+    char *start = g->init_latents ? xasprintf("initial_latents: %s (sha256 %s)", g->init_desc[job], g->init_sha256)
+                  : g->rng == TP_RNG_TORCH1 ? xasprintf("seed: %llu\nrng: torch1", (unsigned long long)runspec_job_seed(s, job))
+                                            : xasprintf("seed: %llu", (unsigned long long)runspec_job_seed(s, job));
+    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%s%s\nsteps: %d\nguidance: %s\nsize: %s\n"
                           "model: %s (%s)\n%stp: %d\nprecision: %s\ntpgen: %s\n",
                           prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
-                          refs, (unsigned long long)runspec_job_seed(s, job), s->steps, guidance, size,
+                          refs, start, s->steps, guidance, size,
                           gen_model_name(s), g->info.family_name, loras, g->d->tp,
                           g->precision == DT_F32 ? (g->quantize_fp8 ? "f32, fp8 weights (--quantize)" : "f32")
                           : g->quantize_fp8 ? "bf16, fp8 weights (--quantize)" : "bf16",
@@ -357,5 +439,6 @@ char *gen_parameters_text(const gen_setup *g, int job) {
     free(neg);
     free(refs);
     free(loras);
+    free(start);
     return txt;
 }

@@ -84,6 +84,14 @@ static const key_def k_keys[] = {
     {"family", K_STR, OFF(family), 0, 0, "dev|klein|klein-base", "dev|klein|klein-base",
      "the model family when there is no model_index.json (a model from component files): FLUX.2-dev, klein "
      "(distilled) or klein base", 0, 0},
+    {"rng", K_STR, OFF(rng), 0, 0, "torch2|torch1", "torch2|torch1",
+     "whose CPU generator --seed follows for FLUX.2's bf16 noise: torch2 (default; torch 2.x, what pip install torch "
+     "gives) or torch1 (torch 1.13, and tpgen before --rng existed: the old image of a seed); FLUX.3's f32 noise is the same in both",
+     0, 0},
+    {"initial_latents", K_STR, OFF(initial_latents), 0, 0, NULL, "FILE[:TENSOR]",
+     "start denoising from this tensor [1, C, H/16, W/16] of a safetensors file (default tensor 'initial_latents', as "
+     "diffusers' prepare_latents draws it) instead of seeded noise; several jobs: one tensor each, named with a "
+     "placeholder, e.g. FILE:initial_latents_{index}", 0, 0},
 };
 #define N_KEYS ((int)(sizeof k_keys / sizeof k_keys[0]))
 
@@ -108,7 +116,7 @@ static void free_prompt_images(run_spec *s) {
 }
 
 void runspec_free(run_spec *s) {
-    char **strs[] = {&s->model, &s->transformer, &s->text_encoder, &s->vae, &s->family, &s->prompt_embeds, &s->negative_prompt_embeds, &s->negative_prompt, &s->output, &s->precision, &s->quantize,
+    char **strs[] = {&s->model, &s->transformer, &s->text_encoder, &s->vae, &s->family, &s->prompt_embeds, &s->negative_prompt_embeds, &s->negative_prompt, &s->output, &s->rng, &s->initial_latents, &s->precision, &s->quantize,
                      &s->backend, &s->save_latents, &s->json_metrics, &s->prompts_file, &s->spec_path};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
     free_prompt_images(s);

@@ -24,6 +24,9 @@ typedef struct run_spec {
     char *negative_prompt;       /* CFG negative prompt ("" by default) */
     uint64_t *seeds;             /* --seed S, seeds: [..] or {from, count} */
     int n_seeds;
+    char *rng;                   /* --rng torch2|torch1: whose bf16 draw the seed gives (NULL: torch2) */
+    char *initial_latents;       /* --initial-latents FILE[:TENSOR]: start from these latents instead of seeded
+                                  * noise; with several jobs TENSOR has a job placeholder ({index}, ...) */
     int steps;                   /* 0: the model's default */
     double guidance;             /* < 0: the model's default */
     int width, height;           /* pixels, multiples of 16 */

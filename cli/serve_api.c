@@ -21,6 +21,7 @@ void serve_request_free(serve_request *r) {
     free(r->prompt);
     free(r->negative_prompt);
     free(r->precision);
+    free(r->rng);
     for (int i = 0; i < r->n_images; i++) {
         free(r->images[i]);
         free(r->image_names[i]);
@@ -172,6 +173,15 @@ static int parse_field(const char *key, json_t *v, const serve_limits *lim, serv
         if (!(r->precision = strdup(p))) return serve_error_set(e, 500, "server_error", key, "out of memory");
         return 0;
     }
+    if (!strcmp(key, "rng")) {
+        const char *p = json_string_value(v);
+        if (!p || (strcmp(p, "torch2") && strcmp(p, "torch1"))) return bad(e, key, "'rng' must be \"torch2\" or \"torch1\"");
+        if (!(r->rng = strdup(p))) return serve_error_set(e, 500, "server_error", key, "out of memory");
+        return 0;
+    }
+    if (!strcmp(key, "initial_latents"))
+        return bad(e, key, "'initial_latents' is not accepted over HTTP: a server never reads a file a client names; "
+                           "start from given latents with tpgen generate --initial-latents FILE[:TENSOR], or send a seed");
     if (!strcmp(key, "response_format")) {
         if (json_is_null(v)) return 0;
         const char *f = json_string_value(v);
@@ -199,7 +209,7 @@ static int parse_field(const char *key, json_t *v, const serve_limits *lim, serv
     }
     return bad(e, key,
                "unknown field '%.60s'; accepted: prompt, n, size, response_format, model, user, output_format, seed, "
-               "steps, guidance, negative_prompt, precision",
+               "steps, guidance, negative_prompt, precision, rng",
                key);
 }
 

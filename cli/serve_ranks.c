@@ -57,6 +57,7 @@ uint8_t *serve_request_pack(const serve_request *r, uint64_t id, size_t *n) {
     w_str(&b, r->prompt);
     w_str(&b, r->negative_prompt);
     w_str(&b, r->precision);
+    w_str(&b, r->rng);
     int64_t ints[] = {r->n, r->width, r->height, r->has_seed, (int64_t)r->seed, r->steps, r->has_guidance};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) w_i64(&b, ints[i]);
     w_f64(&b, r->guidance);
@@ -78,6 +79,7 @@ int serve_request_unpack(const uint8_t *p, size_t n, serve_request *r, uint64_t 
     r->prompt = r_str(&b);
     r->negative_prompt = r_str(&b);
     r->precision = r_str(&b);
+    r->rng = r_str(&b);
     r->n = (int)r_i64(&b);
     r->width = (int)r_i64(&b);
     r->height = (int)r_i64(&b);

@@ -3,6 +3,7 @@
  * settings; an edit's uploads become files in a private folder on the
  * group's first rank. */
 #include "serve_render.h"
+#include "core/rng.h"
 #include "core/dist/watchdog.h"
 #include "kernels/err.h"
 #include "core/image/image.h"
@@ -118,6 +119,7 @@ static void request_spec(const serve_ctx *sc, const serve_request *q, run_spec *
     if (q->has_guidance) rs->guidance = q->guidance;
     if (q->width) rs->width = q->width, rs->height = q->height;
     if (q->negative_prompt) rs->negative_prompt = q->negative_prompt;
+    if (q->rng && rng_kind_parse(q->rng) >= 0) gs->rng = rng_kind_parse(q->rng);   /* the parser took only torch2, torch1 */
     rs->images = NULL, rs->n_images = 0, rs->prompt_images = NULL;
     gs->prompt_w = gs->prompt_h = NULL;
     gs->prompt_crop = NULL;
@@ -236,7 +238,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     }
     for (int k = 0; k < q->n && !rc; k++) {
         seed = q->seed + (uint64_t)k;
-        flux2_job j = {.seed = seed, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
+        flux2_job j = {.seed = seed, .rng = gs.rng, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
                        .embeds = emb, .L = L, .neg_embeds = neg, .Ln = Ln, .on_step = on_step, .ctx = sc,
                        .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images};
         watchdog_phase_set(WD_STEPS, "rendering a request");   /* each step is a progress point */

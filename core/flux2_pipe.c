@@ -427,12 +427,22 @@ void flux2_pipe_unload(flux2_pipe *p) {
 
 /* ---- one job ---- */
 
-float *flux2_noise_packed(uint64_t seed, int C, int h, int w) {
+float *flux2_latents_pack(const float *nchw, int C, int h, int w) {
+    size_t hw = (size_t)h * (size_t)w;
+    float *x = xmalloc((size_t)C * hw * sizeof *x);
+    for (size_t c = 0; c < (size_t)C; c++)
+        for (size_t t = 0; t < hw; t++) x[t * (size_t)C + c] = nchw[c * hw + t];
+    return x;
+}
+
+float *flux2_noise_packed(uint64_t seed, int C, int h, int w) { return flux2_noise_packed_as(seed, C, h, w, TP_RNG_TORCH2); }
+
+float *flux2_noise_packed_as(uint64_t seed, int C, int h, int w, int rng_kind) {
     size_t n = (size_t)C * (size_t)h * (size_t)w;
     uint16_t *raw = xmalloc(n * sizeof *raw);
     tp_rng rng;
     rng_seed(&rng, seed);
-    rng_randn_bf16(&rng, raw, n);
+    rng_randn_bf16_as(&rng, raw, n, rng_kind == TP_RNG_TORCH1 ? TP_RNG_TORCH1 : TP_RNG_TORCH2);
     float *x = xmalloc(n * sizeof *x);
     for (int c = 0; c < C; c++)
         for (int t = 0; t < h * w; t++) x[(size_t)t * C + c] = bf16_to_f32(raw[(size_t)c * h * w + t]);
@@ -490,7 +500,7 @@ static int denoise3(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float 
         return tp_error("the image size %dx%d must be a multiple of 16 in both directions", j->width, j->height);
     p->user_step = j->on_step;
     p->user_ctx = j->ctx;
-    flux3_job f = {.seed = j->seed, .steps = j->steps, .guidance = j->guidance, .h = j->height / 16,
+    flux3_job f = {.seed = j->seed, .init_latents = j->init_latents, .steps = j->steps, .guidance = j->guidance, .h = j->height / 16,
                    .w = j->width / 16, .embeds = j->embeds, .L = j->L, .neg_embeds = j->neg_embeds,
                    .Ln = j->Ln ? j->Ln : j->L, .refs = rs, .on_step = count_step, .ctx = p};
     double t0 = MPI_Wtime();
@@ -504,7 +514,12 @@ static int denoise(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float *
     if (!p->model) return tp_error("flux2_pipe_render: the transformer is not loaded (call flux2_pipe_load)");
     int h = j->height / 16, w = j->width / 16, C = p->info->in_channels;
     int64_t N = (int64_t)h * w;
-    float *noise = flux2_noise_packed(j->seed, C, h, w);
+    float *noise = xmalloc((size_t)N * (size_t)C * sizeof *noise);
+    if (j->init_latents) memcpy(noise, j->init_latents, (size_t)N * (size_t)C * sizeof *noise);
+    else {
+        free(noise);
+        noise = flux2_noise_packed_as(j->seed, C, h, w, j->rng);
+    }
     float *sigmas = xmalloc(sizeof(float) * (size_t)(j->steps + 1)), *ts = xmalloc(sizeof(float) * (size_t)j->steps);
     int32_t *img_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)N), *txt_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)j->L);
     flux2_image_ids(h, w, 0, img_ids);

@@ -168,6 +168,9 @@ void flux2_pipe_unload(flux2_pipe *p);
 
 typedef struct flux2_job {
     uint64_t seed;
+    int rng;                     /* tp_rng_kind (core/rng.h) of the seeded draw: 0 torch 2.x, 1 torch 1.13 */
+    const float *init_latents;   /* NULL: seeded noise; else the starting latents, packed
+                                  * [(H/16)*(W/16), in_channels] (flux2_latents_pack), used as given */
     int steps;
     double guidance;             /* embedded (dev) or CFG scale (klein base) */
     int width, height;           /* pixels, multiples of 16 */
@@ -194,7 +197,13 @@ uint64_t flux2_pipe_resident_bytes(const flux2_pipe *p);
 
 /* The initial noise of a job, as the bf16 diffusers pipeline draws it:
  * torch.randn([1, C, h, w], generator=manual_seed(seed), dtype=bf16),
- * packed to tokens: x[(y*w + x)*C + c] (malloc'ed, f32 values of bf16). */
+ * packed to tokens: x[(y*w + x)*C + c] (malloc'ed, f32 values of bf16).
+ * flux2_noise_packed draws as torch 2.x does; _as picks the torch
+ * (tp_rng_kind, core/rng.h). */
 float *flux2_noise_packed(uint64_t seed, int C, int h, int w);
+float *flux2_noise_packed_as(uint64_t seed, int C, int h, int w, int rng_kind);
+/* [1, C, h, w] (row-major, as diffusers' prepare_latents draws it) -> the
+ * packed tokens [h*w, C] (malloc'ed). */
+float *flux2_latents_pack(const float *nchw, int C, int h, int w);
 
 #endif

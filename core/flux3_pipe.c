@@ -198,10 +198,11 @@ int flux3_denoise(flux3_model *m, const flux3_job *j, float *out) {
     int64_t N = (int64_t)j->h * j->w, Lmax = j->L > j->Ln ? j->L : j->Ln;
     size_t n = (size_t)N * (size_t)C;
     float *sig = xmalloc(sizeof(float) * (size_t)(steps + 1)), *ts = xmalloc(sizeof(float) * (size_t)steps);
-    float *x = flux3_noise_packed(j->seed, C, j->h, j->w), *v = xmalloc(n * sizeof *v), *vn = NULL;
+    float *x = j->init_latents ? xmalloc(n * sizeof *x) : flux3_noise_packed(j->seed, C, j->h, j->w), *v = xmalloc(n * sizeof *v), *vn = NULL;
     int32_t *img_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)N), *txt_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)Lmax);
     flux3_image_ids(j->h, j->w, 0, img_ids);
     flux2_text_ids(Lmax, txt_ids);   /* (0, 0, 0, l), as FLUX.2's */
+    if (j->init_latents) memcpy(x, j->init_latents, n * sizeof *x);
     if (bf16)
         for (size_t i = 0; i < n; i++) x[i] = bf16r(x[i]);   /* drawn in f32, then cast */
     int rc = schedule_constant_shift(steps, FLUX3_SHIFT, sig, ts);

@@ -86,7 +86,8 @@ int flux3_load_reference_crop(const char *path, float **pixels, int *pw, int *ph
 int flux3_crop_reference_from_rgb(uint8_t *rgb, int w, int h, const char *name, float **pixels, int *pw, int *ph);
 
 typedef struct flux3_job {
-    uint64_t seed;
+    uint64_t seed;               /* the f32 draw: the same in torch 1.13 and 2.x */
+    const float *init_latents;   /* NULL: seeded noise; else the start, packed [h*w, in_channels] */
     int steps;
     double guidance;             /* CFG scale (base); ignored by flow-map */
     int h, w;                    /* token grid (pixels / 16) */

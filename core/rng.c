@@ -191,11 +191,7 @@ static void box_muller16_bf16(float *d) {
     }
 }
 
-void rng_randn_bf16(tp_rng *g, uint16_t *out, size_t n) {
-    if (n < 16) {
-        for (size_t i = 0; i < n; i++) out[i] = f32_to_bf16((float)normal_f64(g));
-        return;
-    }
+static void randn_bf16_torch1(tp_rng *g, uint16_t *out, size_t n) {
     float *d = xmalloc(n * sizeof *d);
     for (size_t i = 0; i < n; i++) d[i] = uniform_bf16(g);
     for (size_t i = 0; i + 16 <= n; i += 16) box_muller16_bf16(d + i);
@@ -207,3 +203,41 @@ void rng_randn_bf16(tp_rng *g, uint16_t *out, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = f32_to_bf16(d[i]);
     free(d);
 }
+
+/* torch 2.x: the f32 arithmetic, rounded to bf16 once at the end; the
+ * uniforms of the whole blocks are drawn first, then (for a size that is
+ * not a multiple of 16) 16 more for the last 16 values. f32's path instead
+ * draws all n uniforms first, so from the tail on the two differ. */
+static void randn_bf16_torch2(tp_rng *g, uint16_t *out, size_t n) {
+    float *d = xmalloc(n * sizeof *d);
+    size_t whole = n / 16 * 16;
+    for (size_t i = 0; i < whole; i++) d[i] = uniform_f32(g);
+    for (size_t i = 0; i < whole; i += 16) box_muller16_f32(d + i);
+    if (n % 16) {
+        float *tail = d + n - 16;
+        for (int i = 0; i < 16; i++) tail[i] = uniform_f32(g);
+        box_muller16_f32(tail);
+    }
+    for (size_t i = 0; i < n; i++) out[i] = f32_to_bf16(d[i]);
+    free(d);
+}
+
+void rng_randn_bf16_as(tp_rng *g, uint16_t *out, size_t n, tp_rng_kind kind) {
+    if (n < 16) {   /* the same in both: float64 Box-Muller, narrowed */
+        for (size_t i = 0; i < n; i++) out[i] = f32_to_bf16((float)normal_f64(g));
+        return;
+    }
+    if (kind == TP_RNG_TORCH1) randn_bf16_torch1(g, out, n);
+    else randn_bf16_torch2(g, out, n);
+}
+
+void rng_randn_bf16(tp_rng *g, uint16_t *out, size_t n) { rng_randn_bf16_as(g, out, n, TP_RNG_TORCH2); }
+
+int rng_kind_parse(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "torch2")) return TP_RNG_TORCH2;
+    if (!strcmp(name, "torch1")) return TP_RNG_TORCH1;
+    return -1;
+}
+
+const char *rng_kind_name(tp_rng_kind kind) { return kind == TP_RNG_TORCH1 ? "torch1" : "torch2"; }

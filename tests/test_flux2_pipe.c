@@ -58,7 +58,18 @@ TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
 
     size_t nl = (size_t)(H / 16) * (W / 16) * (size_t)info.in_channels;
     float *lat = malloc(nl * sizeof(float));
-    flux2_job job = {.seed = seed, .steps = 4, .guidance = 1.0, .width = W, .height = H, .embeds = e1, .L = L};
+    /* the golden run's start (drawn by torch 1.13; --seed draws torch 2.x's: tests/test_rng.c) */
+    st_file *gf = NULL;
+    float *init = NULL;
+    const st_tensor_info *ti = NULL;
+    REQUIRE(st_open(golden, &gf) == 0 && st_read_f32(gf, "case0.initial_latents", &init, &ti) == 0, "%s", tp_error_msg());
+    int shape_ok = ti->ndim == 4 && ti->shape[1] == info.in_channels && ti->shape[2] == H / 16 && ti->shape[3] == W / 16;
+    st_close(gf);   /* ti belongs to gf */
+    REQUIRE(shape_ok, "case0.initial_latents: shape");
+    float *start = flux2_latents_pack(init, info.in_channels, H / 16, W / 16);
+    free(init);
+    flux2_job job = {.seed = seed, .init_latents = start, .steps = 4, .guidance = 1.0, .width = W, .height = H,
+                     .embeds = e1, .L = L};
     rc = flux2_pipe_render(p, &job, lat);
     CHECK(rc == -1 && strstr(tp_error_msg(), "not loaded"), "render before load: an error on every rank (%s)",
           tp_error_msg());
@@ -87,7 +98,7 @@ TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
         free(rgb), free(img);
     }
     st_close(ref);
-    free(want), free(lat), free(e1), free(e2), free(prompt);
+    free(want), free(lat), free(start), free(e1), free(e2), free(prompt);
     flux2_pipe_free(p);
     flux2_pipe_info_free(&info);
 }

@@ -46,7 +46,14 @@ static int run_generate(int argc, char **argv, int *world_size) {
     return rc;
 }
 
-TEST_MPI(generate_reproduces_golden_denoise_loop) {
+/* flux2-tiny-a's golden loop (seed 1, drawn by torch 1.13): from its stored
+ * initial_latents through --initial-latents, or from --seed 1 --rng torch1
+ * (torch 1.13's draw, which the default torch 2.x draw is not) */
+static void denoise_loop_case(int torch1);
+TEST_MPI(generate_reproduces_golden_denoise_loop) { denoise_loop_case(0); }
+TEST_MPI(generate_rng_torch1_reproduces_golden_denoise_loop) { denoise_loop_case(1); }
+
+static void denoise_loop_case(int torch1) {
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     const char *gd = test_golden_dir();
@@ -59,14 +66,17 @@ TEST_MPI(generate_reproduces_golden_denoise_loop) {
     if (rank == 0) snprintf(tmp, sizeof tmp, "%s", test_tmp_dir());
     MPI_Bcast(tmp, sizeof tmp, MPI_CHAR, 0, MPI_COMM_WORLD);
     snprintf(lat, sizeof lat, "%s/golden-a.safetensors", tmp);
-    char *argv[] = {"generate", "--model", model, "--prompt-embeds", embeds, "--precision", "f32", "--seed", "1",
+    char *argv[] = {"generate", "--model", model, "--prompt-embeds", embeds, "--precision", "f32",
                     "--steps", "4", "--guidance", "4", "--width", "96", "--height", "64", "--save-latents", lat,
-                    "--backend", "cpu", NULL};
+                    "--backend", "cpu", torch1 ? "--seed" : "--initial-latents", torch1 ? "1" : golden,
+                    torch1 ? "--rng" : NULL, "torch1", NULL};
     dist d;
     REQUIRE(dist_init(NULL, NULL, &d) == 0, "%s", tp_error_msg());
     run_spec s;
     runspec_init(&s);
-    int rc = setup_and_run(&s, &d, (int)(sizeof argv / sizeof *argv) - 1, argv);
+    int argc = 0;
+    while (argv[argc]) argc++;
+    int rc = setup_and_run(&s, &d, argc, argv);
     runspec_free(&s);
     MPI_Comm_free(&d.tp_comm);
     MPI_Comm_free(&d.dp_comm);
@@ -83,7 +93,8 @@ TEST_MPI(generate_reproduces_golden_denoise_loop) {
     CHECK(st_meta(got, "height") && !strcmp(st_meta(got, "height"), "64") && !strcmp(st_meta(got, "width"), "96"),
           "size metadata");
     double e = rel_l2(a, b, 24 * 32);
-    printf("# generate golden flux2-tiny-a, f32, world %d: final latents rel L2 %.3g\n", d.world_size, e);
+    printf("# generate golden flux2-tiny-a, f32, %s, world %d: final latents rel L2 %.3g\n",
+           torch1 ? "--seed 1 --rng torch1" : "--initial-latents", d.world_size, e);
     CHECK(e < 1e-4, "final latents differ from diffusers: rel L2 %g", e);
     free(a);
     free(b);
@@ -107,9 +118,8 @@ static void klein_case(int k, const char *precision, double max_rel, int max_lev
     json_t *j = json_load_file(e2e, 0, NULL);
     json_t *c0 = json_array_get(json_object_get(j, "cases"), (size_t)k);
     REQUIRE(c0, "%s: no case %d", e2e, k);
-    char prompt[512], seed[32], width[16], height[16], maxlen[16];
+    char prompt[512], width[16], height[16], maxlen[16];
     snprintf(prompt, sizeof prompt, "%s", json_string_value(json_object_get(c0, "prompt")));
-    snprintf(seed, sizeof seed, "%lld", (long long)json_integer_value(json_object_get(c0, "seed")));
     snprintf(width, sizeof width, "%lld", (long long)json_integer_value(json_object_get(c0, "width")));
     snprintf(height, sizeof height, "%lld", (long long)json_integer_value(json_object_get(c0, "height")));
     snprintf(maxlen, sizeof maxlen, "%lld", (long long)json_integer_value(json_object_get(j, "max_sequence_length")));
@@ -117,7 +127,9 @@ static void klein_case(int k, const char *precision, double max_rel, int max_lev
     shared_tmp(tmp, sizeof tmp);
     snprintf(lat, sizeof lat, "%s/klein-%d-%s.safetensors", tmp, k, precision);
     snprintf(png, sizeof png, "%s/klein-%d-%s.png", tmp, k, precision);
-    char *argv[] = {"generate", "--model", model, "--prompt", prompt, "--seed", seed, "--width", width, "--height", height,
+    char init[1100];   /* the golden run's start (torch 1.13's draw of the case's seed) */
+    snprintf(init, sizeof init, "%s:case%d.initial_latents", golden, k);
+    char *argv[] = {"generate", "--model", model, "--prompt", prompt, "--initial-latents", init, "--width", width, "--height", height,
                     "--max-sequence-length", maxlen, "--precision", (char *)precision, "--save-latents", lat, "--output", png,
                     "--backend", "cpu", NULL};
     int world = 0;

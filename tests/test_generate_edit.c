@@ -16,6 +16,7 @@
 #include "core/refs.h"
 #include "core/formats/safetensors.h"
 #include "core/schedule.h"
+#include "core/rng.h"
 #include "kernels/ops.h"
 #include <jansson.h>
 #include <stdlib.h>
@@ -94,7 +95,7 @@ static void generate_case(int k, const char *precision, double max_rel, int max_
     json_t *root = NULL, *c = edit_case(k, &root);
     REQUIRE(c, "edit.json: no case %d", k);
     const char *gd = test_golden_dir();
-    char model[1024], golden[1024], embeds[1100], tmp[512], lat[700], png[700], seed[32], w[16], h[16];
+    char model[1024], golden[1024], embeds[1100], tmp[512], lat[700], png[700], w[16], h[16];
     snprintf(model, sizeof model, "%s/klein-tiny/model", gd);
     snprintf(golden, sizeof golden, "%s/klein-tiny-edit/edit.safetensors", gd);
     snprintf(embeds, sizeof embeds, "%s:case%d.prompt_embeds", golden, k);
@@ -102,14 +103,15 @@ static void generate_case(int k, const char *precision, double max_rel, int max_
     MPI_Bcast(tmp, sizeof tmp, MPI_CHAR, 0, MPI_COMM_WORLD);
     snprintf(lat, sizeof lat, "%s/edit-%d-%s.safetensors", tmp, k, precision);
     snprintf(png, sizeof png, "%s/edit-%d-%s.png", tmp, k, precision);
-    snprintf(seed, sizeof seed, "%lld", (long long)json_integer_value(json_object_get(c, "seed")));
     snprintf(w, sizeof w, "%lld", (long long)json_integer_value(json_object_get(c, "width")));
     snprintf(h, sizeof h, "%lld", (long long)json_integer_value(json_object_get(c, "height")));
     int passed = json_is_true(json_object_get(c, "height_width_passed"));
     char *argv[40];
     char refs[8][1024];
     int argc = 0;
-    const char *fixed[] = {"generate", "--model", model, "--prompt-embeds", embeds, "--seed", seed, "--steps", "4",
+    char init[1100];   /* the golden run's start: torch 1.13's draw of the case's seed */
+    snprintf(init, sizeof init, "%s:case%d.initial_latents", golden, k);
+    const char *fixed[] = {"generate", "--model", model, "--prompt-embeds", embeds, "--initial-latents", init, "--steps", "4",
                            "--precision", precision, "--save-latents", lat, "--output", png, "--backend", "cpu"};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) argv[argc++] = (char *)fixed[i];
     if (passed) {
@@ -220,8 +222,9 @@ TEST_MPI(edit_denoise_steps_match_golden) {
         int h = H / 16, w = W / 16, C = 32;
         int64_t N = (int64_t)h * w;
         size_t n = (size_t)N * C;
-        /* the seeded noise is diffusers' initial_latents (bf16 torch.randn), packed */
-        float *noise = flux2_noise_packed(seed, C, h, w), *init = NULL;
+        /* the seeded noise with --rng torch1 is diffusers' initial_latents (bf16 torch.randn on torch 1.13),
+         * packed (torch 2.15's draws of these seeds: tests/test_rng.c) */
+        float *noise = flux2_noise_packed_as(seed, C, h, w, TP_RNG_TORCH1), *init = NULL;
         char key[64];
         snprintf(key, sizeof key, "case%d.initial_latents", k);
         REQUIRE(st_read_f32(f, key, &init, NULL) == 0, "%s", tp_error_msg());

@@ -318,9 +318,31 @@ TEST(runspec_component_keys) {
           "flags override: %s %s %s", s.family, s.vae, s.text_encoder);
     runspec_free(&s);
     bad("family: schnell\n", "expected one of dev|klein|klein-base, got 'schnell'");
+    bad("rng: cuda\n", "expected one of torch2|torch1, got 'cuda'");
     bad("vae: [a, b]\n", "vae");
     runspec_init(&s);
     CHECK(runspec_check(&s) == -1 && strstr(tp_error_msg(), "--transformer PATH"), "no model, no components: %s",
+          tp_error_msg());
+    runspec_free(&s);
+}
+
+/* the start of the noise: rng and initial_latents as keys and flags (the files are checked at setup:
+ * tests/sh/rng.sh) */
+TEST(runspec_rng_and_initial_latents_keys) {
+    run_spec s;
+    REQUIRE(load(&s, "model: /m\nprompt: x\nrng: torch1\ninitial_latents: /d/noise.safetensors:lat_{index}\n") == 0,
+            "%s", tp_error_msg());
+    CHECK(s.rng && !strcmp(s.rng, "torch1"), "rng %s", s.rng);
+    CHECK(s.initial_latents && !strcmp(s.initial_latents, "/d/noise.safetensors:lat_{index}"), "initial_latents %s",
+          s.initial_latents);
+    char *argv[] = {"generate", "--rng", "torch2", "--initial-latents", "/e/x.safetensors"};
+    REQUIRE(runspec_parse_args(&s, 5, argv) == 0, "%s", tp_error_msg());
+    CHECK(!strcmp(s.rng, "torch2") && !strcmp(s.initial_latents, "/e/x.safetensors"), "flags override: %s %s", s.rng,
+          s.initial_latents);
+    runspec_free(&s);
+    runspec_init(&s);
+    char *bad_argv[] = {"generate", "--rng", "philox"};
+    CHECK(runspec_parse_args(&s, 3, bad_argv) == -1 && strstr(tp_error_msg(), "torch2|torch1"), "--rng philox: %s",
           tp_error_msg());
     runspec_free(&s);
 }

@@ -34,12 +34,13 @@ TEST(serve_parse_accepts_openai_and_runspec_fields) {
     serve_error e;
     int rc = parse("{\"prompt\": \"a red fox\", \"n\": 2, \"size\": \"256x128\", \"response_format\": \"b64_json\", "
                    "\"model\": \"tiny-klein\", \"user\": \"u1\", \"seed\": 7, \"steps\": 3, \"guidance\": 2.5, "
-                   "\"negative_prompt\": \"blur\", \"precision\": \"f32\"}",
+                   "\"negative_prompt\": \"blur\", \"precision\": \"f32\", \"rng\": \"torch1\"}",
                    &r, &e);
     REQUIRE(rc == 0, "rejected: %s", e.message);
     CHECK(!strcmp(r.prompt, "a red fox") && r.n == 2 && r.width == 256 && r.height == 128, "fields");
     CHECK(r.has_seed && r.seed == 7 && r.steps == 3 && r.has_guidance && r.guidance == 2.5, "extensions");
-    CHECK(!strcmp(r.negative_prompt, "blur") && !strcmp(r.precision, "f32"), "strings");
+    CHECK(!strcmp(r.negative_prompt, "blur") && !strcmp(r.precision, "f32") && r.rng && !strcmp(r.rng, "torch1"),
+          "strings");
     serve_request_free(&r);
     REQUIRE(parse("{\"prompt\": \"\"}", &r, &e) == 0, "empty prompt (a valid FLUX.2 prompt): %s", e.message);
     CHECK(r.n == 1 && r.width == 0 && !r.has_seed && !r.has_guidance && !r.steps, "defaults");
@@ -69,6 +70,9 @@ TEST(serve_parse_rejects_bad_requests_naming_the_field) {
         {"{\"prompt\": \"x\", \"output_format\": \"jpeg\"}", "output_format", "png"},
         {"{\"prompt\": \"x\", \"quality\": \"hd\"}", "quality", "unknown field"},
         {"{\"prompt\": \"x\", \"image\": \"/etc/passwd\"}", "image", "unknown field"},
+        {"{\"prompt\": \"x\", \"rng\": \"cuda\"}", "rng", "torch2"},
+        /* a server never reads a file a client names */
+        {"{\"prompt\": \"x\", \"initial_latents\": \"/etc/passwd\"}", "initial_latents", "never reads a file"},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         serve_request r;

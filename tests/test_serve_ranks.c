@@ -155,7 +155,7 @@ TEST_MPI(serve_ranks_dispatch_results_and_stop) { dispatch_results_and_stop(0); 
 TEST_MPI(serve_ranks_dispatch_with_heartbeat) { dispatch_results_and_stop(30); }
 
 TEST(serve_request_pack_roundtrip) {
-    serve_request r = {.prompt = strdup("caf\xc3\xa9 | fox"), .negative_prompt = NULL, .precision = strdup("f32"), .n = 3,
+    serve_request r = {.prompt = strdup("caf\xc3\xa9 | fox"), .negative_prompt = NULL, .precision = strdup("f32"), .rng = strdup("torch1"), .n = 3,
                        .width = 256, .height = 128, .has_seed = 1, .seed = 0xffffffffffull, .steps = 9,
                        .has_guidance = 1, .guidance = 3.25};
     size_t n = 0;
@@ -165,7 +165,7 @@ TEST(serve_request_pack_roundtrip) {
     REQUIRE(p && serve_request_unpack(p, n, &b, &id) == 0, "%s", tp_error_msg());
     CHECK(id == 42 && !strcmp(b.prompt, r.prompt) && !b.negative_prompt && !strcmp(b.precision, "f32") && b.n == 3 &&
               b.width == 256 && b.height == 128 && b.has_seed && b.seed == r.seed && b.steps == 9 && b.has_guidance &&
-              b.guidance == 3.25,
+              b.guidance == 3.25 && b.rng && !strcmp(b.rng, "torch1"),
           "fields differ after the round trip");
     serve_request_free(&b);
     CHECK(serve_request_unpack(p, n - 1, &b, &id) == -1, "a truncated message was accepted");

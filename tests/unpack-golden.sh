@@ -22,6 +22,7 @@ for t in "$src"/*.tar.xz; do
     xz -dc "$t" | tar -xf - -C "$dest.tmp" || fail "cannot unpack $t"
 done
 xz -dc "$src/randn.safetensors.xz" > "$dest.tmp/randn.safetensors" || fail "cannot unpack randn.safetensors.xz"
+xz -dc "$src/randn-torch2.safetensors.xz" > "$dest.tmp/randn-torch2.safetensors" || fail "cannot unpack randn-torch2.safetensors.xz"
 cp "$src/schedules.json" "$dest.tmp/"
 for d in qwen3-tokenizer klein-tiny/model/tokenizer; do
     mkdir -p "$dest.tmp/$d"

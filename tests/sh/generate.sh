@@ -14,7 +14,7 @@ help=$($TPGEN generate --help)
 missing=""
 for f in --model --prompt --prompt-embeds --spec --seed --steps --guidance --width --height --output \
          --precision --backend --tp --save-latents --no-decode --json-metrics --max-sequence-length \
-         --negative-prompt --prompts-file --skip-existing; do
+         --negative-prompt --prompts-file --skip-existing --rng --initial-latents; do
     echo "$help" | grep -q -- "^  $f" || missing="$missing $f"
 done
 [ -z "$missing" ] && ok "generate --help documents every flag" || fail "generate --help lacks:$missing"

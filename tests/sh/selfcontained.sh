@@ -33,9 +33,9 @@ if git clone -q --no-hardlinks "$TPGEN_ROOT" "$clone" 2>"$TMP/clone.err"; then
     out=$(cd "$clone" && tests/unpack-golden.sh "$clone/build/golden" 2>&1)
     echo "$out" | grep -q '^ok - ' && ok "selfcontained: a fresh clone unpacks its golden data" \
         || fail "selfcontained: a fresh clone cannot unpack its golden data: $(echo "$out" | tail -2)"
-    out=$(cd "$clone" && TPGEN_GOLDEN="$clone/build/golden" "$TPGEN_TESTS" rng_matches_torch_randn rng_pipeline_noise_matches_golden_runs 2>&1)
+    out=$(cd "$clone" && TPGEN_GOLDEN="$clone/build/golden" "$TPGEN_TESTS" rng_matches_torch_randn rng_pipeline_noise_matches_golden_runs rng_matches_torch2_randn rng_large_draws_match_torch2_digests 2>&1)
     n=$(echo "$out" | grep -c '^ok - ')
-    if [ "$n" -ge 2 ] && ! echo "$out" | grep -q '^FAIL - '; then ok "selfcontained: golden unit tests pass in the fresh clone ($n)"
+    if [ "$n" -ge 4 ] && ! echo "$out" | grep -q '^FAIL - '; then ok "selfcontained: golden unit tests pass in the fresh clone ($n)"
     else fail "selfcontained: golden unit tests in the fresh clone: $(echo "$out" | grep -E '^(ok|FAIL)' | head -3 | tr '\n' ' ')"; fi
     out=$(cd "$clone" && G=build/golden/flux2-tiny-a && $MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$G/model" \
         --cases "$G/transformer_cases.safetensors" --precision f32 2>&1)

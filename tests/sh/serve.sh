@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # budget: 160 s; checks: 87
 # `tpgen serve` end to end on a make-tiny model at tp 2: the official
-# openai client and curl get PNGs byte-identical to `tpgen generate`; a
+# openai client and curl get PNGs byte-identical to `tpgen generate` (also
+# with "rng": "torch1"; "initial_latents" refused); a
 # bounded load test from concurrent clients; a full queue answers 429; bad
 # requests one by one (also under the sanitizers); edits with reference
 # images (multipart, byte-identical to generate --image); API keys; the graceful
@@ -48,6 +49,21 @@ else
         jq -r '.data[0].b64_json' | base64 -d >"$TMP/curl.png"
     cmp -s "$TMP/curl.png" "$TMP/gen7.png" && ok "curl: PNG byte-identical to tpgen generate" ||
         fail "curl: PNG differs from generate's"
+    # "rng": "torch1": torch 1.13's draw, byte-identical to generate --rng torch1, recorded in the PNG
+    $MPIRUN -np 2 $TPGEN --model "$M" --prompt "a fox" --width 64 --height 64 --seed 7 --steps 2 --rng torch1 \
+        --output "$TMP/gen7t1.png" >/dev/null 2>&1 || fail "generate --rng torch1"
+    curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -H 'Content-Type: application/json' \
+        -d '{"prompt": "a fox", "size": "64x64", "seed": 7, "steps": 2, "rng": "torch1"}' |
+        jq -r '.data[0].b64_json' | base64 -d >"$TMP/curl-t1.png"
+    cmp -s "$TMP/curl-t1.png" "$TMP/gen7t1.png" && grep -aq "rng: torch1" "$TMP/curl-t1.png" &&
+        ! cmp -s "$TMP/curl-t1.png" "$TMP/gen7.png" &&
+        ok "rng torch1: PNG byte-identical to generate --rng torch1, recorded, and not the default draw's" ||
+        fail "rng torch1: the request's PNG differs from generate --rng torch1's (or equals the default's)"
+    r=$(curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -H 'Content-Type: application/json' \
+        -d '{"prompt": "a fox", "initial_latents": "/etc/passwd"}')
+    echo "$r" | jq -e '.error.param == "initial_latents"' >/dev/null && echo "$r" | grep -q "never reads a file" &&
+        ok "initial_latents from a client: 400, a server never reads a file a client names" ||
+        fail "initial_latents from a client: $r"
     # n = 2 gives seeds 100 and 101
     curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -H 'Content-Type: application/json' \
         -d '{"prompt": "a fox", "size": "64x64", "seed": 100, "steps": 2, "n": 2}' >"$TMP/n2.json"
@@ -213,6 +229,7 @@ else fail "serve (killed rank test): not ready: $(tail -3 "$TMP/s5.log")"; fi
 
 # start-up errors: clear, non-zero, no hang
 expect_fail "serve: generate's --prompt refused" "is an option of generate" $MPIRUN -np 2 $TPGEN serve --model "$M" --prompt x
+expect_fail "serve: --initial-latents refused at start" "--initial-latents is an option of generate" $MPIRUN -np 2 $TPGEN serve --model "$M" --initial-latents /etc/passwd
 expect_fail "serve: no --model" "--model DIR is required" $MPIRUN -np 2 $TPGEN serve
 expect_fail "serve: bad --listen" "listen|address" $MPIRUN -np 2 $TPGEN serve --model "$M" --listen nowhere:99999
 expect_fail "serve: bad --queue" "--queue" $MPIRUN -np 2 $TPGEN serve --model "$M" --queue 0

@@ -4,6 +4,7 @@
   craft.py poke FILE TENSOR VALUE [all]   write VALUE (nan, inf) into element 0 (or every element) of a tensor
   craft.py st FILE NAME:DTYPE:D0,D1,...   a safetensors file of zero-filled tensors (empty shape list: a scalar)
   craft.py latents FILE N C H W VALUE     packed latents [1, N, C] (f32, all VALUE) with height/width metadata
+  craft.py zeros SRC DST                  DST: SRC's tensors (names, dtypes, shapes) with every byte zero
   craft.py bytevocab                      print a vocabulary of the 256 byte tokens (id = byte value)
   craft.py header FILE N                  a header of N tiny entries (8 data bytes each)
 """
@@ -50,6 +51,11 @@ def main(a):
     elif a[0] == 'latents':
         path, N, C, H, W, val = a[1], int(a[2]), int(a[3]), a[4], a[5], float(a[6])
         write_st(path, [('latents', 'F32', [1, N, C], struct.pack('<f', val) * (N * C))], {'height': H, 'width': W})
+    elif a[0] == 'zeros':
+        n, h = read_header(a[1])
+        meta = h.pop('__metadata__', None)
+        ents = [(k, v['dtype'], v['shape'], b'\0' * (v['data_offsets'][1] - v['data_offsets'][0])) for k, v in h.items()]
+        write_st(a[2], ents, meta)
     elif a[0] == 'header':
         path, n = a[1], int(a[2])
         with open(path, 'wb') as f:
