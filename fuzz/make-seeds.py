@@ -160,6 +160,9 @@ def lora_seeds(out):
         'flux3_dora': (lora_pair('transformer.', 'mode_blocks.0.attn.to_k', D, D) +
                        [tensor('transformer.mode_blocks.0.attn.to_k.lora_magnitude_vector', 'F32', [D])], None),
     }
+    # findings of fuzz_lora, kept as regression seeds
+    seeds['regress_alpha_only'] = ([tensor('lora_unet_img_in.alpha', 'F32', [], [4.0]),
+                                    tensor('lora_unet_txt_in.alpha', 'F32', [], [4.0])], None)
     for name, (t, meta) in seeds.items():
         write_st(os.path.join(out, name + '.safetensors'), t, meta)
     # the golden sets' real adapters, trimmed

@@ -393,6 +393,12 @@ static int read_alpha(lora_adapter *ad, const st_tensor_info *t, double *out) {
 
 static int check_ab(const lora_adapter *ad, const module_rec *r) {
     const st_tensor_info *a = r->a, *b = r->b;
+    /* a module of only an alpha: the file holds another adapter type's
+     * factors (LyCORIS LoHa/LoKr) cut away, or is truncated */
+    if (!a && !b)
+        return tp_error("%s: module %s has an alpha (%s) but no lora_A / lora_down and no lora_B / lora_up matrix; a "
+                        "LoRA module needs both (is the file truncated, or another adapter type such as LyCORIS?)",
+                        ad->path, r->name, r->alpha->name);
     if (!a || !b)
         return tp_error("%s: module %s has %s but no %s; a LoRA module needs both matrices", ad->path, r->name,
                         a ? a->name : b->name, a ? "lora_B / lora_up" : "lora_A / lora_down");
