@@ -122,7 +122,7 @@ print-opt:
 FUZZ_CC    ?= clang
 FUZZ_TIME  ?= 30
 FUZZ_BUILD := build-fuzz
-FUZZ_NAMES := safetensors runspec tokenizer config gguf image serve_json serve_form
+FUZZ_NAMES := safetensors runspec tokenizer config gguf image serve_json serve_form lora fp8
 FUZZ_FLAGS := -std=c17 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -fopenmp -I. $(MPI_CFLAGS) \
               -I/usr/include/x86_64-linux-gnu/openblas-openmp -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_OBJ   := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)

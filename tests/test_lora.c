@@ -556,6 +556,13 @@ static void expect_bad(const char *tag, const wt *t, int n, const char *const *m
 #define A_(k, r, in) {k, DT_F32, 2, r, in, 0, -1}
 #define B_(k, out, r) {k, DT_F32, 2, out, r, 0, -1}
 
+/* only alpha scalars (a LyCORIS file with its factors cut away): refused,
+ * not a NULL dereference (found by fuzz/fuzz_lora.c) */
+TEST(bad_lora_alpha_only) {
+    wt t[] = {{"lora_unet_img_in.alpha", DT_F32, 0, 0, 0, 4.0f, -1}};
+    expect_bad("alpha_only", t, 1, NULL, "lora_unet_img_in.alpha", "no lora_A", 0);
+}
+
 TEST(bad_lora_flux1_names) {
     wt t[] = {A_("transformer.single_transformer_blocks.0.proj_mlp.lora_A.weight", 4, 128),
               B_("transformer.single_transformer_blocks.0.proj_mlp.lora_B.weight", 512, 4)};

@@ -4,6 +4,7 @@
 #include "fp8.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
+#include "name_index.h"
 #include <jansson.h>
 #include <float.h>
 #include <math.h>
@@ -44,13 +45,24 @@ typedef struct hint {
 
 typedef struct hints {
     hint *h;
-    int n;
+    int n, cap;             /* grown geometrically: realloc by one was quadratic too */
+    name_index by_module;   /* module -> index in h (a file may hint 10^5 layers) */
 } hints;
 
+/* the hint of module[0:len), or NULL */
+static hint *hint_find(hints *H, const char *module, size_t len) {
+    int i = name_index_get(&H->by_module, module, len);
+    return i < 0 ? NULL : &H->h[i];
+}
+
 static hint *hint_get(hints *H, const char *module, size_t len) {
-    for (int i = 0; i < H->n; i++)
-        if (strlen(H->h[i].module) == len && !strncmp(H->h[i].module, module, len)) return &H->h[i];
-    H->h = xrealloc(H->h, (size_t)(H->n + 1) * sizeof *H->h);
+    hint *found = hint_find(H, module, len);
+    if (found) return found;
+    name_index_put(&H->by_module, module, len, H->n);
+    if (H->n == H->cap) {
+        H->cap = H->cap ? 2 * H->cap : 16;
+        H->h = xrealloc(H->h, (size_t)H->cap * sizeof *H->h);
+    }
     hint *h = &H->h[H->n++];
     memset(h, 0, sizeof *h);
     h->module = xasprintf("%.*s", (int)len, module);
@@ -60,6 +72,7 @@ static hint *hint_get(hints *H, const char *module, size_t len) {
 static void hints_free(hints *H) {
     for (int i = 0; i < H->n; i++) free(H->h[i].module), free(H->h[i].format);
     free(H->h);
+    name_index_free(&H->by_module);
 }
 
 /* One layer's hint object: {"format": "...", "full_precision_matrix_mult": bool, ...}. */
@@ -246,9 +259,7 @@ static int scan_weight(scan *S, int kw) {
     size_t mlen = strlen(w->name) - strlen(".weight");
     int ks1 = find_index(c, w->name, mlen, ".weight_scale"), ks2 = find_index(c, w->name, mlen, ".scale_weight");
     int ki1 = find_index(c, w->name, mlen, ".input_scale"), ki2 = find_index(c, w->name, mlen, ".scale_input");
-    hint *h = NULL;
-    for (int i = 0; i < S->H.n; i++)
-        if (strlen(S->H.h[i].module) == mlen && !strncmp(S->H.h[i].module, w->name, mlen)) h = &S->H.h[i];
+    hint *h = hint_find(&S->H, w->name, mlen);
     int fp8 = dtype_is_fp8(w->dtype);
     if (ks1 >= 0 && ks2 >= 0)
         return tp_error("%s: weight '%s' has both '%s' and '%s'; a checkpoint may hold one scale per weight",

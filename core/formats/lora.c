@@ -11,6 +11,7 @@
 #include "lora.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
+#include "name_index.h"
 #include <ctype.h>
 #include <jansson.h>
 #include <math.h>
@@ -277,11 +278,6 @@ typedef struct module_rec {
     const st_tensor_info *a, *b, *alpha;
 } module_rec;
 
-static module_rec *find_rec(module_rec *r, int n, const char *name) {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(r[i].name, name)) return &r[i];
-    return NULL;
-}
 
 /* The format, from the keys (diffusers' lora_state_dict order: kohya names
  * lora_unet_*, ai-toolkit diffusion_model.*, PEFT base_model.model.*,
@@ -393,6 +389,12 @@ static int read_alpha(lora_adapter *ad, const st_tensor_info *t, double *out) {
 
 static int check_ab(const lora_adapter *ad, const module_rec *r) {
     const st_tensor_info *a = r->a, *b = r->b;
+    /* a module of only an alpha: the file holds another adapter type's
+     * factors (LyCORIS LoHa/LoKr) cut away, or is truncated */
+    if (!a && !b)
+        return tp_error("%s: module %s has an alpha (%s) but no lora_A / lora_down and no lora_B / lora_up matrix; a "
+                        "LoRA module needs both (is the file truncated, or another adapter type such as LyCORIS?)",
+                        ad->path, r->name, r->alpha->name);
     if (!a || !b)
         return tp_error("%s: module %s has %s but no %s; a LoRA module needs both matrices", ad->path, r->name,
                         a ? a->name : b->name, a ? "lora_B / lora_up" : "lora_A / lora_down");
@@ -488,6 +490,7 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
                         "refuses it; rename its modules to diffusers (transformer.<module>.lora_A/B.weight) or "
                         "ai-toolkit (diffusion_model.<BFL module>) names", ad->path);
     peft_cfg pc;
+    name_index by_name = {0};   /* module -> index in rec (a file may hold 10^5 modules) */
     int rc = -1, n_rec = 0;
     module_rec *rec = xcalloc((size_t)ad->f->n + 1, sizeof *rec);
     char **kn = xcalloc((size_t)ad->f->n + 1, sizeof *kn);   /* FLUX.3: keys in the older diffusers spellings, renamed */
@@ -526,9 +529,15 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         }
         if (part == PART_DORA) { ad->n_dora_dropped++; continue; }
         char *mod = xasprintf("%.*s", (int)mlen, k + plen);
-        module_rec *r = find_rec(rec, n_rec, mod);
-        if (!r) { r = &rec[n_rec++]; r->name = mod; }
-        else free(mod);
+        int ri = name_index_get(&by_name, mod, strlen(mod));
+        module_rec *r = ri >= 0 ? &rec[ri] : NULL;
+        if (!r) {
+            name_index_put(&by_name, mod, strlen(mod), n_rec);
+            r = &rec[n_rec++];
+            r->name = mod;
+        } else {
+            free(mod);
+        }
         const st_tensor_info **slot = part == PART_A ? &r->a : part == PART_B ? &r->b : &r->alpha;
         if (*slot) {
             tp_error("%s: module %s has two %s tensors (%s and %s)", ad->path, r->name,
@@ -627,6 +636,7 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
 done:
     for (int i = 0; i < n_rec; i++) free(rec[i].name);
     free(rec);
+    name_index_free(&by_name);
     for (int i = 0; i < ad->f->n; i++) free(kn[i]);
     free(kn);
     json_decref(pc.meta);
