@@ -454,6 +454,15 @@ s_vae() { # s_vae CASE [NP [COMM]]: the VAE decoder (conv, GroupNorm, upsample, 
 for c in 0 1; do step "golden VAE decode vae-tiny case$c (f32)" s_vae $c; done
 
 # ---- more ranks than GPUs, for correctness: tp 2 and tp 4 on one GPU, the MPI communicator through the host
+s_share() { # two ranks on one GPU: NCCL refuses them by the GPU's UUID on both (no hang); TPGEN_COMM=mpi sums through the host
+    $DRY && { dry_skip; return; }
+    timeout 120 $MPIRUN -np 2 "$TESTS" --gpu gpu_ranks_sharing_a_gpu
+    local r=$?
+    grep -qE '^ok - gpu_ranks_sharing_a_gpu' "$LOG" || { note "$(grep -E '^FAIL - ' "$LOG" | head -1 | cut -c1-300)"; return 1; }
+    note "NCCL refused by UUID, staged MPI all-reduce ok"
+    [ $r -eq 0 ]
+}
+step "2 ranks on one GPU: NCCL refused, --comm mpi staged" s_share
 for np in 2 4; do
     step "golden transformer cases tp $np --comm mpi (bf16)" s_cases bf16 $np mpi
 done
@@ -509,7 +518,7 @@ s_forward() {
     note "$CARD: $(grep -v '^$' "$LOG" | tail -1 | cut -c1-200)"
 }
 step "bench GEMM (op_gemm, bare cuBLAS, fp8)" s_bench gemm 4608
-step "bench attention (S 4608; VAE 16384 x 512)" s_bench attention 4608
+step "bench attention (S 4608, 24 and 48 heads x 128)" s_bench attention 4608
 step "PyTorch matmul and SDPA on the same shapes" s_torch
 step "bench forward klein-4B widths tp 1" s_forward
 

@@ -5,9 +5,16 @@
  *
  *   cuda_bench gemm [M]          klein-4B linear shapes, M tokens (default 4608)
  *   cuda_bench attention [S]     hd 128, 24 and 48 heads, S tokens (default 4608); each kernel
- * Output: one line per case "bench KIND SHAPE ... TFLOP/s". */
+ *   cuda_bench verify block|vae  production shapes against the CPU backend: the klein-4B
+ *                                attention (S 4608, 24 heads x 128) and GEMMs (bf16); the VAE
+ *                                attention (16384 tokens x 512, f32 and bf16); each timed on one
+ *                                call, without warm-up (the VAE's takes seconds on the generic kernel)
+ * Output: one line per case "bench KIND SHAPE ... TFLOP/s" or "verify NAME ... PASS|FAIL";
+ * exit status 1 on any failure (a cuBLAS or CUDA error aborts with its message). */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/err.h"
+#include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,21 +36,22 @@ static tensor *make(backend *be, dtype_t dt, int64_t r, int64_t c, unsigned seed
 }
 
 /* milliseconds per call of fn(ctx), after warm-up, timed with events on the backend's stream */
-static double time_ms(backend *be, void (*fn)(void *), void *ctx, int iters) {
+static double time_ms_w(backend *be, void (*fn)(void *), void *ctx, int warm, int iters) {
     cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    for (int i = 0; i < 3; i++) fn(ctx);
-    cudaEventRecord(a, cuda_stream(be));
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < warm; i++) fn(ctx);
+    CUDA_CHECK(cudaEventRecord(a, cuda_stream(be)));
     for (int i = 0; i < iters; i++) fn(ctx);
-    cudaEventRecord(b, cuda_stream(be));
+    CUDA_CHECK(cudaEventRecord(b, cuda_stream(be)));
     if (be_sync(be)) tp_fatal("%s", tp_error_msg());
     float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     return ms / iters;
 }
+static double time_ms(backend *be, void (*fn)(void *), void *ctx, int iters) { return time_ms_w(be, fn, ctx, 3, iters); }
 
 typedef struct { backend *be; tensor *y, *x, *w; cublasHandle_t h; } gemm_ctx;
 
@@ -53,17 +61,18 @@ static void run_raw_cublas(void *p) {
     gemm_ctx *c = p;
     float one = 1, zero = 0;
     cudaDataType_t t = c->x->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    cublasGemmEx(c->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)c->w->rows, (int)c->x->rows, (int)c->x->cols, &one, c->w->data, t,
+    CUBLAS_CHECK(cublasGemmEx(c->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)c->w->rows, (int)c->x->rows, (int)c->x->cols, &one, c->w->data, t,
                  (int)c->w->ld, c->x->data, t, (int)c->x->ld, &zero, c->y->data, t, (int)c->y->ld, CUBLAS_COMPUTE_32F,
-                 CUBLAS_GEMM_DEFAULT);
+                 CUBLAS_GEMM_DEFAULT));
 }
 
 static int bench_gemm_shapes(backend *be, int64_t M) {
     /* klein-4B at tp 1: D 3072, M 9216: to_q/k/v/out, linear_in (2M), linear_out, single qkv+mlp, single out */
     static const int64_t shapes[][2] = {{3072, 3072}, {18432, 3072}, {3072, 9216}, {27648, 3072}, {3072, 12288}};
     cublasHandle_t h;
-    cublasCreate(&h);
-    cublasSetStream(h, cuda_stream(be));
+    CUBLAS_CHECK(cublasCreate(&h));
+    CUBLAS_CHECK(cublasSetStream(h, cuda_stream(be)));
+    CUBLAS_CHECK(cublasSetMathMode(h, cuda_blas_math_mode()));   /* the backend's own mode: a fair comparison */
     for (int d = 0; d < 2; d++) {
         dtype_t dt = d ? DT_F32 : DT_BF16;
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -135,9 +144,117 @@ static int bench_attention(backend *be, int64_t S) {
     return 0;
 }
 
+/* ---- production shapes against the CPU backend ---- */
+
+/* the same random data on the GPU and the CPU */
+static void twin(backend *g, backend *c, dtype_t dt, int64_t r, int64_t n, unsigned seed, float amp, tensor **tg,
+                 tensor **tc) {
+    *tg = tensor_new(g, dt, r, n);
+    *tc = tensor_new(c, dt, r, n);
+    if (!*tg || !*tc) tp_fatal("%s", tp_error_msg());
+    size_t m = (size_t)(r * n);
+    float *h = xmalloc(m * sizeof *h);
+    srand(seed);
+    for (size_t i = 0; i < m; i++) h[i] = ((float)rand() / RAND_MAX - 0.5f) * 2 * amp;
+    if (tensor_upload_f32(*tg, h) || tensor_upload_f32(*tc, h)) tp_fatal("upload: %s", tp_error_msg());
+    free(h);
+}
+
+/* rel L2 of the GPU result against the CPU's; prints the verdict line; 1 on failure */
+static int verdict(const char *name, backend *g, const tensor *yg, const tensor *yc, double tol, double gpu_ms) {
+    size_t n = tensor_numel(yg);
+    float *a = xmalloc(n * sizeof *a), *b = xmalloc(n * sizeof *b);
+    if (be_sync(g) || tensor_download_f32(yg, a) || tensor_download_f32(yc, b)) tp_fatal("%s: %s", name, tp_error_msg());
+    double num = 0, den = 0, mx = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) bad++;
+        double d = (double)a[i] - b[i];
+        num += d * d, den += (double)b[i] * b[i];
+        if (fabs(d) > mx) mx = fabs(d);
+    }
+    double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    int fail = bad || !(e <= tol);
+    printf("verify %s rel_l2=%.3e max_abs=%.3e non_finite=%zu tol=%.0e gpu=%.2f ms %s\n", name, e, mx, bad, tol, gpu_ms,
+           fail ? "FAIL" : "PASS");
+    fflush(stdout);
+    free(a), free(b);
+    return fail;
+}
+
+typedef struct { backend *be; tensor *y; const tensor *x, *w; } vgemm_ctx;
+static void run_vgemm(void *p) { vgemm_ctx *c = p; op_gemm(c->be, c->y, c->x, c->w, NULL); }
+
+static int verify(backend *g, const char *what) {
+    backend *c = backend_cpu_create(omp_get_num_procs());
+    if (!c) tp_fatal("CPU backend: %s", tp_error_msg());
+    int fails = 0;
+    if (!strcmp(what, "block")) {
+        /* FLUX.2-klein-4B at 1024x1024: 4096 image + 512 text tokens, 24 heads x 128 (D 3072) */
+        int64_t S = 4608, H = 24, hd = 128;
+        tensor *qg, *qc, *kg, *kc, *vg, *vc, *og, *oc;
+        twin(g, c, DT_BF16, S, H * hd, 11, 2.0f, &qg, &qc);
+        twin(g, c, DT_BF16, S, H * hd, 12, 2.0f, &kg, &kc);
+        twin(g, c, DT_BF16, S, H * hd, 13, 1.0f, &vg, &vc);
+        twin(g, c, DT_BF16, S, H * hd, 14, 1.0f, &og, &oc);
+        static const char *kinds[] = {NULL, "wmma", "mma"};
+        for (int k = 0; k < 3; k++) {
+            attn_ctx a = {g, og, qg, kg, vg, {(int)H, (int)H, (int)hd, 1.0f / sqrtf((float)hd), 0, 0, NULL}};
+            if (kinds[k]) setenv("TPGEN_CUDA_ATTENTION", kinds[k], 1);
+            double t = time_ms_w(g, run_attn, &a, 0, 1);
+            unsetenv("TPGEN_CUDA_ATTENTION");
+            if (k == 0) op_attention(c, oc, qc, kc, vc, &a.p);
+            char name[96];
+            snprintf(name, sizeof name, "attention-S%lld-%lldx%lld-bf16-%s", (long long)S, (long long)H, (long long)hd,
+                     kinds[k] ? kinds[k] : "default");
+            fails += verdict(name, g, og, oc, 1e-2, t);
+        }
+        tensor_free(qg), tensor_free(qc), tensor_free(kg), tensor_free(kc), tensor_free(vg), tensor_free(vc);
+        tensor_free(og), tensor_free(oc);
+        /* the block's GEMMs: attention projection (K 3072) and the single block's output (K 12288) */
+        static const int64_t shapes[][2] = {{3072, 3072}, {3072, 12288}};
+        for (int s = 0; s < 2; s++) {
+            int64_t N = shapes[s][0], K = shapes[s][1];
+            tensor *xg, *xc, *wg, *wc, *yg, *yc;
+            twin(g, c, DT_BF16, S, K, 21, 1.0f, &xg, &xc);
+            twin(g, c, DT_BF16, N, K, 22, 0.02f, &wg, &wc);
+            twin(g, c, DT_BF16, S, N, 23, 0.0f, &yg, &yc);
+            vgemm_ctx v = {g, yg, xg, wg};
+            double t = time_ms_w(g, run_vgemm, &v, 1, 2);
+            op_gemm(c, yc, xc, wc, NULL);
+            char name[96];
+            snprintf(name, sizeof name, "gemm-M%lld-N%lld-K%lld-bf16", (long long)S, (long long)N, (long long)K);
+            fails += verdict(name, g, yg, yc, 1e-2, t);
+            tensor_free(xg), tensor_free(xc), tensor_free(wg), tensor_free(wc), tensor_free(yg), tensor_free(yc);
+        }
+    } else {
+        /* the VAE's attention at 1024x1024: 128x128 latent pixels, one head of 512 */
+        int64_t S = 16384, hd = 512;
+        for (int d = 0; d < 2; d++) {
+            dtype_t dt = d ? DT_BF16 : DT_F32;
+            tensor *qg, *qc, *kg, *kc, *vg, *vc, *og, *oc;
+            twin(g, c, dt, S, hd, 31, 1.0f, &qg, &qc);
+            twin(g, c, dt, S, hd, 32, 1.0f, &kg, &kc);
+            twin(g, c, dt, S, hd, 33, 1.0f, &vg, &vc);
+            twin(g, c, dt, S, hd, 34, 1.0f, &og, &oc);
+            attn_ctx a = {g, og, qg, kg, vg, {1, 1, (int)hd, 1.0f / sqrtf((float)hd), 0, 0, NULL}};
+            double t = time_ms_w(g, run_attn, &a, 0, 1);
+            op_attention(c, oc, qc, kc, vc, &a.p);
+            char name[96];
+            snprintf(name, sizeof name, "vae-attention-S%lld-hd%lld-%s", (long long)S, (long long)hd, dtype_name(dt));
+            fails += verdict(name, g, og, oc, dt == DT_F32 ? 1e-4 : 1e-2, t);
+            tensor_free(qg), tensor_free(qc), tensor_free(kg), tensor_free(kc), tensor_free(vg), tensor_free(vc);
+            tensor_free(og), tensor_free(oc);
+        }
+    }
+    backend_destroy(c);
+    return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2 || (strcmp(argv[1], "gemm") && strcmp(argv[1], "attention"))) {
-        fprintf(stderr, "usage: cuda_bench gemm [M] | attention [S]\n");
+    if (argc < 2 || (strcmp(argv[1], "gemm") && strcmp(argv[1], "attention") && strcmp(argv[1], "verify")) ||
+        (!strcmp(argv[1], "verify") && (argc < 3 || (strcmp(argv[2], "block") && strcmp(argv[2], "vae"))))) {
+        fprintf(stderr, "usage: cuda_bench gemm [M] | attention [S] | verify block|vae\n");
         return 2;
     }
     backend *be = cudaplug_backend_create(0);
@@ -146,7 +263,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     int64_t n = argc > 2 ? atoll(argv[2]) : 4608;
-    int rc = !strcmp(argv[1], "gemm") ? bench_gemm_shapes(be, n) : bench_attention(be, n);
+    int rc = !strcmp(argv[1], "verify") ? verify(be, argv[2])
+             : !strcmp(argv[1], "gemm") ? bench_gemm_shapes(be, n) : bench_attention(be, n);
     backend_destroy(be);
     return rc;
 }
