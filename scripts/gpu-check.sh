@@ -112,10 +112,27 @@ build_into() {
 
 if [ $mode = prepare ]; then
     BD=out/gpu-build B=out/gpu-bundle
-    # everything but MPI, CUDA and the C/C++ runtimes linked statically
+    # everything but MPI, CUDA and the C/C++ runtimes linked statically, libmicrohttpd too: its
+    # HTTPS half (GnuTLS, which alone pulls 9 libraries, ~1.9 MB of the bundle) is unreachable,
+    # tpgen never asks for TLS, so its GnuTLS symbols are stubs that abort
+    # (gnutls_global_init/deinit, called by libmicrohttpd's constructor, succeed)
+    mkdir -p "$BD"
+    mhd=$(ls /usr/lib/x86_64-linux-gnu/libmicrohttpd.a 2>/dev/null)
+    mhd_libs="-Wl,-Bdynamic -lmicrohttpd"
+    if [ -n "$mhd" ]; then
+        { echo '#include <stdio.h>'; echo '#include <stdlib.h>'
+          nm "$mhd" | awk '$1 == "U" && $2 ~ /^gnutls_/ { print $2 }' | sort -u |
+              awk '/^gnutls_global_/ { printf "int %s(void) { return 0; }\n", $1; next }   # MHD_init / MHD_fini
+                   { printf "void %s(void) { fputs(\"tpgen: %s: no TLS in the GPU bundle\\n\", stderr); abort(); }\n", $1, $1 }'
+        } > out/gnutls_stubs.c
+        ${CC:-gcc} -O2 -c -o out/gnutls_stubs.o out/gnutls_stubs.c || exit 1
+        mhd_libs="-lmicrohttpd $ROOT/out/gnutls_stubs.o"
+    fi
     static="-Wl,-Bstatic -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -lgfortran -lquadmath -lyaml -ljansson \
--lpcre2-8 -lutf8proc -lnettle -lpng -ljpeg -lz -Wl,-Bdynamic -lmicrohttpd -lm -fopenmp $(mpicc --showme:link)"   # CUDA: only the plugin links it
+-lpcre2-8 -lutf8proc -lnettle -lpng -ljpeg -lz $mhd_libs -Wl,-Bdynamic -lm -fopenmp $(mpicc --showme:link)"   # CUDA: only the plugin links it
+    rm -f "$BD/tpgen" "$BD/tpgen_tests" "$BD/cuda_bench" "$BD/libtpgen-cuda.so"   # relinked with these flags every time
     build_into "$BD" LDLIBS="$static" || { echo "gpu-check --prepare: build failed" >&2; exit 1; }
+    if ldd "$BD/tpgen" | grep -q libgnutls; then echo "gpu-check --prepare: tpgen still needs GnuTLS" >&2; exit 1; fi
     rm -rf "$B" && mkdir -p "$B/build" "$B/lib" "$B/usr/bin" "$B/usr/share" "$B/usr/lib/x86_64-linux-gnu"
     # stripped: symbols stay in .dynsym (the plugin calls back into the binary, -rdynamic)
     for f in tpgen tpgen_tests cuda_bench; do strip --strip-all -o "$B/build/$f" "$BD/$f" || exit 1; done
