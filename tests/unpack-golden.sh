@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Unpack the repository's golden data (tests/data/golden: one .tar.xz per set)
+# Unpack the repository's golden data (tests/data/golden: one .tar.xz per set, or per few sets that share bytes)
 # into DEST (default build/golden) and check every file against
 # MANIFEST.sha256. Files stored once elsewhere in the tree are put back in
 # place: the real Qwen3 tokenizer (tests/data/qwen3-tokenizer) is used by the
