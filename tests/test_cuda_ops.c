@@ -864,4 +864,46 @@ TEST_GPU(gpu_ranks_sharing_a_gpu) {
     comm_destroy(c);
 }
 
+/* The GroupNorm halves of the band-parallel VAE decode on the device
+ * (op_channel_sums: f64 partial sums added in a fixed order; op_channel_affine)
+ * against the CPU; at a 1024x1024 VAE's widest shape too (128 channels of
+ * 512x512 pixels), where the host fallback took two copies per channel */
+TEST_GPU(gpu_channel_sums_and_affine) {
+    NEED_GPU(); NEED_CPU(channel_sums); NEED_CPU(channel_affine);
+    static const int64_t shapes[][2] = {{64, 5000}, {7, 33}, {128, 512 * 512}};
+    for (int sh = 0; sh < 3; sh++)
+        for (int d = 0; d < 2; d++) {
+            dtype_t dt = k_dts[d];
+            int64_t C = shapes[sh][0], HW = shapes[sh][1];
+            pair x = pair_rand(dt, C, HW, -2, 3);
+            double *cg = xmalloc((size_t)C * sizeof(double)), *cc = xmalloc((size_t)C * sizeof(double));
+            double *center = xmalloc((size_t)C * sizeof(double));
+            for (int64_t c = 0; c < C; c++) center[c] = frand(-1, 1);
+            for (int p = 1; p <= 2; p++) {
+                op_channel_sums(g_gpu, &x.g, p == 2 ? center : NULL, p, cg);
+                op_channel_sums(g_cpu, &x.c, p == 2 ? center : NULL, p, cc);
+                double worst = 0;
+                for (int64_t c = 0; c < C; c++) {
+                    double e = fabs(cg[c] - cc[c]) / (fabs(cc[c]) + 1e-300);
+                    if (e > worst) worst = e;
+                }
+                printf("# op channel_sums p=%d [%lld,%lld] %-5s max_rel=%.3e\n", p, (long long)C, (long long)HW,
+                       dtype_name(dt), worst);
+                CHECK(worst <= 1e-10, "channel_sums p=%d %s [%lld,%lld]: relative error %.3e", p, dtype_name(dt),
+                      (long long)C, (long long)HW, worst);
+            }
+            float *a = xmalloc((size_t)C * sizeof(float)), *b = xmalloc((size_t)C * sizeof(float));
+            for (int64_t c = 0; c < C; c++) a[c] = frand(0.5f, 2), b[c] = frand(-1, 1);
+            pair y = pair_new(dt, C, HW);
+            for (int silu = 0; silu < 2; silu++) {
+                pair_poison(&y);
+                op_channel_affine(g_gpu, &y.g, &x.g, a, b, silu);
+                op_channel_affine(g_cpu, &y.c, &x.c, a, b, silu);
+                pair_check(&y, silu ? "channel_affine + silu" : "channel_affine", dt == DT_F32 ? 1e-6 : 1e-2);
+            }
+            free(a), free(b), free(cg), free(cc), free(center);
+            pair_free(&x), pair_free(&y);
+        }
+}
+
 #endif /* TPGEN_CUDA */

@@ -224,7 +224,7 @@ static const backend_vtable k_cuda_vt = {
     .rope = cuda_rope, .attention = cuda_attention, .swiglu = cuda_swiglu, .silu = cuda_silu, .add = cuda_add,
     .gated_add = cuda_gated_add, .gather_rows = cuda_gather_rows, .conv2d = cuda_conv2d, .conv2d_down = cuda_conv2d_down,
     .group_norm = cuda_group_norm, .upsample2x = cuda_upsample2x, .transpose = cuda_transpose,
-    .upload_file = cuda_upload_file,
+    .upload_file = cuda_upload_file, .channel_sums = cuda_channel_sums, .channel_affine = cuda_channel_affine,
 };
 
 /* ---- creation ---- */

@@ -105,6 +105,9 @@ void cuda_conv2d_down(backend *, tensor *y, const tensor *x, const tensor *w, co
                       int64_t h, int64_t wd);
 void cuda_group_norm(backend *, tensor *y, const tensor *x, const tensor *gamma,
                      const tensor *beta, int groups, float eps, int apply_silu);
+/* the GroupNorm halves of the band-parallel VAE (op_channel_sums / op_channel_affine), cuda_norm.cu */
+void cuda_channel_sums(backend *, const tensor *x, const double *center, int p, double *out);
+void cuda_channel_affine(backend *, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu);
 void cuda_upsample2x(backend *, tensor *y, const tensor *x, int64_t h, int64_t wd);
 void cuda_transpose(backend *, tensor *y, const tensor *x);
 
