@@ -906,4 +906,28 @@ TEST_GPU(gpu_channel_sums_and_affine) {
         }
 }
 
+/* The tiled head-dim-512 kernel (the VAE's attention) against the CPU and
+ * against the generic kernel it replaces: query rows not a multiple of its 32
+ * and keys not a multiple of its 16, a key mask with fully masked rows, causal
+ * with q_pos0, GQA, a column view (ld > cols), and the VAE's 64x64-latent
+ * shape (4096 tokens x 512) */
+TEST_GPU(gpu_attention_hd512_tiled) {
+    NEED_GPU(); NEED_CPU(attention);
+    int32_t valid[777];
+    for (int i = 0; i < 777; i++) valid[i] = (i % 5) != 2 && i > 3;
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("TPGEN_CUDA_ATTENTION", "generic", 1);
+        else unsetenv("TPGEN_CUDA_ATTENTION");
+        for (int d = 0; d < 2; d++) {
+            dtype_t dt = k_dts[d];
+            attn_case("attention hd512 ragged tiles", dt, 1000, 777, 1, 1, 512, 0, 0, NULL, 0);
+            attn_case("attention hd512 key_valid", dt, 77, 777, 1, 1, 512, 0, 0, valid, 0);
+            attn_case("attention hd512 causal q_pos0 GQA", dt, 45, 300, 4, 2, 512, 1, 255, NULL, 0);
+            attn_case("attention hd512 view", dt, 65, 70, 2, 2, 512, 0, 0, NULL, 3);
+            if (!k) attn_case("attention hd512 VAE 64x64 latent", dt, 4096, 4096, 1, 1, 512, 0, 0, NULL, 0);
+        }
+    }
+    unsetenv("TPGEN_CUDA_ATTENTION");
+}
+
 #endif /* TPGEN_CUDA */
