@@ -5,14 +5,18 @@
  *
  *   cuda_bench gemm [M]          klein-4B linear shapes, M tokens (default 4608)
  *   cuda_bench attention [S]     hd 128, 24 and 48 heads, S tokens (default 4608); each kernel
- *   cuda_bench verify block|vae  production shapes against the CPU backend: the klein-4B
- *                                attention (S 4608, 24 heads x 128) and GEMMs (bf16); the VAE
+ *   cuda_bench verify block|vae  production shapes against the CPU backend: a klein-4B-width
+ *                                forward (1 double + 1 single block, 4096 + 512 tokens, random
+ *                                weights), its attention (S 4608, 24 heads x 128) and GEMMs (bf16); the VAE
  *                                attention (16384 tokens x 512, f32 and bf16); each timed on one
  *                                call, without warm-up (the VAE's takes seconds on the generic kernel)
  * Output: one line per case "bench KIND SHAPE ... TFLOP/s" or "verify NAME ... PASS|FAIL";
  * exit status 1 on any failure (a cuBLAS or CUDA error aborts with its message). */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/err.h"
+#include "kernels/comm.h"
+#include "core/models/flux2.h"
+#include <mpi.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -37,6 +41,12 @@ static tensor *make(backend *be, dtype_t dt, int64_t r, int64_t c, unsigned seed
 
 /* milliseconds per call of fn(ctx), after warm-up, timed with events on the backend's stream */
 static double time_ms_w(backend *be, void (*fn)(void *), void *ctx, int warm, int iters) {
+    if (be->kind != BACKEND_CUDA) {   /* the dry run's CPU stand-in: wall time */
+        for (int i = 0; i < warm; i++) fn(ctx);
+        double t0 = MPI_Wtime();
+        for (int i = 0; i < iters; i++) fn(ctx);
+        return (MPI_Wtime() - t0) * 1e3 / iters;
+    }
     cudaEvent_t a, b;
     CUDA_CHECK(cudaEventCreate(&a));
     CUDA_CHECK(cudaEventCreate(&b));
@@ -185,13 +195,14 @@ static int verdict(const char *name, backend *g, const tensor *yg, const tensor 
 typedef struct { backend *be; tensor *y; const tensor *x, *w; } vgemm_ctx;
 static void run_vgemm(void *p) { vgemm_ctx *c = p; op_gemm(c->be, c->y, c->x, c->w, NULL); }
 
-static int verify(backend *g, const char *what) {
+/* div > 1: the dry run (CUDA_BENCH_BACKEND=cpu), token counts divided by div */
+static int verify(backend *g, const char *what, int div) {
     backend *c = backend_cpu_create(omp_get_num_procs());
     if (!c) tp_fatal("CPU backend: %s", tp_error_msg());
     int fails = 0;
     if (!strcmp(what, "block")) {
         /* FLUX.2-klein-4B at 1024x1024: 4096 image + 512 text tokens, 24 heads x 128 (D 3072) */
-        int64_t S = 4608, H = 24, hd = 128;
+        int64_t S = 4608 / div, H = 24, hd = 128;
         tensor *qg, *qc, *kg, *kc, *vg, *vc, *og, *oc;
         twin(g, c, DT_BF16, S, H * hd, 11, 2.0f, &qg, &qc);
         twin(g, c, DT_BF16, S, H * hd, 12, 2.0f, &kg, &kc);
@@ -211,6 +222,40 @@ static int verify(backend *g, const char *what) {
         }
         tensor_free(qg), tensor_free(qc), tensor_free(kg), tensor_free(kc), tensor_free(vg), tensor_free(vc);
         tensor_free(og), tensor_free(oc);
+        /* one double and one single block at klein-4B widths, random weights from the same seed on both
+         * backends, bf16, the whole forward (embedders, modulation, RoPE, norms, attention, MLPs, all-reduce
+         * of a 1-rank group, final layer) */
+        {
+            flux2_config cfg = {.patch_size = 1, .in_channels = 128, .out_channels = 128, .num_layers = 1,
+                                .num_single_layers = 1, .head_dim = 128, .heads = 24, .joint_dim = 7680,
+                                .time_channels = 256, .mlp_ratio = 3.0, .n_axes = 4, .axes_dims = {32, 32, 32, 32},
+                                .rope_theta = 2000, .eps = 1e-6f, .guidance_embeds = 0};
+            cfg.D = 3072, cfg.M = 9216, cfg.out_dim = 128;
+            int64_t N = 4096 / div, L = 512 / div;
+            float *x = xmalloc((size_t)(N * 128) * 4), *txt = xmalloc((size_t)(L * 7680) * 4);
+            float *og = xmalloc((size_t)(N * 128) * 4), *oc = xmalloc((size_t)(N * 128) * 4);
+            int32_t *img_ids = xcalloc((size_t)N * 4, 4), *txt_ids = xcalloc((size_t)L * 4, 4);
+            for (int64_t i = 0; i < N * 128; i++) x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+            for (int64_t i = 0; i < L * 7680; i++) txt[i] = (float)((i * 13) % 97) / 48.0f - 1.0f;
+            for (int64_t i = 0; i < N; i++) img_ids[i * 4 + 1] = (int32_t)(i / 64), img_ids[i * 4 + 2] = (int32_t)(i % 64);
+            for (int64_t l = 0; l < L; l++) txt_ids[l * 4 + 3] = (int32_t)l;
+            comm *cg = comm_create_mpi(MPI_COMM_SELF, g), *cc = comm_create_mpi(MPI_COMM_SELF, c);
+            flux2_model *mg = NULL, *mc = NULL;
+            if (flux2_init_random(&cfg, g, cg, DT_BF16, 1234, &mg) || flux2_init_random(&cfg, c, cc, DT_BF16, 1234, &mc))
+                tp_fatal("random klein-4B block: %s", tp_error_msg());
+            double t0 = MPI_Wtime();
+            if (flux2_forward(mg, x, N, img_ids, txt, L, txt_ids, 0.5f, NULL, og) || be_sync(g))
+                tp_fatal("forward (cuda): %s", tp_error_msg());
+            double t_gpu = (MPI_Wtime() - t0) * 1e3;
+            if (flux2_forward(mc, x, N, img_ids, txt, L, txt_ids, 0.5f, NULL, oc)) tp_fatal("forward (cpu): %s", tp_error_msg());
+            tensor tg = tensor_wrap(c, DT_F32, N, 128, og), tc = tensor_wrap(c, DT_F32, N, 128, oc);
+            char name[96];
+            snprintf(name, sizeof name, "klein4B-widths-1-double-1-single-S%lld-bf16-forward", (long long)(N + L));
+            fails += verdict(name, c, &tg, &tc, 3e-2, t_gpu);
+            flux2_free(mg), flux2_free(mc);
+            comm_destroy(cg), comm_destroy(cc);
+            free(x), free(txt), free(og), free(oc), free(img_ids), free(txt_ids);
+        }
         /* the block's GEMMs: attention projection (K 3072) and the single block's output (K 12288) */
         static const int64_t shapes[][2] = {{3072, 3072}, {3072, 12288}};
         for (int s = 0; s < 2; s++) {
@@ -229,7 +274,7 @@ static int verify(backend *g, const char *what) {
         }
     } else {
         /* the VAE's attention at 1024x1024: 128x128 latent pixels, one head of 512 */
-        int64_t S = 16384, hd = 512;
+        int64_t S = 16384 / (2 * div), hd = 512;
         for (int d = 0; d < 2; d++) {
             dtype_t dt = d ? DT_BF16 : DT_F32;
             tensor *qg, *qc, *kg, *kc, *vg, *vc, *og, *oc;
@@ -257,14 +302,25 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: cuda_bench gemm [M] | attention [S] | verify block|vae\n");
         return 2;
     }
-    backend *be = cudaplug_backend_create(0);
+    MPI_Init(&argc, &argv);   /* the block check's 1-rank communicators */
+    /* CUDA_BENCH_BACKEND=cpu: verify with a CPU backend standing in for the GPU, shapes / 8 (VAE / 16; gpu-check's dry run) */
+    const char *fake = getenv("CUDA_BENCH_BACKEND");
+    int dry = fake && !strcmp(fake, "cpu");
+    if (dry && strcmp(argv[1], "verify")) {
+        fprintf(stderr, "cuda_bench: CUDA_BENCH_BACKEND=cpu runs verify only\n");
+        MPI_Finalize();
+        return 2;
+    }
+    backend *be = dry ? backend_cpu_create(omp_get_num_procs()) : cudaplug_backend_create(0);
     if (!be) {
         fprintf(stderr, "cuda_bench: error: %s\n", tp_error_msg());
+        MPI_Finalize();
         return 1;
     }
     int64_t n = argc > 2 ? atoll(argv[2]) : 4608;
-    int rc = !strcmp(argv[1], "verify") ? verify(be, argv[2])
+    int rc = !strcmp(argv[1], "verify") ? verify(be, argv[2], dry ? 8 : 1)
              : !strcmp(argv[1], "gemm") ? bench_gemm_shapes(be, n) : bench_attention(be, n);
     backend_destroy(be);
+    MPI_Finalize();
     return rc;
 }
