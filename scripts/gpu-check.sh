@@ -49,7 +49,9 @@
 # GPU_CHECK_BUDGET_MIB (default 62) is the size budget; BENCH_FORWARD_ARGS is
 # passed to `tpgen bench forward` (default: klein-4B widths at 1024x1024,
 # 5 + 20 blocks, bf16, random weights); GPU_CHECK_ONLY=REGEX runs only the steps
-# whose names match (the rest are not listed).
+# whose names match (the rest are not listed); GPU_CHECK_DEADLINE_S (default 540)
+# is when the remaining steps become "not run" FAIL rows, so that the summary is
+# printed before the device tool's 600 s limit.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -185,6 +187,12 @@ step() {
     local name=$1; shift
     if [ -n "${GPU_CHECK_ONLY:-}" ] && ! echo "$name" | grep -qE -- "$GPU_CHECK_ONLY"; then return 0; fi
     NSTEP=$((NSTEP + 1))
+    if [ "$(awk -v a="$T0" -v b="$(now)" 'BEGIN { print (b - a > '"${GPU_CHECK_DEADLINE_S:-540}"') }')" = 1 ]; then
+        # the device tool kills a command at 600 s: the rows must be out before
+        NFAIL=$((NFAIL + 1))
+        printf '%-4s %7s    %-56s %s\n' FAIL - "$name" "not run: past GPU_CHECK_DEADLINE_S (${GPU_CHECK_DEADLINE_S:-540} s)" | tee -a "$S"
+        return 0
+    fi
     LOG=$OUTDIR/$(printf '%02d' $NSTEP)-$(echo "$name" | tr -c 'A-Za-z0-9.' '-' | tr -s '-' | sed 's/-$//' | cut -c1-48).log
     : >"$NOTE"
     local t r st
