@@ -143,7 +143,7 @@ static void *device_alloc(backend *be, size_t bytes) {
     /* debug pools: pool memory is handed out again without zeroing, unlike the
      * CPU's fresh pages; NaN everywhere makes an uninitialised read show */
     if (c->poison) {
-        e = c->use_pool ? cudaMemsetAsync(p, 0xff, bytes, c->stream) : cudaMemset(p, 0xff, bytes);
+        e = cudaMemsetAsync(p, 0xff, bytes, c->stream);   /* ordered before every later use: all on this stream */
         if (e != cudaSuccess) tp_fatal("cuda alloc: poisoning %zu bytes failed: %s", bytes, cudaGetErrorString(e));
     }
     table_put(c->allocs, (uintptr_t)p, bytes);
