@@ -32,6 +32,11 @@ if git clone -q --no-hardlinks "$TPGEN_ROOT" "$clone" 2>"$TMP/clone.err"; then
     out=$(cd "$clone" && tests/unpack-golden.sh "$clone/build/golden" 2>&1)
     echo "$out" | grep -q '^ok - ' && ok "selfcontained: a fresh clone unpacks its golden data" \
         || fail "selfcontained: a fresh clone cannot unpack its golden data: $(echo "$out" | tail -2)"
+    # data stored compressed in git (the Qwen3 tokenizer.json) is unpacked beside its .xz for its readers
+    out=$(cd "$clone" && "$TPGEN" tokenize --model tests/data/qwen3-tokenizer --prompt "a cat" 2>&1)
+    [ -s "$clone/tests/data/qwen3-tokenizer/tokenizer.json" ] && [ -n "$out" ] && ! echo "$out" | grep -q 'error' &&
+        ok "selfcontained: the fresh clone's tests/data/qwen3-tokenizer reads after the unpack" ||
+        fail "selfcontained: tests/data/qwen3-tokenizer in the fresh clone: $(echo "$out" | tail -2)"
     out=$(cd "$clone" && TPGEN_GOLDEN="$clone/build/golden" "$TPGEN_TESTS" rng_matches_torch_randn rng_pipeline_noise_matches_golden_runs 2>&1)
     n=$(echo "$out" | grep -c '^ok - ')
     if [ "$n" -ge 2 ] && ! echo "$out" | grep -q '^FAIL - '; then ok "selfcontained: golden unit tests pass in the fresh clone ($n)"
