@@ -233,6 +233,25 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do [ -d
 wheels=$(python3 -c 'import nvidia, os; print(os.pathsep.join(p for p in __import__("glob").glob(os.path.join(list(nvidia.__path__)[0], "*", "lib"))))' 2>/dev/null || true)
 [ -n "$wheels" ] && cudalibs="$cudalibs:$wheels"
 
+# a bare image may lack the xz program (tar -J and tests/unpack-golden.sh need it): Python's lzma stands in
+if ! command -v xz >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then
+    mkdir -p "$OUTDIR/.bin"
+    cat >"$OUTDIR/.bin/xz" <<'PY'
+#!/usr/bin/env python3
+# xz stand-in for gpu-check (decompression only: xz -d / -dc [FILE]), with Python's lzma
+import lzma, shutil, sys
+files = [a for a in sys.argv[1:] if not a.startswith("-")]
+if not any(a.startswith("-") and "d" in a for a in sys.argv[1:]):
+    sys.exit("xz stand-in: only decompression (-d) is supported")
+src = open(files[0], "rb") if files else sys.stdin.buffer
+with lzma.open(src) as f:
+    shutil.copyfileobj(f, sys.stdout.buffer)
+PY
+    chmod +x "$OUTDIR/.bin/xz"
+    export PATH=$OUTDIR/.bin:$PATH
+    echo "no xz program: Python's lzma stands in ($OUTDIR/.bin/xz)" >>"$OUTDIR/env.log"
+fi
+
 # ---- the binaries
 unpack_bundle() {
     rm -rf /tmp/tpgen-bundle && mkdir -p /tmp/tpgen-bundle && tar -C /tmp/tpgen-bundle -xJf "$bundle" || return 1
