@@ -53,6 +53,13 @@ endif
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 
+# test data kept compressed in git (the device tool sends the tracked tree,
+# 64 MiB at most: scripts/gpu-check.sh --size), unpacked beside it by `make`
+# and by tests/unpack-golden.sh; the unpacked files are git-ignored
+TEST_DATA := tests/data/qwen3-tokenizer/tokenizer.json
+tests/data/%: tests/data/%.xz
+	xz -dc $< > $@.tmp && mv $@.tmp $@
+
 # The CPU check runs before anything else, so it is compiled for the baseline
 # ISA and told which extensions OPT lets the rest of the build use.
 ISA_NEEDS := $(shell echo | $(CC) $(OPT) -dM -E - 2>/dev/null | sed -n 's/^\#define __\(AVX\|AVX2\|FMA\|BMI2\|AVX512F\)__ 1$$/-DNEED_\1/p')
@@ -66,7 +73,7 @@ $(BUILD)/kernels/quant.o: CFLAGS += -ffp-contract=off
 CUDA_OBJ := $(CUDA_C:%.c=$(BUILD)/%.o) $(CUDA_CU:%.cu=$(BUILD)/%.cu.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-all: $(BUILD)/tpgen $(BUILD)/tpgen_tests $(PLUGIN)
+all: $(BUILD)/tpgen $(BUILD)/tpgen_tests $(PLUGIN) $(TEST_DATA)
 
 # the CUDA backend plugin: position-independent objects + the CUDA libraries
 $(CUDA_OBJ): CFLAGS += -fPIC

@@ -52,13 +52,15 @@ typedef struct check_case {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: mpirun -np K tpgen check --model DIR [--cases FILE] [--precision f32|bf16] [--tol X]\n"
-               "                          [--backend cpu|cuda] [--seed S] [--unfused] [--lora FILE[:W]]...\n"
+               "                          [--backend cpu|cuda] [--comm mpi|nccl] [--seed S] [--unfused] [--lora FILE[:W]]...\n"
                "                          [--outputs FILE --prefix NAME] [--quantize fp8]\n"
                "  --model DIR      pipeline folder (with transformer/) or the transformer folder itself\n"
                "  --cases FILE     golden cases (caseK.*); without it, compare with an unsharded run on rank 0\n"
                "  --precision P    f32 (default, reference) or bf16\n"
                "  --tol X          relative L2 tolerance (default 1e-4 for f32, 3e-2 for bf16)\n"
                "  --backend B      cpu, cuda or auto (default auto)\n"
+               "  --comm C         mpi, nccl or auto (default: nccl on GPUs, mpi on CPUs); mpi on GPUs stages\n"
+               "                   through the host, so several ranks may share one GPU (TPGEN_COMM too)\n"
                "  --seed S         seed of the random inputs (default 0)\n"
                "  --unfused        one all-reduce per stream instead of one per sub-layer\n"
                "  --lora FILE[:W]  merge a LoRA adapter at weight W (default 1) into each rank's shard at load;\n"
@@ -78,6 +80,11 @@ static int parse_args(int argc, char **argv, check_opts *o) {
         if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--cases")) o->cases = v;
         else if (!strcmp(a, "--backend")) o->backend = v;
+        else if (!strcmp(a, "--comm")) {   /* read by comm_create (core/dist/comm_mpi.c) */
+            if (strcmp(v, "mpi") && strcmp(v, "nccl") && strcmp(v, "auto"))
+                return tp_error("check: --comm must be mpi, nccl or auto (got '%s')", v);
+            setenv("TPGEN_COMM", v, 1);
+        }
         else if (!strcmp(a, "--unfused")) o->unfused = 1;
         else if (!strcmp(a, "--outputs")) o->outputs = v;
         else if (!strcmp(a, "--prefix")) o->prefix = v;

@@ -96,8 +96,8 @@ void op_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const t
 void op_conv2d_down(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h, int64_t wd) { DISPATCH(conv2d_down, y, x, w, bias, h, wd); }
 void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma, const tensor *beta, int groups, float eps, int apply_silu) { DISPATCH(group_norm, y, x, gamma, beta, groups, eps, apply_silu); }
 
-/* Host fallbacks of the group-norm halves, for backends without them (CUDA
- * today): a row at a time through download/upload. Slow but exact in f64. */
+/* Host fallbacks of the group-norm halves, for backends without them (both
+ * CPU and CUDA have them): a row at a time through download/upload. Slow but exact in f64. */
 void op_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out) {
     if (be->vt->channel_sums) { be->vt->channel_sums(be, x, center, p, out); return; }
     float *row = xmalloc((size_t)x->cols * sizeof(float));

@@ -710,4 +710,224 @@ TEST_GPU(gpu_ggml_load_matches_cpu) {
             }
 }
 
+/* ---- issue 40: the first GPU run's debugging aids and fixes ---- */
+
+static int env_on(const char *name) {
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+/* TPGEN_CUDA_POISON (set by scripts/gpu-check.sh): every allocation is
+ * handed out as 0xff bytes (NaN in f32 and bf16), fresh or reused from the
+ * pool, so that a kernel reading memory nobody wrote shows NaN against the
+ * CPU's result. Without the variable, allocations are not touched. */
+TEST_GPU(gpu_pool_poisoning) {
+    NEED_GPU();
+    int on = env_on("TPGEN_CUDA_POISON");
+    printf("# TPGEN_CUDA_POISON %s, TPGEN_CUDA_SYNC %s\n", on ? "on" : "off", env_on("TPGEN_CUDA_SYNC") ? "on" : "off");
+    for (int round = 0; round < 2; round++) {   /* the second round reuses the first's pool memory */
+        tensor *t = tensor_new(g_gpu, DT_F32, 64, 1000);
+        REQUIRE(t, "alloc: %s", tp_error_msg());
+        size_t n = tensor_numel(t);
+        float *h = xmalloc(n * sizeof *h);
+        REQUIRE(be_sync(g_gpu) == 0 && tensor_download_f32(t, h) == 0, "download: %s", tp_error_msg());
+        size_t nan = 0;
+        for (size_t i = 0; i < n; i++) nan += isnan(h[i]);
+        if (on) CHECK(nan == n, "round %d: %zu of %zu elements poisoned", round, nan, n);
+        /* written data reads back as written (the poison is applied once, at allocation) */
+        for (size_t i = 0; i < n; i++) h[i] = (float)i;
+        CHECK(tensor_upload_f32(t, h) == 0 && be_sync(g_gpu) == 0, "upload: %s", tp_error_msg());
+        float *r = xmalloc(n * sizeof *r);
+        CHECK(tensor_download_f32(t, r) == 0 && !memcmp(h, r, n * sizeof *r), "round trip after poisoning");
+        free(h), free(r);
+        tensor_free(t);
+    }
+}
+
+/* The cuBLAS handle disallows reduced-precision split-K reductions: a long-K
+ * bf16 GEMM (where cuBLAS splits K) stays within bf16 tolerance of the CPU
+ * and gives the same bits twice. */
+TEST_GPU(gpu_gemm_long_k_deterministic) {
+    NEED_GPU(); NEED_CPU(gemm);
+    for (int d = 0; d < 2; d++) {
+        dtype_t dt = k_dts[d];
+        pair x = pair_rand(dt, 48, 32768, -1, 1), w = pair_rand(dt, 64, 32768, -0.05f, 0.05f), y = pair_new(dt, 48, 64);
+        pair_poison(&y);
+        op_gemm(g_gpu, &y.g, &x.g, &w.g, NULL); op_gemm(g_cpu, &y.c, &x.c, &w.c, NULL);
+        pair_check(&y, "gemm K=32768 (split-K)", dt == DT_F32 ? 1e-5 : 1e-2);
+        size_t n = tensor_numel(&y.g);
+        float *a = xmalloc(n * 4), *b = xmalloc(n * 4);
+        CHECK(tensor_download_f32(&y.g, a) == 0, "download");
+        op_gemm(g_gpu, &y.g, &x.g, &w.g, NULL);
+        CHECK(be_sync(g_gpu) == 0 && tensor_download_f32(&y.g, b) == 0, "download: %s", tp_error_msg());
+        CHECK(!memcmp(a, b, n * 4), "%s: the same GEMM gave different bits twice", dtype_name(dt));
+        free(a), free(b);
+        pair_free(&x), pair_free(&w), pair_free(&y);
+    }
+}
+
+/* cuBLASLt fp8: the algorithm is searched once per shape and cached; the
+ * cached algorithm must give the same result on the next calls, for two
+ * shapes interleaved (a cache keyed wrongly would hand one shape's algorithm
+ * to the other) */
+TEST_GPU(gpu_fp8_algo_cache) {
+    NEED_GPU(); NEED_CPU(gemm);
+    pair w1 = fp8_pair(DT_F8_E4M3, 256, 512, 0), w2 = fp8_pair(DT_F8_E4M3, 512, 256, 1);
+    pair x1 = pair_rand(DT_BF16, 96, 512, -3, 3), x2 = pair_rand(DT_BF16, 160, 256, -3, 3);
+    pair y1 = pair_new(DT_BF16, 96, 256), y2 = pair_new(DT_BF16, 160, 512);
+    for (int it = 0; it < 3; it++) {
+        pair_poison(&y1), pair_poison(&y2);
+        op_gemm(g_gpu, &y1.g, &x1.g, &w1.g, NULL); op_gemm(g_cpu, &y1.c, &x1.c, &w1.c, NULL);
+        op_gemm(g_gpu, &y2.g, &x2.g, &w2.g, NULL); op_gemm(g_cpu, &y2.c, &x2.c, &w2.c, NULL);
+        pair_check(&y1, it ? "fp8 TC gemm per-tensor (cached)" : "fp8 TC gemm per-tensor (searched)", 1e-1);
+        pair_check(&y2, it ? "fp8 TC gemm per-row (cached)" : "fp8 TC gemm per-row (searched)", 1e-1);
+    }
+    pair_free(&w1), pair_free(&w2), pair_free(&x1), pair_free(&x2), pair_free(&y1), pair_free(&y2);
+}
+
+/* GGUF tiles and convolution chunks start 256-byte aligned: a GGUF weight in
+ * tiles of 300 rows (rounded down to 256: tiles of 256 + 44 rows) and a 3x3
+ * convolution over 512 channels x 96x96 pixels (f32: chunks of 7168 pixels,
+ * two of them; bf16: one) against the CPU */
+TEST_GPU(gpu_aligned_tiles_and_conv_chunks) {
+    NEED_GPU(); NEED_CPU(gemm); NEED_CPU(conv2d);
+    uint32_t s = test_seed() | 1;
+    cpu_gemm_qdot_policy(-1);
+    int64_t bs = quant_type_get(QUANT_Q8_0)->block, K;
+    span whole[] = {{0, 8 * bs}};
+    pair w;
+    ggml_twin(QUANT_Q8_0, 300, 8 * bs, whole, 1, &s, &w, &K);
+    for (int d = 0; d < 2; d++) {
+        char tile[32];
+        snprintf(tile, sizeof tile, "%lld", (long long)(300 * K * (int64_t)dtype_size(k_dts[d])));
+        setenv("TPGEN_CUDA_GGML_TILE_BYTES", tile, 1);
+        ggml_gemm_case("300 rows, aligned tiles", &w, k_dts[d], 1, k_dts[d] == DT_F32 ? 1e-5 : 1e-2);
+    }
+    unsetenv("TPGEN_CUDA_GGML_TILE_BYTES");
+    pair_free(&w);
+    cpu_gemm_qdot_policy(0);
+    for (int d = 0; d < 2; d++) {
+        dtype_t dt = k_dts[d];
+        int h = 96, wd = 96, cin = 512, cout = 8;
+        pair x = pair_rand(dt, cin, h * wd, -1, 1), y = pair_new(dt, cout, h * wd), b = pair_rand(dt, 1, cout, -1, 1);
+        pair cw = pair_rand(dt, cout, (int64_t)cin * 9, -0.05f, 0.05f);
+        pair_poison(&y);
+        op_conv2d(g_gpu, &y.g, &x.g, &cw.g, &b.g, h, wd, 3); op_conv2d(g_cpu, &y.c, &x.c, &cw.c, &b.c, h, wd, 3);
+        pair_check(&y, "conv2d 3x3 512ch 96x96 (chunks)", tol_for(dt));
+        pair_free(&x), pair_free(&y), pair_free(&b), pair_free(&cw);
+    }
+}
+
+/* Ranks sharing one GPU (run under mpirun -np 2 by scripts/gpu-check.sh):
+ * NCCL must refuse them on every rank, naming the GPU by its UUID (device
+ * numbers do not identify GPUs), without hanging; the MPI communicator
+ * (TPGEN_COMM=mpi) stages device tensors through the host and sums them. At
+ * np 1 only the staged communicator is checked. */
+TEST_GPU(gpu_ranks_sharing_a_gpu) {
+    NEED_GPU();
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) {
+        tp_error_clear();
+        comm *n = comm_create_nccl(MPI_COMM_WORLD, g_gpu);
+        CHECK(!n, "NCCL accepted %d ranks on one GPU", size);
+        CHECK(strstr(tp_error_msg(), "same GPU (GPU-") || strstr(tp_error_msg(), "same GPU (PCI"),
+              "rank %d: the refusal does not name the GPU: %s", rank, tp_error_msg());
+        comm_destroy(n);
+        tp_error_clear();
+    }
+    setenv("TPGEN_COMM", "mpi", 1);
+    comm *c = comm_create(MPI_COMM_WORLD, g_gpu);
+    unsetenv("TPGEN_COMM");
+    REQUIRE(c, "TPGEN_COMM=mpi: %s", tp_error_msg());
+    CHECK(!strcmp(c->vt->name, "mpi"), "TPGEN_COMM=mpi gave the %s communicator", c->vt->name);
+    for (int d = 0; d < 2; d++) {
+        tensor *t = tensor_new(g_gpu, k_dts[d], 3, 1001);
+        REQUIRE(t, "alloc: %s", tp_error_msg());
+        size_t n = tensor_numel(t);
+        float *h = xmalloc(n * 4);
+        for (size_t i = 0; i < n; i++) h[i] = (float)((i % 7) + rank);   /* small integers: exact in bf16 */
+        CHECK(tensor_upload_f32(t, h) == 0, "upload");
+        CHECK(comm_allreduce_sum(c, t) == 0, "allreduce: %s", tp_error_msg());
+        CHECK(be_sync(g_gpu) == 0 && tensor_download_f32(t, h) == 0, "download: %s", tp_error_msg());
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) bad += h[i] != (float)(size * (int)(i % 7) + size * (size - 1) / 2);
+        CHECK(bad == 0, "%s: %zu elements of the staged all-reduce are wrong", dtype_name(k_dts[d]), bad);
+        if (rank == 0) for (size_t i = 0; i < n; i++) h[i] = 5.0f;
+        CHECK(tensor_upload_f32(t, h) == 0 && comm_bcast(c, t, 0) == 0, "bcast: %s", tp_error_msg());
+        CHECK(be_sync(g_gpu) == 0 && tensor_download_f32(t, h) == 0 && h[0] == 5.0f && h[n - 1] == 5.0f,
+              "staged broadcast");
+        free(h);
+        tensor_free(t);
+    }
+    comm_destroy(c);
+}
+
+/* The GroupNorm halves of the band-parallel VAE decode on the device
+ * (op_channel_sums: f64 partial sums added in a fixed order; op_channel_affine)
+ * against the CPU; at a 1024x1024 VAE's widest shape too (128 channels of
+ * 512x512 pixels), where the host fallback took two copies per channel */
+TEST_GPU(gpu_channel_sums_and_affine) {
+    NEED_GPU(); NEED_CPU(channel_sums); NEED_CPU(channel_affine);
+    static const int64_t shapes[][2] = {{64, 5000}, {7, 33}, {128, 512 * 512}};
+    for (int sh = 0; sh < 3; sh++)
+        for (int d = 0; d < 2; d++) {
+            dtype_t dt = k_dts[d];
+            int64_t C = shapes[sh][0], HW = shapes[sh][1];
+            pair x = pair_rand(dt, C, HW, -2, 3);
+            double *cg = xmalloc((size_t)C * sizeof(double)), *cc = xmalloc((size_t)C * sizeof(double));
+            double *center = xmalloc((size_t)C * sizeof(double));
+            for (int64_t c = 0; c < C; c++) center[c] = frand(-1, 1);
+            for (int p = 1; p <= 2; p++) {
+                op_channel_sums(g_gpu, &x.g, p == 2 ? center : NULL, p, cg);
+                op_channel_sums(g_cpu, &x.c, p == 2 ? center : NULL, p, cc);
+                double worst = 0;
+                for (int64_t c = 0; c < C; c++) {
+                    double e = fabs(cg[c] - cc[c]) / (fabs(cc[c]) + 1e-300);
+                    if (e > worst) worst = e;
+                }
+                printf("# op channel_sums p=%d [%lld,%lld] %-5s max_rel=%.3e\n", p, (long long)C, (long long)HW,
+                       dtype_name(dt), worst);
+                CHECK(worst <= 1e-10, "channel_sums p=%d %s [%lld,%lld]: relative error %.3e", p, dtype_name(dt),
+                      (long long)C, (long long)HW, worst);
+            }
+            float *a = xmalloc((size_t)C * sizeof(float)), *b = xmalloc((size_t)C * sizeof(float));
+            for (int64_t c = 0; c < C; c++) a[c] = frand(0.5f, 2), b[c] = frand(-1, 1);
+            pair y = pair_new(dt, C, HW);
+            for (int silu = 0; silu < 2; silu++) {
+                pair_poison(&y);
+                op_channel_affine(g_gpu, &y.g, &x.g, a, b, silu);
+                op_channel_affine(g_cpu, &y.c, &x.c, a, b, silu);
+                pair_check(&y, silu ? "channel_affine + silu" : "channel_affine", dt == DT_F32 ? 1e-6 : 1e-2);
+            }
+            free(a), free(b), free(cg), free(cc), free(center);
+            pair_free(&x), pair_free(&y);
+        }
+}
+
+/* The tiled head-dim-512 kernel (the VAE's attention) against the CPU and
+ * against the generic kernel it replaces: query rows not a multiple of its 32
+ * and keys not a multiple of its 16, a key mask with fully masked rows, causal
+ * with q_pos0, GQA, a column view (ld > cols), and the VAE's 64x64-latent
+ * shape (4096 tokens x 512) */
+TEST_GPU(gpu_attention_hd512_tiled) {
+    NEED_GPU(); NEED_CPU(attention);
+    int32_t valid[777];
+    for (int i = 0; i < 777; i++) valid[i] = (i % 5) != 2 && i > 3;
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("TPGEN_CUDA_ATTENTION", "generic", 1);
+        else unsetenv("TPGEN_CUDA_ATTENTION");
+        for (int d = 0; d < 2; d++) {
+            dtype_t dt = k_dts[d];
+            attn_case("attention hd512 ragged tiles", dt, 1000, 777, 1, 1, 512, 0, 0, NULL, 0);
+            attn_case("attention hd512 key_valid", dt, 77, 777, 1, 1, 512, 0, 0, valid, 0);
+            attn_case("attention hd512 causal q_pos0 GQA", dt, 45, 300, 4, 2, 512, 1, 255, NULL, 0);
+            attn_case("attention hd512 view", dt, 65, 70, 2, 2, 512, 0, 0, NULL, 3);
+            if (!k) attn_case("attention hd512 VAE 64x64 latent", dt, 4096, 4096, 1, 1, 512, 0, 0, NULL, 0);
+        }
+    }
+    unsetenv("TPGEN_CUDA_ATTENTION");
+}
+
 #endif /* TPGEN_CUDA */

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Unpack the repository's golden data (tests/data/golden: one .tar.xz per set)
+# Unpack the repository's golden data (tests/data/golden: one .tar.xz per set, or per few sets that share bytes)
 # into DEST (default build/golden) and check every file against
 # MANIFEST.sha256. Files stored once elsewhere in the tree are put back in
 # place: the real Qwen3 tokenizer (tests/data/qwen3-tokenizer) is used by the
@@ -10,12 +10,18 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 src=$root/tests/data/golden
 dest=${1:-$root/build/golden}
 stamp=$dest/.unpacked
-if [ -f "$stamp" ] && [ -z "$(find "$src" "$root/tests/data/qwen3-tokenizer" -newer "$stamp" -type f | head -1)" ]; then
+if [ -f "$stamp" ] && [ -s "$root/tests/data/qwen3-tokenizer/tokenizer.json" ] &&
+    [ -z "$(find "$src" "$root/tests/data/qwen3-tokenizer" -newer "$stamp" -type f | head -1)" ]; then
     echo "ok - golden data in $dest is current"
     exit 0
 fi
 fail() { echo "FAIL - golden data: $*"; exit 1; }
 command -v xz >/dev/null || fail "xz is not installed (scripts/install-deps.sh installs xz-utils)"
+# the Qwen3 tokenizer.json is stored xz-compressed (`make` unpacks it too)
+tok=$root/tests/data/qwen3-tokenizer/tokenizer.json
+if [ ! -s "$tok" ] || [ "$tok.xz" -nt "$tok" ]; then
+    xz -dc "$tok.xz" > "$tok.tmp" && mv "$tok.tmp" "$tok" || fail "cannot unpack $tok.xz"
+fi
 rm -rf "$dest.tmp"
 mkdir -p "$dest.tmp"
 for t in "$src"/*.tar.xz; do

@@ -1,6 +1,8 @@
 /* MPI communicator for host tensors. bf16 has no MPI datatype: it travels
  * as 16-bit words and is summed by a user-defined op that rounds each
- * pairwise sum to bf16, which is what NCCL does on GPUs. */
+ * pairwise sum to bf16, which is what NCCL does on GPUs. Tensors of a GPU
+ * backend (TPGEN_COMM=mpi: ranks sharing one GPU, for correctness runs) are
+ * staged through a host buffer. */
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
@@ -30,15 +32,38 @@ __attribute__((optimize("O3"))) static void bf16_sum_op(void *in, void *inout, i
 
 typedef struct { MPI_Op bf16_sum; } mpi_impl;
 
+/* the tensor's bytes in host memory: t->data itself, or a staged copy of a
+ * device tensor (NULL + tp_error when the download failed) */
+static int on_device(const tensor *t) { return t->be && t->be->kind != BACKEND_CPU; }
+static void *host_view(tensor *t) {
+    if (!on_device(t)) return t->data;
+    void *h = xmalloc(tensor_nbytes(t) ? tensor_nbytes(t) : 1);
+    if (be_sync(t->be) || be_download(t->be, h, t->data, tensor_nbytes(t))) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+/* back to the device (when staged), waited for */
+static int host_done(tensor *t, void *h, int ok) {
+    if (!on_device(t)) return 0;
+    int rc = ok && (be_upload(t->be, t->data, h, tensor_nbytes(t)) || be_sync(t->be)) ? -1 : 0;
+    free(h);
+    return rc;
+}
+
 static int mpi_allreduce(comm *c, tensor *t) {
     if (!tensor_contiguous(t)) tp_fatal("comm allreduce: tensor must be contiguous");
     if (c->size == 1) return 0;
     mpi_impl *m = c->impl;
     double t0 = MPI_Wtime();
     int n = (int)tensor_numel(t), rc;
-    if (t->dtype == DT_F32) rc = MPI_Allreduce(MPI_IN_PLACE, t->data, n, MPI_FLOAT, MPI_SUM, c->mpi);
-    else if (t->dtype == DT_BF16) rc = MPI_Allreduce(MPI_IN_PLACE, t->data, n, MPI_UINT16_T, m->bf16_sum, c->mpi);
-    else tp_fatal("comm allreduce: dtype %s", dtype_name(t->dtype));
+    if (t->dtype != DT_F32 && t->dtype != DT_BF16) tp_fatal("comm allreduce: dtype %s", dtype_name(t->dtype));
+    void *h = host_view(t);
+    if (!h) tp_fatal("comm allreduce: staging a device tensor through the host failed: %s", tp_error_msg());
+    if (t->dtype == DT_F32) rc = MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_FLOAT, MPI_SUM, c->mpi);
+    else rc = MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_UINT16_T, m->bf16_sum, c->mpi);
+    if (host_done(t, h, rc == MPI_SUCCESS)) tp_fatal("comm allreduce: staging back to the device failed: %s", tp_error_msg());
     c->allreduce_seconds += MPI_Wtime() - t0;
     c->n_allreduce++;
     c->allreduce_bytes += tensor_nbytes(t);
@@ -47,7 +72,10 @@ static int mpi_allreduce(comm *c, tensor *t) {
 
 static int mpi_bcast(comm *c, tensor *t, int root) {
     if (!tensor_contiguous(t)) tp_fatal("comm bcast: tensor must be contiguous");
-    int rc = MPI_Bcast(t->data, (int)tensor_nbytes(t), MPI_BYTE, root, c->mpi);
+    void *h = host_view(t);
+    if (!h) tp_fatal("comm bcast: staging a device tensor through the host failed: %s", tp_error_msg());
+    int rc = MPI_Bcast(h, (int)tensor_nbytes(t), MPI_BYTE, root, c->mpi);
+    if (host_done(t, h, rc == MPI_SUCCESS)) tp_fatal("comm bcast: staging back to the device failed: %s", tp_error_msg());
     return rc == MPI_SUCCESS ? 0 : tp_error("MPI_Bcast failed (code %d)", rc);
 }
 
@@ -73,8 +101,15 @@ comm *comm_create_mpi(MPI_Comm group, struct backend *be) {
     return c;
 }
 
+/* NCCL for GPU tensors unless TPGEN_COMM=mpi (ranks sharing a GPU: MPI
+ * through host buffers, for correctness runs such as scripts/gpu-check.sh's) */
 comm *comm_create(MPI_Comm group, struct backend *be) {
-    if (be && be->kind == BACKEND_CUDA) return comm_create_nccl(group, be);
+    const char *e = getenv("TPGEN_COMM");
+    if (e && *e && strcmp(e, "mpi") && strcmp(e, "nccl") && strcmp(e, "auto")) {
+        tp_error("TPGEN_COMM=%s: use mpi, nccl or auto", e);
+        return NULL;
+    }
+    if (be && be->kind == BACKEND_CUDA && !(e && !strcmp(e, "mpi"))) return comm_create_nccl(group, be);
     return comm_create_mpi(group, be);
 }
 

@@ -6,8 +6,11 @@
  *   path): Q·Kᵀ and P·V on tensor cores (WMMA 16x16x16, fp32 accumulate),
  *   softmax in fp32 on CUDA cores, P rounded to bf16 for the second product
  *   (as FlashAttention does).
- * - k_attn_generic: any head dim (the VAE's 512, small test heads) and f32
- *   inputs; plain fp32 FMA from shared memory.
+ * - k_attn_hd512: head_dim 512 (the VAE's mid-block attention), f32 or
+ *   bf16: 32 query rows a block, the accumulator in registers.
+ * - k_attn_generic: any other head dim (small test heads) and f32 inputs;
+ *   plain fp32 FMA from shared memory (TPGEN_CUDA_ATTENTION=generic forces
+ *   it for head_dim 512 too).
  * Masks (both): causal with q_pos0, key_valid, GQA; rows that see no key
  * get 0 (PyTorch SDPA behaviour). */
 #include "cuda_attention.cuh"
@@ -112,6 +115,85 @@ __global__ void k_attn_generic(attn_args a, int T) {
         float l = lrow[r];
         st_el(a.o, a.odt, (q0 + r) * a.old + (int64_t)h * hd + d, l > 0.0f ? Os[i] / l : 0.0f);
     }
+}
+
+/* ---------------- tiled kernel for head_dim 512 (the VAE's mid-block attention) ----------------
+ * The generic kernel fits only 8 query rows of a 512-wide head in a block,
+ * so every 8 rows stream all of K and V again (at 1024x1024, 16384 tokens:
+ * ~128 GiB through L2 in f32). Here a block owns H5_BQ = 32 query rows: Q in
+ * shared memory, the output accumulator in registers (8 threads a row, 64
+ * dimensions each), K and V streamed in tiles of H5_BK = 16 keys through one
+ * shared buffer: 4x fewer K/V passes. Scores: one warp per (row, key) pair,
+ * lanes split the 512 dimensions (conflict-free), then a warp sum. f32 math,
+ * f32 or bf16 storage; ~99 KB of shared memory (fits sm_86/89 too). */
+#define H5_HD 512
+#define H5_BQ 32
+#define H5_BK 16
+#define H5_THREADS 256
+static size_t hd512_smem() {
+    return sizeof(float) * ((size_t)H5_BQ * H5_HD + (size_t)H5_BK * H5_HD + (size_t)H5_BQ * (H5_BK + 1) + 3 * H5_BQ);
+}
+
+__global__ void __launch_bounds__(H5_THREADS) k_attn_hd512(attn_args a) {
+    extern __shared__ float sm[];
+    float *Qs = sm, *KVs = Qs + H5_BQ * H5_HD, *Ss = KVs + H5_BK * H5_HD;
+    float *mrow = Ss + H5_BQ * (H5_BK + 1), *lrow = mrow + H5_BQ, *arow = lrow + H5_BQ;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int64_t q0 = (int64_t)blockIdx.x * H5_BQ;
+    const int h = blockIdx.y, kvh = h / (a.hq / a.hkv);
+    const int r_own = tid / 8, c_own = tid % 8;   /* this thread's output row and first dimension */
+    float acc[H5_HD / 8];
+#pragma unroll
+    for (int i = 0; i < H5_HD / 8; i++) acc[i] = 0.0f;
+
+    for (int i = tid; i < H5_BQ * H5_HD; i += H5_THREADS) {
+        int r = i / H5_HD, d = i % H5_HD;
+        Qs[i] = q0 + r < a.sq ? ld_el(a.q, a.qdt, (q0 + r) * a.qld + (int64_t)h * H5_HD + d) : 0.0f;
+    }
+    for (int r = tid; r < H5_BQ; r += H5_THREADS) { mrow[r] = -INFINITY; lrow[r] = 0.0f; }
+    const int64_t kend = key_end(a, q0, H5_BQ);
+    for (int64_t k0 = 0; k0 < kend; k0 += H5_BK) {
+        __syncthreads();   /* the previous tile's V is no longer read */
+        for (int i = tid; i < H5_BK * H5_HD; i += H5_THREADS) {
+            int r = i / H5_HD, d = i % H5_HD;
+            KVs[i] = k0 + r < a.sk ? ld_el(a.k, a.kdt, (k0 + r) * a.kld + (int64_t)kvh * H5_HD + d) : 0.0f;
+        }
+        __syncthreads();
+        for (int pr = warp; pr < H5_BQ * H5_BK; pr += H5_THREADS / 32) {
+            int r = pr / H5_BK, j = pr % H5_BK;
+            const float *qr = Qs + r * H5_HD, *kr = KVs + j * H5_HD;
+            float dot = 0.0f;
+#pragma unroll 4
+            for (int d = lane; d < H5_HD; d += 32) dot += qr[d] * kr[d];
+            dot = warp_sum(dot);
+            if (lane == 0) Ss[r * (H5_BK + 1) + j] = key_visible(a, q0 + r, k0 + j) ? dot * a.scale : -INFINITY;
+        }
+        __syncthreads();   /* scores done: K is no longer read */
+        for (int i = tid; i < H5_BK * H5_HD; i += H5_THREADS) {
+            int r = i / H5_HD, d = i % H5_HD;
+            KVs[i] = k0 + r < a.sk ? ld_el(a.v, a.vdt, (k0 + r) * a.vld + (int64_t)kvh * H5_HD + d) : 0.0f;
+        }
+        for (int r = warp; r < H5_BQ; r += H5_THREADS / 32) {
+            float *srow = Ss + r * (H5_BK + 1);
+            float al = softmax_row(srow, H5_BK, &mrow[r], &lrow[r], [&](int j, float p) { srow[j] = p; });
+            if (lane == 0) arow[r] = al;
+        }
+        __syncthreads();
+        const float al = arow[r_own], *prow = Ss + r_own * (H5_BK + 1);
+#pragma unroll
+        for (int i = 0; i < H5_HD / 8; i++) acc[i] *= al;
+        for (int j = 0; j < H5_BK; j++) {
+            const float p = prow[j], *vr = KVs + j * H5_HD + c_own;
+#pragma unroll
+            for (int i = 0; i < H5_HD / 8; i++) acc[i] += p * vr[8 * i];
+        }
+    }
+    __syncthreads();
+    if (q0 + r_own >= a.sq) return;
+    const float l = lrow[r_own];
+#pragma unroll
+    for (int i = 0; i < H5_HD / 8; i++)
+        st_el(a.o, a.odt, (q0 + r_own) * a.old + (int64_t)h * H5_HD + c_own + 8 * i, l > 0.0f ? acc[i] / l : 0.0f);
 }
 
 /* ---------------- tensor-core kernel (bf16, head_dim 128) ---------------- */
@@ -278,6 +360,19 @@ void cuda_attention(backend *be, tensor *o, const tensor *q, const tensor *k, co
         dim3 grid((unsigned)((q->rows + WM_BQ - 1) / WM_BQ), (unsigned)hq);
         k_attn_wmma<<<grid, 128, smem, cuda_stream(be)>>>(a);
         CUDA_LAUNCHED("attention (wmma)");
+        return;
+    }
+    const char *env = getenv("TPGEN_CUDA_ATTENTION");
+    if (hd == H5_HD && !(env && !strcmp(env, "generic"))) {
+        static int configured512;
+        size_t smem = hd512_smem();
+        if (!configured512) {
+            CUDA_CHECK(cudaFuncSetAttribute(k_attn_hd512, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            configured512 = 1;
+        }
+        dim3 grid((unsigned)((q->rows + H5_BQ - 1) / H5_BQ), (unsigned)hq);
+        k_attn_hd512<<<grid, H5_THREADS, smem, cuda_stream(be)>>>(a);
+        CUDA_LAUNCHED("attention (tiled, head_dim 512)");
         return;
     }
     int T = generic_tile(hd);

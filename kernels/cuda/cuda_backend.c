@@ -26,6 +26,31 @@ void cublas_check_(cublasStatus_t s, const char *what, const char *file, int lin
         tp_fatal("cuBLAS error at %s:%d (%s): %s", file, line, what, cublasGetStatusString(s));
 }
 
+static int env_on(const char *name) {
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+int cuda_debug_sync(void) {
+    static int v = -1;
+    if (v < 0) v = env_on("TPGEN_CUDA_SYNC");
+    return v;
+}
+int cuda_debug_poison(void) {
+    static int v = -1;
+    if (v < 0) v = env_on("TPGEN_CUDA_POISON");
+    return v;
+}
+
+void cuda_launched_(const char *what, const char *file, int line) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) tp_fatal("CUDA launch of %s failed at %s:%d: %s", what, file, line, cudaGetErrorString(e));
+    if (!cuda_debug_sync()) return;
+    e = cudaDeviceSynchronize();
+    if (e != cudaSuccess)
+        tp_fatal("CUDA fault in %s (launched at %s:%d, found by TPGEN_CUDA_SYNC): %s", what, file, line,
+                 cudaGetErrorString(e));
+}
+
 /* ---- device pointer -> size (open addressing, power-of-two capacity) ---- */
 struct alloc_table {
     uintptr_t *keys;
@@ -115,6 +140,12 @@ static void *device_alloc(backend *be, size_t bytes) {
         else tp_error("CUDA allocation of %zu bytes on device %d failed: %s", bytes, be->device, cudaGetErrorString(e));
         return NULL;
     }
+    /* debug pools: pool memory is handed out again without zeroing, unlike the
+     * CPU's fresh pages; NaN everywhere makes an uninitialised read show */
+    if (c->poison) {
+        e = cudaMemsetAsync(p, 0xff, bytes, c->stream);   /* ordered before every later use: all on this stream */
+        if (e != cudaSuccess) tp_fatal("cuda alloc: poisoning %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+    }
     table_put(c->allocs, (uintptr_t)p, bytes);
     be->bytes_in_use += bytes;
     if (be->bytes_in_use > be->peak_bytes) be->peak_bytes = be->bytes_in_use;
@@ -193,7 +224,7 @@ static const backend_vtable k_cuda_vt = {
     .rope = cuda_rope, .attention = cuda_attention, .swiglu = cuda_swiglu, .silu = cuda_silu, .add = cuda_add,
     .gated_add = cuda_gated_add, .gather_rows = cuda_gather_rows, .conv2d = cuda_conv2d, .conv2d_down = cuda_conv2d_down,
     .group_norm = cuda_group_norm, .upsample2x = cuda_upsample2x, .transpose = cuda_transpose,
-    .upload_file = cuda_upload_file,
+    .upload_file = cuda_upload_file, .channel_sums = cuda_channel_sums, .channel_affine = cuda_channel_affine,
 };
 
 /* ---- creation ---- */
@@ -216,6 +247,12 @@ int cudaplug_device_count(void) {
     return n;
 }
 
+/* Deterministic reductions as the CPU reference has: no TF32, and no
+ * reduced-precision (bf16) split-K reductions, which the default mode allows */
+cublasMath_t cuda_blas_math_mode(void) {
+    return (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+}
+
 static int setup(backend *be, cuda_impl *c) {
     cudaError_t e;
 #define TRY(call, what)                                                                                      \
@@ -225,6 +262,7 @@ static int setup(backend *be, cuda_impl *c) {
     }
     TRY(cudaSetDevice(be->device), "selecting the device");
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "creating a stream");
+    c->poison = cuda_debug_poison();
     int pools = 0;
     const char *alloc = getenv("TPGEN_CUDA_ALLOC");
     cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, be->device);
@@ -259,7 +297,7 @@ static int setup(backend *be, cuda_impl *c) {
     if (s != CUBLAS_STATUS_SUCCESS) return tp_error("cuBLAS initialisation on device %d failed: %s", be->device, cublasGetStatusString(s));
     if ((s = cublasSetStream(c->blas, c->stream)) != CUBLAS_STATUS_SUCCESS ||
         (s = cublasSetWorkspace(c->blas, c->blas_workspace, c->blas_workspace_bytes)) != CUBLAS_STATUS_SUCCESS ||
-        (s = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS)
+        (s = cublasSetMathMode(c->blas, cuda_blas_math_mode())) != CUBLAS_STATUS_SUCCESS)
         return tp_error("cuBLAS setup on device %d failed: %s", be->device, cublasGetStatusString(s));
     size_t free_b;
     cudaMemGetInfo(&free_b, &c->total_mem);

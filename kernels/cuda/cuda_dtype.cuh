@@ -42,5 +42,5 @@ static inline unsigned cuda_blocks(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return (unsigned)(b < 1 ? 1 : b > 65535 * 16 ? 65535 * 16 : b);  /* grid-stride loops cover the rest */
 }
-#define CUDA_LAUNCHED(what) CUDA_CHECK(cudaGetLastError())
+#define CUDA_LAUNCHED(what) cuda_launched_((what), __FILE__, __LINE__)
 #endif

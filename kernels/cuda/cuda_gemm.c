@@ -34,7 +34,14 @@ static void gemm_raw(backend *be, cublasOperation_t ta, cublasOperation_t tb, in
     CUBLAS_CHECK(cublasGemmEx(cuda_of(be)->blas, ta, tb, (int)m, (int)n, (int)k, &alpha, A, cuda_type(in_dt), (int)lda,
                               B, cuda_type(in_dt), (int)ldb, &beta, C, cuda_type(c_dt), (int)ldc, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
+    cuda_launched_("cublasGemmEx", __FILE__, __LINE__);
 }
+
+/* Tiles and chunks start at multiples of CUDA_ALIGN_ELEMS elements, so that
+ * every GEMM after the first still gets 256-byte-aligned pointers (the
+ * fastest cuBLAS kernels want them): 128 elements are 256 bytes of bf16. */
+#define CUDA_ALIGN_ELEMS 128
+static int64_t round_tile(int64_t t) { return t >= CUDA_ALIGN_ELEMS ? t / CUDA_ALIGN_ELEMS * CUDA_ALIGN_ELEMS : t; }
 
 /* Can cuBLAS write an output of dtype out_dt (with this bias) directly? */
 static int direct_output(dtype_t in_dt, dtype_t out_dt, const tensor *bias) {
@@ -118,6 +125,7 @@ static void gemm_ggml(backend *be, tensor *y, const tensor *x, const tensor *w, 
     size_t es = dtype_size(x->dtype), row = (size_t)K * es;
     int64_t tile = row ? (int64_t)(ggml_tile_bytes() / row) : N;
     if (tile < 1) tile = 1;
+    tile = round_tile(tile);
     if (tile > N) tile = N;
     for (int64_t r0 = 0; r0 < N; r0 += tile) {
         int64_t nr = N - r0 < tile ? N - r0 : tile;
@@ -176,6 +184,7 @@ static void conv_impl(backend *be, tensor *y, const tensor *x, const tensor *w, 
     size_t es = dtype_size(ct);
     int64_t chunk = (int64_t)(((size_t)128 << 20) / ((size_t)ckk * es));
     if (chunk < 256) chunk = 256;
+    chunk = round_tile(chunk);
     if (chunk > ohw) chunk = ohw;
     int direct = direct_output(ct, y->dtype, bias);
     for (int64_t p0 = 0; p0 < ohw; p0 += chunk) {

@@ -31,6 +31,7 @@ typedef struct cuda_impl {
     int use_pool;                      /* 1: cudaMallocAsync (stream-ordered pool); 0: cudaMalloc */
     alloc_table *allocs;               /* device pointer -> size, for bytes_in_use */
     size_t total_mem;
+    int poison;                        /* TPGEN_CUDA_POISON: fill every allocation with 0xff (NaN in f32 and bf16) */
 } cuda_impl;
 
 static inline cuda_impl *cuda_of(backend *be) { return (cuda_impl *)be->impl; }
@@ -42,6 +43,21 @@ void cuda_check_(cudaError_t e, const char *what, const char *file, int line);
 #define CUDA_CHECK(call) cuda_check_((call), #call, __FILE__, __LINE__)
 void cublas_check_(cublasStatus_t s, const char *what, const char *file, int line);
 #define CUBLAS_CHECK(call) cublas_check_((call), #call, __FILE__, __LINE__)
+/* After a kernel launch (or a library call that launches work): a launch
+ * error aborts naming `what`; with TPGEN_CUDA_SYNC=1 (scripts/gpu-check.sh
+ * sets it) the device is synchronised too, so that a fault inside the kernel
+ * (a bad address, a trap) is reported here, naming the kernel, instead of at
+ * the next sync. */
+void cuda_launched_(const char *what, const char *file, int line);
+/* TPGEN_CUDA_SYNC / TPGEN_CUDA_POISON set (non-empty, not "0"); read once */
+int cuda_debug_sync(void);
+int cuda_debug_poison(void);
+
+/* the UUID ("GPU-...") or else the PCI bus id of a device, as nvidia-smi -L
+ * prints it (cuda_nccl.c); -1 when neither can be read */
+int cuda_gpu_identity(int device, char *out, size_t n);
+/* the cuBLAS math mode of every handle (cuda_backend.c) */
+cublasMath_t cuda_blas_math_mode(void);
 
 /* Device scratch slot `slot` (< CUDA_SCRATCH_SLOTS) of at least `bytes`,
  * valid until the next call for the same slot. Stream ordered: work queued
@@ -89,6 +105,9 @@ void cuda_conv2d_down(backend *, tensor *y, const tensor *x, const tensor *w, co
                       int64_t h, int64_t wd);
 void cuda_group_norm(backend *, tensor *y, const tensor *x, const tensor *gamma,
                      const tensor *beta, int groups, float eps, int apply_silu);
+/* the GroupNorm halves of the band-parallel VAE (op_channel_sums / op_channel_affine), cuda_norm.cu */
+void cuda_channel_sums(backend *, const tensor *x, const double *center, int p, double *out);
+void cuda_channel_affine(backend *, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu);
 void cuda_upsample2x(backend *, tensor *y, const tensor *x, int64_t h, int64_t wd);
 void cuda_transpose(backend *, tensor *y, const tensor *x);
 

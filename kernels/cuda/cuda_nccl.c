@@ -12,6 +12,7 @@
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include <nccl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -84,24 +85,60 @@ static void nccl_destroy(comm *c) {
 
 static const comm_vtable k_nccl_vt = {"nccl", nccl_allreduce, nccl_bcast, nccl_destroy};
 
+/* A GPU's identity: its UUID (what nvidia-smi -L prints), else its PCI bus
+ * id. Device numbers do not identify GPUs: under Slurm's --gpus-per-task=1 or
+ * per-rank CUDA_VISIBLE_DEVICES every rank sees its own GPU as device 0. */
+typedef struct { char id[96]; char host[64]; int device, ok; } gpu_where;
+
+int cuda_gpu_identity(int device, char *out, size_t n) {
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+        const unsigned char *b = (const unsigned char *)prop.uuid.bytes;
+        snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
+                 b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        return 0;
+    }
+    cudaGetLastError();
+    char bus[32];
+    if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, device) == cudaSuccess) {
+        snprintf(out, n, "PCI %s", bus);
+        return 0;
+    }
+    cudaGetLastError();
+    return -1;
+}
+
 /* NCCL needs one GPU per rank; two ranks of a group on the same GPU would
  * fail inside ncclCommInitRank (or hang). Every rank sees the same gathered
- * table, so all of them reach the same verdict. */
+ * table, so all of them reach the same verdict (a rank that could not tell
+ * its GPU's identity fails them all too). */
 static int check_distinct_gpus(MPI_Comm group, int rank, int size, int device) {
-    typedef struct { char host[64]; int device; } where;
-    where me = {{0}, device}, *all = xcalloc((size_t)size, sizeof *all);
+    gpu_where me = {{0}, {0}, device, 0}, *all = xcalloc((size_t)size, sizeof *all);
     gethostname(me.host, sizeof me.host - 1);
+    me.ok = cuda_gpu_identity(device, me.id, sizeof me.id) == 0;
     MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, group);
     int rc = 0;
     for (int i = 0; i < size && !rc; i++)
+        if (!all[i].ok)
+            rc = tp_error("rank %d of the tensor-parallel group could not read the UUID or PCI bus id of its GPU %d on %s",
+                          i, all[i].device, all[i].host);
+    for (int i = 0; i < size && !rc; i++)
         for (int j = i + 1; j < size && !rc; j++)
-            if (all[i].device == all[j].device && !strcmp(all[i].host, all[j].host))
-                rc = tp_error("ranks %d and %d of the tensor-parallel group both use GPU %d on %s: NCCL needs one GPU "
-                              "per rank; start at most as many ranks per node as it has GPUs (or use --backend cpu)",
-                              i, j, all[i].device, all[i].host);
+            if (!strcmp(all[i].id, all[j].id) && !strcmp(all[i].host, all[j].host))
+                rc = tp_error("ranks %d and %d of the tensor-parallel group both use the same GPU (%s, device %d and %d) "
+                              "on %s: NCCL needs one GPU per rank; start at most as many ranks per node as it has GPUs, "
+                              "or share a GPU with TPGEN_COMM=mpi (device buffers staged through the host; for tests)",
+                              i, j, all[i].id, all[i].device, all[j].device, all[i].host);
     free(all);
     (void)rank;
     return rc;
+}
+
+/* every rank's status (0 or -1) -> the first failing rank, or -1 when none */
+static int first_failing(MPI_Comm group, int st, int rank) {
+    int mine = st ? rank : 1 << 30, first;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, group);
+    return first == 1 << 30 ? -1 : first;
 }
 
 comm *cudaplug_comm_create_nccl(MPI_Comm group, struct backend *be) {
@@ -113,22 +150,37 @@ comm *cudaplug_comm_create_nccl(MPI_Comm group, struct backend *be) {
     MPI_Comm_rank(group, &rank);
     MPI_Comm_size(group, &size);
     if (check_distinct_gpus(group, rank, size, be->device)) return NULL;
+    /* Each step is agreed by every rank before the next collective one: a
+     * rank that fails alone (device selection, the unique id) must not leave
+     * the others inside ncclCommInitRank until the startup bound. */
     struct { int status; ncclUniqueId id; } msg = {0};
-    if (rank == 0) {
-        ncclResult_t r = ncclGetUniqueId(&msg.id);
-        if (r != ncclSuccess) { nccl_error("unique id creation", r); msg.status = -1; }
+    cudaError_t ce = cudaSetDevice(be->device);
+    int st = 0;
+    if (ce != cudaSuccess) {
+        cudaGetLastError();
+        st = tp_error("NCCL setup: selecting GPU %d failed: %s", be->device, cudaGetErrorString(ce));
     }
-    MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, group);
-    if (msg.status) {
-        if (rank != 0) tp_error("NCCL setup failed on rank 0 of the tensor-parallel group");
+    if (rank == 0 && !st) {
+        ncclResult_t r = ncclGetUniqueId(&msg.id);
+        if (r != ncclSuccess) st = nccl_error("unique id creation", r);
+    }
+    int bad = first_failing(group, st, rank);
+    if (bad >= 0) {
+        if (!st) tp_error("NCCL setup failed on rank %d of the tensor-parallel group", bad);
         return NULL;
     }
+    MPI_Bcast(&msg.id, (int)sizeof msg.id, MPI_BYTE, 0, group);
     nccl_impl *m = xcalloc(1, sizeof *m);
-    cudaSetDevice(be->device);
     ncclResult_t r = ncclCommInitRank(&m->nccl, size, msg.id, rank);
-    if (r != ncclSuccess) {
-        tp_error("NCCL communicator setup (rank %d of %d, GPU %d) failed: %s", rank, size, be->device,
-                 ncclGetErrorString(r));
+    if (r != ncclSuccess)
+        st = tp_error("NCCL communicator setup (rank %d of %d, GPU %d) failed: %s", rank, size, be->device,
+                      ncclGetErrorString(r));
+    bad = first_failing(group, st, rank);
+    if (bad >= 0) {  /* the ranks whose communicator exists tear it down */
+        if (!st) {
+            ncclCommAbort(m->nccl);
+            tp_error("NCCL communicator setup failed on rank %d of the tensor-parallel group", bad);
+        }
         free(m);
         return NULL;
     }

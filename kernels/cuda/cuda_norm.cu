@@ -163,3 +163,85 @@ void cuda_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamm
         dt_or_f32(gamma), data_or_null(beta), dt_or_f32(beta), eps, apply_silu);
     CUDA_LAUNCHED("group_norm apply");
 }
+
+/* ---- the two halves of GroupNorm for the band-parallel VAE decode
+ * (op_channel_sums, op_channel_affine): on the device, one upload of the
+ * centers and one download of the partial sums per call, instead of the
+ * host fallback's two copies per channel. Partial sums per (channel, chunk)
+ * in f64, added on the host in chunk order: deterministic. */
+static const int k_cs_threads = 256;
+
+__global__ void k_channel_sums(const void *x, int xdt, int64_t xld, int64_t hw, const double *center, int p,
+                               int64_t per_chunk, double *partial) {
+    int64_t c = blockIdx.x;
+    int64_t i0 = (int64_t)blockIdx.y * per_chunk, i1 = i0 + per_chunk < hw ? i0 + per_chunk : hw;
+    double m = center ? center[c] : 0.0, s = 0.0;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+        double v = (double)ld_el(x, xdt, c * xld + i);
+        s += p == 1 ? v : (v - m) * (v - m);
+    }
+    __shared__ double red[k_cs_threads];
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[c * gridDim.y + blockIdx.y] = red[0];
+}
+
+void cuda_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out) {
+    cuda_need_float(x, "channel_sums");
+    if (p != 1 && p != 2) tp_fatal("cuda channel_sums: power %d is not 1 or 2", p);
+    int64_t C = x->rows, hw = x->cols;
+    if (C == 0) return;
+    int64_t chunks = (hw + k_cs_threads * 16 - 1) / (k_cs_threads * 16);  /* ~16 elements a thread */
+    if (chunks < 1) chunks = 1;
+    if (chunks > 64) chunks = 64;
+    int64_t per_chunk = (hw + chunks - 1) / chunks;
+    double *d = (double *)cuda_scratch(be, 0, sizeof(double) * (size_t)C * (size_t)(chunks + 1));
+    double *dcenter = d + C * chunks;
+    cudaStream_t s = cuda_stream(be);
+    if (center) CUDA_CHECK(cudaMemcpyAsync(dcenter, center, sizeof(double) * (size_t)C, cudaMemcpyHostToDevice, s));
+    k_channel_sums<<<dim3((unsigned)C, (unsigned)chunks), k_cs_threads, 0, s>>>(x->data, x->dtype, x->ld, hw,
+                                                                              center ? dcenter : nullptr, p, per_chunk, d);
+    CUDA_LAUNCHED("channel_sums");
+    double *h = (double *)xmalloc(sizeof(double) * (size_t)C * (size_t)chunks);
+    CUDA_CHECK(cudaMemcpyAsync(h, d, sizeof(double) * (size_t)C * (size_t)chunks, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int64_t c = 0; c < C; c++) {
+        double t = 0;
+        for (int64_t j = 0; j < chunks; j++) t += h[c * chunks + j];
+        out[c] = t;
+    }
+    free(h);
+}
+
+/* y = x*a[c] + b[c] (rounded after each step, as the CPU), then SiLU on the
+ * value rounded to y's dtype */
+__global__ void k_channel_affine(void *y, int ydt, int64_t yld, const void *x, int xdt, int64_t xld, int64_t C,
+                                 int64_t hw, const float *ab, int apply_silu) {
+    int64_t n = C * hw;
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
+        int64_t c = k / hw, i = k - c * hw;
+        float v = __fadd_rn(__fmul_rn(ld_el(x, xdt, c * xld + i), ab[c]), ab[C + c]);
+        if (apply_silu) v = silu_f(rnd_el(v, ydt));
+        st_el(y, ydt, c * yld + i, v);
+    }
+}
+
+void cuda_channel_affine(backend *be, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu) {
+    cuda_need_float(y, "channel_affine");
+    cuda_need_float(x, "channel_affine");
+    if (y->rows != x->rows || y->cols != x->cols) tp_fatal("cuda channel_affine: y and x differ in shape");
+    int64_t C = x->rows, hw = x->cols;
+    if (C == 0 || hw == 0) return;
+    float *d = (float *)cuda_scratch(be, 1, sizeof(float) * 2 * (size_t)C);
+    cudaStream_t s = cuda_stream(be);
+    /* pageable sources: the copies finish reading a and b before they return */
+    CUDA_CHECK(cudaMemcpyAsync(d, a, sizeof(float) * (size_t)C, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d + C, b, sizeof(float) * (size_t)C, cudaMemcpyHostToDevice, s));
+    k_channel_affine<<<cuda_blocks(C * hw, 256), 256, 0, s>>>(y->data, y->dtype, y->ld, x->data, x->dtype, x->ld, C, hw,
+                                                             d, apply_silu);
+    CUDA_LAUNCHED("channel_affine");
+}

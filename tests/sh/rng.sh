@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# budget: 40 s; checks: 35
 # The seeded noise and --initial-latents, end to end. A transformer with
 # all-zero weights (written here from klein-tiny's / FLUX.3 flow-map's
 # shapes) predicts v = 0, so the saved latents are the start itself:

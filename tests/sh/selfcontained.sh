@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 10 s; checks: 6
+# budget: 10 s; checks: 7
 # The repository holds every test input: no test, script or build file names
 # the upstream ../shared folder, the tracked tree stays under 60 MB, and a
 # fresh clone (in an empty temporary folder, nothing beside it) unpacks its
@@ -33,6 +33,11 @@ if git clone -q --no-hardlinks "$TPGEN_ROOT" "$clone" 2>"$TMP/clone.err"; then
     out=$(cd "$clone" && tests/unpack-golden.sh "$clone/build/golden" 2>&1)
     echo "$out" | grep -q '^ok - ' && ok "selfcontained: a fresh clone unpacks its golden data" \
         || fail "selfcontained: a fresh clone cannot unpack its golden data: $(echo "$out" | tail -2)"
+    # data stored compressed in git (the Qwen3 tokenizer.json) is unpacked beside its .xz for its readers
+    out=$(cd "$clone" && "$TPGEN" tokenize --model tests/data/qwen3-tokenizer --prompt "a cat" 2>&1)
+    [ -s "$clone/tests/data/qwen3-tokenizer/tokenizer.json" ] && [ -n "$out" ] && ! echo "$out" | grep -q 'error' &&
+        ok "selfcontained: the fresh clone's tests/data/qwen3-tokenizer reads after the unpack" ||
+        fail "selfcontained: tests/data/qwen3-tokenizer in the fresh clone: $(echo "$out" | tail -2)"
     out=$(cd "$clone" && TPGEN_GOLDEN="$clone/build/golden" "$TPGEN_TESTS" rng_matches_torch_randn rng_pipeline_noise_matches_golden_runs rng_matches_torch2_randn rng_large_draws_match_torch2_digests 2>&1)
     n=$(echo "$out" | grep -c '^ok - ')
     if [ "$n" -ge 4 ] && ! echo "$out" | grep -q '^FAIL - '; then ok "selfcontained: golden unit tests pass in the fresh clone ($n)"
