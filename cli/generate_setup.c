@@ -143,7 +143,7 @@ static void apply_defaults(gen_setup *g, run_spec *s) {
     if (!s->width) s->width = 1024;
     if (!s->height) s->height = 1024;
     /* FLUX.3 pads each prompt to its own window, at most 8192 tokens (the modular pipeline's cap) */
-    if (!s->max_sequence_length) s->max_sequence_length = model_family_is_flux3(g->info.family) ? TEXTENC_FLUX3_MAX_LEN : 512;
+    if (!s->max_sequence_length) s->max_sequence_length = flux2_default_max_sequence_length(&g->info);
     if (!s->negative_prompt) s->negative_prompt = xstrdup("");
     if (!s->output) s->output = xstrdup(runspec_n_jobs(s) > 1 ? "tpgen-{index:04}-{seed}.png" : "tpgen.png");
     g->use_cfg = flux2_uses_cfg(&g->info, s->guidance);

@@ -14,10 +14,9 @@
 #include "core/models/textenc.h"
 #include "core/models/vae.h"
 #include "core/image/image.h"
-#include "flux3_pipe.h"
+#include "family.h"
+#include "core/models/flux3.h"
 #include "refs.h"
-#include "rng.h"
-#include "schedule.h"
 #include "kernels/ops.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,8 +30,8 @@ struct flux2_pipe {
     backend *be;
     comm *c;
     textenc *te;
-    flux2_model *model;
-    flux3_model *model3;         /* a FLUX.3 folder (model_family_is_flux3) */
+    const pipe_family *fam;      /* what the family brings (family.h): no family branch below */
+    void *model;                 /* the family's transformer shard, NULL until loaded */
     vae_model *vae;
     embed_cache *cache;
     flux2_pipe_stats st;
@@ -56,15 +55,6 @@ static json_t *load_json(const char *path, int required) {
         return NULL;
     }
     return j;
-}
-
-static int json_int(const json_t *o, const char *key, int def, const char *where, int *out) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) return *out = def, 0;
-    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 20))
-        return tp_error("%s: '%s' must be an integer from 1 to %d", where, key, 1 << 20);
-    *out = (int)json_integer_value(v);
-    return 0;
 }
 
 int flux2_pipe_probe(const char *root, flux2_pipe_info *g, char *warning, size_t warning_len) {
@@ -131,20 +121,9 @@ int flux2_pipe_probe_components(const flux2_components *cp, flux2_pipe_info *g, 
                       "--transformer FILE)", root);
     const json_t *tcls = cfg ? json_object_get(cfg, "_class_name") : NULL;
     const char *tclass = json_is_string(tcls) ? json_string_value(tcls) : NULL;
+    /* the transformer's class names its family (FLUX.2's configs have none or Flux2Transformer2DModel) */
     int flux3 = tclass && !strcmp(tclass, FLUX3_CLASS_NAME), flow_map = 0;
-    if (!rc && flux3) {   /* FLUX.3: every field checked by the transformer's own parser */
-        flux3_config c3;
-        rc = flux3_config_parse(cfg, cfg_path, &c3);
-        g->in_channels = c3.in_channels, g->joint_dim = c3.joint_dim, g->cond_in_channels = c3.cond_in_channels;
-        flow_map = c3.flow_map;
-        g->embedded_guidance = 0;
-    } else if (!rc) {
-        rc = json_int(cfg, "in_channels", 128, cfg_path, &g->in_channels);
-        if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, cfg_path, &g->joint_dim);
-        g->cond_in_channels = g->in_channels;
-        json_t *ge = json_object_get(cfg, "guidance_embeds");
-        g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
-    }
+    if (!rc) rc = (flux3 ? &family_flux3 : &family_flux2)->read_config(cfg, cfg_path, g, &flow_map);
     if (rc) return json_decref(cfg), free(cfg_path), flux2_pipe_info_free(g), -1;
 
     /* the pipeline class: model_index.json, else a modular pipeline's modular_model_index.json, else --family */
@@ -223,15 +202,12 @@ void flux2_pipe_info_free(flux2_pipe_info *info) {
     memset(info, 0, sizeof *info);
 }
 
-static int is_flux3(const flux2_pipe_info *info) { return model_family_is_flux3(info->family); }
-
-int flux2_default_steps(const flux2_pipe_info *info) {
-    if (is_flux3(info)) return flux3_default_steps(info->family == FAMILY_FLUX3_FLOWMAP);
-    return info->family == FAMILY_KLEIN_DISTILLED ? 4 : 50;
-}
+int flux2_default_steps(const flux2_pipe_info *info) { return pipe_family_of(info->family)->default_steps(info->family); }
 double flux2_default_guidance(const flux2_pipe_info *info) {
-    if (is_flux3(info)) return flux3_default_guidance(info->family == FAMILY_FLUX3_FLOWMAP);
-    return info->family == FAMILY_KLEIN_DISTILLED ? 1.0 : 4.0;
+    return pipe_family_of(info->family)->default_guidance(info->family);
+}
+int flux2_default_max_sequence_length(const flux2_pipe_info *info) {
+    return pipe_family_of(info->family)->default_max_sequence_length;
 }
 
 textenc_source flux2_pipe_text_source(const flux2_pipe_info *info) {
@@ -240,8 +216,7 @@ textenc_source flux2_pipe_text_source(const flux2_pipe_info *info) {
 }
 
 int flux2_uses_cfg(const flux2_pipe_info *info, double guidance) {
-    if (is_flux3(info)) return flux3_uses_cfg(info->family == FAMILY_FLUX3_FLOWMAP, guidance);
-    return info->family == FAMILY_KLEIN_BASE && guidance > 1.0;
+    return pipe_family_of(info->family)->uses_cfg(info->family, guidance);
 }
 
 /* ---- the object ---- */
@@ -254,6 +229,7 @@ int flux2_pipe_open(const flux2_pipe_config *cfg, const flux2_pipe_info *info, M
     flux2_pipe *p = xcalloc(1, sizeof *p);
     p->cfg = *cfg;
     p->info = info;
+    p->fam = pipe_family_of(info->family);
     p->tp_comm = tp_comm;
     MPI_Comm_rank(tp_comm, &p->tp_rank);
     int rc = agree(p, backend_select(cfg->backend, local_rank, local_size, &p->be));
@@ -274,8 +250,7 @@ void flux2_pipe_free(flux2_pipe *p) {
     if (!p) return;
     if (p->te) textenc_free(p->te);
     if (p->vae) vae_free(p->vae);
-    if (p->model) flux2_free(p->model);
-    if (p->model3) flux3_free(p->model3);
+    if (p->model) p->fam->free_model(p->model);
     embed_cache_free(p->cache);
     if (p->c) comm_destroy(p->c);
     if (p->be) backend_destroy(p->be);
@@ -309,17 +284,17 @@ static int load_text_encoder(flux2_pipe *p) {
  * by its size. */
 static int encode(flux2_pipe *p, const char *prompt, float **out, int64_t *Lout, int *hit, int count) {
     double t0 = MPI_Wtime(), te0 = p->st.t_te_load;
-    int cap = p->cfg.max_sequence_length, f3 = is_flux3(p->info);
+    int cap = p->cfg.max_sequence_length, own = p->fam->own_window;
     size_t J = (size_t)p->info->joint_dim;
     /* the embedding depends on the encoder's recipe, the length, the precision and the prompt */
-    char *key = p->cache ? embed_cache_key(f3 ? "qwen3vl" : "flux2", cap, f3 ? TEXTENC_FLUX3_PAD_MULTIPLE : 0,
-                                           dtype_name(p->cfg.precision), prompt)
+    char *key = p->cache ? embed_cache_key(p->fam->text_recipe, cap, p->fam->pad_multiple, dtype_name(p->cfg.precision),
+                                           prompt)
                          : NULL;
     size_t got = 0;
     const float *cached = key ? embed_cache_get(p->cache, key, &got) : NULL;
     int64_t L = cached && got % J == 0 ? (int64_t)(got / J) : 0;
     /* every rank of the group must take the same branch (the encoder is collective) */
-    int mine = cached && (f3 ? L >= 1 && L <= cap : L == cap), all = 0;
+    int mine = cached && (own ? L >= 1 && L <= cap : L == cap), all = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, p->tp_comm);
     int rc = 0;
     *out = NULL;
@@ -330,7 +305,7 @@ static int encode(flux2_pipe *p, const char *prompt, float **out, int64_t *Lout,
     } else {
         int win = cap;
         rc = load_text_encoder(p);
-        if (!rc && f3) rc = agree(p, textenc_window(p->te, prompt, cap, &win));
+        if (!rc && own) rc = agree(p, textenc_window(p->te, prompt, cap, &win));
         L = win;
         if (!rc) *out = xmalloc((size_t)L * J * sizeof **out);
         if (!rc) rc = agree(p, textenc_encode(p->te, prompt, (int)L, *out, NULL, NULL));
@@ -389,23 +364,12 @@ static int load_vae(flux2_pipe *p) {
 int flux2_pipe_load(flux2_pipe *p) {
     double t0 = MPI_Wtime();
     int rc = 0;
-    if (is_flux3(p->info) && !p->model3) {
+    if (!p->model) {
         load_stats ls = {0};
         struct lora_set *lset = NULL;
-        flux3_load_extras x3 = {.quantize_fp8 = p->cfg.quantize_fp8, .loras = p->cfg.loras, .n_loras = p->cfg.n_loras,
-                                .lora_set_out = &lset};
-        rc = flux3_load_ex(p->info->transformer_dir, p->be, p->c, p->cfg.precision, &x3, &p->model3, &ls);
-        for (int i = 0; lset && i < lset->n && i < LORA_MAX_ADAPTERS; i++) p->st.lora_bytes[i] = lset->ad[i].bytes_read;
-        lora_set_free(lset);
-        p->st.bytes_loaded += ls.bytes_read;
-        p->st.load_seconds += ls.seconds;
-        if (rc) tp_error_context("loading %s", p->info->transformer_dir);
-    } else if (!is_flux3(p->info) && !p->model) {
-        load_stats ls = {0};
-        struct lora_set *lset = NULL;
-        flux2_load_extras x = {.loras = p->cfg.loras, .n_loras = p->cfg.n_loras, .quantize_fp8 = p->cfg.quantize_fp8,
-                               .lora_set_out = &lset};
-        rc = flux2_load_ex(p->info->transformer_dir, p->be, p->c, p->cfg.precision, &x, &p->model, &ls);
+        family_load x = {.be = p->be, .c = p->c, .precision = p->cfg.precision, .quantize_fp8 = p->cfg.quantize_fp8,
+                         .loras = p->cfg.loras, .n_loras = p->cfg.n_loras, .lora_set_out = &lset};
+        rc = p->fam->load(p->info->transformer_dir, &x, &p->model, &ls);
         for (int i = 0; lset && i < lset->n && i < LORA_MAX_ADAPTERS; i++) p->st.lora_bytes[i] = lset->ad[i].bytes_read;
         lora_set_free(lset);
         p->st.bytes_loaded += ls.bytes_read;
@@ -419,36 +383,11 @@ int flux2_pipe_load(flux2_pipe *p) {
 }
 
 void flux2_pipe_unload(flux2_pipe *p) {
-    if (p->model) flux2_free(p->model);
-    if (p->model3) flux3_free(p->model3);
+    if (p->model) p->fam->free_model(p->model);
     p->model = NULL;
-    p->model3 = NULL;
 }
 
 /* ---- one job ---- */
-
-float *flux2_latents_pack(const float *nchw, int C, int h, int w) {
-    size_t hw = (size_t)h * (size_t)w;
-    float *x = xmalloc((size_t)C * hw * sizeof *x);
-    for (size_t c = 0; c < (size_t)C; c++)
-        for (size_t t = 0; t < hw; t++) x[t * (size_t)C + c] = nchw[c * hw + t];
-    return x;
-}
-
-float *flux2_noise_packed(uint64_t seed, int C, int h, int w) { return flux2_noise_packed_as(seed, C, h, w, TP_RNG_TORCH2); }
-
-float *flux2_noise_packed_as(uint64_t seed, int C, int h, int w, int rng_kind) {
-    size_t n = (size_t)C * (size_t)h * (size_t)w;
-    uint16_t *raw = xmalloc(n * sizeof *raw);
-    tp_rng rng;
-    rng_seed(&rng, seed);
-    rng_randn_bf16_as(&rng, raw, n, rng_kind == TP_RNG_TORCH1 ? TP_RNG_TORCH1 : TP_RNG_TORCH2);
-    float *x = xmalloc(n * sizeof *x);
-    for (int c = 0; c < C; c++)
-        for (int t = 0; t < h * w; t++) x[(size_t)t * C + c] = bf16_to_f32(raw[(size_t)c * h * w + t]);
-    free(raw);
-    return x;
-}
 
 static int count_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
     flux2_pipe *p = ctx;
@@ -466,17 +405,14 @@ static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
     int rc = p->vae && p->cfg.encoder ? 0 : tp_error("reference images need the VAE encoder, which this pipeline did not load");
     /* what FLUX.3's processor would refuse, on the first rank (the only one that reads the images: a
      * server's uploads are files on it alone) */
-    for (int k = 0; !rc && is_flux3(p->info) && p->tp_rank == 0 && k < j->n_images; k++) {
+    for (int k = 0; !rc && p->fam->check_reference && p->tp_rank == 0 && k < j->n_images; k++) {
         int w = 0, h = 0;
-        rc = image_probe(j->images[k], &w, &h) || flux3_check_reference(j->images[k], w, h, j->n_images) ? -1 : 0;
+        rc = image_probe(j->images[k], &w, &h) || p->fam->check_reference(j->images[k], w, h, j->n_images) ? -1 : 0;
     }
     if (agree(p, rc)) return -1;
-    /* FLUX.3: one reference "fill" (downscaled under 4 MP, reflect-padded to its canvas), several "crop" (FLUX.2's
-     * preprocessing without its checks); FLUX.2: image_load_reference */
-    refs_load_fn load = !is_flux3(p->info) ? image_load_reference
-                        : j->n_images == 1 ? flux3_load_reference : flux3_load_reference_crop;
+    refs_load_fn load = p->fam->reference_loader(j->n_images);
     if (refs_encode_group_with(p->vae, p->tp_comm, j->images, j->n_images, load, rs)) return -1;   /* agreed inside */
-    if (p->tp_rank == 0 && is_flux3(p->info)) flux3_ref_ids(rs);   /* (0, y, x, -(1+k)); the others get them below */
+    if (p->tp_rank == 0 && p->fam->reference_ids) p->fam->reference_ids(rs);   /* the others get them below */
     int64_t hdr[2] = {rs->R, rs->C};
     MPI_Bcast(hdr, 2, MPI_INT64_T, 0, p->tp_comm);
     if (p->tp_rank != 0) {
@@ -494,59 +430,36 @@ static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
     return 0;
 }
 
-static int denoise3(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float *latents) {
-    if (!p->model3) return tp_error("flux2_pipe_render: the transformer is not loaded (call flux2_pipe_load)");
-    if (j->width % 16 || j->height % 16)
-        return tp_error("the image size %dx%d must be a multiple of 16 in both directions", j->width, j->height);
+static int denoise(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float *latents) {
+    if (!p->model) return tp_error("flux2_pipe_render: the transformer is not loaded (call flux2_pipe_load)");
     p->user_step = j->on_step;
     p->user_ctx = j->ctx;
-    flux3_job f = {.seed = j->seed, .init_latents = j->init_latents, .steps = j->steps, .guidance = j->guidance, .h = j->height / 16,
-                   .w = j->width / 16, .embeds = j->embeds, .L = j->L, .neg_embeds = j->neg_embeds,
-                   .Ln = j->Ln ? j->Ln : j->L, .refs = rs, .on_step = count_step, .ctx = p};
     double t0 = MPI_Wtime();
-    int rc = flux3_denoise(p->model3, &f, latents);
+    int rc = p->fam->denoise(p->model, p->info, j, rs, count_step, p, latents);
     p->st.t_denoise += MPI_Wtime() - t0;
     return rc;
 }
 
-static int denoise(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float *latents) {
-    if (is_flux3(p->info)) return denoise3(p, j, rs, latents);
-    if (!p->model) return tp_error("flux2_pipe_render: the transformer is not loaded (call flux2_pipe_load)");
-    int h = j->height / 16, w = j->width / 16, C = p->info->in_channels;
-    int64_t N = (int64_t)h * w;
-    float *noise = xmalloc((size_t)N * (size_t)C * sizeof *noise);
-    if (j->init_latents) memcpy(noise, j->init_latents, (size_t)N * (size_t)C * sizeof *noise);
-    else {
-        free(noise);
-        noise = flux2_noise_packed_as(j->seed, C, h, w, j->rng);
-    }
-    float *sigmas = xmalloc(sizeof(float) * (size_t)(j->steps + 1)), *ts = xmalloc(sizeof(float) * (size_t)j->steps);
-    int32_t *img_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)N), *txt_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)j->L);
-    flux2_image_ids(h, w, 0, img_ids);
-    flux2_text_ids(j->L, txt_ids);
-    float gval = (float)j->guidance;
-    p->user_step = j->on_step;
-    p->user_ctx = j->ctx;
-    denoise_params dp = {
-        .latents = noise, .N = N, .img_ids = img_ids,
-        .prompt_embeds = j->embeds, .L = j->L, .txt_ids = txt_ids,
-        .neg_embeds = j->neg_embeds, .Ln = j->L, .neg_txt_ids = txt_ids, .cfg_scale = gval,
-        .sigmas = sigmas, .steps = j->steps, .guidance = p->info->embedded_guidance ? &gval : NULL,
-        .on_step = count_step, .ctx = p,
-        .ref_tokens = rs->R ? rs->tokens : NULL, .R = rs->R, .ref_ids = rs->ids,
-        .kv_refs = p->info->kv_refs, .ref_timestep = 0.0f,
-    };
-    int rc = schedule_flux2(N, j->steps, sigmas, ts);
-    double t0 = MPI_Wtime();
-    if (!rc) rc = flux2_denoise(p->model, &dp, latents);
-    p->st.t_denoise += MPI_Wtime() - t0;
-    free(noise), free(sigmas), free(ts), free(img_ids), free(txt_ids);
-    return rc;
+/* What every family needs of a job, before any collective: a library caller's
+ * sizes are the buffers' sizes (embeds [L, joint_dim], neg_embeds [Ln or L,
+ * joint_dim], latents and init_latents [(H/16)*(W/16), in_channels]), so a
+ * bad one is refused here rather than read out of bounds */
+static int check_job(const flux2_job *j) {
+    if (j->width < 16 || j->height < 16 || j->width % 16 || j->height % 16 || j->width > 65536 || j->height > 65536)
+        return tp_error("the image size %dx%d must be a multiple of 16 in both directions, from 16 to 65536",
+                        j->width, j->height);
+    if (!j->embeds || j->L < 1) return tp_error("render: the prompt embeddings and their length L >= 1 are required");
+    if (j->Ln < 0 || (j->Ln && !j->neg_embeds))
+        return tp_error("render: a negative prompt length Ln = %lld needs negative embeddings of that many tokens "
+                        "(Ln = 0: L tokens)", (long long)j->Ln);
+    if (j->steps < 1) return tp_error("render: steps must be at least 1 (got %d)", j->steps);
+    return 0;
 }
 
 int flux2_pipe_render(flux2_pipe *p, const flux2_job *j, float *latents) {
-    ref_set rs;
-    int rc = agree(p, job_refs(p, j, &rs));
+    ref_set rs = {0};
+    int rc = agree(p, check_job(j));
+    if (!rc) rc = agree(p, job_refs(p, j, &rs));
     if (!rc) rc = agree(p, denoise(p, j, &rs, latents));
     refs_free(&rs);
     return rc;

@@ -108,6 +108,9 @@ double flux2_default_guidance(const flux2_pipe_info *info);
 /* klein base with guidance > 1 and FLUX.3 base with guidance != 1 run
  * classifier-free guidance (two passes). */
 int flux2_uses_cfg(const flux2_pipe_info *info, double guidance);
+/* Tokens per prompt when none is asked for: FLUX.2 512 (every prompt padded
+ * to it); FLUX.3 8192, the cap of each prompt's own window. */
+int flux2_default_max_sequence_length(const flux2_pipe_info *info);
 
 typedef struct flux2_pipe_config {
     const char *model;           /* the folder (as the user named it) */
@@ -177,14 +180,17 @@ typedef struct flux2_job {
     const float *embeds;         /* [L, joint_dim] */
     int64_t L;
     const float *neg_embeds;     /* CFG (flux2_uses_cfg): the negative prompt's, else NULL */
-    int64_t Ln;                  /* its length (0: L) */
+    int64_t Ln;                  /* its length in tokens, the buffer's (0: L); both families honour it */
     char *const *images;         /* reference images in order (read on the group's first rank) */
     int n_images;
     denoise_step_fn on_step;     /* NULL ok; called on every rank after each step */
     void *ctx;
 } flux2_job;
 
-/* Render a job: latents [(H/16)*(W/16), in_channels] on every rank. */
+/* Render a job: latents [(H/16)*(W/16), in_channels] on every rank. A job
+ * whose sizes cannot be right (width or height not a positive multiple of
+ * 16, no embeddings, Ln without negative embeddings) is refused on every
+ * rank before anything is read. */
 int flux2_pipe_render(flux2_pipe *p, const flux2_job *job, float *latents);
 /* Latents (the same on every rank) -> RGB [H, W, 3] on the group's first
  * rank (rgb may be NULL elsewhere), each rank decoding one row band.

@@ -1,15 +1,16 @@
 /* The FLUX.3 sampling pipeline (flux3_pipe.h): noise, ids, and the
  * denoising loop over flux3_forward, as diffusers 0.42.1's modular
- * pipelines run them. */
+ * pipelines run them; and the FLUX.3 family's table for the pipeline
+ * object (family.h). */
 #include "flux3_pipe.h"
-#include "core/dist/watchdog.h"
+#include "family.h"
+#include "core/models/textenc.h"
 #include "core/image/image.h"
 #include "kernels/err.h"
 #include "kernels/tensor.h"
 #include "rng.h"
 #include "schedule.h"
 #include <math.h>
-#include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -191,48 +192,107 @@ static int check_job(const flux3_model *m, const flux3_job *j) {
     return 0;
 }
 
+/* FLUX.3's part of the shared loop (core/sampler.c): one flux3_forward with
+ * the step's timestep (and the flow-map's target timestep), the references
+ * as conditioning tokens */
+typedef struct flux3_step {
+    flux3_model *m;
+    const flux3_job *j;
+    const float *ts;          /* [steps] scheduler timesteps */
+    int bf16, flow_map;
+    const int32_t *img_ids, *txt_ids;
+    const ref_set *rs;        /* NULL: text-to-image */
+} flux3_step;
+
+static int flux3_predict(void *ctx, int step, int neg, const float *x, float *v) {
+    const flux3_step *s = ctx;
+    const flux3_job *j = s->j;
+    float tt = model_time(step + 1 < j->steps ? s->ts[step + 1] : 0.0f, s->bf16);
+    flux3_inputs in = {
+        .x = x, .img_ids = s->img_ids, .N = (int64_t)j->h * j->w, .txt = neg ? j->neg_embeds : j->embeds,
+        .txt_ids = s->txt_ids, .L = neg ? j->Ln : j->L, .cond = s->rs ? s->rs->tokens : NULL,
+        .cond_ids = s->rs ? s->rs->ids : NULL, .R = s->rs ? s->rs->R : 0, .timestep = model_time(s->ts[step], s->bf16),
+        .target_timestep = s->flow_map ? &tt : NULL, .image_rope_scale = FLUX3_IMAGE_ROPE_SCALE,
+    };
+    return flux3_forward(s->m, &in, v);
+}
+
 int flux3_denoise(flux3_model *m, const flux3_job *j, float *out) {
     if (check_job(m, j)) return -1;
     const flux3_config *c = flux3_get_config(m);
-    int bf16 = flux3_precision(m) == DT_BF16, C = c->in_channels, steps = j->steps;
+    int C = c->in_channels, steps = j->steps;
     int64_t N = (int64_t)j->h * j->w, Lmax = j->L > j->Ln ? j->L : j->Ln;
-    size_t n = (size_t)N * (size_t)C;
     float *sig = xmalloc(sizeof(float) * (size_t)(steps + 1)), *ts = xmalloc(sizeof(float) * (size_t)steps);
-    float *x = j->init_latents ? xmalloc(n * sizeof *x) : flux3_noise_packed(j->seed, C, j->h, j->w), *v = xmalloc(n * sizeof *v), *vn = NULL;
+    float *x0 = j->init_latents ? NULL : flux3_noise_packed(j->seed, C, j->h, j->w);   /* drawn in f32, then cast */
     int32_t *img_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)N), *txt_ids = xmalloc(sizeof(int32_t) * 4 * (size_t)Lmax);
     flux3_image_ids(j->h, j->w, 0, img_ids);
     flux2_text_ids(Lmax, txt_ids);   /* (0, 0, 0, l), as FLUX.2's */
-    if (j->init_latents) memcpy(x, j->init_latents, n * sizeof *x);
-    if (bf16)
-        for (size_t i = 0; i < n; i++) x[i] = bf16r(x[i]);   /* drawn in f32, then cast */
     int rc = schedule_constant_shift(steps, FLUX3_SHIFT, sig, ts);
-    float gs = (float)j->guidance;
-    if (j->neg_embeds) vn = xmalloc(n * sizeof *vn);
-    const ref_set *rs = j->refs && j->refs->R ? j->refs : NULL;
-    for (int i = 0; i < steps && !rc; i++) {
-        double t0 = MPI_Wtime();
-        float tt = model_time(i + 1 < steps ? ts[i + 1] : 0.0f, bf16);
-        flux3_inputs in = {
-            .x = x, .img_ids = img_ids, .N = N, .txt = j->embeds, .txt_ids = txt_ids, .L = j->L,
-            .cond = rs ? rs->tokens : NULL, .cond_ids = rs ? rs->ids : NULL, .R = rs ? rs->R : 0,
-            .timestep = model_time(ts[i], bf16), .target_timestep = c->flow_map ? &tt : NULL,
-            .image_rope_scale = FLUX3_IMAGE_ROPE_SCALE,
-        };
-        rc = flux3_forward(m, &in, v);
-        if (!rc && vn) {   /* CFG: the negative pass, then uncond + g (cond - uncond) */
-            in.txt = j->neg_embeds, in.L = j->Ln;
-            rc = flux3_forward(m, &in, vn);
-            for (size_t k = 0; !rc && k < n; k++)
-                v[k] = bf16 ? bf16r(vn[k] + bf16r(gs * bf16r(v[k] - vn[k]))) : vn[k] + gs * (v[k] - vn[k]);
-        }
-        if (rc) break;
-        float dt = sig[i + 1] - sig[i];
-        for (size_t k = 0; k < n; k++) x[k] = bf16 ? bf16r(x[k] + bf16r(dt * v[k])) : x[k] + dt * v[k];
-        double sec = MPI_Wtime() - t0;
-        watchdog_step(sec);
-        if (j->on_step && j->on_step(i, steps, sec, v, x, j->ctx)) rc = tp_error("denoising stopped at step %d", i + 1);
-    }
-    if (!rc) memcpy(out, x, n * sizeof *out);
-    free(sig), free(ts), free(x), free(v), free(vn), free(img_ids), free(txt_ids);
+    flux3_step s = {.m = m, .j = j, .ts = ts, .bf16 = flux3_precision(m) == DT_BF16, .flow_map = c->flow_map,
+                    .img_ids = img_ids, .txt_ids = txt_ids, .rs = j->refs && j->refs->R ? j->refs : NULL};
+    sampler_params sp = {.latents = j->init_latents ? j->init_latents : x0, .N = N, .C = C, .sigmas = sig,
+                         .steps = steps, .cfg = j->neg_embeds != NULL, .cfg_scale = (float)j->guidance,
+                         .bf16 = s.bf16, .predict = flux3_predict, .model = &s, .on_step = j->on_step, .ctx = j->ctx};
+    if (!rc) rc = sampler_run(&sp, out);
+    free(sig), free(ts), free(x0), free(img_ids), free(txt_ids);
     return rc;
 }
+
+/* ---- the FLUX.3 family in the pipeline object's table (family.h) ---- */
+
+/* every field checked by the transformer's own parser */
+static int family_read_config(const json_t *cfg, const char *path, flux2_pipe_info *g, int *flow_map) {
+    flux3_config c3 = {0};
+    int rc = flux3_config_parse(cfg, path, &c3);
+    g->in_channels = c3.in_channels, g->joint_dim = c3.joint_dim, g->cond_in_channels = c3.cond_in_channels;
+    *flow_map = c3.flow_map;
+    g->embedded_guidance = 0;
+    return rc;
+}
+
+static int family_steps(model_family f) { return flux3_default_steps(f == FAMILY_FLUX3_FLOWMAP); }
+static double family_guidance(model_family f) { return flux3_default_guidance(f == FAMILY_FLUX3_FLOWMAP); }
+static int family_cfg(model_family f, double g) { return flux3_uses_cfg(f == FAMILY_FLUX3_FLOWMAP, g); }
+
+static int family_load_model(const char *dir, const family_load *x, void **model, load_stats *st) {
+    flux3_load_extras e = {.quantize_fp8 = x->quantize_fp8, .loras = x->loras, .n_loras = x->n_loras,
+                           .lora_set_out = x->lora_set_out};
+    flux3_model *m = NULL;
+    int rc = flux3_load_ex(dir, x->be, x->c, x->precision, &e, &m, st);
+    *model = m;
+    return rc;
+}
+
+static void family_free_model(void *model) { flux3_free(model); }
+
+/* one reference "fill" (downscaled under 4 MP, reflect-padded to its canvas), several "crop" (FLUX.2's
+ * preprocessing without its checks) */
+static refs_load_fn family_reference_loader(int n) { return n == 1 ? flux3_load_reference : flux3_load_reference_crop; }
+
+static int family_denoise(void *model, const flux2_pipe_info *info, const flux2_job *j, const ref_set *rs,
+                          denoise_step_fn on_step, void *ctx, float *latents) {
+    flux3_job f = {.seed = j->seed, .init_latents = j->init_latents, .steps = j->steps, .guidance = j->guidance,
+                   .h = j->height / 16, .w = j->width / 16, .embeds = j->embeds, .L = j->L,
+                   .neg_embeds = j->neg_embeds, .Ln = j->Ln ? j->Ln : j->L, .refs = rs, .on_step = on_step,
+                   .ctx = ctx};
+    return flux3_denoise(model, &f, latents);
+}
+
+const pipe_family family_flux3 = {
+    .name = "FLUX.3",
+    .read_config = family_read_config,
+    .default_steps = family_steps,
+    .default_guidance = family_guidance,
+    .uses_cfg = family_cfg,
+    /* each prompt padded to its own window, at most 8192 tokens (the modular pipeline's cap) */
+    .default_max_sequence_length = TEXTENC_FLUX3_MAX_LEN,
+    .text_recipe = "qwen3vl",
+    .own_window = 1,
+    .pad_multiple = TEXTENC_FLUX3_PAD_MULTIPLE,
+    .load = family_load_model,
+    .free_model = family_free_model,
+    .check_reference = flux3_check_reference,
+    .reference_loader = family_reference_loader,
+    .reference_ids = flux3_ref_ids,   /* (0, y, x, -(1+k)) */
+    .denoise = family_denoise,
+};

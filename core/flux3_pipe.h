@@ -102,8 +102,10 @@ typedef struct flux3_job {
 
 /* The whole denoising loop, collective over the model's comm (every rank in
  * lockstep with the same inputs): out [h*w, in_channels], the final latents,
- * on every rank. f32: plain fp32 as the golden; bf16: latents bf16, the
- * model timestep bf16(t/1000), bf16(dt·v) added and rounded (as FLUX.2). */
+ * on every rank: FLUX.3's prediction in the shared loop of core/sampler.h
+ * (CFG, Euler step, rounding, NaN/Inf check, as FLUX.2). f32: plain fp32 as
+ * the golden; bf16: latents bf16, the model timestep bf16(t/1000), bf16(dt·v)
+ * added and rounded. */
 int flux3_denoise(flux3_model *m, const flux3_job *j, float *out);
 
 #endif

@@ -17,7 +17,7 @@
  * guidance embeds, klein with them, a distilled FLUX.3 class over a config
  * without flow_map) is followed for FLUX.2 and overruled by flow_map for
  * FLUX.3 (the sampler must match the weights), with a warning naming both. */
-#include "flux2_pipe.h"
+#include "family.h"
 #include "kernels/err.h"
 #include <stdio.h>
 #include <string.h>
@@ -49,6 +49,8 @@ const char *model_family_name(model_family f) {
 }
 
 int model_family_is_flux3(model_family f) { return f == FAMILY_FLUX3_BASE || f == FAMILY_FLUX3_FLOWMAP; }
+
+const pipe_family *pipe_family_of(model_family f) { return model_family_is_flux3(f) ? &family_flux3 : &family_flux2; }
 
 int model_family_resolve(const family_input *in, model_family *family, const char **name, char *warning,
                          size_t warning_len) {

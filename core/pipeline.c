@@ -1,16 +1,15 @@
-/* The FLUX.2 denoising loop (spec §6.4): per step one transformer forward
- * (two with CFG) and a flow-match Euler step x += (σ[i+1] − σ[i])·v. Every
- * rank of the TP group runs it in lockstep on identical inputs, and every
- * rank gets the same model output, so no broadcast is needed.
+/* The FLUX.2 denoising loop (spec §6.4): FLUX.2's prediction (its forward,
+ * its timestep, its reference tokens, the KV-cached references) inside the
+ * shared loop of core/sampler.c, which does CFG, the Euler step, the bf16
+ * rounding and the NaN check. Every rank of the TP group runs it in
+ * lockstep on identical inputs, and every rank gets the same model output,
+ * so no broadcast is needed.
  *
  * bf16 mode reproduces the eager-PyTorch rounding of the reference
- * pipeline: the latents are bf16, the timestep passed to the model is
- * bf16(bf16(t)/1000), dt·v is rounded to bf16 before it is added to the
- * fp32-upcast sample, and the sum is rounded to bf16. */
+ * pipeline: the timestep passed to the model is bf16(bf16(t)/1000); the
+ * latents' rounding is the sampler's. */
 #include "pipeline.h"
-#include "core/dist/watchdog.h"
 #include "kernels/err.h"
-#include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,117 +57,75 @@ static float model_timestep(float sigma, int bf16) {
     return bf16r(bf16r(t) / 1000.0f);
 }
 
-/* v = vn + gs·(v − vn), with a rounding after each op in bf16 */
-static void apply_cfg(float *v, const float *vn, size_t n, float gs, int bf16) {
-    for (size_t i = 0; i < n; i++) {
-        if (bf16) v[i] = bf16r(vn[i] + bf16r(gs * bf16r(v[i] - vn[i])));
-        else v[i] = vn[i] + gs * (v[i] - vn[i]);
-    }
-}
-
-static void euler_step(float *x, const float *v, size_t n, float dt, int bf16) {
-    for (size_t i = 0; i < n; i++) {
-        if (bf16) x[i] = bf16r(x[i] + bf16r(dt * v[i]));
-        else x[i] = x[i] + dt * v[i];
-    }
-}
-
-/* The model input: the latents, then the reference tokens (if any). */
-typedef struct step_input {
-    float *x;          /* [N + R, C]: rows [0, N) are the latents being denoised */
+/* FLUX.2's part of the shared loop (core/sampler.c): the model input is the
+ * latents, then the reference tokens (if any), with their ids */
+typedef struct flux2_step {
+    flux2_model *m;
+    const denoise_params *p;
+    int bf16;
+    size_t C;
+    float *in;         /* [N + R, C]: rows [0, N) the current latents, then the references */
     int32_t *ids;      /* [N + R, 4] */
     float *v_full;     /* [N + R, C] model output */
     int64_t rows;
-} step_input;
+    flux2_kv_cache *kv;   /* KV-cached references, else NULL */
+} flux2_step;
 
-static void step_input_init(step_input *in, const denoise_params *p, size_t C) {
-    in->rows = p->N + (p->ref_tokens ? p->R : 0);
-    in->x = xmalloc((size_t)in->rows * C * sizeof *in->x);
-    in->v_full = xmalloc((size_t)in->rows * C * sizeof *in->v_full);
-    in->ids = xmalloc((size_t)in->rows * 4 * sizeof *in->ids);
-    memcpy(in->ids, p->img_ids, (size_t)p->N * 4 * sizeof *in->ids);
-    if (p->ref_tokens) {
-        memcpy(in->x + (size_t)p->N * C, p->ref_tokens, (size_t)p->R * C * sizeof *in->x);
-        memcpy(in->ids + p->N * 4, p->ref_ids, (size_t)p->R * 4 * sizeof *in->ids);
+static void step_init(flux2_step *s, flux2_model *m, const denoise_params *p) {
+    s->m = m, s->p = p;
+    s->bf16 = flux2_precision(m) == DT_BF16;
+    size_t C = s->C = (size_t)flux2_get_config(m)->in_channels;
+    int refs = p->ref_tokens != NULL, kv = p->kv_refs && refs;
+    /* KV-cached: step 0 runs [refs; latents] (extract), later steps the latents alone (cached) */
+    s->rows = p->N + (refs ? p->R : 0);
+    s->in = xmalloc((size_t)s->rows * C * sizeof *s->in);
+    s->v_full = kv ? NULL : xmalloc((size_t)s->rows * C * sizeof *s->v_full);
+    s->ids = xmalloc((size_t)s->rows * 4 * sizeof *s->ids);
+    s->kv = kv ? flux2_kv_new() : NULL;
+    /* the latents' slot is filled at each prediction; the references are bf16 like the latents */
+    int64_t r0 = kv ? 0 : p->N, n0 = kv ? p->R : 0;
+    memcpy(s->ids + n0 * 4, p->img_ids, (size_t)p->N * 4 * sizeof *s->ids);
+    if (refs) {
+        size_t nr = (size_t)p->R * C;
+        float *dst = s->in + (size_t)r0 * C;
+        for (size_t i = 0; i < nr; i++) dst[i] = s->bf16 ? bf16r(p->ref_tokens[i]) : p->ref_tokens[i];
+        memcpy(s->ids + r0 * 4, p->ref_ids, (size_t)p->R * 4 * sizeof *s->ids);
     }
 }
 
-static void step_input_free(step_input *in) { free(in->x), free(in->ids), free(in->v_full); }
-
-/* one velocity prediction for the current latents (rows [0, N) of in->x) */
-static int predict(flux2_model *m, const denoise_params *p, step_input *in, const float *txt, int64_t L,
-                   const int32_t *txt_ids, float tin, float *v, size_t n) {
-    int rc = flux2_forward(m, in->x, in->rows, in->ids, txt, L, txt_ids, tin, p->guidance, in->v_full);
-    if (!rc) memcpy(v, in->v_full, n * sizeof *v);
-    return rc;
+static void step_free(flux2_step *s) {
+    flux2_kv_free(s->kv);
+    free(s->in), free(s->ids), free(s->v_full);
 }
 
-/* KV-cached references: step 0 on [refs; latents] (extract), later steps
- * on the latents alone (cached); kin/kids hold the extract input */
-static int predict_kv(flux2_model *m, const denoise_params *p, flux2_kv_cache *kv, int step, const float *x,
-                      float *kin, int32_t *kids, size_t C, float tin, float *v, int bf16) {
-    if (step > 0)
-        return flux2_forward_kv(m, FLUX2_KV_CACHED, kv, x, p->N, 0, p->img_ids, p->prompt_embeds, p->L, p->txt_ids,
-                                tin, p->guidance, p->ref_timestep, v);
-    size_t nr = (size_t)p->R * C;
-    for (size_t i = 0; i < nr; i++) kin[i] = bf16 ? bf16r(p->ref_tokens[i]) : p->ref_tokens[i];
-    memcpy(kin + nr, x, (size_t)p->N * C * sizeof *kin);
-    memcpy(kids, p->ref_ids, (size_t)p->R * 4 * sizeof *kids);
-    memcpy(kids + p->R * 4, p->img_ids, (size_t)p->N * 4 * sizeof *kids);
-    return flux2_forward_kv(m, FLUX2_KV_EXTRACT, kv, kin, p->R + p->N, p->R, kids, p->prompt_embeds, p->L,
-                            p->txt_ids, tin, p->guidance, p->ref_timestep, v);
+static int flux2_predict(void *ctx, int step, int neg, const float *x, float *v) {
+    flux2_step *s = ctx;
+    const denoise_params *p = s->p;
+    float tin = model_timestep(p->sigmas[step], s->bf16);
+    size_t n = (size_t)p->N * s->C;
+    if (s->kv) {
+        if (step > 0)
+            return flux2_forward_kv(s->m, FLUX2_KV_CACHED, s->kv, x, p->N, 0, p->img_ids, p->prompt_embeds, p->L,
+                                    p->txt_ids, tin, p->guidance, p->ref_timestep, v);
+        memcpy(s->in + (size_t)p->R * s->C, x, n * sizeof *x);
+        return flux2_forward_kv(s->m, FLUX2_KV_EXTRACT, s->kv, s->in, p->R + p->N, p->R, s->ids, p->prompt_embeds,
+                                p->L, p->txt_ids, tin, p->guidance, p->ref_timestep, v);
+    }
+    memcpy(s->in, x, n * sizeof *x);
+    int rc = flux2_forward(s->m, s->in, s->rows, s->ids, neg ? p->neg_embeds : p->prompt_embeds, neg ? p->Ln : p->L,
+                           neg ? p->neg_txt_ids : p->txt_ids, tin, p->guidance, s->v_full);
+    if (!rc) memcpy(v, s->v_full, n * sizeof *v);   /* only the first N outputs are the velocity */
+    return rc;
 }
 
 int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
     if (check_params(m, p)) return -1;
-    int bf16 = flux2_precision(m) == DT_BF16;
-    size_t C = (size_t)flux2_get_config(m)->in_channels, n = (size_t)p->N * C;
-    float *v = xmalloc(n * sizeof *v), *vn = p->neg_embeds ? xmalloc(n * sizeof *vn) : NULL;
-    step_input in;
-    step_input_init(&in, p, C);
-    float *x = in.x;
-    memmove(x, p->latents, n * sizeof *x);
-    if (bf16)
-        for (size_t i = 0; i < (size_t)in.rows * C; i++) x[i] = bf16r(x[i]);
-    int rc = 0, kv_on = p->kv_refs && p->ref_tokens;
-    flux2_kv_cache *kv = kv_on ? flux2_kv_new() : NULL;
-    float *kin = kv_on ? xmalloc((size_t)(p->R + p->N) * C * sizeof *kin) : NULL;
-    int32_t *kids = kv_on ? xmalloc((size_t)(p->R + p->N) * 4 * sizeof *kids) : NULL;
-    for (int i = 0; i < p->steps && !rc; i++) {
-        double t0 = MPI_Wtime();
-        float tin = model_timestep(p->sigmas[i], bf16);
-        if (kv_on) rc = predict_kv(m, p, kv, i, x, kin, kids, C, tin, v, bf16);
-        else rc = predict(m, p, &in, p->prompt_embeds, p->L, p->txt_ids, tin, v, n);
-        if (!rc && vn) {
-            rc = predict(m, p, &in, p->neg_embeds, p->Ln, p->neg_txt_ids, tin, vn, n);
-            if (!rc) apply_cfg(v, vn, n, p->cfg_scale, bf16);
-        }
-        if (rc) {
-            tp_error_context("denoising step %d of %d", i + 1, p->steps);
-            break;
-        }
-        euler_step(x, v, n, p->sigmas[i + 1] - p->sigmas[i], bf16);
-        /* NaN/Inf never recovers and would decode to a black image: stop at
-         * the step it appears (every rank holds the same latents, so all
-         * ranks fail here together) */
-        int64_t bad = first_nonfinite_f32(x, n);
-        if (bad >= 0) {
-            rc = tp_error("denoising step %d of %d: the latents became %s at token %lld, channel %lld (the "
-                          "transformer output is not finite: a transformer weight or the prompt embeddings hold "
-                          "NaN/Inf; find the weight with 'tpgen inspect --model DIR --scan-weights')", i + 1,
-                          p->steps, x[bad] != x[bad] ? "NaN" : "infinite", (long long)(bad / (int64_t)C),
-                          (long long)(bad % (int64_t)C));
-            break;
-        }
-        watchdog_step(MPI_Wtime() - t0);   /* a progress point for the rank's watchdog */
-        if (p->on_step && p->on_step(i, p->steps, MPI_Wtime() - t0, v, x, p->ctx))
-            rc = tp_error("denoising stopped at step %d of %d", i + 1, p->steps);
-    }
-    if (!rc) memcpy(out, x, n * sizeof *out);
-    flux2_kv_free(kv);
-    free(kin), free(kids);
-    step_input_free(&in);
-    free(v);
-    free(vn);
+    flux2_step s;
+    step_init(&s, m, p);
+    sampler_params sp = {.latents = p->latents, .N = p->N, .C = (int)s.C, .sigmas = p->sigmas, .steps = p->steps,
+                         .cfg = p->neg_embeds != NULL, .cfg_scale = p->cfg_scale, .bf16 = s.bf16,
+                         .predict = flux2_predict, .model = &s, .on_step = p->on_step, .ctx = p->ctx};
+    int rc = sampler_run(&sp, out);
+    step_free(&s);
     return rc;
 }

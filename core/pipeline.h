@@ -1,19 +1,13 @@
 /* The FLUX.2 denoising loop (spec flux2-transformer.md §6.4), run by every
  * rank of a TP group in lockstep: each step is one transformer forward
- * (two with CFG) and a flow-match Euler step. The schedule itself (sigmas)
- * comes from core/schedule.c. */
+ * (two with CFG) and a flow-match Euler step, FLUX.2's prediction in the
+ * shared loop of core/sampler.h. The schedule itself (sigmas) comes from
+ * core/schedule.c. */
 #ifndef TPGEN_PIPELINE_H
 #define TPGEN_PIPELINE_H
 #include "core/models/flux2.h"
+#include "sampler.h"
 #include <stdint.h>
-
-/* Called after each step on every rank: v is the velocity used in this step
- * [N, C] (after CFG), x the latents after the step [N, C]. Return non-zero
- * to stop the loop (flux2_denoise then fails with "stopped"); the return
- * value must be the same on every rank of the group (the ranks must stay in
- * lockstep), so decide on rank-independent data or agree first. */
-typedef int (*denoise_step_fn)(int step, int steps, double step_seconds, const float *v,
-                               const float *x, void *ctx);
 
 typedef struct denoise_params {
     const float *latents;          /* [N, C] packed initial latents (noise) */

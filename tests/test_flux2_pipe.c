@@ -3,7 +3,8 @@
  * rendered through probe / open / encode / load / render / decode at the
  * test's world size; the prompt cache (a hit gives the very same
  * embedding, agreed over the group); a render before the load fails on
- * every rank alike and the pipe still works afterwards. */
+ * every rank alike and the pipe still works afterwards; the negative
+ * prompt's own length (issue 39) and the job checks. */
 #include "test.h"
 #include "kernels/err.h"
 #include "core/flux2_pipe.h"
@@ -98,6 +99,36 @@ TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
         free(rgb), free(img);
     }
     st_close(ref);
+    {   /* issue 39: the negative prompt's length Ln is its buffer's (FLUX.2 read L tokens of it). CFG with the
+         * prompt as its own negative is the plain velocity, bit for bit (vn + g (v - vn) = v in f32); a negative
+         * of the prompt's first Ln < L tokens, in a buffer of exactly that size (an overread is
+         * AddressSanitizer's in the sanitized run), gives other latents, all finite */
+        int64_t Ln = L / 2;
+        float *neg_full = malloc(ne * sizeof(float)), *neg_short = malloc((size_t)Ln * info.joint_dim * sizeof(float));
+        memcpy(neg_full, e1, ne * sizeof(float));
+        memcpy(neg_short, e1, (size_t)Ln * info.joint_dim * sizeof(float));
+        float *plain = malloc(nl * sizeof(float)), *self = malloc(nl * sizeof(float)), *shrt = malloc(nl * sizeof(float));
+        flux2_job one = job;
+        one.steps = 1;
+        REQUIRE(flux2_pipe_render(p, &one, plain) == 0, "%s", tp_error_msg());
+        one.guidance = 2.0, one.neg_embeds = neg_full, one.Ln = L;
+        REQUIRE(flux2_pipe_render(p, &one, self) == 0, "%s", tp_error_msg());
+        CHECK(!memcmp(plain, self, nl * sizeof(float)), "CFG against the prompt itself is the plain velocity");
+        one.neg_embeds = neg_short, one.Ln = Ln;
+        REQUIRE(flux2_pipe_render(p, &one, shrt) == 0, "Ln %lld: %s", (long long)Ln, tp_error_msg());
+        int finite = 1;
+        for (size_t i = 0; i < nl; i++) finite &= isfinite(shrt[i]);
+        CHECK(finite && memcmp(plain, shrt, nl * sizeof(float)), "a negative of Ln = %lld tokens is read as such",
+              (long long)Ln);
+        /* sizes that cannot be right are refused on every rank before anything is read */
+        one.Ln = 3, one.neg_embeds = NULL;
+        CHECK(flux2_pipe_render(p, &one, shrt) == -1 && strstr(tp_error_msg(), "Ln = 3 needs negative embeddings"),
+              "Ln without negative embeddings: %s", tp_error_msg());
+        one.Ln = 0, one.width = W + 8;
+        CHECK(flux2_pipe_render(p, &one, shrt) == -1 && strstr(tp_error_msg(), "must be a multiple of 16"),
+              "a width that is not a multiple of 16: %s", tp_error_msg());
+        free(neg_full), free(neg_short), free(plain), free(self), free(shrt);
+    }
     free(want), free(lat), free(start), free(e1), free(e2), free(prompt);
     flux2_pipe_free(p);
     flux2_pipe_info_free(&info);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 40 s; checks: 25
+# budget: 45 s; checks: 26
 # `tpgen generate` on FLUX.3 folders (the golden tiny base and flow-map
 # transformers + the golden tiny VAE + the modular_model_index.json that
 # diffusers 0.42.1 saves) against the real modular pipelines' runs
@@ -113,6 +113,19 @@ expect_fail "flux3 negative embeddings of another width" 'negative-prompt-embeds
     --negative-prompt-embeds "$D/base_t2i.safetensors:cond0" "${A[@]}"
 expect_fail "flux3 --prompt without the text encoder" 'text encoder|--prompt-embeds' \
     $MPIRUN -np 2 "$TPGEN" generate --model "$TMP/flowmap" --prompt "a fox" "${A[@]}"
+# a NaN transformer weight (issue 39: the FLUX.3 loop had lost the per-step check of the shared
+# sampler and wrote NaN latents): every rank fails at the first step, naming it, and writes nothing
+mkdir -p "$TMP/nan/transformer"
+ln -s "$TPGEN_GOLDEN/vae-tiny/model/vae" "$TMP/nan/vae"
+cp "$TMP/base/modular_model_index.json" "$TMP/nan/"
+cp "$TPGEN_GOLDEN/flux3-tiny/base/model/transformer/"* "$TMP/nan/transformer/" && chmod u+w "$TMP/nan/transformer/"*
+python3 "$TPGEN_ROOT/tests/tools/craft.py" poke "$TMP/nan/transformer/diffusion_pytorch_model.safetensors" x_embedders.image.weight nan
+out=$($MPIRUN -np 2 "$TPGEN" generate --model "$TMP/nan" --prompt-embeds "$D/base_t2i.safetensors" "${NEG[@]}" --steps 2 \
+      --width 32 --height 32 --precision f32 --backend cpu --no-decode --save-latents "$TMP/nan.safetensors" 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ ! -e "$TMP/nan.safetensors" ] && [ "$(echo "$out" | grep -c 'tpgen: error')" = 1 ] &&
+   echo "$out" | grep -q 'denoising step 1 of 2: the latents became NaN at token 0'; then
+    ok "flux3 NaN weight: fails at step 1 of 2 on every rank, no latents written"
+else fail "flux3 NaN weight: rc $rc, $(ls "$TMP"/nan.safetensors 2>&1): $(echo "$out" | grep -v '^--' | head -3)"; fi
 # a joint dim that does not match the embeddings
 mkdir -p "$TMP/jd/transformer"
 ln -s "$TPGEN_GOLDEN/vae-tiny/model/vae" "$TMP/jd/vae"
