@@ -12,7 +12,7 @@
 #include "core/formats/lora.h"
 #include "core/models/flux2.h"
 #include "core/models/model_plan.h"
-#include "core/flux2_pipe.h"
+#include "core/tp_pipe.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,9 +214,9 @@ static int open_component(const inspect_args *a, model_dir **m, json_t **cfg, ch
 static int inspect_components(const inspect_args *a) {
     flux2_components c = {.model = a->model, .transformer = a->transformer, .text_encoder = a->text_encoder,
                           .vae = a->vae, .family = a->family};
-    flux2_pipe_info info;
+    tp_pipe_info info;
     char warning[1024];
-    if (flux2_pipe_probe_components(&c, &info, warning, sizeof warning)) {
+    if (tp_pipe_probe_components(&c, &info, warning, sizeof warning)) {
         fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
         return 1;
     }
@@ -250,7 +250,7 @@ static int inspect_components(const inspect_args *a) {
         }
     }
     json_decref(parts);
-    flux2_pipe_info_free(&info);
+    tp_pipe_info_free(&info);
     return bad;
 }
 

@@ -3,7 +3,7 @@
  * arriving over HTTP on world rank 0 (cli/serve_http.c, the OpenAI images
  * API) are queued (cli/serve_queue.c) and rendered by the TP groups in
  * lockstep (cli/serve_ranks.c, cli/serve_render.c) on the pipeline library
- * (core/flux2_pipe.h).
+ * (core/tp_pipe.h).
  *
  * A request is a one-job run spec: the server's start-up settings with the
  * request's prompt, seed, steps, guidance and size, so that its PNG, and
@@ -245,7 +245,7 @@ int cmd_serve(int argc, char **argv) {
     serve_http_config hc = {0};
     serve_http *http = NULL;
     char *api_key = NULL;
-    flux2_pipe *pipe = NULL;
+    tp_pipe *pipe = NULL;
     double t0 = MPI_Wtime();
     int queue_ok = 0;
     int rc = start(&d, &o, &spec, &g, argc, argv);
@@ -300,22 +300,22 @@ int cmd_serve(int argc, char **argv) {
         MPI_Bcast(&sc.has_encoder, 1, MPI_INT, 0, d.tp_comm);
     }
     if (!rc) {
-        flux2_pipe_config cfg = {
+        tp_pipe_config cfg = {
             .model = spec.model, .backend = spec.backend, .precision = g.precision, .quantize_fp8 = g.quantize_fp8,
             .loras = spec.loras, .n_loras = spec.n_loras, .decoder = 1, .encoder = sc.has_encoder,
             .keep_text_encoder = o.keep_text_encoder, .prompt_cache_bytes = (size_t)(o.prompt_cache_mb * 1048576.0),
             .max_sequence_length = spec.max_sequence_length,
         };
-        rc = dist_agree(d.world, flux2_pipe_open(&cfg, &g.info, d.tp_comm, d.local_rank, d.local_size, &pipe));
-        if (!rc) rc = dist_agree(d.world, flux2_pipe_load(pipe));
+        rc = dist_agree(d.world, tp_pipe_open(&cfg, &g.info, d.tp_comm, d.local_rank, d.local_size, &pipe));
+        if (!rc) rc = dist_agree(d.world, tp_pipe_load(pipe));
         if (!rc && o.keep_text_encoder) {   /* load it now, not on the first request */
             float *tmp = NULL;
-            rc = dist_agree(d.world, flux2_pipe_encode(pipe, spec.negative_prompt, &tmp, NULL, NULL));
+            rc = dist_agree(d.world, tp_pipe_encode(pipe, spec.negative_prompt, &tmp, NULL, NULL));
             free(tmp);
         }
     }
     if (!rc) {
-        uint64_t mine = flux2_pipe_resident_bytes(pipe);
+        uint64_t mine = tp_pipe_resident_bytes(pipe);
         uint64_t *all = d.world_rank == 0 ? xmalloc(sizeof(uint64_t) * (size_t)d.world_size) : NULL;
         MPI_Gather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, 0, d.world);
         if (d.world_rank == 0) {
@@ -342,7 +342,7 @@ int cmd_serve(int argc, char **argv) {
     if (http) serve_http_stop(http);
     if (queue_ok) serve_queue_destroy(&queue);
     free(api_key);
-    flux2_pipe_free(pipe);
+    tp_pipe_free(pipe);
     gen_setup_free(&g);
     runspec_free(&spec);
     dist_finalize(&d);

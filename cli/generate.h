@@ -1,6 +1,6 @@
 /* Internals of `tpgen generate`, split by phase:
  *   generate_setup.c    model defaults, every check that needs no heavy work
- *   generate_run.c      the jobs on the pipeline library (core/flux2_pipe.h):
+ *   generate_run.c      the jobs on the pipeline library (core/tp_pipe.h):
  *                       chunks of prompts, rendering, the files of each job
  *   generate_metrics.c  timings, peak RSS per rank, summary and JSON
  *   generate_jobs.c     the batch: jobs, output patterns, DP split (runspec.h)
@@ -10,7 +10,7 @@
 #include "runspec.h"
 #include "core/dist/dist.h"
 #include "kernels/tensor.h"
-#include "core/flux2_pipe.h"
+#include "core/tp_pipe.h"
 #include <stdint.h>
 
 typedef struct gen_lora gen_lora;   /* cli/generate_lora.c */
@@ -19,7 +19,7 @@ struct lora_set;
 typedef struct gen_setup {
     run_spec *spec;              /* defaults filled in (steps, guidance, size, output) */
     dist *d;
-    flux2_pipe_info info;        /* the model folder: family, sizes, components */
+    tp_pipe_info info;        /* the model folder: family, sizes, components */
     int use_cfg;                 /* klein base with guidance > 1: two passes per step */
     int write_png;               /* VAE present and not --no-decode */
     dtype_t precision;

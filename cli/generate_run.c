@@ -1,4 +1,4 @@
-/* `tpgen generate`, the work, on the pipeline library (core/flux2_pipe.h):
+/* `tpgen generate`, the work, on the pipeline library (core/tp_pipe.h):
  * text encoding (then the encoder is freed), transformer load (each rank
  * its shard), and per job: denoising in lockstep across the TP group, the
  * VAE decode across the group (a row band per rank), then on the group's
@@ -15,7 +15,7 @@
 typedef struct run_state {
     gen_setup *g;
     gen_metrics *m;
-    flux2_pipe *pipe;
+    tp_pipe *pipe;
     float **prompt_embeds;       /* per prompt index (NULL: not this group's) */
     int64_t *prompt_L;           /* their lengths (FLUX.3: each prompt's window) */
     int64_t L;                   /* --prompt-embeds: its length */
@@ -42,11 +42,11 @@ static int encode_prompts(run_state *r, int first, int last) {
     for (int i = first; i < last && !rc; i++) {
         int p = g->my_jobs[i] / ns;
         if (r->prompt_embeds[p]) continue;
-        rc = flux2_pipe_encode(r->pipe, s->prompts[p], &r->prompt_embeds[p], &r->prompt_L[p], NULL);
+        rc = tp_pipe_encode(r->pipe, s->prompts[p], &r->prompt_embeds[p], &r->prompt_L[p], NULL);
     }
     if (!rc && g->use_cfg && !r->neg_embeds && last > first)
-        rc = flux2_pipe_encode(r->pipe, s->negative_prompt, &r->neg_embeds, &r->neg_L, NULL);
-    flux2_pipe_text_done(r->pipe);
+        rc = tp_pipe_encode(r->pipe, s->negative_prompt, &r->neg_embeds, &r->neg_L, NULL);
+    tp_pipe_text_done(r->pipe);
     return rc;
 }
 
@@ -122,7 +122,7 @@ static int decode_and_write(run_state *r, int job, const float *latents) {
     int first = r->g->d->tp_rank == 0;
     uint8_t *rgb = first ? xmalloc((size_t)W * H * 3) : NULL;
     double dt = 0;
-    int rc = flux2_pipe_decode(r->pipe, latents, W, H, rgb, &dt);   /* collective, agreed */
+    int rc = tp_pipe_decode(r->pipe, latents, W, H, rgb, &dt);   /* collective, agreed */
     r->m->t_decode += dt;
     if (rc || !first) {
         free(rgb);
@@ -157,7 +157,7 @@ static int run_job(run_state *r, int job) {
     size_t n = (size_t)(H / 16) * (W / 16) * (size_t)g->info.in_channels;
     float *latents = xmalloc(n * sizeof *latents);
     int ns = s->n_seeds ? s->n_seeds : 1;
-    flux2_job j = {
+    tp_job j = {
         .seed = runspec_job_seed(s, job), .rng = g->rng, .init_latents = g->init_latents ? g->init_latents[job] : NULL,
         .steps = s->steps, .guidance = s->guidance, .width = W, .height = H,
         .embeds = s->prompt_embeds ? g->embeds : r->prompt_embeds[job / ns],
@@ -168,7 +168,7 @@ static int run_job(run_state *r, int job) {
     j.images = runspec_job_images(s, job, &j.n_images);
     double t0 = gen_now();
     watchdog_phase_set(WD_STEPS, "denoising");   /* each step is a progress point (core/pipeline.c) */
-    int rc = flux2_pipe_render(r->pipe, &j, latents);
+    int rc = tp_pipe_render(r->pipe, &j, latents);
     if (!rc) {
         int mine = 0;
         watchdog_phase_set(WD_STARTUP, "decoding across the group and writing the image on the group's first rank");
@@ -198,7 +198,7 @@ static int run_chunk(run_state *r, int first, int last) {
 
 /* the pipeline's figures into the run's */
 static void take_stats(run_state *r) {
-    const flux2_pipe_stats *st = flux2_pipe_get_stats(r->pipe);
+    const tp_pipe_stats *st = tp_pipe_get_stats(r->pipe);
     gen_metrics *m = r->m;
     m->t_encode += st->t_encode, m->t_te_load += st->t_te_load, m->t_load += st->t_load, m->t_refs += st->t_refs;
     m->t_denoise += st->t_denoise;
@@ -213,12 +213,12 @@ int gen_run(gen_setup *g, gen_metrics *m) {
     dist *d = g->d;
     if (g->n_todo_world == 0) return 0;   /* --skip-existing: all there, load nothing */
     const run_spec *s = g->spec;
-    flux2_pipe_config cfg = {
+    tp_pipe_config cfg = {
         .model = s->model, .backend = s->backend, .precision = g->precision, .quantize_fp8 = g->quantize_fp8,
         .loras = s->loras, .n_loras = s->n_loras, .decoder = g->write_png, .encoder = g->has_refs,
         .max_sequence_length = s->max_sequence_length,
     };
-    int rc = dist_agree(d->world, flux2_pipe_open(&cfg, &g->info, d->tp_comm, d->local_rank, d->local_size, &r.pipe));
+    int rc = dist_agree(d->world, tp_pipe_open(&cfg, &g->info, d->tp_comm, d->local_rank, d->local_size, &r.pipe));
     int np = s->n_prompts ? s->n_prompts : 1;
     r.prompt_embeds = xcalloc((size_t)np, sizeof *r.prompt_embeds);
     r.prompt_L = xcalloc((size_t)np, sizeof *r.prompt_L);
@@ -228,23 +228,23 @@ int gen_run(gen_setup *g, gen_metrics *m) {
     watchdog_phase_set(WD_STARTUP, "encoding the prompts");
     if (!rc) rc = dist_agree(d->world, encode_prompts(&r, 0, last));
     watchdog_phase_set(WD_STARTUP, "loading the transformer");
-    if (!rc) rc = dist_agree(d->world, flux2_pipe_load(r.pipe));
+    if (!rc) rc = dist_agree(d->world, tp_pipe_load(r.pipe));
     /* TP groups may have different numbers of jobs and chunks: from here on
      * errors are agreed inside the group, and the world agrees at the end */
     int job_rc = rc ? 0 : run_chunk(&r, 0, last);
     for (int first = last; !rc && !job_rc && first < g->n_my_jobs; first = last) {
         last = chunk_end(&r, first);
-        flux2_pipe_unload(r.pipe);
+        tp_pipe_unload(r.pipe);
         watchdog_phase_set(WD_STARTUP, "encoding the next prompts");
         job_rc = agree_tp(&r, encode_prompts(&r, first, last));
         watchdog_phase_set(WD_STARTUP, "loading the transformer again");
-        if (!job_rc) job_rc = agree_tp(&r, flux2_pipe_load(r.pipe));
+        if (!job_rc) job_rc = agree_tp(&r, tp_pipe_load(r.pipe));
         if (!job_rc) job_rc = run_chunk(&r, first, last);
     }
     watchdog_phase_set(WD_WAIT_GROUPS, "waiting for the other data-parallel groups to finish their jobs");
     if (!rc) rc = dist_agree(d->world, job_rc);
     if (r.pipe) take_stats(&r);
-    flux2_pipe_free(r.pipe);
+    tp_pipe_free(r.pipe);
     for (int i = 0; i < np; i++) free(r.prompt_embeds[i]);
     free(r.prompt_embeds);
     free(r.prompt_L);

@@ -22,15 +22,15 @@
 /* what names the model in messages and PNG parameters: the folder, else the transformer file */
 static const char *gen_model_name(const run_spec *s) { return s->model ? s->model : s->transformer; }
 
-/* the model folder: family, sizes, components (core/flux2_pipe.c) */
+/* the model folder: family, sizes, components (core/tp_pipe.c) */
 static int read_model(gen_setup *g, const run_spec *s) {
     char warning[1024];
     flux2_components c = {.model = s->model, .transformer = s->transformer, .text_encoder = s->text_encoder,
                           .vae = s->vae, .family = s->family};
-    if (flux2_pipe_probe_components(&c, &g->info, warning, sizeof warning)) return -1;
+    if (tp_pipe_probe_components(&c, &g->info, warning, sizeof warning)) return -1;
     /* a tokenizer is needed for prompts: found now, before any weight is read */
     if (s->n_prompts && g->info.has_text_encoder) {
-        textenc_source src = flux2_pipe_text_source(&g->info);
+        textenc_source src = tp_pipe_text_source(&g->info);
         char *tok = textenc_tokenizer_dir(&src);
         if (!tok) return tp_error_context("--text-encoder %s", g->info.te_path);
         free(tok);
@@ -138,15 +138,15 @@ static void apply_defaults(gen_setup *g, run_spec *s) {
     if ((g->info.family == FAMILY_KLEIN_DISTILLED || g->info.family == FAMILY_FLUX3_FLOWMAP) && s->guidance >= 0 &&
         g->d->world_rank == 0)
         fprintf(stderr, "tpgen: note: %s is a guidance-distilled model; --guidance %g is ignored\n", gen_model_name(s), s->guidance);
-    if (!s->steps) s->steps = flux2_default_steps(&g->info);
-    if (s->guidance < 0) s->guidance = flux2_default_guidance(&g->info);
+    if (!s->steps) s->steps = tp_default_steps(&g->info);
+    if (s->guidance < 0) s->guidance = tp_default_guidance(&g->info);
     if (!s->width) s->width = 1024;
     if (!s->height) s->height = 1024;
     /* FLUX.3 pads each prompt to its own window, at most 8192 tokens (the modular pipeline's cap) */
-    if (!s->max_sequence_length) s->max_sequence_length = flux2_default_max_sequence_length(&g->info);
+    if (!s->max_sequence_length) s->max_sequence_length = tp_default_max_sequence_length(&g->info);
     if (!s->negative_prompt) s->negative_prompt = xstrdup("");
     if (!s->output) s->output = xstrdup(runspec_n_jobs(s) > 1 ? "tpgen-{index:04}-{seed}.png" : "tpgen.png");
-    g->use_cfg = flux2_uses_cfg(&g->info, s->guidance);
+    g->use_cfg = tp_uses_cfg(&g->info, s->guidance);
     g->precision = s->precision && !strcmp(s->precision, "f32") ? DT_F32 : DT_BF16;
     g->quantize_fp8 = s->quantize && !strcmp(s->quantize, "fp8");
 }
@@ -365,7 +365,7 @@ int gen_skip_existing(gen_setup *g) {
 }
 
 void gen_setup_free(gen_setup *g) {
-    flux2_pipe_info_free(&g->info);
+    tp_pipe_info_free(&g->info);
     free(g->embeds);
     free(g->embeds_desc);
     free(g->neg_embeds);

@@ -123,7 +123,7 @@ static void request_spec(const serve_ctx *sc, const serve_request *q, run_spec *
     rs->images = NULL, rs->n_images = 0, rs->prompt_images = NULL;
     gs->prompt_w = gs->prompt_h = NULL;
     gs->prompt_crop = NULL;
-    gs->use_cfg = flux2_uses_cfg(&g->info, rs->guidance);
+    gs->use_cfg = tp_uses_cfg(&g->info, rs->guidance);
 }
 
 /* The text encoder was loaded for this request: while it is there, world
@@ -147,7 +147,7 @@ static void encode_queued(serve_ctx *sc) {
         prompts[i][len] = 0;
     }
     int rc = 0;
-    for (int i = 0; i < n && !rc; i++) rc = flux2_pipe_prefetch(sc->pipe, prompts[i]);
+    for (int i = 0; i < n && !rc; i++) rc = tp_pipe_prefetch(sc->pipe, prompts[i]);
     if (rc) tp_error_clear();   /* agreed inside the group; each waiting request will encode its own */
     for (int i = 0; i < n; i++) free(prompts[i]);
 }
@@ -217,16 +217,16 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         rs.images = q->image_names, rs.n_images = q->n_images;
         gs.ref_files = q->image_names, gs.n_ref_files = q->n_images, gs.ref_sha256 = refs.sha;
     }
-    const flux2_pipe_stats *st = flux2_pipe_get_stats(sc->pipe);
+    const tp_pipe_stats *st = tp_pipe_get_stats(sc->pipe);
     double t_enc = st->t_encode + st->t_te_load, t_den = st->t_denoise, s_steps = st->step_seconds;
     int n_steps = st->steps;
     uint64_t hits = st->cache_hits, misses = st->cache_misses;
     float *emb = NULL, *neg = NULL;
     int64_t L = 0, Ln = 0;
-    int rc = flux2_pipe_encode(sc->pipe, prompt, &emb, &L, NULL);
-    if (!rc && gs.use_cfg) rc = flux2_pipe_encode(sc->pipe, rs.negative_prompt, &neg, &Ln, NULL);
+    int rc = tp_pipe_encode(sc->pipe, prompt, &emb, &L, NULL);
+    if (!rc && gs.use_cfg) rc = tp_pipe_encode(sc->pipe, rs.negative_prompt, &neg, &Ln, NULL);
     if (!rc && st->cache_misses > misses) encode_queued(sc);
-    flux2_pipe_text_done(sc->pipe);
+    tp_pipe_text_done(sc->pipe);
     int W = rs.width, H = rs.height;
     size_t nlat = (size_t)(H / 16) * (W / 16) * (size_t)g->info.in_channels;
     float *lat = xmalloc(nlat * sizeof(float));
@@ -238,17 +238,17 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     }
     for (int k = 0; k < q->n && !rc; k++) {
         seed = q->seed + (uint64_t)k;
-        flux2_job j = {.seed = seed, .rng = gs.rng, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
+        tp_job j = {.seed = seed, .rng = gs.rng, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
                        .embeds = emb, .L = L, .neg_embeds = neg, .Ln = Ln, .on_step = on_step, .ctx = sc,
                        .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images};
         watchdog_phase_set(WD_STEPS, "rendering a request");   /* each step is a progress point */
         serve_ranks_beat(sc->ranks);   /* world rank 0's heartbeat carries the new bound */
-        rc = flux2_pipe_render(sc->pipe, &j, lat);
+        rc = tp_pipe_render(sc->pipe, &j, lat);
         if (rc) break;
         watchdog_phase_set(WD_STARTUP, "decoding a request's image");
         serve_ranks_beat(sc->ranks);   /* world rank 0's heartbeat carries the new bound */
         double dt = 0;
-        int mine = flux2_pipe_decode(sc->pipe, lat, W, H, rgb, &dt);   /* every rank decodes a band */
+        int mine = tp_pipe_decode(sc->pipe, lat, W, H, rgb, &dt);   /* every rank decodes a band */
         t_dec += dt;
         if (!mine && d->tp_rank == 0) {
             char *params = gen_parameters_text(&gs, 0);

@@ -1,5 +1,5 @@
 /* `tpgen serve`, the render side: one request rendered by every rank of a
- * TP group in lockstep on the pipeline library (core/flux2_pipe.h), as a
+ * TP group in lockstep on the pipeline library (core/tp_pipe.h), as a
  * one-job run spec over the server's settings, so that its PNG and the
  * PNG's parameters are byte-identical to `tpgen generate` with the same
  * settings. Edits: the uploaded references are checked, hashed and
@@ -11,7 +11,7 @@
 
 typedef struct serve_ctx {
     gen_setup *g;                /* the server's settings, defaults applied */
-    flux2_pipe *pipe;
+    tp_pipe *pipe;
     serve_ranks *ranks;
     int has_encoder;             /* the VAE can encode reference images (same on every rank) */
     /* the job being rendered, and whether (why) it was stopped at a step */

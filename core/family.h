@@ -1,4 +1,4 @@
-/* What a model family brings to the pipeline object (core/flux2_pipe.c):
+/* What a model family brings to the pipeline object (core/tp_pipe.c):
  * one table per family, so the object itself holds no family branch. FLUX.2
  * (dev, klein, klein base, klein KV) is core/family_flux2.c, FLUX.3 (base,
  * flow-map) core/flux3_pipe.c. Each family's sampling runs the one shared
@@ -6,7 +6,7 @@
  * the table gives it the family's prediction, schedule and noise. */
 #ifndef TPGEN_FAMILY_H
 #define TPGEN_FAMILY_H
-#include "flux2_pipe.h"
+#include "tp_pipe.h"
 #include "refs.h"
 
 /* what loading a transformer needs besides its folder */
@@ -24,7 +24,7 @@ typedef struct pipe_family {
     const char *name;            /* "FLUX.2", "FLUX.3" (messages) */
     /* the transformer config's sizes into info (in_channels, joint_dim, cond_in_channels,
      * embedded_guidance) and *flow_map; -1 + tp_error naming path */
-    int (*read_config)(const json_t *cfg, const char *path, flux2_pipe_info *info, int *flow_map);
+    int (*read_config)(const json_t *cfg, const char *path, tp_pipe_info *info, int *flow_map);
     /* diffusers' pipeline defaults */
     int (*default_steps)(model_family f);
     double (*default_guidance)(model_family f);
@@ -46,7 +46,7 @@ typedef struct pipe_family {
     void (*reference_ids)(ref_set *rs);
     /* one job's sampling (noise, schedule, the shared loop): latents
      * [(H/16)*(W/16), in_channels] on every rank; collective */
-    int (*denoise)(void *model, const flux2_pipe_info *info, const flux2_job *j, const ref_set *rs,
+    int (*denoise)(void *model, const tp_pipe_info *info, const tp_job *j, const ref_set *rs,
                    denoise_step_fn on_step, void *ctx, float *latents);
 } pipe_family;
 

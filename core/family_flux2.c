@@ -24,7 +24,7 @@ static int json_int(const json_t *o, const char *key, int def, const char *where
     return 0;
 }
 
-static int read_config(const json_t *cfg, const char *path, flux2_pipe_info *g, int *flow_map) {
+static int read_config(const json_t *cfg, const char *path, tp_pipe_info *g, int *flow_map) {
     *flow_map = 0;
     int rc = json_int(cfg, "in_channels", 128, path, &g->in_channels);
     if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, path, &g->joint_dim);
@@ -74,7 +74,7 @@ float *flux2_noise_packed_as(uint64_t seed, int C, int h, int w, int rng_kind) {
     return x;
 }
 
-static int denoise(void *model, const flux2_pipe_info *info, const flux2_job *j, const ref_set *rs,
+static int denoise(void *model, const tp_pipe_info *info, const tp_job *j, const ref_set *rs,
                    denoise_step_fn on_step, void *ctx, float *latents) {
     int h = j->height / 16, w = j->width / 16, C = info->in_channels;
     int64_t N = (int64_t)h * w;

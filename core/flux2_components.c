@@ -3,7 +3,7 @@
  * folder given by flag, the family's default), the naming detected
  * (diffusers / BFL / GGUF, the text encoder's HF prefix), the dtypes (fp8,
  * GGUF block types) and where its config came from. Headers only. */
-#include "flux2_pipe.h"
+#include "tp_pipe.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/fp8.h"
 #include "core/models/llm.h"
@@ -49,7 +49,7 @@ static void add_ckpt(json_t *o, const checkpoint *c) {
     }
 }
 
-static json_t *describe_transformer(const flux2_pipe_info *g) {
+static json_t *describe_transformer(const tp_pipe_info *g) {
     json_t *o = part("transformer", g->transformer_dir, g->transformer_src);
     checkpoint *c = NULL;
     if (checkpoint_open(g->transformer_dir, &c)) {
@@ -68,7 +68,7 @@ static json_t *describe_transformer(const flux2_pipe_info *g) {
     return o;
 }
 
-static json_t *describe_text_encoder(const flux2_pipe_info *g) {
+static json_t *describe_text_encoder(const tp_pipe_info *g) {
     json_t *o = part("text_encoder", g->te_path, g->has_text_encoder ? g->te_src : "none");
     if (!g->has_text_encoder) return o;
     checkpoint *c = NULL;
@@ -77,7 +77,7 @@ static json_t *describe_text_encoder(const flux2_pipe_info *g) {
         return o;
     }
     add_ckpt(o, c);
-    textenc_source src = flux2_pipe_text_source(g);
+    textenc_source src = tp_pipe_text_source(g);
     char *cfg = path_is_dir(g->te_path) ? xasprintf("%s/config.json", g->te_path) : NULL;
     if (!cfg) {   /* a file: the config.json beside it */
         const char *slash = strrchr(g->te_path, '/');
@@ -112,7 +112,7 @@ static json_t *describe_text_encoder(const flux2_pipe_info *g) {
     return o;
 }
 
-static json_t *describe_vae(const flux2_pipe_info *g) {
+static json_t *describe_vae(const tp_pipe_info *g) {
     json_t *o = part("vae", g->vae_dir, g->has_vae ? g->vae_src : "none");
     if (!g->has_vae) return o;
     checkpoint *c = NULL;
@@ -131,7 +131,7 @@ static json_t *describe_vae(const flux2_pipe_info *g) {
     return o;
 }
 
-json_t *flux2_components_describe(const flux2_pipe_info *g) {
+json_t *flux2_components_describe(const tp_pipe_info *g) {
     json_t *a = json_array();
     json_t *f = json_pack("{s:s,s:s,s:s?}", "component", "family", "name", g->family_name, "from", g->family_src);
     json_array_append_new(a, f);

@@ -241,7 +241,7 @@ int flux3_denoise(flux3_model *m, const flux3_job *j, float *out) {
 /* ---- the FLUX.3 family in the pipeline object's table (family.h) ---- */
 
 /* every field checked by the transformer's own parser */
-static int family_read_config(const json_t *cfg, const char *path, flux2_pipe_info *g, int *flow_map) {
+static int family_read_config(const json_t *cfg, const char *path, tp_pipe_info *g, int *flow_map) {
     flux3_config c3 = {0};
     int rc = flux3_config_parse(cfg, path, &c3);
     g->in_channels = c3.in_channels, g->joint_dim = c3.joint_dim, g->cond_in_channels = c3.cond_in_channels;
@@ -269,7 +269,7 @@ static void family_free_model(void *model) { flux3_free(model); }
  * preprocessing without its checks) */
 static refs_load_fn family_reference_loader(int n) { return n == 1 ? flux3_load_reference : flux3_load_reference_crop; }
 
-static int family_denoise(void *model, const flux2_pipe_info *info, const flux2_job *j, const ref_set *rs,
+static int family_denoise(void *model, const tp_pipe_info *info, const tp_job *j, const ref_set *rs,
                           denoise_step_fn on_step, void *ctx, float *latents) {
     flux3_job f = {.seed = j->seed, .init_latents = j->init_latents, .steps = j->steps, .guidance = j->guidance,
                    .h = j->height / 16, .w = j->width / 16, .embeds = j->embeds, .L = j->L,

@@ -1,6 +1,6 @@
 /* The FLUX.3 sampling pipeline (diffusers 0.42.1's Flux3ModularPipeline and
  * Flux3DistilledModularPipeline, modular_pipelines/flux3/), as the pieces
- * the family-neutral pipeline object (core/flux2_pipe.c) runs for a FLUX.3
+ * the family-neutral pipeline object (core/tp_pipe.c) runs for a FLUX.3
  * folder: defaults, seeded noise, position ids, reference ids, and the
  * denoising loop (CFG for base, the flow-map step with its target timestep).
  * The schedule is core/schedule.c's constant shift, the references go

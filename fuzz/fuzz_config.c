@@ -4,7 +4,7 @@
  * the family table of core/model_family.c under FLUX.2 and FLUX.3 transformers) and a sharded checkpoint's
  * *.safetensors.index.json (checkpoint_open next to one valid shard). */
 #include "core/models/model_plan.h"
-#include "core/flux2_pipe.h"
+#include "core/tp_pipe.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/err.h"
 #include "core/models/flux2.h"

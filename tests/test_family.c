@@ -3,7 +3,7 @@
  * class name and flow_map, FLUX.2's guidance_embeds), and a contradiction
  * is followed with a warning naming both files (FLUX.3: flow_map decides). */
 #include "test.h"
-#include "core/flux2_pipe.h"
+#include "core/tp_pipe.h"
 #include "kernels/err.h"
 #include <string.h>
 

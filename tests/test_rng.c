@@ -154,7 +154,7 @@ TEST(rng_u64_is_two_u32) {
 /* The pipeline's initial noise with --rng torch1 (cli/generate_run.c) is
  * what diffusers drew on torch 1.13 for the golden runs: flux2-tiny-a
  * (seed 1) and the three klein-tiny cases. */
-#include "core/flux2_pipe.h"
+#include "core/tp_pipe.h"
 #include <jansson.h>
 
 static void check_noise(const char *file, const char *latents_key, const char *seed_key, uint64_t seed_default) {

@@ -1,26 +1,28 @@
-/* The FLUX.2 generation pipeline as a library object, shared by the front
+/* The generation pipeline as a library object, the same for every model
+ * family (FLUX.2, FLUX.3: each a table, core/family.h), shared by the front
  * ends (`tpgen generate`, `tpgen serve`, benchmarks): a model folder is
  * probed (no weights), opened on a TP group, its weights loaded once, and
  * then any number of jobs rendered.
  *
- *   flux2_pipe_probe     the folder: family, sizes, components (cheap)
- *   flux2_pipe_open      backend and communicator of the TP group
- *   flux2_pipe_encode    prompt -> embeddings (text encoder loaded on demand,
- *                        freed by flux2_pipe_text_done unless kept resident;
- *                        an LRU cache skips repeated prompts)
- *   flux2_pipe_load      transformer shard (LoRA, fp8) and the VAE parts
- *                        that are needed, on every rank (they run patch-parallel)
- *   flux2_pipe_render    one job: seeded noise, references, denoising in
- *                        lockstep -> final latents on every rank
- *   flux2_pipe_decode    latents -> RGB, patch-parallel over the group, the
- *                        image on the group's first rank
+ *   tp_pipe_probe     the folder: family, sizes, components (cheap)
+ *   tp_pipe_open      backend and communicator of the TP group
+ *   tp_pipe_encode    prompt -> embeddings (text encoder loaded on demand,
+ *                     freed by tp_pipe_text_done unless kept resident;
+ *                     an LRU cache skips repeated prompts)
+ *   tp_pipe_load      transformer shard (LoRA, fp8) and the VAE parts
+ *                     that are needed, on every rank (they run patch-parallel)
+ *   tp_pipe_render    one job: seeded noise, references, denoising in
+ *                     lockstep (the one loop, core/sampler.h) -> final
+ *                     latents on every rank
+ *   tp_pipe_decode    latents -> RGB, patch-parallel over the group, the
+ *                     image on the group's first rank
  *
  * Every call but probe is collective over the TP group and
  * returns the same status on every rank of it (errors agreed inside the
  * group), so a failed job leaves the group in lockstep. File names, output
  * patterns and PNG parameters belong to the front ends. */
-#ifndef TPGEN_FLUX2_PIPE_H
-#define TPGEN_FLUX2_PIPE_H
+#ifndef TPGEN_TP_PIPE_H
+#define TPGEN_TP_PIPE_H
 #include "core/formats/lora.h"
 #include "core/models/textenc.h"
 #include "pipeline.h"
@@ -58,7 +60,7 @@ const char *model_family_name(model_family f);
 int model_family_is_flux3(model_family f);
 
 /* What a model folder is, read from its JSON files (no weights). */
-typedef struct flux2_pipe_info {
+typedef struct tp_pipe_info {
     model_family family;         /* FAMILY_KLEIN_KV is resolved to distilled/base with kv_refs set */
     const char *family_name;
     int embedded_guidance;       /* FLUX.2-dev: guidance goes into the model */
@@ -71,7 +73,7 @@ typedef struct flux2_pipe_info {
     char *model_root;            /* --model, or NULL for a model assembled from components */
     /* where each part came from, for messages and inspect: "pipeline folder", "--vae file", ... */
     const char *transformer_src, *te_src, *vae_src, *family_src;
-} flux2_pipe_info;
+} tp_pipe_info;
 
 /* The parts of a model: a pipeline folder and/or single components, each a
  * file (.safetensors / .gguf) or a folder, replacing the folder's own
@@ -83,36 +85,36 @@ typedef struct flux2_components {
     const char *transformer, *text_encoder, *vae;
     const char *family;
 } flux2_components;
-int flux2_pipe_probe_components(const flux2_components *c, flux2_pipe_info *info, char *warning, size_t warning_len);
+int tp_pipe_probe_components(const flux2_components *c, tp_pipe_info *info, char *warning, size_t warning_len);
 /* Each part of a probed model (core/flux2_components.c), headers only: a JSON array of
  * {component, path, from, naming, format, files, tensors, dtypes, config, ...}. */
-json_t *flux2_components_describe(const flux2_pipe_info *info);
+json_t *flux2_components_describe(const tp_pipe_info *info);
 
 /* Probe a pipeline folder (diffusers layout). A contradiction between
  * model_index.json and the transformer config leaves a warning in warning.
  * -1 + tp_error naming the file on a missing or malformed folder. */
-int flux2_pipe_probe(const char *root, flux2_pipe_info *info, char *warning, size_t warning_len);
+int tp_pipe_probe(const char *root, tp_pipe_info *info, char *warning, size_t warning_len);
 /* The same with the transformer taken from the folder `transformer`
  * (--transformer DIR: any checkpoint folder tpgen reads, e.g. one holding a
  * GGUF file) instead of <root>/transformer; NULL: the pipeline's own. */
-int flux2_pipe_probe_with(const char *root, const char *transformer, flux2_pipe_info *info, char *warning,
+int tp_pipe_probe_with(const char *root, const char *transformer, tp_pipe_info *info, char *warning,
                           size_t warning_len);
-void flux2_pipe_info_free(flux2_pipe_info *info);
+void tp_pipe_info_free(tp_pipe_info *info);
 /* The text encoder of a probed model, for textenc_load_from. */
-textenc_source flux2_pipe_text_source(const flux2_pipe_info *info);
+textenc_source tp_pipe_text_source(const tp_pipe_info *info);
 /* The model's defaults (diffusers' pipelines): klein distilled 4 steps and
  * no guidance, the others 50 steps and guidance 4; FLUX.3 (core/flux3_pipe.h)
  * base 50 steps and CFG 3.5, flow-map 16 steps and no guidance. */
-int flux2_default_steps(const flux2_pipe_info *info);
-double flux2_default_guidance(const flux2_pipe_info *info);
+int tp_default_steps(const tp_pipe_info *info);
+double tp_default_guidance(const tp_pipe_info *info);
 /* klein base with guidance > 1 and FLUX.3 base with guidance != 1 run
  * classifier-free guidance (two passes). */
-int flux2_uses_cfg(const flux2_pipe_info *info, double guidance);
+int tp_uses_cfg(const tp_pipe_info *info, double guidance);
 /* Tokens per prompt when none is asked for: FLUX.2 512 (every prompt padded
  * to it); FLUX.3 8192, the cap of each prompt's own window. */
-int flux2_default_max_sequence_length(const flux2_pipe_info *info);
+int tp_default_max_sequence_length(const tp_pipe_info *info);
 
-typedef struct flux2_pipe_config {
+typedef struct tp_pipe_config {
     const char *model;           /* the folder (as the user named it) */
     const char *backend;         /* "cpu" | "cuda" | NULL (default) */
     dtype_t precision;
@@ -123,10 +125,10 @@ typedef struct flux2_pipe_config {
     int keep_text_encoder;       /* keep the text encoder resident between encodes */
     size_t prompt_cache_bytes;   /* LRU cache of embeddings (0: none) */
     int max_sequence_length;     /* L: tokens per prompt */
-} flux2_pipe_config;
+} tp_pipe_config;
 
 /* Cumulative figures of this rank. */
-typedef struct flux2_pipe_stats {
+typedef struct tp_pipe_stats {
     double t_encode;             /* encoding prompts, without loading the text encoder */
     double t_te_load;            /* loading the text encoder (wall time) */
     double t_load, t_refs, t_denoise;   /* t_load: the transformer and the VAE */
@@ -140,36 +142,36 @@ typedef struct flux2_pipe_stats {
     uint64_t cache_hits, cache_misses;
     uint64_t prefetched;         /* prompts encoded ahead into the cache */
     uint64_t lora_bytes[LORA_MAX_ADAPTERS];  /* read from each adapter at the last load */
-} flux2_pipe_stats;
+} tp_pipe_stats;
 
-typedef struct flux2_pipe flux2_pipe;
+typedef struct tp_pipe tp_pipe;
 
 /* Select the backend (device local_rank of local_size) and create the TP
  * group's communicator; info must outlive the pipe. Collective over tp_comm. */
-int flux2_pipe_open(const flux2_pipe_config *cfg, const flux2_pipe_info *info, MPI_Comm tp_comm, int local_rank,
-                    int local_size, flux2_pipe **out);
-void flux2_pipe_free(flux2_pipe *p);
+int tp_pipe_open(const tp_pipe_config *cfg, const tp_pipe_info *info, MPI_Comm tp_comm, int local_rank,
+                    int local_size, tp_pipe **out);
+void tp_pipe_free(tp_pipe *p);
 
 /* The embedding of a prompt: *out = [*L, joint_dim] floats (malloc'ed; L
  * may be NULL). FLUX.2: L = max_sequence_length; FLUX.3: the prompt's
  * window (its tokens rounded up to 80, at most max_sequence_length). *hit
  * (may be NULL) is 1 when the cache answered. Loads the text encoder when
  * needed. */
-int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float **out, int64_t *L, int *hit);
+int tp_pipe_encode(tp_pipe *p, const char *prompt, float **out, int64_t *L, int *hit);
 /* Encode a prompt into the cache only, for a prompt that will be asked for
  * soon, while the encoder is loaded; not counted as a hit or a miss. No-op
  * without a cache. */
-int flux2_pipe_prefetch(flux2_pipe *p, const char *prompt);
+int tp_pipe_prefetch(tp_pipe *p, const char *prompt);
 /* Done with prompts for now: the text encoder is freed (its memory goes
  * back to the transformer) unless keep_text_encoder. */
-void flux2_pipe_text_done(flux2_pipe *p);
+void tp_pipe_text_done(tp_pipe *p);
 
 /* Load the transformer shard (and, the first time, the VAE): no-op when
- * loaded. flux2_pipe_unload frees the transformer only. */
-int flux2_pipe_load(flux2_pipe *p);
-void flux2_pipe_unload(flux2_pipe *p);
+ * loaded. tp_pipe_unload frees the transformer only. */
+int tp_pipe_load(tp_pipe *p);
+void tp_pipe_unload(tp_pipe *p);
 
-typedef struct flux2_job {
+typedef struct tp_job {
     uint64_t seed;
     int rng;                     /* tp_rng_kind (core/rng.h) of the seeded draw: 0 torch 2.x, 1 torch 1.13 */
     const float *init_latents;   /* NULL: seeded noise; else the starting latents, packed
@@ -179,27 +181,27 @@ typedef struct flux2_job {
     int width, height;           /* pixels, multiples of 16 */
     const float *embeds;         /* [L, joint_dim] */
     int64_t L;
-    const float *neg_embeds;     /* CFG (flux2_uses_cfg): the negative prompt's, else NULL */
+    const float *neg_embeds;     /* CFG (tp_uses_cfg): the negative prompt's, else NULL */
     int64_t Ln;                  /* its length in tokens, the buffer's (0: L); both families honour it */
     char *const *images;         /* reference images in order (read on the group's first rank) */
     int n_images;
     denoise_step_fn on_step;     /* NULL ok; called on every rank after each step */
     void *ctx;
-} flux2_job;
+} tp_job;
 
 /* Render a job: latents [(H/16)*(W/16), in_channels] on every rank. A job
  * whose sizes cannot be right (width or height not a positive multiple of
  * 16, no embeddings, Ln without negative embeddings) is refused on every
  * rank before anything is read. */
-int flux2_pipe_render(flux2_pipe *p, const flux2_job *job, float *latents);
+int tp_pipe_render(tp_pipe *p, const tp_job *job, float *latents);
 /* Latents (the same on every rank) -> RGB [H, W, 3] on the group's first
  * rank (rgb may be NULL elsewhere), each rank decoding one row band.
  * Collective over the TP group; the status is agreed. */
-int flux2_pipe_decode(flux2_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds);
+int tp_pipe_decode(tp_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds);
 
-const flux2_pipe_stats *flux2_pipe_get_stats(const flux2_pipe *p);
+const tp_pipe_stats *tp_pipe_get_stats(const tp_pipe *p);
 /* Bytes the backend holds now (weights and buffers), this rank. */
-uint64_t flux2_pipe_resident_bytes(const flux2_pipe *p);
+uint64_t tp_pipe_resident_bytes(const tp_pipe *p);
 
 /* The initial noise of a job, as the bf16 diffusers pipeline draws it:
  * torch.randn([1, C, h, w], generator=manual_seed(seed), dtype=bf16),

@@ -1,4 +1,4 @@
-/* The pipeline library on its own (core/flux2_pipe.h), without generate's
+/* The pipeline library on its own (core/tp_pipe.h), without generate's
  * front end: golden/klein-tiny case 0 (diffusers' Flux2KleinPipeline, f32)
  * rendered through probe / open / encode / load / render / decode at the
  * test's world size; the prompt cache (a hit gives the very same
@@ -7,14 +7,14 @@
  * prompt's own length (issue 39) and the job checks. */
 #include "test.h"
 #include "kernels/err.h"
-#include "core/flux2_pipe.h"
+#include "core/tp_pipe.h"
 #include "core/formats/safetensors.h"
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
+TEST_MPI(tp_pipe_renders_golden_klein_and_caches_prompts) {
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -31,29 +31,29 @@ TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
     int L = (int)json_integer_value(json_object_get(j, "max_sequence_length"));
     json_decref(j);
 
-    flux2_pipe_info info;
+    tp_pipe_info info;
     char warn[256];
-    REQUIRE(flux2_pipe_probe(model, &info, warn, sizeof warn) == 0, "%s", tp_error_msg());
+    REQUIRE(tp_pipe_probe(model, &info, warn, sizeof warn) == 0, "%s", tp_error_msg());
     CHECK(info.family == FAMILY_KLEIN_DISTILLED && info.has_vae && info.has_text_encoder && !warn[0],
           "probe: klein distilled with a VAE and a text encoder");
-    flux2_pipe_config cfg = {.model = model, .backend = "cpu", .precision = DT_F32, .decoder = 1,
+    tp_pipe_config cfg = {.model = model, .backend = "cpu", .precision = DT_F32, .decoder = 1,
                              .prompt_cache_bytes = 1 << 20, .max_sequence_length = L};
-    flux2_pipe *p = NULL;
-    REQUIRE(flux2_pipe_open(&cfg, &info, MPI_COMM_WORLD, rank, size, &p) == 0, "%s", tp_error_msg());
+    tp_pipe *p = NULL;
+    REQUIRE(tp_pipe_open(&cfg, &info, MPI_COMM_WORLD, rank, size, &p) == 0, "%s", tp_error_msg());
 
     size_t ne = (size_t)L * (size_t)info.joint_dim;
     float *e1 = NULL, *e2 = NULL;
     int hit1 = -1, hit2 = -1;
     int64_t L1 = 0, L2 = 0;
-    int rc = flux2_pipe_encode(p, prompt, &e1, &L1, &hit1);
-    flux2_pipe_text_done(p);   /* freed: a miss would load it again */
-    if (!rc) rc = flux2_pipe_encode(p, prompt, &e2, &L2, &hit2);
+    int rc = tp_pipe_encode(p, prompt, &e1, &L1, &hit1);
+    tp_pipe_text_done(p);   /* freed: a miss would load it again */
+    if (!rc) rc = tp_pipe_encode(p, prompt, &e2, &L2, &hit2);
     REQUIRE(rc == 0, "%s", tp_error_msg());
     REQUIRE(L1 == L && L2 == L, "FLUX.2 embeds over max_sequence_length: %lld, %lld, want %d", (long long)L1,
             (long long)L2, L);
     CHECK(hit1 == 0 && hit2 == 1 && !memcmp(e1, e2, ne * sizeof(float)), "the second encode is a cache hit (%d, %d) "
           "with the same embedding", hit1, hit2);
-    const flux2_pipe_stats *st = flux2_pipe_get_stats(p);
+    const tp_pipe_stats *st = tp_pipe_get_stats(p);
     CHECK(st->cache_hits == 1 && st->cache_misses == 1, "stats: %llu hits, %llu misses",
           (unsigned long long)st->cache_hits, (unsigned long long)st->cache_misses);
 
@@ -69,13 +69,13 @@ TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
     REQUIRE(shape_ok, "case0.initial_latents: shape");
     float *start = flux2_latents_pack(init, info.in_channels, H / 16, W / 16);
     free(init);
-    flux2_job job = {.seed = seed, .init_latents = start, .steps = 4, .guidance = 1.0, .width = W, .height = H,
+    tp_job job = {.seed = seed, .init_latents = start, .steps = 4, .guidance = 1.0, .width = W, .height = H,
                      .embeds = e1, .L = L};
-    rc = flux2_pipe_render(p, &job, lat);
+    rc = tp_pipe_render(p, &job, lat);
     CHECK(rc == -1 && strstr(tp_error_msg(), "not loaded"), "render before load: an error on every rank (%s)",
           tp_error_msg());
-    REQUIRE(flux2_pipe_load(p) == 0, "%s", tp_error_msg());
-    REQUIRE(flux2_pipe_render(p, &job, lat) == 0, "%s", tp_error_msg());
+    REQUIRE(tp_pipe_load(p) == 0, "%s", tp_error_msg());
+    REQUIRE(tp_pipe_render(p, &job, lat) == 0, "%s", tp_error_msg());
     CHECK(st->steps == 4, "4 steps counted, got %d", st->steps);
 
     st_file *ref = NULL;
@@ -90,7 +90,7 @@ TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
     {   /* collective: each rank decodes a band, the image lands on the group's first rank */
         size_t np = (size_t)W * H * 3;
         uint8_t *rgb = rank == 0 ? malloc(np) : NULL, *img = malloc(np);
-        REQUIRE(flux2_pipe_decode(p, lat, W, H, rgb, NULL) == 0, "%s", tp_error_msg());
+        REQUIRE(tp_pipe_decode(p, lat, W, H, rgb, NULL) == 0, "%s", tp_error_msg());
         const st_tensor_info *tu = st_find(ref, "case0.image_u8");
         REQUIRE(tu && st_read_raw(ref, tu, img) == 0, "case0.image_u8: %s", tp_error_msg());
         int worst = 0;
@@ -108,28 +108,28 @@ TEST_MPI(flux2_pipe_renders_golden_klein_and_caches_prompts) {
         memcpy(neg_full, e1, ne * sizeof(float));
         memcpy(neg_short, e1, (size_t)Ln * info.joint_dim * sizeof(float));
         float *plain = malloc(nl * sizeof(float)), *self = malloc(nl * sizeof(float)), *shrt = malloc(nl * sizeof(float));
-        flux2_job one = job;
+        tp_job one = job;
         one.steps = 1;
-        REQUIRE(flux2_pipe_render(p, &one, plain) == 0, "%s", tp_error_msg());
+        REQUIRE(tp_pipe_render(p, &one, plain) == 0, "%s", tp_error_msg());
         one.guidance = 2.0, one.neg_embeds = neg_full, one.Ln = L;
-        REQUIRE(flux2_pipe_render(p, &one, self) == 0, "%s", tp_error_msg());
+        REQUIRE(tp_pipe_render(p, &one, self) == 0, "%s", tp_error_msg());
         CHECK(!memcmp(plain, self, nl * sizeof(float)), "CFG against the prompt itself is the plain velocity");
         one.neg_embeds = neg_short, one.Ln = Ln;
-        REQUIRE(flux2_pipe_render(p, &one, shrt) == 0, "Ln %lld: %s", (long long)Ln, tp_error_msg());
+        REQUIRE(tp_pipe_render(p, &one, shrt) == 0, "Ln %lld: %s", (long long)Ln, tp_error_msg());
         int finite = 1;
         for (size_t i = 0; i < nl; i++) finite &= isfinite(shrt[i]);
         CHECK(finite && memcmp(plain, shrt, nl * sizeof(float)), "a negative of Ln = %lld tokens is read as such",
               (long long)Ln);
         /* sizes that cannot be right are refused on every rank before anything is read */
         one.Ln = 3, one.neg_embeds = NULL;
-        CHECK(flux2_pipe_render(p, &one, shrt) == -1 && strstr(tp_error_msg(), "Ln = 3 needs negative embeddings"),
+        CHECK(tp_pipe_render(p, &one, shrt) == -1 && strstr(tp_error_msg(), "Ln = 3 needs negative embeddings"),
               "Ln without negative embeddings: %s", tp_error_msg());
         one.Ln = 0, one.width = W + 8;
-        CHECK(flux2_pipe_render(p, &one, shrt) == -1 && strstr(tp_error_msg(), "must be a multiple of 16"),
+        CHECK(tp_pipe_render(p, &one, shrt) == -1 && strstr(tp_error_msg(), "must be a multiple of 16"),
               "a width that is not a multiple of 16: %s", tp_error_msg());
         free(neg_full), free(neg_short), free(plain), free(self), free(shrt);
     }
     free(want), free(lat), free(start), free(e1), free(e2), free(prompt);
-    flux2_pipe_free(p);
-    flux2_pipe_info_free(&info);
+    tp_pipe_free(p);
+    tp_pipe_info_free(&info);
 }

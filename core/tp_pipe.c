@@ -1,10 +1,12 @@
-/* The FLUX.2 pipeline object (flux2_pipe.h): the work of a generation job
+/* The pipeline object (tp_pipe.h), family-neutral: what a family does
+ * differently comes from its table (family.h, pipe_family_of), the
+ * sampling loop is core/sampler.c. The work of a generation job
  * without its files. Text encoding (the encoder loaded on demand and freed
  * again unless kept), the transformer shard of each rank, the VAE on the
  * TP group's first rank, and per job: seeded noise, reference tokens
  * (encoded where the VAE is, broadcast to the group), denoising in
  * lockstep, decoding. */
-#include "flux2_pipe.h"
+#include "tp_pipe.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/comm.h"
 #include "core/dist/dist.h"
@@ -22,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct flux2_pipe {
-    flux2_pipe_config cfg;
-    const flux2_pipe_info *info;
+struct tp_pipe {
+    tp_pipe_config cfg;
+    const tp_pipe_info *info;
     MPI_Comm tp_comm;
     int tp_rank;
     backend *be;
@@ -34,7 +36,7 @@ struct flux2_pipe {
     void *model;                 /* the family's transformer shard, NULL until loaded */
     vae_model *vae;
     embed_cache *cache;
-    flux2_pipe_stats st;
+    tp_pipe_stats st;
     /* the current job's step callback, wrapped to count steps */
     denoise_step_fn user_step;
     void *user_ctx;
@@ -57,14 +59,14 @@ static json_t *load_json(const char *path, int required) {
     return j;
 }
 
-int flux2_pipe_probe(const char *root, flux2_pipe_info *g, char *warning, size_t warning_len) {
-    return flux2_pipe_probe_with(root, NULL, g, warning, warning_len);
+int tp_pipe_probe(const char *root, tp_pipe_info *g, char *warning, size_t warning_len) {
+    return tp_pipe_probe_with(root, NULL, g, warning, warning_len);
 }
 
-int flux2_pipe_probe_with(const char *root, const char *transformer, flux2_pipe_info *g, char *warning,
+int tp_pipe_probe_with(const char *root, const char *transformer, tp_pipe_info *g, char *warning,
                           size_t warning_len) {
     flux2_components c = {.model = root, .transformer = transformer};
-    return flux2_pipe_probe_components(&c, g, warning, warning_len);
+    return tp_pipe_probe_components(&c, g, warning, warning_len);
 }
 
 /* model_index.json of a --family: the class diffusers' pipeline of that name writes */
@@ -83,7 +85,7 @@ static int component_path(const char *flag, const char *path, const char **kind)
     return 0;
 }
 
-int flux2_pipe_probe_components(const flux2_components *cp, flux2_pipe_info *g, char *warning, size_t warning_len) {
+int tp_pipe_probe_components(const flux2_components *cp, tp_pipe_info *g, char *warning, size_t warning_len) {
     memset(g, 0, sizeof *g);
     if (warning_len) warning[0] = 0;
     const char *root = cp->model, *kind = NULL;
@@ -124,7 +126,7 @@ int flux2_pipe_probe_components(const flux2_components *cp, flux2_pipe_info *g, 
     /* the transformer's class names its family (FLUX.2's configs have none or Flux2Transformer2DModel) */
     int flux3 = tclass && !strcmp(tclass, FLUX3_CLASS_NAME), flow_map = 0;
     if (!rc) rc = (flux3 ? &family_flux3 : &family_flux2)->read_config(cfg, cfg_path, g, &flow_map);
-    if (rc) return json_decref(cfg), free(cfg_path), flux2_pipe_info_free(g), -1;
+    if (rc) return json_decref(cfg), free(cfg_path), tp_pipe_info_free(g), -1;
 
     /* the pipeline class: model_index.json, else a modular pipeline's modular_model_index.json, else --family */
     int overrides = cp->transformer || cp->text_encoder || cp->vae;
@@ -186,7 +188,7 @@ int flux2_pipe_probe_components(const flux2_components *cp, flux2_pipe_info *g, 
                                      : "pipeline folder";
         g->te_path = cp->text_encoder ? xstrdup(cp->text_encoder) : root ? xasprintf("%s/text_encoder", root) : NULL;
     }
-    if (rc) return flux2_pipe_info_free(g), -1;
+    if (rc) return tp_pipe_info_free(g), -1;
     char *vc = xasprintf("%s/config.json", g->vae_dir);
     g->has_vae = cp->vae ? 1 : path_is_file(vc);
     g->has_text_encoder = g->te_path && (cp->text_encoder || path_is_dir(g->te_path));
@@ -194,7 +196,7 @@ int flux2_pipe_probe_components(const flux2_components *cp, flux2_pipe_info *g, 
     return 0;
 }
 
-void flux2_pipe_info_free(flux2_pipe_info *info) {
+void tp_pipe_info_free(tp_pipe_info *info) {
     free(info->transformer_dir);
     free(info->vae_dir);
     free(info->te_path);
@@ -202,31 +204,31 @@ void flux2_pipe_info_free(flux2_pipe_info *info) {
     memset(info, 0, sizeof *info);
 }
 
-int flux2_default_steps(const flux2_pipe_info *info) { return pipe_family_of(info->family)->default_steps(info->family); }
-double flux2_default_guidance(const flux2_pipe_info *info) {
+int tp_default_steps(const tp_pipe_info *info) { return pipe_family_of(info->family)->default_steps(info->family); }
+double tp_default_guidance(const tp_pipe_info *info) {
     return pipe_family_of(info->family)->default_guidance(info->family);
 }
-int flux2_default_max_sequence_length(const flux2_pipe_info *info) {
+int tp_default_max_sequence_length(const tp_pipe_info *info) {
     return pipe_family_of(info->family)->default_max_sequence_length;
 }
 
-textenc_source flux2_pipe_text_source(const flux2_pipe_info *info) {
+textenc_source tp_pipe_text_source(const tp_pipe_info *info) {
     return (textenc_source){.model_dir = info->model_root, .path = info->te_path,
                             .dev = info->family == FAMILY_DEV};
 }
 
-int flux2_uses_cfg(const flux2_pipe_info *info, double guidance) {
+int tp_uses_cfg(const tp_pipe_info *info, double guidance) {
     return pipe_family_of(info->family)->uses_cfg(info->family, guidance);
 }
 
 /* ---- the object ---- */
 
-static int agree(flux2_pipe *p, int rc) { return dist_agree(p->tp_comm, rc); }
+static int agree(tp_pipe *p, int rc) { return dist_agree(p->tp_comm, rc); }
 
-int flux2_pipe_open(const flux2_pipe_config *cfg, const flux2_pipe_info *info, MPI_Comm tp_comm, int local_rank,
-                    int local_size, flux2_pipe **out) {
+int tp_pipe_open(const tp_pipe_config *cfg, const tp_pipe_info *info, MPI_Comm tp_comm, int local_rank,
+                    int local_size, tp_pipe **out) {
     *out = NULL;
-    flux2_pipe *p = xcalloc(1, sizeof *p);
+    tp_pipe *p = xcalloc(1, sizeof *p);
     p->cfg = *cfg;
     p->info = info;
     p->fam = pipe_family_of(info->family);
@@ -239,14 +241,14 @@ int flux2_pipe_open(const flux2_pipe_config *cfg, const flux2_pipe_info *info, M
     }
     if (!rc && cfg->prompt_cache_bytes) p->cache = embed_cache_create(cfg->prompt_cache_bytes);
     if (rc) {
-        flux2_pipe_free(p);
+        tp_pipe_free(p);
         return -1;
     }
     *out = p;
     return 0;
 }
 
-void flux2_pipe_free(flux2_pipe *p) {
+void tp_pipe_free(tp_pipe *p) {
     if (!p) return;
     if (p->te) textenc_free(p->te);
     if (p->vae) vae_free(p->vae);
@@ -257,16 +259,16 @@ void flux2_pipe_free(flux2_pipe *p) {
     free(p);
 }
 
-const flux2_pipe_stats *flux2_pipe_get_stats(const flux2_pipe *p) { return &p->st; }
-uint64_t flux2_pipe_resident_bytes(const flux2_pipe *p) { return p->be ? p->be->bytes_in_use : 0; }
+const tp_pipe_stats *tp_pipe_get_stats(const tp_pipe *p) { return &p->st; }
+uint64_t tp_pipe_resident_bytes(const tp_pipe *p) { return p->be ? p->be->bytes_in_use : 0; }
 
 /* ---- text ---- */
 
-static int load_text_encoder(flux2_pipe *p) {
+static int load_text_encoder(tp_pipe *p) {
     if (p->te) return 0;
     load_stats ls = {0};
     double t0 = MPI_Wtime();
-    textenc_source src = flux2_pipe_text_source(p->info);
+    textenc_source src = tp_pipe_text_source(p->info);
     int rc = agree(p, textenc_load_from(&src, p->be, p->c, p->cfg.precision, &p->te, &ls));
     p->st.t_te_load += MPI_Wtime() - t0;
     p->st.te_bytes_loaded += ls.bytes_read;
@@ -282,7 +284,7 @@ static int load_text_encoder(flux2_pipe *p) {
  * the prompt's own window (its tokens rounded up to the encoder's pad
  * multiple, at most max_sequence_length), which a cached entry gives back
  * by its size. */
-static int encode(flux2_pipe *p, const char *prompt, float **out, int64_t *Lout, int *hit, int count) {
+static int encode(tp_pipe *p, const char *prompt, float **out, int64_t *Lout, int *hit, int count) {
     double t0 = MPI_Wtime(), te0 = p->st.t_te_load;
     int cap = p->cfg.max_sequence_length, own = p->fam->own_window;
     size_t J = (size_t)p->info->joint_dim;
@@ -321,11 +323,11 @@ static int encode(flux2_pipe *p, const char *prompt, float **out, int64_t *Lout,
     return rc ? tp_error_context("encoding the prompts") : 0;
 }
 
-int flux2_pipe_encode(flux2_pipe *p, const char *prompt, float **out, int64_t *L, int *hit) {
+int tp_pipe_encode(tp_pipe *p, const char *prompt, float **out, int64_t *L, int *hit) {
     return encode(p, prompt, out, L, hit, 1);
 }
 
-int flux2_pipe_prefetch(flux2_pipe *p, const char *prompt) {
+int tp_pipe_prefetch(tp_pipe *p, const char *prompt) {
     if (!p->cache) return 0;
     float *tmp = NULL;
     int rc = encode(p, prompt, &tmp, NULL, NULL, 0);
@@ -333,7 +335,7 @@ int flux2_pipe_prefetch(flux2_pipe *p, const char *prompt) {
     return rc;
 }
 
-void flux2_pipe_text_done(flux2_pipe *p) {
+void tp_pipe_text_done(tp_pipe *p) {
     if (p->te && !p->cfg.keep_text_encoder) {
         textenc_free(p->te);
         p->te = NULL;
@@ -346,8 +348,8 @@ void flux2_pipe_text_done(flux2_pipe *p) {
  * bf16 at FLUX.2's widths, decoder ~100 MB) and decodes one row band of
  * each image (vae_decode_packed_group) and encodes one row band of each
  * reference image (refs_encode_group). */
-static int load_vae(flux2_pipe *p) {
-    const flux2_pipe_info *g = p->info;
+static int load_vae(tp_pipe *p) {
+    const tp_pipe_info *g = p->info;
     int parts = (p->cfg.decoder ? VAE_DECODER : 0) | (p->cfg.encoder ? VAE_ENCODER : 0);
     if (p->vae || !parts) return 0;
     if (vae_load_parts(g->vae_dir, p->be, p->cfg.precision, parts, &p->vae))
@@ -361,7 +363,7 @@ static int load_vae(flux2_pipe *p) {
     return 0;
 }
 
-int flux2_pipe_load(flux2_pipe *p) {
+int tp_pipe_load(tp_pipe *p) {
     double t0 = MPI_Wtime();
     int rc = 0;
     if (!p->model) {
@@ -382,7 +384,7 @@ int flux2_pipe_load(flux2_pipe *p) {
     return rc;
 }
 
-void flux2_pipe_unload(flux2_pipe *p) {
+void tp_pipe_unload(tp_pipe *p) {
     if (p->model) p->fam->free_model(p->model);
     p->model = NULL;
 }
@@ -390,7 +392,7 @@ void flux2_pipe_unload(flux2_pipe *p) {
 /* ---- one job ---- */
 
 static int count_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
-    flux2_pipe *p = ctx;
+    tp_pipe *p = ctx;
     p->st.steps++;
     p->st.step_seconds += seconds;
     return p->user_step ? p->user_step(step, steps, seconds, v, x, p->user_ctx) : 0;
@@ -398,7 +400,7 @@ static int count_step(int step, int steps, double seconds, const float *v, const
 
 /* The job's reference tokens: encoded across the group (the first rank
  * reads the images), then broadcast from the first rank. */
-static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
+static int job_refs(tp_pipe *p, const tp_job *j, ref_set *rs) {
     memset(rs, 0, sizeof *rs);
     if (!j->n_images) return 0;
     double t0 = MPI_Wtime();
@@ -430,8 +432,8 @@ static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
     return 0;
 }
 
-static int denoise(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float *latents) {
-    if (!p->model) return tp_error("flux2_pipe_render: the transformer is not loaded (call flux2_pipe_load)");
+static int denoise(tp_pipe *p, const tp_job *j, const ref_set *rs, float *latents) {
+    if (!p->model) return tp_error("tp_pipe_render: the transformer is not loaded (call tp_pipe_load)");
     p->user_step = j->on_step;
     p->user_ctx = j->ctx;
     double t0 = MPI_Wtime();
@@ -444,7 +446,7 @@ static int denoise(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float *
  * sizes are the buffers' sizes (embeds [L, joint_dim], neg_embeds [Ln or L,
  * joint_dim], latents and init_latents [(H/16)*(W/16), in_channels]), so a
  * bad one is refused here rather than read out of bounds */
-static int check_job(const flux2_job *j) {
+static int check_job(const tp_job *j) {
     if (j->width < 16 || j->height < 16 || j->width % 16 || j->height % 16 || j->width > 65536 || j->height > 65536)
         return tp_error("the image size %dx%d must be a multiple of 16 in both directions, from 16 to 65536",
                         j->width, j->height);
@@ -456,7 +458,7 @@ static int check_job(const flux2_job *j) {
     return 0;
 }
 
-int flux2_pipe_render(flux2_pipe *p, const flux2_job *j, float *latents) {
+int tp_pipe_render(tp_pipe *p, const tp_job *j, float *latents) {
     ref_set rs = {0};
     int rc = agree(p, check_job(j));
     if (!rc) rc = agree(p, job_refs(p, j, &rs));
@@ -465,7 +467,7 @@ int flux2_pipe_render(flux2_pipe *p, const flux2_job *j, float *latents) {
     return rc;
 }
 
-int flux2_pipe_decode(flux2_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds) {
+int tp_pipe_decode(tp_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds) {
     double t0 = MPI_Wtime();
     int rc = agree(p, p->vae ? 0 : tp_error("decoding needs the VAE decoder, which this rank did not load"));
     if (!rc) rc = vae_decode_packed_group(p->vae, p->tp_comm, latents, height / 16, width / 16, NULL, rgb);
