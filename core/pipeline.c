@@ -1,4 +1,4 @@
-/* The FLUX.2 denoising loop (spec §6.4): per step one transformer forward
+/* The FLUX.2 denoising loop (docs/spec/flux2-transformer.md §6.4): per step one transformer forward
  * (two with CFG) and a flow-match Euler step x += (σ[i+1] − σ[i])·v. Every
  * rank of the TP group runs it in lockstep on identical inputs, and every
  * rank gets the same model output, so no broadcast is needed.

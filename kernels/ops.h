@@ -8,7 +8,7 @@
  *   op_gemm, op_copy and op_gather_rows, fp8 with scales (tensor.scale).
  *   Arithmetic is fp32; the result is rounded to the output tensor's dtype.
  *   When the output is bf16, ops round at the points where eager PyTorch in
- *   bf16 rounds (spec flux2-transformer.md §3), noted per op below.
+ *   bf16 rounds (docs/spec/flux2-transformer.md §3), noted per op below.
  * - Inputs and outputs may be views (ld > cols). Unless an op says it works
  *   in place, outputs must not overlap inputs.
  * - Ops may be asynchronous (CUDA: queued on the backend's stream); be_sync()

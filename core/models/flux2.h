@@ -1,4 +1,4 @@
-/* The FLUX.2 transformer (Flux2Transformer2DModel, spec flux2-transformer.md
+/* The FLUX.2 transformer (Flux2Transformer2DModel, docs/spec/flux2-transformer.md
  * §1-§5) computed tensor-parallel: each rank holds its shard of the weights
  * (plan_flux2), computes its local heads and MLP columns, and the partial
  * sums of the row-split projections are joined by comm_allreduce_sum. Every
@@ -7,7 +7,7 @@
  * The forward is written once against kernels/ops.h. Two precisions:
  *   DT_F32  weights upcast at load, f32 activations (the reference mode);
  *   DT_BF16 weights stay bf16, activations bf16 between ops, rounded where
- *           eager PyTorch in bf16 rounds (spec §3).
+ *           eager PyTorch in bf16 rounds (docs/spec/flux2-transformer.md §3).
  *
  * Threading: a model is used by one thread at a time. All TP ranks of the
  * group must call flux2_forward in lockstep with the same inputs. */

@@ -1,4 +1,4 @@
-/* The FLUX.2 forward pass (spec §4): timestep/guidance embedding, global
+/* The FLUX.2 forward pass (docs/spec/flux2-transformer.md §4): timestep/guidance embedding, global
  * modulation, embedders, RoPE tables, the blocks (flux2_blocks.c, on the
  * layers of flux2_layers.c) and the
  * output layer. Activation buffers are kept for the last (N, L) so that a

@@ -1,4 +1,4 @@
-/* The VAE decoder forward pass (spec flux2-text-vae.md §6.3) and the
+/* The VAE decoder forward pass (docs/spec/flux2-text-vae.md §6.3) and the
  * pipeline tail around it (§6.2, §6.5).
  *
  * Memory: activations come from a small pool of reusable backend buffers
