@@ -44,6 +44,8 @@ static flux2_ws *ws_get(flux2_model *m, int64_t N, int64_t L) {
     return m->ws = ws;
 }
 
+int flux2_prepare(flux2_model *m, int64_t N, int64_t L) { return ws_get(m, N, L) ? 0 : -1; }
+
 void flux2_release_caches(flux2_model *m) {
     ws_free(m->ws);
     m->ws = NULL;
