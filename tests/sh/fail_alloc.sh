@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 75 s; checks: 28
+# budget: 90 s; checks: 28
 # One rank running out of memory in the middle of a phase never hangs its
 # group (TPGEN_FAIL_ALLOC=RANK:N:PHASE, docs/generate.md "Failure"):
 #  - an allocation of a phase's prepare step (load, the text encoder's
@@ -46,7 +46,7 @@ run() {
 # fails NP FAIL KIND ARGS...: KIND agreed (prepare step) or abort (lockstep)
 fails() {
     local np=$1 f=$2 kind=$3; shift 3
-    local rank=${f%%:*} n phase=${f##*:} png=$TMP/f.png
+    local rank=${f%%:*} n phase=${f##*:} png=$TMP/f-$np-${f//:/_}.png
     n=${f#*:}; n=${n%%:*}
     run "$np" "$f" "$png" "$@"
     local name="fail_alloc tp $np $f ($kind)"
@@ -55,7 +55,7 @@ fails() {
     [ $rc -ne 0 ] && [ $rc -ne 124 ] || why="rc $rc"
     [ "$(echo "$took < 60" | bc)" = 1 ] || why="$why; took ${took}s"
     [ -e "$png" ] && why="$why; a PNG was written"
-    ls "$TMP"/.f.png.tmp-* >/dev/null 2>&1 && why="$why; a temporary file was left"
+    ls "$TMP"/."${png##*/}".tmp-* >/dev/null 2>&1 && why="$why; a temporary file was left"
     if [ $kind = agreed ]; then
         grep -qE "^tpgen: error: rank $rank: .*$inj" "$log" || why="$why; no agreed message naming rank $rank"
         grep -q 'MPI_ABORT' "$log" && why="$why; aborted instead of agreeing"
@@ -83,7 +83,9 @@ rc=$?
     ok "fail_alloc: a malformed TPGEN_FAIL_ALLOC is refused with what to write" ||
     fail "fail_alloc: malformed value: rc $rc $(head -2 "$TMP/bad.log")"
 
-# tp 2, FLUX.2 klein with its text encoder: every phase, rank 0 and rank 1
+# tp 2, FLUX.2 klein with its text encoder: every phase, rank 0 and rank 1;
+# beside it (two jobs at a time: most of a run is start-up), tp 3, FLUX.3
+# from prompt embeddings: rank 0 and rank 2
 for r in 0 1; do
     fails 2 $r:10:load agreed "${TWO[@]}"
     fails 2 $r:3:encode agreed "${TWO[@]}"
@@ -91,14 +93,16 @@ for r in 0 1; do
     fails 2 $r:1:decode agreed "${TWO[@]}"
     fails 2 $r:16:denoise abort "${TWO[@]}"
     fails 2 $r:5:decode abort "${TWO[@]}"
-done
-# tp 3, FLUX.3 from prompt embeddings: rank 0 and rank 2
+done >"$TMP/tp2.out" 2>&1 &
+tp2=$!
 for r in 0 2; do
     fails 3 $r:5:load agreed "${THREE[@]}"
     fails 3 $r:1:denoise agreed "${THREE[@]}"
     fails 3 $r:1:decode agreed "${THREE[@]}"
     fails 3 $r:5:decode abort "${THREE[@]}"
 done
+wait $tp2 || fail "fail_alloc: the tp 2 runs: exit $?"
+cat "$TMP/tp2.out"
 
 # serve: a prepare failure answers 500 and the server goes on; a lockstep
 # failure ends it within seconds
