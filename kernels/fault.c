@@ -1,6 +1,7 @@
 /* The phase marker, the lockstep sections and TPGEN_FAIL_ALLOC (fault.h). */
 #include "fault.h"
 #include "err.h"
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,10 +18,14 @@ const char *tp_phase(void) { return g_phase ? g_phase : ""; }
 /* ---- injection ---- */
 
 static const char *const k_phases[] = {"load", "encode", "denoise", "decode"};
-static struct { int armed; long n, seen; char phase[16]; } g_fail;
+/* the count is atomic: the loader's reader threads may allocate; exactly
+ * the allocation that makes it N fails */
+static struct { int armed; long n; char phase[16]; } g_fail;
+static _Atomic long g_seen;
 
 int tp_fault_init(int world_rank) {
     memset(&g_fail, 0, sizeof g_fail);
+    atomic_store(&g_seen, 0);
     const char *e = getenv("TPGEN_FAIL_ALLOC");
     if (!e || !*e) return 0;
     int rank = -1, used = 0;
@@ -40,8 +45,8 @@ int tp_fault_init(int world_rank) {
 }
 
 int tp_fault_alloc_fails(size_t bytes) {
-    if (!g_fail.armed || !g_phase || strcmp(g_phase, g_fail.phase) || ++g_fail.seen < g_fail.n) return 0;
-    g_fail.armed = 0;   /* once */
+    if (!g_fail.armed || !g_phase || strcmp(g_phase, g_fail.phase) || atomic_fetch_add(&g_seen, 1) + 1 != g_fail.n)
+        return 0;   /* fires once: later allocations count past N */
     tp_error("out of memory allocating %zu bytes (injected by TPGEN_FAIL_ALLOC: allocation %ld of the %s phase)",
              bytes, g_fail.n, g_fail.phase);
     return 1;
