@@ -138,7 +138,9 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
     int32_t *kids = kv_on ? xmalloc((size_t)(p->R + p->N) * 4 * sizeof *kids) : NULL;
     /* the prepare step: the activations, agreed before the first collective */
     comm *cm = flux2_comm(m);
-    rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL, flux2_prepare(m, kv_on ? p->R + p->N : in.rows, p->L));
+    rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL,
+                             flux2_prepare(m, kv_on ? p->R + p->N : in.rows, kv_on ? NULL : in.ids, p->prompt_embeds,
+                                           p->L, p->txt_ids, p->neg_embeds, p->Ln));
     int lockstep = !rc;
     for (int i = 0; i < p->steps && !rc; i++) {
         double t0 = MPI_Wtime();
