@@ -19,6 +19,7 @@
 #ifndef TPGEN_OPS_H
 #define TPGEN_OPS_H
 #include "tensor.h"
+#include "fault.h"
 #include <stdint.h>
 #include <stddef.h>
 
@@ -110,7 +111,13 @@ void backend_destroy(backend *be);
  * type, which allocates through them, needs nothing of ops.c) ----
  * Backends keep be->bytes_in_use and be->peak_bytes up to date in their
  * alloc and free (they know each block's size). */
-static inline void *be_alloc(backend *be, size_t bytes) { return be->vt->alloc(be, bytes); }
+/* be_alloc also runs the fault injection and, inside a lockstep section,
+ * ends the job on a failure instead of returning NULL (kernels/fault.h). */
+static inline void *be_alloc(backend *be, size_t bytes) {
+    void *p = tp_fault_alloc_fails(bytes) ? NULL : be->vt->alloc(be, bytes);
+    if (!p) tp_alloc_failed();
+    return p;
+}
 static inline void be_free(backend *be, void *p) {
     if (p) be->vt->free(be, p);
 }

@@ -141,6 +141,14 @@ static int rope_tables(flux2_model *m, const int32_t *txt_ids, int64_t L, const 
     return 0;
 }
 
+int flux2_prepare(flux2_model *m, int64_t N, const int32_t *img_ids, const float *txt, int64_t L, const int32_t *txt_ids,
+                  const float *txt2, int64_t L2) {
+    if (!ws_get(m, N, L)) return -1;
+    if (!text_projection(m, txt, L) || (txt2 && !text_projection(m, txt2, L2)))
+        return tp_error_context("flux2: the context projection of %lld text tokens", (long long)L);
+    return img_ids && rope_tables(m, txt_ids, L, img_ids, N) ? tp_error_context("flux2: RoPE tables") : 0;
+}
+
 /* ---- embeddings and modulation ---- */
 
 /* The value the model embeds: value * 1000, with the bf16 roundings of the
