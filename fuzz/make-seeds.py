@@ -187,6 +187,9 @@ def lora_seeds(out):
     # findings of fuzz_lora, kept as regression seeds
     seeds['regress_alpha_only'] = ([tensor('lora_unet_img_in.alpha', 'F32', [], [4.0]),
                                     tensor('lora_unet_txt_in.alpha', 'F32', [], [4.0])], None)
+    # a file of only .diff_b keys (every key ignored: accepted with no module, qsort(NULL, 0)); now refused
+    seeds['regress_diff_b_only'] = ([tensor('diffusion_model.double_blocks.0.img_attn.qkv.diff_b', 'F16', [3 * D],
+                                            [0.01] * (3 * D))], None)
     for name, (t, meta) in seeds.items():
         write_st(os.path.join(out, name + '.safetensors'), t, meta)
     # the golden sets' real adapters, trimmed

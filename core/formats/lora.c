@@ -908,6 +908,11 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         ad->kinds |= 1u << LORA_KIND_LORA;
         ad->n_modules++;
     }
+    if (ad->n_modules == 0) {   /* every module was an ignored bias patch */
+        tp_error("%s: every module of the file is a .diff_b bias patch (%d), and this transformer's layers have no "
+                 "bias: the adapter would change nothing", ad->path, ad->n_ignored);
+        goto done;
+    }
     if (n_zero && verbose)
         fprintf(stderr, "tpgen: warning: %s: %d of %d modules have scale 0 (lora_alpha 0 or --lora weight 0), so they "
                         "change nothing\n", ad->path, n_zero, ad->n_modules);
@@ -937,7 +942,7 @@ int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbo
             return -1;
         }
     }
-    qsort(s->seg, (size_t)s->n_seg, sizeof *s->seg, cmp_seg);
+    if (s->n_seg) qsort(s->seg, (size_t)s->n_seg, sizeof *s->seg, cmp_seg);   /* none: only ignored .diff_b keys */
     *out = s;
     return 0;
 }

@@ -294,9 +294,33 @@ static int structured_prefetch(merge_ctx *M, const lora_segment *g, int64_t b0, 
     return 0;
 }
 
+/* w [r, in] columns [c0, c0+nc) as [nc, r] (op_gemm's weight layout) */
+static float *cols_t(const float *w, int64_t r, int64_t in, int64_t c0, int64_t nc) {
+    float *t = xmalloc((size_t)(nc * r) * sizeof *t);
+    for (int64_t k = 0; k < r; k++)
+        for (int64_t j = 0; j < nc; j++) t[j * r + k] = w[k * in + c0 + j];
+    return t;
+}
+
+/* LoHa block on the host backend's GEMM: (a1 b1[:, cols]) * (a2 b2[:, cols]) */
+static int loha_gemm(backend *cpu, const float *a1, const float *b1, const float *a2, const float *b2, int64_t r1,
+                     int64_t r2, int64_t in, int64_t n, int64_t c0, int64_t nc, float *delta, int nth) {
+    float *t1 = cols_t(b1, r1, in, c0, nc), *t2 = cols_t(b2, r2, in, c0, nc), *p2 = xmalloc((size_t)(n * nc) * sizeof *p2);
+    tensor x1 = tensor_wrap(cpu, DT_F32, n, r1, (void *)a1), w1 = tensor_wrap(cpu, DT_F32, nc, r1, t1);
+    tensor x2 = tensor_wrap(cpu, DT_F32, n, r2, (void *)a2), w2 = tensor_wrap(cpu, DT_F32, nc, r2, t2);
+    tensor y1 = tensor_wrap(cpu, DT_F32, n, nc, delta), y2 = tensor_wrap(cpu, DT_F32, n, nc, p2);
+    op_gemm(cpu, &y1, &x1, &w1, NULL);
+    op_gemm(cpu, &y2, &x2, &w2, NULL);
+    int64_t ne = n * nc;
+#pragma omp parallel for num_threads(nth) if (nth > 1 && ne > 65536)
+    for (int64_t i = 0; i < ne; i++) delta[i] *= p2[i];
+    free(t1), free(t2), free(p2);
+    return 0;
+}
+
 /* delta [n, nc] of module rows [b0, b0+n) and global columns [c0, c0+nc). */
 static int structured_block(merge_ctx *M, const lora_segment *g, int64_t b0, int64_t n, int64_t c0, int64_t nc,
-                            float *delta, int nth) {
+                            float *delta, int nth, backend *cpu) {
     if (g->kind == LORA_KIND_DIFF) {
         const float *d = get_whole(M, g, g->x[LK_W1], 3, b0, n);
         if (!d) return -1;
@@ -311,9 +335,13 @@ static int structured_block(merge_ctx *M, const lora_segment *g, int64_t b0, int
         for (int64_t i = 0; i < n; i++) {
             int64_t gi = b0 + i;
             const float *r1 = w1 + (gi / b) * c, *r2 = w2 + (gi % b) * d;
-            for (int64_t j = 0; j < nc; j++) {
-                int64_t gj = c0 + j;
-                delta[i * nc + j] = r1[gj / d] * r2[gj % d];
+            /* columns in runs of one w1 element: delta = w1[q] * w2 row [m0, m1) */
+            for (int64_t j = 0; j < nc;) {
+                int64_t gj = c0 + j, q = gj / d, m0 = gj % d, len = d - m0 < nc - j ? d - m0 : nc - j;
+                float v = r1[q], *dst = delta + i * nc + j;
+                const float *src = r2 + m0;
+                for (int64_t m = 0; m < len; m++) dst[m] = v * src[m];
+                j += len;
             }
         }
         free(w1), free(w2);
@@ -324,6 +352,7 @@ static int structured_block(merge_ctx *M, const lora_segment *g, int64_t b0, int
                 *w2b = get_factor(M, g, LK_W2B);
     if (!w1a || !w1b || !w2a || !w2b) return -1;
     int64_t r1 = g->x[LK_W1A]->shape[1], r2 = g->x[LK_W2A]->shape[1], in = g->cols;
+    if (cpu) return loha_gemm(cpu, w1a + b0 * r1, w1b, w2a + b0 * r2, w2b, r1, r2, in, n, c0, nc, delta, nth);
 #pragma omp parallel for num_threads(nth) if (nth > 1 && n * nc > 65536)
     for (int64_t i = 0; i < n; i++) {
         float *row = delta + i * nc, *tmp = xcalloc((size_t)nc, sizeof *tmp);
@@ -354,7 +383,7 @@ static int attach_dense(merge_ctx *M, const lora_segment *g, const rect *R, int6
     if (structured_prefetch(M, g, b0, n)) return -1;
     if (M->dry) return 0;
     float *d = xmalloc((size_t)(n * nc) * sizeof *d), *eye = xcalloc((size_t)(r * r), sizeof *eye);
-    int rc = structured_block(M, g, b0, n, R->gcol0, nc, d, 1);
+    int rc = structured_block(M, g, b0, n, R->gcol0, nc, d, 1, NULL);
     for (int64_t i = 0; i < n * nc; i++) d[i] = (float)(g->coef * d[i]);
     for (int64_t i = 0; i < r; i++) eye[i * r + i] = 1;
     int64_t bad = rc ? -1 : first_nonfinite_f32(d, (size_t)(n * nc));
@@ -426,7 +455,7 @@ static int merge_vector(merge_ctx *M, int lo, int hi, tensor *t) {
             break;
         }
         d = xrealloc(d, (size_t)g->nrows * sizeof *d);
-        if (structured_block(M, g, g->brow0, g->nrows, 0, 1, d, 1)) { rc = -1; break; }
+        if (structured_block(M, g, g->brow0, g->nrows, 0, 1, d, 1, NULL)) { rc = -1; break; }
         for (int64_t i = 0; i < g->nrows; i++) W[g->row0 + i] += (float)g->coef * d[i];
     }
     int64_t bad = rc ? -1 : first_nonfinite_f32(W, (size_t)n);
@@ -486,7 +515,7 @@ static int merge_rects(merge_ctx *M, const st_tensor_info *ti, const shard_info 
                 if (!overlap(g, R.grow0 + c0, n, &a0, &a1)) continue;
                 int64_t b0 = g->brow0 + (a0 - g->row0);
                 if (g->kind != LORA_KIND_LORA) {
-                    if (structured_block(M, g, b0, a1 - a0, R.gcol0, R.nc, delta, nth)) { rc = -1; break; }
+                    if (structured_block(M, g, b0, a1 - a0, R.gcol0, R.nc, delta, nth, cpu)) { rc = -1; break; }
                 } else {
                     const float *B = get_piece(M, g, 0, b0, a1 - a0, &bb);
                     const float *AT = get_piece(M, g, 1, R.gcol0, R.nc, &ab);

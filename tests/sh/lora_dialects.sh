@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 200 s; checks: 114
+# budget: 200 s; checks: 115
 # The adapter dialects users download (docs/lora.md): LyCORIS LoKr/LoHa,
 # ComfyUI BFL-named LoKr/LoHa on fused weights, fal's PEFT-on-BFL files and
 # FLUX.2-dev files with guidance_in, ComfyUI .diff patches. `tpgen check
@@ -118,3 +118,4 @@ refuse "$B/two_names.safetensors" "modules double_blocks.0.img_attn.proj and tra
 refuse "$B/tucker.safetensors" "lokr_t2 is a LyCORIS Tucker core" "Tucker"
 refuse "$B/unknown.safetensors" "unknown.safetensors: no known adapter dialect .*first keys are: model.layers.0.mlp.gate.weight, model.layers.0.mlp.up.weight" "no known dialect"
 refuse "$G/adapters/fal_dev_bfl_guidance.safetensors" "guidance_in.in_layer' matches no Linear" "guidance_in on klein (no guidance embedder)"
+refuse "$B/diff_b_only.safetensors" "diff_b_only.safetensors: every module of the file is a .diff_b bias patch \(2\).*would change nothing" "only bias patches"

@@ -45,6 +45,8 @@ def main(d):
                                           t(o + ".hada_w2_a", [128, 2]), t(o + ".hada_w2_b", [2, 96])])
     write(d + "/tucker.safetensors", [t(q + ".lokr_w1", [8, 8]), t(q + ".lokr_w2_a", [16, 4]),
                                       t(q + ".lokr_w2_b", [4, 16]), t(q + ".lokr_t2", [4, 4, 1, 1])])
+    write(d + "/diff_b_only.safetensors", [t("diffusion_model.double_blocks.0.img_attn.qkv.diff_b", [384]),
+                                           t("diffusion_model.single_blocks.1.linear2.diff_b", [128])])
     write(d + "/unknown.safetensors", [t("model.layers.0.mlp.gate.weight", [4, 4]),
                                        t("model.layers.0.mlp.up.weight", [4, 4])])
 
