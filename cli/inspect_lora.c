@@ -27,7 +27,7 @@ static void segment_factors(const lora_segment *g, char *out, size_t n) {
 json_t *inspect_loras(const lora_spec *specs, int n, const checkpoint *c, const plan *p, int tp, int print,
                       int list_modules) {
     lora_set *ls = NULL;
-    if (lora_set_open(specs, n, c, print, &ls)) return NULL;
+    if (lora_set_open_inspect(specs, n, c, print, &ls)) return NULL;
     json_t *out = json_array();
     uint64_t *bytes = xcalloc((size_t)tp * LORA_MAX_ADAPTERS, sizeof *bytes);
     int rc = 0;
@@ -47,6 +47,14 @@ json_t *inspect_loras(const lora_spec *specs, int n, const checkpoint *c, const 
             printf("\nLoRA %s: format %s, rank %lld, scale %s, weight %g, %d modules, dialect %s%s\n", ad->path,
                    lora_format_name(ad->fmt), (long long)ad->rank, scale, ad->weight, ad->n_modules, kinds,
                    ad->n_dora_dropped ? " (DoRA dora_scale keys dropped)" : "");
+        json_t *unm = json_array();
+        for (int k = 0; k < ad->n_unmatched; k++) json_array_append_new(unm, json_string(ad->unmatched[k]));
+        if (print && ad->n_unmatched) {
+            printf("  unmatched: %d module(s) match no weight of this transformer (a run refuses the adapter):",
+                   ad->n_unmatched);
+            for (int k = 0; k < ad->n_unmatched && k < 8; k++) printf(" %s", ad->unmatched[k]);
+            printf("%s\n", ad->n_unmatched > 8 ? " ..." : "");
+        }
         if (print && ad->n_ignored)
             printf("  ignored: %d bias patch key(s) (.diff_b; this transformer has no biases)\n", ad->n_ignored);
         if (print && list_modules)
@@ -77,13 +85,13 @@ json_t *inspect_loras(const lora_spec *specs, int n, const checkpoint *c, const 
             if (print) printf("  %4d %15llu\n", r, (unsigned long long)b);
             json_array_append_new(per, json_integer((json_int_t)b));
         }
-        json_array_append_new(out, json_pack("{s:s,s:s,s:I,s:o,s:f,s:i,s:i,s:I,s:o,s:o,s:s,s:i}", "file", ad->path,
+        json_array_append_new(out, json_pack("{s:s,s:s,s:I,s:o,s:f,s:i,s:i,s:I,s:o,s:o,s:s,s:i,s:o}", "file", ad->path,
                                              "format", lora_format_name(ad->fmt), "rank", (json_int_t)ad->rank, "scale",
                                              isnan(ad->scale) ? json_null() : json_real(ad->scale), "weight",
                                              ad->weight, "modules", ad->n_modules, "dora_keys_dropped",
                                              ad->n_dora_dropped, "alpha_bytes", (json_int_t)ad->bytes_alpha,
                                              "bytes_read_per_rank", per, "targets", targets, "dialect", kinds,
-                                             "ignored_keys", ad->n_ignored));
+                                             "ignored_keys", ad->n_ignored, "unmatched", unm));
     }
     free(bytes);
     lora_set_free(ls);

@@ -597,9 +597,7 @@ static int rec_kind(const lora_adapter *ad, const module_rec *r, int *kind) {
             if (*kind < 0) first = r->p[p];
             *kind = k[i].kind;
         }
-    if (*kind == -2 && r->p[PART_DIFF_B]) *kind = -1;
-    if (*kind == -2 && r->p[PART_DORA]) *kind = LORA_KIND_LORA;   /* check_ab names what is missing */
-    if (*kind == -2) *kind = LORA_KIND_LORA;
+    if (*kind == -2) *kind = r->p[PART_DIFF_B] ? -1 : LORA_KIND_LORA;   /* LoRA: check_ab names what is missing */
     return 0;
 }
 
@@ -681,6 +679,13 @@ static int structured_shape(lora_adapter *ad, const module_rec *r, int kind, int
     return 0;
 }
 
+/* inspect: a module that matches no weight, listed */
+static int note_unmatched(lora_adapter *ad, const char *name) {
+    ad->unmatched = xrealloc(ad->unmatched, (size_t)(ad->n_unmatched + 1) * sizeof *ad->unmatched);
+    ad->unmatched[ad->n_unmatched++] = xstrdup(name);
+    return 0;
+}
+
 /* Map and push the segments of a LoKr / LoHa / diff module. */
 static int structured_module(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, const module_rec *r, int kind,
                              int *n_zero) {
@@ -694,6 +699,7 @@ static int structured_module(lora_set *s, int ai, const checkpoint *ck, int ck_b
                         "(the file's alpha is wrong)", ad->path, r->name, scale, ad->weight, coef, LORA_MAX_SCALE);
     target tg[3];
     int nt = map_any(ad, ck, ck_bfl, r->name, kind == LORA_KIND_DIFF, tg, &b_rows, &cols);
+    if (!nt && s->inspect) return note_unmatched(ad, r->name);
     if (!nt) {
         const char *fam = family_hint(r->name);
         return tp_error("%s: %s module '%s' matches no weight of this transformer (%s)%s%s", ad->path,
@@ -864,6 +870,7 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         target tg[3];
         int64_t b_rows = 0, cols_unused = 0;
         int nt = map_any(ad, ck, ck_bfl, r->name, 0, tg, &b_rows, &cols_unused);
+        if (!nt && s->inspect) { note_unmatched(ad, r->name); continue; }
         if (!nt) {
             const char *fam = family_hint(r->name);
             tp_error("%s: key %s: module '%s' matches no Linear of this transformer (%s)%s%s", ad->path,
@@ -908,6 +915,11 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         ad->kinds |= 1u << LORA_KIND_LORA;
         ad->n_modules++;
     }
+    if (ad->n_modules == 0 && ad->n_unmatched) {
+        tp_error("%s: none of its %d modules matches a weight of this transformer (%s), e.g. '%s'; is the adapter "
+                 "for another model?", ad->path, ad->n_unmatched, ck->dir, ad->unmatched[0]);
+        goto done;
+    }
     if (ad->n_modules == 0) {   /* every module was an ignored bias patch */
         tp_error("%s: every module of the file is a .diff_b bias patch (%d), and this transformer's layers have no "
                  "bias: the adapter would change nothing", ad->path, ad->n_ignored);
@@ -927,10 +939,11 @@ done:
     return rc;
 }
 
-int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out) {
+static int set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbose, int inspect, lora_set **out) {
     *out = NULL;
     if (n > LORA_MAX_ADAPTERS) return tp_error("at most %d LoRA adapters (got %d)", LORA_MAX_ADAPTERS, n);
     lora_set *s = xcalloc(1, sizeof *s);
+    s->inspect = inspect;
     int ck_bfl = checkpoint_is_bfl(ck);
     for (int i = 0; i < n; i++) {
         lora_adapter *ad = &s->ad[s->n++];
@@ -947,11 +960,21 @@ int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbo
     return 0;
 }
 
+int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out) {
+    return set_open(specs, n, ck, verbose, 0, out);
+}
+
+int lora_set_open_inspect(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out) {
+    return set_open(specs, n, ck, verbose, 1, out);
+}
+
 void lora_set_free(lora_set *s) {
     if (!s) return;
     for (int i = 0; i < s->n; i++) {
         st_close(s->ad[i].f);
         free(s->ad[i].path);
+        for (int k = 0; k < s->ad[i].n_unmatched; k++) free(s->ad[i].unmatched[k]);
+        free(s->ad[i].unmatched);
     }
     for (int i = 0; i < s->n_seg; i++) free(s->seg[i].module), free((char *)s->seg[i].tensor);
     free(s->seg);

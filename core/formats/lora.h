@@ -87,6 +87,8 @@ typedef struct lora_adapter {
     int n_dora_dropped;
     unsigned kinds;             /* 1 << lora_kind of its modules */
     int n_ignored;              /* .diff_b keys ignored (FLUX has no biases) */
+    int n_unmatched;            /* modules that match no weight (only with lora_set_open_inspect) */
+    char **unmatched;
     uint64_t bytes_read;        /* A/B bytes read by this rank (merge) */
     uint64_t bytes_alpha;       /* alpha scalars read at open */
 } lora_adapter;
@@ -98,6 +100,7 @@ typedef struct lora_set {
     lora_segment *seg;          /* sorted by tensor name */
     size_t max_piece;           /* largest A or B piece read (bytes, f32) */
     struct backend *merge_be;   /* host backend of the merge when shards live on a device */
+    int inspect;                /* list modules that match nothing instead of refusing the adapter */
 } lora_set;
 
 /* Open and validate the adapters against checkpoint ck (its names tell the
@@ -105,6 +108,9 @@ typedef struct lora_set {
  * only. Errors name the adapter file and key. Warnings (DoRA keys dropped)
  * go to stderr when `verbose`. */
 int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out);
+/* The same for `inspect --lora`: a module that matches no weight of ck is
+ * listed (ad->unmatched) rather than refused; every other error stands. */
+int lora_set_open_inspect(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out);
 void lora_set_free(lora_set *s);
 
 /* The weights_load hook (load_opts.transform): merge every segment of the

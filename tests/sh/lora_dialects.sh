@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 200 s; checks: 115
+# budget: 240 s; checks: 116
 # The adapter dialects users download (docs/lora.md): LyCORIS LoKr/LoHa,
 # ComfyUI BFL-named LoKr/LoHa on fused weights, fal's PEFT-on-BFL files and
 # FLUX.2-dev files with guidance_in, ComfyUI .diff patches. `tpgen check
@@ -101,6 +101,12 @@ t=[x for x in a['targets'] if x['module']=='double_blocks.0.img_attn.qkv']
 assert a['dialect']=='LoHa' and a['scale']==1.5 and len(t)==3 and {x['tensor'].split('.')[-2] for x in t}=={'to_q','to_k','to_v'}, a['dialect']" 2>&1; then
     ok "dialects: inspect --json: a BFL LoHa on the fused qkv targets to_q, to_k, to_v"
 else fail "dialects: inspect --json LoHa: rc=$rc $(echo "$out" | tail -2)"; fi
+
+out=$("$TPGEN" inspect --model "$M" --tp 2 --lora "$G/adapters/fal_dev_bfl_guidance.safetensors" 2>&1); rc=$?
+if [ $rc -eq 0 ] && echo "$out" | grep -q 'format aitk, rank 4, scale 1, weight 1, 28 modules, dialect LoRA' &&
+   echo "$out" | grep -q 'unmatched: 2 module(s) match no weight of this transformer (a run refuses the adapter): guidance_in.in_layer guidance_in.out_layer'; then
+    ok "dialects: inspect --lora lists a dev adapter's guidance_in modules as unmatched on klein"
+else fail "dialects: inspect unmatched: rc=$rc $(echo "$out" | grep -E 'LoRA|unmatched' | head -2 | tr '\n' ' ')"; fi
 
 # ---- refusals, on every rank, naming the adapter, the module and what is wrong
 B=$TMP/bad
