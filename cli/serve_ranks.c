@@ -221,7 +221,7 @@ static void beat_setup(serve_ranks *s) {
     int len = 0;
     MPI_Get_processor_name(me, &len);
     char mine[64];
-    snprintf(mine, sizeof mine, "%s", me);
+    snprintf(mine, sizeof mine, "%.63s", me);   /* a host name is cut to what the exchange carries */
     MPI_Allgather(mine, 64, MPI_CHAR, s->host, 64, MPI_CHAR, s->msg);
     s->idle_bound = serve_beat_idle_bound(s->watchdog_s);
     if (s->idle_bound <= 0 || n == 1) return;   /* no heartbeat */

@@ -19,6 +19,7 @@
 #include "rng.h"
 #include "schedule.h"
 #include "kernels/ops.h"
+#include "kernels/fault.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,7 +293,9 @@ static int load_text_encoder(flux2_pipe *p) {
     load_stats ls = {0};
     double t0 = MPI_Wtime();
     textenc_source src = flux2_pipe_text_source(p->info);
+    const char *phase = tp_phase_set("load");   /* TPGEN_FAIL_ALLOC's phases */
     int rc = agree(p, textenc_load_from(&src, p->be, p->c, p->cfg.precision, &p->te, &ls));
+    tp_phase_set(phase);
     p->st.t_te_load += MPI_Wtime() - t0;
     p->st.te_bytes_loaded += ls.bytes_read;
     p->st.te_load_seconds += ls.seconds;
@@ -309,6 +312,7 @@ static int load_text_encoder(flux2_pipe *p) {
  * by its size. */
 static int encode(flux2_pipe *p, const char *prompt, float **out, int64_t *Lout, int *hit, int count) {
     double t0 = MPI_Wtime(), te0 = p->st.t_te_load;
+    const char *phase = tp_phase_set("encode");
     int cap = p->cfg.max_sequence_length, f3 = is_flux3(p->info);
     size_t J = (size_t)p->info->joint_dim;
     /* the embedding depends on the encoder's recipe, the length, the precision and the prompt */
@@ -343,6 +347,7 @@ static int encode(flux2_pipe *p, const char *prompt, float **out, int64_t *Lout,
     if (hit) *hit = all;
     free(key);
     p->st.t_encode += MPI_Wtime() - t0 - (p->st.t_te_load - te0);   /* the load has its own figure */
+    tp_phase_set(phase);
     return rc ? tp_error_context("encoding the prompts") : 0;
 }
 
@@ -388,6 +393,7 @@ static int load_vae(flux2_pipe *p) {
 
 int flux2_pipe_load(flux2_pipe *p) {
     double t0 = MPI_Wtime();
+    const char *phase = tp_phase_set("load");
     int rc = 0;
     if (is_flux3(p->info) && !p->model3) {
         load_stats ls = {0};
@@ -415,6 +421,7 @@ int flux2_pipe_load(flux2_pipe *p) {
     rc = agree(p, rc);
     if (!rc) rc = agree(p, load_vae(p));
     p->st.t_load += MPI_Wtime() - t0;
+    tp_phase_set(phase);
     return rc;
 }
 
@@ -546,16 +553,20 @@ static int denoise(flux2_pipe *p, const flux2_job *j, const ref_set *rs, float *
 
 int flux2_pipe_render(flux2_pipe *p, const flux2_job *j, float *latents) {
     ref_set rs;
+    const char *phase = tp_phase_set("denoise");
     int rc = agree(p, job_refs(p, j, &rs));
     if (!rc) rc = agree(p, denoise(p, j, &rs, latents));
     refs_free(&rs);
+    tp_phase_set(phase);
     return rc;
 }
 
 int flux2_pipe_decode(flux2_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds) {
     double t0 = MPI_Wtime();
+    const char *phase = tp_phase_set("decode");
     int rc = agree(p, p->vae ? 0 : tp_error("decoding needs the VAE decoder, which this rank did not load"));
     if (!rc) rc = vae_decode_packed_group(p->vae, p->tp_comm, latents, height / 16, width / 16, NULL, rgb);
+    tp_phase_set(phase);
     if (seconds) *seconds = MPI_Wtime() - t0;
     return rc;
 }

@@ -2,7 +2,9 @@
  * denoising loop over flux3_forward, as diffusers 0.42.1's modular
  * pipelines run them. */
 #include "flux3_pipe.h"
+#include "core/dist/dist.h"
 #include "core/dist/watchdog.h"
+#include "kernels/comm.h"
 #include "core/image/image.h"
 #include "kernels/err.h"
 #include "kernels/tensor.h"
@@ -209,6 +211,10 @@ int flux3_denoise(flux3_model *m, const flux3_job *j, float *out) {
     float gs = (float)j->guidance;
     if (j->neg_embeds) vn = xmalloc(n * sizeof *vn);
     const ref_set *rs = j->refs && j->refs->R ? j->refs : NULL;
+    /* the prepare step: the activations, agreed before the first collective */
+    comm *cm = flux3_comm(m);
+    if (!rc) rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL, flux3_prepare(m, j->L, N, rs ? rs->R : 0));
+    int lockstep = !rc;
     for (int i = 0; i < steps && !rc; i++) {
         double t0 = MPI_Wtime();
         float tt = model_time(i + 1 < steps ? ts[i + 1] : 0.0f, bf16);
@@ -232,6 +238,7 @@ int flux3_denoise(flux3_model *m, const flux3_job *j, float *out) {
         watchdog_step(sec);
         if (j->on_step && j->on_step(i, steps, sec, v, x, j->ctx)) rc = tp_error("denoising stopped at step %d", i + 1);
     }
+    if (lockstep) dist_lockstep_end();
     if (!rc) memcpy(out, x, n * sizeof *out);
     free(sig), free(ts), free(x), free(v), free(vn), free(img_ids), free(txt_ids);
     return rc;

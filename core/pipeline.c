@@ -1,4 +1,4 @@
-/* The FLUX.2 denoising loop (spec §6.4): per step one transformer forward
+/* The FLUX.2 denoising loop (docs/spec/flux2-transformer.md §6.4): per step one transformer forward
  * (two with CFG) and a flow-match Euler step x += (σ[i+1] − σ[i])·v. Every
  * rank of the TP group runs it in lockstep on identical inputs, and every
  * rank gets the same model output, so no broadcast is needed.
@@ -8,7 +8,9 @@
  * bf16(bf16(t)/1000), dt·v is rounded to bf16 before it is added to the
  * fp32-upcast sample, and the sum is rounded to bf16. */
 #include "pipeline.h"
+#include "core/dist/dist.h"
 #include "core/dist/watchdog.h"
+#include "kernels/comm.h"
 #include "kernels/err.h"
 #include <mpi.h>
 #include <stdlib.h>
@@ -134,6 +136,12 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
     flux2_kv_cache *kv = kv_on ? flux2_kv_new() : NULL;
     float *kin = kv_on ? xmalloc((size_t)(p->R + p->N) * C * sizeof *kin) : NULL;
     int32_t *kids = kv_on ? xmalloc((size_t)(p->R + p->N) * 4 * sizeof *kids) : NULL;
+    /* the prepare step: the activations, agreed before the first collective */
+    comm *cm = flux2_comm(m);
+    rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL,
+                             flux2_prepare(m, kv_on ? p->R + p->N : in.rows, kv_on ? NULL : in.ids, p->prompt_embeds,
+                                           p->L, p->txt_ids, p->neg_embeds, p->Ln));
+    int lockstep = !rc;
     for (int i = 0; i < p->steps && !rc; i++) {
         double t0 = MPI_Wtime();
         float tin = model_timestep(p->sigmas[i], bf16);
@@ -164,6 +172,7 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
         if (p->on_step && p->on_step(i, p->steps, MPI_Wtime() - t0, v, x, p->ctx))
             rc = tp_error("denoising stopped at step %d of %d", i + 1, p->steps);
     }
+    if (lockstep) dist_lockstep_end();
     if (!rc) memcpy(out, x, n * sizeof *out);
     flux2_kv_free(kv);
     free(kin), free(kids);

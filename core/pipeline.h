@@ -1,4 +1,4 @@
-/* The FLUX.2 denoising loop (spec flux2-transformer.md §6.4), run by every
+/* The FLUX.2 denoising loop (docs/spec/flux2-transformer.md §6.4), run by every
  * rank of a TP group in lockstep: each step is one transformer forward
  * (two with CFG) and a flow-match Euler step. The schedule itself (sigmas)
  * comes from core/schedule.c. */

@@ -5,7 +5,7 @@
  *   mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--cold] [--threads T] [--json]
  *
  * The generated checkpoint has the real tensor names and shapes (spec
- * flux2-transformer.md §2) with random BF16 data, or holes (--sparse: a
+ * docs/spec/flux2-transformer.md §2) with random BF16 data, or holes (--sparse: a
  * header-only file of the real size that costs no disk). */
 #include "core/formats/weights.h"
 #include "core/dist/dist.h"
@@ -29,7 +29,7 @@ typedef struct flux2_shape {
     int heads, layers, single, joint_dim, guidance;
 } flux2_shape;
 
-/* spec §1.1; head_dim 128, in_channels 128, timestep channels 256, mlp 3 */
+/* docs/spec/flux2-transformer.md §1.1; head_dim 128, in_channels 128, timestep channels 256, mlp 3 */
 static const flux2_shape k_shapes[] = {
     {"dev", 48, 8, 48, 15360, 1},
     {"klein-4b", 24, 5, 20, 7680, 0},

@@ -34,6 +34,19 @@ void dist_finalize(dist *d);
  * the world agrees: "rank 1: encoding the prompts: text encoder: ...". */
 int dist_agree(MPI_Comm c, int status);
 
+/* Lockstep sections (kernels/fault.h). A phase allocates its workspaces in
+ * a prepare step, then calls this with the step's status: the status is
+ * agreed over `c` (dist_agree), and when every rank succeeded the section
+ * begins. Inside it, on a group of more than one rank, a failed backend
+ * allocation ends the job at once (MPI_Abort) with "tpgen: error: rank R:
+ * CAUSE, in the middle of the PHASE phase ..." on stderr, instead of
+ * returning into a half-finished sequence of collectives, where the peers
+ * would wait forever. On one rank (or c == MPI_COMM_NULL) the failure is
+ * returned as usual. Returns the agreed status; a 0 return must be paired
+ * with dist_lockstep_end. */
+int dist_lockstep_begin(MPI_Comm c, int status);
+void dist_lockstep_end(void);
+
 /* Print the current error once, by rank 0 of `c`, as "tpgen: error: ..."
  * on stderr. Call after dist_agree over the same communicator. */
 void dist_report_error(MPI_Comm c);
