@@ -491,8 +491,8 @@ static int job_refs(flux2_pipe *p, const flux2_job *j, ref_set *rs) {
         rs->tokens = xmalloc(sizeof(float) * (size_t)rs->R * (size_t)rs->C);
         rs->ids = xmalloc(sizeof(int32_t) * 4 * (size_t)rs->R);
     }
-    MPI_Bcast(rs->tokens, (int)(rs->R * rs->C), MPI_FLOAT, 0, p->tp_comm);
-    MPI_Bcast(rs->ids, (int)(rs->R * 4), MPI_INT32_T, 0, p->tp_comm);
+    dist_bcast_large(rs->tokens, (size_t)rs->R * (size_t)rs->C, MPI_FLOAT, sizeof *rs->tokens, 0, p->tp_comm);
+    dist_bcast_large(rs->ids, (size_t)rs->R * 4, MPI_INT32_T, sizeof *rs->ids, 0, p->tp_comm);
     p->st.t_refs += MPI_Wtime() - t0;
     p->st.refs_encoded += p->tp_rank == 0 ? j->n_images : 0;
     if (rs->C != p->info->cond_in_channels)

@@ -125,3 +125,17 @@ void dist_report_error(MPI_Comm c) {
     MPI_Comm_rank(c, &rank);
     if (rank == 0) fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
 }
+
+static size_t g_chunk_bytes = DIST_CHUNK_BYTES;
+void dist_set_chunk_bytes(size_t bytes) { g_chunk_bytes = bytes ? bytes : DIST_CHUNK_BYTES; }
+
+void dist_bcast_large(void *buf, size_t count, MPI_Datatype type, size_t elem_size, int root, MPI_Comm c) {
+    size_t per = g_chunk_bytes / elem_size;   /* whole elements per piece, at least one */
+    if (per < 1) per = 1;
+    if (per > INT_MAX) per = INT_MAX;
+    char *p = buf;
+    for (size_t done = 0; done < count; done += per) {
+        size_t n = count - done < per ? count - done : per;
+        MPI_Bcast(p + done * elem_size, (int)n, type, root, c);
+    }
+}

@@ -47,6 +47,16 @@ int dist_agree(MPI_Comm c, int status);
 int dist_lockstep_begin(MPI_Comm c, int status);
 void dist_lockstep_end(void);
 
+/* MPI_Bcast of `count` elements of `type` (each `elem_size` bytes) from
+ * `root`, for counts past INT_MAX (MPI 3 counts are int; the installed Open
+ * MPI has no MPI-4 large-count calls): sent in pieces of at most
+ * DIST_CHUNK_BYTES, the same pieces on every rank. */
+#define DIST_CHUNK_BYTES ((size_t)1 << 30)
+void dist_bcast_large(void *buf, size_t count, MPI_Datatype type, size_t elem_size, int root, MPI_Comm c);
+
+/* test hook: the piece size in bytes (0: DIST_CHUNK_BYTES); the same on every rank */
+void dist_set_chunk_bytes(size_t bytes);
+
 /* Print the current error once, by rank 0 of `c`, as "tpgen: error: ..."
  * on stderr. Call after dist_agree over the same communicator. */
 void dist_report_error(MPI_Comm c);
