@@ -170,7 +170,7 @@ static void *watch_main(void *p) {
                 shutdown(c->fd, SHUT_RDWR);   /* MHD sees the end and closes it */
                 c->shut = 1;
             } else if (c->state == C_WAITING && c->job && !c->job->done && !c->job->gone && hung_up(c->fd)) {
-                __atomic_store_n(&c->job->gone, 1, __ATOMIC_RELEASE);
+                c->job->gone = 1;
                 gone++;
             }
         }
@@ -309,7 +309,7 @@ int serve_conn_orphan(serve_conns *cs, serve_conn *cn, serve_job *j) {
     int pending = cn->suspended;
     if (pending) {
         cn->orphan = j;
-        __atomic_store_n(&j->gone, 1, __ATOMIC_RELEASE);
+        j->gone = 1;
     }
     pthread_mutex_unlock(&cs->mu);
     return pending;

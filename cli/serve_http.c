@@ -200,7 +200,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return MHD_YES;
     }
     if (rc->job) {   /* resumed: the job is finished (never called while suspended, but be sure) */
-        if (!__atomic_load_n(&rc->job->done, __ATOMIC_ACQUIRE)) return MHD_YES;
+        if (!rc->job->done) return MHD_YES;
         return answer(h, c, rc);
     }
     if (*upload_size && rc->form) {

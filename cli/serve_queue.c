@@ -15,7 +15,7 @@ double serve_now(void) {
 }
 
 int serve_job_abandoned(const serve_job *j, double now) {
-    if (__atomic_load_n(&j->gone, __ATOMIC_ACQUIRE)) return 499;
+    if (j->gone) return 499;
     if (j->deadline > 0 && now > j->deadline) return 504;
     return 0;
 }

@@ -28,13 +28,15 @@ typedef struct serve_job {
     size_t *png_sizes;
     int n_pngs;
     serve_timing timing;
-    int done;
+    /* set (1) by the queue under its lock, when the result is final; read
+     * without it by the HTTP and connection threads: atomic */
+    _Atomic int done;
     /* set by the waiting side: when the job is finished (by the render
      * side, or by the queue: 503 at close, 499/504 when dropped), outside
      * the queue's lock; NULL: serve_job_wait only */
     void (*on_done)(struct serve_job *j, void *arg);
     void *on_done_arg;
-    int gone;                    /* the client has gone (atomic; set by the HTTP side) */
+    _Atomic int gone;            /* the client has gone (set by the HTTP side) */
     double deadline;             /* monotonic seconds (serve_now) after which nobody waits; 0: none */
     struct serve_job *next, *done_next;
 } serve_job;

@@ -1,7 +1,9 @@
 /* The ranks of `tpgen serve` (serve_ranks.h). */
 #include "serve_ranks.h"
+#include "core/dist/dist.h"
 #include "core/dist/watchdog.h"
 #include "kernels/err.h"
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,7 +223,7 @@ static void beat_setup(serve_ranks *s) {
     int len = 0;
     MPI_Get_processor_name(me, &len);
     char mine[64];
-    snprintf(mine, sizeof mine, "%s", me);
+    snprintf(mine, sizeof mine, "%.63s", me);   /* a host name is cut to what the exchange carries */
     MPI_Allgather(mine, 64, MPI_CHAR, s->host, 64, MPI_CHAR, s->msg);
     s->idle_bound = serve_beat_idle_bound(s->watchdog_s);
     if (s->idle_bound <= 0 || n == 1) return;   /* no heartbeat */
@@ -408,7 +410,7 @@ static void group_send(serve_ranks *s, int type, const uint8_t *p, size_t n) {
     MPI_Request r;
     MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->d->tp_comm, &r);
     wait_request(s, &r);
-    if (n) MPI_Bcast((void *)p, (int)n, MPI_BYTE, 0, s->d->tp_comm);
+    if (n) dist_bcast_large((void *)p, n, MPI_BYTE, 1, 0, s->d->tp_comm);
 }
 
 static int group_recv(serve_ranks *s, uint8_t **p, size_t *n) {
@@ -422,7 +424,7 @@ static int group_recv(serve_ranks *s, uint8_t **p, size_t *n) {
     *p = NULL;
     if (hdr[1] > 0) {
         *p = xmalloc(*n);   /* the group's protocol cannot go on without it: a clear exit */
-        MPI_Bcast(*p, (int)*n, MPI_BYTE, 0, s->d->tp_comm);
+        dist_bcast_large(*p, *n, MPI_BYTE, 1, 0, s->d->tp_comm);
     }
     return (int)hdr[0];
 }
@@ -439,6 +441,15 @@ static void render_job(serve_ranks *s, serve_job *j) {
 /* The job as a message; NULL when out of memory, the job then answered 500. */
 static uint8_t *pack_or_fail(serve_ranks *s, serve_job *j, size_t *n) {
     uint8_t *p = serve_request_pack(&j->req, j->id, n);
+    if (p && *n > INT_MAX) {   /* one point-to-point message, an int count (MPI 3) */
+        free(p), p = NULL;
+        j->status = 413;
+        serve_error_set(&j->err, 413, "invalid_request_error", NULL,
+                        "the request packs to %zu bytes, over the 2 GiB one message to a rank group carries; "
+                        "send smaller or fewer images", *n);
+        serve_job_finish(s->queue, j);
+        return NULL;
+    }
     if (!p) {
         j->status = 500;
         serve_error_set(&j->err, 500, "server_error", NULL, "out of memory packing the job");
@@ -643,7 +654,15 @@ static int run_group_rank(serve_ranks *s) {
         render_job(s, &j);
         if (leader && d->world_rank != 0) {
             uint8_t *r = result_pack(&j, &n);
-            if (!r) {   /* still answer, so that rank 0 never waits forever */
+            if (r && n > INT_MAX) {   /* one point-to-point message, an int count (MPI 3) */
+                free(r), r = NULL;
+                serve_job_free_result(&j);
+                j.status = 500;
+                serve_error_set(&j.err, 500, "server_error", NULL,
+                                "the images pack to %zu bytes, over the 2 GiB one message carries; ask for fewer "
+                                "or smaller images per request", n);
+                r = result_pack(&j, &n);
+            } else if (!r) {   /* still answer, so that rank 0 never waits forever */
                 serve_job_free_result(&j);
                 j.status = 500;
                 serve_error_set(&j.err, 500, "server_error", NULL, "out of memory sending the result");

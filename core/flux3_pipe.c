@@ -5,6 +5,8 @@
 #include "flux3_pipe.h"
 #include "family.h"
 #include "core/models/textenc.h"
+#include "core/dist/dist.h"
+#include "kernels/comm.h"
 #include "core/image/image.h"
 #include "kernels/err.h"
 #include "kernels/tensor.h"
@@ -233,7 +235,13 @@ int flux3_denoise(flux3_model *m, const flux3_job *j, float *out) {
     sampler_params sp = {.latents = j->init_latents ? j->init_latents : x0, .N = N, .C = C, .sigmas = sig,
                          .steps = steps, .cfg = j->neg_embeds != NULL, .cfg_scale = (float)j->guidance,
                          .bf16 = s.bf16, .predict = flux3_predict, .model = &s, .on_step = j->on_step, .ctx = j->ctx};
-    if (!rc) rc = sampler_run(&sp, out);
+    /* the prepare step: the activations, agreed before the first collective (core/dist: lockstep) */
+    comm *cm = flux3_comm(m);
+    if (!rc) rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL, flux3_prepare(m, j->L, N, s.rs ? s.rs->R : 0));
+    if (!rc) {
+        rc = sampler_run(&sp, out);
+        dist_lockstep_end();
+    }
     free(sig), free(ts), free(x0), free(img_ids), free(txt_ids);
     return rc;
 }

@@ -1,4 +1,4 @@
-/* The FLUX.2 denoising loop (spec §6.4): FLUX.2's prediction (its forward,
+/* The FLUX.2 denoising loop (docs/spec/flux2-transformer.md §6.4): FLUX.2's prediction (its forward,
  * its timestep, its reference tokens, the KV-cached references) inside the
  * shared loop of core/sampler.c, which does CFG, the Euler step, the bf16
  * rounding and the NaN check. Every rank of the TP group runs it in
@@ -9,6 +9,8 @@
  * pipeline: the timestep passed to the model is bf16(bf16(t)/1000); the
  * latents' rounding is the sampler's. */
 #include "pipeline.h"
+#include "core/dist/dist.h"
+#include "kernels/comm.h"
 #include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
@@ -125,7 +127,15 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
     sampler_params sp = {.latents = p->latents, .N = p->N, .C = (int)s.C, .sigmas = p->sigmas, .steps = p->steps,
                          .cfg = p->neg_embeds != NULL, .cfg_scale = p->cfg_scale, .bf16 = s.bf16,
                          .predict = flux2_predict, .model = &s, .on_step = p->on_step, .ctx = p->ctx};
-    int rc = sampler_run(&sp, out);
+    /* the prepare step: the activations, agreed before the first collective (core/dist: lockstep) */
+    comm *cm = flux2_comm(m);
+    int rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL,
+                                 flux2_prepare(m, s.rows, s.kv ? NULL : s.ids, p->prompt_embeds, p->L, p->txt_ids,
+                                               p->neg_embeds, p->Ln));
+    if (!rc) {
+        rc = sampler_run(&sp, out);
+        dist_lockstep_end();
+    }
     step_free(&s);
     return rc;
 }

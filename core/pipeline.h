@@ -1,4 +1,4 @@
-/* The FLUX.2 denoising loop (spec flux2-transformer.md §6.4), run by every
+/* The FLUX.2 denoising loop (docs/spec/flux2-transformer.md §6.4), run by every
  * rank of a TP group in lockstep: each step is one transformer forward
  * (two with CFG) and a flow-match Euler step, FLUX.2's prediction in the
  * shared loop of core/sampler.h. The schedule itself (sigmas) comes from

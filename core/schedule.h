@@ -1,4 +1,4 @@
-/* The FLUX.2 sigma schedule (spec flux2-transformer.md §6.3): diffusers'
+/* The FLUX.2 sigma schedule (docs/spec/flux2-transformer.md §6.3): diffusers'
  * FlowMatchEulerDiscreteScheduler with dynamic, exponential time shifting
  * and the empirical mu of the Flux2 pipelines. */
 #ifndef TPGEN_SCHEDULE_H

@@ -20,6 +20,7 @@
 #include "core/models/flux3.h"
 #include "refs.h"
 #include "kernels/ops.h"
+#include "kernels/fault.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,7 +270,9 @@ static int load_text_encoder(tp_pipe *p) {
     load_stats ls = {0};
     double t0 = MPI_Wtime();
     textenc_source src = tp_pipe_text_source(p->info);
+    const char *phase = tp_phase_set("load");   /* TPGEN_FAIL_ALLOC's phases */
     int rc = agree(p, textenc_load_from(&src, p->be, p->c, p->cfg.precision, &p->te, &ls));
+    tp_phase_set(phase);
     p->st.t_te_load += MPI_Wtime() - t0;
     p->st.te_bytes_loaded += ls.bytes_read;
     p->st.te_load_seconds += ls.seconds;
@@ -286,6 +289,7 @@ static int load_text_encoder(tp_pipe *p) {
  * by its size. */
 static int encode(tp_pipe *p, const char *prompt, float **out, int64_t *Lout, int *hit, int count) {
     double t0 = MPI_Wtime(), te0 = p->st.t_te_load;
+    const char *phase = tp_phase_set("encode");
     int cap = p->cfg.max_sequence_length, own = p->fam->own_window;
     size_t J = (size_t)p->info->joint_dim;
     /* the embedding depends on the encoder's recipe, the length, the precision and the prompt */
@@ -320,6 +324,7 @@ static int encode(tp_pipe *p, const char *prompt, float **out, int64_t *Lout, in
     if (hit) *hit = all;
     free(key);
     p->st.t_encode += MPI_Wtime() - t0 - (p->st.t_te_load - te0);   /* the load has its own figure */
+    tp_phase_set(phase);
     return rc ? tp_error_context("encoding the prompts") : 0;
 }
 
@@ -365,6 +370,7 @@ static int load_vae(tp_pipe *p) {
 
 int tp_pipe_load(tp_pipe *p) {
     double t0 = MPI_Wtime();
+    const char *phase = tp_phase_set("load");
     int rc = 0;
     if (!p->model) {
         load_stats ls = {0};
@@ -381,6 +387,7 @@ int tp_pipe_load(tp_pipe *p) {
     rc = agree(p, rc);
     if (!rc) rc = agree(p, load_vae(p));
     p->st.t_load += MPI_Wtime() - t0;
+    tp_phase_set(phase);
     return rc;
 }
 
@@ -422,8 +429,8 @@ static int job_refs(tp_pipe *p, const tp_job *j, ref_set *rs) {
         rs->tokens = xmalloc(sizeof(float) * (size_t)rs->R * (size_t)rs->C);
         rs->ids = xmalloc(sizeof(int32_t) * 4 * (size_t)rs->R);
     }
-    MPI_Bcast(rs->tokens, (int)(rs->R * rs->C), MPI_FLOAT, 0, p->tp_comm);
-    MPI_Bcast(rs->ids, (int)(rs->R * 4), MPI_INT32_T, 0, p->tp_comm);
+    dist_bcast_large(rs->tokens, (size_t)rs->R * (size_t)rs->C, MPI_FLOAT, sizeof *rs->tokens, 0, p->tp_comm);
+    dist_bcast_large(rs->ids, (size_t)rs->R * 4, MPI_INT32_T, sizeof *rs->ids, 0, p->tp_comm);
     p->st.t_refs += MPI_Wtime() - t0;
     p->st.refs_encoded += p->tp_rank == 0 ? j->n_images : 0;
     if (rs->C != p->info->cond_in_channels)
@@ -460,17 +467,21 @@ static int check_job(const tp_job *j) {
 
 int tp_pipe_render(tp_pipe *p, const tp_job *j, float *latents) {
     ref_set rs = {0};
+    const char *phase = tp_phase_set("denoise");
     int rc = agree(p, check_job(j));
     if (!rc) rc = agree(p, job_refs(p, j, &rs));
     if (!rc) rc = agree(p, denoise(p, j, &rs, latents));
     refs_free(&rs);
+    tp_phase_set(phase);
     return rc;
 }
 
 int tp_pipe_decode(tp_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds) {
     double t0 = MPI_Wtime();
+    const char *phase = tp_phase_set("decode");
     int rc = agree(p, p->vae ? 0 : tp_error("decoding needs the VAE decoder, which this rank did not load"));
     if (!rc) rc = vae_decode_packed_group(p->vae, p->tp_comm, latents, height / 16, width / 16, NULL, rgb);
+    tp_phase_set(phase);
     if (seconds) *seconds = MPI_Wtime() - t0;
     return rc;
 }

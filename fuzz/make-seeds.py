@@ -160,9 +160,36 @@ def lora_seeds(out):
         'flux3_dora': (lora_pair('transformer.', 'mode_blocks.0.attn.to_k', D, D) +
                        [tensor('transformer.mode_blocks.0.attn.to_k.lora_magnitude_vector', 'F32', [D])], None),
     }
+    # LyCORIS LoKr (w1 full + w2 decomposed; both full on the packed rowwise single to_out), BFL-named LoHa on
+    # the fused qkv and the swapped final layer, ComfyUI diffs (a 1-D norm scale, the fp8 proj_out: a dense
+    # term) with an ignored .diff_b; drawn from a saved generator state, so the seeds written after them
+    # stay the same bytes
+    global _seed
+    saved = _seed
+    ly = 'lycoris_transformer_blocks_0_attn_to_q'
+    lo = 'lycoris_single_transformer_blocks_0_attn_to_out'
+    seeds['lycoris_lokr'] = ([tensor(ly + '.lokr_w1', 'F32', [4, 4]), tensor(ly + '.lokr_w2_a', 'F32', [4, 2]),
+                              tensor(ly + '.lokr_w2_b', 'F32', [2, 4]), tensor(ly + '.alpha', 'F32', [], [1.0]),
+                              tensor(lo + '.lokr_w1', 'BF16', [2, 8]), tensor(lo + '.lokr_w2', 'F16', [8, 8]),
+                              tensor(lo + '.alpha', 'F32', [], [100000.0])], None)
+    hq, hf = 'diffusion_model.double_blocks.0.img_attn.qkv', 'diffusion_model.final_layer.adaLN_modulation.1'
+    seeds['bfl_loha'] = ([tensor(hq + '.hada_w1_a', 'F32', [3 * D, 2]), tensor(hq + '.hada_w1_b', 'F32', [2, D]),
+                          tensor(hq + '.hada_w2_a', 'F32', [3 * D, 2]), tensor(hq + '.hada_w2_b', 'F32', [2, D]),
+                          tensor(hq + '.alpha', 'F32', [], [2.0]),
+                          tensor(hf + '.hada_w1_a', 'BF16', [2 * D, 1]), tensor(hf + '.hada_w1_b', 'BF16', [1, D]),
+                          tensor(hf + '.hada_w2_a', 'BF16', [2 * D, 1]), tensor(hf + '.hada_w2_b', 'BF16', [1, D])],
+                         None)
+    seeds['comfy_diff'] = ([tensor('transformer_blocks.0.attn.norm_q.weight.diff', 'F32', [8]),
+                            tensor('transformer_blocks.0.attn.to_k.diff', 'F16', [D, D]),
+                            tensor('transformer_blocks.0.attn.to_k.diff_b', 'F16', [D]),
+                            tensor('proj_out.diff', 'F32', [8, D])], None)
+    _seed = saved
     # findings of fuzz_lora, kept as regression seeds
     seeds['regress_alpha_only'] = ([tensor('lora_unet_img_in.alpha', 'F32', [], [4.0]),
                                     tensor('lora_unet_txt_in.alpha', 'F32', [], [4.0])], None)
+    # a file of only .diff_b keys (every key ignored: accepted with no module, qsort(NULL, 0)); now refused
+    seeds['regress_diff_b_only'] = ([tensor('diffusion_model.double_blocks.0.img_attn.qkv.diff_b', 'F16', [3 * D],
+                                            [0.01] * (3 * D))], None)
     for name, (t, meta) in seeds.items():
         write_st(os.path.join(out, name + '.safetensors'), t, meta)
     # the golden sets' real adapters, trimmed

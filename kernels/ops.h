@@ -8,7 +8,7 @@
  *   op_gemm, op_copy and op_gather_rows, fp8 with scales (tensor.scale).
  *   Arithmetic is fp32; the result is rounded to the output tensor's dtype.
  *   When the output is bf16, ops round at the points where eager PyTorch in
- *   bf16 rounds (spec flux2-transformer.md §3), noted per op below.
+ *   bf16 rounds (docs/spec/flux2-transformer.md §3), noted per op below.
  * - Inputs and outputs may be views (ld > cols). Unless an op says it works
  *   in place, outputs must not overlap inputs.
  * - Ops may be asynchronous (CUDA: queued on the backend's stream); be_sync()
@@ -19,6 +19,7 @@
 #ifndef TPGEN_OPS_H
 #define TPGEN_OPS_H
 #include "tensor.h"
+#include "fault.h"
 #include <stdint.h>
 #include <stddef.h>
 
@@ -110,7 +111,13 @@ void backend_destroy(backend *be);
  * type, which allocates through them, needs nothing of ops.c) ----
  * Backends keep be->bytes_in_use and be->peak_bytes up to date in their
  * alloc and free (they know each block's size). */
-static inline void *be_alloc(backend *be, size_t bytes) { return be->vt->alloc(be, bytes); }
+/* be_alloc also runs the fault injection and, inside a lockstep section,
+ * ends the job on a failure instead of returning NULL (kernels/fault.h). */
+static inline void *be_alloc(backend *be, size_t bytes) {
+    void *p = tp_fault_alloc_fails(bytes) ? NULL : be->vt->alloc(be, bytes);
+    if (!p) tp_alloc_failed();
+    return p;
+}
 static inline void be_free(backend *be, void *p) {
     if (p) be->vt->free(be, p);
 }

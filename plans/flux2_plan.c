@@ -1,4 +1,4 @@
-/* The FLUX.2 transformer plan, spec flux2-transformer.md §7.2. Everything
+/* The FLUX.2 transformer plan, docs/spec/flux2-transformer.md §7.2. Everything
  * not listed (embedders, modulations, norms, norm_out, proj_out) is
  * replicated. D = heads * head_dim, M = int(D * mlp_ratio): the model sets
  * the symbols from its config (core/models/flux2_plan.c). */

@@ -6,7 +6,7 @@
  * table only when tp divides the vocabulary (symbol V). The globs sit
  * behind the checkpoint's prefix (core/models/llm_plan.c): "model." for
  * Qwen3; model.language_model., language_model.model. or model. for
- * Mistral (spec flux2-text-vae.md §3.6); model.language_model. for
+ * Mistral (docs/spec/flux2-text-vae.md §3.6); model.language_model. for
  * Qwen3-VL (FLUX.3, the same names as Qwen3 behind it), whose vision tower, projector and
  * lm_head match no rule and are never loaded (llm_want_tensor). */
 #include "plan.h"

@@ -1,5 +1,5 @@
 /* The plan engine: glob matching, block resolution, divisibility checks
- * and the per-rank pieces (spec flux2-transformer.md §7, §8.2). Plans
+ * and the per-rank pieces (docs/spec/flux2-transformer.md §7, §8.2). Plans
  * themselves are data (plans/<model>_plan.c). */
 #include "plan.h"
 #include "kernels/err.h"

@@ -104,7 +104,7 @@ typedef struct shard_info {
  * `height` runs of `width` elements; run i starts at element
  * src_off + i*src_pitch of the stored tensor and goes to element
  * dst_off + i*dst_pitch of the local (contiguous) tensor. A contiguous
- * range is height 1. Spec flux2-transformer.md §8.2. */
+ * range is height 1. docs/spec/flux2-transformer.md §8.2. */
 typedef struct shard_piece {
     int64_t src_off, src_pitch, width, height, dst_off, dst_pitch;
 } shard_piece;

@@ -558,7 +558,9 @@ def cmd_abandon_dp(port):
     step_s = (m["tpgen_step_seconds_sum"] - m0["tpgen_step_seconds_sum"]) / n if n > 0 else step_s
     # on group 1: the CANCEL leaves world rank 0 between two of group 0's steps, group 1 stops after its own next
     # step, and world rank 0 collects the result (and counts it) between two more of group 0's: 3 steps at most
-    if dt is not None and dt <= 3 * step_s + 1.0:   # + 1 s: a sanitized run on 2 oversubscribed cores
+    # + 3 s: a sanitized run on 2 oversubscribed cores, with the suite's other jobs beside it (tests/run.sh -j);
+    # a render that is not cancelled runs on for its whole LONG job
+    if dt is not None and dt <= 3 * step_s + 3.0:
         ok(f"dp 2: a render stopped {dt * 1000:.0f} ms after its client hung up (a step takes "
            f"{step_s * 1000:.0f} ms), the other group still rendering")
     else:

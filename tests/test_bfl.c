@@ -1,4 +1,4 @@
-/* BFL single-file FLUX.2 checkpoints (spec flux2-transformer.md Appendix A).
+/* BFL single-file FLUX.2 checkpoints (docs/spec/flux2-transformer.md Appendix A).
  * The golden diffusers checkpoint flux2-tiny-a is converted here to the BFL
  * layout (one file, BFL names, fused double-block qkv, swapped final-layer
  * halves) with the spec's table written out independently of the loader;

@@ -113,3 +113,33 @@ TEST_MPI(error_rank_prefix_once) {
     tp_error_clear();
     MPI_Comm_free(&half);
 }
+
+/* dist_bcast_large at a forced small piece size (the hook; 1 GiB pieces in
+ * use): every element of the root's buffer arrives on every rank, whatever
+ * the piece size against the element size and the count, from a root other
+ * than 0 where there is one. */
+TEST_MPI(dist_bcast_large_pieces) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int root = size - 1;
+    static const size_t piece[] = {1, 3, 7, 64, 4096, 0};
+    static const size_t count[] = {0, 1, 5, 1003};
+    for (size_t pi = 0; pi < sizeof piece / sizeof *piece; pi++)
+        for (size_t ci = 0; ci < sizeof count / sizeof *count; ci++) {
+            size_t n = count[ci];
+            dist_set_chunk_bytes(piece[pi]);
+            float *f = malloc((n ? n : 1) * sizeof *f);
+            unsigned char *b = malloc(n ? n : 1);
+            for (size_t i = 0; i < n; i++) f[i] = value_of(11, rank, i), b[i] = (unsigned char)(rank * 31 + i * 7);
+            dist_bcast_large(f, n, MPI_FLOAT, sizeof *f, root, MPI_COMM_WORLD);
+            dist_bcast_large(b, n, MPI_BYTE, 1, root, MPI_COMM_WORLD);
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++)
+                bad += f[i] != value_of(11, root, i) || b[i] != (unsigned char)(root * 31 + i * 7);
+            CHECK(bad == 0, "dist_bcast_large piece %zu bytes, %zu elements, rank %d: %zu wrong", piece[pi], n, rank,
+                  bad);
+            free(f), free(b);
+        }
+    dist_set_chunk_bytes(0);
+}

@@ -109,3 +109,99 @@ TEST(flux3_lora_flux2_adapter_refused) {
                       strstr(msg, p)), "message: %s", msg);
     free(out), free(ref), free(p);
 }
+
+/* The other adapter dialects on FLUX.3 (diffusers names): the golden PEFT
+ * adapter rewritten, module by module, as exact equivalents in three
+ * dialects, each of which must give diffusers' adapted output:
+ *  - LyCORIS LoKr (lycoris_<module with _>, decoded through the checkpoint's
+ *    tensor names): w1 = [[1]] full, w2 = lokr_w2_a @ lokr_w2_b = B @ A,
+ *    alpha = scale * r, so scale * kron([[1]], B A) = scale * B A;
+ *  - LyCORIS LoHa: (B A) (.) (1 1^T), alpha = scale * r;
+ *  - a ComfyUI full diff (transformer.<module>.diff = scale * B A, in double). */
+static void put(st_write_tensor *t, int *n, char *name, float *data, int64_t r, int64_t c, int ndim) {
+    t[*n] = (st_write_tensor){.name = name, .dtype = DT_F32, .ndim = ndim, .data = data};
+    t[*n].shape[0] = r, t[*n].shape[1] = c;
+    (*n)++;
+}
+
+static char *under(const char *m) {
+    char *s = xstrdup(m);
+    for (char *p = s; *p; p++) if (*p == '.') *p = '_';
+    return s;
+}
+
+static float *filled(int64_t n, float v) {
+    float *f = xmalloc((size_t)n * sizeof *f);
+    for (int64_t i = 0; i < n; i++) f[i] = v;
+    return f;
+}
+
+static char *write_dialect(const lora_set *ls, int kind) {
+    static const char *names[] = {"lokr", "loha", "diff"};
+    st_file *f = ls->ad[0].f;
+    st_write_tensor *t = xcalloc((size_t)ls->n_seg * 6 + 1, sizeof *t);
+    int n = 0;
+    for (int i = 0; i < ls->n_seg; i++) {
+        const lora_segment *g = &ls->seg[i];
+        float *A = NULL, *B = NULL;
+        st_read_f32(f, g->a->name, &A, NULL);
+        st_read_f32(f, g->b->name, &B, NULL);
+        int64_t r = g->rank, in = g->a->shape[1], out = g->b->shape[0];
+        char *u = under(g->module);
+        if (kind == 2) {
+            float *d = xmalloc((size_t)(out * in) * sizeof *d);
+            for (int64_t y = 0; y < out; y++)
+                for (int64_t x = 0; x < in; x++) {
+                    double s = 0;
+                    for (int64_t k = 0; k < r; k++) s += (double)B[y * r + k] * A[k * in + x];
+                    d[y * in + x] = (float)(g->coef * s);
+                }
+            put(t, &n, xasprintf("transformer.%s.diff", g->module), d, out, in, 2);
+            free(A), free(B);
+        } else if (kind == 0) {
+            put(t, &n, xasprintf("lycoris_%s.lokr_w1", u), filled(1, 1), 1, 1, 2);
+            put(t, &n, xasprintf("lycoris_%s.lokr_w2_a", u), B, out, r, 2);
+            put(t, &n, xasprintf("lycoris_%s.lokr_w2_b", u), A, r, in, 2);
+            put(t, &n, xasprintf("lycoris_%s.alpha", u), filled(1, (float)(g->coef * r)), 0, 0, 0);
+        } else {
+            put(t, &n, xasprintf("lycoris_%s.hada_w1_a", u), B, out, r, 2);
+            put(t, &n, xasprintf("lycoris_%s.hada_w1_b", u), A, r, in, 2);
+            put(t, &n, xasprintf("lycoris_%s.hada_w2_a", u), filled(out, 1), out, 1, 2);
+            put(t, &n, xasprintf("lycoris_%s.hada_w2_b", u), filled(in, 1), 1, in, 2);
+            put(t, &n, xasprintf("lycoris_%s.alpha", u), filled(1, (float)(g->coef * r)), 0, 0, 0);
+        }
+        free(u);
+    }
+    char *path = xasprintf("%s/flux3-%s.safetensors", test_tmp_dir(), names[kind]);
+    CHECK(st_write(path, t, n, NULL) == 0, "%s: %s", path, tp_error_msg());
+    for (int i = 0; i < n; i++) free((void *)t[i].name), free((void *)t[i].data);
+    free(t);
+    return path;
+}
+
+TEST(flux3_lora_dialects_equal_diffusers) {
+    float *out = NULL, *ref = NULL;
+    size_t n = 0;
+    lora_set *ls = NULL;
+    lora_spec s = {.path = ADAPTER, .weight = 1.0};
+    REQUIRE(run(&s, 1, DT_F32, &out, &ref, &n, &ls) == 0, "%s", tp_error_msg());
+    free(out), free(ref);
+    for (int kind = 0; kind < 3; kind++) {
+        char *p = write_dialect(ls, kind);
+        lora_spec d = {.path = p, .weight = 1.0};
+        lora_set *ld = NULL;
+        int rc = run(&d, 1, DT_F32, &out, &ref, &n, &ld);
+        CHECK(rc == 0, "%s: %s", p, tp_error_msg());
+        if (!rc) {
+            double e = rel(out, ref, n);
+            CHECK(e <= 1e-5, "%s on FLUX.3: rel_err %.3g against diffusers > 1e-5", p, e);
+            CHECK(ld->ad[0].n_modules == 31, "%s: %d modules mapped, 31 expected", p, ld->ad[0].n_modules);
+            printf("# FLUX.3 %s: rel_err %.2e against diffusers (%d modules)\n", lora_kind_name(ld->seg[0].kind), e,
+                   ld->ad[0].n_modules);
+        }
+        lora_set_free(ld);
+        free(out), free(ref), free(p);
+        out = ref = NULL;
+    }
+    lora_set_free(ls);
+}

@@ -1,6 +1,6 @@
 /* Sharded loading of the golden tiny FLUX.2 checkpoint (BF16, two shards,
  * tensors shuffled): every local tensor must equal the slice of the full
- * tensor that spec flux2-transformer.md §7.2 assigns to the rank. The
+ * tensor that docs/spec/flux2-transformer.md §7.2 assigns to the rank. The
  * expected slices are cut here from whole tensors read with st_read_raw,
  * with the spec's row/column ranges written out independently of the
  * plan engine. */

@@ -353,7 +353,7 @@ TEST(lora_golden_merged_tensors) {
 /* ---- bytes read per rank ---- */
 
 /* the adapter's share for a rank, from its shapes and the FLUX.2 split
- * (spec §7.2), without the plan: colwise targets read out/tp rows of B and
+ * (docs/spec/flux2-transformer.md §7.2), without the plan: colwise targets read out/tp rows of B and
  * all of A; rowwise targets in/tp columns of A and all of B; a fused BFL
  * qkv is three colwise targets sharing A */
 static uint64_t expected_bytes(const char *adapter, int tp) {

@@ -24,6 +24,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <math.h>
+#include "lora_dialects_models.h"
 
 static char *gpath(const char *rel) { return xasprintf("%s/%s", test_golden_dir(), rel); }
 
@@ -120,7 +122,7 @@ typedef struct inputs {
     int out_ch;
 } inputs;
 
-/* the three cases of a transformer_cases file (guidance only when present) */
+/* the (up to) three cases of a transformer_cases file (guidance only when present) */
 static int inputs_read(const char *path, int out_ch, inputs *in) {
     memset(in, 0, sizeof *in);
     in->out_ch = out_ch;
@@ -129,6 +131,8 @@ static int inputs_read(const char *path, int out_ch, inputs *in) {
     int rc = 0;
     for (int k = 0; k < 3 && !rc; k++) {
         char key[64];
+        snprintf(key, sizeof key, "case%d.hidden_states", k);
+        if (k > 0 && !st_find(f, key)) break;   /* a file of fewer cases */
         float *ts = NULL, *g = NULL;
         const st_tensor_info *ti;
 #define K(s) (snprintf(key, sizeof key, "case%d.%s", k, s), key)
@@ -331,4 +335,109 @@ TEST(lora_gguf_adapter_file) {
     lora_set_free(ls);
     checkpoint_close(ck);
     free(ad), free(dir);
+}
+
+/* ---- the adapter dialects (LoKr, LoHa, fal) on fp8 and GGUF weights ----
+ * The flux2-lora-dialects klein (tests/test_lora_dialects.c regenerates it;
+ * TPGEN_LORA_DIALECTS_MODELS names a folder that holds it already) written as
+ * raw E4M3 (every 2-D weight; nearest code, s = 1) and, when
+ * TPGEN_LORA_DIALECTS_GGUF names it (tests/sh/lora_dialects.sh: `tpgen
+ * quantize --type Q8_0`, BFL names), as GGUF; each against its dequantised
+ * twin with the same adapters merged. A LoKr/LoHa on quantised weights is a
+ * dense term of the shard's block (lora_merge.c attach_dense). */
+
+static float e4m3_value(int c) {
+    int e = (c >> 3) & 15, m = c & 7;
+    float v = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
+    return (c & 0x80) ? -v : v;
+}
+
+static uint8_t e4m3_nearest(float x) {
+    int best = 0;
+    float bd = INFINITY;
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f) continue;   /* NaN */
+        float d = fabsf(e4m3_value(c) - x);
+        if (d < bd) bd = d, best = c;
+    }
+    return (uint8_t)best;
+}
+
+static char *write_fp8_model(const char *src) {
+    char *dir = xasprintf("%s/fp8-dialects", test_tmp_dir());
+    mkdir(dir, 0755);
+    checkpoint *ck = NULL;
+    if (checkpoint_open(src, &ck)) {
+        CHECK(0, "%s", tp_error_msg());
+        free(dir);
+        return NULL;
+    }
+    st_write_tensor *t = xcalloc((size_t)ck->n, sizeof *t);
+    void **bufs = xcalloc((size_t)ck->n, sizeof *bufs);
+    int rc = 0;
+    for (int i = 0; i < ck->n && !rc; i++) {
+        const st_tensor_info *ti = ck->infos[i];
+        float *v = NULL;
+        int64_t n = st_numel(ti);
+        const st_file *f = NULL;
+        checkpoint_find(ck, ti->name, &f);
+        rc = f ? st_read_f32(f, ti->name, &v, NULL) : -1;
+        t[i] = (st_write_tensor){.name = ti->name, .dtype = ti->ndim == 2 ? DT_F8_E4M3 : DT_F32, .ndim = ti->ndim};
+        for (int d = 0; d < ti->ndim; d++) t[i].shape[d] = ti->shape[d];
+        if (!rc && ti->ndim == 2) {
+            uint8_t *q = xmalloc((size_t)n);
+            for (int64_t j = 0; j < n; j++) q[j] = e4m3_nearest(v[j]);
+            free(v);
+            bufs[i] = q;
+        } else {
+            bufs[i] = v;
+        }
+        t[i].data = bufs[i];
+    }
+    char *out = xasprintf("%s/diffusion_pytorch_model.safetensors", dir), *cfg = xasprintf("%s/config.json", src),
+         *cfg_out = xasprintf("%s/config.json", dir);
+    if (!rc) rc = st_write(out, t, ck->n, NULL);
+    if (!rc) rc = copy_file(cfg, cfg_out);
+    CHECK(rc == 0, "fp8 model: %s", tp_error_msg());
+    for (int i = 0; i < ck->n; i++) free(bufs[i]);
+    free(bufs), free(t), free(out), free(cfg), free(cfg_out);
+    checkpoint_close(ck);
+    return dir;
+}
+
+TEST_MPI(lora_dialects_unmerged) {
+    const char *env = getenv("TPGEN_LORA_DIALECTS_MODELS"), *gguf = getenv("TPGEN_LORA_DIALECTS_GGUF");
+    char *models = env ? xstrdup(env) : xasprintf("%s/dialect-models", test_tmp_dir());
+    if (!env) REQUIRE(lora_dialects_write_models(models) == 0, "%s", tp_error_msg());
+    char *src = xasprintf("%s/transformer", models), *cases = gpath("flux2-lora-dialects/cases_klein.safetensors");
+    inputs in;
+    int ok = inputs_read(cases, 128, &in) == 0;
+    CHECK(ok, "%s: %s", cases, tp_error_msg());
+    static const char *ads[][2] = {{"lycoris_lokr_full", "comfy_bfl_loha"}, {"comfy_bfl_lokr_lowrank", "lycoris_loha"},
+                                   {"lycoris_lokr_bothlowrank", "fal_klein_peft"}};
+    char *fp8 = all_ok(MPI_COMM_WORLD, ok) ? write_fp8_model(src) : NULL;
+    char *gdir = gguf ? xstrdup(gguf) : NULL, *slash = gdir ? strrchr(gdir, '/') : NULL;
+    if (slash) *slash = 0;
+    int wr;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    if (!gguf && wr == 0) printf("# GGUF: TPGEN_LORA_DIALECTS_GGUF not set (tests/sh/lora_dialects.sh sets it)\n");
+    for (int q = 0; q < 2 && fp8; q++) {
+        if (q == 1 && !gguf) break;
+        char *twin = q == 0 ? fp8_twin(fp8, "dialects-fp8") : gguf_twin(gguf, "dialects-gguf");
+        for (int k = 0; k < 3; k++) {
+            lora_spec sp[2];
+            for (int i = 0; i < 2; i++) {
+                char *r = xasprintf("flux2-lora-dialects/adapters/%s.safetensors", ads[k][i]);
+                sp[i] = (lora_spec){gpath(r), i ? -0.6 : 0.8};
+                free(r);
+            }
+            char what[128];
+            snprintf(what, sizeof what, "%s + %s 0.8 + %s -0.6", q ? "GGUF Q8_0" : "fp8 raw E4M3", ads[k][0], ads[k][1]);
+            compare(MPI_COMM_WORLD, what, q ? gdir : fp8, twin, sp, 2, &in);
+            free(sp[0].path), free(sp[1].path);
+        }
+        free(twin);
+    }
+    inputs_free(&in);
+    free(models), free(src), free(cases), free(fp8), free(gdir);
 }

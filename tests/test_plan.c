@@ -1,6 +1,6 @@
 /* The plan engine: globs, block resolution, divisibility errors, the
- * byte ranges of spec flux2-transformer.md §8.3, and per-rank bytes of the
- * real FLUX.2 shapes (sparse checkpoints) against spec §2.3 / §7.4. */
+ * byte ranges of docs/spec/flux2-transformer.md §8.3, and per-rank bytes of the
+ * real FLUX.2 shapes (sparse checkpoints) against docs/spec/flux2-transformer.md §2.3 / §7.4. */
 #include "core/models/model_plan.h"
 #include "test.h"
 #include "kernels/err.h"
@@ -43,7 +43,7 @@ TEST(plan_glob_star_is_block_index) {
     }
 }
 
-/* The five examples of spec §8.3 (dev, tp 4), byte for byte. */
+/* The five examples of docs/spec/flux2-transformer.md §8.3 (dev, tp 4), byte for byte. */
 TEST(plan_pieces_spec_examples_dev_tp4) {
     json_t *cfg = json_pack("{s:i,s:i,s:f}", "num_attention_heads", 48, "attention_head_dim", 128, "mlp_ratio", 3.0);
     plan p;
@@ -83,12 +83,12 @@ TEST(plan_pieces_spec_examples_dev_tp4) {
     json_decref(cfg);
 }
 
-/* Per-rank bytes from the config formulas (spec §1.2, §2, §7.2). */
+/* Per-rank bytes from the config formulas (docs/spec/flux2-transformer.md §1.2, §2, §7.2). */
 typedef struct shape_case {
     const char *shape;
     int H, L, S, Jt, guidance, n_tensors;
-    uint64_t total;                 /* spec §2.3 */
-    double gb[4];                   /* spec §7.4 at tp 1, 2, 4, 8 (0: not valid) */
+    uint64_t total;                 /* docs/spec/flux2-transformer.md §2.3 */
+    double gb[4];                   /* docs/spec/flux2-transformer.md §7.4 at tp 1, 2, 4, 8 (0: not valid) */
 } shape_case;
 
 static void formula_bytes(const shape_case *s, uint64_t *rep, uint64_t *sh) {
@@ -129,7 +129,7 @@ TEST(plan_real_shapes_per_rank_bytes) {
                 CHECK(e.bytes_replicated == rep && e.bytes_sharded == sh / (uint64_t)tp, "%s tp %d rank %d: %llu + %llu",
                       s->shape, tp, r, (unsigned long long)e.bytes_replicated, (unsigned long long)e.bytes_sharded);
                 double gb = (double)(e.bytes_replicated + e.bytes_sharded) / 1e9;
-                CHECK(gb > s->gb[j] - 0.0051 && gb < s->gb[j] + 0.0051, "%s tp %d: %.3f GB, spec §7.4 says %.2f",
+                CHECK(gb > s->gb[j] - 0.0051 && gb < s->gb[j] + 0.0051, "%s tp %d: %.3f GB, docs/spec/flux2-transformer.md §7.4 says %.2f",
                       s->shape, tp, gb, s->gb[j]);
             }
         }

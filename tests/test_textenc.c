@@ -233,7 +233,7 @@ TEST_MPI(textenc_dev_tiny_end_to_end) {
         MPI_Comm_free(&group);
     }
     if (out[0] && out[1] && !test_failed()) {
-        /* the dev layout (spec §2.1): left pads of 11, then BOS 1, [SYSTEM_PROMPT] 17 ... 18, [INST] 3 ... [/INST] 4 */
+        /* the dev layout (docs/spec/flux2-text-vae.md §2.1): left pads of 11, then BOS 1, [SYSTEM_PROMPT] 17 ... 18, [INST] 3 ... [/INST] 4 */
         int p = 0, has_img = 0, n18 = 0;
         while (p < L && ids[0][p] == 11 && mask[0][p] == 0) p++;
         for (int i = p; i < L; i++) {

@@ -96,7 +96,7 @@ TEST(tokenizer_klein_tiny_golden) { check_golden_cases("klein-tiny/tokens.json")
 
 typedef struct { const char *text; int n; int32_t ids[16]; const char *why; } tok_case;
 
-/* Expected ids derived by hand from the Tekken regex (spec §5.3, §5.5) and the
+/* Expected ids derived by hand from the Tekken regex (docs/spec/flux2-text-vae.md §5.3, §5.5) and the
  * merge table above. */
 static const tok_case k_tekken_cases[] = {
     {"helloWorld", 2, {1259, 1263}, "lower run then Upper+lower run: 'hello' 'World', whole-piece tokens"},

@@ -8,6 +8,7 @@
  * rank 3 alone), so tp 1, 2, 3 and 4 are all covered. */
 #include "test.h"
 #include "kernels/err.h"
+#include "kernels/fault.h"
 #include "core/formats/safetensors.h"
 #include "core/models/vae_internal.h"
 #include "kernels/ops.h"
@@ -254,6 +255,42 @@ TEST_MPI(vae_dist_error_agreed) {
     int rc = vae_decode_latent_group(v, g, x, h, w, NULL, NULL);
     CHECK(rc == -1, "a NaN latent decoded without an error");
     CHECK(rc == 0 || strstr(tp_error_msg(), "not finite"), "error: %s", tp_error_msg());
+    tp_error_clear();
+    MPI_Comm_free(&g);
+    free(x);
+    vae_free(v);
+    backend_destroy(be);
+}
+
+/* One rank out of memory (its band's input, the decode's prepare step;
+ * TPGEN_FAIL_ALLOC on the last rank only): every rank returns the error
+ * with that rank's message, and no rank is left in a halo exchange. The
+ * failure mid-decode (MPI_Abort) is tests/sh/fail_alloc.sh's. */
+TEST_MPI(vae_dist_one_rank_oom_agreed) {
+    int wr, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    backend *be = backend_cpu_create(1);
+    vae_model *v = load("vae-tiny/model/vae", DT_F32, be);
+    REQUIRE(v, "no VAE");
+    int lc = vae_get_config(v)->latent_channels, h = 4, w = 4;
+    float *x = calloc((size_t)lc * h * w, sizeof(float));
+    char spec[32];
+    snprintf(spec, sizeof spec, "%d:1:decode", size - 1);
+    setenv("TPGEN_FAIL_ALLOC", spec, 1);
+    int init = tp_fault_init(wr);
+    unsetenv("TPGEN_FAIL_ALLOC");
+    REQUIRE(init == 0, "TPGEN_FAIL_ALLOC=%s refused: %s", spec, tp_error_msg());
+    const char *old = tp_phase_set("decode");
+    MPI_Comm g = group_of(0);
+    int rc = vae_decode_latent_group(v, g, x, h, w, NULL, NULL);
+    tp_phase_set(old);
+    tp_fault_init(wr);   /* disarmed (unset) */
+    char want[32];
+    snprintf(want, sizeof want, "rank %d: ", size - 1);
+    CHECK(rc == -1, "the decode succeeded although rank %d's allocation failed", size - 1);
+    CHECK(strstr(tp_error_msg(), "injected by TPGEN_FAIL_ALLOC") && (size == 1 || strstr(tp_error_msg(), want)),
+          "error: %s", tp_error_msg());
     tp_error_clear();
     MPI_Comm_free(&g);
     free(x);

@@ -5,7 +5,7 @@
  *   mpirun -np N tpgen bench load --model DIR [--mode sharded|mmap|naive] [--cold] [--threads T] [--json]
  *
  * The generated checkpoint has the real tensor names and shapes (spec
- * flux2-transformer.md §2) with random BF16 data, or holes (--sparse: a
+ * docs/spec/flux2-transformer.md §2) with random BF16 data, or holes (--sparse: a
  * header-only file of the real size that costs no disk). */
 #include "core/formats/weights.h"
 #include "core/dist/dist.h"
@@ -29,7 +29,7 @@ typedef struct flux2_shape {
     int heads, layers, single, joint_dim, guidance;
 } flux2_shape;
 
-/* spec §1.1; head_dim 128, in_channels 128, timestep channels 256, mlp 3 */
+/* docs/spec/flux2-transformer.md §1.1; head_dim 128, in_channels 128, timestep channels 256, mlp 3 */
 static const flux2_shape k_shapes[] = {
     {"dev", 48, 8, 48, 15360, 1},
     {"klein-4b", 24, 5, 20, 7680, 0},
@@ -336,7 +336,7 @@ typedef struct bench_row {
     double lora_bytes, lora_piece;   /* --lora: adapter bytes read, largest piece (f32) */
 } bench_row;
 
-int lora_make_random(const char *transformer_dir, const char *out, int rank, unsigned seed);   /* bench_lora.c */
+int lora_make_random(const char *transformer_dir, const char *out, int rank, int lokr_factor, unsigned seed);   /* bench_lora.c */
 
 static void print_rows(const bench_row *rows, int n, const char *mode, int threads, const char *dir, int json) {
     if (json) {
@@ -390,7 +390,8 @@ static int bench_usage(void) {
            "--cold first evicts the checkpoint's pages from the page cache (posix_fadvise DONTNEED).\n"
            "--threads T reads with T threads per rank (load_opts.io_threads, default %d; sharded and mmap modes).\n"
            "--lora FILE[:W] merges a LoRA adapter into each rank's shard during the load (sharded/mmap modes);\n"
-           "--make-lora FILE --rank R --model DIR writes a random rank-R PEFT adapter on every block Linear.\n",
+           "--make-lora FILE --rank R --model DIR writes a random rank-R PEFT adapter on every block Linear;\n"
+           "with --lokr-factor F a LyCORIS LoKr instead (lokr_w1 [F, F], lokr_w2 [out/F, in/F], both full).\n",
            WEIGHTS_IO_THREADS);
     return 0;
 }
@@ -454,7 +455,7 @@ static int run_load(dist *d, const char *dir, const char *mode, int json, int co
 
 int bench_load(int argc, char **argv) {
     const char *make = NULL, *shape = "klein-4b", *model = NULL, *mode = "sharded", *lora = NULL, *make_lora = NULL;
-    int lora_rank = 64;
+    int lora_rank = 64, lokr_factor = 0;
     int sparse = 0, shards = 1, json = 0, cold = 0, threads = WEIGHTS_IO_THREADS;
     unsigned seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -477,6 +478,7 @@ int bench_load(int argc, char **argv) {
         else if (v && !strcmp(a, "--lora")) lora = v, i++;
         else if (v && !strcmp(a, "--make-lora")) make_lora = v, i++;
         else if (v && !strcmp(a, "--rank")) lora_rank = atoi(v), i++;
+        else if (v && !strcmp(a, "--lokr-factor")) lokr_factor = atoi(v), i++;
         else if (v && !strcmp(a, "--shards")) shards = atoi(v), i++;
         else if (v && !strcmp(a, "--threads")) threads = atoi(v), i++;
         else if (v && !strcmp(a, "--seed")) seed = (unsigned)strtoul(v, NULL, 10), i++;
@@ -493,10 +495,12 @@ int bench_load(int argc, char **argv) {
     if (!model) { bench_usage(); return 2; }
     if (make_lora) {
         char *tdir = xasprintf("%s/transformer", model);
-        int rc = lora_make_random(tdir, make_lora, lora_rank, seed);
+        int rc = lora_make_random(tdir, make_lora, lora_rank, lokr_factor, seed);
         free(tdir);
         if (rc) { fprintf(stderr, "tpgen: error: %s\n", tp_error_msg()); return 1; }
-        printf("wrote %s (rank %d on every block Linear of %s)\n", make_lora, lora_rank, model);
+        if (lokr_factor > 0) printf("wrote %s (LoKr, factor %d, both factors full, on every block Linear of %s)\n",
+                                    make_lora, lokr_factor, model);
+        else printf("wrote %s (rank %d on every block Linear of %s)\n", make_lora, lora_rank, model);
         return 0;
     }
     if (strcmp(mode, "sharded") && strcmp(mode, "mmap") && strcmp(mode, "naive")) {

@@ -35,15 +35,35 @@ static int fill_lora(void *ctx, int index, void *buf, size_t offset, size_t n) {
     return 0;
 }
 
-int lora_make_random(const char *transformer_dir, const char *out, int rank, unsigned seed) {
+/* A LoKr on the same modules (--lokr-factor F): LyCORIS names, both factors
+ * full (scale 1): lokr_w1 [F, F], lokr_w2 [out/F, in/F]. */
+static int lokr_tensors(const st_tensor_info *ti, int factor, st_write_tensor *t) {
+    if (ti->shape[0] % factor || ti->shape[1] % factor)
+        return tp_error("%s [%lld, %lld] is not divisible by --lokr-factor %d", ti->name, (long long)ti->shape[0],
+                        (long long)ti->shape[1], factor);
+    char *u = xasprintf("%.*s", (int)(strlen(ti->name) - strlen(".weight")), ti->name);
+    for (char *p = u; *p; p++) if (*p == '.') *p = '_';
+    t[0] = (st_write_tensor){.name = xasprintf("lycoris_%s.lokr_w1", u), .dtype = DT_BF16, .ndim = 2,
+                             .shape = {factor, factor}};
+    t[1] = (st_write_tensor){.name = xasprintf("lycoris_%s.lokr_w2", u), .dtype = DT_BF16, .ndim = 2,
+                             .shape = {ti->shape[0] / factor, ti->shape[1] / factor}};
+    free(u);
+    return 0;
+}
+
+int lora_make_random(const char *transformer_dir, const char *out, int rank, int lokr_factor, unsigned seed) {
     if (rank < 1) return tp_error("--rank must be positive");
     checkpoint *c;
     if (checkpoint_open(transformer_dir, &c)) return -1;
     st_write_tensor *t = xcalloc((size_t)c->n * 2 + 1, sizeof *t);
-    int n = 0;
-    for (int k = 0; k < c->n; k++) {
+    int n = 0, rc = 0;
+    for (int k = 0; k < c->n && !rc; k++) {
         const st_tensor_info *ti = c->infos[k];
         if (ti->ndim != 2 || !block_linear(ti->name)) continue;
+        if (lokr_factor > 0) {
+            if (!(rc = lokr_tensors(ti, lokr_factor, t + n))) n += 2;
+            continue;
+        }
         size_t l = strlen(ti->name) - strlen(".weight");
         t[n++] = (st_write_tensor){.name = xasprintf("transformer.%.*s.lora_A.weight", (int)l, ti->name),
                                    .dtype = DT_BF16, .ndim = 2, .shape = {rank, ti->shape[1]}};
@@ -53,8 +73,8 @@ int lora_make_random(const char *transformer_dir, const char *out, int rank, uns
     char meta[96];
     snprintf(meta, sizeof meta, "{\"transformer.r\": %d, \"transformer.lora_alpha\": %d}", rank, rank);
     const char *kv[] = {"lora_adapter_metadata", meta, NULL};
-    int rc = n ? st_write_stream(out, t, n, kv, fill_lora, &seed)
-               : tp_error("%s: no block Linear found (not a diffusers-layout FLUX.2 transformer)", transformer_dir);
+    if (!rc) rc = n ? st_write_stream(out, t, n, lokr_factor > 0 ? NULL : kv, fill_lora, &seed)
+                    : tp_error("%s: no block Linear found (not a diffusers-layout FLUX.2 transformer)", transformer_dir);
     for (int i = 0; i < n; i++) free((void *)t[i].name);
     free(t);
     checkpoint_close(c);

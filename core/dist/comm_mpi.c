@@ -30,7 +30,10 @@ __attribute__((optimize("O3"))) static void bf16_sum_op(void *in, void *inout, i
     }
 }
 
-typedef struct { MPI_Op bf16_sum; } mpi_impl;
+/* Tensors travel on a duplicate of the group's communicator: error
+ * agreements (dist_agree over c->mpi) never match a tensor collective, even
+ * when a rank is one collective behind its peers */
+typedef struct { MPI_Op bf16_sum; MPI_Comm tensors; } mpi_impl;
 
 /* the tensor's bytes in host memory: t->data itself, or a staged copy of a
  * device tensor (NULL + tp_error when the download failed) */
@@ -61,8 +64,8 @@ static int mpi_allreduce(comm *c, tensor *t) {
     if (t->dtype != DT_F32 && t->dtype != DT_BF16) tp_fatal("comm allreduce: dtype %s", dtype_name(t->dtype));
     void *h = host_view(t);
     if (!h) tp_fatal("comm allreduce: staging a device tensor through the host failed: %s", tp_error_msg());
-    if (t->dtype == DT_F32) rc = MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_FLOAT, MPI_SUM, c->mpi);
-    else rc = MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_UINT16_T, m->bf16_sum, c->mpi);
+    if (t->dtype == DT_F32) rc = MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_FLOAT, MPI_SUM, m->tensors);
+    else rc = MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_UINT16_T, m->bf16_sum, m->tensors);
     if (host_done(t, h, rc == MPI_SUCCESS)) tp_fatal("comm allreduce: staging back to the device failed: %s", tp_error_msg());
     c->allreduce_seconds += MPI_Wtime() - t0;
     c->n_allreduce++;
@@ -72,9 +75,10 @@ static int mpi_allreduce(comm *c, tensor *t) {
 
 static int mpi_bcast(comm *c, tensor *t, int root) {
     if (!tensor_contiguous(t)) tp_fatal("comm bcast: tensor must be contiguous");
+    mpi_impl *m = c->impl;
     void *h = host_view(t);
     if (!h) tp_fatal("comm bcast: staging a device tensor through the host failed: %s", tp_error_msg());
-    int rc = MPI_Bcast(h, (int)tensor_nbytes(t), MPI_BYTE, root, c->mpi);
+    int rc = MPI_Bcast(h, (int)tensor_nbytes(t), MPI_BYTE, root, m->tensors);
     if (host_done(t, h, rc == MPI_SUCCESS)) tp_fatal("comm bcast: staging back to the device failed: %s", tp_error_msg());
     return rc == MPI_SUCCESS ? 0 : tp_error("MPI_Bcast failed (code %d)", rc);
 }
@@ -82,6 +86,7 @@ static int mpi_bcast(comm *c, tensor *t, int root) {
 static void mpi_destroy(comm *c) {
     mpi_impl *m = c->impl;
     MPI_Op_free(&m->bf16_sum);
+    MPI_Comm_free(&m->tensors);
     free(m);
     free(c);
 }
@@ -92,6 +97,7 @@ comm *comm_create_mpi(MPI_Comm group, struct backend *be) {
     comm *c = xcalloc(1, sizeof *c);
     mpi_impl *m = xcalloc(1, sizeof *m);
     MPI_Op_create(bf16_sum_op, 1, &m->bf16_sum);
+    MPI_Comm_dup(group, &m->tensors);   /* collective over the group, as creating a comm is */
     c->vt = &k_mpi_vt;
     c->mpi = group;
     c->be = be;

@@ -1,5 +1,7 @@
 #include "dist.h"
 #include "kernels/err.h"
+#include "kernels/fault.h"
+#include <stdlib.h>
 #include "affinity.h"
 #include <limits.h>
 #include <signal.h>
@@ -27,6 +29,7 @@ int dist_init(int *argc, char ***argv, dist *d) {
     MPI_Comm_rank(d->local_comm, &d->local_rank);
     MPI_Comm_size(d->local_comm, &d->local_size);
     d->tp_comm = d->dp_comm = MPI_COMM_NULL;
+    if (tp_fault_init(d->world_rank)) return -1;   /* the same environment on every rank */
     affinity_setup(d);   /* before any OpenMP thread starts */
     return dist_set_tp(d, 0);
 }
@@ -89,8 +92,50 @@ int dist_agree(MPI_Comm c, int status) {
     return -1;
 }
 
+/* A failure in a lockstep section on a group of several ranks: the peers
+ * are inside (or about to enter) a collective that this rank will never
+ * join, and no agreement can reach them, so the job ends here. */
+static void lockstep_abort(const char *cause) {
+    int wr = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    fprintf(stderr, "tpgen: error: rank %d: %s, in the middle of the %s phase, where the other ranks of its group "
+            "wait in a collective: this cannot be agreed, so the job ends (free memory on that rank's device, or "
+            "use a larger --tp or a smaller image)\n", wr, cause && *cause ? cause : "allocation failed",
+            *tp_phase() ? tp_phase() : "current");
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    abort();   /* MPI_Abort does not return */
+}
+
+int dist_lockstep_begin(MPI_Comm c, int status) {
+    int size = 1;
+    if (c != MPI_COMM_NULL) {
+        MPI_Comm_size(c, &size);
+        if (size > 1) status = dist_agree(c, status);
+    }
+    if (status) return -1;
+    tp_lockstep_enter(size > 1 ? lockstep_abort : NULL);
+    return 0;
+}
+
+void dist_lockstep_end(void) { tp_lockstep_leave(); }
+
 void dist_report_error(MPI_Comm c) {
     int rank;
     MPI_Comm_rank(c, &rank);
     if (rank == 0) fprintf(stderr, "tpgen: error: %s\n", tp_error_msg());
+}
+
+static size_t g_chunk_bytes = DIST_CHUNK_BYTES;
+void dist_set_chunk_bytes(size_t bytes) { g_chunk_bytes = bytes ? bytes : DIST_CHUNK_BYTES; }
+
+void dist_bcast_large(void *buf, size_t count, MPI_Datatype type, size_t elem_size, int root, MPI_Comm c) {
+    size_t per = g_chunk_bytes / elem_size;   /* whole elements per piece, at least one */
+    if (per < 1) per = 1;
+    if (per > INT_MAX) per = INT_MAX;
+    char *p = buf;
+    for (size_t done = 0; done < count; done += per) {
+        size_t n = count - done < per ? count - done : per;
+        MPI_Bcast(p + done * elem_size, (int)n, type, root, c);
+    }
 }

@@ -34,6 +34,29 @@ void dist_finalize(dist *d);
  * the world agrees: "rank 1: encoding the prompts: text encoder: ...". */
 int dist_agree(MPI_Comm c, int status);
 
+/* Lockstep sections (kernels/fault.h). A phase allocates its workspaces in
+ * a prepare step, then calls this with the step's status: the status is
+ * agreed over `c` (dist_agree), and when every rank succeeded the section
+ * begins. Inside it, on a group of more than one rank, a failed backend
+ * allocation ends the job at once (MPI_Abort) with "tpgen: error: rank R:
+ * CAUSE, in the middle of the PHASE phase ..." on stderr, instead of
+ * returning into a half-finished sequence of collectives, where the peers
+ * would wait forever. On one rank (or c == MPI_COMM_NULL) the failure is
+ * returned as usual. Returns the agreed status; a 0 return must be paired
+ * with dist_lockstep_end. */
+int dist_lockstep_begin(MPI_Comm c, int status);
+void dist_lockstep_end(void);
+
+/* MPI_Bcast of `count` elements of `type` (each `elem_size` bytes) from
+ * `root`, for counts past INT_MAX (MPI 3 counts are int; the installed Open
+ * MPI has no MPI-4 large-count calls): sent in pieces of at most
+ * DIST_CHUNK_BYTES, the same pieces on every rank. */
+#define DIST_CHUNK_BYTES ((size_t)1 << 30)
+void dist_bcast_large(void *buf, size_t count, MPI_Datatype type, size_t elem_size, int root, MPI_Comm c);
+
+/* test hook: the piece size in bytes (0: DIST_CHUNK_BYTES); the same on every rank */
+void dist_set_chunk_bytes(size_t bytes);
+
 /* Print the current error once, by rank 0 of `c`, as "tpgen: error: ..."
  * on stderr. Call after dist_agree over the same communicator. */
 void dist_report_error(MPI_Comm c);

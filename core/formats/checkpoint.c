@@ -125,17 +125,17 @@ static int pick_file(const char *dir, const char *suffix, char **name) {
     return 0;
 }
 
-static const checkpoint *g_sort_ckpt;   /* qsort has no context argument */
-static int cmp_idx(const void *a, const void *b) {
-    return strcmp(g_sort_ckpt->infos[*(const int *)a]->name, g_sort_ckpt->infos[*(const int *)b]->name);
+/* qsort_r (glibc): the checkpoint is the comparison's context, not a global */
+static int cmp_idx(const void *a, const void *b, void *ctx) {
+    const checkpoint *c = ctx;
+    return strcmp(c->infos[*(const int *)a]->name, c->infos[*(const int *)b]->name);
 }
 
 /* Sort infos (and file_of alongside) by name. */
 static void sort_tensors(checkpoint *c) {
     int *ord = xmalloc((size_t)c->n * sizeof *ord);
     for (int i = 0; i < c->n; i++) ord[i] = i;
-    g_sort_ckpt = c;
-    qsort(ord, (size_t)c->n, sizeof *ord, cmp_idx);
+    qsort_r(ord, (size_t)c->n, sizeof *ord, cmp_idx, c);
     const st_tensor_info **infos = xmalloc((size_t)c->n * sizeof *infos);
     int *fo = xmalloc((size_t)c->n * sizeof *fo);
     for (int i = 0; i < c->n; i++) infos[i] = c->infos[ord[i]], fo[i] = c->file_of[ord[i]];
@@ -269,9 +269,9 @@ const st_tensor_info *checkpoint_find(const checkpoint *c, const char *name, con
 
 /* ---- renaming ---- */
 
-static const st_file *g_sort_file;
-static int cmp_file_idx(const void *a, const void *b) {
-    return strcmp(g_sort_file->tensors[*(const int *)a].name, g_sort_file->tensors[*(const int *)b].name);
+static int cmp_file_idx(const void *a, const void *b, void *ctx) {
+    const st_file *f = ctx;
+    return strcmp(f->tensors[*(const int *)a].name, f->tensors[*(const int *)b].name);
 }
 
 int checkpoint_rename(checkpoint *c, checkpoint_rename_fn fn, void *ctx) {
@@ -290,8 +290,7 @@ int checkpoint_rename(checkpoint *c, checkpoint_rename_fn fn, void *ctx) {
         st_file *f = c->files[fi];
         int *ord = xmalloc((size_t)(f->n ? f->n : 1) * sizeof *ord), *inv = xmalloc((size_t)(f->n ? f->n : 1) * sizeof *inv);
         for (int i = 0; i < f->n; i++) ord[i] = i;
-        g_sort_file = f;
-        qsort(ord, (size_t)f->n, sizeof *ord, cmp_file_idx);
+        qsort_r(ord, (size_t)f->n, sizeof *ord, cmp_file_idx, f);
         st_tensor_info *ts = xcalloc((size_t)(f->n ? f->n : 1), sizeof *ts);
         for (int i = 0; i < f->n; i++) ts[i] = f->tensors[ord[i]], inv[ord[i]] = i;
         for (int k = 0; k < c->n; k++)

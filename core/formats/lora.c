@@ -20,8 +20,13 @@
 #include <string.h>
 
 const char *lora_format_name(lora_format f) {
-    static const char *n[] = {"peft", "peft_prefix", "aitk", "kohya", "bare"};
-    return f <= LORA_FMT_BARE ? n[f] : "?";
+    static const char *n[] = {"peft", "peft_prefix", "aitk", "kohya", "bare", "lycoris"};
+    return f <= LORA_FMT_LYCORIS ? n[f] : "?";
+}
+
+const char *lora_kind_name(lora_kind k) {
+    static const char *n[] = {"LoRA", "LoKr", "LoHa", "diff"};
+    return k <= LORA_KIND_DIFF ? n[k] : "?";
 }
 
 int lora_spec_parse(const char *arg, lora_spec *out) {
@@ -251,7 +256,11 @@ static int is_text_encoder_key(const char *key) {
 
 /* ---- one adapter file ---- */
 
-typedef enum { PART_A, PART_B, PART_ALPHA, PART_DORA, PART_OTHER } key_part;
+typedef enum {
+    PART_A, PART_B, PART_ALPHA, PART_DORA,
+    PART_W1, PART_W1A, PART_W1B, PART_W2, PART_W2A, PART_W2B,   /* LoKr: lokr_*; LoHa: hada_w1_a.. in W1A.. */
+    PART_H1A, PART_H1B, PART_H2A, PART_H2B, PART_DIFF, PART_DIFF_B, PART_TUCKER, PART_N, PART_OTHER = PART_N
+} key_part;
 
 /* Split a key into (prefix namespace, module, part). */
 typedef struct parsed_key {
@@ -263,6 +272,11 @@ static key_part key_suffix(const char *key, size_t *module_len) {
     static const struct { const char *s; key_part p; } k[] = {
         {".lora_A.weight", PART_A},    {".lora_B.weight", PART_B},  {".lora_down.weight", PART_A},
         {".lora_up.weight", PART_B},   {".alpha", PART_ALPHA},      {".dora_scale", PART_DORA},
+        {".lokr_w1", PART_W1},         {".lokr_w1_a", PART_W1A},    {".lokr_w1_b", PART_W1B},
+        {".lokr_w2", PART_W2},         {".lokr_w2_a", PART_W2A},    {".lokr_w2_b", PART_W2B},
+        {".hada_w1_a", PART_H1A},      {".hada_w1_b", PART_H1B},    {".hada_w2_a", PART_H2A},
+        {".hada_w2_b", PART_H2B},      {".diff", PART_DIFF},        {".diff_b", PART_DIFF_B},
+        {".lokr_t2", PART_TUCKER},     {".hada_t1", PART_TUCKER},   {".hada_t2", PART_TUCKER},
     };
     size_t n = strlen(key);
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
@@ -276,6 +290,7 @@ static key_part key_suffix(const char *key, size_t *module_len) {
 typedef struct module_rec {
     char *name;                 /* key without prefix and suffix */
     const st_tensor_info *a, *b, *alpha;
+    const st_tensor_info *p[PART_N];   /* every part by key_part (a, b, alpha alias p[PART_A..]) */
 } module_rec;
 
 
@@ -291,6 +306,9 @@ static lora_format detect_format(const st_file *f, const char **prefix) {
         bm |= !strncmp(k, "base_model.model.", 17);
         tr |= !strncmp(k, "transformer.", 12);
     }
+    int ly = 0;
+    for (int i = 0; i < f->n; i++) ly |= !strncmp(f->tensors[i].name, "lycoris_", 8);
+    if (ly) { *prefix = "lycoris_"; return LORA_FMT_LYCORIS; }
     if (unet) { *prefix = "lora_unet_"; return LORA_FMT_KOHYA; }
     if (dm) { *prefix = "diffusion_model."; return LORA_FMT_AITK; }
     if (bm) { *prefix = "base_model.model."; return LORA_FMT_PEFT_PREFIX; }
@@ -477,6 +495,255 @@ static char *flux3_old_diffusers_key(const char *key) {
     return s;
 }
 
+/* ---- LyCORIS, LoKr, LoHa and ComfyUI diffs (docs/lora.md) ---- */
+
+/* A file whose first key belongs to no dialect: list its first keys. */
+static void unknown_dialect_error(const lora_adapter *ad) {
+    char keys[400];
+    size_t k = 0;
+    keys[0] = 0;
+    for (int i = 0; i < ad->f->n && i < 5 && k + 4 < sizeof keys; i++)
+        k += (size_t)snprintf(keys + k, sizeof keys - k, "%s%s", i ? ", " : "", ad->f->tensors[i].name);
+    tp_error("%s: no known adapter dialect (LoRA in the diffusers/PEFT, ai-toolkit, kohya or fal layouts, LyCORIS "
+             "LoKr/LoHa, ComfyUI .diff); its first keys are: %s", ad->path, keys);
+}
+
+/* BFL QK-norm scales and their diffusers names (1-D, for `.diff` patches) */
+static const char *k_norms[][2] = {
+    {"transformer_blocks.%d.attn.norm_q.weight", "double_blocks.%d.img_attn.norm.query_norm.scale"},
+    {"transformer_blocks.%d.attn.norm_k.weight", "double_blocks.%d.img_attn.norm.key_norm.scale"},
+    {"transformer_blocks.%d.attn.norm_added_q.weight", "double_blocks.%d.txt_attn.norm.query_norm.scale"},
+    {"transformer_blocks.%d.attn.norm_added_k.weight", "double_blocks.%d.txt_attn.norm.key_norm.scale"},
+    {"single_transformer_blocks.%d.attn.norm_q.weight", "single_blocks.%d.norm.query_norm.scale"},
+    {"single_transformer_blocks.%d.attn.norm_k.weight", "single_blocks.%d.norm.key_norm.scale"},
+};
+
+/* A parameter named in full (a diff on a norm scale, or any tensor named
+ * exactly): the tensor, whole. */
+static int map_param(const checkpoint *ck, int ck_bfl, const char *m, target out[3], int64_t *b_rows) {
+    const st_tensor_info *ti = checkpoint_find(ck, m, NULL);
+    char *tn = NULL;
+    for (size_t i = 0; !ti && i < sizeof k_norms / sizeof k_norms[0]; i++) {
+        int idx;
+        for (int side = 0; side < 2 && !ti; side++)
+            if (pat_match(k_norms[i][side], m, 0, &idx)) {
+                tn = pat_fill(k_norms[i][ck_bfl], idx);
+                if (!(ti = checkpoint_find(ck, tn, NULL))) free(tn), tn = NULL;
+            }
+    }
+    if (!ti) return 0;
+    *b_rows = ti->shape[0];
+    return add_target(out, 0, tn ? tn : xstrdup(ti->name), 0, ti->shape[0], 0);
+}
+
+/* LyCORIS names are diffusers module paths with '.' -> '_': decode them
+ * through the FLUX.2 name table, else through the checkpoint's own tensors
+ * (FLUX.3, or any diffusers-named model). */
+static char *lycoris_decode(const checkpoint *ck, const char *m) {
+    for (int i = 0; i < N_NAMES; i++) {
+        int idx;
+        if (pat_match(k_names[i].dif, m, 1, &idx)) return pat_fill(k_names[i].dif, idx);
+    }
+    for (int i = 0; i < ck->n; i++) {
+        const char *t = ck->infos[i]->name;
+        size_t n = strlen(t);
+        if (n < 8 || strcmp(t + n - 7, ".weight") || strlen(m) != n - 7) continue;
+        int same = 1;
+        for (size_t j = 0; j < n - 7 && same; j++) same = (t[j] == '.' ? '_' : t[j]) == m[j];
+        if (same) return xasprintf("%.*s", (int)(n - 7), t);
+    }
+    return NULL;
+}
+
+/* Targets of a module of any dialect; *cols: the module's input width. */
+static int map_any(const lora_adapter *ad, const checkpoint *ck, int ck_bfl, const char *m, int diff, target tg[3],
+                   int64_t *b_rows, int64_t *cols) {
+    int nt = 0;
+    if (ad->fmt == LORA_FMT_LYCORIS) {
+        char *d = lycoris_decode(ck, m);
+        if (d) nt = map_module(ck, ck_bfl, d, 0, tg, b_rows);
+        free(d);
+    } else if (ad->fmt == LORA_FMT_KOHYA) {
+        nt = map_module(ck, ck_bfl, m, 2, tg, b_rows);
+    } else {
+        int first = ad->fmt == LORA_FMT_PEFT ? 0 : 1;   /* diffusion_model.: BFL names first */
+        nt = map_module(ck, ck_bfl, m, first, tg, b_rows);
+        if (!nt) nt = map_module(ck, ck_bfl, m, !first, tg, b_rows);
+    }
+    if (!nt && diff) nt = map_param(ck, ck_bfl, m, tg, b_rows);
+    if (nt) {
+        const st_tensor_info *t0 = checkpoint_find(ck, tg[0].tensor, NULL);
+        *cols = t0->ndim == 2 ? t0->shape[1] : 1;
+    }
+    return nt;
+}
+
+/* The module's kind from its parts; -1: only .diff_b (ignored). Parts of two
+ * dialects in one module are refused. */
+static int rec_kind(const lora_adapter *ad, const module_rec *r, int *kind) {
+    static const struct { key_part lo, hi; int kind; } k[] = {
+        {PART_A, PART_B, LORA_KIND_LORA}, {PART_W1, PART_W2B, LORA_KIND_LOKR},
+        {PART_H1A, PART_H2B, LORA_KIND_LOHA}, {PART_DIFF, PART_DIFF, LORA_KIND_DIFF},
+    };
+    *kind = -2;
+    const st_tensor_info *first = NULL;
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        for (int p = k[i].lo; p <= (int)k[i].hi; p++) {
+            if (!r->p[p]) continue;
+            if (*kind >= 0 && *kind != k[i].kind)
+                return tp_error("%s: module %s is named twice, by two dialects: %s (%s) and %s (%s); one module takes "
+                                "one adapter kind", ad->path, r->name, first->name, lora_kind_name(*kind), r->p[p]->name,
+                                lora_kind_name(k[i].kind));
+            if (*kind < 0) first = r->p[p];
+            *kind = k[i].kind;
+        }
+    if (*kind == -2) *kind = r->p[PART_DIFF_B] ? -1 : LORA_KIND_LORA;   /* LoRA: check_ab names what is missing */
+    return 0;
+}
+
+static int check_factor(const lora_adapter *ad, const module_rec *r, const st_tensor_info *t, int ndim) {
+    if (!t) return 0;
+    if (t->ndim != ndim && !(ndim == 2 && t->ndim == 1 && r->p[PART_DIFF] == t))
+        return tp_error("%s: module %s: key %s has %d dimensions; it must have %d (conv adapters are not supported)",
+                        ad->path, r->name, t->name, t->ndim, ndim);
+    if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
+        return tp_error("%s: module %s: key %s is %s; adapter factors must be F32, BF16 or F16", ad->path, r->name,
+                        t->name, dtype_name(t->dtype));
+    return 0;
+}
+
+#define DIM(t, i) ((long long)(t)->shape[i])
+
+/* One LoKr factor: full (w) or w_a @ w_b; its shape and rank. */
+static int lokr_factor(const lora_adapter *ad, const module_rec *r, int which, int64_t *rows, int64_t *cols,
+                       int64_t *rank) {
+    const st_tensor_info *w = r->p[which ? PART_W2 : PART_W1], *wa = r->p[which ? PART_W2A : PART_W1A],
+                         *wb = r->p[which ? PART_W2B : PART_W1B];
+    if (check_factor(ad, r, w, 2) || check_factor(ad, r, wa, 2) || check_factor(ad, r, wb, 2)) return -1;
+    *rank = 0;
+    if (w && !wa && !wb) { *rows = w->shape[0], *cols = w->shape[1]; return 0; }
+    if (!w && wa && wb && wa->shape[1] == wb->shape[0] && wa->shape[1] >= 1) {
+        *rows = wa->shape[0], *cols = wb->shape[1], *rank = wa->shape[1];
+        return 0;
+    }
+    if (!w && wa && wb)
+        return tp_error("%s: module %s: %s is [%lld, %lld] and %s [%lld, %lld]: their inner dimension (the rank) must "
+                        "agree", ad->path, r->name, wa->name, DIM(wa, 0), DIM(wa, 1), wb->name, DIM(wb, 0), DIM(wb, 1));
+    return tp_error("%s: module %s: LoKr factor w%d needs lokr_w%d, or lokr_w%d_a with lokr_w%d_b (it has %s)", ad->path,
+                    r->name, which + 1, which + 1, which + 1, which + 1,
+                    w ? "both the full and a decomposed form" : wa || wb ? "only one half of the product" : "none");
+}
+
+/* Validate a LoKr / LoHa / diff module: its delta's shape [*out, *in], rank
+ * and scale (spec: LoKr alpha/r with r of w2_b, else of w1_b, and 1 when both
+ * factors are full; LoHa alpha/r with r of hada_w1_b; diff 1). */
+static int structured_shape(lora_adapter *ad, const module_rec *r, int kind, int64_t *out, int64_t *in,
+                            int64_t *rank, double *scale) {
+    double alpha = 0;
+    *scale = 1;
+    if (kind == LORA_KIND_DIFF) {
+        const st_tensor_info *d = r->p[PART_DIFF];
+        if (check_factor(ad, r, d, 2)) return -1;
+        *out = d->shape[0], *in = d->ndim == 2 ? d->shape[1] : 1, *rank = 0;
+        return 0;
+    }
+    if (kind == LORA_KIND_LOKR) {
+        int64_t a, c, r1, b, d, r2;
+        if (lokr_factor(ad, r, 0, &a, &c, &r1) || lokr_factor(ad, r, 1, &b, &d, &r2)) return -1;
+        *out = a * b, *in = c * d, *rank = r2 ? r2 : r1;
+        if (*rank && r->alpha) {
+            if (read_alpha(ad, r->alpha, &alpha)) return -1;
+            *scale = alpha / (double)*rank;
+        }
+        return 0;
+    }
+    const st_tensor_info *w1a = r->p[PART_H1A], *w1b = r->p[PART_H1B], *w2a = r->p[PART_H2A], *w2b = r->p[PART_H2B];
+    if (!w1a || !w1b || !w2a || !w2b)
+        return tp_error("%s: module %s: a LoHa module needs hada_w1_a, hada_w1_b, hada_w2_a and hada_w2_b (%s is "
+                        "missing)", ad->path, r->name, !w1a ? "hada_w1_a" : !w1b ? "hada_w1_b" : !w2a ? "hada_w2_a"
+                                                                                            : "hada_w2_b");
+    if (check_factor(ad, r, w1a, 2) || check_factor(ad, r, w1b, 2) || check_factor(ad, r, w2a, 2) ||
+        check_factor(ad, r, w2b, 2))
+        return -1;
+    if (w1a->shape[1] != w1b->shape[0] || w2a->shape[1] != w2b->shape[0] || w1a->shape[0] != w2a->shape[0] ||
+        w1b->shape[1] != w2b->shape[1] || w1a->shape[1] < 1 || w2a->shape[1] < 1)
+        return tp_error("%s: module %s: LoHa factors hada_w1_a [%lld, %lld], hada_w1_b [%lld, %lld], hada_w2_a [%lld, "
+                        "%lld], hada_w2_b [%lld, %lld] do not make two products of one shape", ad->path, r->name,
+                        DIM(w1a, 0), DIM(w1a, 1), DIM(w1b, 0), DIM(w1b, 1), DIM(w2a, 0), DIM(w2a, 1), DIM(w2b, 0),
+                        DIM(w2b, 1));
+    *out = w1a->shape[0], *in = w1b->shape[1], *rank = w1b->shape[0];
+    if (r->alpha) {
+        if (read_alpha(ad, r->alpha, &alpha)) return -1;
+        *scale = alpha / (double)*rank;
+    }
+    return 0;
+}
+
+/* inspect: a module that matches no weight, listed */
+static int note_unmatched(lora_adapter *ad, const char *name) {
+    ad->unmatched = xrealloc(ad->unmatched, (size_t)(ad->n_unmatched + 1) * sizeof *ad->unmatched);
+    ad->unmatched[ad->n_unmatched++] = xstrdup(name);
+    return 0;
+}
+
+/* Map and push the segments of a LoKr / LoHa / diff module. */
+static int structured_module(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, const module_rec *r, int kind,
+                             int *n_zero) {
+    lora_adapter *ad = &s->ad[ai];
+    int64_t out = 0, in = 0, rank = 0, b_rows = 0, cols = 0;
+    double scale;
+    if (structured_shape(ad, r, kind, &out, &in, &rank, &scale)) return -1;
+    double coef = ad->weight * scale;
+    if (!isfinite(coef) || fabs(coef) > LORA_MAX_SCALE)
+        return tp_error("%s: module %s: scale %g x weight %g = %g; the scale must be finite and of magnitude at most %g "
+                        "(the file's alpha is wrong)", ad->path, r->name, scale, ad->weight, coef, LORA_MAX_SCALE);
+    target tg[3];
+    int nt = map_any(ad, ck, ck_bfl, r->name, kind == LORA_KIND_DIFF, tg, &b_rows, &cols);
+    if (!nt && s->inspect) return note_unmatched(ad, r->name);
+    if (!nt) {
+        const char *fam = family_hint(r->name);
+        return tp_error("%s: %s module '%s' matches no weight of this transformer (%s)%s%s", ad->path,
+                        lora_kind_name(kind), r->name, ck->dir,
+                        fam ? "; the names look like an adapter for " : "; is the adapter for another model?",
+                        fam ? fam : "");
+    }
+    if (out != b_rows || in != cols) {
+        tp_error("%s: module %s: its %s delta is [%lld, %lld] (%s), but the module (%s%s) is [%lld, %lld]; the factors' "
+                 "product is not the module's shape", ad->path, r->name, lora_kind_name(kind), (long long)out,
+                 (long long)in, kind == LORA_KIND_LOKR ? "kron(w1, w2)" : kind == LORA_KIND_LOHA ? "the Hadamard product"
+                                                                                               : "the stored diff",
+                 tg[0].tensor, nt > 1 ? ", ..." : "", (long long)b_rows, (long long)cols);
+        for (int q = 0; q < nt; q++) free(tg[q].tensor);
+        return -1;
+    }
+    lora_segment g = {.adapter = ai, .kind = (lora_kind)kind, .rank = rank, .cols = in, .coef = coef};
+    static const int lk[LK_N] = {PART_W1, PART_W1A, PART_W1B, PART_W2, PART_W2A, PART_W2B};
+    static const int lh[LK_N] = {-1, PART_H1A, PART_H1B, -1, PART_H2A, PART_H2B};
+    for (int j = 0; j < LK_N; j++) {
+        int p = kind == LORA_KIND_LOKR ? lk[j] : kind == LORA_KIND_LOHA ? lh[j] : (j == LK_W1 ? PART_DIFF : -1);
+        g.x[j] = p >= 0 ? r->p[p] : NULL;
+    }
+    for (int j = 0; j < nt; j++) {
+        const lora_segment *twice = find_overlap(s, ai, tg[j].tensor, tg[j].row0, tg[j].nrows);
+        if (twice) {
+            tp_error("%s: modules %s and %s both target tensor '%s' (rows %lld..%lld); the file names one module twice "
+                     "(two dialects or diffusers and BFL names?), so it would be merged twice", ad->path, twice->module,
+                     r->name, tg[j].tensor, (long long)tg[j].row0, (long long)(tg[j].row0 + tg[j].nrows - 1));
+            for (int q = j; q < nt; q++) free(tg[q].tensor);
+            return -1;
+        }
+        g.tensor = tg[j].tensor, g.row0 = tg[j].row0, g.nrows = tg[j].nrows, g.brow0 = tg[j].brow0;
+        g.module = xstrdup(r->name);
+        push_seg(s, g);
+    }
+    if (rank > ad->rank) ad->rank = rank;
+    ad->scale = ad->scale < 0 ? scale : (ad->scale == scale ? scale : NAN);
+    ad->kinds |= 1u << kind;
+    ad->n_modules++;
+    if (coef == 0) (*n_zero)++;
+    return 0;
+}
+
 /* Map every module of adapter ai onto ck and append its segments. */
 static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, int verbose) {
     lora_adapter *ad = &s->ad[ai];
@@ -522,9 +789,16 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
             goto done;
         }
         if (part == PART_OTHER) {
-            tp_error("%s: key %s is not a LoRA matrix or alpha (expected .lora_A.weight, .lora_B.weight, "
-                     ".lora_down.weight, .lora_up.weight or .alpha; biases and other extras are not supported)",
-                     ad->path, t->name);
+            if (n_rec == 0 && i == 0) unknown_dialect_error(ad);
+            else
+                tp_error("%s: key %s is not a LoRA matrix or alpha, nor a part of another known adapter dialect "
+                         "(LoRA .lora_A/.lora_B/.lora_down/.lora_up.weight, .alpha; LyCORIS LoKr .lokr_w1[_a|_b]/.lokr_w2[_a|_b]; LoHa .hada_w1_a/"
+                         "_b, .hada_w2_a/_b; ComfyUI .diff, .diff_b; other extras are not supported)", ad->path, t->name);
+            goto done;
+        }
+        if (part == PART_TUCKER) {
+            tp_error("%s: key %s is a LyCORIS Tucker core (use_tucker, for conv layers); tpgen merges LoKr and LoHa on "
+                     "Linear layers without Tucker cores and refuses it; retrain without use_tucker", ad->path, t->name);
             goto done;
         }
         if (part == PART_DORA) { ad->n_dora_dropped++; continue; }
@@ -538,22 +812,37 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         } else {
             free(mod);
         }
-        const st_tensor_info **slot = part == PART_A ? &r->a : part == PART_B ? &r->b : &r->alpha;
+        const st_tensor_info **slot = &r->p[part];
         if (*slot) {
             tp_error("%s: module %s has two %s tensors (%s and %s)", ad->path, r->name,
-                     part == PART_ALPHA ? "alpha" : part == PART_A ? "down (A)" : "up (B)", (*slot)->name, k);
+                     part == PART_ALPHA ? "alpha" : part == PART_A ? "down (A)" : part == PART_B ? "up (B)" : "such",
+                     (*slot)->name, k);
             goto done;
         }
         *slot = t;
+        r->a = r->p[PART_A], r->b = r->p[PART_B], r->alpha = r->p[PART_ALPHA];
     }
     if (ad->n_dora_dropped && verbose)
         fprintf(stderr, "tpgen: warning: %s: %d DoRA dora_scale key(s) dropped, as diffusers does; the adapter is "
                         "merged as a plain LoRA\n", ad->path, ad->n_dora_dropped);
-    if (n_rec == 0) { tp_error("%s: no LoRA matrices in the file", ad->path); goto done; }
+    if (n_rec == 0) { tp_error("%s: no adapter modules in the file", ad->path); goto done; }
     ad->scale = -1;
     int n_zero = 0;
     for (int i = 0; i < n_rec; i++) {
         module_rec *r = &rec[i];
+        int kind;
+        if (rec_kind(ad, r, &kind)) goto done;
+        if (r->p[PART_DIFF_B]) {   /* a bias patch: FLUX has no Linear biases */
+            if (verbose)
+                fprintf(stderr, "tpgen: warning: %s: key %s is a bias patch (.diff_b), but this transformer's layers "
+                                "have no bias; it is ignored\n", ad->path, r->p[PART_DIFF_B]->name);
+            ad->n_ignored++;
+        }
+        if (kind == -1) continue;
+        if (kind != LORA_KIND_LORA) {
+            if (structured_module(s, ai, ck, ck_bfl, r, kind, &n_zero)) goto done;
+            continue;
+        }
         if (check_ab(ad, r)) goto done;
         int64_t rank = r->a->shape[0];
         double scale = 1.0, alpha = 1.0;
@@ -579,14 +868,9 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
         }
         /* module names: kohya's '_' spelling, else diffusers or BFL names */
         target tg[3];
-        int64_t b_rows = 0;
-        int nt = 0;
-        if (ad->fmt == LORA_FMT_KOHYA) nt = map_module(ck, ck_bfl, r->name, 2, tg, &b_rows);
-        else {
-            int first = ad->fmt == LORA_FMT_PEFT ? 0 : 1;   /* diffusion_model.: BFL names first */
-            nt = map_module(ck, ck_bfl, r->name, first, tg, &b_rows);
-            if (!nt) nt = map_module(ck, ck_bfl, r->name, !first, tg, &b_rows);
-        }
+        int64_t b_rows = 0, cols_unused = 0;
+        int nt = map_any(ad, ck, ck_bfl, r->name, 0, tg, &b_rows, &cols_unused);
+        if (!nt && s->inspect) { note_unmatched(ad, r->name); continue; }
         if (!nt) {
             const char *fam = family_hint(r->name);
             tp_error("%s: key %s: module '%s' matches no Linear of this transformer (%s)%s%s", ad->path,
@@ -621,13 +905,25 @@ static int adapter_map(lora_set *s, int ai, const checkpoint *ck, int ck_bfl, in
                 goto done;
             }
             push_seg(s, (lora_segment){.adapter = ai, .tensor = xstrdup(ti->name), .row0 = tg[j].row0, .nrows = tg[j].nrows,
+                                       .kind = LORA_KIND_LORA, .cols = in,
                                        .a = r->a, .b = r->b, .brow0 = tg[j].brow0, .rank = rank,
                                        .coef = ad->weight * scale, .module = xstrdup(r->name)});
             free(tg[j].tensor);
         }
         if (rank > ad->rank) ad->rank = rank;
         ad->scale = ad->scale < 0 ? scale : (ad->scale == scale ? scale : NAN);
+        ad->kinds |= 1u << LORA_KIND_LORA;
         ad->n_modules++;
+    }
+    if (ad->n_modules == 0 && ad->n_unmatched) {
+        tp_error("%s: none of its %d modules matches a weight of this transformer (%s), e.g. '%s'; is the adapter "
+                 "for another model?", ad->path, ad->n_unmatched, ck->dir, ad->unmatched[0]);
+        goto done;
+    }
+    if (ad->n_modules == 0) {   /* every module was an ignored bias patch */
+        tp_error("%s: every module of the file is a .diff_b bias patch (%d), and this transformer's layers have no "
+                 "bias: the adapter would change nothing", ad->path, ad->n_ignored);
+        goto done;
     }
     if (n_zero && verbose)
         fprintf(stderr, "tpgen: warning: %s: %d of %d modules have scale 0 (lora_alpha 0 or --lora weight 0), so they "
@@ -643,10 +939,11 @@ done:
     return rc;
 }
 
-int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out) {
+static int set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbose, int inspect, lora_set **out) {
     *out = NULL;
     if (n > LORA_MAX_ADAPTERS) return tp_error("at most %d LoRA adapters (got %d)", LORA_MAX_ADAPTERS, n);
     lora_set *s = xcalloc(1, sizeof *s);
+    s->inspect = inspect;
     int ck_bfl = checkpoint_is_bfl(ck);
     for (int i = 0; i < n; i++) {
         lora_adapter *ad = &s->ad[s->n++];
@@ -658,9 +955,17 @@ int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbo
             return -1;
         }
     }
-    qsort(s->seg, (size_t)s->n_seg, sizeof *s->seg, cmp_seg);
+    if (s->n_seg) qsort(s->seg, (size_t)s->n_seg, sizeof *s->seg, cmp_seg);   /* none: only ignored .diff_b keys */
     *out = s;
     return 0;
+}
+
+int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out) {
+    return set_open(specs, n, ck, verbose, 0, out);
+}
+
+int lora_set_open_inspect(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out) {
+    return set_open(specs, n, ck, verbose, 1, out);
 }
 
 void lora_set_free(lora_set *s) {
@@ -668,6 +973,8 @@ void lora_set_free(lora_set *s) {
     for (int i = 0; i < s->n; i++) {
         st_close(s->ad[i].f);
         free(s->ad[i].path);
+        for (int k = 0; k < s->ad[i].n_unmatched; k++) free(s->ad[i].unmatched[k]);
+        free(s->ad[i].unmatched);
     }
     for (int i = 0; i < s->n_seg; i++) free(s->seg[i].module), free((char *)s->seg[i].tensor);
     free(s->seg);

@@ -49,16 +49,29 @@ typedef enum {
     LORA_FMT_AITK,              /* diffusion_model.<BFL module>.lora_A/B (or lora_down/up).weight */
     LORA_FMT_KOHYA,             /* lora_unet_<BFL module, '_'>.lora_down/up.weight + .alpha */
     LORA_FMT_BARE,              /* module names without a prefix */
+    LORA_FMT_LYCORIS,           /* lycoris_<diffusers module, '.' -> '_'>.<param> (LyCORIS save_weights) */
 } lora_format;
+
+/* What a module's delta is (docs/lora.md, /work/shared/spec/lora-dialects.md):
+ * LoRA B@A; LoKr kron(w1, w2), each factor full or a product w_a@w_b; LoHa
+ * (w1a@w1b) * (w2a@w2b) elementwise; a ComfyUI `.diff`, the full delta. */
+typedef enum { LORA_KIND_LORA = 0, LORA_KIND_LOKR, LORA_KIND_LOHA, LORA_KIND_DIFF } lora_kind;
+const char *lora_kind_name(lora_kind k);
+/* the factor slots of a LoKr / LoHa / diff segment */
+enum { LK_W1, LK_W1A, LK_W1B, LK_W2, LK_W2A, LK_W2B, LK_N };
 const char *lora_format_name(lora_format f);
 
 typedef struct lora_segment {
     int adapter;                /* index in the set */
     const char *tensor;         /* checkpoint tensor name (owned) */
     int64_t row0, nrows;        /* target rows of that tensor */
-    const st_tensor_info *a, *b;/* lora_A [r, in], lora_B [out, r] in the adapter file */
-    int64_t brow0;              /* first row of B used */
-    int64_t rank;
+    lora_kind kind;
+    const st_tensor_info *a, *b;/* LoRA: lora_A [r, in], lora_B [out, r] in the adapter file */
+    const st_tensor_info *x[LK_N]; /* LoKr: w1 | w1_a, w1_b; w2 | w2_a, w2_b. LoHa: w1_a, w1_b, w2_a, w2_b
+                                  in LK_W1A, LK_W1B, LK_W2A, LK_W2B. diff: LK_W1 (1-D: one column) */
+    int64_t cols;               /* the module's input width (its delta is [rows of B, cols]) */
+    int64_t brow0;              /* first row of B (of the module's delta) used */
+    int64_t rank;               /* LoRA / LoHa rank; LoKr: the decomposed factor's rank, 0 when both are full */
     double coef;                /* weight * scale */
     char *module;               /* the adapter's module name (messages, inspect) */
 } lora_segment;
@@ -72,6 +85,10 @@ typedef struct lora_adapter {
     double scale;               /* scale of its modules; NAN when they differ */
     int n_modules;              /* adapter modules mapped (a fused qkv counts once) */
     int n_dora_dropped;
+    unsigned kinds;             /* 1 << lora_kind of its modules */
+    int n_ignored;              /* .diff_b keys ignored (FLUX has no biases) */
+    int n_unmatched;            /* modules that match no weight (only with lora_set_open_inspect) */
+    char **unmatched;
     uint64_t bytes_read;        /* A/B bytes read by this rank (merge) */
     uint64_t bytes_alpha;       /* alpha scalars read at open */
 } lora_adapter;
@@ -83,6 +100,7 @@ typedef struct lora_set {
     lora_segment *seg;          /* sorted by tensor name */
     size_t max_piece;           /* largest A or B piece read (bytes, f32) */
     struct backend *merge_be;   /* host backend of the merge when shards live on a device */
+    int inspect;                /* list modules that match nothing instead of refusing the adapter */
 } lora_set;
 
 /* Open and validate the adapters against checkpoint ck (its names tell the
@@ -90,6 +108,9 @@ typedef struct lora_set {
  * only. Errors name the adapter file and key. Warnings (DoRA keys dropped)
  * go to stderr when `verbose`. */
 int lora_set_open(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out);
+/* The same for `inspect --lora`: a module that matches no weight of ck is
+ * listed (ad->unmatched) rather than refused; every other error stands. */
+int lora_set_open_inspect(const lora_spec *specs, int n, const checkpoint *ck, int verbose, lora_set **out);
 void lora_set_free(lora_set *s);
 
 /* The weights_load hook (load_opts.transform): merge every segment of the

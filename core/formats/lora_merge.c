@@ -218,12 +218,188 @@ static int nonfinite_error(const lora_set *s, int lo, int hi, int64_t r, int64_t
                     (double)v, k ? who : "the adapters");
 }
 
+/* ---- LoKr, LoHa, diff: the delta of a block of rows and columns ----
+ * Factors are small (a LoKr w1/w2, a LoHa's rank-r matrices) and read whole,
+ * once per tensor; a diff is read by the rows the shard needs. The block is
+ * computed element by element with global row and column numbers, so a
+ * Kronecker product over a fused weight is right across the q/k/v and
+ * gate/up boundaries and across shards (spec: kron[i,j] = w1[i/b, j/d] *
+ * w2[i%b, j%d]); no full-size delta is formed. */
+
+/* A whole tensor as f32 (is_a 2) or rows [off, off+n) of a diff (is_a 3). */
+static const float *get_whole(merge_ctx *M, const lora_segment *g, const st_tensor_info *src, int is_a, int64_t off,
+                              int64_t n) {
+    for (int i = 0; i < M->n_cache; i++) {
+        piece_buf *p = &M->cache[i];
+        if (p->src == src && p->is_a == is_a && p->off <= off && off + n <= p->off + p->n)
+            return p->data ? p->data + (off - p->off) * (is_a == 3 ? g->cols : 1) : (const float *)p;
+    }
+    lora_adapter *ad = &M->s->ad[g->adapter];
+    int64_t width = is_a == 3 ? g->cols : 1, count = n * width;
+    size_t es = dtype_size(src->dtype), bytes = (size_t)count * es;
+    ad->bytes_read += bytes;
+    if ((size_t)count * sizeof(float) > M->s->max_piece) M->s->max_piece = (size_t)count * sizeof(float);
+    if (M->n_cache == M->cap_cache) {
+        M->cap_cache = M->cap_cache ? 2 * M->cap_cache : 8;
+        M->cache = xrealloc(M->cache, (size_t)M->cap_cache * sizeof *M->cache);
+    }
+    piece_buf *p = &M->cache[M->n_cache++];
+    *p = (piece_buf){src, is_a, off, n, NULL};
+    if (M->dry) return (const float *)p;
+    M->raw = grow(M->raw, &M->raw_size, bytes);
+    if (st_read_range(ad->f, src->begin + (uint64_t)(off * width) * es, M->raw, bytes)) {
+        tp_error_context("%s: key %s", ad->path, src->name);
+        return NULL;
+    }
+    float *f = xmalloc((size_t)count * sizeof *f);
+    p->data = f;
+    convert_to_f32(f, M->raw, src->dtype, (size_t)count);
+    if (check_finite(ad, src, f, count, off * width)) return NULL;
+    return f;
+}
+
+static const float *get_factor(merge_ctx *M, const lora_segment *g, int k) {
+    return g->x[k] ? get_whole(M, g, g->x[k], 2, 0, st_numel(g->x[k])) : NULL;
+}
+
+/* LoKr factor w1 or w2 as a full f32 matrix [*rows, *cols] (malloc'd). */
+static float *lokr_w(merge_ctx *M, const lora_segment *g, int second, int64_t *rows, int64_t *cols) {
+    int kw = second ? LK_W2 : LK_W1, ka = second ? LK_W2A : LK_W1A, kb = second ? LK_W2B : LK_W1B;
+    if (g->x[kw]) {
+        const float *w = get_factor(M, g, kw);
+        if (!w) return NULL;
+        *rows = g->x[kw]->shape[0], *cols = g->x[kw]->shape[1];
+        float *c = xmalloc((size_t)(*rows * *cols) * sizeof *c);
+        memcpy(c, w, (size_t)(*rows * *cols) * sizeof *c);
+        return c;
+    }
+    const float *a = get_factor(M, g, ka), *b = get_factor(M, g, kb);
+    if (!a || !b) return NULL;
+    int64_t m = g->x[ka]->shape[0], r = g->x[ka]->shape[1], n = g->x[kb]->shape[1];
+    float *c = xcalloc((size_t)(m * n), sizeof *c);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t k = 0; k < r; k++) {
+            float v = a[i * r + k];
+            for (int64_t j = 0; j < n; j++) c[i * n + j] += v * b[k * n + j];
+        }
+    *rows = m, *cols = n;
+    return c;
+}
+
+/* Read (or, dry, count) what segment g needs for module rows [b0, b0+n). */
+static int structured_prefetch(merge_ctx *M, const lora_segment *g, int64_t b0, int64_t n) {
+    if (g->kind == LORA_KIND_DIFF) return get_whole(M, g, g->x[LK_W1], 3, b0, n) ? 0 : -1;
+    for (int k = 0; k < LK_N; k++)
+        if (g->x[k] && !get_factor(M, g, k)) return -1;
+    return 0;
+}
+
+/* w [r, in] columns [c0, c0+nc) as [nc, r] (op_gemm's weight layout) */
+static float *cols_t(const float *w, int64_t r, int64_t in, int64_t c0, int64_t nc) {
+    float *t = xmalloc((size_t)(nc * r) * sizeof *t);
+    for (int64_t k = 0; k < r; k++)
+        for (int64_t j = 0; j < nc; j++) t[j * r + k] = w[k * in + c0 + j];
+    return t;
+}
+
+/* LoHa block on the host backend's GEMM: (a1 b1[:, cols]) * (a2 b2[:, cols]) */
+static int loha_gemm(backend *cpu, const float *a1, const float *b1, const float *a2, const float *b2, int64_t r1,
+                     int64_t r2, int64_t in, int64_t n, int64_t c0, int64_t nc, float *delta, int nth) {
+    float *t1 = cols_t(b1, r1, in, c0, nc), *t2 = cols_t(b2, r2, in, c0, nc), *p2 = xmalloc((size_t)(n * nc) * sizeof *p2);
+    tensor x1 = tensor_wrap(cpu, DT_F32, n, r1, (void *)a1), w1 = tensor_wrap(cpu, DT_F32, nc, r1, t1);
+    tensor x2 = tensor_wrap(cpu, DT_F32, n, r2, (void *)a2), w2 = tensor_wrap(cpu, DT_F32, nc, r2, t2);
+    tensor y1 = tensor_wrap(cpu, DT_F32, n, nc, delta), y2 = tensor_wrap(cpu, DT_F32, n, nc, p2);
+    op_gemm(cpu, &y1, &x1, &w1, NULL);
+    op_gemm(cpu, &y2, &x2, &w2, NULL);
+    int64_t ne = n * nc;
+#pragma omp parallel for num_threads(nth) if (nth > 1 && ne > 65536)
+    for (int64_t i = 0; i < ne; i++) delta[i] *= p2[i];
+    free(t1), free(t2), free(p2);
+    return 0;
+}
+
+/* delta [n, nc] of module rows [b0, b0+n) and global columns [c0, c0+nc). */
+static int structured_block(merge_ctx *M, const lora_segment *g, int64_t b0, int64_t n, int64_t c0, int64_t nc,
+                            float *delta, int nth, backend *cpu) {
+    if (g->kind == LORA_KIND_DIFF) {
+        const float *d = get_whole(M, g, g->x[LK_W1], 3, b0, n);
+        if (!d) return -1;
+        for (int64_t i = 0; i < n; i++) memcpy(delta + i * nc, d + i * g->cols + c0, (size_t)nc * sizeof *delta);
+        return 0;
+    }
+    if (g->kind == LORA_KIND_LOKR) {
+        int64_t a, c, b, d;
+        float *w1 = lokr_w(M, g, 0, &a, &c), *w2 = w1 ? lokr_w(M, g, 1, &b, &d) : NULL;
+        if (!w1 || !w2) { free(w1); return -1; }
+#pragma omp parallel for num_threads(nth) if (nth > 1 && n * nc > 65536)
+        for (int64_t i = 0; i < n; i++) {
+            int64_t gi = b0 + i;
+            const float *r1 = w1 + (gi / b) * c, *r2 = w2 + (gi % b) * d;
+            /* columns in runs of one w1 element: delta = w1[q] * w2 row [m0, m1) */
+            for (int64_t j = 0; j < nc;) {
+                int64_t gj = c0 + j, q = gj / d, m0 = gj % d, len = d - m0 < nc - j ? d - m0 : nc - j;
+                float v = r1[q], *dst = delta + i * nc + j;
+                const float *src = r2 + m0;
+                for (int64_t m = 0; m < len; m++) dst[m] = v * src[m];
+                j += len;
+            }
+        }
+        free(w1), free(w2);
+        return 0;
+    }
+    /* LoHa: (w1a[rows] @ w1b[:, cols]) * (w2a[rows] @ w2b[:, cols]) */
+    const float *w1a = get_factor(M, g, LK_W1A), *w1b = get_factor(M, g, LK_W1B), *w2a = get_factor(M, g, LK_W2A),
+                *w2b = get_factor(M, g, LK_W2B);
+    if (!w1a || !w1b || !w2a || !w2b) return -1;
+    int64_t r1 = g->x[LK_W1A]->shape[1], r2 = g->x[LK_W2A]->shape[1], in = g->cols;
+    if (cpu) return loha_gemm(cpu, w1a + b0 * r1, w1b, w2a + b0 * r2, w2b, r1, r2, in, n, c0, nc, delta, nth);
+#pragma omp parallel for num_threads(nth) if (nth > 1 && n * nc > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        float *row = delta + i * nc, *tmp = xcalloc((size_t)nc, sizeof *tmp);
+        const float *a1 = w1a + (b0 + i) * r1, *a2 = w2a + (b0 + i) * r2;
+        for (int64_t j = 0; j < nc; j++) row[j] = 0;
+        for (int64_t k = 0; k < r1; k++)
+            for (int64_t j = 0; j < nc; j++) row[j] += a1[k] * w1b[k * in + c0 + j];
+        for (int64_t k = 0; k < r2; k++)
+            for (int64_t j = 0; j < nc; j++) tmp[j] += a2[k] * w2b[k * in + c0 + j];
+        for (int64_t j = 0; j < nc; j++) row[j] *= tmp[j];
+        free(tmp);
+    }
+    return 0;
+}
+
 /* A weight stored fp8 or GGUF-quantised keeps its bytes: each segment's
  * part of every rectangle of the shard becomes a low-rank term of the
  * tensor (kernels/tensor.h), y += coef · B_rows (A_cols x_cols), which
  * op_gemm adds to each product. The same rows of B and columns of A are
  * read as for a merge, so a row-parallel shard's partial sums still add up
  * to the whole product in the all-reduce. */
+/* A LoKr / LoHa / diff block on a quantised weight: its delta over the
+ * shard's rows and columns as a term of rank min(rows, cols), the delta on
+ * one side and the identity on the other (exact, but as large as the shard's
+ * block: docs/lora.md). */
+static int attach_dense(merge_ctx *M, const lora_segment *g, const rect *R, int64_t a0, int64_t a1, tensor *t) {
+    int64_t n = a1 - a0, nc = R->nc, b0 = g->brow0 + (a0 - g->row0), r = n < nc ? n : nc;
+    if (structured_prefetch(M, g, b0, n)) return -1;
+    if (M->dry) return 0;
+    float *d = xmalloc((size_t)(n * nc) * sizeof *d), *eye = xcalloc((size_t)(r * r), sizeof *eye);
+    int rc = structured_block(M, g, b0, n, R->gcol0, nc, d, 1, NULL);
+    for (int64_t i = 0; i < n * nc; i++) d[i] = (float)(g->coef * d[i]);
+    for (int64_t i = 0; i < r; i++) eye[i * r + i] = 1;
+    int64_t bad = rc ? -1 : first_nonfinite_f32(d, (size_t)(n * nc));
+    if (bad >= 0)
+        rc = tp_error("module %s of %s times its coefficient %g is not finite (element %lld); lower its --lora weight",
+                      g->module, M->s->ad[g->adapter].path, g->coef, (long long)bad);
+    /* y += B (A x): n <= nc: A = delta [n, nc], B = I [n, n]; else A = I [nc, nc], B = delta [n, nc] */
+    tensor *ta = rc ? NULL : tensor_new(t->be, DT_F32, r, nc), *tb = rc ? NULL : tensor_new(t->be, DT_F32, n, r);
+    if (!rc && (!ta || !tb)) rc = -1;
+    if (!rc) rc = tensor_upload_f32(ta, n <= nc ? d : eye) || tensor_upload_f32(tb, n <= nc ? eye : d) ? -1 : 0;
+    free(d), free(eye);
+    if (rc) { tensor_free(ta), tensor_free(tb); return -1; }
+    tensor_lowrank_add(t, R->lrow0 + (a0 - R->grow0), n, R->lcol0, nc, ta, tb);
+    return 0;
+}
+
 static int attach_rects(merge_ctx *M, int lo, int hi, const shard_info *si, const shard_piece *pc, int np,
                         tensor *t) {
     for (int ip = 0; ip < np; ip++) {
@@ -232,6 +408,10 @@ static int attach_rects(merge_ctx *M, int lo, int hi, const shard_info *si, cons
             const lora_segment *g = &M->s->seg[k];
             int64_t a0, a1, bb, ab, r = g->rank;
             if (!overlap(g, R.grow0, R.nr, &a0, &a1)) continue;
+            if (g->kind != LORA_KIND_LORA) {
+                if (attach_dense(M, g, &R, a0, a1, t)) return -1;
+                continue;
+            }
             int64_t b0 = g->brow0 + (a0 - g->row0), n = a1 - a0;
             const float *B = get_piece(M, g, 0, b0, n, &bb), *AT = get_piece(M, g, 1, R.gcol0, R.nc, &ab);
             if (!B || !AT) return -1;
@@ -258,11 +438,40 @@ static int attach_rects(merge_ctx *M, int lo, int hi, const shard_info *si, cons
     return 0;
 }
 
+/* A 1-D tensor (a norm scale: `.diff` patches only) is replicated and held
+ * as one row [1, n] while the plan sees n rows of one column: merge it as a
+ * vector. */
+static int merge_vector(merge_ctx *M, int lo, int hi, tensor *t) {
+    for (int k = lo; k < hi; k++)
+        if (structured_prefetch(M, &M->s->seg[k], M->s->seg[k].brow0, M->s->seg[k].nrows)) return -1;
+    if (M->dry) return 0;
+    int64_t n = t->rows * t->cols;
+    float *W = xmalloc((size_t)n * sizeof *W), *d = NULL;
+    int rc = tensor_download_f32(t, W);
+    for (int k = lo; k < hi && !rc; k++) {
+        const lora_segment *g = &M->s->seg[k];
+        if (g->kind != LORA_KIND_DIFF || g->row0 + g->nrows > n) {
+            rc = tp_error("module %s of %s: only a .diff patches a 1-D tensor", g->module, M->s->ad[g->adapter].path);
+            break;
+        }
+        d = xrealloc(d, (size_t)g->nrows * sizeof *d);
+        if (structured_block(M, g, g->brow0, g->nrows, 0, 1, d, 1, NULL)) { rc = -1; break; }
+        for (int64_t i = 0; i < g->nrows; i++) W[g->row0 + i] += (float)g->coef * d[i];
+    }
+    int64_t bad = rc ? -1 : first_nonfinite_f32(W, (size_t)n);
+    if (bad >= 0) rc = nonfinite_error(M->s, lo, hi, bad, 0, W[bad]);
+    if (!rc) rc = tensor_upload_f32(t, W) ? -1 : 0;
+    if (!rc && t->be->kind != BACKEND_CPU) rc = be_sync(t->be);
+    free(W), free(d);
+    return rc;
+}
+
 /* Merge (or, dry, count) every segment of si's tensor into the shard. */
 static int merge_rects(merge_ctx *M, const st_tensor_info *ti, const shard_info *si, int tp, int rank, tensor *t) {
     int lo, hi;
     find_segments(M->s, ti->name, &lo, &hi);
     if (lo == hi) return 0;
+    if (ti->ndim == 1) return merge_vector(M, lo, hi, t);
     shard_piece pc[PLAN_MAX_PIECES];
     int np = plan_shard_pieces(si, si->style == STYLE_REPLICATED ? 1 : tp, rank, pc);
     if (dtype_is_fp8(ti->dtype) || ti->dtype == DT_GGML) return attach_rects(M, lo, hi, si, pc, np, t);
@@ -277,6 +486,10 @@ static int merge_rects(merge_ctx *M, const st_tensor_info *ti, const shard_info 
             const lora_segment *g = &M->s->seg[k];
             int64_t a0, a1, base;
             if (!overlap(g, R.grow0, R.nr, &a0, &a1)) continue;
+            if (g->kind != LORA_KIND_LORA) {
+                rc = structured_prefetch(M, g, g->brow0 + (a0 - g->row0), a1 - a0);
+                continue;
+            }
             if (!get_piece(M, g, 0, g->brow0 + (a0 - g->row0), a1 - a0, &base) ||
                 !get_piece(M, g, 1, R.gcol0, R.nc, &base))
                 rc = -1;
@@ -301,17 +514,22 @@ static int merge_rects(merge_ctx *M, const st_tensor_info *ti, const shard_info 
                 int64_t a0, a1, bb, ab;
                 if (!overlap(g, R.grow0 + c0, n, &a0, &a1)) continue;
                 int64_t b0 = g->brow0 + (a0 - g->row0);
-                const float *B = get_piece(M, g, 0, b0, a1 - a0, &bb);
-                const float *AT = get_piece(M, g, 1, R.gcol0, R.nc, &ab);
-                tensor x = tensor_wrap(cpu, DT_F32, a1 - a0, g->rank, (void *)(B + (b0 - bb) * g->rank));
-                tensor w = tensor_wrap(cpu, DT_F32, R.nc, g->rank, (void *)(AT + (R.gcol0 - ab) * g->rank));
-                tensor y = tensor_wrap(cpu, DT_F32, a1 - a0, R.nc, delta);
-                op_gemm(cpu, &y, &x, &w, NULL);
+                if (g->kind != LORA_KIND_LORA) {
+                    if (structured_block(M, g, b0, a1 - a0, R.gcol0, R.nc, delta, nth, cpu)) { rc = -1; break; }
+                } else {
+                    const float *B = get_piece(M, g, 0, b0, a1 - a0, &bb);
+                    const float *AT = get_piece(M, g, 1, R.gcol0, R.nc, &ab);
+                    tensor x = tensor_wrap(cpu, DT_F32, a1 - a0, g->rank, (void *)(B + (b0 - bb) * g->rank));
+                    tensor w = tensor_wrap(cpu, DT_F32, R.nc, g->rank, (void *)(AT + (R.gcol0 - ab) * g->rank));
+                    tensor y = tensor_wrap(cpu, DT_F32, a1 - a0, R.nc, delta);
+                    op_gemm(cpu, &y, &x, &w, NULL);
+                }
                 float coef = (float)g->coef, *dst = W + (a0 - (R.grow0 + c0)) * R.nc;
                 int64_t ne = (a1 - a0) * R.nc;
 #pragma omp parallel for num_threads(nth) if (nth > 1 && ne > 65536)
                 for (int64_t i = 0; i < ne; i++) dst[i] += coef * delta[i];
             }
+            if (rc) break;
             int64_t bad = first_nonfinite_f32(W, (size_t)(n * R.nc));
             if (bad >= 0) {
                 rc = nonfinite_error(M->s, lo, hi, R.grow0 + c0 + bad / R.nc, R.gcol0 + bad % R.nc, W[bad]);

@@ -293,11 +293,11 @@ static int read_all(loader *L, const job *jobs, int n) {
     return failed ? tp_error("%s", msg) : 0;
 }
 
-static const checkpoint *g_order_ckpt;
-/* file, then offset: reads move forward through each file */
-static int cmp_file_order(const void *a, const void *b) {
+/* file, then offset: reads move forward through each file (qsort_r: the
+ * checkpoint is the context, not a global) */
+static int cmp_file_order(const void *a, const void *b, void *ctx) {
     int i = *(const int *)a, j = *(const int *)b;
-    const checkpoint *c = g_order_ckpt;
+    const checkpoint *c = ctx;
     if (c->file_of[i] != c->file_of[j]) return c->file_of[i] - c->file_of[j];
     return c->infos[i]->begin < c->infos[j]->begin ? -1 : c->infos[i]->begin > c->infos[j]->begin;
 }
@@ -325,8 +325,7 @@ int weights_load(const checkpoint *c, const plan *p, const load_opts *o, weights
     L.maps = xcalloc((size_t)c->n_files, sizeof *L.maps);
     int *order = xmalloc((size_t)(c->n ? c->n : 1) * sizeof *order);
     for (int k = 0; k < c->n; k++) order[k] = k;
-    g_order_ckpt = c;
-    qsort(order, (size_t)c->n, sizeof *order, cmp_file_order);
+    qsort_r(order, (size_t)c->n, sizeof *order, cmp_file_order, (void *)c);
     weights *w = xcalloc(1, sizeof *w);
     w->dir = xstrdup(c->dir);
     w->e = xcalloc((size_t)(c->n ? c->n : 1), sizeof *w->e);

@@ -1,5 +1,5 @@
 /* Loading a component's weights: each rank reads only the byte ranges of
- * its own shard of each planned tensor (spec flux2-transformer.md §8),
+ * its own shard of each planned tensor (docs/spec/flux2-transformer.md §8),
  * straight into backend memory; replicated tensors are read whole. No rank
  * ever holds a full-size copy of a sharded tensor.
  *

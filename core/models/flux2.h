@@ -1,4 +1,4 @@
-/* The FLUX.2 transformer (Flux2Transformer2DModel, spec flux2-transformer.md
+/* The FLUX.2 transformer (Flux2Transformer2DModel, docs/spec/flux2-transformer.md
  * §1-§5) computed tensor-parallel: each rank holds its shard of the weights
  * (plan_flux2), computes its local heads and MLP columns, and the partial
  * sums of the row-split projections are joined by comm_allreduce_sum. Every
@@ -7,7 +7,7 @@
  * The forward is written once against kernels/ops.h. Two precisions:
  *   DT_F32  weights upcast at load, f32 activations (the reference mode);
  *   DT_BF16 weights stay bf16, activations bf16 between ops, rounded where
- *           eager PyTorch in bf16 rounds (spec §3).
+ *           eager PyTorch in bf16 rounds (docs/spec/flux2-transformer.md §3).
  *
  * Threading: a model is used by one thread at a time. All TP ranks of the
  * group must call flux2_forward in lockstep with the same inputs. */
@@ -131,6 +131,15 @@ struct backend *flux2_backend(const flux2_model *m);
 int flux2_forward(flux2_model *m, const float *x, int64_t N, const int32_t *img_ids,
                   const float *txt, int64_t L, const int32_t *txt_ids,
                   float timestep, const float *guidance, float *out);
+
+/* The prepare step of a denoising loop: what the forwards over N image
+ * rows (ids img_ids) and the prompt txt [L] allocate, made now and kept for
+ * them: the activations, the context projections of txt and of txt2 [L2]
+ * (the negative prompt, or NULL), and the RoPE tables (when img_ids is not
+ * NULL). Running out of memory is then an error the ranks can agree on
+ * before the first collective. Per rank, no collective. */
+int flux2_prepare(flux2_model *m, int64_t N, const int32_t *img_ids, const float *txt, int64_t L, const int32_t *txt_ids,
+                  const float *txt2, int64_t L2);
 
 /* ---- KV-cached references (Flux2KleinKVPipeline; diffusers
  * transformer_flux2.py kv_cache_mode "extract" / "cached") ----

@@ -1,5 +1,5 @@
 /* Diffusers -> BFL tensor names of a FLUX.2 transformer (the layout of BFL
- * single files and ComfyUI-GGUF files; spec flux2-transformer.md Appendix A,
+ * single files and ComfyUI-GGUF files; docs/spec/flux2-transformer.md Appendix A,
  * diffusers' convert_flux2_transformer_checkpoint_to_diffusers read
  * backwards). Each BFL tensor is a recipe: one to three diffusers tensors
  * concatenated along rows (dim 0: the fused double-block qkv), then, for

@@ -1,4 +1,4 @@
-/* The two block types of the FLUX.2 transformer (spec §4.6, §4.7) on this
+/* The two block types of the FLUX.2 transformer (docs/spec/flux2-transformer.md §4.6, §4.7) on this
  * rank's heads. The joint sequence is one buffer, text rows first, so the
  * text and image streams are row views of the same tensors and attention
  * runs once over the whole sequence.

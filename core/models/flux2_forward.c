@@ -1,4 +1,4 @@
-/* The FLUX.2 forward pass (spec §4): timestep/guidance embedding, global
+/* The FLUX.2 forward pass (docs/spec/flux2-transformer.md §4): timestep/guidance embedding, global
  * modulation, embedders, RoPE tables, the blocks (flux2_blocks.c, on the
  * layers of flux2_layers.c) and the
  * output layer. Activation buffers are kept for the last (N, L) so that a
@@ -139,6 +139,14 @@ static int rope_tables(flux2_model *m, const int32_t *txt_ids, int64_t L, const 
     memcpy(m->rope_ids, txt_ids, (size_t)L * 16);
     memcpy(m->rope_ids + L * 4, img_ids, (size_t)N * 16);
     return 0;
+}
+
+int flux2_prepare(flux2_model *m, int64_t N, const int32_t *img_ids, const float *txt, int64_t L, const int32_t *txt_ids,
+                  const float *txt2, int64_t L2) {
+    if (!ws_get(m, N, L)) return -1;
+    if (!text_projection(m, txt, L) || (txt2 && !text_projection(m, txt2, L2)))
+        return tp_error_context("flux2: the context projection of %lld text tokens", (long long)L);
+    return img_ids && rope_tables(m, txt_ids, L, img_ids, N) ? tp_error_context("flux2: RoPE tables") : 0;
 }
 
 /* ---- embeddings and modulation ---- */

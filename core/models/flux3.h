@@ -174,6 +174,14 @@ typedef struct flux3_inputs {
  * communication failure. */
 int flux3_forward(flux3_model *m, const flux3_inputs *in, float *out);
 
+/* The prepare step of a denoising loop: allocate the activations of a
+ * forward over L text, N image and R reference tokens now (kept for the
+ * forwards of that shape), so that running out of memory is an error the
+ * ranks can agree on before the first collective. Per rank, no collective. */
+int flux3_prepare(flux3_model *m, int64_t L, int64_t N, int64_t R);
+/* The model's comm (NULL when it has none). */
+struct comm *flux3_comm(const flux3_model *m);
+
 /* Per-forward counters, accumulated until flux3_reset_stats. The
  * all-reduce time includes waiting for the slowest rank. */
 typedef struct flux3_stats {

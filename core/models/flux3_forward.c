@@ -94,6 +94,9 @@ static flux3_ws *ws_get(flux3_model *m, int64_t L, int64_t N, int64_t R) {
     return m->ws = ws;
 }
 
+int flux3_prepare(flux3_model *m, int64_t L, int64_t N, int64_t R) { return ws_get(m, L, N, R) ? 0 : -1; }
+comm *flux3_comm(const flux3_model *m) { return m->comm; }
+
 /* ---- embeddings and modulation ---- */
 
 /* The value the model embeds: t * 1000, with eager bf16's roundings (the

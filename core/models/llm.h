@@ -1,5 +1,5 @@
 /* A decoder-only LLM (Qwen3, Mistral, or Qwen3-VL's text model) used as a text encoder: one forward
- * pass whose model differences are configuration (spec flux2-text-vae.md §3).
+ * pass whose model differences are configuration (docs/spec/flux2-text-vae.md §3).
  *
  *   x = embed(ids)                           hidden state 0
  *   per layer: x += O(attn(rope(qk_norm?(Q,K)(rms(x))), V))
@@ -52,7 +52,7 @@ typedef struct llm_config {
 /* Parse text_encoder/config.json (Qwen3 flat; Mistral3 and Qwen3-VL with a
  * nested text_config). The prefix is left empty: llm_config_resolve_prefix fills it. */
 int llm_config_parse(const json_t *config, const char *where, llm_config *out);
-/* Find which accepted prefix the checkpoint uses (spec §3.6 for Mistral). */
+/* Find which accepted prefix the checkpoint uses (docs/spec/flux2-text-vae.md §3.6 for Mistral). */
 int llm_config_resolve_prefix(llm_config *cfg, const checkpoint *ck);
 const char *llm_arch_name(llm_arch a);
 

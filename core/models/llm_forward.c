@@ -186,7 +186,9 @@ int llm_forward_pos(llm *m, const int32_t *ids, const int32_t *mask, const int32
     int rc = check_request(m, ids, pos, n, idx, n_idx, &max_idx);
     if (!rc) rc = bufs_alloc(m, n, n_idx, &b);
     if (!rc) rc = upload_inputs(m, mask, pos, n, &b);
-    if (m->comm && m->tp > 1) rc = dist_agree(m->comm->mpi, rc);   /* before the first collective */
+    /* the buffers are the prepare step, agreed before the first collective */
+    rc = dist_lockstep_begin(m->comm && m->tp > 1 ? m->comm->mpi : MPI_COMM_NULL, rc);
+    int lockstep = !rc;
     if (!rc) rc = embed(m, ids, n, &b);
     if (!rc) capture(m, &b, b.x, 0, idx, n_idx);
     int n_layers = max_idx < m->cfg.n_layers ? max_idx : m->cfg.n_layers;
@@ -198,6 +200,7 @@ int llm_forward_pos(llm *m, const int32_t *ids, const int32_t *mask, const int32
         op_rmsnorm(m->be, b.xn, b.x, m->norm, m->cfg.hidden, m->cfg.eps);
         capture(m, &b, b.xn, max_idx, idx, n_idx);
     }
+    if (lockstep) dist_lockstep_end();
     if (!rc) rc = tensor_download_f32(b.out, out);
     bufs_free(&b);
     return rc;

@@ -7,7 +7,7 @@
 #include "plans/plan.h"
 #include <jansson.h>
 
-/* The FLUX.2 transformer plan (spec flux2-transformer.md §7.2), with its
+/* The FLUX.2 transformer plan (docs/spec/flux2-transformer.md §7.2), with its
  * symbols (D, M) and divisors (heads) taken from config.json; _bfl: the
  * same under the names of a Black Forest Labs single-file checkpoint (spec
  * Appendix A; checkpoint_is_bfl picks it). */

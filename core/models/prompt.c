@@ -1,4 +1,4 @@
-/* Prompt layouts of the FLUX.2 pipelines, truncation and padding (spec §2). */
+/* Prompt layouts of the FLUX.2 pipelines, truncation and padding (docs/spec/flux2-text-vae.md §2). */
 #include "prompt.h"
 #include "kernels/err.h"
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* Prompt layouts of the FLUX.2 pipelines (spec flux2-text-vae.md §2):
+/* Prompt layouts of the FLUX.2 pipelines (docs/spec/flux2-text-vae.md §2):
  *
  *  klein (Qwen3): "<|im_start|>user\n" P "<|im_end|>\n<|im_start|>assistant\n"
  *                 "<think>\n\n</think>\n\n"; no BOS.

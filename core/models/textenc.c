@@ -47,7 +47,7 @@ static int check_model_index(const model_dir *md, const llm_config *cfg) {
     return 0;
 }
 
-/* FLUX.2-klein stacks Qwen3 hidden states 9, 18, 27; FLUX.2-dev Mistral's 10, 20, 30 (spec §1). */
+/* FLUX.2-klein stacks Qwen3 hidden states 9, 18, 27; FLUX.2-dev Mistral's 10, 20, 30 (docs/spec/flux2-text-vae.md §1). */
 /* FLUX.3 stacks Qwen3-VL's 4, 8, ..., 32 (textenc_qwen3vl.c). */
 static int choose_layers(textenc *t, const model_dir *md, const char *dir) {
     static const int k_qwen3[3] = {9, 18, 27}, k_mistral[3] = {10, 20, 30};

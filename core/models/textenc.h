@@ -9,7 +9,7 @@
  * shard) and only the layers the embeddings need are loaded and run.
  *
  * prompt_embeds[t, k*H + d] = hidden_states[layer_k][t, d] (spec
- * flux2-text-vae.md §2.3): width 3H, which is the transformer's
+ * docs/spec/flux2-text-vae.md §2.3): width 3H, which is the transformer's
  * joint_attention_dim. Every rank of `c` gets the full embeddings.
  *
  * All calls taking a textenc are collective over its communicator and agree

@@ -12,7 +12,7 @@
  *   Mistral (dev) head_dim 128 (Mistral Small 3.x: 32 q / 8 kv heads of 128 at
  *                 hidden 5120, so hidden / heads does not give it), heads and
  *                 kv heads from q_proj / k_proj rows, rope_theta 1e9,
- *                 rms_norm_eps 1e-5, no sliding window (spec flux2-text-vae.md §8)
+ *                 rms_norm_eps 1e-5, no sliding window (docs/spec/flux2-text-vae.md §8)
  *
  * The result goes through llm_config_parse, so its checks apply; shapes the
  * family does not fit are refused naming the file and the tensor. */

@@ -144,7 +144,7 @@ int textenc_write_tiny_qwen3vl(const char *model_dir, unsigned seed) {
     return write_parts(model_dir, &c, seed, 0, "tests/data/qwen3-tokenizer", "Qwen3");
 }
 
-/* The real encoders' shapes (spec flux2-text-vae.md §3.5, §3.6): Qwen3-4B
+/* The real encoders' shapes (docs/spec/flux2-text-vae.md §3.5, §3.6): Qwen3-4B
  * for klein-4B, Mistral Small 3.x (24B, language model only) for dev. */
 int textenc_write_full(const char *model_dir, int dev, unsigned seed, int sparse) {
     llm_config q = {.arch = LLM_QWEN3, .hidden = 2560, .n_layers = 36, .n_heads = 32, .n_kv_heads = 8,

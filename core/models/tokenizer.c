@@ -1,4 +1,4 @@
-/* Encoding (spec §5.1): added tokens first, then per segment NFC (if the file
+/* Encoding (docs/spec/flux2-text-vae.md §5.1): added tokens first, then per segment NFC (if the file
  * asks for it), the pre-tokenizer regex, and byte-level BPE on each piece.
  * Loading lives in tokenizer_load.c (file and format) over tokenizer_hf.c /
  * tokenizer_tekken.c, the tables in tokenizer_vocab.c. */

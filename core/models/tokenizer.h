@@ -7,7 +7,7 @@
  * BPE with a ByteLevel pre-tokenizer) plus tokenizer_config.json when present;
  * if only tekken.json (mistral-common format) is there, that is used instead.
  *
- * Encoding (spec flux2-text-vae.md §5.1): added tokens are matched first
+ * Encoding (docs/spec/flux2-text-vae.md §5.1): added tokens are matched first
  * (leftmost, longest), the text between them is NFC-normalised when the file
  * says so, split by the pre-tokenizer regex (PCRE2, UTF+UCP), and each piece
  * is BPE-merged on its raw UTF-8 bytes (the GPT-2 byte<->unicode mapping is

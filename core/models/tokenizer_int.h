@@ -9,7 +9,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
-/* The GPT-2 "bytes_to_unicode" table (spec §5.4) and its inverse on code
+/* The GPT-2 "bytes_to_unicode" table (docs/spec/flux2-text-vae.md §5.4) and its inverse on code
  * points 0..0x143 (-1 for code points that no byte maps to). */
 void byte_unicode_tables(uint32_t byte_to_cp[256], int16_t cp_to_byte[0x144]);
 

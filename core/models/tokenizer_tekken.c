@@ -1,4 +1,4 @@
-/* Loading a mistral-common tekken.json (spec §5.3), the fallback for a
+/* Loading a mistral-common tekken.json (docs/spec/flux2-text-vae.md §5.3), the fallback for a
  * FLUX.2-dev tokenizer folder without tokenizer.json. Tekken is tiktoken:
  * ids 0..S-1 are special tokens (S = default_num_special_tokens), vocabulary
  * rank r has id S + r, and BPE merges the adjacent pair whose concatenation

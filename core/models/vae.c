@@ -1,5 +1,5 @@
 /* Building the VAE decoder: binding the diffusers tensor names (spec
- * flux2-text-vae.md §6.4) to the model, from a checkpoint or from random
+ * docs/spec/flux2-text-vae.md §6.4) to the model, from a checkpoint or from random
  * values, and the latent BatchNorm statistics. */
 #include "vae_internal.h"
 #include "kernels/err.h"
@@ -131,7 +131,7 @@ static const tensor *load_get(void *vctx, const char *name, int64_t rows, int64_
                             "tensor of the VAE %s describes (an incomplete or different VAE)", lc->dir, file_name,
                             name, lc->cfg_src), NULL;
         return tp_error("%s: tensor %s is missing; the VAE needs the diffusers AutoencoderKLFlux2 names "
-                        "(spec §6.4; the encoder.* tensors for reference images) or the BFL/LDM names, and a "
+                        "(docs/spec/flux2-text-vae.md §6.4; the encoder.* tensors for reference images) or the BFL/LDM names, and a "
                         "checkpoint that matches %s", lc->dir, name, lc->cfg_src), NULL;
     }
     if (t->rows != rows || t->cols != cols)

@@ -1,5 +1,5 @@
 /* The FLUX.2 VAE decoder (diffusers AutoencoderKLFlux2, decode path) and the
- * pipeline tail that feeds it (spec flux2-text-vae.md §6, flux2-transformer.md
+ * pipeline tail that feeds it (docs/spec/flux2-text-vae.md §6, docs/spec/flux2-transformer.md
  * §6.5): packed latents [N, 4·lc] -> unpack to the token grid -> undo the
  * latent BatchNorm -> unpatchify 2x2 -> post_quant_conv -> decoder -> 8-bit RGB.
  *
@@ -141,7 +141,7 @@ int vae_write_tiny(const char *vae_dir, unsigned seed);
 /* The same at FLUX.2's real widths (128/256/512/512, 32 latent channels,
  * 2 layers per block: 84 M parameters, 168 MB). */
 int vae_write_flux2(const char *vae_dir, unsigned seed);
-/* FLUX.2's AutoencoderKLFlux2 configuration (spec flux2-text-vae.md §6.1). */
+/* FLUX.2's AutoencoderKLFlux2 configuration (docs/spec/flux2-text-vae.md §6.1). */
 void vae_flux2_config(vae_config *c);
 
 #endif

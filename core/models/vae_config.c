@@ -155,7 +155,7 @@ int vae_config_write(const vae_config *c, const char *path) {
     return 0;
 }
 
-/* FLUX.2's AutoencoderKLFlux2 (spec flux2-text-vae.md §6.1): also the config
+/* FLUX.2's AutoencoderKLFlux2 (docs/spec/flux2-text-vae.md §6.1): also the config
  * of a VAE file without config.json (vae.c) */
 void vae_flux2_config(vae_config *c) {
     memset(c, 0, sizeof *c);

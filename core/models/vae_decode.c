@@ -1,4 +1,4 @@
-/* The VAE decoder forward pass (spec flux2-text-vae.md §6.3) and the
+/* The VAE decoder forward pass (docs/spec/flux2-text-vae.md §6.3) and the
  * pipeline tail around it (§6.2, §6.5).
  *
  * Memory: activations come from a small pool of reusable backend buffers
@@ -127,7 +127,13 @@ static int decode_band(vae_model *v, vae_band *bd, const float *xh, int h, int w
     int rc = vae_pool_get(v, lc, rows * w, &x);
     if (!rc) rc = tensor_upload_f32(&x, xb);
     free(xb);
-    if (!rc) rc = decoder_forward(v, &x, &H, &W);
+    /* the band's input is the prepare step, agreed before the first halo
+     * exchange; the pool's later buffers come and go between collectives */
+    rc = dist_lockstep_begin(bd->comm, rc);
+    if (!rc) {
+        rc = decoder_forward(v, &x, &H, &W);
+        dist_lockstep_end();
+    }
     float *mine = NULL;
     if (!rc) {
         mine = xmalloc((size_t)3 * (size_t)(H * W) * sizeof(float));

@@ -203,7 +203,12 @@ int vae_encode_image_group(vae_model *v, MPI_Comm group, const float *pixels, in
             tensor dst = tensor_rows(&x, ch, 1);
             rc = tensor_upload_f32(&dst, pixels + ((size_t)ch * (size_t)H + (size_t)a) * (size_t)W);
         }
-        if (!rc) rc = encoder_forward(v, &x, &h, &w);
+        /* the band's input is the prepare step, agreed before the first halo exchange */
+        rc = dist_lockstep_begin(bc, rc);
+        if (!rc) {
+            rc = encoder_forward(v, &x, &h, &w);
+            dist_lockstep_end();
+        }
         float *mine = NULL;
         if (!rc) {
             mine = xmalloc((size_t)lc * (size_t)(h * w) * sizeof(float));

@@ -14,6 +14,7 @@
 #include "cpu_amx.h"
 #include "cpu_ops.h"
 #include "kernels/err.h"
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,10 +45,14 @@ static int detect(void) {
     return 1;
 }
 
+/* found once (pthread_once): every thread sees the same, whole answer */
+static int g_amx, g_amx_int8;
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT, g_int8_once = PTHREAD_ONCE_INIT;
+static void set_amx(void) { g_amx = detect(); }
+
 int cpu_amx_available(void) {
-    static int cached = -1; /* the same value from every thread, so a race is harmless */
-    if (cached < 0) cached = detect();
-    return cached;
+    pthread_once(&g_amx_once, set_amx);
+    return g_amx;
 }
 
 typedef struct {
@@ -69,13 +74,13 @@ static const tile_config g_config = {
     {.palette = 1, .colsb = {64, 64, 64, 64, kb, kb, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, kb / 4, kb / 4}}
 static const tile_config g_int8_config[3] = {INT8_CONFIG(16), INT8_CONFIG(32), INT8_CONFIG(64)};
 
+static void set_amx_int8(void) {
+    unsigned a, b, c, d;
+    g_amx_int8 = cpu_amx_available() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
+}
 int cpu_amx_int8_available(void) {
-    static int cached = -1;
-    if (cached < 0) {
-        unsigned a, b, c, d;
-        cached = cpu_amx_available() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
-    }
-    return cached;
+    pthread_once(&g_int8_once, set_amx_int8);
+    return g_amx_int8;
 }
 
 __attribute__((target("amx-tile"))) void cpu_amx_tiles_begin(void) { _tile_loadconfig(&g_config); }

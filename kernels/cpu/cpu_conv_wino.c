@@ -26,21 +26,26 @@
 #include "cpu_rows.h"
 #include <cblas.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 enum { T = 6, TT = 36, BAND_BYTES = 64 << 20 };
 
-static int g_off = -1;
-void cpu_conv_wino_force_off(int on) { g_off = on; }
+static _Atomic int g_force = -1; /* < 0: as TPGEN_NO_WINOGRAD says */
+static int g_env_off;              /* read once, under pthread_once */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+void cpu_conv_wino_force_off(int on) { g_force = on; }
+static void read_env(void) {
+    const char *e = getenv("TPGEN_NO_WINOGRAD");
+    g_env_off = e && *e && strcmp(e, "0") != 0;
+}
 
 /* TPGEN_NO_WINOGRAD=1: the f32 3x3 convolution on im2col + sgemm (bench vae compares them) */
 int cpu_conv_wino_usable(int64_t cin, int k, int stride) {
-    if (g_off < 0) {
-        const char *e = getenv("TPGEN_NO_WINOGRAD");
-        g_off = e && *e && strcmp(e, "0") != 0;
-    }
+    pthread_once(&g_once, read_env);
+    int off = g_force >= 0 ? g_force : g_env_off;
     /* few input channels (the encoder's conv_in, 3): the transforms would outweigh the products */
-    return !g_off && k == 3 && stride == 1 && cin >= 8;
+    return !off && k == 3 && stride == 1 && cin >= 8;
 }
 
 /* The three transforms, each on one value per lane (the loops around them

@@ -55,7 +55,7 @@ void cpu_rope(backend *be, tensor *x, const tensor *cos, const tensor *sin, int 
                 float *o = out + h * head_dim;
                 if (mode == ROPE_INTERLEAVED) {
                     for (int64_t j = 0; j < head_dim; j += 2) {
-                        /* products in fp32, then one add (spec §3.6: bf16(fl32(x·cos) + fl32(x_rot·sin))) */
+                        /* products in fp32, then one add (docs/spec/flux2-transformer.md §3.6: bf16(fl32(x·cos) + fl32(x_rot·sin))) */
                         float p0 = a[j] * c[j], q0 = a[j + 1] * sn[j];
                         float p1 = a[j + 1] * c[j + 1], q1 = a[j] * sn[j + 1];
                         o[j] = p0 - q0;

@@ -18,6 +18,7 @@
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,11 +32,13 @@ enum { NR = 32, MR = 8 };
 
 #ifdef HAVE_BF16_KERNEL
 
-int cpu_has_avx512bf16(void) {
-    static int cached = -1;
-    if (cached >= 0) return cached;
+/* Found once (pthread_once): every thread sees the same, whole answer. */
+static int g_bf16, g_vdp;
+static pthread_once_t g_bf16_once = PTHREAD_ONCE_INIT, g_vdp_once = PTHREAD_ONCE_INIT;
+
+static int detect_avx512bf16(void) {
     unsigned a, b, c, d;
-    cached = 0;
+    const int cached = 0;
     /* TPGEN_NO_AVX512=1: as on a CPU without AVX512-BF16 (the portable
      * paths everywhere, e.g. to measure them on an AVX512 machine) */
     const char *off = getenv("TPGEN_NO_AVX512");
@@ -46,8 +49,12 @@ int cpu_has_avx512bf16(void) {
     if ((lo & 0xe6) != 0xe6) return cached; /* XMM, YMM, opmask, ZMM state enabled by the OS */
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 16)) || !(b & (1u << 30))) return cached; /* F, BW */
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return cached; /* AVX512_BF16 */
-    cached = 1;
-    return cached;
+    return 1;
+}
+static void set_bf16(void) { g_bf16 = detect_avx512bf16(); }
+int cpu_has_avx512bf16(void) {
+    pthread_once(&g_bf16_once, set_bf16);
+    return g_bf16;
 }
 
 /* vdpbf16ps against f32 FMA, multiply-adds per cycle, measured with 12
@@ -58,15 +65,18 @@ int cpu_has_avx512bf16(void) {
  * pair: there the f32 FMA paths are the faster (bench gemm: 141 vs 74
  * GFLOP/s per thread). The choice is by vendor, not by a timing, so that a
  * machine always computes the same bits; TPGEN_BF16_DOT=1 or 0 overrides. */
-int cpu_vdpbf16_preferred(void) {
-    static int cached = -1;
-    if (cached >= 0) return cached;
+static int detect_vdpbf16(void) {
     const char *env = getenv("TPGEN_BF16_DOT");
-    if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return cached = env[0] == '1';
+    if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return env[0] == '1';
     unsigned a, b, c, d;
     char vendor[13] = {0};
     if (__get_cpuid(0, &a, &b, &c, &d)) memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
-    return cached = !strcmp(vendor, "AuthenticAMD");
+    return !strcmp(vendor, "AuthenticAMD");
+}
+static void set_vdp(void) { g_vdp = detect_vdpbf16(); }
+int cpu_vdpbf16_preferred(void) {
+    pthread_once(&g_vdp_once, set_vdp);
+    return g_vdp;
 }
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))

@@ -46,6 +46,7 @@
 #include "cpu_ops.h"
 #include "cpu_rows.h"
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -123,16 +124,21 @@ static const ukernel K_AVX512 = {"avx512f", 8, 48, 1, uk_avx512}, K_AVX2 = {"avx
 static int g_force; /* 1: not AVX-512F, 2: scalar */
 void cpu_gemm_packed_force(int level) { g_force = level; }
 
+#ifdef HAVE_X86_KERNELS
+static int has512, has2; /* written once, by detect() under pthread_once */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static void detect(void) {
+    __builtin_cpu_init();
+    /* TPGEN_NO_AVX512=2: as on an AVX2-only CPU (=1 turns off only the bf16 kernels and AMX) */
+    const char *off = getenv("TPGEN_NO_AVX512");
+    has512 = __builtin_cpu_supports("avx512f") && !(off && !strcmp(off, "2"));
+    has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
 static const ukernel *kernel(void) {
 #ifdef HAVE_X86_KERNELS
-    static int has512 = -1, has2 = -1; /* the same value from every thread, so a race is harmless */
-    if (has2 < 0) {
-        __builtin_cpu_init();
-        /* TPGEN_NO_AVX512=2: as on an AVX2-only CPU (=1 turns off only the bf16 kernels and AMX) */
-        const char *off = getenv("TPGEN_NO_AVX512");
-        has512 = __builtin_cpu_supports("avx512f") && !(off && !strcmp(off, "2"));
-        has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
+    pthread_once(&g_once, detect);
     if (has512 && g_force < 1) return &K_AVX512;
     if (has2 && g_force < 2) return &K_AVX2;
 #endif

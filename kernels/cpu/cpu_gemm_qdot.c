@@ -54,6 +54,7 @@
 #include "kernels/quant.h"
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -750,37 +751,50 @@ static const qd_kernel K_VNNI = {"avx512vnni", 4, 0, uk_vnni}, K_AVX2 = {"avx2",
 static const qd_kernel K_AMX = {"amx-int8", MR_AMX, 1, uk_amx};
 #endif
 
-static int g_isa, g_policy, g_amx = -1;
+/* set by the tests and bench (cpu_gemm_qdot.h); g_amx < 0: as TPGEN_QDOT says */
+static _Atomic int g_isa, g_policy, g_amx = -1;
 void cpu_gemm_qdot_force(int isa) { g_isa = isa; }
 void cpu_gemm_qdot_amx(int on) { g_amx = on; }
 void cpu_gemm_qdot_policy(int policy) { g_policy = policy; }
 
+/* What the CPU and the environment allow, found once (pthread_once: every
+ * thread sees the whole result, never a half-written "unset"). */
+static struct {
+    int amx, vnni, avx2;
+    int env;     /* TPGEN_QDOT as a level: 1 vnni, 2 avx2, 3 scalar, else 0 */
+    int env_amx; /* TPGEN_QDOT=amx */
+    int env_off; /* TPGEN_QDOT=0 */
+} g_cpu;
+static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
+
+static void detect_cpu(void) {
+    const char *e = getenv("TPGEN_QDOT"), *off = getenv("TPGEN_NO_AVX512");
+    int no512 = off && *off && strcmp(off, "0");
+#ifdef HAVE_QDOT_X86
+    __builtin_cpu_init();
+    g_cpu.vnni = !no512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    g_cpu.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    g_cpu.amx = g_cpu.vnni && cpu_amx_int8_available(); /* AVX-512 finishes the tile sums */
+#else
+    (void)no512;
+#endif
+    g_cpu.env = !e ? 0 : !strcmp(e, "vnni") ? 1 : !strcmp(e, "avx2") ? 2 : !strcmp(e, "scalar") ? 3 : 0;
+    g_cpu.env_amx = e && !strcmp(e, "amx");
+    g_cpu.env_off = e && !strcmp(e, "0");
+}
+
 /* the kernel for a GEMM of M rows (M < 0: whatever M) */
 static const qd_kernel *kernel_for(int64_t M) {
-    static int has_amx = -1, has_vnni = -1, has_avx2 = -1, env = -1; /* the same value from every thread */
-    if (env < 0) {
-        const char *e = getenv("TPGEN_QDOT"), *off = getenv("TPGEN_NO_AVX512");
-        int no512 = off && *off && strcmp(off, "0");
-#ifdef HAVE_QDOT_X86
-        __builtin_cpu_init();
-        has_vnni = !no512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-        has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-        has_amx = has_vnni && cpu_amx_int8_available(); /* AVX-512 finishes the tile sums */
-#else
-        has_amx = has_vnni = has_avx2 = 0;
-#endif
-        env = !e ? 0 : !strcmp(e, "vnni") ? 1 : !strcmp(e, "avx2") ? 2 : !strcmp(e, "scalar") ? 3 : 0;
-        if (g_amx < 0) g_amx = e && !strcmp(e, "amx");
-    }
-    int lvl = g_isa > env ? g_isa : env;
+    pthread_once(&g_cpu_once, detect_cpu);
+    int lvl = g_isa > g_cpu.env ? g_isa : g_cpu.env;
 #ifdef HAVE_QDOT_AMX
     /* below 16 rows most of every A tile would be padding */
-    if (has_amx && g_amx > 0 && lvl < 1 && (M < 0 || M >= AMX_MIN_M)) return &K_AMX;
+    if (g_cpu.amx && (g_amx < 0 ? g_cpu.env_amx : g_amx) > 0 && lvl < 1 && (M < 0 || M >= AMX_MIN_M)) return &K_AMX;
 #endif
 #ifdef HAVE_QDOT_X86
-    if (has_vnni && lvl < 2) return &K_VNNI;
-    if (has_avx2 && lvl < 3) return &K_AVX2;
+    if (g_cpu.vnni && lvl < 2) return &K_VNNI;
+    if (g_cpu.avx2 && lvl < 3) return &K_AVX2;
 #endif
     return &K_SCALAR;
 }
@@ -801,11 +815,8 @@ static int default_type(int qtype) {
 }
 
 int cpu_gemm_qdot_usable(const tensor *x, const tensor *w) {
-    static int off = -1;
-    if (off < 0) {
-        const char *e = getenv("TPGEN_QDOT");
-        off = e && !strcmp(e, "0");
-    }
+    pthread_once(&g_cpu_once, detect_cpu);
+    int off = g_cpu.env_off;
     if (w->dtype != DT_GGML || !qd_get(w->qtype) || g_policy < 0 || (off && g_policy == 0)) return 0;
     if (g_policy == 1) return 1;
     return x->dtype == DT_BF16 && default_type(w->qtype);

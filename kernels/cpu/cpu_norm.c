@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 /* y = LN(x) * (1 + scale) + shift; bf16 output rounds LN, (1+scale),
- * the product and the sum separately (spec flux2-transformer.md §3.4). */
+ * the product and the sum separately (docs/spec/flux2-transformer.md §3.4). */
 void cpu_layernorm_mod(backend *be, tensor *y, const tensor *x, const tensor *shift,
                        const tensor *scale, float eps) {
     CPU_REQUIRE(y->rows == x->rows && y->cols == x->cols, "op_layernorm_mod: y and x shapes differ");
@@ -49,7 +49,7 @@ void cpu_layernorm_mod(backend *be, tensor *y, const tensor *x, const tensor *sh
 }
 
 /* RMSNorm over consecutive groups of `group` columns; bf16 rounds x*r and
- * then (.)*w (the two-rounding form, spec §3.3). y may be x. */
+ * then (.)*w (the two-rounding form, docs/spec/flux2-transformer.md §3.3). y may be x. */
 void cpu_rmsnorm(backend *be, tensor *y, const tensor *x, const tensor *w, int group, float eps) {
     CPU_REQUIRE(y->rows == x->rows && y->cols == x->cols, "op_rmsnorm: y and x shapes differ");
     CPU_REQUIRE(group > 0 && x->cols % group == 0, "op_rmsnorm: group %d does not divide %lld columns", group,

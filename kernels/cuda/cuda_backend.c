@@ -170,7 +170,10 @@ void *cuda_scratch(backend *be, int slot, size_t bytes) {
     c->scratch[slot] = NULL;
     c->scratch_bytes[slot] = 0;
     void *p = device_alloc(be, want);
-    if (!p) tp_fatal("%s (while allocating an op's temporary buffer)", tp_error_msg());
+    if (!p) {
+        tp_alloc_failed();   /* inside a lockstep section: the rank, the phase and MPI_Abort (kernels/fault.h) */
+        tp_fatal("%s (while allocating an op's temporary buffer)", tp_error_msg());
+    }
     c->scratch[slot] = p;
     c->scratch_bytes[slot] = want;
     return p;

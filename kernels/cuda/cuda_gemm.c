@@ -3,7 +3,7 @@
  * is never enabled).
  *
  * Row-major y = x·Wᵀ maps onto column-major cuBLAS as in spec
- * flux2-transformer.md §7.5: yᵀ[N,M] = op_T(W as [K,N], ld w.ld) · (x as [K,M],
+ * docs/spec/flux2-transformer.md §7.5: yᵀ[N,M] = op_T(W as [K,N], ld w.ld) · (x as [K,M],
  * ld x.ld), ldc = y.ld, so views with ld > cols go straight through.
  *
  * Mixed dtypes (f32 x with bf16 W, ...) upcast the bf16 operand to f32 in

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 5 s; checks: 4
+# budget: 5 s; checks: 7
 # --backend cuda on a machine without a usable GPU (CI, this build host): every
 # rank must fail with a clear message, printed once, and a non-zero exit. In a
 # build without CUDA the message must say so instead. On a machine with a GPU
@@ -39,12 +39,12 @@ else
     per_rank "cuda: check --backend cuda fails cleanly on every rank" "$TPGEN" check --model "$model" --backend cuda
     per_rank "cuda: generate --backend cuda fails cleanly on every rank" "$TPGEN" --model "$TPGEN_GOLDEN/klein-tiny/model" \
         --prompt "a cat" --backend cuda --output "$TMP/x.png"
-    [ -e "$TMP/x.png" ] && fail "cuda: a failed generate left an image behind"
+    [ ! -e "$TMP/x.png" ] && ok "cuda: a failed generate leaves no output" || fail "cuda: a failed generate left an image behind"
     per_rank "cuda: encode --backend cuda fails cleanly on every rank" "$TPGEN" encode --model "$TPGEN_GOLDEN/klein-tiny/model" \
         --prompt "a cat" --backend cuda --save-embeds "$TMP/e.safetensors"
-    [ -e "$TMP/e.safetensors" ] && fail "cuda: a failed encode left a file behind"
+    [ ! -e "$TMP/e.safetensors" ] && ok "cuda: a failed encode leaves no output" || fail "cuda: a failed encode left a file behind"
     per_rank "cuda: decode --backend cuda fails cleanly on every rank" "$TPGEN" decode --model "$TPGEN_GOLDEN/vae-tiny/model" \
         --latents "$TPGEN_GOLDEN/vae-tiny/vae_cases.safetensors:case0.packed_latents" --height 48 --width 80 \
         --backend cuda --output "$TMP/d.png"
-    [ -e "$TMP/d.png" ] && fail "cuda: a failed decode left an image behind"
+    [ ! -e "$TMP/d.png" ] && ok "cuda: a failed decode leaves no output" || fail "cuda: a failed decode left an image behind"
 fi

@@ -34,7 +34,7 @@ rawst() { local n=$2; [ "$n" = - ] && n=${#3}; { le64 "$n"; printf '%s' "$3"; } 
 # a model folder whose transformer is the single file $1/transformer/diffusion_pytorch_model.safetensors
 mkmodel() { mkdir -p "$1/transformer"; cp "$GOLD/transformer/config.json" "$1/transformer/"; }
 
-# ---- real shapes: per-rank weight bytes = replicated + sharded / tp (spec §7.4) ----
+# ---- real shapes: per-rank weight bytes = replicated + sharded / tp (docs/spec/flux2-transformer.md §7.4) ----
 check_shape() { # NAME H L S JT GUIDANCE SHARDS GB1 GB2 GB4 GB8
     local name=$1 H=$2 L=$3 S=$4 Jt=$5 g=$6 shards=$7; shift 7
     local dir=$TMP/$name D=$((128 * H)) M rep sh tp i=0 out bad=""

@@ -2,8 +2,8 @@
 # budget: 5 s; checks: 2
 # make-tiny --widths klein-4b-full / dev-full --sparse: complete full-size
 # random pipelines, checked by tensor count and shapes against the spec's
-# tables (transcribed below: flux2-transformer.md §1-2 for the transformer,
-# flux2-text-vae.md §3.5/§3.6 for Qwen3-4B and Mistral Small, §6.1 for the
+# tables (transcribed below: docs/spec/flux2-transformer.md §1-2 for the transformer,
+# docs/spec/flux2-text-vae.md §3.5/§3.6 for Qwen3-4B and Mistral Small, §6.1 for the
 # VAE), read from the safetensors headers by this script's own reader.
 # Not run end to end (16 GB and 110 GB of weights).
 . "$TPGEN_ROOT/tests/lib.sh"
