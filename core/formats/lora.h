@@ -52,7 +52,7 @@ typedef enum {
     LORA_FMT_LYCORIS,           /* lycoris_<diffusers module, '.' -> '_'>.<param> (LyCORIS save_weights) */
 } lora_format;
 
-/* What a module's delta is (docs/lora.md, /work/shared/spec/lora-dialects.md):
+/* What a module's delta is (docs/lora.md, docs/spec/lora-dialects.md):
  * LoRA B@A; LoKr kron(w1, w2), each factor full or a product w_a@w_b; LoHa
  * (w1a@w1b) * (w2a@w2b) elementwise; a ComfyUI `.diff`, the full delta. */
 typedef enum { LORA_KIND_LORA = 0, LORA_KIND_LOKR, LORA_KIND_LOHA, LORA_KIND_DIFF } lora_kind;
