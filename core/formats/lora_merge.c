@@ -63,6 +63,21 @@ static void *grow(void *buf, size_t *size, size_t need) {
     return xmalloc(need);
 }
 
+/* a new cache entry for `bytes` of the adapter's file that widen to `floats` floats (counted in the
+ * adapter's bytes read and the largest piece) */
+static piece_buf *cache_push(merge_ctx *M, lora_adapter *ad, const st_tensor_info *src, int is_a, int64_t off,
+                             int64_t n, size_t bytes, size_t floats) {
+    ad->bytes_read += bytes;
+    if (floats * sizeof(float) > M->s->max_piece) M->s->max_piece = floats * sizeof(float);
+    if (M->n_cache == M->cap_cache) {
+        M->cap_cache = M->cap_cache ? 2 * M->cap_cache : 8;
+        M->cache = xrealloc(M->cache, (size_t)M->cap_cache * sizeof *M->cache);
+    }
+    piece_buf *p = &M->cache[M->n_cache++];
+    *p = (piece_buf){src, is_a, off, n, NULL};
+    return p;
+}
+
 static int check_finite(const lora_adapter *ad, const st_tensor_info *t, const float *v, int64_t n, int64_t first) {
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(v[i]))
@@ -87,14 +102,7 @@ static const float *get_piece(merge_ctx *M, const lora_segment *g, int is_a, int
     lora_adapter *ad = &M->s->ad[g->adapter];
     int64_t r = g->rank, cols = src->shape[1];
     size_t es = dtype_size(src->dtype), bytes = (size_t)(n * r) * es;
-    ad->bytes_read += bytes;
-    if (bytes / es * sizeof(float) > M->s->max_piece) M->s->max_piece = bytes / es * sizeof(float);
-    if (M->n_cache == M->cap_cache) {
-        M->cap_cache = M->cap_cache ? 2 * M->cap_cache : 8;
-        M->cache = xrealloc(M->cache, (size_t)M->cap_cache * sizeof *M->cache);
-    }
-    piece_buf *p = &M->cache[M->n_cache++];
-    *p = (piece_buf){src, is_a, off, n, NULL};
+    piece_buf *p = cache_push(M, ad, src, is_a, off, n, bytes, bytes / es);
     *base = off;
     if (M->dry) return (const float *)p;
     M->raw = grow(M->raw, &M->raw_size, bytes);
@@ -237,14 +245,7 @@ static const float *get_whole(merge_ctx *M, const lora_segment *g, const st_tens
     lora_adapter *ad = &M->s->ad[g->adapter];
     int64_t width = is_a == 3 ? g->cols : 1, count = n * width;
     size_t es = dtype_size(src->dtype), bytes = (size_t)count * es;
-    ad->bytes_read += bytes;
-    if ((size_t)count * sizeof(float) > M->s->max_piece) M->s->max_piece = (size_t)count * sizeof(float);
-    if (M->n_cache == M->cap_cache) {
-        M->cap_cache = M->cap_cache ? 2 * M->cap_cache : 8;
-        M->cache = xrealloc(M->cache, (size_t)M->cap_cache * sizeof *M->cache);
-    }
-    piece_buf *p = &M->cache[M->n_cache++];
-    *p = (piece_buf){src, is_a, off, n, NULL};
+    piece_buf *p = cache_push(M, ad, src, is_a, off, n, bytes, (size_t)count);
     if (M->dry) return (const float *)p;
     M->raw = grow(M->raw, &M->raw_size, bytes);
     if (st_read_range(ad->f, src->begin + (uint64_t)(off * width) * es, M->raw, bytes)) {
