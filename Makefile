@@ -29,7 +29,7 @@ comma := ,
 # the layers, top to bottom (docs/architecture.md): front ends, pipeline and
 # models, formats / dist / image I/O, plans, kernels
 LIB_SRC  := $(filter-out cli/main.c,$(wildcard cli/*.c cli/bench/*.c)) \
-            $(wildcard core/*.c core/models/*.c core/formats/*.c core/dist/*.c core/image/*.c) \
+            $(wildcard core/*.c core/models/*.c core/models/*/*.c core/formats/*.c core/dist/*.c core/image/*.c) \
             $(wildcard plans/*.c kernels/*.c kernels/cpu/*.c)
 TEST_SRC := $(wildcard tests/*.c)
 

@@ -13,7 +13,7 @@
 #include "core/dist/dist.h"
 #include "core/formats/lora.h"
 #include "core/formats/safetensors.h"
-#include "core/models/flux3.h"
+#include "core/models/flux3/flux3.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"

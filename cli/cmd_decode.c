@@ -7,7 +7,7 @@
 #include "kernels/err.h"
 #include "core/image/png.h"
 #include "core/formats/safetensors.h"
-#include "core/models/vae.h"
+#include "core/models/vae/vae.h"
 #include "kernels/ops.h"
 #include <errno.h>
 #include <omp.h>

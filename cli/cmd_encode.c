@@ -6,7 +6,7 @@
 #include "core/dist/dist.h"
 #include "kernels/err.h"
 #include "core/formats/safetensors.h"
-#include "core/models/textenc.h"
+#include "core/models/llm/textenc.h"
 #include "kernels/ops.h"
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
 #include "core/image/sha256.h"
 #include "core/image/image.h"
 #include "core/formats/safetensors.h"
-#include "core/models/vae.h"
+#include "core/models/vae/vae.h"
 #include "kernels/ops.h"
 #include <omp.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
 #include "core/formats/gguf.h"
 #include "core/formats/weights.h"
 #include "core/formats/lora.h"
-#include "core/models/flux2.h"
+#include "core/models/flux2/flux2.h"
 #include "core/models/model_plan.h"
 #include "core/tp_pipe.h"
 #include <stdio.h>

@@ -12,8 +12,8 @@
  * The weights are random: images show structured noise, not pictures. */
 #include "commands.h"
 #include "kernels/err.h"
-#include "core/models/textenc.h"
-#include "core/models/vae.h"
+#include "core/models/llm/textenc.h"
+#include "core/models/vae/vae.h"
 #include "core/rng.h"
 #include "core/formats/safetensors.h"
 #include "kernels/tensor.h"

@@ -1,5 +1,5 @@
 /* `tpgen quantize --type T [--force] IN OUT.gguf`: a FLUX.2 (or FLUX.3:
- * BFL recipes from core/models/flux3_bfl_names.c) transformer
+ * BFL recipes from core/models/flux3/flux3_bfl_names.c) transformer
  * checkpoint that tpgen reads (a diffusers folder, a BFL single file, a
  * .gguf; bf16/f16/f32/fp8/GGUF blocks) rewritten as a GGUF in the
  * ComfyUI-GGUF layout (docs/gguf.md "tpgen quantize"). Each tensor is read
@@ -8,7 +8,7 @@
  * tensor in memory at a time (gguf_write's fill callback). Names: --names
  * bfl (the default for a diffusers FLUX.2 transformer) writes the BFL names
  * ComfyUI-GGUF loads, each BFL tensor assembled in f32 from its diffusers
- * rows (core/models/flux2_bfl_names.c: fused qkv, the final layer's swapped
+ * rows (core/models/flux2/flux2_bfl_names.c: fused qkv, the final layer's swapped
  * halves); --names keep (the default otherwise) keeps IN's names. OUT is written through a temporary file renamed at
  * the end (gguf_write), so no error leaves a partial OUT. */
 #include "commands.h"
@@ -19,9 +19,9 @@
 #include "core/formats/fp8.h"
 #include "core/formats/gguf.h"
 #include "core/formats/gguf_quantize.h"
-#include "core/models/flux2_bfl_names.h"
-#include "core/models/flux3.h"
-#include "core/models/flux3_bfl_names.h"
+#include "core/models/flux2/flux2_bfl_names.h"
+#include "core/models/flux3/flux3.h"
+#include "core/models/flux3/flux3_bfl_names.h"
 #include <errno.h>
 #include <libgen.h>
 #include <stdio.h>

@@ -4,8 +4,8 @@
 #include "core/dist/dist.h"
 #include "core/formats/gguf.h"
 #include "kernels/err.h"
-#include "core/models/prompt.h"
-#include "core/models/tokenizer.h"
+#include "core/models/llm/prompt.h"
+#include "core/models/tokenizer/tokenizer.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -7,9 +7,9 @@
 #include "core/image/sha256.h"
 #include "core/image/image.h"
 #include "core/formats/safetensors.h"
-#include "core/models/flux2.h"
+#include "core/models/flux2/flux2.h"
 #include "core/flux3_pipe.h"
-#include "core/models/textenc.h"
+#include "core/models/llm/textenc.h"
 #include "core/rng.h"
 #include <errno.h>
 #include <jansson.h>

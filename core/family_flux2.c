@@ -5,8 +5,8 @@
  * shared sampler). */
 #include "family.h"
 #include "core/image/image.h"
-#include "core/models/flux2.h"
-#include "core/models/textenc.h"
+#include "core/models/flux2/flux2.h"
+#include "core/models/llm/textenc.h"
 #include "kernels/err.h"
 #include "pipeline.h"
 #include "rng.h"

@@ -6,9 +6,9 @@
 #include "tp_pipe.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/fp8.h"
-#include "core/models/llm.h"
-#include "core/models/textenc.h"
-#include "core/models/vae.h"
+#include "core/models/llm/llm.h"
+#include "core/models/llm/textenc.h"
+#include "core/models/vae/vae.h"
 #include "kernels/err.h"
 #include "kernels/quant.h"
 #include <stdio.h>

@@ -4,7 +4,7 @@
  * object (family.h). */
 #include "flux3_pipe.h"
 #include "family.h"
-#include "core/models/textenc.h"
+#include "core/models/llm/textenc.h"
 #include "core/dist/dist.h"
 #include "kernels/comm.h"
 #include "core/image/image.h"

@@ -23,7 +23,7 @@
  *    x += (σ[i+1] − σ[i])·v; size default 1024², or the first reference's. */
 #ifndef TPGEN_FLUX3_PIPE_H
 #define TPGEN_FLUX3_PIPE_H
-#include "core/models/flux3.h"
+#include "core/models/flux3/flux3.h"
 #include "pipeline.h"
 #include "refs.h"
 #include <stdint.h>

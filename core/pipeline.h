@@ -5,7 +5,7 @@
  * core/schedule.c. */
 #ifndef TPGEN_PIPELINE_H
 #define TPGEN_PIPELINE_H
-#include "core/models/flux2.h"
+#include "core/models/flux2/flux2.h"
 #include "sampler.h"
 #include <stdint.h>
 

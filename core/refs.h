@@ -7,7 +7,7 @@
  * denoising loop appends them after the noise tokens (core/pipeline.h). */
 #ifndef TPGEN_REFS_H
 #define TPGEN_REFS_H
-#include "core/models/vae.h"
+#include "core/models/vae/vae.h"
 #include <mpi.h>
 #include <stdint.h>
 

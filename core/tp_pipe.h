@@ -24,7 +24,7 @@
 #ifndef TPGEN_TP_PIPE_H
 #define TPGEN_TP_PIPE_H
 #include "core/formats/lora.h"
-#include "core/models/textenc.h"
+#include "core/models/llm/textenc.h"
 #include "pipeline.h"
 #include "kernels/tensor.h"
 #include <jansson.h>

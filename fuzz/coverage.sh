@@ -16,8 +16,8 @@ src=$(ls core/*.c core/*/*.c plans/*.c kernels/*.c kernels/cpu/*.c cli/*.c cli/b
 declare -A files=(
     [safetensors]="core/formats/safetensors.c core/formats/checkpoint.c plans/plan.c"
     [runspec]="cli/runspec.c cli/generate_jobs.c cli/generate_prompts.c"
-    [tokenizer]="core/models/tokenizer.c core/models/tokenizer_hf.c core/models/tokenizer_scan.c core/models/tokenizer_tekken.c core/models/tokenizer_vocab.c"
-    [config]="core/models/flux2_host.c plans/flux2_plan.c core/models/llm.c core/models/vae_config.c core/formats/checkpoint.c"
+    [tokenizer]="core/models/tokenizer/tokenizer.c core/models/tokenizer/tokenizer_hf.c core/models/tokenizer/tokenizer_scan.c core/models/tokenizer/tokenizer_tekken.c core/models/tokenizer/tokenizer_vocab.c"
+    [config]="core/models/flux2/flux2_host.c plans/flux2_plan.c core/models/llm/llm.c core/models/vae/vae_config.c core/formats/checkpoint.c"
     [gguf]="core/formats/gguf.c core/formats/gguf_access.c core/formats/gguf_write.c kernels/quant.c"
 )
 if [ ! -f "$out/lib.a" ]; then

@@ -7,10 +7,10 @@
 #include "core/tp_pipe.h"
 #include "core/formats/checkpoint.h"
 #include "kernels/err.h"
-#include "core/models/flux2.h"
-#include "core/models/flux3.h"
-#include "core/models/llm.h"
-#include "core/models/vae.h"
+#include "core/models/flux2/flux2.h"
+#include "core/models/flux3/flux3.h"
+#include "core/models/llm/llm.h"
+#include "core/models/vae/vae.h"
 #include "plans/plan.h"
 #include <stdio.h>
 #include <stdlib.h>

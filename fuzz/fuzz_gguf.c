@@ -17,8 +17,8 @@
 #include "core/formats/gguf.h"
 #include "core/formats/gguf_shard.h"
 #include "core/formats/checkpoint.h"
-#include "core/models/llm.h"
-#include "core/models/tokenizer_int.h"
+#include "core/models/llm/llm.h"
+#include "core/models/tokenizer/tokenizer_int.h"
 #include "kernels/err.h"
 #include <sys/stat.h>
 #include <stdio.h>

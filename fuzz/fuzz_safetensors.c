@@ -6,7 +6,7 @@
  * (flux3_config_from_shapes). */
 #include "core/models/model_plan.h"
 #include "core/formats/checkpoint.h"
-#include "core/models/flux3.h"
+#include "core/models/flux3/flux3.h"
 #include "kernels/err.h"
 #include "plans/plan.h"
 #include <stdio.h>

@@ -4,7 +4,7 @@
  * aborts: the fast path must never change the answer. A loaded tokenizer
  * encodes a fixed text and the input's own first bytes. */
 #include "kernels/err.h"
-#include "core/models/tokenizer_int.h"
+#include "core/models/tokenizer/tokenizer_int.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * under BFL names, with one difference: BFL fuses the double-block Q, K and
  * V of each stream into one `qkv` [3D, D], which is packed colwise with
  * blocks D,D,D so that each rank reads only its own heads' rows of Q, K and
- * V (core/models/flux2.c binds the three row blocks as views). Everything
+ * V (core/models/flux2/flux2.c binds the three row blocks as views). Everything
  * not listed (img_in, txt_in, time_in, guidance_in, modulations, norms,
  * final_layer) is replicated. */
 #include "plan.h"

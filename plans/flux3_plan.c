@@ -5,7 +5,7 @@
  * ff.linear_out (rowwise). Everything not listed (embedders, modulations,
  * QK norms, norm_out, proj_out) is replicated. The symbols (D, M) and the
  * divisor (num_attention_heads) come from the config: flux3_plan in
- * core/models/flux3.c. */
+ * core/models/flux3/flux3.c. */
 #include "plan.h"
 
 #define FLUX3_BLOCK_RULES(prefix)                                                          \

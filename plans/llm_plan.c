@@ -4,7 +4,7 @@
  * (Qwen3 only) and the RMSNorm weights are replicated (no rule). K/V are
  * sharded only when tp divides the KV heads (symbol KV) and the embedding
  * table only when tp divides the vocabulary (symbol V). The globs sit
- * behind the checkpoint's prefix (core/models/llm_plan.c): "model." for
+ * behind the checkpoint's prefix (core/models/llm/llm_plan.c): "model." for
  * Qwen3; model.language_model., language_model.model. or model. for
  * Mistral (docs/spec/flux2-text-vae.md §3.6); model.language_model. for
  * Qwen3-VL (FLUX.3, the same names as Qwen3 behind it), whose vision tower, projector and

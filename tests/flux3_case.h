@@ -4,7 +4,7 @@
 #ifndef TPGEN_TEST_FLUX3_CASE_H
 #define TPGEN_TEST_FLUX3_CASE_H
 #include "core/formats/safetensors.h"
-#include "core/models/flux3.h"
+#include "core/models/flux3/flux3.h"
 #include <mpi.h>
 #include <stdint.h>
 

@@ -13,9 +13,9 @@
 #include "core/formats/checkpoint.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
-#include "core/models/flux2.h"
-#include "core/models/flux2_impl.h"
-#include "core/models/flux2_bfl_names.h"
+#include "core/models/flux2/flux2.h"
+#include "core/models/flux2/flux2_impl.h"
+#include "core/models/flux2/flux2_bfl_names.h"
 #include "core/formats/safetensors.h"
 #include "kernels/ops.h"
 #include "plans/plan.h"
@@ -165,7 +165,7 @@ TEST(bfl_write_golden_as_bfl) {
     free(dir);
 }
 
-/* core/models/flux2_bfl_names.c (`tpgen quantize --names bfl`) gives the
+/* core/models/flux2/flux2_bfl_names.c (`tpgen quantize --names bfl`) gives the
  * converter's tensors: the same names (sorted), shapes and source rows. */
 TEST(bfl_names_library_matches_converter) {
     char *dir = xasprintf("%s/bfl-names", test_tmp_dir()), *src = golden_transformer();

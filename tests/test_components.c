@@ -7,8 +7,8 @@
 #include "test.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/safetensors.h"
-#include "core/models/llm_internal.h"
-#include "core/models/textenc.h"
+#include "core/models/llm/llm_internal.h"
+#include "core/models/llm/textenc.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
 #include <jansson.h>

@@ -15,7 +15,7 @@
 #include "kernels/cpu/cpu_gemm_qdot.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/weights.h"
-#include "core/models/flux2.h"
+#include "core/models/flux2/flux2.h"
 #include "core/models/model_plan.h"
 #include "quant_random.h"
 #include <fcntl.h>

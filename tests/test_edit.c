@@ -8,7 +8,7 @@
 #include "core/image/image.h"
 #include "core/refs.h"
 #include "core/formats/safetensors.h"
-#include "core/models/vae.h"
+#include "core/models/vae/vae.h"
 #include "cli/runspec.h"
 #include "kernels/ops.h"
 #include <jansson.h>

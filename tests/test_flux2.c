@@ -5,8 +5,8 @@
 #include "golden_case.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
-#include "core/models/flux2.h"
-#include "core/models/flux2_impl.h"
+#include "core/models/flux2/flux2.h"
+#include "core/models/flux2/flux2_impl.h"
 #include "core/formats/safetensors.h"
 #include "kernels/ops.h"
 #include <mpi.h>

@@ -1,5 +1,5 @@
 /* FLUX.3 transformers in Black Forest Labs single-file names
- * (core/models/flux3.c's BFL binder, plans/flux3_bfl_plan.c): the golden
+ * (core/models/flux3/flux3.c's BFL binder, plans/flux3_bfl_plan.c): the golden
  * flux3-tiny models renamed by tests/tools/flux3_bfl_testdata.py (bare and
  * behind model.diffusion_model.) load on every rank with exactly the bytes
  * the diffusers-named load reads, with the config derived from the shapes
@@ -11,7 +11,7 @@
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
-#include "core/models/flux3.h"
+#include "core/models/flux3/flux3.h"
 #include "core/formats/checkpoint.h"
 #include <math.h>
 #include <mpi.h>

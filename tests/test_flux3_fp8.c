@@ -18,7 +18,7 @@
 #include "flux3_case.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
-#include "core/models/flux3.h"
+#include "core/models/flux3/flux3.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/safetensors.h"
 #include "kernels/ops.h"

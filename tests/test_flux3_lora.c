@@ -11,7 +11,7 @@
 #include "kernels/err.h"
 #include "core/formats/lora.h"
 #include "core/formats/safetensors.h"
-#include "core/models/flux3.h"
+#include "core/models/flux3/flux3.h"
 #include "kernels/ops.h"
 #include <math.h>
 #include <mpi.h>

@@ -12,7 +12,7 @@
 #include "test.h"
 #include "core/flux3_pipe.h"
 #include "core/formats/safetensors.h"
-#include "core/models/vae.h"
+#include "core/models/vae/vae.h"
 #include "core/refs.h"
 #include "core/image/png.h"
 #include "kernels/ops.h"

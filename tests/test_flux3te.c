@@ -8,8 +8,8 @@
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "core/embed_cache.h"
-#include "core/models/textenc.h"
-#include "core/models/llm.h"
+#include "core/models/llm/textenc.h"
+#include "core/models/llm/llm.h"
 #include "core/formats/safetensors.h"
 #include "kernels/ops.h"
 #include <jansson.h>

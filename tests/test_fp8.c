@@ -11,7 +11,7 @@
 #include "kernels/err.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "core/formats/fp8.h"
-#include "core/models/flux2.h"
+#include "core/models/flux2/flux2.h"
 #include "core/formats/safetensors.h"
 #include "core/formats/weights.h"
 #include "kernels/ops.h"
@@ -622,7 +622,7 @@ TEST_GPU(gpu_fp8_golden_variants) {
  * embedding table included, norms kept), must give the same hidden states
  * as an F32 copy holding the exactly dequantised weights (decoded by this
  * test's own formula), at np 1/2/4 ---- */
-#include "core/models/llm.h"
+#include "core/models/llm/llm.h"
 
 static int is_fp8_candidate(const st_tensor_info *t) {
     return t->ndim == 2 && strstr(t->name, ".weight") && !strstr(t->name, "norm");

@@ -9,7 +9,7 @@
 #include "core/formats/checkpoint.h"
 #include "core/formats/gguf.h"
 #include "core/formats/weights.h"
-#include "core/models/flux2.h"
+#include "core/models/flux2/flux2.h"
 #include "core/models/model_plan.h"
 #include "kernels/cpu/cpu_rows.h"
 #include "kernels/err.h"

@@ -7,7 +7,7 @@
 #include "cli/runspec.h"
 #include "kernels/err.h"
 #include "kernels/tensor.h"
-#include "core/models/tokenizer_int.h"
+#include "core/models/tokenizer/tokenizer_int.h"
 #include "plans/plan.h"
 #include <float.h>
 #include <stdint.h>

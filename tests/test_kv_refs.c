@@ -17,7 +17,7 @@
 #include "core/pipeline.h"
 #include "core/refs.h"
 #include "core/schedule.h"
-#include "core/models/flux2_impl.h"
+#include "core/models/flux2/flux2_impl.h"
 #include "kernels/ops.h"
 #include <stdlib.h>
 #include <string.h>

@@ -7,7 +7,7 @@
 #include "core/formats/checkpoint.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
-#include "core/models/llm.h"
+#include "core/models/llm/llm.h"
 #include "core/formats/safetensors.h"
 #include "kernels/ops.h"
 #include <mpi.h>

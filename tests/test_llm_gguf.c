@@ -1,4 +1,4 @@
-/* Text encoders as llama.cpp GGUF files (core/models/llm_gguf.c), against
+/* Text encoders as llama.cpp GGUF files (core/models/llm/llm_gguf.c), against
  * golden and transformers references (tests/data/te-gguf, made by
  * tests/tools/te_gguf_testdata.py): qwen3-bf16.gguf against the golden
  * qwen3-tiny hidden states (the same values), qwen3-q8q4.gguf (Q8_0 + Q4_0)
@@ -12,8 +12,8 @@
 #include "core/formats/checkpoint.h"
 #include "core/formats/gguf.h"
 #include "core/formats/safetensors.h"
-#include "core/models/llm.h"
-#include "core/models/textenc.h"
+#include "core/models/llm/llm.h"
+#include "core/models/llm/textenc.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"

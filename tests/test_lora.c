@@ -9,7 +9,7 @@
 #include "kernels/comm.h"
 #include "kernels/err.h"
 #include "core/formats/lora.h"
-#include "core/models/flux2.h"
+#include "core/models/flux2/flux2.h"
 #include "core/formats/safetensors.h"
 #include "core/formats/weights.h"
 #include "cli/runspec.h"

@@ -18,7 +18,7 @@
 #include "core/formats/lora.h"
 #include "core/formats/safetensors.h"
 #include "core/formats/weights.h"
-#include "core/models/flux2.h"
+#include "core/models/flux2/flux2.h"
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>

@@ -5,7 +5,7 @@
 #include "test.h"
 #include "kernels/err.h"
 #include "core/formats/weights.h"
-#include "core/models/textenc.h"
+#include "core/models/llm/textenc.h"
 #include "kernels/ops.h"
 #include <stdlib.h>
 #include <string.h>

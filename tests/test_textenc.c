@@ -4,8 +4,8 @@
 #include "test.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
-#include "core/models/textenc.h"
-#include "core/models/llm_internal.h"
+#include "core/models/llm/textenc.h"
+#include "core/models/llm/llm_internal.h"
 #include "core/formats/safetensors.h"
 #include "kernels/ops.h"
 #include <jansson.h>

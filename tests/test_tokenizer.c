@@ -4,8 +4,8 @@
  * forms, the prompt layouts, padding, and bad input. */
 #include "test.h"
 #include "kernels/err.h"
-#include "core/models/prompt.h"
-#include "core/models/tokenizer.h"
+#include "core/models/llm/prompt.h"
+#include "core/models/tokenizer/tokenizer.h"
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -511,7 +511,7 @@ TEST(tokenizer_rejects_invalid_utf8) {
 }
 
 /* ---- the fast vocabulary/merges scanner against a full jansson parse ---- */
-#include "core/models/tokenizer_int.h"
+#include "core/models/tokenizer/tokenizer_int.h"
 
 static void compare_load_paths(const char *path, const char *config) {
     tokenizer *a = tok_load_json_ex(path, config, 1), *b = tok_load_json_ex(path, config, 0);

@@ -1,5 +1,5 @@
 /* The tokenizer from a GGUF file's tokenizer.ggml.* metadata
- * (core/models/tokenizer_gguf.c) against the tokenizer.json / tekken.json
+ * (core/models/tokenizer/tokenizer_gguf.c) against the tokenizer.json / tekken.json
  * loaders it must equal: the files of tests/data/tok-gguf are what
  * llama.cpp's converter writes for those tokenizers (made with gguf-py by
  * tests/tools/tok_gguf_testdata.py). Checked: the tables entry by entry, the
@@ -9,9 +9,9 @@
 #include "test.h"
 #include "kernels/err.h"
 #include "core/formats/gguf.h"
-#include "core/models/prompt.h"
-#include "core/models/tokenizer.h"
-#include "core/models/tokenizer_int.h"
+#include "core/models/llm/prompt.h"
+#include "core/models/tokenizer/tokenizer.h"
+#include "core/models/tokenizer/tokenizer_int.h"
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>

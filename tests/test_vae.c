@@ -6,7 +6,7 @@
 #include "test.h"
 #include "kernels/err.h"
 #include "core/formats/safetensors.h"
-#include "core/models/vae_internal.h"
+#include "core/models/vae/vae_internal.h"
 #include "kernels/ops.h"
 #include <stdlib.h>
 #include <string.h>

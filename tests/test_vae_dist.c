@@ -1,4 +1,4 @@
-/* The patch-parallel VAE decode (vae_decode_latent_group, core/models/vae_band.c)
+/* The patch-parallel VAE decode (vae_decode_latent_group, core/models/vae/vae_band.c)
  * against the one-rank decode on the same rank: golden vae-tiny and
  * klein-tiny-edit latents, odd band sizes, bands of one row and ranks
  * without a band, bf16 (bit-identical where the kernels are band-invariant),
@@ -10,7 +10,7 @@
 #include "kernels/err.h"
 #include "kernels/fault.h"
 #include "core/formats/safetensors.h"
-#include "core/models/vae_internal.h"
+#include "core/models/vae/vae_internal.h"
 #include "kernels/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_conv_amx.h"

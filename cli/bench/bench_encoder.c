@@ -5,7 +5,7 @@
  * (Qwen3-4B, 27 of 36 layers) and FLUX.2-dev (Mistral Small 24B, 30 of 40
  * layers) at several TP degrees, computed through the TP plan on
  * header-only (sparse) checkpoints with the real tensor shapes. */
-#include "core/models/llm_internal.h"
+#include "core/models/llm/llm_internal.h"
 #include "kernels/comm.h"
 #include "core/dist/dist.h"
 #include "kernels/err.h"

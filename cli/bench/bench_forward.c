@@ -4,7 +4,7 @@
  * achieved GFLOP/s, GEMM time against plain OpenBLAS sgemm of exactly the
  * same shapes, and the share of time in all-reduce and attention, with
  * fused (one all-reduce per sub-layer) and unfused all-reduces. */
-#include "core/models/flux2_impl.h"
+#include "core/models/flux2/flux2_impl.h"
 #include "kernels/comm.h"
 #include "core/dist/dist.h"
 #include "kernels/err.h"
@@ -360,7 +360,7 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
         if (!rc) report(d, prec, fused, &s, fused && be->kind == BACKEND_CPU ? &shapes : NULL);
     }
     /* the NaN/Inf checks the generate path adds (core/pipeline.c once per
-     * step on the [N, 128] latents, core/models/textenc.c once per prompt on
+     * step on the [N, 128] latents, core/models/llm/textenc.c once per prompt on
      * [L, 7680] embeddings), against this forward: best of 20 each */
     if (!rc && d->tp_rank == 0) {
         double best_lat = 1e300, best_txt = 1e300;

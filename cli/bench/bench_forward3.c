@@ -5,7 +5,7 @@
  * the achieved GFLOP/s of all ranks and the all-reduce share. Compare with
  * `tpgen bench forward` (FLUX.2, klein-4B widths) at the same token counts;
  * unlike FLUX.2 this forward recomputes the context projection each time. */
-#include "core/models/flux3.h"
+#include "core/models/flux3/flux3.h"
 #include "core/dist/dist.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"

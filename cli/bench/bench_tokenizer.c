@@ -1,8 +1,8 @@
 /* `tpgen bench tokenizer`: tokenizer load time and encoding throughput.
  * Timings only; correctness is the tests' job. */
 #include "kernels/err.h"
-#include "core/models/prompt.h"
-#include "core/models/tokenizer.h"
+#include "core/models/llm/prompt.h"
+#include "core/models/tokenizer/tokenizer.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,7 +6,7 @@
  * as generate decodes at --tp N; the figures are rank 0's time and the
  * largest per-rank peak. */
 #include "core/dist/dist.h"
-#include "core/models/vae.h"
+#include "core/models/vae/vae.h"
 #include "kernels/err.h"
 #include <omp.h>
 #include <stdio.h>

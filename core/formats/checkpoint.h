@@ -63,7 +63,7 @@ int checkpoint_scan_finite(const checkpoint *c, int verbose);
 const st_tensor_info *checkpoint_find(const checkpoint *c, const char *name, const st_file **file);
 
 /* Rename the checkpoint's tensors in place (a model-specific name map, e.g.
- * llama.cpp's GGUF names -> the HF names a loader binds: core/models/llm_gguf.c).
+ * llama.cpp's GGUF names -> the HF names a loader binds: core/models/llm/llm_gguf.c).
  * fn writes the new name of `name` into out (cap bytes) and returns 1, or
  * returns 0 to keep the name, or -1 (+ tp_error) to refuse the tensor.
  * Two tensors ending with one name are refused naming both. Lookups

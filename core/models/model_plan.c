@@ -1,8 +1,8 @@
 /* Plans of the pipeline components (model_plan.h): a model's config gives
  * the symbols and divisors of its rule table. */
 #include "model_plan.h"
-#include "flux3.h"
-#include "llm.h"
+#include "core/models/flux3/flux3.h"
+#include "core/models/llm/llm.h"
 #include "kernels/err.h"
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +72,7 @@ static int transformer_plan(const json_t *config, const checkpoint *c, int tp, c
  * depends on tp (K/V and the embedding are split only when tp divides
  * them) and on the checkpoint's name prefix; only the layers that produce
  * the prompt embeddings are loaded (hidden states 9/18/27 for Qwen3,
- * 10/20/30 for Mistral, up to 32 for Qwen3-VL, as core/models/textenc.c
+ * 10/20/30 for Mistral, up to 32 for Qwen3-VL, as core/models/llm/textenc.c
  * chooses). */
 typedef struct text_encoder_storage {
     llm_config cfg;

@@ -20,7 +20,7 @@ golden VAE again with `--no-verify --raw` and checks that sha256.
 
 (torch 2.15, diffusers 0.42.1, safetensors; the renaming itself needs only
 the standard library: `--no-verify` skips the diffusers check.)
-The map (the inverse of core/models/vae_bfl_names.c, written independently):
+The map (the inverse of core/models/vae/vae_bfl_names.c, written independently):
 conv_norm_out -> norm_out; down_blocks.I.resnets.J -> down.I.block.J;
 down_blocks.I.downsamplers.0 -> down.I.downsample; up_blocks.I.resnets.J ->
 up.(N-1-I).block.J; up_blocks.I.upsamplers.0 -> up.(N-1-I).upsample;

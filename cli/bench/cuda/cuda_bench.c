@@ -15,7 +15,7 @@
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/err.h"
 #include "kernels/comm.h"
-#include "core/models/flux2.h"
+#include "core/models/flux2/flux2.h"
 #include <mpi.h>
 #include <math.h>
 #include <omp.h>

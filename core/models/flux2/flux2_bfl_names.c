@@ -1,8 +1,8 @@
 /* Diffusers -> BFL tensor names of a FLUX.2 transformer
- * (core/models/flux2_bfl_names.h): the table of diffusers'
+ * (core/models/flux2/flux2_bfl_names.h): the table of diffusers'
  * convert_flux2_transformer_checkpoint_to_diffusers (diffusers 0.42.1,
  * loaders/single_file_utils.py) read backwards. */
-#include "core/models/flux2_bfl_names.h"
+#include "core/models/flux2/flux2_bfl_names.h"
 #include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
 #ifndef TPGEN_FLUX3_BFL_NAMES_H
 #define TPGEN_FLUX3_BFL_NAMES_H
 #include "core/formats/checkpoint.h"
-#include "core/models/flux2_bfl_names.h"
+#include "core/models/flux2/flux2_bfl_names.h"
 
 /* 1 when c has diffusers FLUX.3 transformer names (flux3_checkpoint_names). */
 int flux3_bfl_is_diffusers(const checkpoint *c);

@@ -5,8 +5,8 @@
 #include "kernels/err.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/lora.h"
-#include "model_plan.h"
-#include "flux3.h"
+#include "core/models/model_plan.h"
+#include "core/models/flux3/flux3.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>

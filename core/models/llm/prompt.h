@@ -12,7 +12,7 @@
  * `padding_side`, default right). */
 #ifndef TPGEN_PROMPT_H
 #define TPGEN_PROMPT_H
-#include "tokenizer.h"
+#include "core/models/tokenizer/tokenizer.h"
 
 typedef enum {
     PROMPT_RAW = 0,  /* the text as given, no template */

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer.h"
+#include "core/models/tokenizer/tokenizer.h"
 #include "prompt.h"
 #include "textenc_qwen3vl.h"
 

@@ -3,7 +3,7 @@
  * to the GEMMs, so they run on the host in exactly the precision the
  * reference uses and are uploaded. */
 #include "flux2.h"
-#include "config_json.h"
+#include "core/models/config_json.h"
 #include "kernels/err.h"
 #include "core/formats/checkpoint.h"
 #include <stdio.h>

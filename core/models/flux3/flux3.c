@@ -3,7 +3,7 @@
  * checked against the config before a weight byte is read, then the
  * shard is read through the plan engine and bound by name. */
 #include "flux3_impl.h"
-#include "config_json.h"
+#include "core/models/config_json.h"
 #include "kernels/err.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/lora.h"

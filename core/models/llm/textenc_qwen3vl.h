@@ -6,7 +6,7 @@
 #define TPGEN_TEXTENC_QWEN3VL_H
 #include "core/formats/checkpoint.h"
 #include "textenc.h"
-#include "tokenizer.h"
+#include "core/models/tokenizer/tokenizer.h"
 #include <stdint.h>
 
 #define QWEN3VL_N_STACK 8          /* hidden states 4, 8, ..., 32 */

@@ -4,7 +4,7 @@
  * on the image rows. Activation buffers are kept for the last (L, N, R),
  * so a denoising loop allocates once. */
 #include "flux3_impl.h"
-#include "flux2.h"
+#include "core/models/flux2/flux2.h"
 #include "kernels/err.h"
 #include <math.h>
 #include <mpi.h>

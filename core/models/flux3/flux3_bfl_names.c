@@ -1,6 +1,6 @@
 /* Diffusers -> BFL tensor names of a FLUX.3 transformer, as recipes for
  * `tpgen quantize --names bfl` (flux3_bfl_names.h). The names come from
- * flux3_bfl_name (core/models/flux3.c: the loader's own inverse of diffusers
+ * flux3_bfl_name (core/models/flux3/flux3.c: the loader's own inverse of diffusers
  * 0.42.1's convert_flux3_transformer_checkpoint_to_diffusers, which
  * tests/test_flux3_bfl.c and tests/tools/flux3_bfl_testdata.py prove); this
  * file only checks that every tensor is a FLUX.3 one and lists them. */
