@@ -33,6 +33,7 @@
 typedef struct check_opts {
     const char *model, *cases, *backend;
     const char *outputs, *prefix;   /* expected outputs from another file: <prefix>.caseK.output */
+    const char *against;            /* without --cases: the unsharded reference is this model, without adapters */
     lora_spec loras[LORA_MAX_ADAPTERS];
     int n_loras;
     dtype_t precision;
@@ -53,7 +54,7 @@ typedef struct check_case {
 static void usage(FILE *f) {
     fprintf(f, "usage: mpirun -np K tpgen check --model DIR [--cases FILE] [--precision f32|bf16] [--tol X]\n"
                "                          [--backend cpu|cuda] [--comm mpi|nccl] [--seed S] [--unfused] [--lora FILE[:W]]...\n"
-               "                          [--outputs FILE --prefix NAME] [--quantize fp8]\n"
+               "                          [--outputs FILE --prefix NAME] [--against DIR] [--quantize fp8]\n"
                "  --model DIR      pipeline folder (with transformer/) or the transformer folder itself\n"
                "  --cases FILE     golden cases (caseK.*); without it, compare with an unsharded run on rank 0\n"
                "  --precision P    f32 (default, reference) or bf16\n"
@@ -66,6 +67,8 @@ static void usage(FILE *f) {
                "  --lora FILE[:W]  merge a LoRA adapter at weight W (default 1) into each rank's shard at load;\n"
                "                   repeatable (docs/lora.md)\n"
                "  --outputs FILE   with --cases: expected outputs from FILE's <NAME>.caseK.output (--prefix NAME)\n"
+               "  --against DIR    without --cases: compare with an unsharded run of DIR's transformer on rank 0,\n"
+               "                   without the adapters (is a merged checkpoint the same as base + --lora?)\n"
                "  --quantize fp8   quantise the sharded linears to fp8 at load (the unsharded reference too)\n");
 }
 
@@ -88,6 +91,7 @@ static int parse_args(int argc, char **argv, check_opts *o) {
         else if (!strcmp(a, "--unfused")) o->unfused = 1;
         else if (!strcmp(a, "--outputs")) o->outputs = v;
         else if (!strcmp(a, "--prefix")) o->prefix = v;
+        else if (!strcmp(a, "--against")) o->against = v;
         else if (!strcmp(a, "--lora")) {
             if (o->n_loras == LORA_MAX_ADAPTERS) return tp_error("check: at most %d --lora flags", LORA_MAX_ADAPTERS);
             if (lora_spec_parse(v, &o->loras[o->n_loras])) return -1;
@@ -114,6 +118,8 @@ static int parse_args(int argc, char **argv, check_opts *o) {
     if (!o->model) return tp_error("check: --model DIR is required (see 'tpgen check --help')");
     if ((o->outputs != NULL) != (o->prefix != NULL) || (o->outputs && !o->cases))
         return tp_error("check: --outputs FILE and --prefix NAME go together, with --cases");
+    if (o->against && o->cases)
+        return tp_error("check: --against DIR replaces the golden outputs of --cases; give one of them");
     if (o->tol < 0) o->tol = o->precision == DT_F32 ? 1e-4 : 3e-2;
     return 0;
 }
@@ -264,8 +270,8 @@ static void print_load(const dist *d, const load_stats *ls) {
  * the FLUX.2-only options */
 static int run_checks_flux3(const check_opts *o, const dist *d, backend *be, comm *c, char *dir) {
     int rc = 0;
-    if (o->outputs || o->unfused)
-        rc = dist_agree(d->tp_comm, tp_error("check: %s is a FLUX.3 transformer; --outputs and --unfused are "
+    if (o->outputs || o->unfused || o->against)
+        rc = dist_agree(d->tp_comm, tp_error("check: %s is a FLUX.3 transformer; --outputs, --against and --unfused are "
                                              "FLUX.2-only so far (with --lora, --cases holds the outputs)", dir));
     rc = rc ? (dist_report_error(d->tp_comm), 1)
             : check_flux3(dir, o->cases, o->precision, o->quantize_fp8, o->loras, o->n_loras, o->tol, o->seed, d, be, c);
@@ -285,9 +291,13 @@ static int run_checks(const check_opts *o, const dist *d, backend *be, comm *c) 
     int rc = flux2_load_ex(dir, be, c, o->precision, &x, &m, &ls), n_cases = 2, failed = 0;
     if (!rc && o->outputs) rc = st_open(o->outputs, &outs);
     if (!rc && !o->cases && d->tp_rank == 0) {
+        /* --against: another model, without the adapters */
+        char *rdir = o->against ? transformer_dir(o->against) : NULL;
+        flux2_load_extras rx = {.quantize_fp8 = o->quantize_fp8};
         self = comm_create(MPI_COMM_SELF, be);
-        rc = self ? flux2_load_ex(dir, be, self, o->precision, &x, &ref, NULL) : -1;
+        rc = self ? flux2_load_ex(rdir ? rdir : dir, be, self, o->precision, rdir ? &rx : &x, &ref, NULL) : -1;
         if (rc) tp_error_context("unsharded reference on rank 0");
+        free(rdir);
     }
     if (dist_agree(d->tp_comm, rc)) { rc = -1; goto done; }   /* every rank reports and exits non-zero */
     print_load(d, &ls);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 240 s; checks: 116
+# budget: 240 s; checks: 113
 # The adapter dialects users download (docs/lora.md): LyCORIS LoKr/LoHa,
 # ComfyUI BFL-named LoKr/LoHa on fused weights, fal's PEFT-on-BFL files and
 # FLUX.2-dev files with guidance_in, ComfyUI .diff patches. `tpgen check
@@ -8,9 +8,10 @@
 # at strengths 1.0 and 0.5, f32 at tp 1, 2 and 4 and bf16 at tp 2. The two
 # tiny transformers are regenerated bit for bit (tpgen_tests
 # lora_dialects_make_models, sha256 from the set's manifest); the two large
-# ComfyUI diff files (3.8 MB of random f32) are not in the repository: they
-# are checked when TPGEN_SHARED_GOLDEN names the upstream golden folder, and
-# are SKIP lines (with that reason) otherwise, as in CI and a fresh clone. Then the structured terms on GGUF
+# ComfyUI diff files (3.8 MB of random f32) are not in the repository: a
+# generated twin (tests/tools/diff_twin.py) checks the dialect in every run, and
+# the files themselves are checked when TPGEN_SHARED_GOLDEN names the upstream
+# golden folder (one SKIP line otherwise, as in CI and a fresh clone). Then the structured terms on GGUF
 # weights (fp8 and GGUF against dequantised twins: tests/test_lora_quant.c), two dialects at once, inspect --lora and the refusals.
 source "$TPGEN_ROOT/tests/lib.sh"
 G=$TPGEN_GOLDEN/flux2-lora-dialects
@@ -45,21 +46,38 @@ for a in $PACKED; do
         gcheck 2 bf16 "$G/adapters/$a.safetensors" $a $s
     done
 done
-# ComfyUI .diff patches (full weights, QK-norm scales, the final layer's swapped halves): upstream only
-for a in comfy_full_diff comfy_diff_norms; do
-    if [ -f "$U/adapters/$a.safetensors" ]; then
-        for s in 1.0 0.5; do for np in 1 2 4; do gcheck $np f32 "$U/adapters/$a.safetensors" $a $s; done; done
-    else
-        for i in 1 2 3 4 5 6; do skip "dialects: $a: left out of the repository (3.8 MB); set TPGEN_SHARED_GOLDEN to the upstream golden folder to check it"; done
-    fi
-done
+# ComfyUI .diff patches (full weights, QK-norm scales, the final layer's swapped halves). The set's two diff
+# files (3.8 MB of random values) are left out of the repository; their twin is generated here
+# (tests/tools/diff_twin.py): a full-diff patch in BFL names over fused weights, and the model with the same
+# deltas merged in diffusers layout by the tool, so `check --against` compares base + patch with the merged model
+DT=$TMP/difftwin
+if python3 "$TPGEN_ROOT/tests/tools/diff_twin.py" "$M/transformer" "$DT"; then :
+else fail "dialects: tests/tools/diff_twin.py failed"; fi
+tcheck() {   # NP STRENGTH FILE -> output of check --against
+    $MPIRUN -np "$1" "$TPGEN" check --backend cpu --model "$M/transformer" --lora "$3:$2" --against "$DT/merged_$2" 2>&1
+}
+for s in 1.0 0.5; do for np in 1 2 4; do
+    out=$(tcheck $np $s "$DT/comfy_diff.safetensors"); rc=$?
+    if [ $rc -eq 0 ] && echo "$out" | grep -qE '^max_rel_err=.* PASS$'; then
+        ok "dialects: generated ComfyUI full diff s=$s np=$np = the merged twin ($(echo "$out" | grep -oE 'max_rel_err=[^ ]+'))"
+    else fail "dialects: generated full diff s=$s np=$np: rc=$rc $(echo "$out" | grep -E 'error|max_rel' | head -2 | tr '\n' ' ')"; fi
+done; done
+n=$(echo "$out" | grep -c 'warning: .*\.diff_b is a bias patch (.diff_b), but .* no bias; it is ignored')
+if [ "$n" = 2 ]; then ok "dialects: the two .diff_b keys are named in warnings, once each"
+else fail "dialects: .diff_b warnings: $n: $(echo "$out" | grep -i warn | head -2)"; fi
+# the comparison can tell: the model without the patch, and the patch with the adaLN halves unswapped, differ
+out=$($MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$M/transformer" --against "$DT/merged_1.0" 2>&1)
+echo "$out" | grep -qE '^max_rel_err=.* FAIL$' && ok "dialects: without the patch the merged twin differs" ||
+    fail "dialects: the merged twin equals the base model: $(echo "$out" | tail -1)"
+out=$(tcheck 2 1.0 "$DT/comfy_diff_unswapped.safetensors")
+echo "$out" | grep -qE '^max_rel_err=.* FAIL$' && ok "dialects: adaLN halves left unswapped do not match ($(echo "$out" | grep -oE 'max_rel_err=[^ ]+'))" ||
+    fail "dialects: the unswapped patch matched: $(echo "$out" | tail -1)"
+# the upstream files themselves, where the shared golden folder is at hand (TPGEN_SHARED_GOLDEN)
 if [ -f "$U/adapters/comfy_full_diff.safetensors" ]; then
-    out=$($MPIRUN -np 2 "$TPGEN" check --backend cpu --model "$M/transformer" --cases "$G/cases_klein.safetensors" \
-          --lora "$U/adapters/comfy_full_diff.safetensors" 2>&1)
-    n=$(echo "$out" | grep -c 'warning: .*\.diff_b is a bias patch (.diff_b), but .* no bias; it is ignored')
-    if [ "$n" = 2 ]; then ok "dialects: the two .diff_b keys are named in warnings, once each"
-    else fail "dialects: .diff_b warnings: $n: $(echo "$out" | grep -i warn | head -2)"; fi
-else skip "dialects: .diff_b warning: needs comfy_full_diff (set TPGEN_SHARED_GOLDEN to the upstream golden folder)"; fi
+    for a in comfy_full_diff comfy_diff_norms; do
+        for s in 1.0 0.5; do for np in 1 2 4; do gcheck $np f32 "$U/adapters/$a.safetensors" $a $s; done; done
+    done
+else skip "dialects: the set's own comfy_full_diff and comfy_diff_norms files (3.8 MB, left out of the repository; their generated twin is checked above): set TPGEN_SHARED_GOLDEN to check them"; fi
 
 # ---- two dialects at once: LyCORIS LoHa at 0.5 plus a BFL-named LoKr on the fused weights at +1 and -1
 # (which cancel) must give the LoHa reference at 0.5
