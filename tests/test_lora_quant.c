@@ -160,11 +160,16 @@ static void inputs_free(inputs *in) {
 }
 
 /* outputs of the three cases, concatenated (malloc'ed); NULL on failure */
+static int terms[2];   /* the last run's LoKr/LoHa blocks kept as structured and as dense terms */
+
 static float *run_cases(const char *dir, backend *be, comm *c, dtype_t prec, const lora_spec *sp, int n_sp,
                         const inputs *in, size_t *n_out) {
     flux2_model *m = NULL;
-    flux2_load_extras x = {.loras = sp, .n_loras = n_sp};
+    lora_set *ls = NULL;
+    flux2_load_extras x = {.loras = sp, .n_loras = n_sp, .lora_set_out = &ls};
     if (flux2_load_ex(dir, be, c, prec, &x, &m, NULL)) return NULL;
+    terms[0] = ls ? ls->structured_terms : 0, terms[1] = ls ? ls->dense_terms : 0;
+    lora_set_free(ls);
     /* bf16: the timestep embedding in f32 as diffusers computes it, as the fp8 golden test does (its
      * argument reaches ~1000, where bf16 rounding alone moves the output by ~0.2) */
     if (prec == DT_BF16) flux2_set_exact_timestep(m, 1);
@@ -186,11 +191,12 @@ static float *run_cases(const char *dir, backend *be, comm *c, dtype_t prec, con
 /* one model: unmerged on the quantised folder vs merged on the twin, f32
  * (and bf16 against the same f32 reference), the adapters' effect checked */
 static void compare(MPI_Comm w, const char *what, const char *qdir, const char *twin, const lora_spec *sp, int n_sp,
-                    const inputs *in) {
+                    const inputs *in, int *structured, int *dense) {
     backend *be = backend_cpu_create(1);
     comm *c = comm_create_mpi(w, be);
     size_t n1 = 0, n2 = 0, n3 = 0, n4 = 0;
     float *q = run_cases(qdir, be, c, DT_F32, sp, n_sp, in, &n1);
+    if (structured) *structured = terms[0], *dense = terms[1];
     CHECK(q, "%s: unmerged on the quantised weights: %s", what, tp_error_msg());
     float *ref = all_ok(w, q != NULL) ? run_cases(twin, be, c, DT_F32, sp, n_sp, in, &n2) : NULL;
     CHECK(!q || ref, "%s: merged on the twin: %s", what, tp_error_msg());
@@ -238,7 +244,7 @@ TEST_MPI(lora_unmerged_fp8) {
             }
             char what[64];
             snprintf(what, sizeof what, "fp8 %s + %s", variants[v], cases[k][0]);
-            compare(MPI_COMM_WORLD, what, qdir, twin, sp, n, &in);
+            compare(MPI_COMM_WORLD, what, qdir, twin, sp, n, &in, NULL, NULL);
             for (int i = 0; i < n; i++) free(sp[i].path);
         }
         free(rel), free(qdir), free(twin);
@@ -312,7 +318,7 @@ TEST_MPI(lora_unmerged_gguf) {
         lora_spec sp = {ad, 0.8};
         char what[64];
         snprintf(what, sizeof what, "gguf %s + random PEFT r8", variants[v]);
-        compare(w, what, qdir, twin, &sp, 1, &in);
+        compare(w, what, qdir, twin, &sp, 1, &in, NULL, NULL);
         free(rel), free(qdir), free(file), free(twin);
     }
     free(ad);
@@ -344,7 +350,8 @@ TEST(lora_gguf_adapter_file) {
  * TPGEN_LORA_DIALECTS_GGUF names it (tests/sh/lora_dialects.sh: `tpgen
  * quantize --type Q8_0`, BFL names), as GGUF; each against its dequantised
  * twin with the same adapters merged. A LoKr/LoHa on quantised weights is a
- * dense term of the shard's block (lora_merge.c attach_dense). */
+ * structured low-rank term of the shard's block, or a dense one where that
+ * is no cheaper (lora_merge.c attach_structured). */
 
 static float e4m3_value(int c) {
     int e = (c >> 3) & 15, m = c & 7;
@@ -433,7 +440,12 @@ TEST_MPI(lora_dialects_unmerged) {
             }
             char what[128];
             snprintf(what, sizeof what, "%s + %s 0.8 + %s -0.6", q ? "GGUF Q8_0" : "fp8 raw E4M3", ads[k][0], ads[k][1]);
-            compare(MPI_COMM_WORLD, what, q ? gdir : fp8, twin, sp, 2, &in);
+            int st = 0, de = 0;
+            compare(MPI_COMM_WORLD, what, q ? gdir : fp8, twin, sp, 2, &in, &st, &de);
+            /* the low-rank LoKr (R1·R2 = 4·4) and LoHa (4·4) blocks stay structured; the LoKr of two full
+             * factors (rank 8·16 = the 128 columns) is no cheaper than its block and goes dense */
+            CHECK(st > 0 && (k > 0 || de > 0), "%s: %d structured and %d dense terms", what, st, de);
+            if (wr == 0) printf("# %s: %d structured, %d dense terms on this rank\n", what, st, de);
             free(sp[0].path), free(sp[1].path);
         }
         free(twin);

@@ -101,6 +101,8 @@ typedef struct lora_set {
     size_t max_piece;           /* largest A or B piece read (bytes, f32) */
     struct backend *merge_be;   /* host backend of the merge when shards live on a device */
     int inspect;                /* list modules that match nothing instead of refusing the adapter */
+    int structured_terms;       /* LoKr/LoHa blocks on quantised weights kept as low-rank terms, */
+    int dense_terms;            /* and blocks kept as a dense delta (lora_merge.c) */
 } lora_set;
 
 /* Open and validate the adapters against checkpoint ck (its names tell the

@@ -374,28 +374,134 @@ static int structured_block(merge_ctx *M, const lora_segment *g, int64_t b0, int
  * tensor (kernels/tensor.h), y += coef · B_rows (A_cols x_cols), which
  * op_gemm adds to each product. The same rows of B and columns of A are
  * read as for a merge, so a row-parallel shard's partial sums still add up
- * to the whole product in the all-reduce. */
-/* A LoKr / LoHa / diff block on a quantised weight: its delta over the
- * shard's rows and columns as a term of rank min(rows, cols), the delta on
- * one side and the identity on the other (exact, but as large as the shard's
- * block: docs/lora.md). */
-static int attach_dense(merge_ctx *M, const lora_segment *g, const rect *R, int64_t a0, int64_t a1, tensor *t) {
-    int64_t n = a1 - a0, nc = R->nc, b0 = g->brow0 + (a0 - g->row0), r = n < nc ? n : nc;
+ * to the whole product in the all-reduce.
+ *
+ * LoKr and LoHa have low-rank forms of their own, so their block of the
+ * shard is a term too, with no delta formed (docs/lora.md):
+ *   LoHa  (A1 B1) ⊙ (A2 B2) = Σ_pq (A1[:,p] ⊙ A2[:,q]) (B1[p,:] ⊙ B2[q,:]):  rank r1·r2;
+ *   LoKr  kron(U1 V1, U2 V2) = kron(U1, U2) · kron(V1, V2):                 rank R1·R2,
+ * where a LoKr factor given as w_a·w_b is (U, V) = (w_a, w_b) and a full one
+ * is (I, w) or (w, I), whichever is narrower. A block whose structured rank
+ * would cost more than the block itself (a LoKr of two full factors, a diff)
+ * becomes a dense term: the delta on one side and the identity on the other. */
+
+typedef struct factor_uv {
+    float *u, *v;                   /* U [rows, r], V [r, cols] (malloc'd) */
+    int64_t rows, cols, r;
+} factor_uv;
+
+static float *identity(int64_t n) {
+    float *e = xcalloc((size_t)(n * n), sizeof *e);
+    for (int64_t i = 0; i < n; i++) e[i * n + i] = 1;
+    return e;
+}
+
+/* LoKr factor w1 (second 0) or w2 as U·V */
+static int lokr_uv(merge_ctx *M, const lora_segment *g, int second, factor_uv *f) {
+    int kw = second ? LK_W2 : LK_W1, ka = second ? LK_W2A : LK_W1A, kb = second ? LK_W2B : LK_W1B;
+    int64_t m, n, r;
+    const float *a, *b;
+    if (g->x[kw]) {
+        if (!(a = get_factor(M, g, kw))) return -1;
+        m = g->x[kw]->shape[0], n = g->x[kw]->shape[1];
+        float *w = xmalloc((size_t)(m * n) * sizeof *w);
+        memcpy(w, a, (size_t)(m * n) * sizeof *w);
+        if (m <= n) *f = (factor_uv){identity(m), w, m, n, m};
+        else *f = (factor_uv){w, identity(n), m, n, n};
+        return 0;
+    }
+    if (!(a = get_factor(M, g, ka)) || !(b = get_factor(M, g, kb))) return -1;
+    m = g->x[ka]->shape[0], r = g->x[ka]->shape[1], n = g->x[kb]->shape[1];
+    float *u = xmalloc((size_t)(m * r) * sizeof *u), *v = xmalloc((size_t)(r * n) * sizeof *v);
+    memcpy(u, a, (size_t)(m * r) * sizeof *u), memcpy(v, b, (size_t)(r * n) * sizeof *v);
+    *f = (factor_uv){u, v, m, n, r};
+    return 0;
+}
+
+/* The structured term of segment g on module rows [b0, b0+n) and global
+ * columns [c0, c0+nc): *tb [n, R] (times coef) and *ta [R, nc] as host
+ * arrays; 1 when the segment has no structured form worth using (the caller
+ * goes dense), -1 on error. */
+static int structured_term(merge_ctx *M, const lora_segment *g, int64_t b0, int64_t n, int64_t c0, int64_t nc,
+                           float **tb, float **ta, int64_t *rank) {
+    int64_t dense = n * nc + (n < nc ? n * n : nc * nc);
+    if (g->kind == LORA_KIND_LOHA) {
+        const float *a1 = get_factor(M, g, LK_W1A), *b1 = get_factor(M, g, LK_W1B), *a2 = get_factor(M, g, LK_W2A),
+                    *b2 = get_factor(M, g, LK_W2B);
+        if (!a1 || !b1 || !a2 || !b2) return -1;
+        int64_t r1 = g->x[LK_W1A]->shape[1], r2 = g->x[LK_W2A]->shape[1], R = r1 * r2, in = g->cols;
+        if (R * (n + nc) >= dense) return 1;
+        float *B = xmalloc((size_t)(n * R) * sizeof *B), *A = xmalloc((size_t)(R * nc) * sizeof *A);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t p = 0; p < r1; p++)
+                for (int64_t q = 0; q < r2; q++)
+                    B[i * R + p * r2 + q] = (float)(g->coef * (a1[(b0 + i) * r1 + p] * a2[(b0 + i) * r2 + q]));
+        for (int64_t p = 0; p < r1; p++)
+            for (int64_t q = 0; q < r2; q++)
+                for (int64_t j = 0; j < nc; j++) A[(p * r2 + q) * nc + j] = b1[p * in + c0 + j] * b2[q * in + c0 + j];
+        *tb = B, *ta = A, *rank = R;
+        return 0;
+    }
+    if (g->kind != LORA_KIND_LOKR) return 1;
+    factor_uv f1, f2;
+    if (lokr_uv(M, g, 0, &f1)) return -1;
+    if (lokr_uv(M, g, 1, &f2)) { free(f1.u), free(f1.v); return -1; }
+    int64_t R = f1.r * f2.r, b = f2.rows, d = f2.cols;
+    int rc = R * (n + nc) >= dense;
+    if (!rc) {
+        /* B[i, p·R2+q] = U1[i/b, p]·U2[i%b, q], A[p·R2+q, j] = V1[p, j/d]·V2[q, j%d] (global i, j) */
+        float *B = xmalloc((size_t)(n * R) * sizeof *B), *A = xmalloc((size_t)(R * nc) * sizeof *A);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t gi = b0 + i;
+            for (int64_t p = 0; p < f1.r; p++)
+                for (int64_t q = 0; q < f2.r; q++)
+                    B[i * R + p * f2.r + q] = (float)(g->coef * (f1.u[(gi / b) * f1.r + p] * f2.u[(gi % b) * f2.r + q]));
+        }
+        for (int64_t p = 0; p < f1.r; p++)
+            for (int64_t q = 0; q < f2.r; q++)
+                for (int64_t j = 0; j < nc; j++) {
+                    int64_t gj = c0 + j;
+                    A[(p * f2.r + q) * nc + j] = f1.v[p * f1.cols + gj / d] * f2.v[q * d + gj % d];
+                }
+        *tb = B, *ta = A, *rank = R;
+    }
+    free(f1.u), free(f1.v), free(f2.u), free(f2.v);
+    return rc;
+}
+
+/* The dense form: the block's delta [n, nc] on one side, the identity on
+ * the other, rank min(n, nc) */
+static int dense_term(merge_ctx *M, const lora_segment *g, int64_t b0, int64_t n, int64_t c0, int64_t nc,
+                      float **tb, float **ta, int64_t *rank) {
+    int64_t r = n < nc ? n : nc;
+    float *d = xmalloc((size_t)(n * nc) * sizeof *d);
+    if (structured_block(M, g, b0, n, c0, nc, d, 1, NULL)) { free(d); return -1; }
+    for (int64_t i = 0; i < n * nc; i++) d[i] = (float)(g->coef * d[i]);
+    /* y += B (A x): n <= nc: A = delta [n, nc], B = I [n, n]; else A = I [nc, nc], B = delta [n, nc] */
+    *ta = n <= nc ? d : identity(r);
+    *tb = n <= nc ? identity(r) : d;
+    *rank = r;
+    return 0;
+}
+
+/* A LoKr / LoHa / diff block on a quantised weight as a term of the tensor */
+static int attach_structured(merge_ctx *M, const lora_segment *g, const rect *R, int64_t a0, int64_t a1, tensor *t) {
+    int64_t n = a1 - a0, nc = R->nc, b0 = g->brow0 + (a0 - g->row0), r = 0;
     if (structured_prefetch(M, g, b0, n)) return -1;
     if (M->dry) return 0;
-    float *d = xmalloc((size_t)(n * nc) * sizeof *d), *eye = xcalloc((size_t)(r * r), sizeof *eye);
-    int rc = structured_block(M, g, b0, n, R->gcol0, nc, d, 1, NULL);
-    for (int64_t i = 0; i < n * nc; i++) d[i] = (float)(g->coef * d[i]);
-    for (int64_t i = 0; i < r; i++) eye[i * r + i] = 1;
-    int64_t bad = rc ? -1 : first_nonfinite_f32(d, (size_t)(n * nc));
+    float *b = NULL, *a = NULL;
+    int rc = structured_term(M, g, b0, n, R->gcol0, nc, &b, &a, &r);
+    if (rc == 1) rc = dense_term(M, g, b0, n, R->gcol0, nc, &b, &a, &r), M->s->dense_terms++;
+    else if (rc == 0) M->s->structured_terms++;
+    int64_t bad = rc ? -1 : first_nonfinite_f32(b, (size_t)(n * r));
+    if (bad < 0 && !rc) bad = first_nonfinite_f32(a, (size_t)(r * nc));
     if (bad >= 0)
-        rc = tp_error("module %s of %s times its coefficient %g is not finite (element %lld); lower its --lora weight",
-                      g->module, M->s->ad[g->adapter].path, g->coef, (long long)bad);
-    /* y += B (A x): n <= nc: A = delta [n, nc], B = I [n, n]; else A = I [nc, nc], B = delta [n, nc] */
+        rc = tp_error("module %s of %s times its coefficient %g is not finite (element %lld of its term); lower its "
+                      "--lora weight", g->module, M->s->ad[g->adapter].path, g->coef, (long long)bad);
     tensor *ta = rc ? NULL : tensor_new(t->be, DT_F32, r, nc), *tb = rc ? NULL : tensor_new(t->be, DT_F32, n, r);
     if (!rc && (!ta || !tb)) rc = -1;
-    if (!rc) rc = tensor_upload_f32(ta, n <= nc ? d : eye) || tensor_upload_f32(tb, n <= nc ? eye : d) ? -1 : 0;
-    free(d), free(eye);
+    if (!rc) rc = tensor_upload_f32(ta, a) || tensor_upload_f32(tb, b) ? -1 : 0;
+    free(a), free(b);
     if (rc) { tensor_free(ta), tensor_free(tb); return -1; }
     tensor_lowrank_add(t, R->lrow0 + (a0 - R->grow0), n, R->lcol0, nc, ta, tb);
     return 0;
@@ -410,7 +516,7 @@ static int attach_rects(merge_ctx *M, int lo, int hi, const shard_info *si, cons
             int64_t a0, a1, bb, ab, r = g->rank;
             if (!overlap(g, R.grow0, R.nr, &a0, &a1)) continue;
             if (g->kind != LORA_KIND_LORA) {
-                if (attach_dense(M, g, &R, a0, a1, t)) return -1;
+                if (attach_structured(M, g, &R, a0, a1, t)) return -1;
                 continue;
             }
             int64_t b0 = g->brow0 + (a0 - g->row0), n = a1 - a0;
