@@ -285,7 +285,6 @@ int vae_create_random_parts(const vae_config *cfg, backend *be, dtype_t precisio
 
 void vae_free(vae_model *v) {
     if (!v) return;
-    for (int i = 0; i < VAE_POOL_MAX; i++) be_free(v->be, v->pool[i].data);
     for (int i = 0; i < v->n_owned; i++) tensor_free(v->owned[i]);
     free(v->owned);
     weights_free(v->w);

@@ -1,6 +1,7 @@
-/* The patch-parallel decode's ops (vae_internal.h, vae_band): each rank of
- * the band communicator holds one band of rows of every activation, and
- * only three things cross bands:
+/* The banded strategy (vae_internal.h: vae_banded, with the band in
+ * r->band): the ops of a patch-parallel decode or encode. Each rank of the
+ * band communicator holds one band of rows of every activation, and only
+ * four things cross bands:
  *  - a 3x3 convolution needs one row above and one below the band: the
  *    neighbours exchange them first (zeros at the image border, which is
  *    the convolution's zero padding). With upsampling the exchange happens
@@ -21,13 +22,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int64_t band_row0(const vae_band *b, int r) { return b->s * b->b[r]; }
-static int64_t band_nrows(const vae_band *b, int r) { return b->s * (b->b[r + 1] - b->b[r]); }
+/* rows of rank r's band at scale s */
+static int64_t band_row0(const vae_band *b, int r, int64_t s) { return s * b->b[r]; }
+static int64_t band_nrows(const vae_band *b, int r, int64_t s) { return s * (b->b[r + 1] - b->b[r]); }
+/* the scale of an activation of h rows on this rank */
+static int64_t band_scale(const vae_band *b, int64_t h) { return h / (b->b[b->rank + 1] - b->b[b->rank]); }
 
-int vae_band_norm(vae_model *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
+static int band_norm(vae_run *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
     const vae_band *bd = v->band;
     int64_t C = x->rows;
-    int groups = v->cfg.norm_groups, cpg = (int)(C / groups);
+    int groups = v->m->cfg.norm_groups, cpg = (int)(C / groups);
     double *s = xmalloc((size_t)(C + 1) * sizeof(double)), *center = xmalloc((size_t)C * sizeof(double)),
            *mean = xcalloc((size_t)groups, sizeof(double)), *var = xcalloc((size_t)groups, sizeof(double));
     float *ga = xmalloc((size_t)C * sizeof(float)), *bb = xmalloc((size_t)C * sizeof(float));
@@ -51,7 +55,7 @@ int vae_band_norm(vae_model *v, tensor *y, const tensor *x, const tensor *g, con
     if (tensor_download_f32(g, ga) || tensor_download_f32(b, bb)) goto out;
     for (int64_t c = 0; c < C; c++) {   /* op_group_norm's folding: y = x*a + b */
         int k = (int)(c / cpg);
-        float mu = (float)mean[k], rstd = (float)(1.0 / sqrt(var[k] / n + (double)v->cfg.norm_eps));
+        float mu = (float)mean[k], rstd = (float)(1.0 / sqrt(var[k] / n + (double)v->m->cfg.norm_eps));
         float a = rstd * ga[c];
         ga[c] = a;
         bb[c] = bb[c] - mu * a;
@@ -64,7 +68,7 @@ out:
 }
 
 /* dst [C, (s1-s0)*wd] = rows [s0, s1) of V = [above; x rows 0..h-1; below] */
-static int fill_rows(vae_model *v, tensor *dst, const tensor *x, const tensor *above, const tensor *below, int64_t h,
+static int fill_rows(vae_run *v, tensor *dst, const tensor *x, const tensor *above, const tensor *below, int64_t h,
                      int64_t wd, int64_t s0, int64_t s1) {
     int64_t j = 0;
     if (s0 == 0) {
@@ -87,7 +91,7 @@ static int fill_rows(vae_model *v, tensor *dst, const tensor *x, const tensor *a
 
 /* The two halo rows of x [C, h*wd] from the neighbours, in backend tensors
  * [C, wd] (zeros at the image border). */
-static int exchange_halos(vae_model *v, const tensor *x, int64_t h, int64_t wd, tensor *above, tensor *below) {
+static int exchange_halos(vae_run *v, const tensor *x, int64_t h, int64_t wd, tensor *above, tensor *below) {
     int64_t C = x->rows;
     size_t row = (size_t)C * (size_t)wd * dtype_size(v->dt);
     char *buf = xcalloc(4, row);   /* top, bottom, from above, from below */
@@ -105,8 +109,8 @@ static int exchange_halos(vae_model *v, const tensor *x, int64_t h, int64_t wd, 
  * output rows [r0, r1) (in the coordinates of upsample(V), whose rows
  * [S, S*(h+1)) are the band's) each build V rows [sa, sb) covering the
  * upsampled rows [r0-1, r1+1), convolve them, and keep [r0, r1). */
-int vae_band_conv3(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h, int64_t wd,
-                   int up) {
+static int band_conv3(vae_run *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h, int64_t wd,
+                      int up) {
     tensor above, below;
     if (exchange_halos(v, x, h, wd, &above, &below)) return -1;
     int64_t S = up ? 2 : 1, W = S * wd, R0 = S, R1 = S * (h + 1);
@@ -146,8 +150,8 @@ int vae_band_conv3(vae_model *v, tensor *y, const tensor *x, const tensor *w, co
  * (diffusers pads one zero row at the bottom only), so the band needs the
  * first row of the band below. V = [x; below; a zero row] has h + 2 rows
  * (even, as op_conv2d_down wants); its last output row is discarded. */
-int vae_band_conv_down(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
-                       int64_t wd) {
+static int band_conv_down(vae_run *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+                          int64_t wd) {
     tensor above, below, vin, out;
     if (exchange_halos(v, x, h, wd, &above, &below)) return -1;
     if (vae_pool_get(v, x->rows, (h + 2) * wd, &vin)) return -1;
@@ -163,7 +167,9 @@ int vae_band_conv_down(vae_model *v, tensor *y, const tensor *x, const tensor *w
     vae_pool_put(v, &above);
     vae_pool_put(v, &below);
     if (vae_pool_get(v, y->rows, (h / 2 + 1) * (wd / 2), &out)) return -1;
-    vae_conv_down(v, &out, &vin, w, b, h + 2, wd);
+    double t0 = vae_prof_begin(v);
+    op_conv2d_down(v->be, &out, &vin, w, b, h + 2, wd);
+    vae_prof_end(v, VAE_PROF_CONV_DOWN, t0);
     vae_pool_put(v, &vin);
     tensor keep = tensor_cols(&out, 0, (h / 2) * (wd / 2));
     op_copy(v->be, y, &keep);
@@ -174,19 +180,19 @@ int vae_band_conv_down(vae_model *v, tensor *y, const tensor *x, const tensor *w
 
 /* Gather the bands of x [C, rows*W] into full [C, H*W] on every band rank
  * (host staging; the mid activation is small). */
-static int gather_full(vae_model *v, const tensor *x, tensor *full) {
+static int gather_full(vae_run *v, const tensor *x, int64_t s, tensor *full) {
     const vae_band *bd = v->band;
-    int64_t C = x->rows, W = bd->s * bd->wl, H = band_row0(bd, bd->size);
+    int64_t C = x->rows, W = s * bd->wl, H = band_row0(bd, bd->size, s);
     size_t es = dtype_size(v->dt);
     size_t *counts = xmalloc((size_t)bd->size * sizeof(size_t));
-    for (int r = 0; r < bd->size; r++) counts[r] = (size_t)C * (size_t)(band_nrows(bd, r) * W) * es;
+    for (int r = 0; r < bd->size; r++) counts[r] = (size_t)C * (size_t)(band_nrows(bd, r, s) * W) * es;
     char *mine = xmalloc(counts[bd->rank]), *all = xmalloc((size_t)C * (size_t)(H * W) * es),
          *img = xmalloc((size_t)C * (size_t)(H * W) * es);
     int rc = tensor_download_raw(x, mine) || dist_gather_bytes(bd->comm, -1, mine, counts, all) ? -1 : 0;
     if (!rc) {   /* rank-major [r][C][rows_r*W] -> [C][H*W] */
         size_t off = 0;
         for (int r = 0; r < bd->size; r++) {
-            size_t n = (size_t)(band_nrows(bd, r) * W) * es, at = (size_t)(band_row0(bd, r) * W) * es;
+            size_t n = (size_t)(band_nrows(bd, r, s) * W) * es, at = (size_t)(band_row0(bd, r, s) * W) * es;
             for (int64_t c = 0; c < C; c++) memcpy(img + (size_t)c * (size_t)(H * W) * es + at, all + off + (size_t)c * n, n);
             off += (size_t)C * n;
         }
@@ -196,27 +202,26 @@ static int gather_full(vae_model *v, const tensor *x, tensor *full) {
     return rc;
 }
 
-int vae_band_attn(vae_model *v, const vae_attn *a, tensor *x) {
+static int band_attn(vae_run *v, const vae_attn *a, tensor *x, int64_t h, int64_t wd) {
     const vae_band *bd = v->band;
-    int64_t W = bd->s * bd->wl, H = band_row0(bd, bd->size);
+    int64_t s = band_scale(bd, h), W = s * bd->wl, H = band_row0(bd, bd->size, s);
     tensor full;
-    if (gather_full(v, x, &full)) return -1;
-    int rc = vae_attn_rows(v, a, &full, H * W, band_row0(bd, bd->rank) * W, x->cols, x);
+    if (gather_full(v, x, s, &full)) return -1;
+    int rc = vae_attn_rows(v, a, &full, H * W, band_row0(bd, bd->rank, s) * W, x->cols, x);
     vae_pool_put(v, &full);
     return rc;
 }
 
-int vae_band_gather(vae_model *v, const float *band, int64_t channels, float *all) {
-    const vae_band *bd = v->band;
-    int64_t W = bd->s * bd->wl, H = band_row0(bd, bd->size);
+int vae_band_gather(const vae_band *bd, int64_t s, const float *band, int64_t channels, float *all) {
+    int64_t W = s * bd->wl, H = band_row0(bd, bd->size, s);
     size_t *counts = xmalloc((size_t)bd->size * sizeof(size_t));
-    for (int r = 0; r < bd->size; r++) counts[r] = (size_t)channels * (size_t)(band_nrows(bd, r) * W) * sizeof(float);
+    for (int r = 0; r < bd->size; r++) counts[r] = (size_t)channels * (size_t)(band_nrows(bd, r, s) * W) * sizeof(float);
     float *tmp = bd->rank == 0 ? xmalloc((size_t)channels * (size_t)(H * W) * sizeof(float)) : NULL;
     int rc = dist_gather_bytes(bd->comm, 0, band, counts, tmp);
     if (!rc && bd->rank == 0) {
         size_t off = 0;
         for (int r = 0; r < bd->size; r++) {
-            int64_t n = band_nrows(bd, r) * W, at = band_row0(bd, r) * W;
+            int64_t n = band_nrows(bd, r, s) * W, at = band_row0(bd, r, s) * W;
             for (int64_t c = 0; c < channels; c++)
                 memcpy(all + c * H * W + at, tmp + off + (size_t)(c * n), (size_t)n * sizeof(float));
             off += (size_t)(channels * n);
@@ -226,3 +231,5 @@ int vae_band_gather(vae_model *v, const float *band, int64_t channels, float *al
     free(tmp);
     return rc;
 }
+
+const vae_strategy vae_banded = {"row band", band_norm, band_conv3, band_conv_down, band_attn};

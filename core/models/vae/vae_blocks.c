@@ -1,8 +1,8 @@
 /* The parts both VAE halves are built from (vae_internal.h): binding a
- * ResNet or an attention block to its tensors, the activation pool, the
- * banded 3x3 convolution, the ResNet and attention forwards, and the per-op
- * time accounting of `bench vae --profile`. The decoder (vae_decode.c) and
- * the encoder (vae_encode.c) sit on this file; neither calls the other. */
+ * ResNet or an attention block to its tensors, the ResNet forward, the
+ * mid block's attention, and the whole-image strategy (vae_whole: every op
+ * on the whole activation). The decoder (vae_decode.c) and the encoder
+ * (vae_encode.c) sit on this file; neither calls the other. */
 #include "vae_internal.h"
 #include "kernels/err.h"
 #include <math.h>
@@ -56,9 +56,8 @@ int vae_bind_attn(vae_attn *a, const char *prefix, int c, vae_getter get, void *
  * (at 1024² that is a [256, 1024²] buffer): each band of output rows
  * [r0, r1) is computed from upsampled rows [r0-1, r1+1) (clipped: the image
  * border is the zero padding), and only rows [r0, r1) are kept. */
-int vae_conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b,
-                        int64_t h, int64_t wd, int up) {
-    if (v->band) return vae_band_conv3(v, y, x, w, b, h, wd, up);
+static int whole_conv3(vae_run *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+                       int64_t wd, int up) {
     if (!up) {
         vae_conv(v, y, x, w, b, h, wd, 3);
         return 0;
@@ -102,7 +101,7 @@ int vae_conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *w, 
  * normalised in place: the widest ResNet (cin > cout, at the highest
  * resolution of its block) then holds 1 cin-sized + 2 cout-sized buffers
  * instead of 2 + 1. Identity ResNets keep x for the residual. */
-int vae_resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, int64_t w) {
+int vae_resnet_forward(vae_run *v, const vae_resnet *r, tensor *x, int64_t h, int64_t w) {
     int64_t hw = h * w;
     tensor t, a, o, skip;
     if (r->short_w) {
@@ -115,11 +114,11 @@ int vae_resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, 
     }
     if (vae_norm(v, &t, x, r->norm1_w, r->norm1_b, 1)) return -1;
     if (vae_pool_get(v, r->cout, hw, &a)) return -1;
-    if (vae_conv3_banded(v, &a, &t, r->conv1_w, r->conv1_b, h, w, 0)) return -1;
+    if (vae_conv3(v, &a, &t, r->conv1_w, r->conv1_b, h, w, 0)) return -1;
     vae_pool_put(v, &t);   /* x itself when normalised in place */
     if (vae_norm(v, &a, &a, r->norm2_w, r->norm2_b, 1)) return -1;
     if (vae_pool_get(v, r->cout, hw, &o)) return -1;
-    if (vae_conv3_banded(v, &o, &a, r->conv2_w, r->conv2_b, h, w, 0)) return -1;
+    if (vae_conv3(v, &o, &a, r->conv2_w, r->conv2_b, h, w, 0)) return -1;
     vae_pool_put(v, &a);
     double t0 = vae_prof_begin(v);
     op_add(v->be, &o, &o, &skip);
@@ -129,11 +128,58 @@ int vae_resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, 
     return 0;
 }
 
-int vae_attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw) {
-    double t0 = vae_prof_begin(v);
-    int rc = v->band ? vae_band_attn(v, a, x) : vae_attn_rows(v, a, x, hw, 0, hw, x);
-    vae_prof_end(v, VAE_PROF_ATTN, t0);
-    return rc;
+/* ---- the mid block's attention ---- */
+
+/* Single-head attention: queries [q0, q0+nq) of xfull's hw tokens; residual into xout. */
+int vae_attn_rows(vae_run *v, const vae_attn *a, const tensor *xfull, int64_t hw, int64_t q0, int64_t nq,
+                  tensor *xout) {
+    const vae_config *c = &v->m->cfg;
+    tensor t, tok, q, k, val, o, p, back;
+    if (vae_pool_get(v, a->c, hw, &t)) return -1;
+    op_group_norm(v->be, &t, xfull, a->norm_w, a->norm_b, c->norm_groups, c->norm_eps, 0);
+    if (vae_pool_get(v, hw, a->c, &tok)) return -1;
+    op_transpose(v->be, &tok, &t);   /* [C, HW] -> tokens [HW, C], token index y*W + x */
+    vae_pool_put(v, &t);
+    if (vae_pool_get(v, nq, a->c, &q) || vae_pool_get(v, hw, a->c, &k) || vae_pool_get(v, hw, a->c, &val)) return -1;
+    tensor tq = tensor_rows(&tok, q0, nq);
+    op_gemm(v->be, &q, &tq, a->q_w, a->q_b);
+    op_gemm(v->be, &k, &tok, a->k_w, a->k_b);
+    op_gemm(v->be, &val, &tok, a->v_w, a->v_b);
+    vae_pool_put(v, &tok);
+    if (vae_pool_get(v, nq, a->c, &o)) return -1;
+    attn_params ap = {.n_q_heads = 1, .n_kv_heads = 1, .head_dim = a->c, .scale = 1.0f / sqrtf((float)a->c)};
+    op_attention(v->be, &o, &q, &k, &val, &ap);
+    vae_pool_put(v, &q);
+    vae_pool_put(v, &k);
+    vae_pool_put(v, &val);
+    if (vae_pool_get(v, nq, a->c, &p)) return -1;
+    op_gemm(v->be, &p, &o, a->o_w, a->o_b);
+    vae_pool_put(v, &o);
+    if (vae_pool_get(v, a->c, nq, &back)) return -1;
+    op_transpose(v->be, &back, &p);
+    vae_pool_put(v, &p);
+    op_add(v->be, xout, xout, &back);
+    vae_pool_put(v, &back);
+    return 0;
 }
 
-/* x [lc, h*w] -> [3, H*W]; on success *x is the output (in the pool). */
+/* ---- the whole-image strategy ---- */
+
+static int whole_norm(vae_run *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
+    op_group_norm(v->be, y, x, g, b, v->m->cfg.norm_groups, v->m->cfg.norm_eps, silu);
+    return 0;
+}
+
+static int whole_conv_down(vae_run *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+                           int64_t wd) {
+    double t0 = vae_prof_begin(v);
+    op_conv2d_down(v->be, y, x, w, b, h, wd);
+    vae_prof_end(v, VAE_PROF_CONV_DOWN, t0);
+    return 0;
+}
+
+static int whole_attn(vae_run *v, const vae_attn *a, tensor *x, int64_t h, int64_t wd) {
+    return vae_attn_rows(v, a, x, h * wd, 0, h * wd, x);
+}
+
+const vae_strategy vae_whole = {"whole image", whole_norm, whole_conv3, whole_conv_down, whole_attn};

@@ -13,7 +13,6 @@
  * activations (input kept for the residual, normalised copy, two convolution
  * outputs). */
 #include "vae_internal.h"
-#include "core/dist/dist.h"
 #include "kernels/err.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,43 +80,36 @@ int vae_bind_encoder(vae_model *v, vae_getter get, void *ctx) {
 }
 
 /* x [3, H*W] -> the moments [2·lc, (H/8)*(W/8)]; *x is replaced (in the pool) */
-static int encoder_forward(vae_model *v, tensor *x, int64_t *h, int64_t *w) {
-    const vae_config *c = &v->cfg;
-    const vae_encoder *e = &v->enc;
+static int encoder_forward(vae_run *r, tensor *x, int64_t *h, int64_t *w) {
+    const vae_config *c = &r->m->cfg;
+    const vae_encoder *e = &r->m->enc;
     tensor y;
-    if (vae_pool_get(v, e->in_w->rows, *h * *w, &y) || vae_conv3_banded(v, &y, x, e->in_w, e->in_b, *h, *w, 0))
-        return -1;
-    vae_pool_put(v, x);
+    if (vae_pool_get(r, e->in_w->rows, *h * *w, &y) || vae_conv3(r, &y, x, e->in_w, e->in_b, *h, *w, 0)) return -1;
+    vae_pool_put(r, x);
     *x = y;
     for (int i = 0; i < c->enc_n_blocks; i++) {
         const vae_down_block *d = &e->down[i];
         for (int j = 0; j < d->n_res; j++)
-            if (vae_resnet_forward(v, &d->res[j], x, *h, *w)) return -1;
+            if (vae_resnet_forward(r, &d->res[j], x, *h, *w)) return -1;
         if (!d->down_w) continue;
-        if (vae_pool_get(v, d->cout, (*h / 2) * (*w / 2), &y)) return -1;
-        if (v->band) {
-            if (vae_band_conv_down(v, &y, x, d->down_w, d->down_b, *h, *w)) return -1;
-        } else {
-            vae_conv_down(v, &y, x, d->down_w, d->down_b, *h, *w);
-        }
-        vae_pool_put(v, x);
+        if (vae_pool_get(r, d->cout, (*h / 2) * (*w / 2), &y) || vae_conv_down(r, &y, x, d->down_w, d->down_b, *h, *w))
+            return -1;
+        vae_pool_put(r, x);
         *x = y;
         *h /= 2;
         *w /= 2;
-        if (v->band) v->band->s /= 2;
     }
-    if (vae_resnet_forward(v, &e->mid_res[0], x, *h, *w)) return -1;
-    if (e->mid_attn.norm_w && vae_attn_forward(v, &e->mid_attn, x, *h * *w)) return -1;
-    if (vae_resnet_forward(v, &e->mid_res[1], x, *h, *w)) return -1;
-    if (vae_norm(v, x, x, e->out_norm_w, e->out_norm_b, 1)) return -1;
-    if (vae_pool_get(v, e->out_w->rows, *h * *w, &y) || vae_conv3_banded(v, &y, x, e->out_w, e->out_b, *h, *w, 0))
-        return -1;
-    vae_pool_put(v, x);
+    if (vae_resnet_forward(r, &e->mid_res[0], x, *h, *w)) return -1;
+    if (e->mid_attn.norm_w && vae_attn_forward(r, &e->mid_attn, x, *h, *w)) return -1;
+    if (vae_resnet_forward(r, &e->mid_res[1], x, *h, *w)) return -1;
+    if (vae_norm(r, x, x, e->out_norm_w, e->out_norm_b, 1)) return -1;
+    if (vae_pool_get(r, e->out_w->rows, *h * *w, &y) || vae_conv3(r, &y, x, e->out_w, e->out_b, *h, *w, 0)) return -1;
+    vae_pool_put(r, x);
     *x = y;
     if (e->qc_w) {
-        if (vae_pool_get(v, e->qc_w->rows, *h * *w, &y)) return -1;
-        vae_conv(v, &y, x, e->qc_w, e->qc_b, *h, *w, 1);
-        vae_pool_put(v, x);
+        if (vae_pool_get(r, e->qc_w->rows, *h * *w, &y)) return -1;
+        vae_conv(r, &y, x, e->qc_w, e->qc_b, *h, *w, 1);
+        vae_pool_put(r, x);
         *x = y;
     }
     return 0;
@@ -152,78 +144,23 @@ static int check_encode_args(const vae_model *v, int H, int W) {
     return 0;
 }
 
-int vae_encode_image(vae_model *v, const float *pixels, int H, int W, float *mode, float *latents, float *packed) {
-    const vae_config *c = &v->cfg;
-    if (check_encode_args(v, H, W)) return -1;
-    int64_t h = H, w = W;
-    int lc = c->latent_channels;
-    tensor x;
-    int rc = vae_pool_get(v, 3, h * w, &x);
-    if (!rc) rc = tensor_upload_f32(&x, pixels);
-    if (!rc) rc = encoder_forward(v, &x, &h, &w);
-    float *z = NULL;
-    if (!rc) {
-        z = xmalloc((size_t)lc * (size_t)(h * w) * sizeof(float));
-        tensor mean = tensor_rows(&x, 0, lc);   /* the first lc channels: latent_dist.mode() */
-        rc = tensor_download_f32(&mean, z);
-    }
-    vae_pool_release(v);
-    if (rc) {
-        free(z);
-        return tp_error_context("VAE encoder");
-    }
-    encode_tail(v, z, h, w, mode, latents, packed);
-    free(z);
-    return 0;
-}
-
 int vae_encode_image_group(vae_model *v, MPI_Comm group, const float *pixels, int H, int W, float *mode,
                            float *latents, float *packed) {
-    int size, rank;
-    MPI_Comm_size(group, &size);
-    MPI_Comm_rank(group, &rank);
-    if (size == 1) return vae_encode_image(v, pixels, H, W, mode, latents, packed);
-    if (dist_agree(group, check_encode_args(v, H, W))) return -1;
-    /* bands of latent-mode rows (8 pixel rows each: every band halves evenly at each downsampler) */
+    int rank = 0;
+    if (group != MPI_COMM_NULL) MPI_Comm_rank(group, &rank);
+    if (vae_agree(group, check_encode_args(v, H, W))) return -1;
+    /* bands of latent-mode rows (s pixel rows each: every band halves evenly at each downsampler); the
+     * moments' first lc channels are latent_dist.mode() */
     int s = 1 << (v->cfg.enc_n_blocks - 1), hm = H / s, wm = W / s, lc = v->cfg.latent_channels;
-    int n = size < hm ? size : hm, active = rank < n;
-    MPI_Comm bc;
-    MPI_Comm_split(group, active ? 0 : MPI_UNDEFINED, rank, &bc);
-    int rc = 0;
-    float *z = NULL;
-    if (active) {
-        vae_band bd = {.comm = bc, .rank = rank, .size = n, .wl = wm, .s = s};
-        bd.b = xmalloc((size_t)(n + 1) * sizeof(int64_t));
-        for (int r = 0; r <= n; r++) bd.b[r] = (int64_t)r * (hm / n) + (r < hm % n ? r : hm % n);
-        int64_t a = s * bd.b[rank], rows = s * bd.b[rank + 1] - a, h = rows, w = W;
-        tensor x;
-        v->band = &bd;
-        rc = vae_pool_get(v, 3, rows * W, &x);
-        for (int ch = 0; ch < 3 && !rc; ch++) {
-            tensor dst = tensor_rows(&x, ch, 1);
-            rc = tensor_upload_f32(&dst, pixels + ((size_t)ch * (size_t)H + (size_t)a) * (size_t)W);
-        }
-        /* the band's input is the prepare step, agreed before the first halo exchange */
-        rc = dist_lockstep_begin(bc, rc);
-        if (!rc) {
-            rc = encoder_forward(v, &x, &h, &w);
-            dist_lockstep_end();
-        }
-        float *mine = NULL;
-        if (!rc) {
-            mine = xmalloc((size_t)lc * (size_t)(h * w) * sizeof(float));
-            tensor mean = tensor_rows(&x, 0, lc);
-            rc = tensor_download_f32(&mean, mine);
-        }
-        vae_pool_release(v);
-        if (rank == 0) z = xmalloc((size_t)lc * (size_t)hm * (size_t)wm * sizeof(float));
-        if (!rc) rc = vae_band_gather(v, mine, lc, z);
-        v->band = NULL;
-        free(mine);
-        free(bd.b);
-        MPI_Comm_free(&bc);
-    }
+    float *z = rank == 0 ? xmalloc((size_t)lc * (size_t)hm * (size_t)wm * sizeof(float)) : NULL;
+    vae_pass p = {.in = pixels, .in_ch = 3, .units = hm, .wl = wm, .s_in = s, .in_cols = W, .out_ch = lc,
+                  .forward = encoder_forward, .what = "VAE encoder"};
+    int rc = vae_group_pass(v, group, &p, z);
     if (!rc && rank == 0) encode_tail(v, z, hm, wm, mode, latents, packed);
     free(z);
-    return dist_agree(group, rc ? tp_error_context("VAE encoder") : 0);
+    return rc;
+}
+
+int vae_encode_image(vae_model *v, const float *pixels, int H, int W, float *mode, float *latents, float *packed) {
+    return vae_encode_image_group(v, MPI_COMM_NULL, pixels, H, W, mode, latents, packed);
 }

@@ -46,7 +46,7 @@ typedef struct vae_encoder {
     const tensor *qc_w, *qc_b;         /* quant_conv (2·lc -> 2·lc), NULL when unused */
 } vae_encoder;
 
-/* One reusable activation buffer of the decode pool. */
+/* One reusable activation buffer of a run's pool. */
 typedef struct vae_buf {
     void *data;
     size_t cap;
@@ -54,18 +54,6 @@ typedef struct vae_buf {
 } vae_buf;
 
 #define VAE_POOL_MAX 16
-
-/* The row band this rank decodes in a patch-parallel decode (vae_band.c):
- * rank r of comm holds latent rows [b[r], b[r+1]) (at least one each);
- * every activation is that band at the current scale s (1, 2, 4, 8: it
- * doubles at each upsampler), so rank r holds rows [s*b[r], s*b[r+1]) of
- * an s*b[size] x s*wl image. */
-typedef struct vae_band {
-    MPI_Comm comm;
-    int rank, size;
-    int64_t *b;                        /* [size + 1] latent row boundaries */
-    int64_t wl, s;
-} vae_band;
 
 struct vae_model {
     vae_config cfg;
@@ -82,38 +70,95 @@ struct vae_model {
     vae_attn mid_attn;                 /* norm_w NULL when the config has no mid attention */
     vae_up_block up[VAE_MAX_BLOCKS];
     const tensor *out_norm_w, *out_norm_b, *out_w, *out_b;
-    size_t band_bytes;
-    vae_buf pool[VAE_POOL_MAX];
+    size_t band_bytes;                 /* settings each run copies: the band budget of a convolution, */
+    double *prof;                      /* NULL, or seconds per VAE_PROF_* slot (vae_set_profile) */
     int parts;                         /* VAE_DECODER | VAE_ENCODER: what was bound */
     vae_encoder enc;
-    double *prof;                      /* NULL, or seconds per VAE_PROF_* slot (vae_set_profile) */
-    vae_band *band;                    /* NULL, or the band of a patch-parallel decode in progress */
 };
 
+/* ---- the execution plan of one decode or encode ----
+ * The model holds weights and settings only and is not changed by a run. A
+ * run (vae_run) holds what a pass needs besides: its activation pool and its
+ * strategy, the four ops that differ between computing the whole image
+ * (vae_whole, vae_blocks.c) and one row band of it on a rank of a group
+ * (vae_banded, vae_band.c, with the band in r->band). The forwards
+ * (vae_decode.c, vae_encode.c) and the blocks call the ops through the
+ * strategy and never ask which one it is; the group driver (vae_group.c)
+ * picks it. */
+
+/* The row band of one rank in a patch-parallel pass: rank r of comm holds
+ * rows [b[r], b[r+1]) of the pass's unit grid (latent rows for a decode,
+ * latent-mode rows for an encode; at least one each) of width wl. An
+ * activation of h rows holds the band at scale s = h / (its unit rows): rank
+ * r holds rows [s*b[r], s*b[r+1]) of an s*b[size] x s*wl image. */
+typedef struct vae_band {
+    MPI_Comm comm;
+    int rank, size;
+    int64_t *b;                        /* [size + 1] unit row boundaries */
+    int64_t wl;
+} vae_band;
+
+typedef struct vae_run vae_run;
+typedef struct vae_strategy {
+    const char *name;
+    /* GroupNorm (+ SiLU) of x [C, pixels] */
+    int (*norm)(vae_run *r, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu);
+    /* 3x3 convolution of x [Cin, h*wd], nearest 2x upsampling first when up */
+    int (*conv3)(vae_run *r, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h, int64_t wd,
+                 int up);
+    /* the encoder's stride-2 convolution (padded at the bottom and right) */
+    int (*conv_down)(vae_run *r, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h, int64_t wd);
+    /* the mid block's single-head attention over all h*wd pixels, residual added into x */
+    int (*attn)(vae_run *r, const vae_attn *a, tensor *x, int64_t h, int64_t wd);
+} vae_strategy;
+
+extern const vae_strategy vae_whole, vae_banded;
+
+struct vae_run {
+    const vae_model *m;
+    backend *be;
+    dtype_t dt;
+    const vae_strategy *st;
+    const vae_band *band;              /* vae_banded's band; NULL for vae_whole */
+    vae_buf pool[VAE_POOL_MAX];
+    size_t band_bytes;
+    double *prof;
+};
+
+/* A run of model m with strategy st (band for vae_banded); vae_run_end frees its pool. */
+void vae_run_begin(vae_run *r, const vae_model *m, const vae_strategy *st, const vae_band *band);
+void vae_run_end(vae_run *r);
+
 /* Per-op time accounting for `tpgen bench vae --profile`: each wrapper
- * syncs the backend around its op when v->prof is set (costing a little on
+ * syncs the backend around its op when r->prof is set (costing a little on
  * CUDA, nothing on the CPU) and adds the seconds to its slot. */
-double vae_prof_begin(const vae_model *v);
-void vae_prof_end(const vae_model *v, int slot, double t0);
-static inline void vae_conv(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+double vae_prof_begin(const vae_run *r);
+void vae_prof_end(const vae_run *r, int slot, double t0);
+static inline void vae_conv(vae_run *r, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
                             int64_t wd, int k) {
-    double t0 = vae_prof_begin(v);
-    op_conv2d(v->be, y, x, w, b, h, wd, k);
-    vae_prof_end(v, k == 1 ? VAE_PROF_CONV1 : VAE_PROF_CONV3, t0);
+    double t0 = vae_prof_begin(r);
+    op_conv2d(r->be, y, x, w, b, h, wd, k);
+    vae_prof_end(r, k == 1 ? VAE_PROF_CONV1 : VAE_PROF_CONV3, t0);
 }
-static inline void vae_conv_down(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
-                                 int64_t wd) {
-    double t0 = vae_prof_begin(v);
-    op_conv2d_down(v->be, y, x, w, b, h, wd);
-    vae_prof_end(v, VAE_PROF_CONV_DOWN, t0);
+/* the strategy's ops, timed */
+static inline int vae_norm(vae_run *r, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
+    double t0 = vae_prof_begin(r);
+    int rc = r->st->norm(r, y, x, g, b, silu);
+    vae_prof_end(r, VAE_PROF_NORM, t0);
+    return rc;
 }
-int vae_band_norm(vae_model *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu);
-static inline int vae_norm(vae_model *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
-    double t0 = vae_prof_begin(v);
-    int rc = 0;
-    if (v->band) rc = vae_band_norm(v, y, x, g, b, silu);
-    else op_group_norm(v->be, y, x, g, b, v->cfg.norm_groups, v->cfg.norm_eps, silu);
-    vae_prof_end(v, VAE_PROF_NORM, t0);
+static inline int vae_conv3(vae_run *r, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+                            int64_t wd, int up) {
+    return r->st->conv3(r, y, x, w, b, h, wd, up);
+}
+static inline int vae_conv_down(vae_run *r, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
+                                int64_t wd) {
+    return r->st->conv_down(r, y, x, w, b, h, wd);
+}
+static inline int vae_attn_forward(vae_run *r, const vae_attn *a, tensor *x, int64_t h, int64_t wd) {
+    double t0 = vae_prof_begin(r);
+    int rc = r->st->attn(r, a, x, h, wd);
+    vae_prof_end(r, VAE_PROF_ATTN, t0);
     return rc;
 }
 
@@ -139,40 +184,52 @@ int vae_bind(vae_model *v, vae_getter get, void *ctx);
  * (encoder.*, quant_conv.*; v->cfg set). */
 int vae_bind_encoder(vae_model *v, vae_getter get, void *ctx);
 
-/* vae_blocks.c: what the encoder shares with the decoder. Binding a ResNet
+/* vae_blocks.c: what the encoder shares with the decoder: binding a ResNet
  * (norm1, conv1, norm2, conv2, conv_shortcut when the width changes) or an
- * attention block under `prefix`; the activation pool; the 3x3
- * convolution, in bands of output rows when up (nearest 2x upsampling
- * first) or when the output is large; the ResNet and attention forwards. */
+ * attention block under `prefix`; the ResNet forward; the attention of a
+ * range of query rows; the whole-image strategy. */
 int vae_bind_resnet(vae_resnet *r, const char *prefix, int cin, int cout, vae_getter get, void *ctx);
 int vae_bind_attn(vae_attn *a, const char *prefix, int c, vae_getter get, void *ctx);
-int vae_conv3_banded(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h, int64_t wd,
-                     int up);
-int vae_pool_get(vae_model *v, int64_t rows, int64_t cols, tensor *out);
-void vae_pool_trim(vae_model *v);
-int64_t vae_band_rows(const vae_model *v, int64_t cin, int64_t cout, int64_t H, int64_t W);
-void vae_pool_put(vae_model *v, const tensor *t);
-void vae_pool_release(vae_model *v);
-int vae_resnet_forward(vae_model *v, const vae_resnet *r, tensor *x, int64_t h, int64_t w);
-int vae_attn_forward(vae_model *v, const vae_attn *a, tensor *x, int64_t hw);
+int vae_resnet_forward(vae_run *r, const vae_resnet *res, tensor *x, int64_t h, int64_t w);
 /* Attention of the query tokens [q0, q0 + nq) of xfull [C, hw] over all hw
  * tokens, its residual added into xout [C, nq] (xout == xfull, q0 = 0,
- * nq = hw: vae_attn_forward). */
-int vae_attn_rows(vae_model *v, const vae_attn *a, const tensor *xfull, int64_t hw, int64_t q0, int64_t nq,
+ * nq = hw: the whole image). */
+int vae_attn_rows(vae_run *r, const vae_attn *a, const tensor *xfull, int64_t hw, int64_t q0, int64_t nq,
                   tensor *xout);
 
-/* vae_band.c: the patch-parallel halves of the decoder's ops (v->band set).
- * A 3x3 convolution (upsampling first when up) of the band x [C, h*wd] with
- * one halo row from each neighbour; the mid attention with the whole mid
- * activation gathered; the band image gathered on rank 0 of the band comm. */
-int vae_band_conv3(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h, int64_t wd,
-                   int up);
-int vae_band_attn(vae_model *v, const vae_attn *a, tensor *x);
-/* The encoder's stride-2 convolution of the band x [C, h*wd] (h even): the
- * first row of the band below is its bottom halo (zeros on the last band). */
-int vae_band_conv_down(vae_model *v, tensor *y, const tensor *x, const tensor *w, const tensor *b, int64_t h,
-                       int64_t wd);
-int vae_band_gather(vae_model *v, const float *band, int64_t channels, float *all);
+/* vae_pool.c: the run's activation pool, the per-op timers, and the band
+ * height of a convolution that goes in bands of output rows. */
+int vae_pool_get(vae_run *r, int64_t rows, int64_t cols, tensor *out);
+void vae_pool_put(vae_run *r, const tensor *t);
+void vae_pool_trim(vae_run *r);
+int64_t vae_band_rows(const vae_run *r, int64_t cin, int64_t cout, int64_t H, int64_t W);
+
+/* vae_group.c: one pass (a decode or an encode) over a group of ranks
+ * (MPI_COMM_NULL or a group of one: the whole image on this rank). The
+ * input in [in_ch, units*s_in, in_cols] (host, on every rank) is split into
+ * row bands of the unit grid [units, wl] (one band per rank, at least one
+ * unit row each; with fewer unit rows than ranks the last ranks sit out),
+ * each band runs `forward` with the banded strategy (a group of one: the
+ * whole image), and the first out_ch channels of the outputs are gathered
+ * into out [out_ch, units*s, wl*s] on rank 0 of the group (unused
+ * elsewhere), s the forward's output scale. Errors are agreed over the
+ * group. */
+typedef int (*vae_forward_fn)(vae_run *r, tensor *x, int64_t *h, int64_t *w);
+typedef struct vae_pass {
+    const float *in;
+    int in_ch;
+    int64_t units, wl, s_in, in_cols;
+    int out_ch;
+    vae_forward_fn forward;
+    const char *what;                  /* "VAE decode", "VAE encoder" (messages) */
+} vae_pass;
+int vae_group_pass(const vae_model *m, MPI_Comm group, const vae_pass *p, float *out);
+/* dist_agree over the group; MPI_COMM_NULL (one rank, no MPI needed): rc itself */
+int vae_agree(MPI_Comm group, int rc);
+
+/* vae_band.c: the band gather of the banded strategy (the output of a pass
+ * at scale s into all [channels, s*units, s*wl] on rank 0 of the band comm). */
+int vae_band_gather(const vae_band *bd, int64_t s, const float *band, int64_t channels, float *all);
 
 /* Shape of the BatchNorm statistics: 4·lc values (the 2x2 patch channels). */
 static inline int vae_bn_channels(const vae_config *c) { return 4 * c->latent_channels; }
