@@ -85,7 +85,7 @@ static void free_chunk_embeds(run_state *r, int first, int last) {
 
 /* ---- one job ---- */
 
-static int on_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
+static int on_step(int step, int steps, double seconds, const float *v, const float *x, float sigma, void *ctx) {
     run_state *r = ctx;
     gen_progress(r->g, r->job_pos, step, steps, seconds);
     return 0;

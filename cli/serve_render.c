@@ -92,7 +92,7 @@ static void message_without(const char *dir, char *out, size_t n) {
  * first rank decides whether the job goes on (serve_ranks_cancel_wanted;
  * world rank 0 also feeds the other groups there) and the group follows,
  * so that all its ranks stop at the same step. */
-static int on_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
+static int on_step(int step, int steps, double seconds, const float *v, const float *x, float sigma, void *ctx) {
     (void)seconds, (void)v, (void)x;
     serve_ctx *sc = ctx;
     int why = serve_ranks_cancel_wanted(sc->ranks, sc->job);
