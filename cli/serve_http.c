@@ -5,6 +5,7 @@
 #include "serve_http.h"
 #include "serve_conn.h"
 #include "serve_form.h"
+#include "serve_stream.h"
 #include "kernels/err.h"
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -96,22 +97,41 @@ static uint64_t random_seed(void) {
     return x & ((1ull << 48) - 1);
 }
 
+/* The answer of a streamed request, sent at once: 200 and server-sent
+ * events as the render pushes them (serve_stream.h); errors from here on
+ * are an error event. */
+static enum MHD_Result start_stream(struct MHD_Connection *c, serve_job *j) {
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, serve_stream_read,
+                                                               j->stream, NULL);
+    if (!r) return MHD_NO;   /* MHD closes the connection: the job is then gone */
+    serve_stream_attach(j->stream, c);
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");   /* a proxy in front must not hold the events back */
+    enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
 /* Queue a parsed request; its connection is suspended until the job is
- * finished, then answer() sends the result. */
-static enum MHD_Result submit(serve_http *h, struct MHD_Connection *c, req_ctx *rc, serve_job *j) {
+ * finished, then answer() sends the result (a stream answers at once). */
+static enum MHD_Result submit(serve_http *h, struct MHD_Connection *c, req_ctx *rc, serve_job *j, int edit) {
     const serve_http_config *cfg = h->cfg;
     serve_error e;
     if (!j->req.has_seed) {   /* a request without a seed gets a fresh one, recorded in the PNG */
         j->req.seed = random_seed();
         j->req.has_seed = 1;
     }
-    if (serve_conn_submit(&h->conns, rc->cn, c, j, &e)) {
-        serve_request_free(&j->req);
-        free(j);
+    if (j->req.stream && !(j->stream = serve_stream_new(edit))) {
+        serve_job_free(j);
+        return send_body(c, cfg->metrics, 500, "application/json", NULL);
+    }
+    if (serve_conn_submit(&h->conns, rc->cn, c, j, !j->stream, &e)) {
+        serve_job_free(j);
         return send_error(c, cfg->metrics, &e);
     }
     rc->job = j;
-    return MHD_YES;
+    return j->stream ? start_stream(c, j) : MHD_YES;
 }
 
 static enum MHD_Result answer(serve_http *h, struct MHD_Connection *c, req_ctx *rc) {
@@ -124,9 +144,7 @@ static enum MHD_Result answer(serve_http *h, struct MHD_Connection *c, req_ctx *
                        serve_images_json((long)time(NULL), (const uint8_t *const *)j->pngs, j->png_sizes, j->n_pngs));
     else
         ok = send_error(c, cfg->metrics, &j->err);
-    serve_job_free_result(j);
-    serve_request_free(&j->req);
-    free(j);
+    serve_job_free(j);
     return ok;
 }
 
@@ -139,7 +157,7 @@ static enum MHD_Result generations(serve_http *h, struct MHD_Connection *c, req_
         free(j);
         return send_error(c, cfg->metrics, &e);
     }
-    return submit(h, c, rc, j);
+    return submit(h, c, rc, j, 0);
 }
 
 static enum MHD_Result edits(serve_http *h, struct MHD_Connection *c, req_ctx *rc) {
@@ -151,7 +169,7 @@ static enum MHD_Result edits(serve_http *h, struct MHD_Connection *c, req_ctx *r
         free(j);
         return send_error(c, cfg->metrics, &e);
     }
-    return submit(h, c, rc, j);
+    return submit(h, c, rc, j, 1);
 }
 
 /* The first call of a request: its headers are in, no body byte read yet.
@@ -199,6 +217,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *upload_size = 0;
         return MHD_YES;
     }
+    if (rc->job && rc->job->stream) return MHD_YES;   /* streaming: the reader sends */
     if (rc->job) {   /* resumed: the job is finished (never called while suspended, but be sure) */
         if (!rc->job->done) return MHD_YES;
         return answer(h, c, rc);
@@ -280,14 +299,18 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
     req_ctx *rc = *state;
     if (rc) {
         serve_conn_request_done(&h->conns, rc->cn);
-        /* never answered: the client had gone when MHD resumed the
-         * connection, or the daemon stops with the job still out there
-         * (then its on_done frees it) */
-        if (rc->job && !serve_conn_orphan(&h->conns, rc->cn, rc->job)) {
+        if (rc->job && rc->job->stream) {   /* a stream that ended, or was cut */
+            serve_job *j = rc->job;
+            serve_stream_detach(j->stream);   /* no push resumes this connection any more */
+            int done = j->done;
+            if (!done) j->gone = 1;   /* cut mid-render: stopped at its next step */
+            if (h->cfg->metrics) serve_metrics_count(h->cfg->metrics, serve_outcome_of(done ? j->status : 499));
+            serve_job_unref(j);   /* its on_done holds it until it has run */
+        } else if (rc->job && !serve_conn_orphan(&h->conns, rc->cn, rc->job)) {
+            /* never answered: the client had gone when MHD resumed the connection, or the daemon stops
+             * with the job still out there (then its on_done frees it) */
             if (h->cfg->metrics) serve_metrics_count(h->cfg->metrics, serve_outcome_of(rc->job->status));
-            serve_job_free_result(rc->job);
-            serve_request_free(&rc->job->req);
-            free(rc->job);
+            serve_job_free(rc->job);
         }
         __atomic_sub_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
         serve_form_free(rc->form);

@@ -1,5 +1,6 @@
 /* The serve job queue and counters (serve_queue.h). */
 #include "serve_queue.h"
+#include "serve_stream.h"
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -73,6 +74,18 @@ void serve_job_free_result(serve_job *j) {
     j->pngs = NULL;
     j->png_sizes = NULL;
     j->n_pngs = 0;
+}
+
+void serve_job_free(serve_job *j) {
+    if (!j) return;
+    serve_job_free_result(j);
+    serve_request_free(&j->req);
+    serve_stream_free(j->stream);
+    free(j);
+}
+
+void serve_job_unref(serve_job *j) {
+    if (j && __atomic_sub_fetch(&j->refs, 1, __ATOMIC_ACQ_REL) == 0) serve_job_free(j);
 }
 
 int serve_queue_init(serve_queue *q, int cap) {
