@@ -161,10 +161,11 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
                           : s->n_seeds ? "--seed" : s->output ? "--output" : s->save_latents ? "--save-latents"
                           : s->json_metrics ? "--json-metrics" : s->skip_existing ? "--skip-existing"
                           : s->no_decode ? "--no-decode" : s->n_images ? "--image"
-                          : s->initial_latents ? "--initial-latents" : NULL;
+                          : s->initial_latents ? "--initial-latents" : s->preview_every ? "--preview-every"
+                          : s->preview ? "--preview" : NULL;
     if (job_opt)
-        return tp_error("serve: %s is an option of generate; a server takes prompts, seeds and images from its requests "
-                        "(see tpgen serve --help)", job_opt);
+        return tp_error("serve: %s is an option of generate; a server takes prompts, seeds and images from its requests, "
+                        "and streams previews with \"stream\": true, \"partial_images\": N (see tpgen serve --help)", job_opt);
     if (!s->model) return tp_error("serve: --model DIR is required (a FLUX.2 pipeline folder, diffusers layout)");
     return 0;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 150 s; checks: 34
+# budget: 150 s; checks: 35
 # Streamed answers of `tpgen serve` (server-sent events, docs/serve.md) on a
 # make-tiny model at tp 2, through the official openai client: 0, 1 and 3
 # partial images and n = 2 (order, indices, sizes, completed image
@@ -27,6 +27,14 @@ if start_server "$TMP/s1.log" "$TPGEN"; then
     ok "serve: ready on port $PORT (tp 2)"
     mkdir -p "$TMP/p"
     "$PY" "$CLIENT" generate "$PORT" 4 "$TMP/p" 2>&1 | grep -E '^(ok|FAIL) - ' || fail "stream client: no result"
+    # the partials (after steps 1, 2, 3 of 4) are generate --preview-every 1's previews, byte for byte
+    mkdir -p "$TMP/c"
+    $MPIRUN -np 2 $TPGEN --model "$M" --prompt "a fox" --width 64 --height 64 --seed 7 --steps 4 --preview-every 1 \
+        --preview "$TMP/c/{step}.png" --output "$TMP/c/img.png" >/dev/null 2>&1 || fail "generate --preview-every 1"
+    cmp -s "$TMP/p/partial-3-0.png" "$TMP/c/1.png" && cmp -s "$TMP/p/partial-3-1.png" "$TMP/c/2.png" &&
+        cmp -s "$TMP/p/partial-3-2.png" "$TMP/c/3.png" && ! cmp -s "$TMP/c/2.png" "$TMP/c/3.png" &&
+        ok "the 3 partials are byte-identical to generate --preview-every 1's previews after steps 1, 2, 3" ||
+        fail "the partials differ from generate's previews"
     # the wire: text/event-stream, event and data lines
     curl -sN -D "$TMP/h.txt" -o "$TMP/sse.txt" "http://127.0.0.1:$PORT/v1/images/generations" \
         -d '{"prompt": "a fox", "size": "64x64", "seed": 7, "steps": 4, "stream": true, "partial_images": 1}'
