@@ -6,6 +6,7 @@
 #include "serve_conn.h"
 #include "serve_form.h"
 #include "serve_stream.h"
+#include "serve_ui.h"
 #include "kernels/err.h"
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -72,6 +73,21 @@ static enum MHD_Result send_body(struct MHD_Connection *c, serve_metrics *m, int
 
 static enum MHD_Result send_error(struct MHD_Connection *c, serve_metrics *m, const serve_error *e) {
     return send_body(c, m, e->status, "application/json", serve_error_json(e));
+}
+
+/* A file of the page (GET / and /ui/...), or NULL; not counted as a request. */
+static const serve_ui_asset *ui_file(const serve_http *h, const char *url, const char *method) {
+    return h->cfg->no_ui || strcmp(method, "GET") ? NULL : serve_ui_find(url);
+}
+
+static enum MHD_Result send_ui(struct MHD_Connection *c, const serve_ui_asset *a) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(a->size, (void *)a->data, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", a->type);
+    for (int i = 0; serve_ui_headers[i]; i += 2) MHD_add_response_header(r, serve_ui_headers[i], serve_ui_headers[i + 1]);
+    enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ok;
 }
 
 /* "Authorization: Bearer TOKEN", the scheme in any case (RFC 7235). */
@@ -184,7 +200,8 @@ static enum MHD_Result first_call(serve_http *h, struct MHD_Connection *c, const
     /* the key before any body byte is read: a stranger's upload is
      * answered at once and never buffered (MHD then closes the
      * connection, discarding the rest of the body) */
-    if (strcmp(url, "/health") && !authorized(h, c)) {
+    /* the page loads without the key (it holds no data, and calls nothing without one) */
+    if (strcmp(url, "/health") && !ui_file(h, url, method) && !authorized(h, c)) {
         rc->answered = 1;
         serve_error_set(&e, 401, "invalid_request_error", NULL,
                         "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
@@ -281,6 +298,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         }
         return edits(h, c, rc);
     }
+    const serve_ui_asset *page = ui_file(h, url, method);
+    if (page) return send_ui(c, page);
     int known = !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || gen || edit;
     if (known) {
         serve_error_set(&e, 405, "invalid_request_error", NULL, "%s is not allowed on %s", method, url);
@@ -288,8 +307,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     serve_error_set(&e, 404, "invalid_request_error", NULL,
                     "no such endpoint %.200s; this server has POST /v1/images/generations, POST /v1/images/edits, GET /v1/models, GET /health, "
-                    "GET /metrics",
-                    url);
+                    "GET /metrics%s",
+                    url, h->cfg->no_ui ? "" : ", GET / (the page)");
     return send_error(c, cfg->metrics, &e);
 }
 

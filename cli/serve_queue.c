@@ -1,6 +1,7 @@
 /* The serve job queue and counters (serve_queue.h). */
 #include "serve_queue.h"
 #include "serve_stream.h"
+#include <stdatomic.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -85,7 +86,7 @@ void serve_job_free(serve_job *j) {
 }
 
 void serve_job_unref(serve_job *j) {
-    if (j && __atomic_sub_fetch(&j->refs, 1, __ATOMIC_ACQ_REL) == 0) serve_job_free(j);
+    if (j && atomic_fetch_sub_explicit(&j->refs, 1, memory_order_acq_rel) == 1) serve_job_free(j);
 }
 
 int serve_queue_init(serve_queue *q, int cap) {
