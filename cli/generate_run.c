@@ -25,6 +25,7 @@ typedef struct run_state {
     int job, width, height;      /* the current job, for its previews */
     uint8_t *preview_rgb;        /* --preview-every: the decoded preview (group's first rank) */
     char *preview_err;           /* why a preview stopped the job (the loop then reports only "stopped") */
+    int preview_err_rank;        /* its agreed rank */
 } run_state;
 
 static int agree_tp(run_state *r, int rc) { return dist_agree(r->g->d->tp_comm, rc); }
@@ -125,7 +126,8 @@ static int on_step(int step, int steps, double seconds, const float *v, const fl
     gen_progress(r->g, r->job_pos, step, steps, seconds);
     int k = r->g->spec->preview_every;
     if (!k || (step + 1) % k || !write_preview(r, step + 1, v, x, sigma)) return 0;
-    r->preview_err = xasprintf("the preview after step %d: %s", step + 1, tp_error_msg());
+    r->preview_err = xasprintf("the preview after step %d: %s", step + 1, tp_error_body());
+    r->preview_err_rank = tp_error_rank();
     return 1;
 }
 
@@ -210,7 +212,10 @@ static int run_job(run_state *r, int job) {
     int rc = tp_pipe_render(r->pipe, &j, latents);
     free(r->preview_rgb);
     r->preview_rgb = NULL;
-    if (rc && r->preview_err) tp_error("%s", r->preview_err);   /* the cause, not "denoising stopped" */
+    if (rc && r->preview_err) {   /* the cause, not "denoising stopped", with its one rank prefix */
+        tp_error("%s", r->preview_err);
+        if (r->preview_err_rank >= 0) tp_error_set_rank(r->preview_err_rank);
+    }
     free(r->preview_err);
     r->preview_err = NULL;
     if (!rc) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 40 s; checks: 12
+# budget: 40 s; checks: 13
 # `tpgen generate --preview-every K --preview PATTERN` (and the run-spec keys)
 # on a make-tiny model at tp 2: the number of preview files and their sizes
 # (4 steps with K = 2: after steps 2 and 4; K = 3: after step 3), {step},
@@ -53,3 +53,8 @@ expect_fail "--preview into a missing folder" "does not exist" \
     $MPIRUN -np 2 $TPGEN --model "$M" --prompt x --preview-every 2 --preview "$TMP/nowhere/{step}.png"
 expect_fail "serve refuses --preview-every (a request streams its partials)" "option of generate.*partial_images" \
     $MPIRUN -np 2 $TPGEN serve --model "$M" --preview-every 2 --preview "$TMP/{step}.png"
+# a preview that cannot be written stops the job there, on every rank, saying why (one rank prefix)
+mkdir -p "$TMP/d/2.png"
+expect_fail "a preview that cannot be written: the job stops, naming the step and the file" \
+    "error: rank 0: job 0 \(seed 0\): the preview after step 2: cannot write .*2.png" \
+    $MPIRUN -np 2 $TPGEN --model "$M" --prompt x --width 32 --height 32 --steps 4 --preview-every 2 --preview "$TMP/d/{step}.png" --output "$TMP/d/i.png"
