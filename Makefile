@@ -51,7 +51,9 @@ ifeq ($(CUDA),1)
   PLUGIN   := $(BUILD)/libtpgen-cuda.so
 endif
 
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+# the page of tpgen serve (cli/ui/), compiled in as C arrays (scripts/embed-ui.sh)
+UI_FILES := cli/ui/index.html cli/ui/style.css cli/ui/app.js
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/cli/ui_assets.o
 
 # test data kept compressed in git (the device tool sends the tracked tree,
 # 64 MiB at most: scripts/gpu-check.sh --size), unpacked beside it by `make`
@@ -89,6 +91,12 @@ $(BUILD)/tpgen_tests: $(TEST_OBJ) $(LIB_OBJ)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/cli/ui_assets.c: $(UI_FILES) scripts/embed-ui.sh
+	@mkdir -p $(dir $@)
+	scripts/embed-ui.sh $(UI_FILES) > $@.tmp && mv $@.tmp $@
+$(BUILD)/cli/ui_assets.o: $(BUILD)/cli/ui_assets.c
+	$(CC) $(CFLAGS) -c -o $@ $<
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
@@ -132,11 +140,17 @@ FUZZ_BUILD := build-fuzz
 FUZZ_NAMES := safetensors runspec tokenizer config gguf image serve_json serve_form lora fp8
 FUZZ_FLAGS := -std=c17 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -fopenmp -I. $(MPI_CFLAGS) \
               -I/usr/include/x86_64-linux-gnu/openblas-openmp -fsanitize=address,undefined -fno-sanitize-recover=undefined
-FUZZ_OBJ   := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_OBJ   := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o) $(FUZZ_BUILD)/cli/ui_assets.o
 
 $(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c -o $@ $<
+
+$(FUZZ_BUILD)/cli/ui_assets.c: $(UI_FILES) scripts/embed-ui.sh
+	@mkdir -p $(dir $@)
+	scripts/embed-ui.sh $(UI_FILES) > $@.tmp && mv $@.tmp $@
+$(FUZZ_BUILD)/cli/ui_assets.o: $(FUZZ_BUILD)/cli/ui_assets.c
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 
 $(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c $(FUZZ_OBJ)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS) $(HOST_LDLIBS)

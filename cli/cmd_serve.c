@@ -30,6 +30,7 @@ static void on_signal(int sig) { (void)sig; g_stop = 1; }
 typedef struct serve_opts {
     const char *listen, *api_key_file;
     int keep_text_encoder;
+    int no_ui;
     double prompt_cache_mb;
     int queue, max_n, max_side, max_steps;
     double max_pixels_m;         /* megapixels (2^20 pixels) */
@@ -46,11 +47,14 @@ static void print_help(void) {
            "                                 \"seed\", \"steps\", \"guidance\", \"negative_prompt\", \"precision\"}\n"
            "  POST /v1/images/edits        multipart: prompt, image or image[] (1 to 10 reference images),\n"
            "                                 and the fields above\n"
-           "  GET /health, GET /v1/models, GET /metrics (Prometheus)\n\n"
+           "  GET /health, GET /v1/models, GET /metrics (Prometheus)\n"
+           "  GET /                          a page: prompt, size, steps, seed, guidance, reference images; partial\n"
+           "                                 images live (\"stream\": true, \"partial_images\" 0-3 on both POSTs)\n\n"
            "server options:\n"
            "  --listen HOST:PORT        address to bind (default 127.0.0.1:8080; 0.0.0.0:PORT for every interface)\n"
            "  --api-key-file FILE       require 'Authorization: Bearer KEY' (KEY: the file's first line)\n"
            "  --keep-text-encoder       keep the text encoder resident (default: loaded per request and freed)\n"
+           "  --no-ui                   no page at / (the API only)\n"
            "  --prompt-cache-mb MB      LRU cache of prompt embeddings per rank (default 256; 0: off)\n"
            "  --queue N                 requests waiting at most (default 16; more get 429)\n"
            "  --max-images N            images per request at most (default 4)\n"
@@ -88,6 +92,10 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
         const char *a = argv[i];
         if (!strcmp(a, "--keep-text-encoder")) {
             o->keep_text_encoder = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-ui")) {
+            o->no_ui = 1;
             continue;
         }
         static const char *own[] = {"--listen", "--api-key-file", "--prompt-cache-mb", "--queue", "--max-images",
@@ -161,10 +169,11 @@ static int parse_flags(int argc, char **argv, serve_opts *o, run_spec *s) {
                           : s->n_seeds ? "--seed" : s->output ? "--output" : s->save_latents ? "--save-latents"
                           : s->json_metrics ? "--json-metrics" : s->skip_existing ? "--skip-existing"
                           : s->no_decode ? "--no-decode" : s->n_images ? "--image"
-                          : s->initial_latents ? "--initial-latents" : NULL;
+                          : s->initial_latents ? "--initial-latents" : s->preview_every ? "--preview-every"
+                          : s->preview ? "--preview" : NULL;
     if (job_opt)
-        return tp_error("serve: %s is an option of generate; a server takes prompts, seeds and images from its requests "
-                        "(see tpgen serve --help)", job_opt);
+        return tp_error("serve: %s is an option of generate; a server takes prompts, seeds and images from its requests, "
+                        "and streams previews with \"stream\": true, \"partial_images\": N (see tpgen serve --help)", job_opt);
     if (!s->model) return tp_error("serve: --model DIR is required (a FLUX.2 pipeline folder, diffusers layout)");
     return 0;
 }
@@ -263,6 +272,7 @@ int cmd_serve(int argc, char **argv) {
             if (o.api_key_file && !(api_key = serve_read_api_key(o.api_key_file))) mine = -1;
             hc.listen = o.listen;
             hc.api_key = api_key;
+            hc.no_ui = o.no_ui;
             hc.max_body_bytes = 1 << 20;
             hc.max_upload_bytes = (size_t)(o.max_upload_mb * 1048576.0);
             hc.max_connections = fit_connections(o.max_connections);

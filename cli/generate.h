@@ -72,6 +72,8 @@ int gen_skip_existing(gen_setup *g);
 typedef struct gen_metrics {
     double t_start;
     double t_encode, t_te_load, t_load, t_denoise, t_decode, t_write;   /* t_encode without t_te_load */
+    double t_preview;            /* --preview-every: decoding the previews (inside t_denoise) */
+    int previews;                /* preview PNGs written by this rank */
     double t_refs;               /* reference images: read, preprocess, VAE-encode, broadcast */
     int refs_encoded;            /* references this rank encoded */
     uint64_t bytes_loaded;       /* this rank: the transformer */

@@ -63,7 +63,8 @@ static void slug(const char *prompt, char *out, size_t cap) {
     if (!n) snprintf(out, cap, "prompt");
 }
 
-char *runspec_output_path(const run_spec *s, const char *pat, int job) {
+/* step < 0: no {step} placeholder (an output path) */
+static char *expand(const run_spec *s, const char *pat, int job, int step) {
     size_t cap = strlen(pat) + 256, n = 0;
     char *out = xmalloc(cap);
     int ns = s->n_seeds ? s->n_seeds : 1;
@@ -94,9 +95,11 @@ char *runspec_output_path(const run_spec *s, const char *pat, int job) {
         unsigned long long v = 0;
         int known = 0;
         for (int i = 0; i < 5; i++) known |= !strcmp(name, k_placeholders[i]);
+        if (step >= 0 && !strcmp(name, "step")) known = 1;
         if (!known) {
             free(out);
-            tp_error("unknown placeholder '{%s}' in '%s' (known: {index} {seed} {prompt_index} {seed_index} {prompt})", name, pat);
+            tp_error("unknown placeholder '{%s}' in '%s' (known: {index} {seed} {prompt_index} {seed_index} {prompt}%s)",
+                     name, pat, step >= 0 ? " {step}" : "");
             return NULL;
         }
         if (!strcmp(name, "prompt")) {
@@ -105,7 +108,8 @@ char *runspec_output_path(const run_spec *s, const char *pat, int job) {
             slug(runspec_job_prompt(s, job), sl, sizeof sl);
             n += (size_t)snprintf(out + n, cap - n, "%s", sl);
         } else {
-            if (!strcmp(name, "index")) v = (unsigned long long)job;
+            if (!strcmp(name, "step")) v = (unsigned long long)step;
+            else if (!strcmp(name, "index")) v = (unsigned long long)job;
             else if (!strcmp(name, "seed")) v = runspec_job_seed(s, job);
             else if (!strcmp(name, "prompt_index")) v = (unsigned long long)(job / ns);
             else v = (unsigned long long)(job % ns);
@@ -116,6 +120,9 @@ char *runspec_output_path(const run_spec *s, const char *pat, int job) {
     out[n] = 0;
     return out;
 }
+
+char *runspec_output_path(const run_spec *s, const char *pat, int job) { return expand(s, pat, job, -1); }
+char *runspec_preview_path(const run_spec *s, const char *pat, int job, int step) { return expand(s, pat, job, step); }
 
 int runspec_group_jobs(int n_jobs, int groups, int group, int *jobs) {
     int n = 0;

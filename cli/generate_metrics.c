@@ -43,6 +43,7 @@ typedef struct summary {
     double steps, step_seconds, images, latents;  /* sums (steps: over TP-group leads) */
     double rendered, skipped;    /* jobs, summed over TP-group leads */
     double refs_encoded;         /* reference images encoded, summed */
+    double previews, t_preview;  /* --preview-every: PNGs written (sum), decoding them (max over ranks) */
     double *rss;             /* per world rank */
 } summary;
 
@@ -62,8 +63,10 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     double secs[2] = {m->load_seconds, m->te_load_seconds}, mx[2];
     MPI_Reduce(secs, mx, 2, MPI_DOUBLE, MPI_MAX, 0, w);
     s->load_seconds = mx[0], s->te_load_seconds = mx[1];
-    double re = m->refs_encoded;
-    MPI_Reduce(&re, &s->refs_encoded, 1, MPI_DOUBLE, MPI_SUM, 0, w);
+    double re[2] = {m->refs_encoded, m->previews}, re_sum[2];
+    MPI_Reduce(re, re_sum, 2, MPI_DOUBLE, MPI_SUM, 0, w);
+    s->refs_encoded = re_sum[0], s->previews = re_sum[1];
+    MPI_Reduce(&m->t_preview, &s->t_preview, 1, MPI_DOUBLE, MPI_MAX, 0, w);
     double rss = peak_rss_bytes();
     s->rss = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
     MPI_Gather(&rss, 1, MPI_DOUBLE, s->rss, 1, MPI_DOUBLE, 0, w);
@@ -91,6 +94,9 @@ static void print_summary(const gen_setup *g, const summary *s) {
             printf("   transformer: %.4g GB read by %d ranks in %.4g s, %.3g GB/s", s->bytes_loaded / 1e9,
                    g->d->world_size, s->load_seconds, s->bytes_loaded / 1e9 / s->load_seconds);
         if (i == PH_DENOISE && s->steps > 0) printf("   %.0f steps, %.3f s/it", s->steps, s->step_seconds / s->steps);
+        if (i == PH_DENOISE && s->previews > 0)
+            printf("; %.0f preview%s, %.3f s each to decode", s->previews, s->previews == 1 ? "" : "s",
+                   s->t_preview / s->previews * (g->d->dp > 1 ? g->d->dp : 1));
         printf("\n");
     }
     printf("  peak RSS per rank:");
@@ -130,6 +136,8 @@ static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
                                               g->ref_sha256[i], "width", g->ref_w[i], "height", g->ref_h[i]));
     json_object_set_new(j, "references", refs);
     json_object_set_new(j, "references_encoded", json_integer((json_int_t)s->refs_encoded));
+    json_object_set_new(j, "previews", json_integer((json_int_t)s->previews));
+    json_object_set_new(j, "preview_decode_seconds", json_real(s->t_preview));
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(j);
     int rc = file_write_atomic(sp->json_metrics, text, strlen(text));

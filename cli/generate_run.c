@@ -22,6 +22,10 @@ typedef struct run_state {
     float *neg_embeds;           /* CFG */
     int64_t neg_L;
     int job_pos;                 /* position of the current job in this group's list */
+    int job, width, height;      /* the current job, for its previews */
+    uint8_t *preview_rgb;        /* --preview-every: the decoded preview (group's first rank) */
+    char *preview_err;           /* why a preview stopped the job (the loop then reports only "stopped") */
+    int preview_err_rank;        /* its agreed rank */
 } run_state;
 
 static int agree_tp(run_state *r, int rc) { return dist_agree(r->g->d->tp_comm, rc); }
@@ -85,10 +89,46 @@ static void free_chunk_embeds(run_state *r, int first, int last) {
 
 /* ---- one job ---- */
 
-static int on_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
+/* --preview-every: after this step, on every rank of the group (the
+ * decode is collective), the prediction of the clean image x − σ·v decoded
+ * with the VAE (resident with the transformer, so no weights are loaded
+ * for it), written by the group's first rank; agreed, so that a write
+ * that fails stops every rank of the group at this step. */
+static int write_preview(run_state *r, int step, const float *v, const float *x, float sigma) {
+    const gen_setup *g = r->g;
+    int W = r->width, H = r->height, first = g->d->tp_rank == 0;
+    if (first && !r->preview_rgb) r->preview_rgb = xmalloc((size_t)W * H * 3);
+    watchdog_phase_set(WD_STARTUP, "decoding a preview");
+    double dt = 0;
+    int rc = tp_pipe_decode_x0(r->pipe, x, v, sigma, W, H, r->preview_rgb, &dt);
+    watchdog_phase_set(WD_STEPS, "denoising");
+    r->m->t_preview += dt;
+    if (rc) return -1;
+    int mine = 0;
+    if (first) {
+        int box[4];
+        if (gen_job_crop(g, r->job, box)) {   /* FLUX.3: cropped back to the reference, as the image is */
+            for (int y = 0; y < box[3]; y++)
+                memmove(r->preview_rgb + (size_t)y * box[2] * 3, r->preview_rgb + ((size_t)(box[1] + y) * W + box[0]) * 3,
+                        (size_t)box[2] * 3);
+            W = box[2], H = box[3];
+        }
+        char *path = runspec_preview_path(g->spec, g->spec->preview, r->job, step);
+        mine = path ? png_write_rgb(path, r->preview_rgb, W, H, NULL, NULL) : -1;
+        if (!mine) r->m->previews++;
+        free(path);
+    }
+    return agree_tp(r, mine) ? -1 : 0;
+}
+
+static int on_step(int step, int steps, double seconds, const float *v, const float *x, float sigma, void *ctx) {
     run_state *r = ctx;
     gen_progress(r->g, r->job_pos, step, steps, seconds);
-    return 0;
+    int k = r->g->spec->preview_every;
+    if (!k || (step + 1) % k || !write_preview(r, step + 1, v, x, sigma)) return 0;
+    r->preview_err = xasprintf("the preview after step %d: %s", step + 1, tp_error_body());
+    r->preview_err_rank = tp_error_rank();
+    return 1;
 }
 
 static int save_latents(run_state *r, int job, const float *latents) {
@@ -167,8 +207,17 @@ static int run_job(run_state *r, int job) {
     };
     j.images = runspec_job_images(s, job, &j.n_images);
     double t0 = gen_now();
+    r->job = job, r->width = W, r->height = H;
     watchdog_phase_set(WD_STEPS, "denoising");   /* each step is a progress point (core/pipeline.c) */
     int rc = tp_pipe_render(r->pipe, &j, latents);
+    free(r->preview_rgb);
+    r->preview_rgb = NULL;
+    if (rc && r->preview_err) {   /* the cause, not "denoising stopped", with its one rank prefix */
+        tp_error("%s", r->preview_err);
+        if (r->preview_err_rank >= 0) tp_error_set_rank(r->preview_err_rank);
+    }
+    free(r->preview_err);
+    r->preview_err = NULL;
     if (!rc) {
         int mine = 0;
         watchdog_phase_set(WD_STARTUP, "decoding across the group and writing the image on the group's first rank");
@@ -215,7 +264,7 @@ int gen_run(gen_setup *g, gen_metrics *m) {
     const run_spec *s = g->spec;
     tp_pipe_config cfg = {
         .model = s->model, .backend = s->backend, .precision = g->precision, .quantize_fp8 = g->quantize_fp8,
-        .loras = s->loras, .n_loras = s->n_loras, .decoder = g->write_png, .encoder = g->has_refs,
+        .loras = s->loras, .n_loras = s->n_loras, .decoder = g->write_png || s->preview_every, .encoder = g->has_refs,
         .max_sequence_length = s->max_sequence_length,
     };
     int rc = dist_agree(d->world, tp_pipe_open(&cfg, &g->info, d->tp_comm, d->local_rank, d->local_size, &r.pipe));

@@ -278,6 +278,12 @@ static int check_outputs(gen_setup *g, const run_spec *s) {
             free(p);
             if (rc) return -1;
         }
+        if (s->preview) {
+            char *p = runspec_preview_path(s, s->preview, j, s->preview_every);
+            int rc = p ? check_parent_dir(p, "--preview") : -1;
+            free(p);
+            if (rc) return -1;
+        }
     }
     if (s->json_metrics && check_parent_dir(s->json_metrics, "--json-metrics")) return -1;
     return 0;
@@ -291,6 +297,9 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     int width_given = s->width != 0, height_given = s->height != 0;
     apply_defaults(g, s);
     g->write_png = g->info.has_vae && !s->no_decode;
+    if (s->preview_every && !g->info.has_vae)
+        return tp_error("--preview-every decodes previews with the VAE, and %s has none (vae/config.json); pass --vae PATH",
+                        gen_model_name(s));
     if (s->n_prompts && !g->info.has_text_encoder)
         return tp_error("%s has no text encoder (text_encoder/), so --prompt cannot be used; pass --text-encoder "
                         "PATH, or precomputed embeddings with --prompt-embeds FILE[:TENSOR] (e.g. from 'tpgen encode' "

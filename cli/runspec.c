@@ -88,6 +88,13 @@ static const key_def k_keys[] = {
      "whose CPU generator --seed follows for FLUX.2's bf16 noise: torch2 (default; torch 2.x, what pip install torch "
      "gives) or torch1 (torch 1.13, and tpgen before --rng existed: the old image of a seed); FLUX.3's f32 noise is the same in both",
      0, 0},
+    {"preview_every", K_INT, OFF(preview_every), 1, 10000, NULL, "K",
+     "write a preview after steps K, 2K, ...: the model's prediction of the clean image (x0 = x - sigma*v) "
+     "decoded with the VAE, a PNG at --preview's path (4 steps with K = 2: after steps 2 and 4; the last one is the "
+     "image)", 0, 0},
+    {"preview", K_STR, OFF(preview), 0, 0, NULL, "PATTERN",
+     "where --preview-every writes: a pattern with {step} and the --output placeholders ({index}, {seed}, ...), "
+     "e.g. previews/{index:04}-{step:03}.png", 0, 0},
     {"initial_latents", K_STR, OFF(initial_latents), 0, 0, NULL, "FILE[:TENSOR]",
      "start denoising from this tensor [1, C, H/16, W/16] of a safetensors file (default tensor 'initial_latents', as "
      "diffusers' prepare_latents draws it) instead of seeded noise; several jobs: one tensor each, named with a "
@@ -117,7 +124,7 @@ static void free_prompt_images(run_spec *s) {
 
 void runspec_free(run_spec *s) {
     char **strs[] = {&s->model, &s->transformer, &s->text_encoder, &s->vae, &s->family, &s->prompt_embeds, &s->negative_prompt_embeds, &s->negative_prompt, &s->output, &s->rng, &s->initial_latents, &s->precision, &s->quantize,
-                     &s->backend, &s->save_latents, &s->json_metrics, &s->prompts_file, &s->spec_path};
+                     &s->backend, &s->save_latents, &s->json_metrics, &s->prompts_file, &s->spec_path, &s->preview};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
     free_prompt_images(s);
     free_list(s->prompts, s->n_prompts);
@@ -695,6 +702,25 @@ char *const *runspec_job_images(const run_spec *s, int job, int *n) {
     return runspec_prompt_images(s, job / (s->n_seeds ? s->n_seeds : 1), n);
 }
 
+/* --preview-every K with --preview PATTERN: each job and each step its
+ * own file */
+static int check_preview(const run_spec *s, int n) {
+    if (!s->preview_every != !s->preview)
+        return tp_error(s->preview ? "--preview %s needs --preview-every K (a preview after steps K, 2K, ...)"
+                                   : "--preview-every needs --preview PATTERN, e.g. previews/{index:04}-{step:03}.png%s",
+                        s->preview ? s->preview : "");
+    if (!s->preview) return 0;
+    char *a = runspec_preview_path(s, s->preview, 0, 1), *b = a ? runspec_preview_path(s, s->preview, 0, 2) : NULL;
+    char *c = b && n > 1 ? runspec_preview_path(s, s->preview, 1, 1) : NULL;
+    int rc = 0;
+    if (!a || !b || (n > 1 && !c)) rc = tp_error_context("--preview");
+    else if (!strcmp(a, b)) rc = tp_error("--preview %s: every step would write '%s'; put {step} in it", s->preview, a);
+    else if (n > 1 && !strcmp(a, c))
+        rc = tp_error("--preview %s: %d jobs would write the same previews; put {index} or {seed} in it", s->preview, n);
+    free(a), free(b), free(c);
+    return rc;
+}
+
 int runspec_check(const run_spec *s) {
     if (!s->model && !s->transformer)
         return tp_error("no model: give --model DIR (a FLUX.2 pipeline folder) or 'model:' in the run spec, or the "
@@ -713,6 +739,7 @@ int runspec_check(const run_spec *s) {
     if (s->no_decode && !s->save_latents)
         return tp_error("--no-decode without --save-latents would produce nothing; add --save-latents FILE");
     int n = runspec_n_jobs(s);
+    if (check_preview(s, n)) return -1;
     const char *pats[2] = {s->output, s->save_latents};
     const char *names[2] = {"--output", "--save-latents"};
     for (int i = 0; i < 2; i++) {

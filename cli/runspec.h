@@ -42,6 +42,8 @@ typedef struct run_spec {
     char *prompts_file;          /* one prompt per line, instead of prompts: */
     int skip_existing;           /* do not render jobs whose outputs all exist */
     double watchdog;             /* seconds without progress before a rank ends the job; < 0: automatic, 0: off */
+    int preview_every;           /* K > 0: a preview PNG after steps K, 2K, ... (0: none) */
+    char *preview;               /* its path pattern: the output placeholders and {step} */
     char *spec_path;             /* the spec file read, if any */
     lora_spec loras[LORA_MAX_ADAPTERS];  /* --lora FILE[:W] (repeatable) or loras: [{path, weight}] */
     int n_loras;
@@ -115,6 +117,9 @@ char *const *runspec_prompt_images(const run_spec *s, int prompt, int *n);
  * and {{ / }} for literal braces. malloc'ed result; NULL + tp_error on a
  * malformed pattern. */
 char *runspec_output_path(const run_spec *s, const char *pattern, int job);
+/* The same for a preview (--preview): also {step} (1-based, optionally
+ * zero-padded: {step:03}). */
+char *runspec_preview_path(const run_spec *s, const char *pattern, int job, int step);
 /* Error unless the pattern gives each of the n jobs its own path
  * (name: the flag, for the message). */
 int runspec_check_unique_paths(const run_spec *s, const char *pattern, const char *name, int n);

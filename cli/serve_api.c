@@ -179,6 +179,17 @@ static int parse_field(const char *key, json_t *v, const serve_limits *lim, serv
         if (!(r->rng = strdup(p))) return serve_error_set(e, 500, "server_error", key, "out of memory");
         return 0;
     }
+    if (!strcmp(key, "stream")) {   /* the OpenAI client sends false when not streaming */
+        if (!json_is_boolean(v) && !json_is_null(v)) return bad(e, key, "'stream' must be true or false");
+        r->stream = json_is_true(v);
+        return 0;
+    }
+    if (!strcmp(key, "partial_images")) {   /* OpenAI: 0 to 3; without stream it changes nothing */
+        if (json_is_null(v)) return 0;
+        if (get_int(v, key, 0, SERVE_MAX_PARTIAL_IMAGES, &x, e)) return -1;
+        r->partial_images = (int)x;
+        return 0;
+    }
     if (!strcmp(key, "initial_latents"))
         return bad(e, key, "'initial_latents' is not accepted over HTTP: a server never reads a file a client names; "
                            "start from given latents with tpgen generate --initial-latents FILE[:TENSOR], or send a seed");
@@ -208,8 +219,8 @@ static int parse_field(const char *key, json_t *v, const serve_limits *lim, serv
         return 0;
     }
     return bad(e, key,
-               "unknown field '%.60s'; accepted: prompt, n, size, response_format, model, user, output_format, seed, "
-               "steps, guidance, negative_prompt, precision, rng",
+               "unknown field '%.60s'; accepted: prompt, n, size, response_format, model, user, output_format, stream, "
+               "partial_images, seed, steps, guidance, negative_prompt, precision, rng",
                key);
 }
 
@@ -260,12 +271,14 @@ int serve_parse_edit(char *const *keys, char *const *values, int n, const serve_
          * gets their error) */
         char *end;
         json_t *jv = NULL;
-        if (!strcmp(k, "n") || !strcmp(k, "steps") || !strcmp(k, "seed")) {
+        if (!strcmp(k, "n") || !strcmp(k, "steps") || !strcmp(k, "seed") || !strcmp(k, "partial_images")) {
             long long x = strtoll(v, &end, 10);
             if (*v && !*end) jv = json_integer(x);
         } else if (!strcmp(k, "guidance")) {
             double x = strtod(v, &end);
             if (*v && !*end) jv = json_real(x);
+        } else if (!strcmp(k, "stream") && (!strcmp(v, "true") || !strcmp(v, "false"))) {
+            jv = json_boolean(!strcmp(v, "true"));   /* the openai client's form value of a bool */
         }
         if (json_object_set_new(root, k, jv ? jv : json_string(v)))
             rc = serve_error_set(e, 500, "server_error", NULL, "out of memory");

@@ -6,7 +6,8 @@
  * ("WxH"), `response_format` (only "b64_json": a server that names no file
  * path cannot hand out URLs) and `model`, plus tpgen's run-spec keys of the
  * same names: `seed`, `steps`, `guidance`, `negative_prompt`, `precision`,
- * `rng`. Any other field is a 400 naming it: a typo must not be silently
+ * `rng`; `stream` (true: server-sent events) and `partial_images` (0..3)
+ * as OpenAI streams images. Any other field is a 400 naming it: a typo must not be silently
  * ignored. `initial_latents` is refused with its own message: a server never
  * reads a file a client names. */
 #ifndef TPGEN_SERVE_API_H
@@ -38,6 +39,8 @@ typedef struct serve_request {
     double guidance;
     char *precision;             /* NULL: the server's */
     char *rng;                   /* "torch2" | "torch1"; NULL: the server's --rng */
+    int stream;                  /* answer as server-sent events (serve_stream.h) */
+    int partial_images;          /* 0..3: previews of each image while it renders (with stream) */
     /* POST /v1/images/edits: the reference images, in order (their bytes
      * as uploaded; names are display names for the PNG parameters, never
      * paths) */
@@ -46,6 +49,9 @@ typedef struct serve_request {
     size_t *image_sizes;
     char **image_names;
 } serve_request;
+
+/* partial_images at most (the OpenAI API's bound). */
+#define SERVE_MAX_PARTIAL_IMAGES 3
 
 /* References per edit request at most. */
 #define SERVE_MAX_IMAGES 10

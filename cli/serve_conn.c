@@ -1,5 +1,6 @@
 /* The connections of the HTTP front (serve_conn.h). */
 #include "serve_conn.h"
+#include "serve_stream.h"
 #include "kernels/err.h"
 #include <errno.h>
 #include <arpa/inet.h>
@@ -24,6 +25,8 @@ struct serve_conn {
     double since;                /* when the state began */
     serve_job *job;              /* C_WAITING: the job it waits for */
     int suspended;               /* suspended, not yet resumed */
+    int outstanding;             /* its jobs not finished: their on_done still comes (a stream's request
+                                  * may end first, and the next one start) */
     int shut;                    /* shut down by the watcher */
     /* closed by MHD while suspended (only MHD_stop_daemon does that): the
      * job's on_done still comes, and frees the record and the job */
@@ -246,7 +249,7 @@ void serve_conns_notify(void *cls, struct MHD_Connection *c, void **socket_conte
         if (cn->prev) cn->prev->next = cn->next;
         else cs->list = cn->next;
         if (cn->next) cn->next->prev = cn->prev;
-        int pending = cn->suspended;   /* its job's on_done will still come */
+        int pending = cn->outstanding > 0;   /* its job's on_done will still come */
         cn->closed = 1;
         pthread_mutex_unlock(&cs->mu);
         if (!pending) free(cn);
@@ -277,27 +280,27 @@ void serve_conn_request_done(serve_conns *cs, serve_conn *cn) {
     pthread_mutex_unlock(&cs->mu);
 }
 
-/* the job is finished (render side, or the queue): wake its connection */
-static void free_job(serve_job *j) {
-    serve_job_free_result(j);
-    serve_request_free(&j->req);
-    free(j);
-}
-
+/* the job is finished (render side, or the queue): wake its connection.
+ * A streamed job is held by its request and by this call (refs 2): its
+ * request may end (the last event sent, or the client gone) before this
+ * call does, and the next request on the connection may start. */
 static void job_done(serve_job *j, void *arg) {
     serve_conn *cn = arg;
     serve_conns *cs = cn->cs;
+    serve_stream_end(j->stream, j->status, &j->err);   /* its last event (an error, or none) */
     pthread_mutex_lock(&cs->mu);
-    int resume = cn->suspended && !cn->orphan && !cn->closed;
-    cn->suspended = 0;
-    cn->job = NULL;
-    serve_job *orphan = cn->orphan;
-    int closed = cn->closed;
+    int resume = !j->stream && cn->suspended && !cn->orphan && !cn->closed;
+    if (!j->stream) cn->suspended = 0;
+    cn->outstanding--;
+    if (cn->job == j) cn->job = NULL;
+    serve_job *orphan = j->stream ? NULL : cn->orphan;
+    if (orphan) cn->orphan = NULL;
+    int free_cn = cn->closed && cn->outstanding == 0;
     struct MHD_Connection *mc = cn->mc;
     pthread_mutex_unlock(&cs->mu);
-    (void)j;
-    if (orphan) free_job(orphan);   /* its request is over: nobody answers it */
-    if (closed) free(cn);
+    if (orphan) serve_job_free(orphan);   /* its request is over: nobody answers it */
+    if (j->stream) serve_job_unref(j);
+    if (free_cn) free(cn);
     /* outside the lock: MHD takes its own; a suspended connection stays
      * open (and cn with it) until it is resumed */
     if (resume) MHD_resume_connection(mc);
@@ -306,7 +309,7 @@ static void job_done(serve_job *j, void *arg) {
 int serve_conn_orphan(serve_conns *cs, serve_conn *cn, serve_job *j) {
     if (!cn) return 0;
     pthread_mutex_lock(&cs->mu);
-    int pending = cn->suspended;
+    int pending = cn->outstanding > 0;
     if (pending) {
         cn->orphan = j;
         j->gone = 1;
@@ -315,13 +318,15 @@ int serve_conn_orphan(serve_conns *cs, serve_conn *cn, serve_job *j) {
     return pending;
 }
 
-int serve_conn_submit(serve_conns *cs, serve_conn *cn, struct MHD_Connection *c, serve_job *j, serve_error *e) {
+int serve_conn_submit(serve_conns *cs, serve_conn *cn, struct MHD_Connection *c, serve_job *j, int suspend,
+                      serve_error *e) {
     if (!cn)
         return serve_error_set(e, 503, "server_error", NULL, "the server is out of memory; retry later");
     j->on_done = job_done;
     j->on_done_arg = cn;
     double rt = cs->cfg->request_timeout_s;
     if (rt > 0) j->deadline = serve_now() + rt;
+    if (j->stream) j->refs = 2;   /* its request and its on_done (job_done) */
     /* suspended before the job can finish: the lock keeps job_done from
      * resuming a connection that is not suspended yet */
     pthread_mutex_lock(&cs->mu);
@@ -329,8 +334,9 @@ int serve_conn_submit(serve_conns *cs, serve_conn *cn, struct MHD_Connection *c,
     if (!rc) {
         cn->state = C_WAITING;
         cn->job = j;
-        cn->suspended = 1;
-        MHD_suspend_connection(c);
+        cn->outstanding++;
+        cn->suspended = suspend;
+        if (suspend) MHD_suspend_connection(c);
     }
     pthread_mutex_unlock(&cs->mu);
     return rc;

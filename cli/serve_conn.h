@@ -54,13 +54,16 @@ serve_conn *serve_conn_of(struct MHD_Connection *c);
  * MHD_OPTION_NOTIFY_COMPLETED (the request is over: the connection idles). */
 void serve_conn_request_started(serve_conns *cs, serve_conn *cn);
 void serve_conn_request_done(serve_conns *cs, serve_conn *cn);
-/* Queue j for the request on connection c and suspend c until j is
- * finished (then MHD calls the handler again): 0, or -1 with e (429, 503)
- * and c not suspended. */
-int serve_conn_submit(serve_conns *cs, serve_conn *cn, struct MHD_Connection *c, serve_job *j, serve_error *e);
+/* Queue j for the request on connection c and, with suspend, suspend c
+ * until j is finished (then MHD calls the handler again; a stream answers
+ * at once and sleeps in its reader instead): 0, or -1 with e (429, 503)
+ * and c not suspended. While j waits, a client that hangs up marks it gone. */
+int serve_conn_submit(serve_conns *cs, serve_conn *cn, struct MHD_Connection *c, serve_job *j, int suspend,
+                      serve_error *e);
 /* The request on cn ended (MHD_OPTION_NOTIFY_COMPLETED) with j not
- * answered: 1 when j is not finished yet (it is marked gone, and freed by
- * its on_done), 0 when it is finished (the caller frees it). */
+ * answered (or a stream ended or cut): 1 when j is not finished yet (it is
+ * marked gone, and freed by its on_done), 0 when it is finished (the
+ * caller frees it). */
 int serve_conn_orphan(serve_conns *cs, serve_conn *cn, serve_job *j);
 
 /* Parse "HOST:PORT" (numeric host) into a socket address; -1 + tp_error. */

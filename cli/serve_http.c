@@ -5,6 +5,8 @@
 #include "serve_http.h"
 #include "serve_conn.h"
 #include "serve_form.h"
+#include "serve_stream.h"
+#include "serve_ui.h"
 #include "kernels/err.h"
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -73,6 +75,21 @@ static enum MHD_Result send_error(struct MHD_Connection *c, serve_metrics *m, co
     return send_body(c, m, e->status, "application/json", serve_error_json(e));
 }
 
+/* A file of the page (GET / and /ui/...), or NULL; not counted as a request. */
+static const serve_ui_asset *ui_file(const serve_http *h, const char *url, const char *method) {
+    return h->cfg->no_ui || strcmp(method, "GET") ? NULL : serve_ui_find(url);
+}
+
+static enum MHD_Result send_ui(struct MHD_Connection *c, const serve_ui_asset *a) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(a->size, (void *)a->data, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", a->type);
+    for (int i = 0; serve_ui_headers[i]; i += 2) MHD_add_response_header(r, serve_ui_headers[i], serve_ui_headers[i + 1]);
+    enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
 /* "Authorization: Bearer TOKEN", the scheme in any case (RFC 7235). */
 static int authorized(const serve_http *h, struct MHD_Connection *c) {
     const char *key = h->cfg->api_key;
@@ -96,22 +113,41 @@ static uint64_t random_seed(void) {
     return x & ((1ull << 48) - 1);
 }
 
+/* The answer of a streamed request, sent at once: 200 and server-sent
+ * events as the render pushes them (serve_stream.h); errors from here on
+ * are an error event. */
+static enum MHD_Result start_stream(struct MHD_Connection *c, serve_job *j) {
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, serve_stream_read,
+                                                               j->stream, NULL);
+    if (!r) return MHD_NO;   /* MHD closes the connection: the job is then gone */
+    serve_stream_attach(j->stream, c);
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");   /* a proxy in front must not hold the events back */
+    enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
 /* Queue a parsed request; its connection is suspended until the job is
- * finished, then answer() sends the result. */
-static enum MHD_Result submit(serve_http *h, struct MHD_Connection *c, req_ctx *rc, serve_job *j) {
+ * finished, then answer() sends the result (a stream answers at once). */
+static enum MHD_Result submit(serve_http *h, struct MHD_Connection *c, req_ctx *rc, serve_job *j, int edit) {
     const serve_http_config *cfg = h->cfg;
     serve_error e;
     if (!j->req.has_seed) {   /* a request without a seed gets a fresh one, recorded in the PNG */
         j->req.seed = random_seed();
         j->req.has_seed = 1;
     }
-    if (serve_conn_submit(&h->conns, rc->cn, c, j, &e)) {
-        serve_request_free(&j->req);
-        free(j);
+    if (j->req.stream && !(j->stream = serve_stream_new(edit))) {
+        serve_job_free(j);
+        return send_body(c, cfg->metrics, 500, "application/json", NULL);
+    }
+    if (serve_conn_submit(&h->conns, rc->cn, c, j, !j->stream, &e)) {
+        serve_job_free(j);
         return send_error(c, cfg->metrics, &e);
     }
     rc->job = j;
-    return MHD_YES;
+    return j->stream ? start_stream(c, j) : MHD_YES;
 }
 
 static enum MHD_Result answer(serve_http *h, struct MHD_Connection *c, req_ctx *rc) {
@@ -124,9 +160,7 @@ static enum MHD_Result answer(serve_http *h, struct MHD_Connection *c, req_ctx *
                        serve_images_json((long)time(NULL), (const uint8_t *const *)j->pngs, j->png_sizes, j->n_pngs));
     else
         ok = send_error(c, cfg->metrics, &j->err);
-    serve_job_free_result(j);
-    serve_request_free(&j->req);
-    free(j);
+    serve_job_free(j);
     return ok;
 }
 
@@ -139,7 +173,7 @@ static enum MHD_Result generations(serve_http *h, struct MHD_Connection *c, req_
         free(j);
         return send_error(c, cfg->metrics, &e);
     }
-    return submit(h, c, rc, j);
+    return submit(h, c, rc, j, 0);
 }
 
 static enum MHD_Result edits(serve_http *h, struct MHD_Connection *c, req_ctx *rc) {
@@ -151,7 +185,7 @@ static enum MHD_Result edits(serve_http *h, struct MHD_Connection *c, req_ctx *r
         free(j);
         return send_error(c, cfg->metrics, &e);
     }
-    return submit(h, c, rc, j);
+    return submit(h, c, rc, j, 1);
 }
 
 /* The first call of a request: its headers are in, no body byte read yet.
@@ -166,7 +200,8 @@ static enum MHD_Result first_call(serve_http *h, struct MHD_Connection *c, const
     /* the key before any body byte is read: a stranger's upload is
      * answered at once and never buffered (MHD then closes the
      * connection, discarding the rest of the body) */
-    if (strcmp(url, "/health") && !authorized(h, c)) {
+    /* the page loads without the key (it holds no data, and calls nothing without one) */
+    if (strcmp(url, "/health") && !ui_file(h, url, method) && !authorized(h, c)) {
         rc->answered = 1;
         serve_error_set(&e, 401, "invalid_request_error", NULL,
                         "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
@@ -199,6 +234,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *upload_size = 0;
         return MHD_YES;
     }
+    if (rc->job && rc->job->stream) return MHD_YES;   /* streaming: the reader sends */
     if (rc->job) {   /* resumed: the job is finished (never called while suspended, but be sure) */
         if (!rc->job->done) return MHD_YES;
         return answer(h, c, rc);
@@ -262,6 +298,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         }
         return edits(h, c, rc);
     }
+    const serve_ui_asset *page = ui_file(h, url, method);
+    if (page) return send_ui(c, page);
     int known = !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || gen || edit;
     if (known) {
         serve_error_set(&e, 405, "invalid_request_error", NULL, "%s is not allowed on %s", method, url);
@@ -269,8 +307,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     serve_error_set(&e, 404, "invalid_request_error", NULL,
                     "no such endpoint %.200s; this server has POST /v1/images/generations, POST /v1/images/edits, GET /v1/models, GET /health, "
-                    "GET /metrics",
-                    url);
+                    "GET /metrics%s",
+                    url, h->cfg->no_ui ? "" : ", GET / (the page)");
     return send_error(c, cfg->metrics, &e);
 }
 
@@ -280,14 +318,18 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
     req_ctx *rc = *state;
     if (rc) {
         serve_conn_request_done(&h->conns, rc->cn);
-        /* never answered: the client had gone when MHD resumed the
-         * connection, or the daemon stops with the job still out there
-         * (then its on_done frees it) */
-        if (rc->job && !serve_conn_orphan(&h->conns, rc->cn, rc->job)) {
+        if (rc->job && rc->job->stream) {   /* a stream that ended, or was cut */
+            serve_job *j = rc->job;
+            serve_stream_detach(j->stream);   /* no push resumes this connection any more */
+            int done = j->done;
+            if (!done) j->gone = 1;   /* cut mid-render: stopped at its next step */
+            if (h->cfg->metrics) serve_metrics_count(h->cfg->metrics, serve_outcome_of(done ? j->status : 499));
+            serve_job_unref(j);   /* its on_done holds it until it has run */
+        } else if (rc->job && !serve_conn_orphan(&h->conns, rc->cn, rc->job)) {
+            /* never answered: the client had gone when MHD resumed the connection, or the daemon stops
+             * with the job still out there (then its on_done frees it) */
             if (h->cfg->metrics) serve_metrics_count(h->cfg->metrics, serve_outcome_of(rc->job->status));
-            serve_job_free_result(rc->job);
-            serve_request_free(&rc->job->req);
-            free(rc->job);
+            serve_job_free(rc->job);
         }
         __atomic_sub_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
         serve_form_free(rc->form);

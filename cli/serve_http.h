@@ -7,9 +7,10 @@
  *   GET  /health                  200 {"status":"ready"} or 503 {"status":"loading"}
  *   GET  /v1/models               the served model
  *   GET  /metrics                 Prometheus text format
+ *   GET  /  (and /ui/...)         the page (serve_ui.h), unless turned off
  *
- * With an API key every endpoint but /health needs `Authorization: Bearer
- * KEY` (compared in constant time), checked on the request's headers
+ * With an API key every endpoint but /health and the page's files needs
+ * `Authorization: Bearer KEY` (compared in constant time), checked on the request's headers
  * before any body byte is read. Bodies over max_body_bytes (edits:
  * max_upload_bytes) get 413.
  *
@@ -29,6 +30,7 @@
 typedef struct serve_http_config {
     const char *listen;          /* "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", "0.0.0.0:8080") */
     const char *api_key;         /* NULL: no authentication */
+    int no_ui;                   /* GET / is a 404 (--no-ui) */
     size_t max_body_bytes;       /* JSON bodies */
     size_t max_upload_bytes;     /* multipart edits (reference images) */
     int max_connections;         /* open at once; more get 503 at accept (0: 4096) */

@@ -1,5 +1,7 @@
 /* The serve job queue and counters (serve_queue.h). */
 #include "serve_queue.h"
+#include "serve_stream.h"
+#include <stdatomic.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -73,6 +75,18 @@ void serve_job_free_result(serve_job *j) {
     j->pngs = NULL;
     j->png_sizes = NULL;
     j->n_pngs = 0;
+}
+
+void serve_job_free(serve_job *j) {
+    if (!j) return;
+    serve_job_free_result(j);
+    serve_request_free(&j->req);
+    serve_stream_free(j->stream);
+    free(j);
+}
+
+void serve_job_unref(serve_job *j) {
+    if (j && atomic_fetch_sub_explicit(&j->refs, 1, memory_order_acq_rel) == 1) serve_job_free(j);
 }
 
 int serve_queue_init(serve_queue *q, int cap) {

@@ -17,8 +17,13 @@ typedef struct serve_timing {
     int cancelled;               /* stopped at a step boundary (client gone, deadline) */
 } serve_timing;
 
+struct serve_stream;
+
 typedef struct serve_job {
     serve_request req;
+    /* "stream": true: the events go here, on world rank 0 (serve_stream.h);
+     * NULL otherwise and on the other ranks */
+    struct serve_stream *stream;
     uint64_t id;                 /* set by serve_queue_submit */
     double t_submitted;
     /* the result, set by the render side before serve_job_finish */
@@ -37,6 +42,7 @@ typedef struct serve_job {
     void (*on_done)(struct serve_job *j, void *arg);
     void *on_done_arg;
     _Atomic int gone;            /* the client has gone (set by the HTTP side) */
+    _Atomic int refs;            /* a streamed job: its holders (serve_job_unref) */
     double deadline;             /* monotonic seconds (serve_now) after which nobody waits; 0: none */
     struct serve_job *next, *done_next;
 } serve_job;
@@ -48,6 +54,10 @@ double serve_now(void);
 int serve_job_abandoned(const serve_job *j, double now);
 
 void serve_job_free_result(serve_job *j);
+/* A malloc'ed job with everything it holds (result, request, stream). */
+void serve_job_free(serve_job *j);
+/* A streamed job: one holder lets go; the last frees it. */
+void serve_job_unref(serve_job *j);
 
 typedef struct serve_queue {
     pthread_mutex_t mu;

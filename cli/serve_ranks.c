@@ -1,5 +1,6 @@
 /* The ranks of `tpgen serve` (serve_ranks.h). */
 #include "serve_ranks.h"
+#include "serve_stream.h"
 #include "core/dist/dist.h"
 #include "core/dist/watchdog.h"
 #include "kernels/err.h"
@@ -10,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { T_READY = 7101, T_JOB, T_STOP, T_RESULT, T_CANCEL, T_BEAT };
+enum { T_READY = 7101, T_JOB, T_STOP, T_RESULT, T_CANCEL, T_BEAT, T_EVENT };
 enum { MSG_JOB = 1, MSG_STOP = 2 };
 
 /* ---- bytes ---- */
@@ -60,7 +61,8 @@ uint8_t *serve_request_pack(const serve_request *r, uint64_t id, size_t *n) {
     w_str(&b, r->negative_prompt);
     w_str(&b, r->precision);
     w_str(&b, r->rng);
-    int64_t ints[] = {r->n, r->width, r->height, r->has_seed, (int64_t)r->seed, r->steps, r->has_guidance};
+    int64_t ints[] = {r->n, r->width, r->height, r->has_seed, (int64_t)r->seed, r->steps, r->has_guidance,
+                      r->stream, r->partial_images};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) w_i64(&b, ints[i]);
     w_f64(&b, r->guidance);
     w_i64(&b, r->n_images);
@@ -89,6 +91,8 @@ int serve_request_unpack(const uint8_t *p, size_t n, serve_request *r, uint64_t 
     r->seed = (uint64_t)r_i64(&b);
     r->steps = (int)r_i64(&b);
     r->has_guidance = (int)r_i64(&b);
+    r->stream = (int)r_i64(&b);
+    r->partial_images = (int)r_i64(&b);
     r->guidance = r_f64(&b);
     int64_t ni = r_i64(&b);
     if (!b.bad && ni >= 0 && ni <= SERVE_MAX_IMAGES) {
@@ -177,6 +181,18 @@ static int result_unpack(const uint8_t *p, size_t n, serve_job *j) {
         j->n_pngs++;
     }
     return b.bad || b.at != n ? -1 : 0;
+}
+
+/* ---- a streamed job's images (serve_stream.h) ---- */
+
+/* T_EVENT: job id, completed, image, then the PNG's bytes */
+enum { EVENT_HDR = 3 * sizeof(int64_t) };
+
+static void event_deliver(serve_job *j, const uint8_t *p, size_t n) {
+    int64_t h[3];
+    if (n < EVENT_HDR) return;
+    memcpy(h, p, sizeof h);
+    if ((uint64_t)h[0] == j->id) serve_stream_image(j->stream, (int)h[1], (int)h[2], p + EVENT_HDR, n - EVENT_HDR);
 }
 
 /* ---- waiting without spinning ---- */
@@ -496,6 +512,8 @@ void serve_ranks_service(serve_ranks *s) {
         MPI_Recv(buf, cnt, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, s->msg, MPI_STATUS_IGNORE);
         if (st.MPI_TAG == T_READY) {
             s->ready[g] = 1;
+        } else if (st.MPI_TAG == T_EVENT && s->inflight[g]) {
+            event_deliver(s->inflight[g], buf, (size_t)cnt);
         } else if (st.MPI_TAG == T_RESULT && s->inflight[g]) {
             serve_job *j = s->inflight[g];
             if (result_unpack(buf, (size_t)cnt, j)) {
@@ -538,6 +556,26 @@ void serve_ranks_service(serve_ranks *s) {
         s->inflight[g] = j;
         beat_watch_group(s, g, 0);
     }
+}
+
+void serve_ranks_event(serve_ranks *s, serve_job *j, int completed, int image, const uint8_t *png, size_t n) {
+    const dist *d = s->d;
+    if (d->tp_rank != 0 || !j->req.stream) return;
+    if (d->world_rank == 0) {   /* the job itself is here */
+        serve_stream_image(j->stream, completed, image, png, n);
+        return;
+    }
+    if (n > INT_MAX - EVENT_HDR) return;   /* one message, an int count: a preview that big is not sent */
+    uint8_t *p = xmalloc(EVENT_HDR + n);
+    int64_t h[3] = {(int64_t)j->id, completed, image};
+    memcpy(p, h, sizeof h);
+    memcpy(p + EVENT_HDR, png, n);
+    /* not MPI_Send: a dead world rank 0 would block it for good; its beats are taken in meanwhile. MPI keeps
+     * the order of one sender's messages, so the events arrive before the job's T_RESULT */
+    MPI_Request req;
+    MPI_Isend(p, (int)(EVENT_HDR + n), MPI_BYTE, 0, T_EVENT, s->msg, &req);
+    wait_request(s, &req);
+    free(p);
 }
 
 int serve_ranks_cancel_wanted(serve_ranks *s, const serve_job *j) {

@@ -126,6 +126,13 @@ void serve_ranks_beat(serve_ranks *s);
  * the group, so that all ranks stop at the same step). */
 int serve_ranks_cancel_wanted(serve_ranks *s, const serve_job *j);
 
+/* On a group's first rank, for a streamed job (req.stream): one of its
+ * images, a partial (completed 0) or the final PNG, goes to the job's
+ * stream on world rank 0 (directly there, else as a T_EVENT message,
+ * which world rank 0 takes in between steps or while idle). No-op on the
+ * other ranks and for jobs that do not stream. */
+void serve_ranks_event(serve_ranks *s, serve_job *j, int completed, int image, const uint8_t *png, size_t n);
+
 /* A request as bytes, for the messages (malloc'ed; *n its length), and back. */
 uint8_t *serve_request_pack(const serve_request *r, uint64_t id, size_t *n);
 int serve_request_unpack(const uint8_t *p, size_t n, serve_request *r, uint64_t *id);

@@ -88,13 +88,68 @@ static void message_without(const char *dir, char *out, size_t n) {
     out[k] = 0;
 }
 
-/* After every denoising step, on every rank of the group: the group's
- * first rank decides whether the job goes on (serve_ranks_cancel_wanted;
- * world rank 0 also feeds the other groups there) and the group follows,
- * so that all its ranks stop at the same step. */
-static int on_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
-    (void)seconds, (void)v, (void)x;
+/* The steps after which a stream with `partials` partial images shows
+ * one: evenly spaced, floor(k·steps / (partials + 1)) for k = 1..partials,
+ * never after the last step (that is the completed image) nor twice after
+ * one step, so a short render may get fewer (the OpenAI API allows it). */
+int serve_partial_step(int step, int steps, int partials) {
+    for (int k = 1; k <= partials; k++) {
+        int s = (int)((int64_t)k * steps / (partials + 1));
+        if (s >= 1 && s < steps && s == step) return 1;
+    }
+    return 0;
+}
+
+/* rgb [H, W] cropped in place to the job's box (FLUX.3's padded single
+ * reference); *pw, *ph the size kept */
+static void crop_rgb(const gen_setup *gs, uint8_t *rgb, int W, int H, int *pw, int *ph) {
+    int box[4];
+    *pw = W, *ph = H;
+    if (!gen_job_crop(gs, 0, box)) return;
+    for (int y = 0; y < box[3]; y++)
+        memmove(rgb + (size_t)y * box[2] * 3, rgb + ((size_t)(box[1] + y) * W + box[0]) * 3, (size_t)box[2] * 3);
+    *pw = box[2], *ph = box[3];
+}
+
+/* A partial image of a streamed job after this step, on every rank of the
+ * group (the decode is collective): the prediction of the clean image
+ * x − σ·v decoded with the resident VAE, its PNG to the stream. The
+ * watchdog allows a decode's time (as for the final decode). */
+static int send_partial(serve_ctx *sc, const float *v, const float *x, float sigma) {
+    const dist *d = sc->g->d;
+    watchdog_phase_set(WD_STARTUP, "decoding a partial image");
+    int rc = tp_pipe_decode_x0(sc->pipe, x, v, sigma, sc->width, sc->height, sc->rgb, NULL);
+    watchdog_phase_set(WD_STEPS, "rendering a request");
+    if (rc) {
+        snprintf(sc->preview_err, sizeof sc->preview_err, "decoding a partial image: %s", tp_error_msg());
+        sc->preview_failed = 1;
+        return -1;
+    }
+    if (d->tp_rank != 0) return 0;
+    int pw, ph;
+    uint8_t *png = NULL;
+    size_t n = 0;
+    crop_rgb(sc->gs, sc->rgb, sc->width, sc->height, &pw, &ph);
+    if (png_encode_rgb(sc->rgb, pw, ph, NULL, NULL, &png, &n)) {
+        tp_error_clear();   /* only this preview is lost (first rank alone: no agreement needed) */
+        return 0;
+    }
+    serve_ranks_event(sc->ranks, sc->job, 0, sc->image, png, n);
+    free(png);
+    return 0;
+}
+
+/* After every denoising step, on every rank of the group: a streamed
+ * job's partial image when this step has one; then the group's first rank
+ * decides whether the job goes on (serve_ranks_cancel_wanted; world rank
+ * 0 also feeds the other groups there) and the group follows, so that all
+ * its ranks stop at the same step. */
+static int on_step(int step, int steps, double seconds, const float *v, const float *x, float sigma, void *ctx) {
+    (void)seconds;
     serve_ctx *sc = ctx;
+    const serve_request *q = &sc->job->req;
+    if (q->stream && serve_partial_step(step + 1, steps, q->partial_images) && send_partial(sc, v, x, sigma))
+        return 1;   /* the decode's failure is agreed: every rank stops here */
     int why = serve_ranks_cancel_wanted(sc->ranks, sc->job);
     MPI_Bcast(&why, 1, MPI_INT, 0, sc->g->d->tp_comm);
     if (!why) return 0;
@@ -193,6 +248,8 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     request_spec(sc, q, &rs, &gs, &prompt, &seed);
     sc->job = out;
     sc->cancelled = 0;
+    sc->preview_failed = 0;
+    sc->gs = &gs;
     if (check_request(sc, q, &rs, &gs, &out->err)) {
         out->status = 400;
         return;
@@ -236,8 +293,10 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         out->pngs = xcalloc((size_t)q->n, sizeof *out->pngs);
         out->png_sizes = xcalloc((size_t)q->n, sizeof *out->png_sizes);
     }
+    sc->width = W, sc->height = H, sc->rgb = rgb;
     for (int k = 0; k < q->n && !rc; k++) {
         seed = q->seed + (uint64_t)k;
+        sc->image = k;
         tp_job j = {.seed = seed, .rng = gs.rng, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
                        .embeds = emb, .L = L, .neg_embeds = neg, .Ln = Ln, .on_step = on_step, .ctx = sc,
                        .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images};
@@ -252,15 +311,12 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         t_dec += dt;
         if (!mine && d->tp_rank == 0) {
             char *params = gen_parameters_text(&gs, 0);
-            int pw = W, ph = H, box[4];
-            if (gen_job_crop(&gs, 0, box)) {   /* FLUX.3: the padded reference's canvas, cropped back to it */
-                for (int y = 0; y < box[3]; y++)
-                    memmove(rgb + (size_t)y * box[2] * 3, rgb + ((size_t)(box[1] + y) * W + box[0]) * 3, (size_t)box[2] * 3);
-                pw = box[2], ph = box[3];
-            }
+            int pw, ph;
+            crop_rgb(&gs, rgb, W, H, &pw, &ph);   /* FLUX.3: the padded reference's canvas, cropped back to it */
             if (!mine) mine = png_encode_rgb(rgb, pw, ph, "parameters", params, &out->pngs[k], &out->png_sizes[k]);
             free(params);
             if (!mine) out->n_pngs++;
+            if (!mine) serve_ranks_event(sc->ranks, out, 1, k, out->pngs[k], out->png_sizes[k]);   /* a stream's completed event */
         }
         rc = dist_agree(d->tp_comm, mine);
     }
@@ -292,7 +348,8 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     if (rc) {
         serve_job_free_result(out);
         out->status = 500;
-        serve_error_set(&out->err, 500, "server_error", NULL, "rendering failed: %s", tp_error_msg());
+        serve_error_set(&out->err, 500, "server_error", NULL, "rendering failed: %s",
+                        sc->preview_failed ? sc->preview_err : tp_error_msg());
         if (d->world_rank == 0) fprintf(stderr, "tpgen: serve: request %llu failed: %s\n", (unsigned long long)out->id,
                                         tp_error_msg());
         return;

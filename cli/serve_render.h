@@ -15,9 +15,21 @@ typedef struct serve_ctx {
     serve_ranks *ranks;
     int has_encoder;             /* the VAE can encode reference images (same on every rank) */
     /* the job being rendered, and whether (why) it was stopped at a step */
-    const serve_job *job;
+    serve_job *job;
     int cancelled, cancelled_step, cancelled_steps;
+    /* a streamed job's partial images: the image being rendered, its
+     * size and RGB buffer (group's first rank), a failed preview's message */
+    const gen_setup *gs;
+    int image, width, height;
+    uint8_t *rgb;
+    int preview_failed;
+    char preview_err[512];
 } serve_ctx;
+
+/* Does a stream with `partials` partial images (0..3) show one after step
+ * `step` (1-based) of `steps`? Evenly spaced: floor(k·steps/(partials+1)),
+ * k = 1..partials, never after the last step nor twice after one. */
+int serve_partial_step(int step, int steps, int partials);
 
 /* A serve_render_fn (serve_ranks.h); ctx is a serve_ctx. */
 void serve_render(void *ctx, const serve_request *q, serve_job *out);

@@ -64,7 +64,7 @@ int sampler_run(const sampler_params *p, float *out) {
         euler_step(x, v, n, p->sigmas[i + 1] - p->sigmas[i], p->bf16);
         if ((rc = check_finite(x, n, p->C, i, p->steps))) break;
         watchdog_step(MPI_Wtime() - t0);   /* a progress point for the rank's watchdog */
-        if (p->on_step && p->on_step(i, p->steps, MPI_Wtime() - t0, v, x, p->ctx))
+        if (p->on_step && p->on_step(i, p->steps, MPI_Wtime() - t0, v, x, p->sigmas[i + 1], p->ctx))
             rc = tp_error("denoising stopped at step %d of %d", i + 1, p->steps);
     }
     if (!rc) memcpy(out, x, n * sizeof *out);

@@ -14,12 +14,15 @@
 #include <stdint.h>
 
 /* Called after each step on every rank: v is the velocity used in this step
- * [N, C] (after CFG), x the latents after the step [N, C]. Return non-zero
+ * [N, C] (after CFG), x the latents after the step [N, C], sigma the noise
+ * level after the step (σ[i+1]; 0 after the last), so that x − sigma·v is
+ * the prediction of the clean latents (x0 = x_before − σ[i]·v in exact
+ * arithmetic; in bf16 mode x holds its rounding, < 2^-8 relative). Return non-zero
  * to stop the loop (it then fails with "stopped"); the return value must be
  * the same on every rank of the group (the ranks must stay in lockstep), so
  * decide on rank-independent data or agree first. */
 typedef int (*denoise_step_fn)(int step, int steps, double step_seconds, const float *v,
-                               const float *x, void *ctx);
+                               const float *x, float sigma, void *ctx);
 
 /* One velocity prediction of the family's model: v [N, C] for the latents x
  * [N, C] at step `step` (0-based); neg selects the negative prompt (the

@@ -260,6 +260,16 @@ void tp_pipe_free(tp_pipe *p) {
     free(p);
 }
 
+int tp_pipe_decode_x0(tp_pipe *p, const float *x, const float *v, float sigma, int width, int height, uint8_t *rgb,
+                      double *seconds) {
+    size_t n = (size_t)(height / 16) * (size_t)(width / 16) * (size_t)p->info->in_channels;
+    float *x0 = xmalloc(n * sizeof *x0);
+    for (size_t i = 0; i < n; i++) x0[i] = x[i] - sigma * v[i];
+    int rc = tp_pipe_decode(p, x0, width, height, rgb, seconds);
+    free(x0);
+    return rc;
+}
+
 const tp_pipe_stats *tp_pipe_get_stats(const tp_pipe *p) { return &p->st; }
 uint64_t tp_pipe_resident_bytes(const tp_pipe *p) { return p->be ? p->be->bytes_in_use : 0; }
 
@@ -398,11 +408,11 @@ void tp_pipe_unload(tp_pipe *p) {
 
 /* ---- one job ---- */
 
-static int count_step(int step, int steps, double seconds, const float *v, const float *x, void *ctx) {
+static int count_step(int step, int steps, double seconds, const float *v, const float *x, float sigma, void *ctx) {
     tp_pipe *p = ctx;
     p->st.steps++;
     p->st.step_seconds += seconds;
-    return p->user_step ? p->user_step(step, steps, seconds, v, x, p->user_ctx) : 0;
+    return p->user_step ? p->user_step(step, steps, seconds, v, x, sigma, p->user_ctx) : 0;
 }
 
 /* The job's reference tokens: encoded across the group (the first rank

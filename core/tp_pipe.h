@@ -199,6 +199,13 @@ int tp_pipe_render(tp_pipe *p, const tp_job *job, float *latents);
  * Collective over the TP group; the status is agreed. */
 int tp_pipe_decode(tp_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds);
 
+/* A preview from inside a job's step callback (every rank, in lockstep):
+ * the prediction of the clean latents x0 = x − sigma·v (the callback's x,
+ * v and sigma, core/sampler.h) decoded with the resident VAE as
+ * tp_pipe_decode does. Collective over the TP group. */
+int tp_pipe_decode_x0(tp_pipe *p, const float *x, const float *v, float sigma, int width, int height, uint8_t *rgb,
+                      double *seconds);
+
 const tp_pipe_stats *tp_pipe_get_stats(const tp_pipe *p);
 /* Bytes the backend holds now (weights and buffers), this rank. */
 uint64_t tp_pipe_resident_bytes(const tp_pipe *p);

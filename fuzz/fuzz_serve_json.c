@@ -3,7 +3,8 @@
  * POST /v1/images/generations JSON body (serve_parse_generation); odd,
  * as the text fields of an edits form, one "key=value" per line (NUL
  * bytes kept), with (byte >> 1) % 12 reference images
- * (serve_parse_edit). Every refusal must be a 4xx with a JSON error body;
+ * (serve_parse_edit). Accepted requests keep stream boolean and
+ * partial_images within 0..3 (the fields of a streamed answer). Every refusal must be a 4xx with a JSON error body;
  * a 5xx from request bytes is a finding (abort), except "out of memory"
  * under libFuzzer's malloc limit. */
 #include "cli/serve_api.h"
@@ -18,6 +19,11 @@ static void check(int rc, const serve_request *r, const serve_error *e) {
     if (rc == 0) {
         if (!r->prompt || r->n < 1) {
             fprintf(stderr, "accepted without a prompt or n\n");
+            abort();
+        }
+        /* the streaming fields (serve_stream.h): a boolean, and 0..3 partials */
+        if ((r->stream != 0 && r->stream != 1) || r->partial_images < 0 || r->partial_images > SERVE_MAX_PARTIAL_IMAGES) {
+            fprintf(stderr, "accepted stream %d, partial_images %d\n", r->stream, r->partial_images);
             abort();
         }
         return;

@@ -171,7 +171,7 @@ typedef struct step_rec {
     int calls;
 } step_rec;
 
-static int record_step(int step, int steps, double sec, const float *v, const float *x, void *ctx) {
+static int record_step(int step, int steps, double sec, const float *v, const float *x, float sigma, void *ctx) {
     step_rec *r = ctx;
     if (step == 0) memcpy(r->v0, v, r->n * sizeof(float));
     if (step < 8) memcpy(r->x[step], x, r->n * sizeof(float));

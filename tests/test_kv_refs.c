@@ -178,7 +178,7 @@ TEST_MPI(kv_refs_cached_pass_equals_fresh_extract) {
 }
 
 typedef struct vlog { float v[8][NN * C]; int n; } vlog;
-static int log_v(int step, int steps, double sec, const float *v, const float *x, void *ctx) {
+static int log_v(int step, int steps, double sec, const float *v, const float *x, float sigma, void *ctx) {
     vlog *l = ctx;
     if (step < 8) memcpy(l->v[step], v, sizeof l->v[step]);
     l->n++;

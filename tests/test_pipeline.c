@@ -82,7 +82,7 @@ static flux2_model *load_tiny(backend *be, comm *c, dtype_t prec) {
 
 typedef struct step_log { float *v0; int calls; } step_log;
 
-static int keep_step0(int step, int steps, double sec, const float *v, const float *x, void *ctx) {
+static int keep_step0(int step, int steps, double sec, const float *v, const float *x, float sigma, void *ctx) {
     step_log *l = ctx;
     if (step == 0) memcpy(l->v0, v, sizeof(float) * 24 * 32);
     l->calls++;
@@ -227,7 +227,7 @@ TEST(pipeline_rejects_bad_params) {
  * initial noise and the schedule of core/schedule.c. */
 typedef struct klein_log { const float *want[4]; double worst; int calls; float *v0; } klein_log;
 
-static int klein_step(int step, int steps, double sec, const float *v, const float *x, void *ctx) {
+static int klein_step(int step, int steps, double sec, const float *v, const float *x, float sigma, void *ctx) {
     klein_log *l = ctx;
     if (step == 0) memcpy(l->v0, v, sizeof(float) * 24 * 32);
     if (step < 3) {

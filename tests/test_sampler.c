@@ -28,7 +28,7 @@ static int toy_predict(void *ctx, int step, int neg, const float *x, float *v) {
     return 0;
 }
 
-static int count_steps(int step, int steps, double s, const float *v, const float *x, void *ctx) {
+static int count_steps(int step, int steps, double s, const float *v, const float *x, float sigma, void *ctx) {
     (*(int *)ctx)++;
     return 0;
 }
@@ -87,7 +87,7 @@ TEST(sampler_stops_at_the_first_non_finite_step) {
           "an infinite velocity at step 1: %s", tp_error_msg());
 }
 
-static int stop_at_2(int step, int steps, double s, const float *v, const float *x, void *ctx) { return step == 1; }
+static int stop_at_2(int step, int steps, double s, const float *v, const float *x, float sigma, void *ctx) { return step == 1; }
 static int fail_predict(void *ctx, int step, int neg, const float *x, float *v) {
     return step == 1 && neg ? tp_error("the forward failed") : 0;
 }
@@ -110,4 +110,44 @@ TEST(sampler_reports_the_step_of_a_failure) {
     p.sigmas = sig, p.steps = 0;
     CHECK(sampler_run(&p, out) == -1 && strstr(tp_error_msg(), "steps must be at least 1"), "0 steps: %s",
           tp_error_msg());
+}
+
+/* The step callback's sigma is σ[i+1], so x − σ·v (after the step) is the
+ * clean-image prediction x_before − σ[i]·v that previews decode: checked
+ * against the previous step's latents, written out here (f32: to rounding;
+ * bf16: within the rounding of x, 2^-8 relative). */
+typedef struct x0_log { float prev[6]; float sig[8]; int steps; double worst[2]; int bf16; } x0_log;
+
+static int check_x0(int step, int steps, double s, const float *v, const float *x, float sigma, void *ctx) {
+    (void)steps, (void)s;
+    x0_log *l = ctx;
+    l->sig[step] = sigma;
+    for (int i = 0; i < 6; i++) {
+        double want = (double)l->prev[i] - (double)l->sig[7] * v[i];   /* sig[7]: σ[i], set before the step */
+        double got = (double)x[i] - (double)sigma * v[i];
+        double err = fabs(got - want) / (fabs(want) + fabs(x[i]) + 1e-3);
+        if (err > l->worst[l->bf16]) l->worst[l->bf16] = err;
+        l->prev[i] = x[i];
+    }
+    l->sig[7] = sigma;
+    l->steps++;
+    return 0;
+}
+
+TEST(sampler_step_sigma_gives_the_clean_prediction) {
+    const float x0[6] = {0.3f, -1.25f, 2.0f, 0.0071f, -0.5f, 1.0f / 3.0f}, sig[4] = {1.0f, 0.7f, 0.33f, 0.0f};
+    x0_log l = {0};
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        toy t = {.a = -0.9f, .b = 0.125f, .nan_step = -1, .inf_step = -1};
+        float out[6];
+        l.bf16 = bf16, l.steps = 0, l.sig[7] = sig[0];
+        for (int i = 0; i < 6; i++) l.prev[i] = bf16 ? bf16r(x0[i]) : x0[i];
+        sampler_params p = {.latents = x0, .N = 3, .C = 2, .sigmas = sig, .steps = 3, .bf16 = bf16,
+                            .predict = toy_predict, .model = &t, .on_step = check_x0, .ctx = &l};
+        REQUIRE(sampler_run(&p, out) == 0, "%s", tp_error_msg());
+        CHECK(l.steps == 3 && l.sig[0] == sig[1] && l.sig[1] == sig[2] && l.sig[2] == 0.0f,
+              "bf16 %d: the callback's sigma is σ[i+1] (got %g %g %g)", bf16, l.sig[0], l.sig[1], l.sig[2]);
+    }
+    CHECK(l.worst[0] < 1e-6, "f32: x − σ[i+1]·v equals x_before − σ[i]·v to rounding (worst %.3g)", l.worst[0]);
+    CHECK(l.worst[1] < 1.0 / 128, "bf16: within the rounding of x (worst %.3g)", l.worst[1]);
 }
