@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 80 s; checks: 40
+# budget: 100 s; checks: 44
 # Block caching (--cache, docs/cache.md) against cache-dit 1.5.3 (the golden
 # set flux2-cache: a tiny FLUX.2, 4 double + 5 single blocks, 16 steps):
 #  - every configuration (dev flow, klein-base CFG flow with separate branch
@@ -152,3 +152,29 @@ out=$($MPIRUN -np 2 "$TPGEN" generate --model "$TMP/dev" --prompt-embeds "$I:pro
     --steps 4 --backend cpu --no-decode --save-latents "$TMP/r.st" --cache fn=0 2>&1)
 [ "$(echo "$out" | grep -c 'fn=0')" -ge 1 ] && ! echo "$out" | grep -qi 'load' \
     && ok "cache refusal comes before loading (no load line)" || fail "cache refusal: $out"
+
+# --- serve: a request's "cache", refusals as 400 naming the field, /metrics counts the steps ---
+M=$TMP/tiny
+"$TPGEN" make-tiny --out "$M" --seed 3 >/dev/null 2>&1 || fail "cache serve: make-tiny"
+. "$TPGEN_ROOT/tests/lib_serve.sh"   # start_server, stop_server
+if ! start_server "$TMP/srv.log" "$TPGEN" --steps 4 --width 32 --height 32; then
+    fail "cache serve: did not become ready: $(tail -3 "$TMP/srv.log")"
+else
+    post() { curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -H 'Content-Type: application/json' -d "$1"; }
+    # threshold >= 1 caches every step after the warmup without measuring (spec §3 step 8): 1 computed, 3 cached
+    r=$(post '{"prompt": "a fox", "seed": 7, "cache": "warmup=1,threshold=1"}')
+    echo "$r" | jq -r '.data[0].b64_json' | base64 -d > "$TMP/srv.png" 2>/dev/null
+    m=$(curl -s "http://127.0.0.1:$PORT/metrics")
+    if grep -aq 'cache: fn=1,bn=0,warmup=1,threshold=1,' "$TMP/srv.png" &&
+        echo "$m" | grep -q 'tpgen_block_cache_steps_total{group="double",result="cached"} 3' &&
+        echo "$m" | grep -q 'tpgen_block_cache_steps_total{group="single",result="computed"} 1'; then
+        ok "cache serve: a request's cache is used, recorded in its PNG, and /metrics counts 1 computed + 3 cached steps per group"
+    else fail "cache serve: $(echo "$r" | head -c 200) $(echo "$m" | grep block_cache)"; fi
+    for c in 'fn=0:fn=0' 'treshold=1:unknown key' 'fn=9:fn=9 \+ bn=0 is more than the'; do
+        r=$(post "{\"prompt\": \"a fox\", \"cache\": \"${c%%:*}\"}")
+        echo "$r" | jq -e '.error.param == "cache"' >/dev/null && echo "$r" | jq -r .error.message | grep -qE "${c#*:}" \
+            && ok "cache serve: \"cache\": \"${c%%:*}\" refused with 400 naming the field" \
+            || fail "cache serve: \"cache\": \"${c%%:*}\": $r"
+    done
+    stop_server >/dev/null
+fi
