@@ -243,12 +243,16 @@ static int run_middle(block_cache *bc, bc_state *s, tensor *x, int64_t n, int bf
     float *before = grow(&bc->before, &bc->before_cap, n);
     float *cur = grow(&bc->cur, &bc->cur_cap, n);
     if (tensor_download_f32(x, before) || run_range(run, ctx, from, to) || tensor_download_f32(x, cur)) return -1;
+    if (bc->spec.taylorseer) {   /* the residual feeds the ladder, which is all TaylorSeer keeps */
+        sub(cur, cur, before, n, bf16);
+        bc_taylor_update(&s->taylor, cur, n, bc->step);
+        return 0;
+    }
     if (s->res_n != n) {
         s->res = xrealloc(s->res, (size_t)n * sizeof *s->res);
         s->res_n = n;
     }
     sub(s->res, cur, before, n, bf16);
-    if (bc->spec.taylorseer) bc_taylor_update(&s->taylor, s->res, n, bc->step);
     return 0;
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 100 s; checks: 44
+# budget: 110 s; checks: 47
 # Block caching (--cache, docs/cache.md) against cache-dit 1.5.3 (the golden
 # set flux2-cache: a tiny FLUX.2, 4 double + 5 single blocks, 16 steps):
 #  - every configuration (dev flow, klein-base CFG flow with separate branch
@@ -152,6 +152,30 @@ out=$($MPIRUN -np 2 "$TPGEN" generate --model "$TMP/dev" --prompt-embeds "$I:pro
     --steps 4 --backend cpu --no-decode --save-latents "$TMP/r.st" --cache fn=0 2>&1)
 [ "$(echo "$out" | grep -c 'fn=0')" -ge 1 ] && ! echo "$out" | grep -qi 'load' \
     && ok "cache refusal comes before loading (no load line)" || fail "cache refusal: $out"
+
+# --- FLUX.3 (no golden: mode blocks and single blocks as the two groups, docs/cache.md) ---
+flux3_folder base "$TMP/f3"
+python3 "$TPGEN_ROOT/tests/tools/craft.py" st "$TMP/e80.st" prompt_embeds:F32:1,80,80 negative_prompt_embeds:F32:1,80,80
+F3=(--model "$TMP/f3" --prompt-embeds "$TMP/e80.st" --negative-prompt-embeds "$TMP/e80.st" --steps 12 --width 64
+    --height 64 --precision f32 --backend cpu --no-decode)
+for np in 1 3; do
+    $MPIRUN -np $np "$TPGEN" generate "${F3[@]}" --cache warmup=2,threshold=0.2 --save-latents "$TMP/f3-$np.st" \
+        --json-metrics "$TMP/f3-$np.json" >"$TMP/f3-$np.log" 2>&1
+done
+d1=$(dec "$TMP/f3-1.json" 2>&1) d3=$(dec "$TMP/f3-3.json" 2>&1)
+[ "$d1" = "$d3" ] && echo "$d3" | grep -q 'K.*disagreements 0$' && grep -q 'cache    mode blocks' "$TMP/f3-3.log" \
+    && ok "cache FLUX.3 base (CFG) tp=3: mode and single groups' decisions agreed, equal to tp 1's ($d3)" \
+    || fail "cache FLUX.3 tp=3: tp 3 $d3, tp 1 $d1; $(tail -2 "$TMP/f3-3.log" | tr '\n' ' ')"
+# fn + bn = every block: nothing is skipped, so "caching" every step (threshold 1) must change no bit
+"$TPGEN" generate "${F3[@]}" --save-latents "$TMP/f3-plain.st" >/dev/null 2>&1
+"$TPGEN" generate "${F3[@]}" --cache fn=1,bn=1,warmup=1,threshold=1 --save-latents "$TMP/f3-all.st" \
+    --json-metrics "$TMP/f3-all.json" >/dev/null 2>&1
+[ "$(dec "$TMP/f3-all.json" 2>&1)" = "CKKKKKKKKKKK CKKKKKKKKKKK CKKKKKKKKKKK CKKKKKKKKKKK disagreements 0" ] &&
+    cmp -s "$TMP/f3-all.st" "$TMP/f3-plain.st" && ! cmp -s "$TMP/f3-1.st" "$TMP/f3-plain.st" \
+    && ok "cache FLUX.3: with no middle blocks the cached steps change nothing (bit-identical); with them they do" \
+    || fail "cache FLUX.3 empty middle: $(dec "$TMP/f3-all.json" 2>&1)"
+expect_fail "cache FLUX.3 refuses fn + bn above the mode blocks" 'fn=2 \+ bn=1 is more than the 2 mode blocks' \
+    "$TPGEN" generate "${F3[@]}" --cache fn=2,bn=1 --save-latents "$TMP/f3-bad.st"
 
 # --- serve: a request's "cache", refusals as 400 naming the field, /metrics counts the steps ---
 M=$TMP/tiny
