@@ -1,9 +1,9 @@
 /* Block caching, the wrapper around the block loops (block_cache.h;
  * docs/spec/block-cache.md). The cache state lives on the host in f32: the
  * Fn residual of the last computed step, the Mn residual (or its TaylorSeer
- * ladder). The stream is read back once before and once after the middle
- * blocks on a computed step, and written once on a cached step: small next
- * to the blocks it skips, and the same code on every backend. */
+ * ladder). The stream crosses to the host three times per group and call
+ * (block_cache_run): small next to the blocks a cached step skips, and the
+ * same code on every backend. */
 #include "block_cache.h"
 #include "kernels/err.h"
 #include "kernels/ops.h"
@@ -223,26 +223,30 @@ static int decide(block_cache *bc, int g, bc_state *s, const float *r, int64_t n
     return 0;
 }
 
-/* a cached step: x += the Mn residual (or its forecast) */
-static int apply_cached(block_cache *bc, bc_state *s, tensor *x, int64_t n, int bf16) {
-    float *cur = grow(&bc->cur, &bc->cur_cap, n);
+/* a cached step: h (the stream after the Fn blocks, read back) += the Mn
+ * residual or its forecast, written back to x */
+static int apply_cached(block_cache *bc, bc_state *s, tensor *x, float *h, int64_t n, int bf16) {
     const float *res = s->res;
     if (bc->spec.taylorseer) {
         float *f = grow(&bc->before, &bc->before_cap, n);
         bc_taylor_approx(&s->taylor, bc->step, f);
         res = f;
     }
-    if (tensor_download_f32(x, cur)) return -1;
-    for (int64_t i = 0; i < n; i++) cur[i] = bf16 ? bf16r(cur[i] + res[i]) : cur[i] + res[i];
-    return tensor_upload_f32(x, cur);
+    for (int64_t i = 0; i < n; i++) h[i] = bf16 ? bf16r(h[i] + res[i]) : h[i] + res[i];
+    return tensor_upload_f32(x, h);
 }
 
-/* a computed step: run the middle blocks and keep their residual */
+/* a computed step: run the middle blocks on x (h: x as it is now, read
+ * back) and keep their residual */
 static int run_middle(block_cache *bc, bc_state *s, tensor *x, int64_t n, int bf16, int from, int to,
                       bc_block_fn run, void *ctx) {
-    float *before = grow(&bc->before, &bc->before_cap, n);
+    /* the stream read back after the Fn blocks is the middle's input: keep it, read the output into the other buffer */
+    float *before = bc->cur;
+    int64_t cap = bc->cur_cap;
+    bc->cur = bc->before, bc->cur_cap = bc->before_cap;
+    bc->before = before, bc->before_cap = cap;
     float *cur = grow(&bc->cur, &bc->cur_cap, n);
-    if (tensor_download_f32(x, before) || run_range(run, ctx, from, to) || tensor_download_f32(x, cur)) return -1;
+    if (run_range(run, ctx, from, to) || tensor_download_f32(x, cur)) return -1;
     if (bc->spec.taylorseer) {   /* the residual feeds the ladder, which is all TaylorSeer keeps */
         sub(cur, cur, before, n, bf16);
         bc_taylor_update(&s->taylor, cur, n, bc->step);
@@ -256,6 +260,10 @@ static int run_middle(block_cache *bc, bc_state *s, tensor *x, int64_t n, int bf
     return 0;
 }
 
+/* The group (spec §2). Per call the stream crosses to the host three times:
+ * the measured rows before the Fn blocks, the whole stream after them (the
+ * Fn residual's rows are part of it), and the middle's output on a computed
+ * step, or the stream plus the residual back on a cached one. */
 int block_cache_run(block_cache *bc, int g, int n, tensor *x, int64_t r0, int64_t rows, bc_block_fn run, void *ctx) {
     if (!bc) return run_range(run, ctx, 0, n);
     const bc_spec *sp = &bc->spec;
@@ -266,12 +274,13 @@ int block_cache_run(block_cache *bc, int g, int n, tensor *x, int64_t r0, int64_
     tensor probe = tensor_rows(x, r0, rows);
     int64_t pn = rows * x->cols, xn = (int64_t)tensor_numel(x);
     float *x0 = grow(&bc->probe, &bc->probe_cap, 2 * pn), *r = x0 + pn;
-    if (tensor_download_f32(&probe, x0) || run_range(run, ctx, 0, sp->fn) || tensor_download_f32(&probe, r)) return -1;
-    sub(r, r, x0, pn, bf16);
+    float *h = grow(&bc->cur, &bc->cur_cap, xn);
+    if (tensor_download_f32(&probe, x0) || run_range(run, ctx, 0, sp->fn) || tensor_download_f32(x, h)) return -1;
+    sub(r, h + r0 * x->cols, x0, pn, bf16);
     if (decide(bc, g, s, r, pn, xn, &cache)) return -1;
     if (cache) {
         s->n_cached++, s->last_cached = bc->step, s->cont++;
-        if (apply_cached(bc, s, x, xn, bf16)) return -1;
+        if (apply_cached(bc, s, x, h, xn, bf16)) return -1;
     } else {
         if (s->fn_n != pn) {   /* the reference is refreshed on computed steps only */
             s->fn_prev = xrealloc(s->fn_prev, (size_t)pn * sizeof *s->fn_prev);
