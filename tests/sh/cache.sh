@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 110 s; checks: 47
+# budget: 80 s; checks: 47
 # Block caching (--cache, docs/cache.md) against cache-dit 1.5.3 (the golden
 # set flux2-cache: a tiny FLUX.2, 4 double + 5 single blocks, 16 steps):
 #  - every configuration (dev flow, klein-base CFG flow with separate branch
