@@ -52,6 +52,9 @@ typedef struct gen_setup {
     int n_skipped;               /* --skip-existing: this group's jobs left out */
     int n_todo_world;            /* jobs to render, all groups */
     gen_lora *lora;              /* --lora adapters: formats, sha256, bytes read (NULL: none) */
+    bc_spec cache;               /* --cache, parsed and checked against the transformer's blocks at setup */
+    char **cache_json;           /* [n_jobs]: each rendered job's decisions as JSON text, on its group's first
+                                  * rank (NULL elsewhere and without a cache) */
 } gen_setup;
 
 /* Fill defaults from the model folder and check everything that can be
@@ -84,6 +87,8 @@ typedef struct gen_metrics {
     double step_seconds;         /* summed over steps */
     int images, latents;         /* files written by this rank */
     int jobs_done;               /* jobs of this rank's group */
+    int cache_steps[2][2];       /* --cache, this group's first rank: [group][0 computed, 1 cached] block-group
+                                  * steps, all jobs and CFG branches */
 } gen_metrics;
 
 /* Run this rank's jobs. Collective within the TP group; returns -1 after

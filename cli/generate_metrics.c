@@ -45,7 +45,42 @@ typedef struct summary {
     double refs_encoded;         /* reference images encoded, summed */
     double previews, t_preview;  /* --preview-every: PNGs written (sum), decoding them (max over ranks) */
     double *rss;             /* per world rank */
+    double cache_steps[2][2];    /* --cache: [group][computed, cached], summed over TP-group leads */
+    json_t *cache;           /* --cache, world rank 0: cache_decisions, one object per rendered job in job order */
 } summary;
+
+/* Every group's first rank holds its jobs' decisions (JSON text, one line
+ * each); world rank 0 collects them and orders them by job. Collective. */
+static json_t *gather_cache(const gen_setup *g) {
+    MPI_Comm w = g->d->world;
+    char *mine = xstrdup("");
+    for (int j = 0; j < g->n_jobs; j++) {
+        if (!g->cache_json[j]) continue;
+        char *t = xasprintf("%s%s\n", mine, g->cache_json[j]);
+        free(mine);
+        mine = t;
+    }
+    int len = (int)strlen(mine), size = g->d->world_size, root = g->d->world_rank == 0;
+    int *lens = root ? xcalloc((size_t)size, sizeof *lens) : NULL, *offs = root ? xcalloc((size_t)size, sizeof *offs) : NULL;
+    MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, w);
+    int total = 0;
+    for (int r = 0; root && r < size; r++) offs[r] = total, total += lens[r];
+    char *all = root ? xcalloc((size_t)total + 1, 1) : NULL;
+    MPI_Gatherv(mine, len, MPI_CHAR, all, lens, offs, MPI_CHAR, 0, w);
+    free(mine), free(lens), free(offs);
+    if (!root) return NULL;
+    json_t **byjob = xcalloc((size_t)g->n_jobs + 1, sizeof *byjob), *arr = json_array();
+    for (char *line = strtok(all, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        json_int_t j = o ? json_integer_value(json_object_get(o, "job")) : -1;
+        if (j >= 0 && j < g->n_jobs && !byjob[j]) byjob[j] = o;
+        else json_decref(o);
+    }
+    for (int j = 0; j < g->n_jobs; j++)
+        if (byjob[j]) json_array_append_new(arr, byjob[j]);
+    free(byjob), free(all);
+    return arr;
+}
 
 static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     MPI_Comm w = g->d->world;
@@ -67,6 +102,10 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     MPI_Reduce(re, re_sum, 2, MPI_DOUBLE, MPI_SUM, 0, w);
     s->refs_encoded = re_sum[0], s->previews = re_sum[1];
     MPI_Reduce(&m->t_preview, &s->t_preview, 1, MPI_DOUBLE, MPI_MAX, 0, w);
+    double cs[4] = {m->cache_steps[0][0], m->cache_steps[0][1], m->cache_steps[1][0], m->cache_steps[1][1]}, ct[4];
+    MPI_Reduce(cs, ct, 4, MPI_DOUBLE, MPI_SUM, 0, w);
+    s->cache_steps[0][0] = ct[0], s->cache_steps[0][1] = ct[1], s->cache_steps[1][0] = ct[2], s->cache_steps[1][1] = ct[3];
+    if (g->cache.on) s->cache = gather_cache(g);
     double rss = peak_rss_bytes();
     s->rss = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
     MPI_Gather(&rss, 1, MPI_DOUBLE, s->rss, 1, MPI_DOUBLE, 0, w);
@@ -97,6 +136,15 @@ static void print_summary(const gen_setup *g, const summary *s) {
         if (i == PH_DENOISE && s->previews > 0)
             printf("; %.0f preview%s, %.3f s each to decode", s->previews, s->previews == 1 ? "" : "s",
                    s->t_preview / s->previews * (g->d->dp > 1 ? g->d->dp : 1));
+        printf("\n");
+    }
+    if (g->cache.on) {   /* what the block cache skipped: block-group steps, all jobs and CFG branches */
+        const char *names[2][2] = {{"double blocks", "single blocks"}, {"mode blocks", "single blocks"}};
+        int f3 = model_family_is_flux3(g->info.family);
+        printf("  cache    ");
+        for (int k = 0; k < 2; k++)
+            printf("%s%s %.0f computed, %.0f cached", k ? "; " : "", names[f3][k], s->cache_steps[k][0],
+                   s->cache_steps[k][1]);
         printf("\n");
     }
     printf("  peak RSS per rank:");
@@ -138,7 +186,13 @@ static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
     json_object_set_new(j, "references_encoded", json_integer((json_int_t)s->refs_encoded));
     json_object_set_new(j, "previews", json_integer((json_int_t)s->previews));
     json_object_set_new(j, "preview_decode_seconds", json_real(s->t_preview));
-    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    if (g->cache.on) {
+        char *spec = bc_spec_format(&g->cache);
+        json_object_set_new(j, "cache", json_string(spec));
+        free(spec);
+        json_object_set_new(j, "cache_decisions", json_incref(s->cache));
+    }
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(g->cache.on ? 10 : 6));
     json_decref(j);
     int rc = file_write_atomic(sp->json_metrics, text, strlen(text));
     free(text);
@@ -155,6 +209,7 @@ int gen_report(const gen_setup *g, const gen_metrics *m, int status) {
         if (g->spec->json_metrics) rc = write_json(g, &s, json_incref(loras));
     }
     json_decref(loras);
+    json_decref(s.cache);
     free(s.rss);
     return dist_agree(g->d->world, rc);
 }

@@ -8,6 +8,7 @@
 #include "kernels/err.h"
 #include "core/image/png.h"
 #include "core/formats/safetensors.h"
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,8 @@ typedef struct run_state {
     uint8_t *preview_rgb;        /* --preview-every: the decoded preview (group's first rank) */
     char *preview_err;           /* why a preview stopped the job (the loop then reports only "stopped") */
     int preview_err_rank;        /* its agreed rank */
+    float *step_latents;         /* --save-step-latents: [steps, N, C] of the current job, else NULL */
+    size_t step_n;               /* N * C */
 } run_state;
 
 static int agree_tp(run_state *r, int rc) { return dist_agree(r->g->d->tp_comm, rc); }
@@ -125,6 +128,7 @@ static int on_step(int step, int steps, double seconds, const float *v, const fl
     run_state *r = ctx;
     gen_progress(r->g, r->job_pos, step, steps, seconds);
     int k = r->g->spec->preview_every;
+    if (r->step_latents) memcpy(r->step_latents + (size_t)step * r->step_n, x, r->step_n * sizeof *x);
     if (!k || (step + 1) % k || !write_preview(r, step + 1, v, x, sigma)) return 0;
     r->preview_err = xasprintf("the preview after step %d: %s", step + 1, tp_error_body());
     r->preview_err_rank = tp_error_rank();
@@ -138,7 +142,10 @@ static int save_latents(run_state *r, int job, const float *latents) {
     int W, H;
     gen_job_size(r->g, job, &W, &H);
     int64_t N = (int64_t)(H / 16) * (W / 16);
-    st_write_tensor t = {.name = "latents", .dtype = DT_F32, .ndim = 3, .shape = {1, N, r->g->info.in_channels}, .data = latents};
+    st_write_tensor t[2] = {
+        {.name = "latents", .dtype = DT_F32, .ndim = 3, .shape = {1, N, r->g->info.in_channels}, .data = latents},
+        {.name = "step_latents", .dtype = DT_F32, .ndim = 3, .shape = {s->steps, N, r->g->info.in_channels},
+         .data = r->step_latents}};
     char hs[16], ws[16], seed[32], steps[16];
     snprintf(hs, sizeof hs, "%d", H);
     snprintf(ws, sizeof ws, "%d", W);
@@ -148,7 +155,7 @@ static int save_latents(run_state *r, int job, const float *latents) {
                           r->g->init_latents ? r->g->init_desc[job] : seed, "steps", steps, "format",
                           "packed [1, (H/16)*(W/16), C], row-major tokens", NULL};
     double t0 = gen_now();
-    int rc = st_write(path, &t, 1, meta);
+    int rc = st_write(path, t, r->step_latents ? 2 : 1, meta);
     r->m->t_write += gen_now() - t0;
     if (!rc) r->m->latents++;
     free(path);
@@ -189,6 +196,29 @@ static int decode_and_write(run_state *r, int job, const float *latents) {
     return rc;
 }
 
+/* --cache: the job's decisions for --json-metrics and the summary, kept on
+ * the group's first rank (every rank of the group has the same record) */
+static void record_cache(run_state *r, int job, const bc_log *l) {
+    if (r->g->d->tp_rank != 0) return;
+    static const char *names[2][2] = {{"double", "single"}, {"double_uncond", "single_uncond"}};
+    json_t *o = json_pack("{s:i}", "job", job), *diffs = json_object();
+    for (int b = 0; b < l->branches; b++)
+        for (int g = 0; g < BC_GROUPS; g++) {
+            json_object_set_new(o, names[b][g], json_string(l->dec[b][g]));
+            json_t *d = json_array();
+            for (int i = 0; i < l->steps; i++)   /* null: no diff measured at that step */
+                json_array_append_new(d, l->diff[b][g][i] == l->diff[b][g][i] ? json_real(l->diff[b][g][i]) : json_null());
+            json_object_set_new(diffs, names[b][g], d);
+            for (const char *p = l->dec[b][g]; *p; p++) r->m->cache_steps[g][*p == 'K']++;
+        }
+    json_object_set_new(o, "residual_diffs", diffs);
+    json_object_set_new(o, "disagreements", json_integer(l->disagreements));
+    json_object_set_new(o, "cache_bytes", json_integer((json_int_t)l->peak_bytes));
+    free(r->g->cache_json[job]);
+    r->g->cache_json[job] = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    json_decref(o);
+}
+
 static int run_job(run_state *r, int job) {
     gen_setup *g = r->g;
     const run_spec *s = g->spec;
@@ -204,7 +234,12 @@ static int run_job(run_state *r, int job) {
         .L = s->prompt_embeds ? r->L : r->prompt_L[job / ns],
         .neg_embeds = !g->use_cfg ? NULL : s->prompt_embeds ? g->neg_embeds : r->neg_embeds,
         .Ln = !g->use_cfg ? 0 : s->prompt_embeds ? g->neg_embeds_len : r->neg_L, .on_step = on_step, .ctx = r,
+        .cache = g->cache.on ? &g->cache : NULL,
     };
+    bc_log cache_log = {0};
+    j.cache_log = j.cache ? &cache_log : NULL;
+    r->step_n = n;
+    r->step_latents = s->save_step_latents && s->save_latents ? xmalloc(n * (size_t)s->steps * sizeof(float)) : NULL;
     j.images = runspec_job_images(s, job, &j.n_images);
     double t0 = gen_now();
     r->job = job, r->width = W, r->height = H;
@@ -218,6 +253,8 @@ static int run_job(run_state *r, int job) {
     }
     free(r->preview_err);
     r->preview_err = NULL;
+    if (!rc && j.cache) record_cache(r, job, &cache_log);
+    bc_log_free(&cache_log);
     if (!rc) {
         int mine = 0;
         watchdog_phase_set(WD_STARTUP, "decoding across the group and writing the image on the group's first rank");
@@ -230,6 +267,8 @@ static int run_job(run_state *r, int job) {
     }
     watchdog_job(gen_now() - t0);
     free(latents);
+    free(r->step_latents);
+    r->step_latents = NULL;
     if (!rc) r->m->jobs_done++;
     return rc ? tp_error_context("job %d (seed %llu)", job, (unsigned long long)runspec_job_seed(s, job)) : 0;
 }

@@ -289,6 +289,19 @@ static int check_outputs(gen_setup *g, const run_spec *s) {
     return 0;
 }
 
+/* --cache: parsed and checked against the transformer's block groups
+ * before anything is loaded (every rank reads the same config: the same
+ * answer everywhere) */
+static int setup_cache(gen_setup *g, const run_spec *s) {
+    if (bc_spec_parse(s->cache, &g->cache)) return -1;
+    int flux3 = model_family_is_flux3(g->info.family);
+    const char *flux2_names[2] = {"double blocks", "single blocks"}, *flux3_names[2] = {"mode blocks", "single blocks"};
+    if (bc_spec_check_model(&g->cache, g->info.n_blocks[0], g->info.n_blocks[1], flux3 ? flux3_names : flux2_names))
+        return tp_error_context("%s", gen_model_name(s));
+    if (g->cache.on) g->cache_json = xcalloc((size_t)(runspec_n_jobs(s) ? runspec_n_jobs(s) : 1), sizeof(char *));
+    return 0;
+}
+
 int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     memset(g, 0, sizeof *g);
     g->spec = s;
@@ -313,10 +326,12 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
         return tp_error("%s is a FLUX.3 base model: guidance %.3g means CFG, which needs negative embeddings; add "
                         "--negative-prompt-embeds FILE[:TENSOR], or --guidance 1 to turn CFG off", gen_model_name(s),
                         s->guidance);
-    if (!flux3 && g->use_cfg && s->prompt_embeds)
-        return tp_error("%s is a klein base model: guidance %.3g means CFG, which needs the text encoder for the "
-                        "negative prompt; use --prompt instead of --prompt-embeds, or --guidance 1 to turn CFG off",
+    if (!flux3 && g->use_cfg && s->prompt_embeds && !s->negative_prompt_embeds)
+        return tp_error("%s is a klein base model: guidance %.3g means CFG, which needs negative embeddings with "
+                        "--prompt-embeds; add --negative-prompt-embeds FILE[:TENSOR], use --prompt instead (the text "
+                        "encoder embeds the negative prompt), or --guidance 1 to turn CFG off",
                         gen_model_name(s), s->guidance);
+    if (setup_cache(g, s)) return -1;
     if (s->width % 16 || s->height % 16)
         return tp_error("the image size %dx%d must be a multiple of 16 in both directions", s->width, s->height);
     g->n_jobs = runspec_n_jobs(s);
@@ -380,6 +395,8 @@ void gen_setup_free(gen_setup *g) {
     free(g->neg_embeds);
     free(g->neg_embeds_desc);
     free(g->my_jobs);
+    for (int j = 0; g->cache_json && j < g->n_jobs; j++) free(g->cache_json[j]);
+    free(g->cache_json);
     for (int j = 0; g->init_latents && j < g->n_jobs; j++) free(g->init_latents[j]);
     for (int j = 0; g->init_desc && j < g->n_jobs; j++) free(g->init_desc[j]);
     free(g->init_latents);
@@ -437,14 +454,19 @@ char *gen_parameters_text(const gen_setup *g, int job) {
     char *start = g->init_latents ? xasprintf("initial_latents: %s (sha256 %s)", g->init_desc[job], g->init_sha256)
                   : g->rng == TP_RNG_TORCH1 ? xasprintf("seed: %llu\nrng: torch1", (unsigned long long)runspec_job_seed(s, job))
                                             : xasprintf("seed: %llu", (unsigned long long)runspec_job_seed(s, job));
-    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%s%s\nsteps: %d\nguidance: %s\nsize: %s\n"
+    /* block caching: the spec, only when on (an uncached PNG's text is as before) */
+    char *spec = g->cache.on ? bc_spec_format(&g->cache) : NULL;
+    char *cache = spec ? xasprintf("cache: %s\n", spec) : xstrdup("");
+    free(spec);
+    char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%s%s\nsteps: %d\n%sguidance: %s\nsize: %s\n"
                           "model: %s (%s)\n%stp: %d\nprecision: %s\ntpgen: %s\n",
                           prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
-                          refs, start, s->steps, guidance, size,
+                          refs, start, s->steps, cache, guidance, size,
                           gen_model_name(s), g->info.family_name, loras, g->d->tp,
                           g->precision == DT_F32 ? (g->quantize_fp8 ? "f32, fp8 weights (--quantize)" : "f32")
                           : g->quantize_fp8 ? "bf16, fp8 weights (--quantize)" : "bf16",
                           TPGEN_VERSION);
+    free(cache);
     free(neg);
     free(refs);
     free(loras);

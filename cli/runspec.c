@@ -95,6 +95,12 @@ static const key_def k_keys[] = {
     {"preview", K_STR, OFF(preview), 0, 0, NULL, "PATTERN",
      "where --preview-every writes: a pattern with {step} and the --output placeholders ({index}, {seed}, ...), "
      "e.g. previews/{index:04}-{step:03}.png", 0, 0},
+    {"cache", K_STR, OFF(cache), 0, 0, NULL, "SPEC",
+     "block caching (cache-dit's DBCache/TaylorSeer, docs/cache.md): off (default), a preset (fast, balanced), or "
+     "key=value pairs fn, bn, warmup, threshold, threshold_single, max_cached, max_continuous, taylorseer (e.g. "
+     "fn=1,bn=0,warmup=8,threshold=0.08); in a run spec also a mapping of those keys", 0, 0},
+    {"save_step_latents", K_BOOL, OFF(save_step_latents), 0, 0, NULL, NULL,
+     "with --save-latents: also store the latents after every step (tensor 'step_latents' [steps, N, C]; checks)", 0, 0},
     {"initial_latents", K_STR, OFF(initial_latents), 0, 0, NULL, "FILE[:TENSOR]",
      "start denoising from this tensor [1, C, H/16, W/16] of a safetensors file (default tensor 'initial_latents', as "
      "diffusers' prepare_latents draws it) instead of seeded noise; several jobs: one tensor each, named with a "
@@ -123,7 +129,7 @@ static void free_prompt_images(run_spec *s) {
 }
 
 void runspec_free(run_spec *s) {
-    char **strs[] = {&s->model, &s->transformer, &s->text_encoder, &s->vae, &s->family, &s->prompt_embeds, &s->negative_prompt_embeds, &s->negative_prompt, &s->output, &s->rng, &s->initial_latents, &s->precision, &s->quantize,
+    char **strs[] = {&s->model, &s->transformer, &s->text_encoder, &s->vae, &s->family, &s->prompt_embeds, &s->negative_prompt_embeds, &s->negative_prompt, &s->output, &s->rng, &s->initial_latents, &s->cache, &s->precision, &s->quantize,
                      &s->backend, &s->save_latents, &s->json_metrics, &s->prompts_file, &s->spec_path, &s->preview};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(*strs[i]);
     free_prompt_images(s);
@@ -325,6 +331,27 @@ static int y_file_list(yctx *c, const yaml_node_t *n, const char *key, char ***l
     }
     *list = l;
     *cnt_out = cnt;
+    return 0;
+}
+
+/* cache: a mapping {fn: 1, threshold: 0.08, ...} -> "fn=1,threshold=0.08"
+ * (the keys and values are checked by bc_spec_parse, at setup) */
+static int y_cache(yctx *c, run_spec *s, const key_def *k, const yaml_node_t *n) {
+    if (n->type != YAML_MAPPING_NODE) return y_scalar(c, s, k, n);
+    char *txt = xstrdup("");
+    for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = yaml_document_get_node(c->doc, p->key), *vn = yaml_document_get_node(c->doc, p->value);
+        if (kn->type != YAML_SCALAR_NODE || vn->type != YAML_SCALAR_NODE || is_null_scalar(vn)) {
+            free(txt);
+            return tp_error("%s: each entry is key: value (e.g. threshold: 0.08)", at(c, kn, k->name));
+        }
+        char *t = xasprintf("%s%s%s=%s", txt, *txt ? "," : "", (const char *)kn->data.scalar.value,
+                            (const char *)vn->data.scalar.value);
+        free(txt);
+        txt = t;
+    }
+    free(s->cache);
+    s->cache = txt;
     return 0;
 }
 
@@ -547,6 +574,7 @@ static int y_document(yctx *c, run_spec *s) {
                  : k->kind == K_SEEDS  ? y_seeds(c, s, k, vn)
                  : k->kind == K_LORAS  ? y_loras(c, s, k, vn)
                  : k->kind == K_IMAGES ? y_images(c, s, k, vn)
+                 : k->off == OFF(cache) && k->kind == K_STR ? y_cache(c, s, k, vn)
                                        : y_scalar(c, s, k, vn);
         if (rc) return -1;
     }

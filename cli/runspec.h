@@ -27,6 +27,8 @@ typedef struct run_spec {
     char *rng;                   /* --rng torch2|torch1: whose bf16 draw the seed gives (NULL: torch2) */
     char *initial_latents;       /* --initial-latents FILE[:TENSOR]: start from these latents instead of seeded
                                   * noise; with several jobs TENSOR has a job placeholder ({index}, ...) */
+    char *cache;                 /* --cache SPEC: block caching (core/models/block_cache.h); NULL: off */
+    int save_step_latents;       /* with save_latents: also the latents after every step */
     int steps;                   /* 0: the model's default */
     double guidance;             /* < 0: the model's default */
     int width, height;           /* pixels, multiples of 16 */

@@ -1,5 +1,7 @@
 /* The images API's request and response bodies (serve_api.h). */
 #include "serve_api.h"
+#include "core/models/block_cache.h"
+#include "kernels/err.h"
 #include <jansson.h>
 #include <utf8proc.h>
 #include <math.h>
@@ -20,6 +22,7 @@ void serve_limits_default(serve_limits *l, const char *model_id) {
 void serve_request_free(serve_request *r) {
     free(r->prompt);
     free(r->negative_prompt);
+    free(r->cache);
     free(r->precision);
     free(r->rng);
     for (int i = 0; i < r->n_images; i++) {
@@ -190,6 +193,18 @@ static int parse_field(const char *key, json_t *v, const serve_limits *lim, serv
         r->partial_images = (int)x;
         return 0;
     }
+    if (!strcmp(key, "cache")) {   /* checked here (key and values); against the model's blocks when rendered */
+        const char *p = json_string_value(v);
+        bc_spec s;
+        if (!p) return bad(e, key, "'cache' must be a string such as \"balanced\" or \"fn=1,threshold=0.08\"");
+        if (bc_spec_parse(p, &s)) {
+            int rc = bad(e, key, "%s", tp_error_msg());
+            tp_error_clear();
+            return rc;
+        }
+        if (!(r->cache = strdup(p))) return serve_error_set(e, 500, "server_error", key, "out of memory");
+        return 0;
+    }
     if (!strcmp(key, "initial_latents"))
         return bad(e, key, "'initial_latents' is not accepted over HTTP: a server never reads a file a client names; "
                            "start from given latents with tpgen generate --initial-latents FILE[:TENSOR], or send a seed");
@@ -220,7 +235,7 @@ static int parse_field(const char *key, json_t *v, const serve_limits *lim, serv
     }
     return bad(e, key,
                "unknown field '%.60s'; accepted: prompt, n, size, response_format, model, user, output_format, stream, "
-               "partial_images, seed, steps, guidance, negative_prompt, precision, rng",
+               "partial_images, seed, steps, guidance, negative_prompt, precision, rng, cache",
                key);
 }
 

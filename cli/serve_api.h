@@ -6,7 +6,7 @@
  * ("WxH"), `response_format` (only "b64_json": a server that names no file
  * path cannot hand out URLs) and `model`, plus tpgen's run-spec keys of the
  * same names: `seed`, `steps`, `guidance`, `negative_prompt`, `precision`,
- * `rng`; `stream` (true: server-sent events) and `partial_images` (0..3)
+ * `rng`, `cache` (block caching, docs/cache.md); `stream` (true: server-sent events) and `partial_images` (0..3)
  * as OpenAI streams images. Any other field is a 400 naming it: a typo must not be silently
  * ignored. `initial_latents` is refused with its own message: a server never
  * reads a file a client names. */
@@ -41,6 +41,7 @@ typedef struct serve_request {
     char *rng;                   /* "torch2" | "torch1"; NULL: the server's --rng */
     int stream;                  /* answer as server-sent events (serve_stream.h) */
     int partial_images;          /* 0..3: previews of each image while it renders (with stream) */
+    char *cache;                 /* --cache SPEC for this request (checked); NULL: the server's --cache */
     /* POST /v1/images/edits: the reference images, in order (their bytes
      * as uploaded; names are display names for the PNG parameters, never
      * paths) */

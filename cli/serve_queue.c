@@ -257,6 +257,8 @@ void serve_metrics_add_job(serve_metrics *m, const serve_job *j) {
     if (j->timing.cache_hit == 1) m->cache_hits++;
     if (j->timing.cache_hit == 0) m->cache_misses++;
     if (j->timing.cancelled) m->jobs_cancelled++;
+    for (int g = 0; g < 2; g++)
+        for (int k = 0; k < 2; k++) m->block_steps[g][k] += (uint64_t)j->timing.block_steps[g][k];
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -327,6 +329,13 @@ char *serve_metrics_text(serve_metrics *m, int queue_depth) {
     put(&b, "tpgen_phase_seconds_total{phase=\"encode\"} %.6f\n", m->encode_seconds);
     put(&b, "tpgen_phase_seconds_total{phase=\"denoise\"} %.6f\n", m->denoise_seconds);
     put(&b, "tpgen_phase_seconds_total{phase=\"decode\"} %.6f\n", m->decode_seconds);
+    put(&b, "# HELP tpgen_block_cache_steps_total Block-group steps with --cache / a request's cache: computed, or "
+            "served from the block cache (group double: FLUX.2 double or FLUX.3 mode blocks; single: single blocks).\n"
+            "# TYPE tpgen_block_cache_steps_total counter\n");
+    for (int g = 0; g < 2; g++)
+        for (int k = 0; k < 2; k++)
+            put(&b, "tpgen_block_cache_steps_total{group=\"%s\",result=\"%s\"} %llu\n", g ? "single" : "double",
+                k ? "cached" : "computed", (unsigned long long)m->block_steps[g][k]);
     uint64_t looked = m->cache_hits + m->cache_misses;
     put(&b, "# HELP tpgen_prompt_cache_lookups_total Prompt-embedding cache lookups, by result.\n"
             "# TYPE tpgen_prompt_cache_lookups_total counter\n"

@@ -15,6 +15,7 @@ typedef struct serve_timing {
     double encode_seconds, denoise_seconds, decode_seconds;
     int cache_hit;               /* 1 hit, 0 miss, -1 no lookup */
     int cancelled;               /* stopped at a step boundary (client gone, deadline) */
+    int block_steps[2][2];       /* --cache: [double/mode, single][computed, cached] block-group steps */
 } serve_timing;
 
 struct serve_stream;
@@ -109,6 +110,7 @@ typedef struct serve_metrics {
     uint64_t cache_hits, cache_misses;
     uint64_t connections_refused;  /* past --max-connections: 503 and closed at accept */
     uint64_t jobs_cancelled;       /* stopped at a step boundary: client gone or deadline */
+    uint64_t block_steps[2][2];    /* --cache: block-group steps [double, single][computed, cached] */
     int open_connections;
     int n_ranks;
     uint64_t resident_bytes[SERVE_MAX_RANKS];

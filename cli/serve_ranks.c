@@ -61,6 +61,7 @@ uint8_t *serve_request_pack(const serve_request *r, uint64_t id, size_t *n) {
     w_str(&b, r->negative_prompt);
     w_str(&b, r->precision);
     w_str(&b, r->rng);
+    w_str(&b, r->cache);
     int64_t ints[] = {r->n, r->width, r->height, r->has_seed, (int64_t)r->seed, r->steps, r->has_guidance,
                       r->stream, r->partial_images};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) w_i64(&b, ints[i]);
@@ -84,6 +85,7 @@ int serve_request_unpack(const uint8_t *p, size_t n, serve_request *r, uint64_t 
     r->negative_prompt = r_str(&b);
     r->precision = r_str(&b);
     r->rng = r_str(&b);
+    r->cache = r_str(&b);
     r->n = (int)r_i64(&b);
     r->width = (int)r_i64(&b);
     r->height = (int)r_i64(&b);
@@ -135,6 +137,7 @@ static uint8_t *result_pack(const serve_job *j, size_t *n) {
     w_f64(&b, j->timing.decode_seconds);
     w_i64(&b, j->timing.cache_hit);
     w_i64(&b, j->timing.cancelled);
+    for (int g = 0; g < 2; g++) w_i64(&b, j->timing.block_steps[g][0]), w_i64(&b, j->timing.block_steps[g][1]);
     w_i64(&b, j->n_pngs);
     for (int i = 0; i < j->n_pngs; i++) {
         w_i64(&b, (int64_t)j->png_sizes[i]);
@@ -166,6 +169,8 @@ static int result_unpack(const uint8_t *p, size_t n, serve_job *j) {
     j->timing.decode_seconds = r_f64(&b);
     j->timing.cache_hit = (int)r_i64(&b);
     j->timing.cancelled = (int)r_i64(&b);
+    for (int g = 0; g < 2; g++)
+        for (int k = 0; k < 2; k++) j->timing.block_steps[g][k] = (int)r_i64(&b);
     int64_t np = r_i64(&b);
     if (b.bad || np < 0 || np > 1024 || id != j->id) return -1;
     j->n_pngs = 0;

@@ -175,6 +175,8 @@ static void request_spec(const serve_ctx *sc, const serve_request *q, run_spec *
     if (q->width) rs->width = q->width, rs->height = q->height;
     if (q->negative_prompt) rs->negative_prompt = q->negative_prompt;
     if (q->rng && rng_kind_parse(q->rng) >= 0) gs->rng = rng_kind_parse(q->rng);   /* the parser took only torch2, torch1 */
+    if (q->cache && bc_spec_parse(q->cache, &gs->cache)) tp_error_clear();   /* the parser checked it: cannot fail */
+    gs->cache_json = NULL;
     rs->images = NULL, rs->n_images = 0, rs->prompt_images = NULL;
     gs->prompt_w = gs->prompt_h = NULL;
     gs->prompt_crop = NULL;
@@ -227,6 +229,14 @@ static int check_request(const serve_ctx *sc, const serve_request *q, const run_
     if (q->n_images && !sc->has_encoder) {
         serve_error_set(e, 400, "invalid_request_error", "image",
                         "this model's VAE has no encoder (encoder.conv_in.weight), so it cannot take reference images");
+        return -1;
+    }
+    /* a request's cache spec was checked by the parser; here against the model's block groups */
+    const char *groups[2] = {"double blocks", "single blocks"}, *groups3[2] = {"mode blocks", "single blocks"};
+    if (bc_spec_check_model(&gs->cache, g->info.n_blocks[0], g->info.n_blocks[1],
+                            model_family_is_flux3(g->info.family) ? groups3 : groups)) {
+        serve_error_set(e, 400, "invalid_request_error", "cache", "%s", tp_error_msg());
+        tp_error_clear();
         return -1;
     }
     if (q->n_images && g->info.kv_refs && gs->use_cfg) {
@@ -289,6 +299,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     float *lat = xmalloc(nlat * sizeof(float));
     uint8_t *rgb = d->tp_rank == 0 ? xmalloc((size_t)W * H * 3) : NULL;
     double t_dec = 0;
+    int block_steps[2][2] = {{0, 0}, {0, 0}};
     if (!rc) {
         out->pngs = xcalloc((size_t)q->n, sizeof *out->pngs);
         out->png_sizes = xcalloc((size_t)q->n, sizeof *out->png_sizes);
@@ -299,10 +310,17 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         sc->image = k;
         tp_job j = {.seed = seed, .rng = gs.rng, .steps = rs.steps, .guidance = rs.guidance, .width = W, .height = H,
                        .embeds = emb, .L = L, .neg_embeds = neg, .Ln = Ln, .on_step = on_step, .ctx = sc,
-                       .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images};
+                       .images = refs.paths ? refs.paths : q->image_names, .n_images = q->n_images,
+                       .cache = gs.cache.on ? &gs.cache : NULL};
+        bc_log cache_log = {0};
+        j.cache_log = j.cache ? &cache_log : NULL;
         watchdog_phase_set(WD_STEPS, "rendering a request");   /* each step is a progress point */
         serve_ranks_beat(sc->ranks);   /* world rank 0's heartbeat carries the new bound */
         rc = tp_pipe_render(sc->pipe, &j, lat);
+        for (int b = 0; !rc && b < cache_log.branches; b++)   /* for /metrics: the block-group steps */
+            for (int gr = 0; gr < 2; gr++)
+                for (const char *p = cache_log.dec[b][gr]; *p; p++) block_steps[gr][*p == 'K']++;
+        bc_log_free(&cache_log);
         if (rc) break;
         watchdog_phase_set(WD_STARTUP, "decoding a request's image");
         serve_ranks_beat(sc->ranks);   /* world rank 0's heartbeat carries the new bound */
@@ -326,6 +344,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         .steps = st->steps - n_steps, .step_seconds = st->step_seconds - s_steps,
         .encode_seconds = st->t_encode + st->t_te_load - t_enc, .denoise_seconds = st->t_denoise - t_den, .decode_seconds = t_dec,
         .cache_hit = st->cache_hits > hits ? 1 : g->info.has_text_encoder ? 0 : -1,
+        .block_steps = {{block_steps[0][0], block_steps[0][1]}, {block_steps[1][0], block_steps[1][1]}},
     };
     if (rc && sc->cancelled) {   /* nobody waits for it: the answer goes nowhere, or says why */
         tp_error_clear();

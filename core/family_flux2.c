@@ -28,6 +28,8 @@ static int read_config(const json_t *cfg, const char *path, tp_pipe_info *g, int
     *flow_map = 0;
     int rc = json_int(cfg, "in_channels", 128, path, &g->in_channels);
     if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, path, &g->joint_dim);
+    if (!rc) rc = json_int(cfg, "num_layers", 8, path, &g->n_blocks[0]);
+    if (!rc) rc = json_int(cfg, "num_single_layers", 48, path, &g->n_blocks[1]);
     g->cond_in_channels = g->in_channels;
     json_t *ge = json_object_get(cfg, "guidance_embeds");
     g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
@@ -98,6 +100,7 @@ static int denoise(void *model, const tp_pipe_info *info, const tp_job *j, const
         .on_step = on_step, .ctx = ctx,
         .ref_tokens = rs->R ? rs->tokens : NULL, .R = rs->R, .ref_ids = rs->ids,
         .kv_refs = info->kv_refs, .ref_timestep = 0.0f,
+        .cache = j->cache, .cache_log = j->cache_log,
     };
     int rc = schedule_flux2(N, j->steps, sigmas, ts);
     if (!rc) rc = flux2_denoise(model, &dp, latents);

@@ -188,6 +188,8 @@ static int check_job(const flux3_model *m, const flux3_job *j) {
     if (j->neg_embeds && (j->Ln < 1 || c->flow_map))
         return tp_error(c->flow_map ? "flux3 pipeline: a flow-map model samples without CFG (no negative embeddings)"
                                     : "flux3 pipeline: negative embeddings without a length");
+    const char *groups[2] = {"mode blocks", "single blocks"};
+    if (j->cache && bc_spec_check_model(j->cache, c->num_layers, c->num_single_layers, groups)) return -1;
     if (j->refs && j->refs->R && j->refs->C != c->cond_in_channels)
         return tp_error("reference tokens have %d channels but the transformer's cond_in_channels is %d", j->refs->C,
                         c->cond_in_channels);
@@ -204,11 +206,13 @@ typedef struct flux3_step {
     int bf16, flow_map;
     const int32_t *img_ids, *txt_ids;
     const ref_set *rs;        /* NULL: text-to-image */
+    block_cache *bc;          /* --cache: this image's block cache, else NULL */
 } flux3_step;
 
 static int flux3_predict(void *ctx, int step, int neg, const float *x, float *v) {
     const flux3_step *s = ctx;
     const flux3_job *j = s->j;
+    block_cache_call(s->bc, step, neg);   /* the cache state is per step and CFG branch */
     float tt = model_time(step + 1 < j->steps ? s->ts[step + 1] : 0.0f, s->bf16);
     flux3_inputs in = {
         .x = x, .img_ids = s->img_ids, .N = (int64_t)j->h * j->w, .txt = neg ? j->neg_embeds : j->embeds,
@@ -239,7 +243,13 @@ int flux3_denoise(flux3_model *m, const flux3_job *j, float *out) {
     comm *cm = flux3_comm(m);
     if (!rc) rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL, flux3_prepare(m, j->L, N, s.rs ? s.rs->R : 0));
     if (!rc) {
+        /* a fresh block cache for every image (docs/spec/block-cache.md §4) */
+        s.bc = block_cache_new(j->cache, steps, sp.cfg ? 2 : 1, cm ? cm->mpi : MPI_COMM_NULL);
+        flux3_set_block_cache(m, s.bc);
         rc = sampler_run(&sp, out);
+        flux3_set_block_cache(m, NULL);
+        if (s.bc && j->cache_log) block_cache_take_log(s.bc, j->cache_log);
+        block_cache_free(s.bc);
         dist_lockstep_end();
     }
     free(sig), free(ts), free(x0), free(img_ids), free(txt_ids);
@@ -254,6 +264,7 @@ static int family_read_config(const json_t *cfg, const char *path, tp_pipe_info 
     int rc = flux3_config_parse(cfg, path, &c3);
     g->in_channels = c3.in_channels, g->joint_dim = c3.joint_dim, g->cond_in_channels = c3.cond_in_channels;
     *flow_map = c3.flow_map;
+    g->n_blocks[0] = c3.num_layers, g->n_blocks[1] = c3.num_single_layers;
     g->embedded_guidance = 0;
     return rc;
 }
@@ -282,7 +293,7 @@ static int family_denoise(void *model, const tp_pipe_info *info, const tp_job *j
     flux3_job f = {.seed = j->seed, .init_latents = j->init_latents, .steps = j->steps, .guidance = j->guidance,
                    .h = j->height / 16, .w = j->width / 16, .embeds = j->embeds, .L = j->L,
                    .neg_embeds = j->neg_embeds, .Ln = j->Ln ? j->Ln : j->L, .refs = rs, .on_step = on_step,
-                   .ctx = ctx};
+                   .ctx = ctx, .cache = j->cache, .cache_log = j->cache_log};
     return flux3_denoise(model, &f, latents);
 }
 

@@ -98,6 +98,8 @@ typedef struct flux3_job {
     const ref_set *refs;         /* NULL or R = 0: text-to-image; ids as flux3_ref_ids makes them */
     denoise_step_fn on_step;     /* NULL ok; v after CFG */
     void *ctx;
+    const bc_spec *cache;        /* block caching (NULL or off: none); fresh state for the job */
+    bc_log *cache_log;           /* NULL ok */
 } flux3_job;
 
 /* The whole denoising loop, collective over the model's comm (every rank in

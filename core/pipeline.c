@@ -43,6 +43,8 @@ static int check_params(const flux2_model *m, const denoise_params *p) {
         return tp_error("denoise: CFG needs the negative prompt's text ids and length");
     if (p->ref_tokens && (!p->ref_ids || p->R < 1))
         return tp_error("denoise: reference tokens need their ids and count");
+    const char *groups[2] = {"double blocks", "single blocks"};
+    if (p->cache && bc_spec_check_model(p->cache, c->num_layers, c->num_single_layers, groups)) return -1;
     if (p->kv_refs && p->ref_tokens && p->neg_embeds)
         return tp_error("denoise: KV-cached references with CFG are not supported (Flux2KleinKVPipeline runs one "
                         "pass per step); use --guidance 1");
@@ -71,6 +73,7 @@ typedef struct flux2_step {
     float *v_full;     /* [N + R, C] model output */
     int64_t rows;
     flux2_kv_cache *kv;   /* KV-cached references, else NULL */
+    block_cache *bc;      /* --cache: this image's block cache, else NULL */
 } flux2_step;
 
 static void step_init(flux2_step *s, flux2_model *m, const denoise_params *p) {
@@ -105,6 +108,7 @@ static int flux2_predict(void *ctx, int step, int neg, const float *x, float *v)
     const denoise_params *p = s->p;
     float tin = model_timestep(p->sigmas[step], s->bf16);
     size_t n = (size_t)p->N * s->C;
+    block_cache_call(s->bc, step, neg);   /* the cache state is per step and CFG branch */
     if (s->kv) {
         if (step > 0)
             return flux2_forward_kv(s->m, FLUX2_KV_CACHED, s->kv, x, p->N, 0, p->img_ids, p->prompt_embeds, p->L,
@@ -129,11 +133,17 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
                          .predict = flux2_predict, .model = &s, .on_step = p->on_step, .ctx = p->ctx};
     /* the prepare step: the activations, agreed before the first collective (core/dist: lockstep) */
     comm *cm = flux2_comm(m);
-    int rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL,
-                                 flux2_prepare(m, s.rows, s.kv ? NULL : s.ids, p->prompt_embeds, p->L, p->txt_ids,
-                                               p->neg_embeds, p->Ln));
+    MPI_Comm group = cm ? cm->mpi : MPI_COMM_NULL;
+    int rc = dist_lockstep_begin(group, flux2_prepare(m, s.rows, s.kv ? NULL : s.ids, p->prompt_embeds, p->L,
+                                                      p->txt_ids, p->neg_embeds, p->Ln));
     if (!rc) {
+        /* a fresh block cache for every image (spec block-cache.md §4) */
+        s.bc = block_cache_new(p->cache, p->steps, sp.cfg ? 2 : 1, group);
+        flux2_set_block_cache(m, s.bc);
         rc = sampler_run(&sp, out);
+        flux2_set_block_cache(m, NULL);
+        if (s.bc && p->cache_log) block_cache_take_log(s.bc, p->cache_log);
+        block_cache_free(s.bc);
         dist_lockstep_end();
     }
     step_free(&s);

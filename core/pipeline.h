@@ -7,6 +7,7 @@
 #define TPGEN_PIPELINE_H
 #include "core/models/flux2/flux2.h"
 #include "sampler.h"
+#include "core/models/block_cache.h"
 #include <stdint.h>
 
 typedef struct denoise_params {
@@ -38,6 +39,10 @@ typedef struct denoise_params {
     const float *guidance;         /* embedded guidance (dev) or NULL */
     denoise_step_fn on_step;       /* NULL ok */
     void *ctx;
+    /* block caching (core/models/block_cache.h): NULL or off = none; the
+     * record of what was cached goes to cache_log (NULL ok) */
+    const bc_spec *cache;
+    bc_log *cache_log;
 } denoise_params;
 
 /* Run the loop; out [N, C] receives the final latents (on every rank).

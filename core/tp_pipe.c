@@ -175,6 +175,10 @@ int tp_pipe_probe_components(const flux2_components *cp, tp_pipe_info *g, char *
         g->family = distilled ? FAMILY_KLEIN_DISTILLED : FAMILY_KLEIN_BASE;
         g->family_name = distilled ? "FLUX.2-klein-kv (distilled)" : "FLUX.2-klein-kv (base)";
     }
+    /* Flux2KleinPipeline calls its transformer with guidance=None, whatever
+     * the config's guidance_embeds says (a klein transformer with the
+     * guidance embedder, as the block-cache golden model has, does not use it) */
+    if (!rc && (g->family == FAMILY_KLEIN_BASE || g->family == FAMILY_KLEIN_DISTILLED)) g->embedded_guidance = 0;
     free(idx_path);
     free(cfg_path);
     json_decref(idx);

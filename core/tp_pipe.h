@@ -67,6 +67,8 @@ typedef struct tp_pipe_info {
     int kv_refs;                 /* Flux2KleinKVPipeline: reference K/V cached after step 0 */
     int in_channels, joint_dim;
     int cond_in_channels;        /* reference token width (FLUX.3's cond_in_channels; FLUX.2: in_channels) */
+    int n_blocks[2];             /* the block groups of --cache: FLUX.2 double and single blocks; FLUX.3 mode
+                                  * blocks and single blocks */
     int has_vae, has_text_encoder;
     char *transformer_dir, *vae_dir;   /* a folder or one checkpoint file each */
     char *te_path;               /* text encoder folder or file (NULL: none) */
@@ -187,6 +189,8 @@ typedef struct tp_job {
     int n_images;
     denoise_step_fn on_step;     /* NULL ok; called on every rank after each step */
     void *ctx;
+    const bc_spec *cache;        /* block caching (NULL or off: none); state is fresh for every job */
+    bc_log *cache_log;           /* NULL ok: what was computed and cached (filled with a cache) */
 } tp_job;
 
 /* Render a job: latents [(H/16)*(W/16), in_channels] on every rank. A job

@@ -346,3 +346,22 @@ TEST(runspec_rng_and_initial_latents_keys) {
           tp_error_msg());
     runspec_free(&s);
 }
+
+/* cache: the string or a mapping of its keys (joined as key=value; the keys
+ * and values are checked at setup by bc_spec_parse); --cache overrides */
+TEST(runspec_cache_key) {
+    run_spec s;
+    REQUIRE(load(&s, "model: /m\nprompt: x\ncache:\n  fn: 2\n  threshold: 0.1\n  taylorseer: 1\n") == 0, "%s",
+            tp_error_msg());
+    CHECK(s.cache && !strcmp(s.cache, "fn=2,threshold=0.1,taylorseer=1"), "mapping: %s", s.cache);
+    char *argv[] = {"generate", "--cache", "fast", "--save-step-latents"};
+    REQUIRE(runspec_parse_args(&s, 4, argv) == 0, "%s", tp_error_msg());
+    CHECK(!strcmp(s.cache, "fast") && s.save_step_latents, "the flag overrides: %s", s.cache);
+    runspec_free(&s);
+    REQUIRE(load(&s, "model: /m\nprompt: x\ncache: balanced\n") == 0, "%s", tp_error_msg());
+    CHECK(s.cache && !strcmp(s.cache, "balanced"), "string: %s", s.cache);
+    runspec_free(&s);
+    CHECK(load(&s, "model: /m\nprompt: x\ncache:\n  fn: [1, 2]\n") == -1 && strstr(tp_error_msg(), "cache"),
+          "a list value refused naming the key: %s", tp_error_msg());
+    runspec_free(&s);
+}

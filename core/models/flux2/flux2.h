@@ -113,6 +113,10 @@ const flux2_config *flux2_get_config(const flux2_model *m);
 dtype_t flux2_precision(const flux2_model *m);
 struct comm *flux2_comm(const flux2_model *m);
 struct backend *flux2_backend(const flux2_model *m);
+/* The block cache the next forwards run their block groups through
+ * (core/models/block_cache.h; NULL: none). Not owned. */
+struct block_cache;
+void flux2_set_block_cache(flux2_model *m, struct block_cache *bc);
 
 /* One forward pass (batch 1). Host f32 in/out; in bf16 mode inputs are
  * rounded to bf16 on upload.

@@ -60,6 +60,8 @@ void flux2_release_caches(flux2_model *m) {
     m->rope_rows = m->rope_L = 0;
 }
 
+void flux2_set_block_cache(flux2_model *m, block_cache *bc) { m->bc = bc; }
+
 /* ---- cached inputs ---- */
 
 static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
@@ -217,6 +219,24 @@ static int ref_modulation(flux2_model *m, flux2_ws *ws, float ref_timestep, cons
     return 0;
 }
 
+/* one block of each group, for the block cache's loop (block_cache.h) */
+typedef struct block_args {
+    flux2_model *m;
+    flux2_ws *ws;
+} block_args;
+
+static int run_double(void *ctx, int i) {
+    block_args *a = ctx;
+    a->ws->kv_layer = i;
+    return flux2_double_block(a->m, &a->m->dbl[i], a->ws) ? tp_error_context("double block %d", i) : 0;
+}
+
+static int run_single(void *ctx, int j) {
+    block_args *a = ctx;
+    a->ws->kv_layer = a->m->cfg.num_layers + j;
+    return flux2_single_block(a->m, &a->m->sgl[j], a->ws) ? tp_error_context("single block %d", j) : 0;
+}
+
 static int forward_body(flux2_model *m, flux2_ws *ws, const float *x, const int32_t *img_ids, const float *txt,
                         const int32_t *txt_ids, float timestep, const float *guidance) {
     int64_t N = ws->N, L = ws->L, D = m->cfg.D;
@@ -228,14 +248,14 @@ static int forward_body(flux2_model *m, flux2_ws *ws, const float *x, const int3
     op_copy(m->be, &x_txt, tp);
     if (tensor_upload_f32(ws->xin, x)) return -1;
     flux2_gemm(m, &x_img, ws->xin, m->x_emb);
-    for (int i = 0; i < m->cfg.num_layers; i++) {
-        ws->kv_layer = i;
-        if (flux2_double_block(m, &m->dbl[i], ws)) return tp_error_context("double block %d", i);
-    }
-    for (int j = 0; j < m->cfg.num_single_layers; j++) {
-        ws->kv_layer = m->cfg.num_layers + j;
-        if (flux2_single_block(m, &m->sgl[j], ws)) return tp_error_context("single block %d", j);
-    }
+    /* the two block groups, each through the block cache's loop (plain
+     * without --cache): the double group's Fn residual is measured on the
+     * image rows, the single group's on the whole joint stream (spec
+     * block-cache.md §1) */
+    block_args ba = {m, ws};
+    if (block_cache_run(m->bc, BC_DOUBLE, m->cfg.num_layers, ws->x, L, N, run_double, &ba) ||
+        block_cache_run(m->bc, BC_SINGLE, m->cfg.num_single_layers, ws->x, 0, L + N, run_single, &ba))
+        return -1;
     /* output layer on the image rows (extract: the noise rows after the
      * references); norm_out chunks are (scale, shift) */
     int64_t R = ws->kv_mode == FLUX2_KV_EXTRACT ? ws->R : 0;

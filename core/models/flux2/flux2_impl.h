@@ -9,6 +9,7 @@
 #define TPGEN_FLUX2_IMPL_H
 #include "flux2.h"
 #include "kernels/comm.h"
+#include "core/models/block_cache.h"
 #include "kernels/ops.h"
 
 typedef struct flux2_double_w {
@@ -62,6 +63,7 @@ struct flux2_model {
     void (*gemm_log)(void *ctx, int64_t m, int64_t n, int64_t k);
     void *gemm_log_ctx;
     struct flux2_ws *ws;       /* activation buffers for the last (N, L) */
+    struct block_cache *bc;    /* --cache: the image's block cache (flux2_set_block_cache), else NULL */
     flux2_stats stats;
 };
 

@@ -179,6 +179,24 @@ static int upload_rope(flux3_model *m, flux3_ws *ws, const flux3_inputs *in) {
     return rc ? -1 : 0;
 }
 
+void flux3_set_block_cache(flux3_model *m, block_cache *bc) { m->bc = bc; }
+
+/* one block of each group, for the block cache's loop (block_cache.h) */
+typedef struct block_args {
+    flux3_model *m;
+    flux3_ws *ws;
+} block_args;
+
+static int run_mode(void *ctx, int i) {
+    block_args *a = ctx;
+    return flux3_mode_layer(a->m, i, a->ws) ? tp_error_context("mode blocks %d", i) : 0;
+}
+
+static int run_single(void *ctx, int j) {
+    block_args *a = ctx;
+    return flux3_single_block(a->m, &a->m->single[j], a->ws) ? tp_error_context("single block %d", j) : 0;
+}
+
 static int forward_body(flux3_model *m, flux3_ws *ws, const flux3_inputs *in) {
     int64_t D = m->cfg.D, L = ws->L, N = ws->N;
     if (modulations(m, ws, in->timestep, in->target_timestep) || upload_rope(m, ws, in)) return -1;
@@ -189,10 +207,15 @@ static int forward_body(flux3_model *m, flux3_ws *ws, const flux3_inputs *in) {
         if (tensor_upload_f32(ws->in[k], src[k])) return -1;
         flux3_gemm(m, &xr, ws->in[k], m->x_emb[k]);
     }
-    for (int i = 0; i < m->cfg.num_layers; i++)
-        if (flux3_mode_layer(m, i, ws)) return tp_error_context("mode blocks %d", i);
-    for (int j = 0; j < m->cfg.num_single_layers; j++)
-        if (flux3_single_block(m, &m->single[j], ws)) return tp_error_context("single block %d", j);
+    /* the two block groups through the block cache's loop (plain without
+     * --cache), as FLUX.2's double and single groups (docs/cache.md): the
+     * mode blocks keep text, image and references apart, like FLUX.2's
+     * double blocks, so their Fn residual is measured on the image rows;
+     * the single blocks are joint, measured on every row */
+    block_args ba = {m, ws};
+    if (block_cache_run(m->bc, BC_DOUBLE, m->cfg.num_layers, ws->x, L, N, run_mode, &ba) ||
+        block_cache_run(m->bc, BC_SINGLE, m->cfg.num_single_layers, ws->x, 0, ws->S, run_single, &ba))
+        return -1;
     /* output layer on the image rows; norm_out's chunks are (scale, shift) */
     tensor scale = tensor_cols(ws->mod_out, 0, D), shift = tensor_cols(ws->mod_out, D, D);
     tensor xi = tensor_rows(ws->x, L, N), ni = tensor_rows(ws->nrm, L, N);

@@ -7,6 +7,7 @@
 #define TPGEN_FLUX3_IMPL_H
 #include "flux3.h"
 #include "kernels/comm.h"
+#include "core/models/block_cache.h"
 #include "kernels/ops.h"
 
 /* The token modes in the order of the joint sequence. */
@@ -39,6 +40,7 @@ struct flux3_model {
     flux3_block_w *single;                                 /* [num_single_layers] */
 
     struct flux3_ws *ws;       /* activation buffers of the last (L, N, R) */
+    struct block_cache *bc;    /* --cache: the image's block cache (flux3_set_block_cache), else NULL */
     flux3_stats stats;
 };
 
