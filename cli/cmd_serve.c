@@ -203,7 +203,7 @@ static int start(dist *d, serve_opts *o, run_spec *s, gen_setup *g, int argc, ch
     int rc = parse_flags(argc, argv, o, s);
     if (dist_agree(d->world, rc)) return -1;
     image_set_max_pixels(o->max_ref_pixels, "--max-ref-pixels");   /* every rank decodes with this cap */
-    if (dist_agree(d->world, dist_set_tp(d, s->tp))) return -1;
+    if (dist_agree(d->world, dist_set_mesh(d, s->tp, s->sp > 1 ? s->sp : 1, s->cfg_parallel ? 2 : 1))) return -1;
     rc = gen_setup_init(g, s, d);
     if (!rc && !g->write_png)
         rc = tp_error("%s has no VAE (vae/config.json): a server answers with PNG images and needs one", s->model);
@@ -251,7 +251,7 @@ int cmd_serve(int argc, char **argv) {
     int rc = start(&d, &o, &spec, &g, argc, argv);
     /* the watchdog (core/dist/watchdog.h) watches loading and every render; idle waits for work are not
      * progress: there the heartbeat of cli/serve_ranks.c (same --watchdog bound, 60 s by default) watches */
-    if (!rc) watchdog_start(d.world_rank, d.dp_rank, d.dp_rank * d.tp, d.tp, spec.watchdog);
+    if (!rc) watchdog_start(d.world_rank, d.dp_rank, d.dp_rank * d.grp, d.grp, spec.watchdog);
     watchdog_phase_set(WD_STARTUP, "loading the model");
     /* world rank 0 binds the address before the long load: /health answers "loading" meanwhile */
     if (!rc) {
@@ -290,23 +290,23 @@ int cmd_serve(int argc, char **argv) {
     }
     serve_ctx sc = {.g = &g};
     if (!rc) {   /* edits need the VAE encoder: the group's first rank looks, the group follows */
-        if (d.tp_rank == 0) {
+        if (d.grp_rank == 0) {
             checkpoint *ck = NULL;
             if (!checkpoint_open(g.info.vae_dir, &ck)) {
                 sc.has_encoder = checkpoint_find(ck, "encoder.conv_in.weight", NULL) != NULL;
                 checkpoint_close(ck);
             }
         }
-        MPI_Bcast(&sc.has_encoder, 1, MPI_INT, 0, d.tp_comm);
+        MPI_Bcast(&sc.has_encoder, 1, MPI_INT, 0, d.grp_comm);
     }
     if (!rc) {
         tp_pipe_config cfg = {
             .model = spec.model, .backend = spec.backend, .precision = g.precision, .quantize_fp8 = g.quantize_fp8,
             .loras = spec.loras, .n_loras = spec.n_loras, .decoder = 1, .encoder = sc.has_encoder,
             .keep_text_encoder = o.keep_text_encoder, .prompt_cache_bytes = (size_t)(o.prompt_cache_mb * 1048576.0),
-            .max_sequence_length = spec.max_sequence_length,
+            .max_sequence_length = spec.max_sequence_length, .sp = d.sp, .cfg_parallel = d.cfg == 2,
         };
-        rc = dist_agree(d.world, tp_pipe_open(&cfg, &g.info, d.tp_comm, d.local_rank, d.local_size, &pipe));
+        rc = dist_agree(d.world, tp_pipe_open(&cfg, &g.info, d.grp_comm, d.local_rank, d.local_size, &pipe));
         if (!rc) rc = dist_agree(d.world, tp_pipe_load(pipe));
         if (!rc && o.keep_text_encoder) {   /* load it now, not on the first request */
             float *tmp = NULL;

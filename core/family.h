@@ -20,6 +20,12 @@ typedef struct family_load {
     struct lora_set **lora_set_out;
 } family_load;
 
+/* The mesh a job runs on around the TP group that holds the model
+ * (core/dist/dist.h): the CFG halves' host communicator (NULL: serial CFG). */
+typedef struct family_mesh {
+    struct comm *cfg;
+} family_mesh;
+
 typedef struct pipe_family {
     const char *name;            /* "FLUX.2", "FLUX.3" (messages) */
     /* the transformer config's sizes into info (in_channels, joint_dim, cond_in_channels,
@@ -47,7 +53,7 @@ typedef struct pipe_family {
     /* one job's sampling (noise, schedule, the shared loop): latents
      * [(H/16)*(W/16), in_channels] on every rank; collective */
     int (*denoise)(void *model, const tp_pipe_info *info, const tp_job *j, const ref_set *rs,
-                   denoise_step_fn on_step, void *ctx, float *latents);
+                   const family_mesh *mesh, denoise_step_fn on_step, void *ctx, float *latents);
 } pipe_family;
 
 extern const pipe_family family_flux2, family_flux3;

@@ -28,6 +28,7 @@ static int read_config(const json_t *cfg, const char *path, tp_pipe_info *g, int
     *flow_map = 0;
     int rc = json_int(cfg, "in_channels", 128, path, &g->in_channels);
     if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, path, &g->joint_dim);
+    if (!rc) rc = json_int(cfg, "num_attention_heads", 48, path, &g->heads);
     g->cond_in_channels = g->in_channels;
     json_t *ge = json_object_get(cfg, "guidance_embeds");
     g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
@@ -75,7 +76,7 @@ float *flux2_noise_packed_as(uint64_t seed, int C, int h, int w, int rng_kind) {
 }
 
 static int denoise(void *model, const tp_pipe_info *info, const tp_job *j, const ref_set *rs,
-                   denoise_step_fn on_step, void *ctx, float *latents) {
+                   const family_mesh *mesh, denoise_step_fn on_step, void *ctx, float *latents) {
     int h = j->height / 16, w = j->width / 16, C = info->in_channels;
     int64_t N = (int64_t)h * w;
     float *noise = xmalloc((size_t)N * (size_t)C * sizeof *noise);
@@ -97,7 +98,7 @@ static int denoise(void *model, const tp_pipe_info *info, const tp_job *j, const
         .sigmas = sigmas, .steps = j->steps, .guidance = info->embedded_guidance ? &gval : NULL,
         .on_step = on_step, .ctx = ctx,
         .ref_tokens = rs->R ? rs->tokens : NULL, .R = rs->R, .ref_ids = rs->ids,
-        .kv_refs = info->kv_refs, .ref_timestep = 0.0f,
+        .kv_refs = info->kv_refs, .ref_timestep = 0.0f, .cfg_comm = mesh->cfg,
     };
     int rc = schedule_flux2(N, j->steps, sigmas, ts);
     if (!rc) rc = flux2_denoise(model, &dp, latents);

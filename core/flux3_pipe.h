@@ -98,6 +98,7 @@ typedef struct flux3_job {
     const ref_set *refs;         /* NULL or R = 0: text-to-image; ids as flux3_ref_ids makes them */
     denoise_step_fn on_step;     /* NULL ok; v after CFG */
     void *ctx;
+    struct comm *cfg_comm;       /* CFG parallelism (sampler_params.cfg_comm); NULL: serial */
 } flux3_job;
 
 /* The whole denoising loop, collective over the model's comm (every rank in

@@ -126,7 +126,8 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
     step_init(&s, m, p);
     sampler_params sp = {.latents = p->latents, .N = p->N, .C = (int)s.C, .sigmas = p->sigmas, .steps = p->steps,
                          .cfg = p->neg_embeds != NULL, .cfg_scale = p->cfg_scale, .bf16 = s.bf16,
-                         .predict = flux2_predict, .model = &s, .on_step = p->on_step, .ctx = p->ctx};
+                         .predict = flux2_predict, .model = &s, .on_step = p->on_step, .ctx = p->ctx,
+                         .cfg_comm = p->cfg_comm};
     /* the prepare step: the activations, agreed before the first collective (core/dist: lockstep) */
     comm *cm = flux2_comm(m);
     int rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL,

@@ -38,6 +38,7 @@ typedef struct denoise_params {
     const float *guidance;         /* embedded guidance (dev) or NULL */
     denoise_step_fn on_step;       /* NULL ok */
     void *ctx;
+    struct comm *cfg_comm;         /* CFG parallelism (sampler_params.cfg_comm); NULL: serial */
 } denoise_params;
 
 /* Run the loop; out [N, C] receives the final latents (on every rank).
