@@ -13,6 +13,7 @@
 typedef struct family_load {
     struct backend *be;
     struct comm *c;
+    struct comm *sp;             /* the Ulysses SP group (NULL: none) */
     dtype_t precision;
     int quantize_fp8;
     const lora_spec *loras;

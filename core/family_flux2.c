@@ -44,6 +44,7 @@ static int load(const char *dir, const family_load *x, void **model, load_stats 
                            .lora_set_out = x->lora_set_out};
     flux2_model *m = NULL;
     int rc = flux2_load_ex(dir, x->be, x->c, x->precision, &e, &m, st);
+    if (!rc) rc = flux2_set_sp(m, x->sp);
     *model = m;
     return rc;
 }

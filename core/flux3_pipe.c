@@ -269,6 +269,7 @@ static int family_load_model(const char *dir, const family_load *x, void **model
                            .lora_set_out = x->lora_set_out};
     flux3_model *m = NULL;
     int rc = flux3_load_ex(dir, x->be, x->c, x->precision, &e, &m, st);
+    if (!rc) rc = flux3_set_sp(m, x->sp);
     *model = m;
     return rc;
 }

@@ -32,6 +32,7 @@ struct tp_pipe {
     int grank;                   /* this rank in it (0: reads images, gets the PNG) */
     dist_mesh mesh;              /* its TP groups, SP positions and CFG halves */
     comm *cfg_comm;              /* the CFG halves' host communicator (NULL: serial CFG) */
+    comm *sp_comm;               /* the SP group's communicator on the backend (NULL: no SP) */
     backend *be;
     comm *c;
     textenc *te;
@@ -255,6 +256,10 @@ int tp_pipe_open(const tp_pipe_config *cfg, const tp_pipe_info *info, MPI_Comm g
         p->c = comm_create(p->mesh.tp_comm, p->be);
         rc = agree(p, p->c ? 0 : -1);
     }
+    if (!rc && p->mesh.sp > 1) {
+        p->sp_comm = comm_create(p->mesh.sp_comm, p->be);
+        rc = agree(p, p->sp_comm ? 0 : -1);
+    }
     if (!rc && p->mesh.cfg == 2) p->cfg_comm = comm_create_mpi(p->mesh.cfg_comm, NULL);   /* host latents */
     if (!rc && cfg->prompt_cache_bytes) p->cache = embed_cache_create(cfg->prompt_cache_bytes);
     if (rc) {
@@ -273,6 +278,7 @@ void tp_pipe_free(tp_pipe *p) {
     embed_cache_free(p->cache);
     if (p->c) comm_destroy(p->c);
     if (p->cfg_comm) comm_destroy(p->cfg_comm);
+    if (p->sp_comm) comm_destroy(p->sp_comm);
     dist_mesh_free(&p->mesh);
     if (p->be) backend_destroy(p->be);
     free(p);
@@ -393,7 +399,7 @@ int tp_pipe_load(tp_pipe *p) {
     if (!p->model) {
         load_stats ls = {0};
         struct lora_set *lset = NULL;
-        family_load x = {.be = p->be, .c = p->c, .precision = p->cfg.precision, .quantize_fp8 = p->cfg.quantize_fp8,
+        family_load x = {.be = p->be, .c = p->c, .sp = p->sp_comm, .precision = p->cfg.precision, .quantize_fp8 = p->cfg.quantize_fp8,
                          .loras = p->cfg.loras, .n_loras = p->cfg.n_loras, .lora_set_out = &lset};
         rc = p->fam->load(p->info->transformer_dir, &x, &p->model, &ls);
         for (int i = 0; lset && i < lset->n && i < LORA_MAX_ADAPTERS; i++) p->st.lora_bytes[i] = lset->ad[i].bytes_read;
@@ -467,7 +473,9 @@ static int job_refs(tp_pipe *p, const tp_job *j, ref_set *rs) {
 }
 
 /* what this rank's communicators have sent (the ring formulas' count) */
-static double sent_bytes(const tp_pipe *p) { return p->c->sent_bytes + (p->cfg_comm ? p->cfg_comm->sent_bytes : 0); }
+static double sent_bytes(const tp_pipe *p) {
+    return p->c->sent_bytes + (p->cfg_comm ? p->cfg_comm->sent_bytes : 0) + (p->sp_comm ? p->sp_comm->sent_bytes : 0);
+}
 
 static int denoise(tp_pipe *p, const tp_job *j, const ref_set *rs, float *latents) {
     if (!p->model) return tp_error("tp_pipe_render: the transformer is not loaded (call tp_pipe_load)");

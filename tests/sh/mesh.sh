@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# budget: 40 s; checks: 11
+# budget: 70 s; checks: 22
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
-# reference, bf16 and f32, tp 1 and tp 2; FLUX.3 base with references), the
-# PNG records the mesh, comm_bytes_per_step counts the CFG exchange by the
-# ring formula, and every refusal is one clear error before loading, on
-# every rank, with no output.
+# reference, bf16 and f32, tp 1 and tp 2; FLUX.3 base with references);
+# Ulysses SP (--sp) the one-rank run's at 2, 3 and 4 ranks (klein, klein
+# base with CFG, dev, FLUX.3 base and flow-map; token counts the degree does not divide, a reference, an
+# image of one token), TP x SP within 1e-5 of tp 1 in f32; the PNG records
+# the mesh, comm_bytes_per_step matches the ring formulas (CFG exchange;
+# sp 4 against tp 4, at most 0.6x), and every refusal is one clear error
+# before loading, on every rank, with no output. One OpenMP thread per rank
+# everywhere: the VAE encoder's f32 result depends on the thread count.
 . "$TPGEN_ROOT/tests/lib.sh"
 export OMP_NUM_THREADS=1
+MPIRUN="$MPIRUN -x OMP_NUM_THREADS"
 M=$TMP/klein-base
 "$TPGEN" make-tiny --out "$M" --seed 1 >/dev/null 2>&1 || fail "mesh: make-tiny"
 jq '{_class_name: "Flux2KleinPipeline"}' "$M/model_index.json" >"$TMP/mi.json" && mv "$TMP/mi.json" "$M/model_index.json"
@@ -70,6 +75,75 @@ got=$(jq -c '.comm_bytes_per_step' "$TMP/klein-bf16-c.json" 2>/dev/null)
 [ "$got" = "[$want,$want]" ] && ok "mesh: comm_bytes_per_step of --cfg-parallel at tp 1 = N x C x 4 = $want per rank" ||
     fail "mesh: comm_bytes_per_step $got, the formula gives [$want,$want]"
 
+# Ulysses SP: the one-rank run's latents and pixels at --sp 2 and 4
+# sp NAME NP ARGS...: one rank vs --sp NP on NP ranks
+sp() {
+    local name=$1 np=$2 out; shift 2
+    if ! out=$("$TPGEN" "$@" --output "$TMP/$name-1.png" --save-latents "$TMP/$name-1.st" 2>&1); then
+        fail "mesh sp $name: the one-rank run failed: $(echo "$out" | tail -2 | tr '\n' ' ')"; return
+    fi
+    if ! out=$($MPIRUN -np "$np" "$TPGEN" "$@" --sp "$np" --output "$TMP/$name-sp.png" --save-latents "$TMP/$name-sp.st" \
+               --json-metrics "$TMP/$name-sp.json" 2>&1); then
+        fail "mesh sp $name: the --sp $np run failed: $(echo "$out" | tail -2 | tr '\n' ' ')"; return
+    fi
+    cmp -s "$TMP/$name-1.st" "$TMP/$name-sp.st" && [ "$(idat "$TMP/$name-1.png")" = "$(idat "$TMP/$name-sp.png")" ] &&
+        ok "mesh sp $name: --sp $np = one rank, latents and pixels byte for byte" ||
+        fail "mesh sp $name: --sp $np differs from the one-rank run"
+}
+KD=(--model "$D" --prompt "a fox" --steps 2 --backend cpu)
+sp klein-bf16-ref 2 "${KD[@]}" --width 48 --height 32 --image "$REF"        # 6 + 16 reference tokens
+sp klein-bf16-uneven 4 "${KD[@]}" --width 48 --height 32                    # 6 image tokens over 4 ranks
+sp klein-f32-one-token 4 "${KD[@]}" --width 16 --height 16 --precision f32  # ranks without an image row
+sp klein-base-cfg 2 "${K[@]}" --precision f32 --image "$REF"
+V=$TMP/dev
+"$TPGEN" make-tiny --out "$V" --family dev --seed 2 >/dev/null 2>&1 || fail "mesh: make-tiny dev"
+sp dev-f32 4 --model "$V" --prompt "a fox" --steps 2 --backend cpu --width 80 --height 48 --precision f32  # 15 tokens
+# FLUX.3: mode blocks attend within a mode, single blocks over text, image and reference tokens
+sp flux3-base-bf16 2 --model "$F" --prompt-embeds "$E" --negative-prompt-embeds "$E" --image "$REF" --steps 2 --backend cpu
+G=$TMP/flux3-flowmap
+flux3_folder flowmap "$G"
+sp flux3-flowmap-f32 3 --model "$G" --prompt-embeds "$TPGEN_ROOT/tests/data/flux3-pipe/flowmap_ref.safetensors" \
+    --image "$REF" --steps 2 --backend cpu --precision f32
+# the whole mesh in one job: cfg 2 x sp 2 = one rank; tp 2 x sp 2 within 1e-5 of tp 1 (f32)
+if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 --cfg-parallel --output "$TMP/cs.png" \
+           --save-latents "$TMP/cs.st" 2>&1); then
+    cmp -s "$TMP/klein-base-cfg-1.st" "$TMP/cs.st" && [ "$(idat "$TMP/klein-base-cfg-1.png")" = "$(idat "$TMP/cs.png")" ] &&
+        ok "mesh: --cfg-parallel x --sp 2 on 4 ranks = one rank, byte for byte" || fail "mesh: cfg 2 x sp 2 differs"
+else fail "mesh: cfg 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 --tp 2 --no-decode \
+           --save-latents "$TMP/ts.st" 2>&1); then
+    rel=$(python3 -c '
+import array, math, struct, sys
+def lat(f):
+    b = open(f, "rb").read(); n, = struct.unpack("<Q", b[:8]); a = array.array("f"); a.frombytes(b[8 + n:]); return a
+a, b = lat(sys.argv[1]), lat(sys.argv[2])
+print(math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)) / sum(x * x for x in a)))' "$TMP/klein-base-cfg-1.st" "$TMP/ts.st")
+    python3 -c "import sys; sys.exit(0 if $rel <= 1e-5 else 1)" && ok "mesh: tp 2 x sp 2 f32 latents within 1e-5 of one rank (rel_l2 $rel)" ||
+        fail "mesh: tp 2 x sp 2 rel_l2 $rel"
+else fail "mesh: tp 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+
+# bytes sent per step, sp 4 against tp 4 at equal tokens (klein distilled, bf16): the ring formulas written
+# out from the transformer config: TP all-reduces [S, D] twice per double block and once per single block;
+# SP sends q|k|v (3 x pad x D) and o back (pad x D) per block around attention, pad = the largest slice
+# (ceil(L/4) + ceil(N/4) rows), then gathers the output rows (4 x ceil(N/4) x C)
+Z=(--model "$D" --prompt "a fox" --width 48 --height 32 --steps 2 --backend cpu --no-decode --save-latents "$TMP/z.st")
+if $MPIRUN -np 4 "$TPGEN" "${Z[@]}" --sp 4 --json-metrics "$TMP/sp4.json" >/dev/null 2>&1 &&
+   $MPIRUN -np 4 "$TPGEN" "${Z[@]}" --tp 4 --json-metrics "$TMP/tp4.json" >/dev/null 2>&1; then
+    res=$(python3 -c '
+import json, math, sys
+c = json.load(open(sys.argv[1])); p, L, N, e = 4, 512, 6, 2
+D, C, nd, ns = c["num_attention_heads"] * c["attention_head_dim"], c["in_channels"], c["num_layers"], c["num_single_layers"]
+tp = (2 * nd + ns) * 2 * (L + N) * D * e * (p - 1) / p
+pad = math.ceil(L / p) + math.ceil(N / p)
+sp = (nd + ns) * (p * pad * 3 * (D // p) * e + p * pad * (D // p) * e) * (p - 1) / p + p * math.ceil(N / p) * C * e * (p - 1) / p
+m_sp, m_tp = json.load(open(sys.argv[2]))["comm_bytes_per_step"], json.load(open(sys.argv[3]))["comm_bytes_per_step"]
+ok = all(abs(x - sp) < 1 for x in m_sp) and all(abs(x - tp) < 1 for x in m_tp) and max(m_sp) <= 0.6 * min(m_tp)
+print("%s sp4 %s (formula %d) tp4 %s (formula %d) ratio %.3f" % ("ok" if ok else "bad", m_sp, sp, m_tp, tp, sp / tp))' \
+        "$D/transformer/config.json" "$TMP/sp4.json" "$TMP/tp4.json")
+    [ "${res%% *}" = ok ] && ok "mesh: comm_bytes_per_step = the ring formulas, --sp 4 sends at most 0.6x --tp 4 (${res#ok })" ||
+        fail "mesh: comm bytes: $res"
+else fail "mesh: the sp 4 / tp 4 metrics runs failed"; fi
+
 # refusals: one message, a non-zero exit on every rank, nothing written, before loading
 refused() {
     local name=$1 np=$2 pat=$3 out rc; shift 3
@@ -92,3 +166,6 @@ refused "--cfg-parallel on 3 ranks" 3 "--cfg-parallel x --sp 1 does not divide t
     "${K[@]}" --cfg-parallel
 refused "a mesh that does not divide the world, naming the --tp that fit" 4 "groups of 6 ranks.*--tp 1, 2 fit" "${K[@]}" --cfg-parallel --tp 3
 refused "tp x sp not dividing the heads" 3 "tp 3 x sp 1 = 3 does not divide num_attention_heads 4" "${K[@]}" --tp 3
+refused "sp x tp not dividing the heads, naming the --sp that work" 4 "tp 1 x sp 4 = 4 does not divide num_attention_heads.*--sp 1, 2, 3, 6 would work" \
+    --model "$F" --prompt-embeds "$E" --negative-prompt-embeds "$E" --steps 1 --backend cpu --sp 4 --tp 1
+
