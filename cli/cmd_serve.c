@@ -66,7 +66,8 @@ static void print_help(void) {
            "                            or cancelled at the next denoising step (default 0: no deadline)\n"
            "  --max-ref-pixels N        pixels of one reference image at most, before it is resized (default\n"
            "                            16777216 = 16 Mpx; at most 67108864, generate's cap)\n\n"
-           "model options (as for generate): --model DIR (required), --tp T, --precision bf16|f32,\n"
+           "model options (as for generate): --model DIR (required), --tp T, --sp S, --cfg-parallel (each dp group\n"
+           "  a mesh of cfg x sp x tp ranks, docs/parallel.md), --precision bf16|f32,\n"
            "  --backend cpu|cuda, --quantize fp8, --lora FILE[:WEIGHT] (repeatable), --max-sequence-length L,\n"
            "  and the defaults of requests that leave them out: --steps, --guidance, --width, --height,\n"
            "  --negative-prompt, --rng torch2|torch1 (a request's \"rng\" overrides it); --spec FILE reads them from\n"
@@ -281,10 +282,13 @@ int cmd_serve(int argc, char **argv) {
             hc.queue = &queue;
             hc.metrics = &metrics;
             if (!mine && !(http = serve_http_start(&hc))) mine = -1;
-            if (!mine)
-                fprintf(stderr, "tpgen: serve: listening on %s (port %d), loading %s on %d rank%s (tp %d x dp %d)\n",
-                        o.listen, serve_http_port(http), spec.model, d.world_size, d.world_size == 1 ? "" : "s", d.tp,
-                        d.dp);
+            if (!mine) {
+                char mesh[64] = "";   /* the axes beyond tp, when used (docs/parallel.md) */
+                if (d.cfg > 1 || d.sp > 1) snprintf(mesh, sizeof mesh, "cfg %d x sp %d x ", d.cfg, d.sp);
+                fprintf(stderr, "tpgen: serve: listening on %s (port %d), loading %s on %d rank%s (%stp %d x dp %d)\n",
+                        o.listen, serve_http_port(http), spec.model, d.world_size, d.world_size == 1 ? "" : "s", mesh,
+                        d.tp, d.dp);
+            }
         }
         rc = dist_agree(d.world, mine);
     }

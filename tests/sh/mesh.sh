@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 70 s; checks: 22
+# budget: 80 s; checks: 23
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
@@ -143,6 +143,33 @@ print("%s sp4 %s (formula %d) tp4 %s (formula %d) ratio %.3f" % ("ok" if ok else
     [ "${res%% *}" = ok ] && ok "mesh: comm_bytes_per_step = the ring formulas, --sp 4 sends at most 0.6x --tp 4 (${res#ok })" ||
         fail "mesh: comm bytes: $res"
 else fail "mesh: the sp 4 / tp 4 metrics runs failed"; fi
+
+# serve: each dp group a mesh (4 ranks: dp 2 x sp 2, klein base with CFG): two requests at once, each PNG's pixels
+# the one-rank generate's
+. "$TPGEN_ROOT/tests/lib_serve.sh"
+M0=$M
+if NP=4 start_server "$TMP/serve.log" "$TPGEN" --sp 2 --tp 1 --guidance 3 --negative-prompt blurry --backend cpu; then
+    pids=""
+    for seed in 7 8; do
+        curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -H 'Content-Type: application/json' \
+            -d "{\"prompt\": \"a fox\", \"size\": \"48x32\", \"seed\": $seed, \"steps\": 2}" |
+            jq -r '.data[0].b64_json' | base64 -d >"$TMP/serve-$seed.png" &
+        pids="$pids $!"
+    done
+    wait $pids
+    same=0
+    for seed in 7 8; do
+        "$TPGEN" "${K[@]}" --seed $seed --output "$TMP/gen-$seed.png" >/dev/null 2>&1 &&
+            [ "$(idat "$TMP/serve-$seed.png" 2>/dev/null)" = "$(idat "$TMP/gen-$seed.png")" ] && same=$((same + 1))
+    done
+    grep -q "cfg 1 x sp 2 x tp 1 x dp 2" "$TMP/serve.log" && [ $same = 2 ] &&
+        ok "mesh: serve on dp 2 x sp 2: two requests, each PNG's pixels = one-rank generate's" ||
+        fail "mesh: serve dp 2 x sp 2: $same of 2 equal; $(grep -m1 'listening' "$TMP/serve.log")"
+    stop_server >/dev/null
+else
+    fail "mesh: serve --sp 2 did not start: $(tail -3 "$TMP/serve.log")"
+fi
+M=$M0
 
 # refusals: one message, a non-zero exit on every rank, nothing written, before loading
 refused() {
