@@ -81,6 +81,11 @@ static void print_summary(const gen_setup *g, const summary *s) {
            g->n_jobs, g->n_jobs == 1 ? "" : "s", g->info.family_name, sp->width, sp->height, sp->steps,
            g->precision == DT_F32 ? "f32" : "bf16", mesh, g->d->tp, g->d->dp, s->phase[PH_TOTAL], s->images,
            s->latents, s->latents == 1 ? "" : "s");
+    if (g->d->cfg > 1 || g->d->sp > 1)   /* what each rank holds (docs/parallel.md) */
+        printf("  mesh: cfg %d x sp %d x tp %d x dp %d: each rank holds its TP rank's 1/%d of the transformer "
+               "(%.4g GB read per rank), the same shard as the other %d rank%s of its TP position in the group\n",
+               g->d->cfg, g->d->sp, g->d->tp, g->d->dp, g->d->tp, s->bytes_loaded / 1e9 / g->d->world_size,
+               g->d->cfg * g->d->sp - 1, g->d->cfg * g->d->sp == 2 ? "" : "s");
     if (sp->skip_existing)
         printf("  --skip-existing: %.0f job%s rendered, %.0f skipped (outputs exist)\n", s->rendered,
                s->rendered == 1 ? "" : "s", s->skipped);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 80 s; checks: 23
+# budget: 80 s; checks: 25
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
@@ -109,6 +109,8 @@ if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 
            --save-latents "$TMP/cs.st" 2>&1); then
     cmp -s "$TMP/klein-base-cfg-1.st" "$TMP/cs.st" && [ "$(idat "$TMP/klein-base-cfg-1.png")" = "$(idat "$TMP/cs.png")" ] &&
         ok "mesh: --cfg-parallel x --sp 2 on 4 ranks = one rank, byte for byte" || fail "mesh: cfg 2 x sp 2 differs"
+    echo "$out" | grep -q "mesh: cfg 2 x sp 2 x tp 1 x dp 1: each rank holds its TP rank's 1/1 of the transformer" &&
+        ok "mesh: the summary says what each rank holds" || fail "mesh: summary: $(echo "$out" | grep -m1 mesh)"
 else fail "mesh: cfg 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
 if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 --tp 2 --no-decode \
            --save-latents "$TMP/ts.st" 2>&1); then
@@ -170,6 +172,13 @@ else
     fail "mesh: serve --sp 2 did not start: $(tail -3 "$TMP/serve.log")"
 fi
 M=$M0
+
+# inspect: what each rank of a mesh holds (text and JSON)
+out=$("$TPGEN" inspect --model "$D" --tp 2 --sp 2 --cfg-parallel --summary 2>&1)
+js=$("$TPGEN" inspect --model "$D" --tp 2 --sp 2 --cfg-parallel --json 2>/dev/null | jq -c '[.group_ranks, .sp, .cfg_parallel, (.ranks | length)]')
+echo "$out" | grep -q "a job group of 8 ranks; group rank g holds the row of TP rank g % 2 above, each shard on 4 ranks" &&
+    [ "$js" = "[8,2,true,2]" ] && ok "mesh: inspect --sp 2 --cfg-parallel --tp 2 says what each rank holds (text, JSON)" ||
+    fail "mesh: inspect: $js $(echo "$out" | tail -2)"
 
 # refusals: one message, a non-zero exit on every rank, nothing written, before loading
 refused() {
