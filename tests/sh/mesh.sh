@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 90 s; checks: 27
+# budget: 120 s; checks: 29
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
@@ -236,3 +236,18 @@ refused "--sp with KV-cached references (not in this build)" 2 "KV-cached refere
 refused "sp x tp not dividing the heads, naming the --sp that work" 4 "tp 1 x sp 4 = 4 does not divide num_attention_heads.*--sp 1, 2, 3, 6 would work" \
     --model "$F" --prompt-embeds "$E" --negative-prompt-embeds "$E" --steps 1 --backend cpu --sp 4 --tp 1
 
+# the sanitized build (ASan + UBSan + LeakSanitizer; ASAN_OPTIONS and LSAN_OPTIONS come from tests/run.sh): the
+# whole mesh with a reference (all-gather, all-to-all, the CFG exchange, every buffer freed), and a refusal
+ASAN=$TPGEN_ROOT/build-asan/tpgen
+if [ -x "$ASAN" ]; then
+    lsan_run "asan mesh" $MPIRUN -np 4 "$ASAN" "${K[@]}" --precision f32 --image "$REF" --sp 2 --cfg-parallel \
+        --output "$TMP/asan.png"
+    [ $rc = 0 ] && ! echo "$out" | grep -qE 'Sanitizer|runtime error' &&
+        [ "$(idat "$TMP/asan.png")" = "$(idat "$TMP/klein-base-cfg-1.png")" ] &&
+        ok "mesh: asan: --cfg-parallel x --sp 2 with a reference, clean, the one-rank pixels" ||
+        fail "mesh: asan mesh: rc $rc $(echo "$out" | grep -E 'Sanitizer|runtime error|error' | head -3)"
+    expect_fail "mesh: asan: a mesh that does not divide the world" "groups of 6 ranks" \
+        $MPIRUN -np 4 "$ASAN" "${K[@]}" --cfg-parallel --tp 3 --output "$TMP/asan-r.png"
+else
+    fail "mesh: no sanitized build at $ASAN (make asan)"
+fi
