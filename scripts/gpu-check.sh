@@ -524,6 +524,11 @@ s_mesh_exact() { # s_mesh_exact: make-tiny klein (--sp 2) and klein base (--cfg-
     timeout 120 "$TPGEN" generate "${args[@]}" --save-latents "$W/mesh1.st" || r=1
     TPGEN_COMM=mpi timeout 120 $MPIRUN -np 2 "$TPGEN" generate "${args[@]}" --sp 2 --save-latents "$W/mesh2.st" || r=1
     cmp -s "$W/mesh1.st" "$W/mesh2.st" || bad="$bad sp2"
+    # one image token over 2 ranks: rank 1 holds no image row (zero-row tensors and kernels on the GPU)
+    timeout 120 "$TPGEN" generate "${args[@]}" --width 16 --height 16 --save-latents "$W/mesh5.st" || r=1
+    TPGEN_COMM=mpi timeout 120 $MPIRUN -np 2 "$TPGEN" generate "${args[@]}" --width 16 --height 16 --sp 2 \
+        --save-latents "$W/mesh6.st" || r=1
+    cmp -s "$W/mesh5.st" "$W/mesh6.st" || bad="$bad sp2-one-token"
     python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); j["is_distilled"]=False; json.dump(j, open(p,"w"))' \
         "$m/model_index.json" || r=1
     timeout 120 "$TPGEN" generate "${args[@]}" --guidance 3 --save-latents "$W/mesh3.st" || r=1
@@ -531,7 +536,7 @@ s_mesh_exact() { # s_mesh_exact: make-tiny klein (--sp 2) and klein base (--cfg-
         --save-latents "$W/mesh4.st" || r=1
     cmp -s "$W/mesh3.st" "$W/mesh4.st" || bad="$bad cfg-parallel"
     if [ -n "$bad" ]; then note "differs from one rank:$bad (a GPU kernel whose rows depend on how many come together?)"; return 1; fi
-    note "--sp 2 and --cfg-parallel = one rank, byte for byte (bf16)"
+    note "--sp 2 (also a one-token image) and --cfg-parallel = one rank, byte for byte (bf16)"
     [ $r -eq 0 ]
 }
 step "mesh on one GPU: --sp 2, --cfg-parallel = one rank (--comm mpi)" s_mesh_exact
