@@ -22,9 +22,13 @@ typedef struct family_load {
 } family_load;
 
 /* The mesh a job runs on around the TP group that holds the model
- * (core/dist/dist.h): the CFG halves' host communicator (NULL: serial CFG). */
+ * (core/dist/dist.h): the CFG halves' host communicator (NULL: serial CFG),
+ * and the job group, over which the sampling loop's prepare step is agreed
+ * and its lockstep section runs (one SP rank or CFG half out of memory must
+ * fail or end the whole group, not leave its peers in a collective). */
 typedef struct family_mesh {
     struct comm *cfg;
+    const MPI_Comm *group;
 } family_mesh;
 
 typedef struct pipe_family {

@@ -100,6 +100,7 @@ static int denoise(void *model, const tp_pipe_info *info, const tp_job *j, const
         .on_step = on_step, .ctx = ctx,
         .ref_tokens = rs->R ? rs->tokens : NULL, .R = rs->R, .ref_ids = rs->ids,
         .kv_refs = info->kv_refs, .ref_timestep = 0.0f, .cfg_comm = mesh->cfg,
+        .group = mesh->group,
     };
     int rc = schedule_flux2(N, j->steps, sigmas, ts);
     if (!rc) rc = flux2_denoise(model, &dp, latents);

@@ -238,7 +238,8 @@ int flux3_denoise(flux3_model *m, const flux3_job *j, float *out) {
                          .cfg_comm = j->cfg_comm};
     /* the prepare step: the activations, agreed before the first collective (core/dist: lockstep) */
     comm *cm = flux3_comm(m);
-    if (!rc) rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL, flux3_prepare(m, j->L, N, s.rs ? s.rs->R : 0));
+    MPI_Comm lc = j->group ? *j->group : cm ? cm->mpi : MPI_COMM_NULL;
+    if (!rc) rc = dist_lockstep_begin(lc, flux3_prepare(m, j->L, N, s.rs ? s.rs->R : 0));
     if (!rc) {
         rc = sampler_run(&sp, out);
         dist_lockstep_end();
@@ -285,7 +286,7 @@ static int family_denoise(void *model, const tp_pipe_info *info, const tp_job *j
     flux3_job f = {.seed = j->seed, .init_latents = j->init_latents, .steps = j->steps, .guidance = j->guidance,
                    .h = j->height / 16, .w = j->width / 16, .embeds = j->embeds, .L = j->L,
                    .neg_embeds = j->neg_embeds, .Ln = j->Ln ? j->Ln : j->L, .refs = rs, .on_step = on_step,
-                   .ctx = ctx, .cfg_comm = mesh->cfg};
+                   .ctx = ctx, .cfg_comm = mesh->cfg, .group = mesh->group};
     return flux3_denoise(model, &f, latents);
 }
 

@@ -99,6 +99,7 @@ typedef struct flux3_job {
     denoise_step_fn on_step;     /* NULL ok; v after CFG */
     void *ctx;
     struct comm *cfg_comm;       /* CFG parallelism (sampler_params.cfg_comm); NULL: serial */
+    const MPI_Comm *group;       /* the job group of a mesh (lockstep over it); NULL: the model's TP group */
 } flux3_job;
 
 /* The whole denoising loop, collective over the model's comm (every rank in

@@ -130,7 +130,7 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
                          .cfg_comm = p->cfg_comm};
     /* the prepare step: the activations, agreed before the first collective (core/dist: lockstep) */
     comm *cm = flux2_comm(m);
-    int rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL,
+    int rc = dist_lockstep_begin(p->group ? *p->group : cm ? cm->mpi : MPI_COMM_NULL,
                                  flux2_prepare(m, s.rows, s.kv ? NULL : s.ids, p->prompt_embeds, p->L, p->txt_ids,
                                                p->neg_embeds, p->Ln));
     if (!rc) {

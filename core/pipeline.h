@@ -7,6 +7,7 @@
 #define TPGEN_PIPELINE_H
 #include "core/models/flux2/flux2.h"
 #include "sampler.h"
+#include <mpi.h>
 #include <stdint.h>
 
 typedef struct denoise_params {
@@ -39,6 +40,7 @@ typedef struct denoise_params {
     denoise_step_fn on_step;       /* NULL ok */
     void *ctx;
     struct comm *cfg_comm;         /* CFG parallelism (sampler_params.cfg_comm); NULL: serial */
+    const MPI_Comm *group;         /* the job group of a mesh (lockstep over it); NULL: the model's TP group */
 } denoise_params;
 
 /* Run the loop; out [N, C] receives the final latents (on every rank).

@@ -482,7 +482,7 @@ static int denoise(tp_pipe *p, const tp_job *j, const ref_set *rs, float *latent
     p->user_step = j->on_step;
     p->user_ctx = j->ctx;
     double t0 = MPI_Wtime();
-    family_mesh mesh = {.cfg = p->cfg_comm};
+    family_mesh mesh = {.cfg = p->cfg_comm, .group = &p->group};
     double sent0 = sent_bytes(p);
     int rc = p->fam->denoise(p->model, p->info, j, rs, &mesh, count_step, p, latents);
     p->st.comm_bytes += sent_bytes(p) - sent0;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 120 s; checks: 29
+# budget: 120 s; checks: 31
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
@@ -199,6 +199,21 @@ else
     fail "mesh: serve --sp 2 did not start: $(tail -3 "$TMP/serve.log")"
 fi
 M=$M0
+
+# one SP rank out of memory (TPGEN_FAIL_ALLOC=RANK:N:PHASE): in the prepare step the failure is agreed over the
+# whole job group (every rank fails, the message once, no PNG); in the middle of the loop, where its peers wait
+# in an all-to-all, the job ends at once naming the rank (no hang)
+rm -f "$TMP/oom.png"
+out=$(TPGEN_FAIL_ALLOC=1:1:denoise timeout 120 $MPIRUN -x TPGEN_FAIL_ALLOC -np 2 "$TPGEN" "${KD[@]}" --width 48 --height 32 \
+      --sp 2 --output "$TMP/oom.png" 2>&1); rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && [ "$(echo "$out" | grep -c '^tpgen: error: rank 1: .*injected by TPGEN_FAIL_ALLOC')" = 1 ] &&
+    [ ! -e "$TMP/oom.png" ] && ok "mesh: an SP rank out of memory in the prepare step: agreed over the group, one message, no PNG" ||
+    fail "mesh: prepare OOM at sp 2: rc $rc $(echo "$out" | grep error | head -2)"
+out=$(TPGEN_FAIL_ALLOC=1:30:denoise timeout 120 $MPIRUN -x TPGEN_FAIL_ALLOC -np 2 "$TPGEN" "${KD[@]}" --width 48 --height 32 \
+      --sp 2 --output "$TMP/oom.png" 2>&1); rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && echo "$out" | grep -q 'rank 1: .* in the middle of the denoise phase' && [ ! -e "$TMP/oom.png" ] &&
+    ok "mesh: an SP rank out of memory mid-loop: the job ends at once naming the rank (rc $rc), no PNG" ||
+    fail "mesh: mid-loop OOM at sp 2: rc $rc $(echo "$out" | grep error | head -2)"
 
 # inspect: what each rank of a mesh holds (text and JSON)
 out=$("$TPGEN" inspect --model "$D" --tp 2 --sp 2 --cfg-parallel --summary 2>&1)
