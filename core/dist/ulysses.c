@@ -45,31 +45,46 @@ static void scatter_rank(backend *be, const ulysses_layout *l, int r, tensor *bl
     }
 }
 
-static int alloc_all(backend *be, dtype_t dt, tensor **t, const int64_t (*shape)[2], int n) {
-    for (int i = 0; i < n; i++) t[i] = NULL;
-    for (int i = 0; i < n; i++)
-        if (!(t[i] = tensor_new(be, dt, shape[i][0], shape[i][1]))) {
-            for (int j = 0; j < i; j++) tensor_free(t[j]);
+/* the shapes of the buffers: send/recv [sp x pad, 3w] (q|k|v of one rank's heads per block), the whole
+ * sequence's q, k, v, o [S, w] */
+static void buf_shapes(const ulysses_layout *l, int64_t cols, int64_t shape[6][2]) {
+    int64_t w = cols / l->sp, pad = pad_rows(l), S = ulysses_full_rows(l);
+    for (int i = 0; i < 6; i++) shape[i][0] = i < 2 ? l->sp * pad : S, shape[i][1] = i < 2 ? 3 * w : w;
+}
+
+int ulysses_reserve(ulysses_bufs *b, const ulysses_layout *l, int64_t cols, dtype_t dt, struct backend *be) {
+    int64_t shape[6][2];
+    buf_shapes(l, cols, shape);
+    for (int i = 0; i < 6; i++) {
+        tensor *t = b->t[i];
+        if (t && t->rows == shape[i][0] && t->cols == shape[i][1] && t->dtype == dt) continue;
+        tensor_free(t);
+        if (!(b->t[i] = tensor_new(be, dt, shape[i][0], shape[i][1])))
             return tp_error_context("sequence parallelism: the all-to-all buffers ([%lld, %lld])",
                                     (long long)shape[i][0], (long long)shape[i][1]);
-        }
+    }
     return 0;
 }
 
-int ulysses_attention(comm *c, const ulysses_layout *l, int head_dim, tensor *o, const tensor *q, const tensor *k,
-                      const tensor *v, ulysses_attn_fn fn, void *ctx) {
+void ulysses_bufs_free(ulysses_bufs *b) {
+    for (int i = 0; i < 6; i++) tensor_free(b->t[i]), b->t[i] = NULL;
+}
+
+int ulysses_attention(comm *c, const ulysses_layout *l, int head_dim, ulysses_bufs *b, tensor *o, const tensor *q,
+                      const tensor *k, const tensor *v, ulysses_attn_fn fn, void *ctx) {
     backend *be = q->be;
     int sp = l->sp, me = l->rank;
-    int64_t cols = q->cols, w = cols / sp, pad = pad_rows(l), nl = q->rows, S = ulysses_full_rows(l);
+    int64_t cols = q->cols, w = cols / sp, pad = pad_rows(l), nl = q->rows;
     if (c->size != sp || cols % sp || w % head_dim || nl != ulysses_local_rows(l, me))
         return tp_error("sequence parallelism: %lld local rows of %lld columns do not fit an SP group of %d (rank %d "
                         "holds %lld rows; the heads must split evenly)", (long long)nl, (long long)cols, sp, me,
                         (long long)ulysses_local_rows(l, me));
-    /* send/recv [sp x pad, 3w] (q|k|v of one rank's heads per block), the whole sequence q, k, v, o [S, w] */
-    const int64_t shape[6][2] = {{sp * pad, 3 * w}, {sp * pad, 3 * w}, {S, w}, {S, w}, {S, w}, {S, w}};
-    tensor *t[6];
-    if (alloc_all(be, q->dtype, t, shape, 6)) return -1;
-    tensor *send = t[0], *recv = t[1], *fo = t[5];
+    ulysses_bufs mine = {{NULL}}, *bufs = b ? b : &mine;
+    if (ulysses_reserve(bufs, l, cols, q->dtype, be)) {
+        if (!b) ulysses_bufs_free(&mine);
+        return -1;
+    }
+    tensor **t = bufs->t, *send = t[0], *recv = t[1], *fo = t[5];
     const tensor *in[3] = {q, k, v};
     /* block j of send: my rows, heads [j·w, (j+1)·w) of q, k and v side by side */
     for (int j = 0; nl > 0 && j < sp; j++)
@@ -97,7 +112,7 @@ int ulysses_attention(comm *c, const ulysses_layout *l, int head_dim, tensor *o,
             op_copy(be, &dst, &src);
         }
     }
-    for (int i = 0; i < 6; i++) tensor_free(t[i]);
+    if (!b) ulysses_bufs_free(&mine);
     return rc ? tp_error_context("sequence parallelism: the all-to-all around attention") : 0;
 }
 

@@ -32,6 +32,17 @@ int64_t ulysses_rows(int64_t total, int sp, int r);
 int64_t ulysses_local_rows(const ulysses_layout *l, int r);
 int64_t ulysses_full_rows(const ulysses_layout *l);
 
+/* The buffers of the all-to-all around attention for one layout, kept
+ * between calls: ulysses_reserve makes them in a prepare step (before the
+ * lockstep loop, where an allocation must not fail alone) and again only
+ * when the layout or width changes. */
+typedef struct ulysses_bufs {
+    tensor *t[6];
+} ulysses_bufs;
+/* buffers for q, k, v of `cols` columns (this rank's heads) in layout l, dtype dt on be; -1 + tp_error */
+int ulysses_reserve(ulysses_bufs *b, const ulysses_layout *l, int64_t cols, dtype_t dt, struct backend *be);
+void ulysses_bufs_free(ulysses_bufs *b);
+
 /* The attention kernel on whole-sequence buffers: o, q, k, v [rows, heads x
  * head_dim] of the heads this rank attends for. */
 typedef void (*ulysses_attn_fn)(void *ctx, tensor *o, const tensor *q, const tensor *k, const tensor *v);
@@ -40,10 +51,12 @@ typedef void (*ulysses_attn_fn)(void *ctx, tensor *o, const tensor *q, const ten
  * heads (q, k, v, o [local rows, H x head_dim], views allowed), over the SP
  * group `c` (c->size == l->sp): an all-to-all of q|k|v (H/sp heads to each
  * rank), the kernel over the whole sequence, an all-to-all of o back. H
- * must be a multiple of sp. Collective; -1 + tp_error when a buffer cannot
- * be allocated or a collective fails. */
-int ulysses_attention(comm *c, const ulysses_layout *l, int head_dim, tensor *o, const tensor *q, const tensor *k,
-                      const tensor *v, ulysses_attn_fn fn, void *ctx);
+ * must be a multiple of sp. The buffers are b's (reserved for this layout
+ * and width if they are not yet; NULL: made and freed in the call).
+ * Collective; -1 + tp_error when a buffer cannot be allocated or a
+ * collective fails. */
+int ulysses_attention(comm *c, const ulysses_layout *l, int head_dim, ulysses_bufs *b, tensor *o, const tensor *q,
+                      const tensor *k, const tensor *v, ulysses_attn_fn fn, void *ctx);
 
 /* The local rows of every rank gathered into the whole sequence, for the
  * output layer's rows: local [local rows, cols] -> full [full rows, cols]

@@ -19,6 +19,7 @@ static void ws_free(flux2_ws *ws) {
                      ws->hid, ws->sinus, ws->mod_img, ws->mod_txt, ws->mod_single, ws->mod_out,
                      ws->mod_img_ref, ws->mod_single_ref, ws->kcat, ws->vcat, ws->out_full};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
+    ulysses_bufs_free(&ws->ub);
     free(ws);
 }
 
@@ -58,6 +59,7 @@ static flux2_ws *ws_for(flux2_model *m, int64_t N, int64_t L) {
     if (!ws) return NULL;
     ws->lay = (ulysses_layout){.sp = sp, .rank = r, .nseg = 2, .total = {L, N}};
     ws->l0 = ulysses_first(L, sp, r), ws->n0 = ulysses_first(N, sp, r);
+    if (ulysses_reserve(&ws->ub, &ws->lay, m->Dl, m->act, m->be)) return NULL;
     if (!ws->out_full || ws->out_full->rows != N) {
         tensor_free(ws->out_full);
         if (!(ws->out_full = tensor_new(m->be, m->act, N, m->cfg.out_dim))) {

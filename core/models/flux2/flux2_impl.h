@@ -74,6 +74,7 @@ typedef struct flux2_ws {
     int64_t N, L, S;  /* this rank's rows: with SP its slices of the text and image tokens */
     /* sequence parallelism: the layout (text, image), where this rank's slices start, the whole output */
     ulysses_layout lay;
+    ulysses_bufs ub;  /* the all-to-all's buffers, reserved in ws_for (the prepare step) */
     int64_t l0, n0, N_full;
     tensor *out_full; /* [N_full, out_dim] */
     tensor *x;        /* [S, D]  residual stream */

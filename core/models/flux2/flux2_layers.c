@@ -51,5 +51,5 @@ int flux2_attention_seq(flux2_model *m, tensor *o, const tensor *q, const tensor
         flux2_attention(m, o, q, k, v);
         return 0;
     }
-    return ulysses_attention(m->sp_comm, &m->ws->lay, m->cfg.head_dim, o, q, k, v, attention_cb, m);
+    return ulysses_attention(m->sp_comm, &m->ws->lay, m->cfg.head_dim, &m->ws->ub, o, q, k, v, attention_cb, m);
 }

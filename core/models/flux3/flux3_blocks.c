@@ -39,10 +39,10 @@ int flux3_attention_seq(flux3_model *m, int mode, tensor *o, const tensor *q, co
         flux3_attention(m, o, q, k, v);
         return 0;
     }
-    const flux3_ws *ws = m->ws;
+    flux3_ws *ws = m->ws;
     ulysses_layout l = {.sp = m->sp, .rank = m->sp_rank, .nseg = mode < 0 ? FLUX3_MODES : 1};
     for (int k2 = 0; k2 < l.nseg; k2++) l.total[k2] = ws->total[mode < 0 ? k2 : mode];
-    return ulysses_attention(m->sp_comm, &l, m->cfg.head_dim, o, q, k, v, attention_cb, m);
+    return ulysses_attention(m->sp_comm, &l, m->cfg.head_dim, &ws->ub[mode + 1], o, q, k, v, attention_cb, m);
 }
 
 int flux3_allreduce(flux3_model *m, tensor *t) {

@@ -52,6 +52,7 @@ static void ws_free(flux3_ws *ws) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
     for (int k = 0; k < FLUX3_MODES; k++) tensor_free(ws->in[k]), tensor_free(ws->mod_early[k]),
                                            tensor_free(ws->mod_single[k]);
+    for (int k = 0; k <= FLUX3_MODES; k++) ulysses_bufs_free(&ws->ub[k]);
     free(ws);
 }
 
@@ -104,6 +105,12 @@ static flux3_ws *ws_for(flux3_model *m, int64_t L, int64_t N, int64_t R) {
     flux3_ws *ws = ws_get(m, ulysses_rows(L, sp, r), ulysses_rows(N, sp, r), ulysses_rows(R, sp, r));
     if (!ws) return NULL;
     for (int k = 0; k < FLUX3_MODES; k++) ws->total[k] = tot[k], ws->first[k] = ulysses_first(tot[k], sp, r);
+    for (int k = -1; sp > 1 && k < FLUX3_MODES; k++) {   /* the all-to-all's buffers: joint sequence, each mode */
+        if (k >= 0 && !tot[k]) continue;
+        ulysses_layout l = {.sp = sp, .rank = r, .nseg = k < 0 ? FLUX3_MODES : 1};
+        for (int s = 0; s < l.nseg; s++) l.total[s] = tot[k < 0 ? s : k];
+        if (ulysses_reserve(&ws->ub[k + 1], &l, m->Dl, m->act, m->be)) return NULL;
+    }
     if (sp > 1 && (!ws->out_full || ws->out_full->rows != N)) {
         tensor_free(ws->out_full);
         if (!(ws->out_full = tensor_new(m->be, m->act, N, m->cfg.in_channels))) {

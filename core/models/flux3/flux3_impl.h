@@ -52,6 +52,7 @@ typedef struct flux3_ws {
     int64_t L, N, R, S;  /* this rank's rows: with SP its slices of each mode's tokens */
     /* sequence parallelism: each mode's whole token count, where this rank's slice starts, the whole output */
     int64_t total[FLUX3_MODES], first[FLUX3_MODES];
+    ulysses_bufs ub[FLUX3_MODES + 1];   /* the all-to-all's buffers: [0] the joint sequence, [1 + k] mode k */
     tensor *out_full; /* [total image tokens, in_channels] */
     int64_t r0[FLUX3_MODES], n[FLUX3_MODES];   /* rows of each mode */
     tensor *x;        /* [S, D]  residual stream */
