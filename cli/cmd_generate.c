@@ -19,8 +19,8 @@ static int setup(run_spec *s, gen_setup *g, dist *d, int argc, char **argv) {
     int rc = runspec_parse_args(s, argc, argv);
     if (!rc) rc = runspec_check(s);
     if (dist_agree(d->world, rc)) return -1;
-    if (dist_agree(d->world, dist_set_tp(d, s->tp))) return -1;
-    watchdog_start(d->world_rank, d->dp_rank, d->dp_rank * d->tp, d->tp, s->watchdog);
+    if (dist_agree(d->world, dist_set_mesh(d, s->tp, s->sp > 1 ? s->sp : 1, s->cfg_parallel ? 2 : 1))) return -1;
+    watchdog_start(d->world_rank, d->dp_rank, d->dp_rank * d->grp, d->grp, s->watchdog);
     if (dist_agree(d->world, gen_setup_init(g, s, d))) return -1;
     return gen_skip_existing(g);
 }

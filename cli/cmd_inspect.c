@@ -21,13 +21,14 @@ typedef struct inspect_args {
     const char *model, *component;
     const char *transformer, *text_encoder, *vae, *family;   /* single components (--components) */
     int tp, json, summary, scan, components;
+    int sp, cfg_parallel;        /* the mesh around TP (docs/parallel.md): what each world rank of a group holds */
     lora_spec loras[LORA_MAX_ADAPTERS];
     int n_loras;
 } inspect_args;
 
 static int usage(FILE *f) {
     fprintf(f, "usage: tpgen inspect --model DIR [--component NAME] [--tp N] [--json] [--summary] [--scan-weights]\n"
-               "                     [--lora FILE[:W]]...\n"
+               "                     [--lora FILE[:W]]... [--sp S] [--cfg-parallel]\n"
                "       tpgen inspect --model FILE.gguf [--summary]\n"
                "       tpgen inspect --components [--model DIR] [--transformer P] [--text-encoder P] [--vae P]\n"
                "                     [--family dev|klein|klein-base] [--json]\n\n"
@@ -69,11 +70,14 @@ static int parse(int argc, char **argv, inspect_args *a) {
             if (lora_spec_parse(v, &a->loras[a->n_loras])) return -1;
             a->n_loras++, i++;
         }
-        else if (v && !strcmp(k, "--tp")) {
+        else if (!strcmp(k, "--cfg-parallel")) a->cfg_parallel = 1;
+        else if (v && (!strcmp(k, "--tp") || !strcmp(k, "--sp"))) {
             char *end;
             long t = strtol(v, &end, 10);
-            if (*end || t < 1 || t > 4096) return tp_error("--tp must be a positive integer (got '%s')", v);
-            a->tp = (int)t, i++;
+            if (*end || t < 1 || t > 4096) return tp_error("%s must be a positive integer (got '%s')", k, v);
+            if (!strcmp(k, "--tp")) a->tp = (int)t;
+            else a->sp = (int)t;
+            i++;
         } else return tp_error("inspect: unknown or incomplete option '%s' (see tpgen inspect --help)", k);
     }
     if (a->components) return 0;
@@ -309,6 +313,9 @@ int cmd_inspect(int argc, char **argv) {
                               "valid", valid, "error", err, "ranks", ranks ? ranks : json_array(), "tensors",
                               tensors ? tensors : json_array());
         json_object_set_new(o, "plan", p->rules ? json_string(p->model) : json_null());
+        json_object_set_new(o, "sp", json_integer(a.sp > 1 ? a.sp : 1));
+        json_object_set_new(o, "cfg_parallel", json_boolean(a.cfg_parallel));
+        json_object_set_new(o, "group_ranks", json_integer((json_int_t)a.tp * (a.sp > 1 ? a.sp : 1) * (a.cfg_parallel ? 2 : 1)));
         if (a.n_loras) json_object_set_new(o, "loras", loras ? loras : json_array());
         if (opened && c->prefix)
             json_object_set_new(o, "name_prefix", json_pack("{s:s,s:i}", "prefix", c->prefix, "tensors_outside_ignored",
@@ -324,6 +331,11 @@ int cmd_inspect(int argc, char **argv) {
     } else {
         json_decref(tensors), json_decref(ranks), json_decref(loras);
         if (valid) printf("\nvalid: tp %d splits %s evenly\n", a.tp, a.component);
+        int rep = (a.sp > 1 ? a.sp : 1) * (a.cfg_parallel ? 2 : 1);
+        if (valid && rep > 1)   /* SP and CFG parallelism replicate the TP shards (docs/parallel.md) */
+            printf("mesh: %s--sp %d x --tp %d: a job group of %d ranks; group rank g holds the row of TP rank g %% %d "
+                   "above, each shard on %d ranks\n", a.cfg_parallel ? "--cfg-parallel (2) x " : "",
+                   a.sp > 1 ? a.sp : 1, a.tp, rep * a.tp, a.tp, rep);
     }
     if (!valid) fprintf(stderr, "tpgen: error: %s\n", err);
     free(err);

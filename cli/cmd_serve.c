@@ -70,7 +70,8 @@ static void print_help(void) {
            "                            or cancelled at the next denoising step (default 0: no deadline)\n"
            "  --max-ref-pixels N        pixels of one reference image at most, before it is resized (default\n"
            "                            16777216 = 16 Mpx; at most 67108864, generate's cap)\n\n"
-           "model options (as for generate): --model DIR (required), --tp T, --precision bf16|f32,\n"
+           "model options (as for generate): --model DIR (required), --tp T, --sp S, --cfg-parallel (each dp group\n"
+           "  a mesh of cfg x sp x tp ranks, docs/parallel.md), --precision bf16|f32,\n"
            "  --backend cpu|cuda, --quantize fp8, --lora FILE[:WEIGHT] (repeatable), --max-sequence-length L,\n"
            "  and the defaults of requests that leave them out: --steps, --guidance, --width, --height,\n"
            "  --negative-prompt, --rng torch2|torch1 (a request's \"rng\" overrides it), --cache SPEC (block caching,\n"
@@ -213,7 +214,7 @@ static int start(dist *d, serve_opts *o, run_spec *s, gen_setup *g, int argc, ch
     int rc = parse_flags(argc, argv, o, s);
     if (dist_agree(d->world, rc)) return -1;
     image_set_max_pixels(o->max_ref_pixels, "--max-ref-pixels");   /* every rank decodes with this cap */
-    if (dist_agree(d->world, dist_set_tp(d, s->tp))) return -1;
+    if (dist_agree(d->world, dist_set_mesh(d, s->tp, s->sp > 1 ? s->sp : 1, s->cfg_parallel ? 2 : 1))) return -1;
     rc = gen_setup_init(g, s, d);
     if (!rc && !g->write_png)
         rc = tp_error("%s has no VAE (vae/config.json): a server answers with PNG images and needs one", s->model);
@@ -261,7 +262,7 @@ int cmd_serve(int argc, char **argv) {
     int rc = start(&d, &o, &spec, &g, argc, argv);
     /* the watchdog (core/dist/watchdog.h) watches loading and every render; idle waits for work are not
      * progress: there the heartbeat of cli/serve_ranks.c (same --watchdog bound, 60 s by default) watches */
-    if (!rc) watchdog_start(d.world_rank, d.dp_rank, d.dp_rank * d.tp, d.tp, spec.watchdog);
+    if (!rc) watchdog_start(d.world_rank, d.dp_rank, d.dp_rank * d.grp, d.grp, spec.watchdog);
     watchdog_phase_set(WD_STARTUP, "loading the model");
     /* world rank 0 binds the address before the long load: /health answers "loading" meanwhile */
     if (!rc) {
@@ -292,32 +293,35 @@ int cmd_serve(int argc, char **argv) {
             hc.queue = &queue;
             hc.metrics = &metrics;
             if (!mine && !(http = serve_http_start(&hc))) mine = -1;
-            if (!mine)
-                fprintf(stderr, "tpgen: serve: listening on %s (port %d), loading %s on %d rank%s (tp %d x dp %d)\n",
-                        o.listen, serve_http_port(http), spec.model, d.world_size, d.world_size == 1 ? "" : "s", d.tp,
-                        d.dp);
+            if (!mine) {
+                char mesh[64] = "";   /* the axes beyond tp, when used (docs/parallel.md) */
+                if (d.cfg > 1 || d.sp > 1) snprintf(mesh, sizeof mesh, "cfg %d x sp %d x ", d.cfg, d.sp);
+                fprintf(stderr, "tpgen: serve: listening on %s (port %d), loading %s on %d rank%s (%stp %d x dp %d)\n",
+                        o.listen, serve_http_port(http), spec.model, d.world_size, d.world_size == 1 ? "" : "s", mesh,
+                        d.tp, d.dp);
+            }
         }
         rc = dist_agree(d.world, mine);
     }
     serve_ctx sc = {.g = &g};
     if (!rc) {   /* edits need the VAE encoder: the group's first rank looks, the group follows */
-        if (d.tp_rank == 0) {
+        if (d.grp_rank == 0) {
             checkpoint *ck = NULL;
             if (!checkpoint_open(g.info.vae_dir, &ck)) {
                 sc.has_encoder = checkpoint_find(ck, "encoder.conv_in.weight", NULL) != NULL;
                 checkpoint_close(ck);
             }
         }
-        MPI_Bcast(&sc.has_encoder, 1, MPI_INT, 0, d.tp_comm);
+        MPI_Bcast(&sc.has_encoder, 1, MPI_INT, 0, d.grp_comm);
     }
     if (!rc) {
         tp_pipe_config cfg = {
             .model = spec.model, .backend = spec.backend, .precision = g.precision, .quantize_fp8 = g.quantize_fp8,
             .loras = spec.loras, .n_loras = spec.n_loras, .decoder = 1, .encoder = sc.has_encoder,
             .keep_text_encoder = o.keep_text_encoder, .prompt_cache_bytes = (size_t)(o.prompt_cache_mb * 1048576.0),
-            .max_sequence_length = spec.max_sequence_length,
+            .max_sequence_length = spec.max_sequence_length, .sp = d.sp, .cfg_parallel = d.cfg == 2,
         };
-        rc = dist_agree(d.world, tp_pipe_open(&cfg, &g.info, d.tp_comm, d.local_rank, d.local_size, &pipe));
+        rc = dist_agree(d.world, tp_pipe_open(&cfg, &g.info, d.grp_comm, d.local_rank, d.local_size, &pipe));
         if (!rc) rc = dist_agree(d.world, tp_pipe_load(pipe));
         if (!rc && o.keep_text_encoder) {   /* load it now, not on the first request */
             float *tmp = NULL;

@@ -85,6 +85,7 @@ typedef struct gen_metrics {
     double te_load_seconds;      /* time spent in the text encoder's loader */
     int steps_total;
     double step_seconds;         /* summed over steps */
+    double comm_bytes;           /* this rank: sent in collectives while denoising (tp_pipe_stats) */
     int images, latents;         /* files written by this rank */
     int jobs_done;               /* jobs of this rank's group */
     int cache_steps[2][2];       /* --cache, this group's first rank: [group][0 computed, 1 cached] block-group

@@ -39,7 +39,7 @@ int gen_lora_setup(gen_setup *g) {
         L->rank[i] = ls->ad[i].rank;
         L->modules[i] = ls->ad[i].n_modules;
         /* the ranks that write PNGs hash the files (the others never read them whole) */
-        if (g->d->tp_rank == 0) rc = file_sha256(s->loras[i].path, L->sha[i]);
+        if (g->d->grp_rank == 0) rc = file_sha256(s->loras[i].path, L->sha[i]);
     }
     lora_set_free(ls);
     checkpoint_close(ck);

@@ -47,6 +47,7 @@ typedef struct summary {
     double *rss;             /* per world rank */
     double cache_steps[2][2];    /* --cache: [group][computed, cached], summed over TP-group leads */
     json_t *cache;           /* --cache, world rank 0: cache_decisions, one object per rendered job in job order */
+    double *comm;            /* per world rank: bytes sent in collectives per denoising step */
 } summary;
 
 /* Every group's first rank holds its jobs' decisions (JSON text, one line
@@ -87,7 +88,7 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     double ph[N_PH] = {m->t_te_load, m->t_encode, m->t_load, m->t_refs, m->t_denoise, m->t_decode, m->t_write,
                        gen_now() - m->t_start};
     MPI_Reduce(ph, s->phase, N_PH, MPI_DOUBLE, MPI_MAX, 0, w);
-    int lead = g->d->tp_rank == 0;
+    int lead = g->d->grp_rank == 0;
     double sums[8] = {(double)m->bytes_loaded, lead ? m->steps_total : 0, lead ? m->step_seconds : 0,
                       m->images, m->latents, lead ? m->jobs_done : 0, lead ? g->n_skipped : 0,
                       (double)m->te_bytes_loaded};
@@ -109,14 +110,24 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     double rss = peak_rss_bytes();
     s->rss = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
     MPI_Gather(&rss, 1, MPI_DOUBLE, s->rss, 1, MPI_DOUBLE, 0, w);
+    double per_step = m->steps_total > 0 ? m->comm_bytes / m->steps_total : 0;
+    s->comm = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
+    MPI_Gather(&per_step, 1, MPI_DOUBLE, s->comm, 1, MPI_DOUBLE, 0, w);
 }
 
 static void print_summary(const gen_setup *g, const summary *s) {
     const run_spec *sp = g->spec;
-    printf("tpgen: %d job%s (%s, %dx%d, %d steps, %s, tp %d x dp %d) in %.2f s: %.0f PNG, %.0f latents file%s\n",
+    char mesh[64] = "";
+    if (g->d->cfg > 1 || g->d->sp > 1) snprintf(mesh, sizeof mesh, "cfg %d x sp %d x ", g->d->cfg, g->d->sp);
+    printf("tpgen: %d job%s (%s, %dx%d, %d steps, %s, %stp %d x dp %d) in %.2f s: %.0f PNG, %.0f latents file%s\n",
            g->n_jobs, g->n_jobs == 1 ? "" : "s", g->info.family_name, sp->width, sp->height, sp->steps,
-           g->precision == DT_F32 ? "f32" : "bf16", g->d->tp, g->d->dp, s->phase[PH_TOTAL], s->images, s->latents,
-           s->latents == 1 ? "" : "s");
+           g->precision == DT_F32 ? "f32" : "bf16", mesh, g->d->tp, g->d->dp, s->phase[PH_TOTAL], s->images,
+           s->latents, s->latents == 1 ? "" : "s");
+    if (g->d->cfg > 1 || g->d->sp > 1)   /* what each rank holds (docs/parallel.md) */
+        printf("  mesh: cfg %d x sp %d x tp %d x dp %d: each rank holds its TP rank's 1/%d of the transformer "
+               "(%.4g GB read per rank), the same shard as the other %d rank%s of its TP position in the group\n",
+               g->d->cfg, g->d->sp, g->d->tp, g->d->dp, g->d->tp, s->bytes_loaded / 1e9 / g->d->world_size,
+               g->d->cfg * g->d->sp - 1, g->d->cfg * g->d->sp == 2 ? "" : "s");
     if (sp->skip_existing)
         printf("  --skip-existing: %.0f job%s rendered, %.0f skipped (outputs exist)\n", s->rendered,
                s->rendered == 1 ? "" : "s", s->skipped);
@@ -150,6 +161,11 @@ static void print_summary(const gen_setup *g, const summary *s) {
     printf("  peak RSS per rank:");
     for (int r = 0; r < g->d->world_size; r++) printf(" r%d %.1f MB", r, s->rss[r] / 1e6);
     printf("\n");
+    if (g->d->world_size > 1 && s->steps > 0) {   /* the ring formulas' bytes (kernels/comm.h) */
+        printf("  sent per step per rank:");
+        for (int r = 0; r < g->d->world_size; r++) printf(" r%d %.4g MB", r, s->comm[r] / 1e6);
+        printf("\n");
+    }
     fflush(stdout);
 }
 
@@ -173,6 +189,11 @@ static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
                           (int)s->rendered, "jobs_skipped", (int)s->skipped, "peak_rss_bytes", rss);
     /* each load's bytes (all ranks), reading seconds (slowest rank) and their ratio */
     json_object_set_new(j, "load_read_seconds", json_real(s->load_seconds));
+    json_object_set_new(j, "sp", json_integer(g->d->sp));
+    json_object_set_new(j, "cfg_parallel", json_boolean(g->d->cfg == 2));
+    json_t *comm = json_array();   /* bytes each world rank sends in collectives per denoising step */
+    for (int r = 0; r < g->d->world_size; r++) json_array_append_new(comm, json_real(s->comm[r]));
+    json_object_set_new(j, "comm_bytes_per_step", comm);
     json_object_set_new(j, "text_encoder_bytes_loaded", json_integer((json_int_t)s->te_bytes_loaded));
     json_object_set_new(j, "text_encoder_read_seconds", json_real(s->te_load_seconds));
     json_object_set_new(j, "text_encoder_gb_per_s", json_real(gb_per_s(s->te_bytes_loaded, s->te_load_seconds)));
@@ -211,5 +232,6 @@ int gen_report(const gen_setup *g, const gen_metrics *m, int status) {
     json_decref(loras);
     json_decref(s.cache);
     free(s.rss);
+    free(s.comm);
     return dist_agree(g->d->world, rc);
 }

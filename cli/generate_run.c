@@ -31,7 +31,7 @@ typedef struct run_state {
     size_t step_n;               /* N * C */
 } run_state;
 
-static int agree_tp(run_state *r, int rc) { return dist_agree(r->g->d->tp_comm, rc); }
+static int agree_tp(run_state *r, int rc) { return dist_agree(r->g->d->grp_comm, rc); }
 
 /* ---- text ---- */
 
@@ -99,7 +99,7 @@ static void free_chunk_embeds(run_state *r, int first, int last) {
  * that fails stops every rank of the group at this step. */
 static int write_preview(run_state *r, int step, const float *v, const float *x, float sigma) {
     const gen_setup *g = r->g;
-    int W = r->width, H = r->height, first = g->d->tp_rank == 0;
+    int W = r->width, H = r->height, first = g->d->grp_rank == 0;
     if (first && !r->preview_rgb) r->preview_rgb = xmalloc((size_t)W * H * 3);
     watchdog_phase_set(WD_STARTUP, "decoding a preview");
     double dt = 0;
@@ -166,7 +166,7 @@ static int decode_and_write(run_state *r, int job, const float *latents) {
     const run_spec *s = r->g->spec;
     int W, H;
     gen_job_size(r->g, job, &W, &H);
-    int first = r->g->d->tp_rank == 0;
+    int first = r->g->d->grp_rank == 0;
     uint8_t *rgb = first ? xmalloc((size_t)W * H * 3) : NULL;
     double dt = 0;
     int rc = tp_pipe_decode(r->pipe, latents, W, H, rgb, &dt);   /* collective, agreed */
@@ -199,7 +199,7 @@ static int decode_and_write(run_state *r, int job, const float *latents) {
 /* --cache: the job's decisions for --json-metrics and the summary, kept on
  * the group's first rank (every rank of the group has the same record) */
 static void record_cache(run_state *r, int job, const bc_log *l) {
-    if (r->g->d->tp_rank != 0) return;
+    if (r->g->d->grp_rank != 0) return;   /* the job group's first rank (it holds both CFG halves' records) */
     static const char *names[2][2] = {{"double", "single"}, {"double_uncond", "single_uncond"}};
     json_t *o = json_pack("{s:i}", "job", job), *diffs = json_object();
     for (int b = 0; b < l->branches; b++)
@@ -258,7 +258,7 @@ static int run_job(run_state *r, int job) {
     if (!rc) {
         int mine = 0;
         watchdog_phase_set(WD_STARTUP, "decoding across the group and writing the image on the group's first rank");
-        if (g->d->tp_rank == 0 && s->save_latents) mine = save_latents(r, job, latents);   /* the first rank writes */
+        if (g->d->grp_rank == 0 && s->save_latents) mine = save_latents(r, job, latents);   /* the first rank writes */
         rc = agree_tp(r, mine);
         if (!rc && g->write_png) {
             mine = decode_and_write(r, job, latents);   /* decodes on every rank, writes on the first */
@@ -292,7 +292,7 @@ static void take_stats(run_state *r) {
     m->t_denoise += st->t_denoise;
     m->bytes_loaded += st->bytes_loaded, m->load_seconds += st->load_seconds, m->refs_encoded += st->refs_encoded;
     m->te_bytes_loaded += st->te_bytes_loaded, m->te_load_seconds += st->te_load_seconds;
-    m->steps_total += st->steps, m->step_seconds += st->step_seconds;
+    m->steps_total += st->steps, m->step_seconds += st->step_seconds, m->comm_bytes += st->comm_bytes;
     gen_lora_loaded(r->g, st->lora_bytes);
 }
 
@@ -304,9 +304,9 @@ int gen_run(gen_setup *g, gen_metrics *m) {
     tp_pipe_config cfg = {
         .model = s->model, .backend = s->backend, .precision = g->precision, .quantize_fp8 = g->quantize_fp8,
         .loras = s->loras, .n_loras = s->n_loras, .decoder = g->write_png || s->preview_every, .encoder = g->has_refs,
-        .max_sequence_length = s->max_sequence_length,
+        .max_sequence_length = s->max_sequence_length, .sp = d->sp, .cfg_parallel = d->cfg == 2,
     };
-    int rc = dist_agree(d->world, tp_pipe_open(&cfg, &g->info, d->tp_comm, d->local_rank, d->local_size, &r.pipe));
+    int rc = dist_agree(d->world, tp_pipe_open(&cfg, &g->info, d->grp_comm, d->local_rank, d->local_size, &r.pipe));
     int np = s->n_prompts ? s->n_prompts : 1;
     r.prompt_embeds = xcalloc((size_t)np, sizeof *r.prompt_embeds);
     r.prompt_L = xcalloc((size_t)np, sizeof *r.prompt_L);

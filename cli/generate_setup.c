@@ -62,7 +62,7 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
                 int w, h;
                 /* diffusers' FLUX.2 checks (sides >= 64, aspect <= 8); FLUX.3 has none (flux3_check_reference) */
                 if (image_probe(imgs[k], &w, &h) || (!flux3 && image_check_reference(imgs[k], w, h))) return -1;
-                if (g->d->tp_rank == 0) {
+                if (g->d->grp_rank == 0) {
                     uint8_t *rgb = NULL;
                     int dw, dh;
                     if (image_read_rgb(imgs[k], &rgb, &dw, &dh)) return -1;
@@ -101,7 +101,7 @@ static int check_references(gen_setup *g, const run_spec *s, int width_given, in
                         "use --guidance 1", gen_model_name(s));
     if (!g->info.has_vae)
         return tp_error("reference images need the VAE encoder, but %s has no vae/ folder (vae/config.json)", gen_model_name(s));
-    if (g->d->tp_rank == 0) {   /* the VAE file is only opened where the VAE runs */
+    if (g->d->grp_rank == 0) {   /* the VAE file is only opened where the VAE runs */
         checkpoint *ck = NULL;
         if (checkpoint_open(g->info.vae_dir, &ck)) return tp_error_context("checking the VAE for reference images");
         int has = checkpoint_find(ck, "encoder.conv_in.weight", NULL) != NULL;
@@ -302,6 +302,42 @@ static int setup_cache(gen_setup *g, const run_spec *s) {
     return 0;
 }
 
+/* the degrees that would work: those of "tp x sp" dividing the heads */
+static void fitting_degrees(int heads, int tp, char *out, size_t n) {
+    size_t at = 0;
+    out[0] = 0;
+    for (int sp = 1; sp <= heads / tp && at + 16 < n; sp++)
+        if (heads % (tp * sp) == 0) at += (size_t)snprintf(out + at, n - at, "%s%d", at ? ", " : "", sp);
+}
+
+/* The mesh against the model, before any weight is read (the same verdict
+ * on every rank): each TP rank of an SP group takes heads / (tp x sp)
+ * heads of the all-to-all, and CFG parallelism needs two predictions. */
+static int check_mesh(gen_setup *g, const run_spec *s) {
+    const dist *d = g->d;
+    int H = g->info.heads;
+    if (d->cfg == 2 && !g->use_cfg)
+        return tp_error("--cfg-parallel runs the two CFG predictions of each step on two halves of the ranks, but %s "
+                        "(%s) %s one prediction a step: drop --cfg-parallel%s", gen_model_name(s),
+                        g->info.family_name, g->info.embedded_guidance ? "embeds its guidance and runs"
+                        : g->info.family == FAMILY_KLEIN_BASE || g->info.family == FAMILY_FLUX3_BASE
+                            ? "at this guidance runs" : "is guidance-distilled and runs",
+                        g->info.family == FAMILY_KLEIN_BASE || g->info.family == FAMILY_FLUX3_BASE
+                            ? " or use a guidance that turns CFG on" : "");
+    if (H > 0 && H % (d->tp * d->sp)) {
+        char fits[128];
+        fitting_degrees(H, d->tp, fits, sizeof fits);
+        return tp_error("tp %d x sp %d = %d does not divide num_attention_heads %d of %s (each rank takes heads / "
+                        "(tp x sp) of them around attention): %s%s%s", d->tp, d->sp, d->tp * d->sp, H,
+                        gen_model_name(s), *fits ? "with this tp, --sp " : "use a --tp that divides the heads",
+                        fits, *fits ? " would work" : "");
+    }
+    if (d->sp > 1 && g->info.kv_refs)
+        return tp_error("--sp %d: KV-cached references (%s) do not run with sequence parallelism yet: use --sp 1",
+                        d->sp, gen_model_name(s));
+    return 0;
+}
+
 int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     memset(g, 0, sizeof *g);
     g->spec = s;
@@ -334,6 +370,7 @@ int gen_setup_init(gen_setup *g, run_spec *s, dist *d) {
     if (setup_cache(g, s)) return -1;
     if (s->width % 16 || s->height % 16)
         return tp_error("the image size %dx%d must be a multiple of 16 in both directions", s->width, s->height);
+    if (check_mesh(g, s)) return -1;
     g->n_jobs = runspec_n_jobs(s);
     if (check_outputs(g, s)) return -1;
     if (check_references(g, s, width_given, height_given)) return -1;
@@ -372,9 +409,9 @@ int gen_skip_existing(gen_setup *g) {
     dist *d = g->d;
     if (g->spec->skip_existing) {
         char *done = xcalloc((size_t)(g->n_my_jobs ? g->n_my_jobs : 1), 1);
-        if (d->tp_rank == 0)
+        if (d->grp_rank == 0)
             for (int i = 0; i < g->n_my_jobs; i++) done[i] = (char)job_outputs_exist(g, g->my_jobs[i]);
-        if (g->n_my_jobs) MPI_Bcast(done, g->n_my_jobs, MPI_CHAR, 0, d->tp_comm);
+        if (g->n_my_jobs) MPI_Bcast(done, g->n_my_jobs, MPI_CHAR, 0, d->grp_comm);
         int k = 0;
         for (int i = 0; i < g->n_my_jobs; i++)
             if (!done[i]) g->my_jobs[k++] = g->my_jobs[i];
@@ -383,7 +420,7 @@ int gen_skip_existing(gen_setup *g) {
         free(done);
     }
     /* each group counted once, by its first rank */
-    int todo = d->tp_rank == 0 ? g->n_my_jobs : 0;
+    int todo = d->grp_rank == 0 ? g->n_my_jobs : 0;
     MPI_Allreduce(&todo, &g->n_todo_world, 1, MPI_INT, MPI_SUM, d->world);
     return 0;
 }
@@ -458,11 +495,15 @@ char *gen_parameters_text(const gen_setup *g, int job) {
     char *spec = g->cache.on ? bc_spec_format(&g->cache) : NULL;
     char *cache = spec ? xasprintf("cache: %s\n", spec) : xstrdup("");
     free(spec);
+    /* the mesh beyond TP (the same image as the serial run at this tp; docs/parallel.md) */
+    char mesh[96] = "";
+    if (g->d->sp > 1 || g->d->cfg > 1)
+        snprintf(mesh, sizeof mesh, "mesh: cfg %d x sp %d x tp %d\n", g->d->cfg, g->d->sp, g->d->tp);
     char *txt = xasprintf("prompt: %s\n%sprompt_embeds: %s\n%s%s\nsteps: %d\n%sguidance: %s\nsize: %s\n"
-                          "model: %s (%s)\n%stp: %d\nprecision: %s\ntpgen: %s\n",
+                          "model: %s (%s)\n%stp: %d\n%sprecision: %s\ntpgen: %s\n",
                           prompt ? prompt : "(precomputed embeddings)", neg, g->embeds_desc ? g->embeds_desc : "none",
                           refs, start, s->steps, cache, guidance, size,
-                          gen_model_name(s), g->info.family_name, loras, g->d->tp,
+                          gen_model_name(s), g->info.family_name, loras, g->d->tp, mesh,
                           g->precision == DT_F32 ? (g->quantize_fp8 ? "f32, fp8 weights (--quantize)" : "f32")
                           : g->quantize_fp8 ? "bf16, fp8 weights (--quantize)" : "bf16",
                           TPGEN_VERSION);

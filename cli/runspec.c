@@ -50,6 +50,12 @@ static const key_def k_keys[] = {
     {"backend", K_STR, OFF(backend), 0, 0, "cpu|cuda", "cpu|cuda", "compute backend (default: cuda when a GPU is visible, else cpu)", 0, 0},
     {"tp", K_INT, OFF(tp), 1, 65536, NULL, "N",
      "tensor-parallel degree (default: all ranks); smaller than the world size -> data parallel groups share the jobs", 0, 0},
+    {"sp", K_INT, OFF(sp), 1, 65536, NULL, "S",
+     "Ulysses sequence-parallel degree: the tokens split over S ranks of each job group, an all-to-all around "
+     "attention; the group is cfg x sp x tp ranks (docs/parallel.md)", 0, 0},
+    {"cfg_parallel", K_BOOL, OFF(cfg_parallel), 0, 0, NULL, NULL,
+     "run the two CFG predictions of each step on two halves of the job group (klein base, FLUX.3 base, negative "
+     "prompts): the same image as the serial CFG, twice the ranks; an error on a model without CFG", 0, 0},
     {"save_latents", K_STR, OFF(save_latents), 0, 0, NULL, "FILE",
      "also write the final packed latents [1, N, C] (safetensors tensor 'latents'); a pattern like --output", 0, 0},
     {"no_decode", K_BOOL, OFF(no_decode), 0, 0, NULL, NULL, "do not run the VAE (no PNG); use with --save-latents", 0, 0},

@@ -36,7 +36,9 @@ typedef struct run_spec {
     char *precision;             /* "bf16" | "f32"; NULL: default (bf16) */
     char *backend;               /* "cpu" | "cuda"; NULL: default */
     char *quantize;              /* "fp8": quantise the transformer at load; NULL: as stored */
-    int tp;                      /* 0: the whole world */
+    int tp;                      /* 0: the whole world (what sp and cfg_parallel leave of it) */
+    int sp;                      /* Ulysses sequence-parallel degree (0, 1: none) */
+    int cfg_parallel;            /* the CFG branches on two halves of each job group */
     char *save_latents;          /* FILE or pattern */
     int no_decode;
     char *json_metrics;          /* FILE */

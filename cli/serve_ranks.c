@@ -332,7 +332,7 @@ static void beat_tick(serve_ranks *s) {
         if (s->busy) promise = max2(promise, watchdog_current_bound());   /* it beats only between steps */
         for (int r = 1; r < d->world_size; r++) {
             beat_send(s, r, promise, now);
-            int g = r / d->tp;
+            int g = r / d->grp;
             int idle = g == 0 ? !s->busy : !s->inflight || !s->inflight[g];
             serve_beat_watch(&s->peer[r], now, idle);
         }
@@ -396,14 +396,14 @@ static void set_idle(serve_ranks *s, int on) {
 static void beat_watch_group(serve_ranks *s, int g, int on) {
     if (!s->peer) return;
     double now = serve_now();
-    for (int r = g * s->d->tp; r < (g + 1) * s->d->tp; r++)
+    for (int r = g * s->d->grp; r < (g + 1) * s->d->grp; r++)
         if (r != 0) serve_beat_watch(&s->peer[r], now, on);
 }
 
 /* the final beat to every rank of group g is wanted (world rank 0, after STOP to g) */
 static void beat_want_final_group(serve_ranks *s, int g) {
     if (!s->peer) return;
-    for (int r = g * s->d->tp; r < (g + 1) * s->d->tp; r++)
+    for (int r = g * s->d->grp; r < (g + 1) * s->d->grp; r++)
         if (r != 0) s->final_want[r] = 1;
 }
 
@@ -429,23 +429,23 @@ void serve_ranks_beat(serve_ranks *s) {
 static void group_send(serve_ranks *s, int type, const uint8_t *p, size_t n) {
     int64_t hdr[2] = {type, (int64_t)n};
     MPI_Request r;
-    MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->d->tp_comm, &r);
+    MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->d->grp_comm, &r);
     wait_request(s, &r);
-    if (n) dist_bcast_large((void *)p, n, MPI_BYTE, 1, 0, s->d->tp_comm);
+    if (n) dist_bcast_large((void *)p, n, MPI_BYTE, 1, 0, s->d->grp_comm);
 }
 
 static int group_recv(serve_ranks *s, uint8_t **p, size_t *n) {
     int64_t hdr[2];
     MPI_Request r;
     set_idle(s, 1);   /* waiting for work: world rank 0 is watched */
-    MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->d->tp_comm, &r);
+    MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->d->grp_comm, &r);
     wait_request(s, &r);
     set_idle(s, 0);
     *n = (size_t)hdr[1];
     *p = NULL;
     if (hdr[1] > 0) {
         *p = xmalloc(*n);   /* the group's protocol cannot go on without it: a clear exit */
-        dist_bcast_large(*p, *n, MPI_BYTE, 1, 0, s->d->tp_comm);
+        dist_bcast_large(*p, *n, MPI_BYTE, 1, 0, s->d->grp_comm);
     }
     return (int)hdr[0];
 }
@@ -479,7 +479,7 @@ static uint8_t *pack_or_fail(serve_ranks *s, serve_job *j, size_t *n) {
     return p;
 }
 
-static int leader_of(const serve_ranks *s, int g) { return g * s->d->tp; }
+static int leader_of(const serve_ranks *s, int g) { return g * s->d->grp; }
 
 /* Stopping (the stop flag, or the queue closed by the HTTP side): the
  * queue is closed (503 to the queued and to new requests), no group gets
@@ -511,7 +511,7 @@ void serve_ranks_service(serve_ranks *s) {
             beat_recv(s, st.MPI_SOURCE, serve_now());
             continue;
         }
-        int g = st.MPI_SOURCE / d->tp, cnt = 0;
+        int g = st.MPI_SOURCE / d->grp, cnt = 0;
         MPI_Get_count(&st, MPI_BYTE, &cnt);
         uint8_t *buf = xmalloc((size_t)cnt + 1);
         MPI_Recv(buf, cnt, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, s->msg, MPI_STATUS_IGNORE);
@@ -565,7 +565,7 @@ void serve_ranks_service(serve_ranks *s) {
 
 void serve_ranks_event(serve_ranks *s, serve_job *j, int completed, int image, const uint8_t *png, size_t n) {
     const dist *d = s->d;
-    if (d->tp_rank != 0 || !j->req.stream) return;
+    if (d->grp_rank != 0 || !j->req.stream) return;   /* the job group's first rank holds the decoded image */
     if (d->world_rank == 0) {   /* the job itself is here */
         serve_stream_image(j->stream, completed, image, png, n);
         return;
@@ -586,7 +586,7 @@ void serve_ranks_event(serve_ranks *s, serve_job *j, int completed, int image, c
 int serve_ranks_cancel_wanted(serve_ranks *s, const serve_job *j) {
     const dist *d = s->d;
     if (d->world_rank != 0 && s->peer) beat_drain(s, serve_now());   /* world rank 0's beats, kept few */
-    if (d->tp_rank != 0) return 0;
+    if (d->grp_rank != 0) return 0;
     if (d->world_rank == 0) {
         serve_ranks_service(s);   /* feed the other TP groups between steps */
         return serve_job_abandoned(j, serve_now());
@@ -647,7 +647,7 @@ static int run_world_rank0(serve_ranks *s) {
 
 static int run_group_rank(serve_ranks *s) {
     const dist *d = s->d;
-    int leader = d->tp_rank == 0;
+    int leader = d->grp_rank == 0;
     for (;;) {
         uint8_t *p = NULL;
         size_t n = 0;

@@ -125,7 +125,7 @@ static int send_partial(serve_ctx *sc, const float *v, const float *x, float sig
         sc->preview_failed = 1;
         return -1;
     }
-    if (d->tp_rank != 0) return 0;
+    if (d->grp_rank != 0) return 0;   /* the job group's first rank holds the decoded image */
     int pw, ph;
     uint8_t *png = NULL;
     size_t n = 0;
@@ -151,7 +151,7 @@ static int on_step(int step, int steps, double seconds, const float *v, const fl
     if (q->stream && serve_partial_step(step + 1, steps, q->partial_images) && send_partial(sc, v, x, sigma))
         return 1;   /* the decode's failure is agreed: every rank stops here */
     int why = serve_ranks_cancel_wanted(sc->ranks, sc->job);
-    MPI_Bcast(&why, 1, MPI_INT, 0, sc->g->d->tp_comm);
+    MPI_Bcast(&why, 1, MPI_INT, 0, sc->g->d->grp_comm);
     if (!why) return 0;
     sc->cancelled = why;
     sc->cancelled_step = step + 1;
@@ -195,12 +195,12 @@ static void encode_queued(serve_ctx *sc) {
     char *prompts[PREFETCH_PROMPTS];
     int n = d->world_rank == 0 && sc->ranks->queue ? serve_queue_peek_prompts(sc->ranks->queue, prompts, PREFETCH_PROMPTS)
                                                    : 0;
-    MPI_Bcast(&n, 1, MPI_INT, 0, d->tp_comm);
+    MPI_Bcast(&n, 1, MPI_INT, 0, d->grp_comm);
     for (int i = 0; i < n; i++) {
-        int64_t len = d->tp_rank == 0 ? (int64_t)strlen(prompts[i]) : 0;
-        MPI_Bcast(&len, 1, MPI_INT64_T, 0, d->tp_comm);
-        if (d->tp_rank != 0) prompts[i] = xmalloc((size_t)len + 1);
-        MPI_Bcast(prompts[i], (int)len, MPI_CHAR, 0, d->tp_comm);
+        int64_t len = d->grp_rank == 0 ? (int64_t)strlen(prompts[i]) : 0;
+        MPI_Bcast(&len, 1, MPI_INT64_T, 0, d->grp_comm);
+        if (d->grp_rank != 0) prompts[i] = xmalloc((size_t)len + 1);
+        MPI_Bcast(prompts[i], (int)len, MPI_CHAR, 0, d->grp_comm);
         prompts[i][len] = 0;
     }
     int rc = 0;
@@ -267,8 +267,8 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     /* the references, on the group's first rank; the group agrees, and learns the output size */
     req_refs refs = {0};
     if (q->n_images) {
-        int bad = d->tp_rank == 0 ? refs_prepare(q, model_family_is_flux3(g->info.family), &refs) : 0;
-        if (dist_agree(d->tp_comm, bad)) {
+        int bad = d->grp_rank == 0 ? refs_prepare(q, model_family_is_flux3(g->info.family), &refs) : 0;
+        if (dist_agree(d->grp_comm, bad)) {
             char msg[sizeof out->err.message];
             message_without(refs.dir, msg, sizeof msg);
             refs_cleanup(&refs, q->n_images);
@@ -277,7 +277,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
             return;
         }
         int wh[2] = {refs.w, refs.h};
-        MPI_Bcast(wh, 2, MPI_INT, 0, d->tp_comm);
+        MPI_Bcast(wh, 2, MPI_INT, 0, d->grp_comm);
         if (!q->width) rs.width = wh[0], rs.height = wh[1];   /* diffusers: the first reference's size */
         if (refs.has_crop) gs.prompt_crop = &refs.crop;      /* rank 0 writes the PNG, and only it needs the box */
         /* the PNG parameters name the uploads and their sha256 */
@@ -297,7 +297,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     int W = rs.width, H = rs.height;
     size_t nlat = (size_t)(H / 16) * (W / 16) * (size_t)g->info.in_channels;
     float *lat = xmalloc(nlat * sizeof(float));
-    uint8_t *rgb = d->tp_rank == 0 ? xmalloc((size_t)W * H * 3) : NULL;
+    uint8_t *rgb = d->grp_rank == 0 ? xmalloc((size_t)W * H * 3) : NULL;
     double t_dec = 0;
     int block_steps[2][2] = {{0, 0}, {0, 0}};
     if (!rc) {
@@ -327,7 +327,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
         double dt = 0;
         int mine = tp_pipe_decode(sc->pipe, lat, W, H, rgb, &dt);   /* every rank decodes a band */
         t_dec += dt;
-        if (!mine && d->tp_rank == 0) {
+        if (!mine && d->grp_rank == 0) {
             char *params = gen_parameters_text(&gs, 0);
             int pw, ph;
             crop_rgb(&gs, rgb, W, H, &pw, &ph);   /* FLUX.3: the padded reference's canvas, cropped back to it */
@@ -336,7 +336,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
             if (!mine) out->n_pngs++;
             if (!mine) serve_ranks_event(sc->ranks, out, 1, k, out->pngs[k], out->png_sizes[k]);   /* a stream's completed event */
         }
-        rc = dist_agree(d->tp_comm, mine);
+        rc = dist_agree(d->grp_comm, mine);
     }
     free(emb), free(neg), free(lat), free(rgb);
     if (q->n_images) refs_cleanup(&refs, q->n_images);
@@ -359,7 +359,7 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
             serve_error_set(&out->err, 499, "invalid_request_error", NULL,
                             "the client closed the connection; stopped at step %d of %d", sc->cancelled_step,
                             sc->cancelled_steps);
-        if (d->world_rank == 0 || d->tp_rank == 0)
+        if (d->world_rank == 0 || d->grp_rank == 0)
             fprintf(stderr, "tpgen: serve: request %llu cancelled at step %d of %d (%s)\n", (unsigned long long)out->id,
                     sc->cancelled_step, sc->cancelled_steps, sc->cancelled == 504 ? "--request-timeout" : "client gone");
         return;

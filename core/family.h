@@ -13,12 +13,23 @@
 typedef struct family_load {
     struct backend *be;
     struct comm *c;
+    struct comm *sp;             /* the Ulysses SP group (NULL: none) */
     dtype_t precision;
     int quantize_fp8;
     const lora_spec *loras;
     int n_loras;
     struct lora_set **lora_set_out;
 } family_load;
+
+/* The mesh a job runs on around the TP group that holds the model
+ * (core/dist/dist.h): the CFG halves' host communicator (NULL: serial CFG),
+ * and the job group, over which the sampling loop's prepare step is agreed
+ * and its lockstep section runs (one SP rank or CFG half out of memory must
+ * fail or end the whole group, not leave its peers in a collective). */
+typedef struct family_mesh {
+    struct comm *cfg;
+    const MPI_Comm *group;
+} family_mesh;
 
 typedef struct pipe_family {
     const char *name;            /* "FLUX.2", "FLUX.3" (messages) */
@@ -47,7 +58,7 @@ typedef struct pipe_family {
     /* one job's sampling (noise, schedule, the shared loop): latents
      * [(H/16)*(W/16), in_channels] on every rank; collective */
     int (*denoise)(void *model, const tp_pipe_info *info, const tp_job *j, const ref_set *rs,
-                   denoise_step_fn on_step, void *ctx, float *latents);
+                   const family_mesh *mesh, denoise_step_fn on_step, void *ctx, float *latents);
 } pipe_family;
 
 extern const pipe_family family_flux2, family_flux3;

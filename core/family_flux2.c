@@ -30,6 +30,7 @@ static int read_config(const json_t *cfg, const char *path, tp_pipe_info *g, int
     if (!rc) rc = json_int(cfg, "joint_attention_dim", 15360, path, &g->joint_dim);
     if (!rc) rc = json_int(cfg, "num_layers", 8, path, &g->n_blocks[0]);
     if (!rc) rc = json_int(cfg, "num_single_layers", 48, path, &g->n_blocks[1]);
+    if (!rc) rc = json_int(cfg, "num_attention_heads", 48, path, &g->heads);
     g->cond_in_channels = g->in_channels;
     json_t *ge = json_object_get(cfg, "guidance_embeds");
     g->embedded_guidance = !ge || json_is_true(ge);   /* diffusers' default is true */
@@ -45,6 +46,7 @@ static int load(const char *dir, const family_load *x, void **model, load_stats 
                            .lora_set_out = x->lora_set_out};
     flux2_model *m = NULL;
     int rc = flux2_load_ex(dir, x->be, x->c, x->precision, &e, &m, st);
+    if (!rc) rc = flux2_set_sp(m, x->sp);
     *model = m;
     return rc;
 }
@@ -77,7 +79,7 @@ float *flux2_noise_packed_as(uint64_t seed, int C, int h, int w, int rng_kind) {
 }
 
 static int denoise(void *model, const tp_pipe_info *info, const tp_job *j, const ref_set *rs,
-                   denoise_step_fn on_step, void *ctx, float *latents) {
+                   const family_mesh *mesh, denoise_step_fn on_step, void *ctx, float *latents) {
     int h = j->height / 16, w = j->width / 16, C = info->in_channels;
     int64_t N = (int64_t)h * w;
     float *noise = xmalloc((size_t)N * (size_t)C * sizeof *noise);
@@ -99,8 +101,8 @@ static int denoise(void *model, const tp_pipe_info *info, const tp_job *j, const
         .sigmas = sigmas, .steps = j->steps, .guidance = info->embedded_guidance ? &gval : NULL,
         .on_step = on_step, .ctx = ctx,
         .ref_tokens = rs->R ? rs->tokens : NULL, .R = rs->R, .ref_ids = rs->ids,
-        .kv_refs = info->kv_refs, .ref_timestep = 0.0f,
-        .cache = j->cache, .cache_log = j->cache_log,
+        .kv_refs = info->kv_refs, .ref_timestep = 0.0f, .cfg_comm = mesh->cfg,
+        .group = mesh->group, .cache = j->cache, .cache_log = j->cache_log,
     };
     int rc = schedule_flux2(N, j->steps, sigmas, ts);
     if (!rc) rc = flux2_denoise(model, &dp, latents);

@@ -238,16 +238,21 @@ int flux3_denoise(flux3_model *m, const flux3_job *j, float *out) {
                     .img_ids = img_ids, .txt_ids = txt_ids, .rs = j->refs && j->refs->R ? j->refs : NULL};
     sampler_params sp = {.latents = j->init_latents ? j->init_latents : x0, .N = N, .C = C, .sigmas = sig,
                          .steps = steps, .cfg = j->neg_embeds != NULL, .cfg_scale = (float)j->guidance,
-                         .bf16 = s.bf16, .predict = flux3_predict, .model = &s, .on_step = j->on_step, .ctx = j->ctx};
+                         .bf16 = s.bf16, .predict = flux3_predict, .model = &s, .on_step = j->on_step, .ctx = j->ctx,
+                         .cfg_comm = j->cfg_comm};
     /* the prepare step: the activations, agreed before the first collective (core/dist: lockstep) */
     comm *cm = flux3_comm(m);
-    if (!rc) rc = dist_lockstep_begin(cm ? cm->mpi : MPI_COMM_NULL, flux3_prepare(m, j->L, N, s.rs ? s.rs->R : 0));
+    MPI_Comm lc = j->group ? *j->group : cm ? cm->mpi : MPI_COMM_NULL;
+    if (!rc) rc = dist_lockstep_begin(lc, flux3_prepare(m, j->L, N, s.rs ? s.rs->R : 0));
     if (!rc) {
         /* a fresh block cache for every image (docs/spec/block-cache.md §4) */
-        s.bc = block_cache_new(j->cache, steps, sp.cfg ? 2 : 1, cm ? cm->mpi : MPI_COMM_NULL);
+        comm *spc = flux3_sp_comm(m);
+        s.bc = block_cache_new(j->cache, steps, sp.cfg ? 2 : 1, cm ? cm->mpi : MPI_COMM_NULL,
+                               spc && spc->size > 1 ? spc->mpi : MPI_COMM_NULL);
         flux3_set_block_cache(m, s.bc);
         rc = sampler_run(&sp, out);
         flux3_set_block_cache(m, NULL);
+        if (!rc && j->cfg_comm && j->cfg_comm->size == 2) rc = block_cache_share_branches(s.bc, j->cfg_comm->mpi);
         if (s.bc && j->cache_log) block_cache_take_log(s.bc, j->cache_log);
         block_cache_free(s.bc);
         dist_lockstep_end();
@@ -263,6 +268,7 @@ static int family_read_config(const json_t *cfg, const char *path, tp_pipe_info 
     flux3_config c3 = {0};
     int rc = flux3_config_parse(cfg, path, &c3);
     g->in_channels = c3.in_channels, g->joint_dim = c3.joint_dim, g->cond_in_channels = c3.cond_in_channels;
+    g->heads = c3.heads;
     *flow_map = c3.flow_map;
     g->n_blocks[0] = c3.num_layers, g->n_blocks[1] = c3.num_single_layers;
     g->embedded_guidance = 0;
@@ -278,6 +284,7 @@ static int family_load_model(const char *dir, const family_load *x, void **model
                            .lora_set_out = x->lora_set_out};
     flux3_model *m = NULL;
     int rc = flux3_load_ex(dir, x->be, x->c, x->precision, &e, &m, st);
+    if (!rc) rc = flux3_set_sp(m, x->sp);
     *model = m;
     return rc;
 }
@@ -289,11 +296,12 @@ static void family_free_model(void *model) { flux3_free(model); }
 static refs_load_fn family_reference_loader(int n) { return n == 1 ? flux3_load_reference : flux3_load_reference_crop; }
 
 static int family_denoise(void *model, const tp_pipe_info *info, const tp_job *j, const ref_set *rs,
-                          denoise_step_fn on_step, void *ctx, float *latents) {
+                          const family_mesh *mesh, denoise_step_fn on_step, void *ctx, float *latents) {
     flux3_job f = {.seed = j->seed, .init_latents = j->init_latents, .steps = j->steps, .guidance = j->guidance,
                    .h = j->height / 16, .w = j->width / 16, .embeds = j->embeds, .L = j->L,
                    .neg_embeds = j->neg_embeds, .Ln = j->Ln ? j->Ln : j->L, .refs = rs, .on_step = on_step,
-                   .ctx = ctx, .cache = j->cache, .cache_log = j->cache_log};
+                   .ctx = ctx, .cache = j->cache, .cache_log = j->cache_log, .cfg_comm = mesh->cfg,
+                   .group = mesh->group};
     return flux3_denoise(model, &f, latents);
 }
 

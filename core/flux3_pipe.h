@@ -100,6 +100,8 @@ typedef struct flux3_job {
     void *ctx;
     const bc_spec *cache;        /* block caching (NULL or off: none); fresh state for the job */
     bc_log *cache_log;           /* NULL ok */
+    struct comm *cfg_comm;       /* CFG parallelism (sampler_params.cfg_comm); NULL: serial */
+    const MPI_Comm *group;       /* the job group of a mesh (lockstep over it); NULL: the model's TP group */
 } flux3_job;
 
 /* The whole denoising loop, collective over the model's comm (every rank in

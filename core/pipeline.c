@@ -130,18 +130,22 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
     step_init(&s, m, p);
     sampler_params sp = {.latents = p->latents, .N = p->N, .C = (int)s.C, .sigmas = p->sigmas, .steps = p->steps,
                          .cfg = p->neg_embeds != NULL, .cfg_scale = p->cfg_scale, .bf16 = s.bf16,
-                         .predict = flux2_predict, .model = &s, .on_step = p->on_step, .ctx = p->ctx};
+                         .predict = flux2_predict, .model = &s, .on_step = p->on_step, .ctx = p->ctx,
+                         .cfg_comm = p->cfg_comm};
     /* the prepare step: the activations, agreed before the first collective (core/dist: lockstep) */
     comm *cm = flux2_comm(m);
     MPI_Comm group = cm ? cm->mpi : MPI_COMM_NULL;
-    int rc = dist_lockstep_begin(group, flux2_prepare(m, s.rows, s.kv ? NULL : s.ids, p->prompt_embeds, p->L,
-                                                      p->txt_ids, p->neg_embeds, p->Ln));
+    int rc = dist_lockstep_begin(p->group ? *p->group : group,
+                                 flux2_prepare(m, s.rows, s.kv ? NULL : s.ids, p->prompt_embeds, p->L, p->txt_ids,
+                                               p->neg_embeds, p->Ln));
     if (!rc) {
         /* a fresh block cache for every image (spec block-cache.md §4) */
-        s.bc = block_cache_new(p->cache, p->steps, sp.cfg ? 2 : 1, group);
+        comm *spc = flux2_sp_comm(m);
+        s.bc = block_cache_new(p->cache, p->steps, sp.cfg ? 2 : 1, group, spc && spc->size > 1 ? spc->mpi : MPI_COMM_NULL);
         flux2_set_block_cache(m, s.bc);
         rc = sampler_run(&sp, out);
         flux2_set_block_cache(m, NULL);
+        if (!rc && p->cfg_comm && p->cfg_comm->size == 2) rc = block_cache_share_branches(s.bc, p->cfg_comm->mpi);
         if (s.bc && p->cache_log) block_cache_take_log(s.bc, p->cache_log);
         block_cache_free(s.bc);
         dist_lockstep_end();

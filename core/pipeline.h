@@ -8,6 +8,7 @@
 #include "core/models/flux2/flux2.h"
 #include "sampler.h"
 #include "core/models/block_cache.h"
+#include <mpi.h>
 #include <stdint.h>
 
 typedef struct denoise_params {
@@ -43,6 +44,8 @@ typedef struct denoise_params {
      * record of what was cached goes to cache_log (NULL ok) */
     const bc_spec *cache;
     bc_log *cache_log;
+    struct comm *cfg_comm;         /* CFG parallelism (sampler_params.cfg_comm); NULL: serial */
+    const MPI_Comm *group;         /* the job group of a mesh (lockstep over it); NULL: the model's TP group */
 } denoise_params;
 
 /* Run the loop; out [N, C] receives the final latents (on every rank).

@@ -1,6 +1,8 @@
 /* The shared sampling loop (sampler.h). */
 #include "sampler.h"
+#include "core/dist/dist.h"
 #include "core/dist/watchdog.h"
+#include "kernels/comm.h"
 #include "kernels/err.h"
 #include "kernels/tensor.h"
 #include <mpi.h>
@@ -44,19 +46,34 @@ static int check_params(const sampler_params *p) {
     return 0;
 }
 
+/* The step's velocity v [N, C] (and vn, the unconditional one, with CFG).
+ * On a CFG-parallel group each half predicts its own branch into its half
+ * of [v; vn]; the halves agree on the status (so that a failure on one half
+ * never leaves the other waiting in the exchange), then all-gather. */
+static int predict_step(const sampler_params *p, int step, const float *x, float *v, float *vn) {
+    if (!p->cfg) return p->predict(p->model, step, 0, x, v);
+    comm *c = p->cfg_comm;
+    if (!c || c->size == 1) {
+        int rc = p->predict(p->model, step, 0, x, v);
+        return rc ? rc : p->predict(p->model, step, 1, x, vn);
+    }
+    size_t n = (size_t)p->N * (size_t)p->C;
+    int rc = dist_agree(c->mpi, p->predict(p->model, step, c->rank, x, c->rank ? vn : v));
+    if (rc) return rc;
+    tensor both = tensor_wrap(NULL, DT_F32, 2, (int64_t)n, v);   /* v and vn are one buffer: [v; vn] */
+    return comm_allgather(c, &both);
+}
+
 int sampler_run(const sampler_params *p, float *out) {
     if (check_params(p)) return -1;
     size_t n = (size_t)p->N * (size_t)p->C;
-    float *x = xmalloc(n * sizeof *x), *v = xmalloc(n * sizeof *v), *vn = p->cfg ? xmalloc(n * sizeof *vn) : NULL;
+    float *x = xmalloc(n * sizeof *x), *v = xmalloc((p->cfg ? 2 : 1) * n * sizeof *v), *vn = p->cfg ? v + n : NULL;
     for (size_t i = 0; i < n; i++) x[i] = p->bf16 ? bf16r(p->latents[i]) : p->latents[i];
     int rc = 0;
     for (int i = 0; i < p->steps && !rc; i++) {
         double t0 = MPI_Wtime();
-        rc = p->predict(p->model, i, 0, x, v);
-        if (!rc && vn) {
-            rc = p->predict(p->model, i, 1, x, vn);
-            if (!rc) apply_cfg(v, vn, n, p->cfg_scale, p->bf16);
-        }
+        rc = predict_step(p, i, x, v, vn);
+        if (!rc && vn) apply_cfg(v, vn, n, p->cfg_scale, p->bf16);
         if (rc) {
             tp_error_context("denoising step %d of %d", i + 1, p->steps);
             break;
@@ -68,6 +85,6 @@ int sampler_run(const sampler_params *p, float *out) {
             rc = tp_error("denoising stopped at step %d of %d", i + 1, p->steps);
     }
     if (!rc) memcpy(out, x, n * sizeof *out);
-    free(x), free(v), free(vn);
+    free(x), free(v);
     return rc;
 }

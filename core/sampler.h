@@ -42,6 +42,13 @@ typedef struct sampler_params {
     void *model;                   /* the family's state, passed to predict */
     denoise_step_fn on_step;       /* NULL ok */
     void *ctx;
+    /* CFG parallelism (NULL: serial CFG): a host-memory communicator over
+     * the two halves of the job group. With cfg set, half 0 predicts the
+     * conditional velocity and half 1 the unconditional one, the halves
+     * all-gather the two once a step and both mix them as the serial loop
+     * does, so the latents are the serial run's bit for bit. Without cfg
+     * (a job that needs one prediction) both halves predict it. */
+    struct comm *cfg_comm;
 } sampler_params;
 
 /* Run the loop; out [N, C] receives the final latents (on every rank). In

@@ -28,8 +28,11 @@
 struct tp_pipe {
     tp_pipe_config cfg;
     const tp_pipe_info *info;
-    MPI_Comm tp_comm;
-    int tp_rank;
+    MPI_Comm group;              /* the job group: every call is collective over it */
+    int grank;                   /* this rank in it (0: reads images, gets the PNG) */
+    dist_mesh mesh;              /* its TP groups, SP positions and CFG halves */
+    comm *cfg_comm;              /* the CFG halves' host communicator (NULL: serial CFG) */
+    comm *sp_comm;               /* the SP group's communicator on the backend (NULL: no SP) */
     backend *be;
     comm *c;
     textenc *te;
@@ -228,22 +231,40 @@ int tp_uses_cfg(const tp_pipe_info *info, double guidance) {
 
 /* ---- the object ---- */
 
-static int agree(tp_pipe *p, int rc) { return dist_agree(p->tp_comm, rc); }
+static int agree(tp_pipe *p, int rc) { return dist_agree(p->group, rc); }
 
-int tp_pipe_open(const tp_pipe_config *cfg, const tp_pipe_info *info, MPI_Comm tp_comm, int local_rank,
+/* the mesh inside the group: tp is what cfg halves and sp positions leave */
+static int split_mesh(tp_pipe *p) {
+    int size, sp = p->cfg.sp > 1 ? p->cfg.sp : 1, cfgn = p->cfg.cfg_parallel ? 2 : 1;
+    MPI_Comm_size(p->group, &size);
+    if (size % (sp * cfgn))
+        return tp_error("the job group of %d ranks does not split into %s%d sequence-parallel positions", size,
+                        cfgn == 2 ? "two CFG halves of " : "", sp);
+    dist_mesh_split(p->group, size / (sp * cfgn), sp, cfgn, &p->mesh);
+    return 0;
+}
+
+int tp_pipe_open(const tp_pipe_config *cfg, const tp_pipe_info *info, MPI_Comm group, int local_rank,
                     int local_size, tp_pipe **out) {
     *out = NULL;
     tp_pipe *p = xcalloc(1, sizeof *p);
     p->cfg = *cfg;
     p->info = info;
     p->fam = pipe_family_of(info->family);
-    p->tp_comm = tp_comm;
-    MPI_Comm_rank(tp_comm, &p->tp_rank);
-    int rc = agree(p, backend_select(cfg->backend, local_rank, local_size, &p->be));
+    p->group = group;
+    p->mesh.tp_comm = p->mesh.sp_comm = p->mesh.cfg_comm = MPI_COMM_NULL;
+    MPI_Comm_rank(group, &p->grank);
+    int rc = agree(p, split_mesh(p));
+    if (!rc) rc = agree(p, backend_select(cfg->backend, local_rank, local_size, &p->be));
     if (!rc) {
-        p->c = comm_create(tp_comm, p->be);
+        p->c = comm_create(p->mesh.tp_comm, p->be);
         rc = agree(p, p->c ? 0 : -1);
     }
+    if (!rc && p->mesh.sp > 1) {
+        p->sp_comm = comm_create(p->mesh.sp_comm, p->be);
+        rc = agree(p, p->sp_comm ? 0 : -1);
+    }
+    if (!rc && p->mesh.cfg == 2) p->cfg_comm = comm_create_mpi(p->mesh.cfg_comm, NULL);   /* host latents */
     if (!rc && cfg->prompt_cache_bytes) p->cache = embed_cache_create(cfg->prompt_cache_bytes);
     if (rc) {
         tp_pipe_free(p);
@@ -260,6 +281,9 @@ void tp_pipe_free(tp_pipe *p) {
     if (p->model) p->fam->free_model(p->model);
     embed_cache_free(p->cache);
     if (p->c) comm_destroy(p->c);
+    if (p->cfg_comm) comm_destroy(p->cfg_comm);
+    if (p->sp_comm) comm_destroy(p->sp_comm);
+    dist_mesh_free(&p->mesh);
     if (p->be) backend_destroy(p->be);
     free(p);
 }
@@ -315,7 +339,7 @@ static int encode(tp_pipe *p, const char *prompt, float **out, int64_t *Lout, in
     int64_t L = cached && got % J == 0 ? (int64_t)(got / J) : 0;
     /* every rank of the group must take the same branch (the encoder is collective) */
     int mine = cached && (own ? L >= 1 && L <= cap : L == cap), all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, p->tp_comm);
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, p->group);
     int rc = 0;
     *out = NULL;
     if (all) {
@@ -389,7 +413,7 @@ int tp_pipe_load(tp_pipe *p) {
     if (!p->model) {
         load_stats ls = {0};
         struct lora_set *lset = NULL;
-        family_load x = {.be = p->be, .c = p->c, .precision = p->cfg.precision, .quantize_fp8 = p->cfg.quantize_fp8,
+        family_load x = {.be = p->be, .c = p->c, .sp = p->sp_comm, .precision = p->cfg.precision, .quantize_fp8 = p->cfg.quantize_fp8,
                          .loras = p->cfg.loras, .n_loras = p->cfg.n_loras, .lora_set_out = &lset};
         rc = p->fam->load(p->info->transformer_dir, &x, &p->model, &ls);
         for (int i = 0; lset && i < lset->n && i < LORA_MAX_ADAPTERS; i++) p->st.lora_bytes[i] = lset->ad[i].bytes_read;
@@ -419,8 +443,14 @@ static int count_step(int step, int steps, double seconds, const float *v, const
     return p->user_step ? p->user_step(step, steps, seconds, v, x, sigma, p->user_ctx) : 0;
 }
 
-/* The job's reference tokens: encoded across the group (the first rank
- * reads the images), then broadcast from the first rank. */
+/* The VAE runs patch-parallel over the first TP group of the job group:
+ * its bands are the serial run's at the same tp, so a CFG-parallel (or SP)
+ * group encodes and decodes exactly as its TP group alone would. Spreading
+ * it over the whole group waits for band-count-independent VAE kernels. */
+static int first_tp_group(const tp_pipe *p) { return p->grank < p->mesh.tp; }
+
+/* The job's reference tokens: encoded across the first TP group (the first
+ * rank reads the images), then broadcast from the first rank. */
 static int job_refs(tp_pipe *p, const tp_job *j, ref_set *rs) {
     memset(rs, 0, sizeof *rs);
     if (!j->n_images) return 0;
@@ -428,29 +458,37 @@ static int job_refs(tp_pipe *p, const tp_job *j, ref_set *rs) {
     int rc = p->vae && p->cfg.encoder ? 0 : tp_error("reference images need the VAE encoder, which this pipeline did not load");
     /* what FLUX.3's processor would refuse, on the first rank (the only one that reads the images: a
      * server's uploads are files on it alone) */
-    for (int k = 0; !rc && p->fam->check_reference && p->tp_rank == 0 && k < j->n_images; k++) {
+    for (int k = 0; !rc && p->fam->check_reference && p->grank == 0 && k < j->n_images; k++) {
         int w = 0, h = 0;
         rc = image_probe(j->images[k], &w, &h) || p->fam->check_reference(j->images[k], w, h, j->n_images) ? -1 : 0;
     }
     if (agree(p, rc)) return -1;
     refs_load_fn load = p->fam->reference_loader(j->n_images);
-    if (refs_encode_group_with(p->vae, p->tp_comm, j->images, j->n_images, load, rs)) return -1;   /* agreed inside */
-    if (p->tp_rank == 0 && p->fam->reference_ids) p->fam->reference_ids(rs);   /* the others get them below */
+    /* the first TP group encodes (agreed inside it), the group agrees, rank 0's tokens go to all below */
+    if (agree(p, first_tp_group(p) ? refs_encode_group_with(p->vae, p->mesh.tp_comm, j->images, j->n_images, load, rs)
+                                   : 0))
+        return -1;
+    if (p->grank == 0 && p->fam->reference_ids) p->fam->reference_ids(rs);   /* the others get them below */
     int64_t hdr[2] = {rs->R, rs->C};
-    MPI_Bcast(hdr, 2, MPI_INT64_T, 0, p->tp_comm);
-    if (p->tp_rank != 0) {
+    MPI_Bcast(hdr, 2, MPI_INT64_T, 0, p->group);
+    if (p->grank != 0) {
         rs->R = hdr[0], rs->C = (int)hdr[1], rs->n = j->n_images;
         rs->tokens = xmalloc(sizeof(float) * (size_t)rs->R * (size_t)rs->C);
         rs->ids = xmalloc(sizeof(int32_t) * 4 * (size_t)rs->R);
     }
-    dist_bcast_large(rs->tokens, (size_t)rs->R * (size_t)rs->C, MPI_FLOAT, sizeof *rs->tokens, 0, p->tp_comm);
-    dist_bcast_large(rs->ids, (size_t)rs->R * 4, MPI_INT32_T, sizeof *rs->ids, 0, p->tp_comm);
+    dist_bcast_large(rs->tokens, (size_t)rs->R * (size_t)rs->C, MPI_FLOAT, sizeof *rs->tokens, 0, p->group);
+    dist_bcast_large(rs->ids, (size_t)rs->R * 4, MPI_INT32_T, sizeof *rs->ids, 0, p->group);
     p->st.t_refs += MPI_Wtime() - t0;
-    p->st.refs_encoded += p->tp_rank == 0 ? j->n_images : 0;
+    p->st.refs_encoded += p->grank == 0 ? j->n_images : 0;
     if (rs->C != p->info->cond_in_channels)
         return tp_error("reference tokens have %d channels but the transformer takes %d", rs->C,
                         p->info->cond_in_channels);
     return 0;
+}
+
+/* what this rank's communicators have sent (the ring formulas' count) */
+static double sent_bytes(const tp_pipe *p) {
+    return p->c->sent_bytes + (p->cfg_comm ? p->cfg_comm->sent_bytes : 0) + (p->sp_comm ? p->sp_comm->sent_bytes : 0);
 }
 
 static int denoise(tp_pipe *p, const tp_job *j, const ref_set *rs, float *latents) {
@@ -458,7 +496,10 @@ static int denoise(tp_pipe *p, const tp_job *j, const ref_set *rs, float *latent
     p->user_step = j->on_step;
     p->user_ctx = j->ctx;
     double t0 = MPI_Wtime();
-    int rc = p->fam->denoise(p->model, p->info, j, rs, count_step, p, latents);
+    family_mesh mesh = {.cfg = p->cfg_comm, .group = &p->group};
+    double sent0 = sent_bytes(p);
+    int rc = p->fam->denoise(p->model, p->info, j, rs, &mesh, count_step, p, latents);
+    p->st.comm_bytes += sent_bytes(p) - sent0;
     p->st.t_denoise += MPI_Wtime() - t0;
     return rc;
 }
@@ -494,7 +535,9 @@ int tp_pipe_decode(tp_pipe *p, const float *latents, int width, int height, uint
     double t0 = MPI_Wtime();
     const char *phase = tp_phase_set("decode");
     int rc = agree(p, p->vae ? 0 : tp_error("decoding needs the VAE decoder, which this rank did not load"));
-    if (!rc) rc = vae_decode_packed_group(p->vae, p->tp_comm, latents, height / 16, width / 16, NULL, rgb);
+    if (!rc && first_tp_group(p)) rc = vae_decode_packed_group(p->vae, p->mesh.tp_comm, latents, height / 16, width / 16,
+                                                               NULL, rgb);
+    rc = agree(p, rc);
     tp_phase_set(phase);
     if (seconds) *seconds = MPI_Wtime() - t0;
     return rc;

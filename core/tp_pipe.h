@@ -17,9 +17,10 @@
  *   tp_pipe_decode    latents -> RGB, patch-parallel over the group, the
  *                     image on the group's first rank
  *
- * Every call but probe is collective over the TP group and
- * returns the same status on every rank of it (errors agreed inside the
- * group), so a failed job leaves the group in lockstep. File names, output
+ * Every call but probe is collective over the job group (the TP group, or
+ * with CFG parallelism and sequence parallelism the mesh of them,
+ * core/dist/dist.h) and returns the same status on every rank of it (errors
+ * agreed inside the group), so a failed job leaves the group in lockstep. File names, output
  * patterns and PNG parameters belong to the front ends. */
 #ifndef TPGEN_TP_PIPE_H
 #define TPGEN_TP_PIPE_H
@@ -66,6 +67,7 @@ typedef struct tp_pipe_info {
     int embedded_guidance;       /* FLUX.2-dev: guidance goes into the model */
     int kv_refs;                 /* Flux2KleinKVPipeline: reference K/V cached after step 0 */
     int in_channels, joint_dim;
+    int heads;                   /* num_attention_heads: tp x sp must divide it */
     int cond_in_channels;        /* reference token width (FLUX.3's cond_in_channels; FLUX.2: in_channels) */
     int n_blocks[2];             /* the block groups of --cache: FLUX.2 double and single blocks; FLUX.3 mode
                                   * blocks and single blocks */
@@ -127,6 +129,9 @@ typedef struct tp_pipe_config {
     int keep_text_encoder;       /* keep the text encoder resident between encodes */
     size_t prompt_cache_bytes;   /* LRU cache of embeddings (0: none) */
     int max_sequence_length;     /* L: tokens per prompt */
+    /* the mesh of the job group (core/dist/dist.h): tp = group size / (sp x cfg halves) */
+    int sp;                      /* Ulysses sequence-parallel degree (0, 1: none) */
+    int cfg_parallel;            /* the CFG branches on two halves of the group */
 } tp_pipe_config;
 
 /* Cumulative figures of this rank. */
@@ -141,6 +146,7 @@ typedef struct tp_pipe_stats {
     int refs_encoded;            /* reference images this rank encoded */
     int steps;
     double step_seconds;
+    double comm_bytes;           /* sent in collectives while denoising (ring formulas, kernels/comm.h) */
     uint64_t cache_hits, cache_misses;
     uint64_t prefetched;         /* prompts encoded ahead into the cache */
     uint64_t lora_bytes[LORA_MAX_ADAPTERS];  /* read from each adapter at the last load */
@@ -148,9 +154,12 @@ typedef struct tp_pipe_stats {
 
 typedef struct tp_pipe tp_pipe;
 
-/* Select the backend (device local_rank of local_size) and create the TP
- * group's communicator; info must outlive the pipe. Collective over tp_comm. */
-int tp_pipe_open(const tp_pipe_config *cfg, const tp_pipe_info *info, MPI_Comm tp_comm, int local_rank,
+/* Select the backend (device local_rank of local_size), split the job
+ * group into its mesh (cfg->sp, cfg->cfg_parallel; the rest is TP, tp
+ * innermost) and create the TP group's communicator; info must outlive the
+ * pipe. Collective over group (with sp = 1 and no CFG parallelism: the TP
+ * group itself). */
+int tp_pipe_open(const tp_pipe_config *cfg, const tp_pipe_info *info, MPI_Comm group, int local_rank,
                     int local_size, tp_pipe **out);
 void tp_pipe_free(tp_pipe *p);
 

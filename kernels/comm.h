@@ -17,6 +17,13 @@ typedef struct comm_vtable {
     int (*allreduce_sum)(comm *, tensor *t);
     int (*bcast)(comm *, tensor *t, int root);
     void (*destroy)(comm *);
+    /* in place: t holds size equal parts, rank r's own in part r on entry,
+     * every part on return */
+    int (*allgather)(comm *, tensor *t);
+    /* in holds size equal parts: part j goes to rank j; out (same size)
+     * receives rank i's part in its part i (MPI_Alltoall; NCCL: grouped
+     * send/recv) */
+    int (*alltoall)(comm *, const tensor *in, tensor *out);
 } comm_vtable;
 
 struct comm {
@@ -29,7 +36,17 @@ struct comm {
     long n_allreduce;
     double allreduce_seconds;
     size_t allreduce_bytes;
+    /* bytes this rank sends in collectives (all-reduce, all-gather, all-to-all),
+     * counted with the ring formulas over the whole buffer S of p ranks:
+     * all-reduce 2·S·(p−1)/p, all-gather and all-to-all S·(p−1)/p (comm_sent_bytes) */
+    double sent_bytes;
 };
+
+/* The ring formula's bytes sent per rank: an all-reduce of S bytes over p
+ * ranks (2·S·(p−1)/p); an all-gather, reduce-scatter or all-to-all of the
+ * whole buffer S (S·(p−1)/p). */
+double comm_ring_allreduce_bytes(double S, int p);
+double comm_ring_gather_bytes(double S, int p);
 
 /* MPI communicator over `group` for tensors in host memory (CPU backend). */
 comm *comm_create_mpi(MPI_Comm group, struct backend *be);
@@ -41,6 +58,8 @@ comm *comm_create(MPI_Comm group, struct backend *be);
 
 int comm_allreduce_sum(comm *c, tensor *t);
 int comm_bcast(comm *c, tensor *t, int root);
+int comm_allgather(comm *c, tensor *t);
+int comm_alltoall(comm *c, const tensor *in, tensor *out);
 void comm_destroy(comm *c);
 
 #endif

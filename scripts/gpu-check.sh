@@ -514,6 +514,49 @@ done
 # the band-parallel VAE decode stages its halos and GroupNorm sums through the host: 2 ranks may share the GPU
 step "golden VAE decode vae-tiny case1 tp 2 on one GPU (f32)" s_vae 1 2
 
+# ---- the parallel mesh (docs/parallel.md): Ulysses SP and CFG parallelism against one rank, byte for byte,
+# two ranks sharing the GPU (--comm mpi); then, on a machine with 4 GPUs, the speed question at FLUX.2-dev widths
+s_mesh_exact() { # s_mesh_exact: make-tiny klein (--sp 2) and klein base (--cfg-parallel) against one rank
+    local m=$W/mesh-tiny r=0 bad=""
+    rm -rf "$m"
+    "$TPGEN" make-tiny --out "$m" --seed 1 >/dev/null || { note "make-tiny failed"; return 1; }
+    local args=(--model "$m" --prompt "a fox" --width 48 --height 32 --steps 2 --backend "$BK" --precision bf16 --no-decode)
+    timeout 120 "$TPGEN" generate "${args[@]}" --save-latents "$W/mesh1.st" || r=1
+    TPGEN_COMM=mpi timeout 120 $MPIRUN -np 2 "$TPGEN" generate "${args[@]}" --sp 2 --save-latents "$W/mesh2.st" || r=1
+    cmp -s "$W/mesh1.st" "$W/mesh2.st" || bad="$bad sp2"
+    # one image token over 2 ranks: rank 1 holds no image row (zero-row tensors and kernels on the GPU)
+    timeout 120 "$TPGEN" generate "${args[@]}" --width 16 --height 16 --save-latents "$W/mesh5.st" || r=1
+    TPGEN_COMM=mpi timeout 120 $MPIRUN -np 2 "$TPGEN" generate "${args[@]}" --width 16 --height 16 --sp 2 \
+        --save-latents "$W/mesh6.st" || r=1
+    cmp -s "$W/mesh5.st" "$W/mesh6.st" || bad="$bad sp2-one-token"
+    python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); j["is_distilled"]=False; json.dump(j, open(p,"w"))' \
+        "$m/model_index.json" || r=1
+    timeout 120 "$TPGEN" generate "${args[@]}" --guidance 3 --save-latents "$W/mesh3.st" || r=1
+    TPGEN_COMM=mpi timeout 120 $MPIRUN -np 2 "$TPGEN" generate "${args[@]}" --guidance 3 --cfg-parallel \
+        --save-latents "$W/mesh4.st" || r=1
+    cmp -s "$W/mesh3.st" "$W/mesh4.st" || bad="$bad cfg-parallel"
+    if [ -n "$bad" ]; then note "differs from one rank:$bad (a GPU kernel whose rows depend on how many come together?)"; return 1; fi
+    note "--sp 2 (also a one-token image) and --cfg-parallel = one rank, byte for byte (bf16)"
+    [ $r -eq 0 ]
+}
+step "mesh on one GPU: --sp 2, --cfg-parallel = one rank (--comm mpi)" s_mesh_exact
+s_mesh_speed() { # tp 4 vs sp 4 vs tp 2 x sp 2, one FLUX.2-dev-wide forward (2 + 2 blocks), 4096 + 512 tokens, bf16
+    $DRY && { dry_skip; return; }
+    local n
+    n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    [ "$n" -ge 4 ] || { note "needs 4 GPUs, this machine has $n: docs/parallel.md's table stays a projection"; return 77; }
+    local sp line out=""
+    for sp in 1 4 2; do
+        line=$(TPGEN_CUDA_SYNC=0 TPGEN_CUDA_POISON=0 timeout 150 $MPIRUN -np 4 "$TPGEN" bench forward --backend cuda \
+            --widths dev --precision bf16 --image-tokens 4096 --text-tokens 512 --double 2 --single 2 --iters 3 --warmup 1 \
+            --sp $sp | grep -E '^bf16 .* fused ' | head -1) || return 1
+        echo "$line"
+        out="$out sp$sp: $(echo "$line" | grep -oE '[0-9.]+ s/forward') $(echo "$line" | grep -oE 'sent [0-9.]+ MB/rank');"
+    done
+    note "$CARD:$out"
+}
+step "mesh speed: tp 4 vs sp 4 vs tp 2 x sp 2 (FLUX.2-dev widths)" s_mesh_speed
+
 # ---- production shapes against the CPU backend (bf16 tolerance)
 s_shapes() { # the dry run: a CPU backend stands in for the GPU, tokens / 8 (VAE / 16): the tool's own check
     local fake=""

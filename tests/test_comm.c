@@ -143,3 +143,113 @@ TEST_MPI(dist_bcast_large_pieces) {
         }
     dist_set_chunk_bytes(0);
 }
+
+/* All-gather and all-to-all (the CFG exchange and Ulysses' head/token
+ * swap): rank r's part j holds value_of(seed, r, j*n + i), so every rank
+ * knows what it must receive. The bytes sent are counted with the ring
+ * formulas, checked here against the formula written out. */
+static void exchange_case(comm *c, dtype_t dt, size_t n) {
+    unsigned seed = test_seed();
+    int p = c->size;
+    size_t all = n * (size_t)p;
+    float *mine = malloc(all * sizeof(float)), *got = malloc(all * sizeof(float));
+    tensor *a = tensor_new(c->be, dt, p, (int64_t)n), *b = tensor_new(c->be, dt, p, (int64_t)n);
+    for (size_t k = 0; k < all; k++) mine[k] = bf16r(value_of(seed, c->rank, k));   /* exact in both dtypes */
+    tensor_upload_f32(a, mine);
+    double sent0 = c->sent_bytes, S = (double)all * (double)dtype_size(dt);
+    CHECK(comm_alltoall(c, a, b) == 0, "all-to-all %s n=%zu: %s", dtype_name(dt), n, tp_error_msg());
+    tensor_download_f32(b, got);
+    size_t bad = 0;
+    for (int i = 0; i < p; i++)   /* my part i came from rank i: its part `rank` */
+        for (size_t e = 0; e < n; e++)
+            bad += got[(size_t)i * n + e] != bf16r(value_of(seed, i, (size_t)c->rank * n + e));
+    CHECK(bad == 0, "all-to-all %s n=%zu ranks=%d: %zu wrong elements", dtype_name(dt), n, p, bad);
+    double want = S * (p - 1) / p;
+    CHECK(fabs(c->sent_bytes - sent0 - want) < 0.5, "all-to-all counted %.1f bytes, the formula S(p-1)/p gives %.1f",
+          c->sent_bytes - sent0, want);
+    /* all-gather in place: my own part at my offset, the others' parts arrive */
+    tensor_upload_f32(a, mine);
+    sent0 = c->sent_bytes;
+    CHECK(comm_allgather(c, a) == 0, "all-gather %s n=%zu: %s", dtype_name(dt), n, tp_error_msg());
+    tensor_download_f32(a, got);
+    bad = 0;
+    for (int i = 0; i < p; i++)
+        for (size_t e = 0; e < n; e++) bad += got[(size_t)i * n + e] != bf16r(value_of(seed, i, (size_t)i * n + e));
+    CHECK(bad == 0, "all-gather %s n=%zu ranks=%d: %zu wrong elements", dtype_name(dt), n, p, bad);
+    CHECK(fabs(c->sent_bytes - sent0 - want) < 0.5, "all-gather counted %.1f bytes, the formula S(p-1)/p gives %.1f",
+          c->sent_bytes - sent0, want);
+    /* all-reduce: 2·S·(p−1)/p */
+    sent0 = c->sent_bytes;
+    CHECK(comm_allreduce_sum(c, a) == 0, "all-reduce: %s", tp_error_msg());
+    CHECK(fabs(c->sent_bytes - sent0 - 2 * want) < 0.5, "all-reduce counted %.1f bytes, the formula 2S(p-1)/p gives %.1f",
+          c->sent_bytes - sent0, 2 * want);
+    tensor_free(a), tensor_free(b);
+    free(mine), free(got);
+}
+
+TEST_MPI(comm_alltoall_allgather_and_bytes) {
+    backend *be = backend_cpu_create(1);
+    comm *c = comm_create_mpi(MPI_COMM_WORLD, be);
+    const size_t sizes[] = {1, 3, 1000, 40000};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        exchange_case(c, DT_F32, sizes[k]);
+        exchange_case(c, DT_BF16, sizes[k]);
+    }
+    comm_destroy(c);
+    backend_destroy(be);
+}
+
+/* The mesh: world = dp x cfg x sp x tp with tp innermost. Each rank checks
+ * its coordinates against the formula, and that every sub-group holds
+ * exactly the ranks the formula puts in it (their world ranks gathered). */
+static void check_group(MPI_Comm c, int want_size, int stride, int first, const char *what, int tp, int sp, int cfg) {
+    int size = 0;
+    MPI_Comm_size(c, &size);
+    CHECK(size == want_size, "%s (tp %d sp %d cfg %d): %d ranks, want %d", what, tp, sp, cfg, size, want_size);
+    if (size != want_size) return;
+    int me, *all = malloc(sizeof(int) * (size_t)size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Allgather(&me, 1, MPI_INT, all, 1, MPI_INT, c);
+    for (int i = 0; i < size; i++)
+        CHECK(all[i] == first + i * stride, "%s (tp %d sp %d cfg %d): member %d is world rank %d, want %d", what, tp, sp,
+              cfg, i, all[i], first + i * stride);
+    free(all);
+}
+
+TEST_MPI(dist_mesh_layout_and_refusals) {
+    dist d;
+    REQUIRE(dist_init(NULL, NULL, &d) == 0, "%s", tp_error_msg());
+    int W = d.world_size, w = d.world_rank;
+    for (int cfg = 1; cfg <= 2; cfg++)
+        for (int sp = 1; sp <= W; sp++)
+            for (int tp = 1; tp <= W; tp++) {
+                if (W % (cfg * sp * tp)) continue;
+                REQUIRE(dist_set_mesh(&d, tp, sp, cfg) == 0, "tp %d sp %d cfg %d: %s", tp, sp, cfg, tp_error_msg());
+                int g = cfg * sp * tp;
+                CHECK(d.grp == g && d.dp == W / g && d.dp_rank == w / g && d.grp_rank == w % g, "group of %d", w);
+                CHECK(d.tp_rank == w % tp && d.sp_rank == (w / tp) % sp && d.cfg_rank == (w / (tp * sp)) % cfg,
+                      "rank %d: tp_rank %d sp_rank %d cfg_rank %d (tp %d sp %d cfg %d)", w, d.tp_rank, d.sp_rank,
+                      d.cfg_rank, tp, sp, cfg);
+                check_group(d.tp_comm, tp, 1, w - d.tp_rank, "tp group", tp, sp, cfg);
+                check_group(d.sp_comm, sp, tp, w - d.sp_rank * tp, "sp group", tp, sp, cfg);
+                check_group(d.grp_comm, g, 1, w - d.grp_rank, "job group", tp, sp, cfg);
+                check_group(d.dp_comm, W / g, g, d.grp_rank, "dp group", tp, sp, cfg);
+                if (cfg == 2) check_group(d.cfg_comm, 2, tp * sp, w - d.cfg_rank * tp * sp, "cfg pair", tp, sp, cfg);
+                else CHECK(d.cfg_comm == MPI_COMM_NULL, "no CFG parallelism, but a cfg communicator");
+            }
+    /* tp 0: what cfg and sp leave */
+    if (W % 2 == 0) {
+        CHECK(dist_set_mesh(&d, 0, 1, 2) == 0 && d.tp == W / 2, "tp 0 with cfg 2: tp %d", d.tp);
+    }
+    /* refusals: the same verdict on every rank, naming what fits */
+    CHECK(dist_set_mesh(&d, 1, W + 1, 1) != 0 && strstr(tp_error_msg(), "run a multiple of"),
+          "sp beyond the world: %s", tp_error_msg());
+    CHECK(dist_set_mesh(&d, 0, 1, 3) != 0 && strstr(tp_error_msg(), "must be 1 or 2"), "cfg 3: %s", tp_error_msg());
+    if (W == 4) {
+        CHECK(dist_set_mesh(&d, 3, 1, 2) != 0 && strstr(tp_error_msg(), "--tp 1, 2 fit"), "cfg 2 x tp 3: %s",
+              tp_error_msg());
+        CHECK(dist_set_mesh(&d, 2, 3, 1) != 0 && strstr(tp_error_msg(), "groups of 6 ranks"), "sp 3 x tp 2: %s",
+              tp_error_msg());
+    }
+    dist_set_tp(&d, 0);
+}

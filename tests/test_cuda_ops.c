@@ -243,6 +243,36 @@ TEST_GPU(gpu_nccl_single_rank) {
     comm_destroy(c);
 }
 
+/* The collectives of Ulysses SP and CFG parallelism (core/dist/ulysses.h,
+ * core/sampler.c) on NCCL (grouped send/recv; the in-place all-gather)
+ * against the MPI communicator on host copies of the same tensors, bit for
+ * bit: one GPU per rank (at np 1: the own part's device copy). Every rank's
+ * values differ, so a part in the wrong place shows. */
+TEST_GPU(gpu_nccl_alltoall_allgather) {
+    NEED_GPU();
+    comm *n = comm_create_nccl(MPI_COMM_WORLD, g_gpu);
+    REQUIRE(n, "comm_create_nccl: %s", tp_error_msg());
+    comm *h = comm_create_mpi(MPI_COMM_WORLD, g_cpu);
+    for (int d = 0; d < 2; d++) {
+        int64_t rows = (int64_t)n->size * 37, cols = 24;
+        float *v = xmalloc(sizeof(float) * (size_t)(rows * cols));
+        for (int64_t i = 0; i < rows * cols; i++) v[i] = bf16r((float)(n->rank * 1000 + i % 997) * 0.01f);
+        pair a = pair_new(k_dts[d], rows, cols), b = pair_new(k_dts[d], rows, cols);
+        pair_poison(&b);
+        CHECK(tensor_upload_f32(&a.g, v) == 0 && tensor_upload_f32(&a.c, v) == 0, "upload: %s", tp_error_msg());
+        CHECK(comm_alltoall(n, &a.g, &b.g) == 0 && comm_alltoall(h, &a.c, &b.c) == 0, "all-to-all: %s", tp_error_msg());
+        pair_check(&b, "nccl all-to-all vs mpi", 0);
+        CHECK(comm_allgather(n, &a.g) == 0 && comm_allgather(h, &a.c) == 0, "all-gather: %s", tp_error_msg());
+        pair_check(&a, "nccl all-gather vs mpi", 0);
+        CHECK(fabs(n->sent_bytes - h->sent_bytes) < 0.5, "bytes counted: nccl %.0f, mpi %.0f", n->sent_bytes,
+              h->sent_bytes);
+        pair_free(&a), pair_free(&b);
+        free(v);
+    }
+    comm_destroy(n);
+    comm_destroy(h);
+}
+
 TEST_GPU(gpu_gemm) {
     NEED_GPU(); NEED_CPU(gemm);
     for (int d = 0; d < 2; d++) {

@@ -22,6 +22,9 @@
 
 typedef struct bench_opts {
     int n_img, n_txt, n_double, n_single, iters, warmup, prec_mask;
+    int no_baseline;            /* --sgemm-baseline 0: skip the plain-sgemm comparison (slow at large shapes) */
+    int sp;                     /* --sp S: Ulysses sequence parallelism, tp = ranks / S */
+    int dev;                    /* --widths dev: FLUX.2-dev's widths (D 6144, 48 heads, Jt 15360) */
     int fp8;                    /* --quantize fp8: the block linears as E4M3 + per-row scales */
     int qtype;                  /* --quantize Q8_0/Q4_K/...: the block linears as random ggml blocks (-1: none) */
     int gemm_only;              /* --gemm-only R: no forward; the block linears' GEMMs alone, R rounds (see gemm_only) */
@@ -53,6 +56,12 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--warmup")) o->warmup = atoi(v);
         else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--gemm-only")) o->gemm_only = atoi(v);
+        else if (!strcmp(a, "--sp")) o->sp = atoi(v);
+        else if (!strcmp(a, "--sgemm-baseline")) o->no_baseline = !atoi(v);
+        else if (!strcmp(a, "--widths")) {
+            if (strcmp(v, "klein-4b") && strcmp(v, "dev")) return tp_error("bench forward: --widths klein-4b|dev (got '%s')", v);
+            o->dev = !strcmp(v, "dev");
+        }
         else if (!strcmp(a, "--quantize")) {
             for (int id = 0; id < 64 && o->qtype < 0; id++)
                 if (quant_supported(id) && quant_type_get(id)->block > 1 && !strcmp(v, quant_type_name(id))) o->qtype = id;
@@ -77,6 +86,7 @@ static flux2_config klein4b_widths(const bench_opts *o) {
                       .time_channels = 256, .mlp_ratio = 3.0, .n_axes = 4, .axes_dims = {32, 32, 32, 32},
                       .rope_theta = 2000, .eps = 1e-6f, .guidance_embeds = 0};
     c.D = 3072, c.M = 9216, c.out_dim = 128;
+    if (o->dev) c.heads = 48, c.joint_dim = 15360, c.D = 6144, c.M = 18432;   /* FLUX.2-dev */
     return c;
 }
 
@@ -105,26 +115,26 @@ static double sgemm_seconds(const gemm_shapes *g) {
 /* max over ranks of a per-rank value */
 static double max_all(const dist *d, double v) {
     double r;
-    MPI_Allreduce(&v, &r, 1, MPI_DOUBLE, MPI_MAX, d->tp_comm);
+    MPI_Allreduce(&v, &r, 1, MPI_DOUBLE, MPI_MAX, d->grp_comm);
     return r;
 }
 
 /* mean over ranks of a per-rank value */
 static double mean_all(const dist *d, double v) {
     double r;
-    MPI_Allreduce(&v, &r, 1, MPI_DOUBLE, MPI_SUM, d->tp_comm);
-    return r / d->tp;
+    MPI_Allreduce(&v, &r, 1, MPI_DOUBLE, MPI_SUM, d->grp_comm);
+    return r / d->grp;
 }
 
 typedef struct bench_inputs { float *x, *txt, *out; int32_t *img_ids, *txt_ids; int64_t N, L; } bench_inputs;
 
-static void inputs_make(const bench_opts *o, bench_inputs *in) {
+static void inputs_make(const bench_opts *o, int64_t Jt, bench_inputs *in) {
     int64_t N = in->N = o->n_img, L = in->L = o->n_txt;
-    in->x = xmalloc((size_t)(N * 128) * 4), in->txt = xmalloc((size_t)(L * 7680) * 4);
+    in->x = xmalloc((size_t)(N * 128) * 4), in->txt = xmalloc((size_t)(L * Jt) * 4);
     in->out = xmalloc((size_t)(N * 128) * 4);
     in->img_ids = xcalloc((size_t)N * 4, 4), in->txt_ids = xcalloc((size_t)L * 4, 4);
     for (int64_t i = 0; i < N * 128; i++) in->x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
-    for (int64_t i = 0; i < L * 7680; i++) in->txt[i] = (float)((i * 13) % 97) / 48.0f - 1.0f;
+    for (int64_t i = 0; i < L * Jt; i++) in->txt[i] = (float)((i * 13) % 97) / 48.0f - 1.0f;
     int side = 1;
     while ((side + 1) * (side + 1) <= N) side++;
     for (int64_t i = 0; i < N; i++) in->img_ids[i * 4 + 1] = (int32_t)(i / side), in->img_ids[i * 4 + 2] = (int32_t)(i % side);
@@ -138,6 +148,12 @@ static void inputs_free(bench_inputs *in) {
 /* Run warmup + iters forwards; *best gets the counters of the fastest
  * iteration (max time over ranks decides), which is the least disturbed
  * by other load on a shared machine. */
+/* bytes this rank sends in collectives (kernels/comm.h's ring formulas), per forward in the report */
+static double g_sent;
+static double sent_bytes(const flux2_model *m) {
+    return (m->comm ? m->comm->sent_bytes : 0) + (m->sp_comm ? m->sp_comm->sent_bytes : 0);
+}
+
 static int timed_forwards(const bench_opts *o, const dist *d, flux2_model *m, bench_inputs *in, gemm_shapes *shapes,
                           flux2_stats *best) {
     double best_t = 1e300;
@@ -145,13 +161,15 @@ static int timed_forwards(const bench_opts *o, const dist *d, flux2_model *m, be
         flux2_reset_stats(m);
         m->gemm_log = (shapes && it == o->warmup) ? log_shape : NULL;
         m->gemm_log_ctx = shapes;
-        MPI_Barrier(d->tp_comm);
+        MPI_Barrier(d->grp_comm);
+        double sent0 = sent_bytes(m);
         int rc = flux2_forward(m, in->x, in->N, in->img_ids, in->txt, in->L, in->txt_ids, 0.5f, NULL, in->out);
-        if (dist_agree(d->tp_comm, rc)) return -1;
+        double sent = sent_bytes(m) - sent0;
+        if (dist_agree(d->grp_comm, rc)) return -1;
         flux2_stats s;
         flux2_get_stats(m, &s);
         double t = max_all(d, s.seconds);
-        if (it >= o->warmup && t < best_t) best_t = t, *best = s;
+        if (it >= o->warmup && t < best_t) best_t = t, *best = s, g_sent = sent;
     }
     m->gemm_log = NULL;
     return 0;
@@ -162,21 +180,21 @@ static void report(const dist *d, dtype_t prec, int fused, const flux2_stats *s,
     double t = max_all(d, s->seconds), ar = mean_all(d, s->allreduce_seconds);
     double at = mean_all(d, s->attention_seconds), gt = mean_all(d, s->gemm_seconds);
     double flops = s->gemm_flops + s->attention_flops, all_flops;
-    MPI_Allreduce(&flops, &all_flops, 1, MPI_DOUBLE, MPI_SUM, d->tp_comm);
+    MPI_Allreduce(&flops, &all_flops, 1, MPI_DOUBLE, MPI_SUM, d->grp_comm);
     /* baseline: the fastest of two passes of plain sgemm over the same shapes */
     double sg = 0;
     if (shapes) {
         double a = sgemm_seconds(shapes), b = sgemm_seconds(shapes);
         sg = mean_all(d, a < b ? a : b);
     }
-    if (d->tp_rank) return;
+    if (d->grp_rank) return;
     char label[32];
     snprintf(label, sizeof label, "%s%s%s", prec == DT_F32 ? "f32" : "bf16",
              g_fp8 ? "+fp8w" : g_qtype >= 0 ? "+" : "", g_qtype >= 0 ? quant_type_name(g_qtype) : "");
-    printf("%-4s tp=%d %-7s %8.3f s/forward %8.1f GFLOP/s (all ranks)  all-reduce %5.1f%% (%ld calls, %.1f MB)"
-           "  attention %5.1f%%  gemm %5.1f%%\n",
-           label, d->tp, fused ? "fused" : "unfused", t, all_flops / t * 1e-9, 100 * ar / t,
-           s->allreduces, s->allreduce_bytes / 1e6, 100 * at / t, 100 * gt / t);
+    printf("%-4s tp=%d sp=%d %-7s %8.3f s/forward %8.1f GFLOP/s (all ranks)  all-reduce %5.1f%% (%ld calls, %.1f MB)"
+           "  attention %5.1f%%  gemm %5.1f%%  sent %.2f MB/rank\n",
+           label, d->tp, d->sp, fused ? "fused" : "unfused", t, all_flops / t * 1e-9, 100 * ar / t,
+           s->allreduces, s->allreduce_bytes / 1e6, 100 * at / t, 100 * gt / t, g_sent / 1e6);
     if (shapes)
         printf("     gemm: %.3f s in the forward (%.1f GFLOP/s per rank) vs %.3f s plain OpenBLAS sgemm of the same %d "
                "shapes (%.1f GFLOP/s): efficiency %.0f%%\n",
@@ -190,18 +208,18 @@ static void report(const dist *d, dtype_t prec, int fused, const flux2_stats *s,
 static int allreduce_pattern(const dist *d, backend *be, comm *c, dtype_t dt, int64_t N, int64_t L, int64_t D,
                              double *fused, double *unfused) {
     tensor *t = tensor_new(be, dt, N + L, D);
-    if (dist_agree(d->tp_comm, t ? 0 : -1)) return -1;
+    if (dist_agree(d->grp_comm, t ? 0 : -1)) return -1;
     be->vt->memset0(be, t->data, tensor_nbytes(t));
     tensor txt = tensor_rows(t, 0, L), img = tensor_rows(t, L, N);
     *fused = *unfused = 1e300;
     int rc = 0;
     for (int rep = 0; rep < 10 && !rc; rep++) {
-        MPI_Barrier(d->tp_comm);
+        MPI_Barrier(d->grp_comm);
         double t0 = MPI_Wtime();
         rc |= comm_allreduce_sum(c, t);
         be_sync(be);
         double t1 = MPI_Wtime();
-        MPI_Barrier(d->tp_comm);
+        MPI_Barrier(d->grp_comm);
         double t2 = MPI_Wtime();
         rc |= comm_allreduce_sum(c, &img);
         rc |= comm_allreduce_sum(c, &txt);
@@ -212,7 +230,7 @@ static int allreduce_pattern(const dist *d, backend *be, comm *c, dtype_t dt, in
     }
     tensor_free(t);
     *fused = max_all(d, *fused), *unfused = max_all(d, *unfused);
-    return dist_agree(d->tp_comm, rc);
+    return dist_agree(d->grp_comm, rc);
 }
 
 /* --quantize Q4_K etc.: a block linear becomes a DT_GGML weight of random
@@ -311,12 +329,13 @@ static int gemm_only(const bench_opts *o, backend *be) {
     return 0;
 }
 
-static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dtype_t prec) {
+static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, comm *spc, dtype_t prec) {
     flux2_config cfg = klein4b_widths(o);
     flux2_model *m;
     size_t before = be->bytes_in_use;
     be->peak_bytes = be->bytes_in_use;
-    if (dist_agree(d->tp_comm, flux2_init_random(&cfg, be, c, prec, 1234, &m))) return -1;
+    if (dist_agree(d->grp_comm, flux2_init_random(&cfg, be, c, prec, 1234, &m))) return -1;
+    if (dist_agree(d->grp_comm, flux2_set_sp(m, spc))) return flux2_free(m), -1;
     if (o->qtype >= 0) {   /* the block linears as a GGUF file stores them (the _K_M recipes quantise all of them) */
         int qrc = 0;
         uint64_t seed = 77 + (uint64_t)d->tp_rank;
@@ -329,7 +348,7 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
         for (int i = 0; i < cfg.num_single_layers && !qrc; i++)
             qrc = ggml_randomize((tensor *)m->sgl[i].qkv_mlp, o->qtype, seed++) ||
                   ggml_randomize((tensor *)m->sgl[i].to_out, o->qtype, seed++);
-        if (dist_agree(d->tp_comm, qrc)) return flux2_free(m), -1;
+        if (dist_agree(d->grp_comm, qrc)) return flux2_free(m), -1;
     }
     if (o->fp8) {   /* the linears a mixed fp8 file stores in fp8 (--quantize fp8's choice) */
         int qrc = 0;
@@ -342,14 +361,14 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
         for (int i = 0; i < cfg.num_single_layers && !qrc; i++)
             qrc = fp8_quantize_tensor((tensor *)m->sgl[i].qkv_mlp, "qkv_mlp") ||
                   fp8_quantize_tensor((tensor *)m->sgl[i].to_out, "to_out");
-        if (dist_agree(d->tp_comm, qrc)) return flux2_free(m), -1;
+        if (dist_agree(d->grp_comm, qrc)) return flux2_free(m), -1;
     }
     double weights_mb = (double)(be->bytes_in_use - before) / 1e6;
     flux2_set_profiling(m, 1);
     g_fp8 = o->fp8;
     g_qtype = o->qtype;
     bench_inputs in;
-    inputs_make(o, &in);
+    inputs_make(o, cfg.joint_dim, &in);
     gemm_shapes shapes = {0};
     flux2_stats s = {0};
     int rc = 0;
@@ -357,12 +376,12 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
         flux2_set_fused_allreduce(m, fused);
         rc = timed_forwards(o, d, m, &in, fused ? &shapes : NULL, &s);
         /* the sgemm baseline is host OpenBLAS: meaningful for the CPU backend only */
-        if (!rc) report(d, prec, fused, &s, fused && be->kind == BACKEND_CPU ? &shapes : NULL);
+        if (!rc) report(d, prec, fused, &s, fused && be->kind == BACKEND_CPU && !o->no_baseline ? &shapes : NULL);
     }
     /* the NaN/Inf checks the generate path adds (core/pipeline.c once per
      * step on the [N, 128] latents, core/models/llm/textenc.c once per prompt on
      * [L, 7680] embeddings), against this forward: best of 20 each */
-    if (!rc && d->tp_rank == 0) {
+    if (!rc && d->grp_rank == 0) {
         double best_lat = 1e300, best_txt = 1e300;
         int64_t sink = 0;
         for (int r = 0; r < 20; r++) {
@@ -379,11 +398,11 @@ static int run_one(const bench_opts *o, const dist *d, backend *be, comm *c, dty
                100 * best_lat / s.seconds, (long long)in.L, best_txt * 1e3, sink == -40 ? "" : " (non-finite input?)");
     }
     double mem[2] = {weights_mb, (double)(be->peak_bytes - before) / 1e6}, mx[2];
-    MPI_Reduce(mem, mx, 2, MPI_DOUBLE, MPI_MAX, 0, d->tp_comm);
-    if (!rc && d->tp_rank == 0)
+    MPI_Reduce(mem, mx, 2, MPI_DOUBLE, MPI_MAX, 0, d->grp_comm);
+    if (!rc && d->grp_rank == 0)
         printf("     memory per rank (largest): weights %.0f MB, peak with activations %.0f MB\n", mx[0], mx[1]);
     double fu, un;
-    if (!rc && d->tp > 1 && !allreduce_pattern(d, be, c, prec, in.N, in.L, cfg.D, &fu, &un) && d->tp_rank == 0)
+    if (!rc && d->tp > 1 && !allreduce_pattern(d, be, c, prec, in.N, in.L, cfg.D, &fu, &un) && d->grp_rank == 0)
         printf("     all-reduce of one sub-layer's partials alone (best of 10): fused %.3f ms (1 call, [%lld, %lld]) "
                "vs unfused %.3f ms (2 calls)\n", fu * 1e3, (long long)(in.N + in.L), (long long)cfg.D, un * 1e3);
     free(shapes.s);
@@ -402,7 +421,10 @@ int bench_forward(int argc, char **argv) {
         if (d.world_rank == 0)
             printf("usage: mpirun -np TP tpgen bench forward [--precision f32|bf16|both] [--image-tokens 1024]\n"
                    "       [--text-tokens 128] [--double 2] [--single 2] [--iters 2] [--warmup 1] [--backend cpu|cuda]\n"
-                   "       [--quantize fp8|Q8_0|Q4_K|Q6_K|...]\n"
+                   "       [--quantize fp8|Q8_0|Q4_K|Q6_K|...] [--sp S] [--widths klein-4b|dev]\n"
+                   "  --sgemm-baseline 0  skip the plain OpenBLAS sgemm comparison\n"
+                   "  --sp S         Ulysses sequence parallelism over S ranks (tp = ranks / S)\n"
+                   "  --widths dev   FLUX.2-dev's widths (D 6144, 48 heads, Jt 15360) instead of klein-4B's\n"
                    "  --quantize T   the block linears as fp8 (E4M3 + per-row scales) or as random ggml blocks of type T\n"
                    "                 (GGUF weights: bf16 runs on the int8-dot kernel, f32 runs decoded in the GEMM's packing)\n"
                    "  --gemm-only R  with --quantize T, tp 1: no forward; the block linears' GEMMs alone on one thread, CPU\n"
@@ -411,15 +433,17 @@ int bench_forward(int argc, char **argv) {
         return 0;
     }
     if (!rc) rc = backend_select(o.backend, d.local_rank, d.local_size, &be);
-    comm *c = rc ? NULL : comm_create(d.tp_comm, be);
-    if (dist_agree(d.world, rc || !c ? -1 : 0)) {
+    if (!rc && o.sp > 1) rc = dist_set_mesh(&d, 0, o.sp, 1);   /* tp = world / sp: the TP groups inside the SP group */
+    comm *c = rc ? NULL : comm_create(d.tp_comm, be), *spc = !rc && o.sp > 1 ? comm_create(d.sp_comm, be) : NULL;
+    if (dist_agree(d.world, rc || !c || (o.sp > 1 && !spc) ? -1 : 0)) {
         dist_report_error(d.world);
         rc = 1;
     } else {
         if (d.world_rank == 0)
-            printf("# bench forward: klein-4B widths (D 3072, 24 heads x 128, Jt 7680), %d double + %d single blocks, "
-                   "%d image + %d text tokens, random weights, backend %s (%d threads/rank), tp %d\n",
-                   o.n_double, o.n_single, o.n_img, o.n_txt, be->vt->name, be->threads, d.tp);
+            printf("# bench forward: %s widths (D %d, %d heads x 128, Jt %d), %d double + %d single blocks, "
+                   "%d image + %d text tokens, random weights, backend %s (%d threads/rank), tp %d x sp %d\n",
+                   o.dev ? "FLUX.2-dev" : "klein-4B", o.dev ? 6144 : 3072, o.dev ? 48 : 24, o.dev ? 15360 : 7680,
+                   o.n_double, o.n_single, o.n_img, o.n_txt, be->vt->name, be->threads, d.tp, d.sp);
         if (o.gemm_only > 0) {
             if (o.qtype < 0 || d.tp != 1 || be->kind != BACKEND_CPU) {
                 tp_error("bench forward: --gemm-only needs --quantize with a ggml block type, tp 1 and the CPU backend");
@@ -427,10 +451,11 @@ int bench_forward(int argc, char **argv) {
             } else rc = gemm_only(&o, be) ? 1 : 0;
         } else
         for (int p = 0; p < 2 && !rc; p++)
-            if (o.prec_mask & (1 << p)) rc = run_one(&o, &d, be, c, p ? DT_BF16 : DT_F32) ? 1 : 0;
-        if (rc) dist_report_error(d.tp_comm);
+            if (o.prec_mask & (1 << p)) rc = run_one(&o, &d, be, c, spc, p ? DT_BF16 : DT_F32) ? 1 : 0;
+        if (rc) dist_report_error(d.grp_comm);
     }
     comm_destroy(c);
+    if (spc) comm_destroy(spc);
     backend_destroy(be);
     dist_finalize(&d);
     return rc;

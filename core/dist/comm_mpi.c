@@ -7,6 +7,7 @@
 #include "kernels/err.h"
 #include "kernels/ops.h"
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 
 /* Branch-free so that the compiler vectorises it (a scalar loop reached a
@@ -83,6 +84,40 @@ static int mpi_bcast(comm *c, tensor *t, int root) {
     return rc == MPI_SUCCESS ? 0 : tp_error("MPI_Bcast failed (code %d)", rc);
 }
 
+/* the byte count of one of size parts (the parts must be equal and whole elements) */
+static size_t part_bytes(const comm *c, const tensor *t, const char *what) {
+    size_t n = tensor_nbytes(t), es = dtype_size(t->dtype);
+    if (!tensor_contiguous(t)) tp_fatal("comm %s: tensor must be contiguous", what);
+    if (n % ((size_t)c->size * es)) tp_fatal("comm %s: %zu bytes do not split into %d parts", what, n, c->size);
+    if (n / (size_t)c->size > (size_t)INT_MAX) tp_fatal("comm %s: a part of %zu bytes is too large for MPI", what, n);
+    return n / (size_t)c->size;
+}
+
+static int mpi_allgather(comm *c, tensor *t) {
+    size_t part = part_bytes(c, t, "all-gather");
+    if (c->size == 1) return 0;
+    mpi_impl *m = c->impl;
+    void *h = host_view(t);
+    if (!h) tp_fatal("comm all-gather: staging a device tensor through the host failed: %s", tp_error_msg());
+    int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, h, (int)part, MPI_BYTE, m->tensors);
+    if (host_done(t, h, rc == MPI_SUCCESS)) tp_fatal("comm all-gather: staging back to the device failed: %s", tp_error_msg());
+    return rc == MPI_SUCCESS ? 0 : tp_error("MPI_Allgather failed (code %d)", rc);
+}
+
+static int mpi_alltoall(comm *c, const tensor *in, tensor *out) {
+    size_t part = part_bytes(c, in, "all-to-all");
+    if (tensor_nbytes(out) != tensor_nbytes(in) || !tensor_contiguous(out))
+        tp_fatal("comm all-to-all: the output (%zu bytes) must be contiguous and as large as the input (%zu)",
+                 tensor_nbytes(out), tensor_nbytes(in));
+    mpi_impl *m = c->impl;
+    void *hi = host_view((tensor *)in), *ho = on_device(out) ? xmalloc(tensor_nbytes(out) ? tensor_nbytes(out) : 1) : out->data;
+    if (!hi) tp_fatal("comm all-to-all: staging a device tensor through the host failed: %s", tp_error_msg());
+    int rc = MPI_Alltoall(hi, (int)part, MPI_BYTE, ho, (int)part, MPI_BYTE, m->tensors);
+    if (on_device(in)) free(hi);
+    if (host_done(out, ho, rc == MPI_SUCCESS)) tp_fatal("comm all-to-all: staging back to the device failed: %s", tp_error_msg());
+    return rc == MPI_SUCCESS ? 0 : tp_error("MPI_Alltoall failed (code %d)", rc);
+}
+
 static void mpi_destroy(comm *c) {
     mpi_impl *m = c->impl;
     MPI_Op_free(&m->bf16_sum);
@@ -91,7 +126,8 @@ static void mpi_destroy(comm *c) {
     free(c);
 }
 
-static const comm_vtable k_mpi_vt = {"mpi", mpi_allreduce, mpi_bcast, mpi_destroy};
+static const comm_vtable k_mpi_vt = {.name = "mpi", .allreduce_sum = mpi_allreduce, .bcast = mpi_bcast,
+                                     .destroy = mpi_destroy, .allgather = mpi_allgather, .alltoall = mpi_alltoall};
 
 comm *comm_create_mpi(MPI_Comm group, struct backend *be) {
     comm *c = xcalloc(1, sizeof *c);
@@ -119,6 +155,21 @@ comm *comm_create(MPI_Comm group, struct backend *be) {
     return comm_create_mpi(group, be);
 }
 
-int comm_allreduce_sum(comm *c, tensor *t) { return c->vt->allreduce_sum(c, t); }
+double comm_ring_allreduce_bytes(double S, int p) { return p > 1 ? 2.0 * S * (p - 1) / p : 0; }
+double comm_ring_gather_bytes(double S, int p) { return p > 1 ? S * (p - 1) / p : 0; }
+
+/* the counts are kept here, once for every backend */
+int comm_allreduce_sum(comm *c, tensor *t) {
+    c->sent_bytes += comm_ring_allreduce_bytes((double)tensor_nbytes(t), c->size);
+    return c->vt->allreduce_sum(c, t);
+}
 int comm_bcast(comm *c, tensor *t, int root) { return c->vt->bcast(c, t, root); }
+int comm_allgather(comm *c, tensor *t) {
+    c->sent_bytes += comm_ring_gather_bytes((double)tensor_nbytes(t), c->size);
+    return c->vt->allgather(c, t);
+}
+int comm_alltoall(comm *c, const tensor *in, tensor *out) {
+    c->sent_bytes += comm_ring_gather_bytes((double)tensor_nbytes(in), c->size);
+    return c->vt->alltoall(c, in, out);
+}
 void comm_destroy(comm *c) { if (c) c->vt->destroy(c); }

@@ -28,33 +28,92 @@ int dist_init(int *argc, char ***argv, dist *d) {
     MPI_Comm_split_type(d->world, MPI_COMM_TYPE_SHARED, d->world_rank, MPI_INFO_NULL, &d->local_comm);
     MPI_Comm_rank(d->local_comm, &d->local_rank);
     MPI_Comm_size(d->local_comm, &d->local_size);
-    d->tp_comm = d->dp_comm = MPI_COMM_NULL;
+    d->tp_comm = d->dp_comm = d->sp_comm = d->cfg_comm = d->grp_comm = MPI_COMM_NULL;
     if (tp_fault_init(d->world_rank)) return -1;   /* the same environment on every rank */
     affinity_setup(d);   /* before any OpenMP thread starts */
     return dist_set_tp(d, 0);
 }
 
-int dist_set_tp(dist *d, int tp) {
-    if (tp <= 0) tp = d->world_size;
-    if (d->world_size % tp != 0)
-        return tp_error("--tp %d does not divide the number of MPI ranks (%d): the world is split into "
-                        "data-parallel groups of tp ranks each, so use a tp that divides %d",
-                        tp, d->world_size, d->world_size);
-    if (d->tp_comm != MPI_COMM_NULL) MPI_Comm_free(&d->tp_comm);
-    if (d->dp_comm != MPI_COMM_NULL) MPI_Comm_free(&d->dp_comm);
-    d->tp = tp;
-    d->dp = d->world_size / tp;
-    d->dp_rank = d->world_rank / tp;
-    d->tp_rank = d->world_rank % tp;
-    MPI_Comm_split(d->world, d->dp_rank, d->tp_rank, &d->tp_comm);
-    MPI_Comm_split(d->world, d->tp_rank, d->dp_rank, &d->dp_comm);
+int dist_mesh_degrees(int world, int *tp, int sp, int cfg) {
+    if (cfg != 1 && cfg != 2) return tp_error("the CFG degree must be 1 or 2 (got %d)", cfg);
+    if (sp < 1) return tp_error("--sp must be at least 1 (got %d)", sp);
+    if (*tp <= 0) {
+        if (world % (cfg * sp))
+            return tp_error("%s%s%d does not divide the number of MPI ranks (%d): a job group holds %s%d sequence-"
+                            "parallel positions, so run a multiple of %d ranks", cfg == 2 ? "--cfg-parallel x " : "",
+                            "--sp ", sp, world, cfg == 2 ? "two CFG halves of " : "", sp, cfg * sp);
+        *tp = world / (cfg * sp);
+        return 0;
+    }
+    if (cfg == 1 && sp == 1) {
+        if (world % *tp)
+            return tp_error("--tp %d does not divide the number of MPI ranks (%d): the world is split into "
+                            "data-parallel groups of tp ranks each, so use a tp that divides %d",
+                            *tp, world, world);
+        return 0;
+    }
+    int grp = cfg * sp * *tp;
+    if (world % grp) {
+        char fits[256] = "";
+        size_t at = 0;
+        for (int t = 1; t <= world && at < sizeof fits - 16; t++)
+            if (world % (cfg * sp * t) == 0) at += (size_t)snprintf(fits + at, sizeof fits - at, "%s%d", at ? ", " : "", t);
+        if (!*fits)
+            return tp_error("the mesh %s--sp %d x --tp %d needs groups of %d ranks, which does not divide the number "
+                            "of MPI ranks (%d): the world is dp x cfg x sp x tp; run a multiple of %d ranks",
+                            cfg == 2 ? "--cfg-parallel (2) x " : "", sp, *tp, grp, world, grp);
+        return tp_error("the mesh %s--sp %d x --tp %d needs groups of %d ranks, which does not divide the number of "
+                        "MPI ranks (%d): the world is dp x cfg x sp x tp; with these, --tp %s fit%s",
+                        cfg == 2 ? "--cfg-parallel (2) x " : "", sp, *tp, grp, world, fits, strchr(fits, ',') ? "" : "s");
+    }
+    return 0;
+}
+
+static void free_comm(MPI_Comm *c) {
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+    *c = MPI_COMM_NULL;
+}
+
+void dist_mesh_split(MPI_Comm group, int tp, int sp, int cfg, dist_mesh *m) {
+    int r;
+    MPI_Comm_rank(group, &r);
+    *m = (dist_mesh){.tp = tp, .sp = sp, .cfg = cfg, .tp_rank = r % tp, .sp_rank = (r / tp) % sp,
+                     .cfg_rank = r / (tp * sp), .cfg_comm = MPI_COMM_NULL};
+    MPI_Comm_split(group, r / tp, m->tp_rank, &m->tp_comm);
+    MPI_Comm_split(group, m->cfg_rank * tp + m->tp_rank, m->sp_rank, &m->sp_comm);
+    /* every rank of the group joins each split; without CFG parallelism no rank keeps the cfg one */
+    MPI_Comm_split(group, cfg == 2 ? r % (tp * sp) : MPI_UNDEFINED, m->cfg_rank, &m->cfg_comm);
+}
+
+void dist_mesh_free(dist_mesh *m) {
+    free_comm(&m->tp_comm);
+    free_comm(&m->sp_comm);
+    free_comm(&m->cfg_comm);
+}
+
+int dist_set_tp(dist *d, int tp) { return dist_set_mesh(d, tp, 1, 1); }
+
+int dist_set_mesh(dist *d, int tp, int sp, int cfg) {
+    if (dist_mesh_degrees(d->world_size, &tp, sp, cfg)) return -1;
+    free_comm(&d->tp_comm), free_comm(&d->sp_comm), free_comm(&d->cfg_comm);
+    free_comm(&d->grp_comm), free_comm(&d->dp_comm);
+    d->grp = cfg * sp * tp;
+    d->dp = d->world_size / d->grp;
+    d->dp_rank = d->world_rank / d->grp;
+    d->grp_rank = d->world_rank % d->grp;
+    MPI_Comm_split(d->world, d->dp_rank, d->grp_rank, &d->grp_comm);
+    MPI_Comm_split(d->world, d->grp_rank, d->dp_rank, &d->dp_comm);
+    dist_mesh m;
+    dist_mesh_split(d->grp_comm, tp, sp, cfg, &m);
+    d->tp = tp, d->sp = sp, d->cfg = cfg;
+    d->tp_rank = m.tp_rank, d->sp_rank = m.sp_rank, d->cfg_rank = m.cfg_rank;
+    d->tp_comm = m.tp_comm, d->sp_comm = m.sp_comm, d->cfg_comm = m.cfg_comm;
     return 0;
 }
 
 void dist_finalize(dist *d) {
-    if (d->tp_comm != MPI_COMM_NULL) MPI_Comm_free(&d->tp_comm);
-    if (d->dp_comm != MPI_COMM_NULL) MPI_Comm_free(&d->dp_comm);
-    if (d->local_comm != MPI_COMM_NULL) MPI_Comm_free(&d->local_comm);
+    free_comm(&d->tp_comm), free_comm(&d->sp_comm), free_comm(&d->cfg_comm);
+    free_comm(&d->grp_comm), free_comm(&d->dp_comm), free_comm(&d->local_comm);
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) MPI_Finalize();

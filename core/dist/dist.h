@@ -1,20 +1,45 @@
-/* Distributed setup: world, tensor-parallel and data-parallel groups, the
+/* Distributed setup: the parallel mesh (data-parallel groups, each a job
+ * group of CFG halves x sequence-parallel positions x TP ranks), the
  * node-local rank, and error agreement.
  *
- * world = dp x tp. TP groups are blocks of consecutive world ranks
- * (ranks [g*tp, (g+1)*tp) form TP group g), so with one TP group per node
- * and ranks placed by node, all-reduces stay inside a node. */
+ * world = dp x cfg x sp x tp, tp innermost:
+ *   world_rank = ((dp_rank * cfg + cfg_rank) * sp + sp_rank) * tp + tp_rank
+ * A job group (grp = cfg*sp*tp ranks, grp_comm) renders one job at a time;
+ * groups are blocks of consecutive world ranks, and so are TP groups, so
+ * with ranks placed by node (mpirun --map-by node:PE=.. or ppr:N:node) the
+ * TP all-reduces stay inside a node while the SP all-to-alls and the CFG
+ * exchange cross nodes. With cfg = sp = 1 the job group is the TP group. */
 #ifndef TPGEN_DIST_H
 #define TPGEN_DIST_H
 #include <mpi.h>
 
 typedef struct dist {
     int world_rank, world_size;
-    int tp, tp_rank;         /* tensor-parallel degree and rank inside the group */
-    int dp, dp_rank;         /* number of TP groups and this rank's group */
+    int tp, tp_rank;         /* tensor-parallel degree and rank inside the TP group */
+    int sp, sp_rank;         /* Ulysses sequence-parallel degree and position */
+    int cfg, cfg_rank;       /* 2 with CFG parallelism (half 0: conditional, 1: unconditional), else 1 */
+    int grp, grp_rank;       /* the job group: cfg*sp*tp ranks, and this rank in it */
+    int dp, dp_rank;         /* number of job groups and this rank's group */
     int local_rank, local_size; /* rank among the processes on this node */
-    MPI_Comm world, tp_comm, dp_comm, local_comm;
+    MPI_Comm world, tp_comm, sp_comm, cfg_comm, grp_comm, dp_comm, local_comm;
 } dist;
+
+/* The sub-groups of one job group (the mesh inside it), split from the
+ * group's communicator: tp (the ranks of one TP group), sp (the SP
+ * positions of one TP rank and CFG half), cfg (the two halves' ranks of
+ * one position; MPI_COMM_NULL without CFG parallelism). */
+typedef struct dist_mesh {
+    int tp, sp, cfg;
+    int tp_rank, sp_rank, cfg_rank;
+    MPI_Comm tp_comm, sp_comm, cfg_comm;
+} dist_mesh;
+/* Collective over `group` (whose size must be cfg*sp*tp). */
+void dist_mesh_split(MPI_Comm group, int tp, int sp, int cfg, dist_mesh *m);
+void dist_mesh_free(dist_mesh *m);
+/* The degrees of a mesh over `world` ranks: tp 0 takes what is left of the
+ * world (world / (cfg*sp)). -1 + tp_error naming the degrees that would
+ * work when the mesh does not divide the world, or cfg is not 1 or 2. */
+int dist_mesh_degrees(int world, int *tp, int sp, int cfg);
 
 /* MPI_Init (works as a single process without mpirun) and the node-local
  * rank; tp defaults to the world size. */
@@ -22,6 +47,10 @@ int dist_init(int *argc, char ***argv, dist *d);
 /* Split the world into TP groups of size tp (0: whole world). Fails with a
  * clear message when tp does not divide the world size. Collective. */
 int dist_set_tp(dist *d, int tp);
+/* The whole mesh: job groups of cfg (1 or 2) x sp x tp ranks (tp 0: the
+ * world / (cfg*sp)), the rest data parallel. Fails on every rank with a
+ * clear message when the world size is not a multiple. Collective. */
+int dist_set_mesh(dist *d, int tp, int sp, int cfg);
 void dist_finalize(dist *d);
 
 /* Error agreement, collective over `c`: every rank passes its status (0 or

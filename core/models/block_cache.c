@@ -30,12 +30,14 @@ int bc_decide(const bc_spec *s, double thr, const bc_counts *c, int step, double
 }
 
 double bc_ratio(double sum_absdiff, double sum_absprev, int64_t count, MPI_Comm sp) {
-    /* Sequence parallelism (ranks holding different token rows) would
-     * all-reduce {sum_absdiff, sum_absprev, count} over sp here; tensor
-     * parallelism needs nothing: every rank holds the whole stream. */
-    (void)sp;
-    if (count <= 0) return NAN;
-    double a = sum_absdiff / (double)count, d = sum_absprev / (double)count;
+    /* Sequence parallelism: the ranks of an SP group hold different token
+     * rows, so their sums and counts add up over sp (in f64, the same
+     * reduction on every rank: the same ratio everywhere). Tensor
+     * parallelism needs nothing: every TP rank holds the whole stream. */
+    double v[3] = {sum_absdiff, sum_absprev, (double)count};
+    if (sp != MPI_COMM_NULL && MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_SUM, sp) != MPI_SUCCESS) return NAN;
+    if (v[2] <= 0) return NAN;
+    double a = v[0] / v[2], d = v[1] / v[2];
     return a / d;
 }
 
@@ -83,7 +85,8 @@ void bc_taylor_approx(const bc_taylor *t, int step, float *out) {
 typedef struct bc_state {
     int n_cached, last_cached, cont;
     float *fn_prev;              /* the Fn residual of the last computed step */
-    int64_t fn_n;                /* its element count (0: none yet) */
+    int64_t fn_n;                /* its element count (0 also on a rank whose SP slice has no measured row) */
+    int have_prev;               /* a computed step stored it (the same on every rank of the group) */
     float *res;                  /* the Mn residual of the last computed step (no TaylorSeer) */
     int64_t res_n;
     bc_taylor taylor;
@@ -91,7 +94,7 @@ typedef struct bc_state {
 
 struct block_cache {
     bc_spec spec;
-    MPI_Comm agree;
+    MPI_Comm agree, sp;
     int step, branch;
     bc_state st[BC_GROUPS][BC_BRANCHES];
     bc_log log;
@@ -100,10 +103,10 @@ struct block_cache {
     uint64_t bytes;                /* the most host memory held (state and scratch) */
 };
 
-block_cache *block_cache_new(const bc_spec *s, int steps, int branches, MPI_Comm agree) {
+block_cache *block_cache_new(const bc_spec *s, int steps, int branches, MPI_Comm agree, MPI_Comm sp) {
     if (!s || !s->on) return NULL;
     block_cache *bc = xcalloc(1, sizeof *bc);
-    bc->spec = *s, bc->agree = agree;
+    bc->spec = *s, bc->agree = agree, bc->sp = sp;
     bc->log.steps = steps, bc->log.branches = branches;
     for (int b = 0; b < branches; b++)
         for (int g = 0; g < BC_GROUPS; g++) {
@@ -115,6 +118,22 @@ block_cache *block_cache_new(const bc_spec *s, int steps, int branches, MPI_Comm
             bc->st[g][b].taylor.k = s->taylorseer, bc->st[g][b].taylor.last = -1;
         }
     return bc;
+}
+
+int block_cache_share_branches(block_cache *bc, MPI_Comm cfg) {
+    if (!bc || cfg == MPI_COMM_NULL || bc->log.branches < 2) return 0;
+    int r, n = bc->log.steps;
+    MPI_Comm_rank(cfg, &r);
+    int ok = 1;
+    for (int g = 0; g < BC_GROUPS; g++) {
+        ok &= MPI_Sendrecv(bc->log.dec[r][g], n, MPI_CHAR, 1 - r, 0, bc->log.dec[1 - r][g], n, MPI_CHAR, 1 - r, 0, cfg,
+                           MPI_STATUS_IGNORE) == MPI_SUCCESS;
+        ok &= MPI_Sendrecv(bc->log.diff[r][g], n, MPI_DOUBLE, 1 - r, 1, bc->log.diff[1 - r][g], n, MPI_DOUBLE, 1 - r, 1,
+                           cfg, MPI_STATUS_IGNORE) == MPI_SUCCESS;
+    }
+    int dis = bc->log.disagreements;
+    ok &= MPI_Allreduce(&dis, &bc->log.disagreements, 1, MPI_INT, MPI_SUM, cfg) == MPI_SUCCESS;
+    return ok ? 0 : tp_error("block cache: exchanging the CFG halves' records failed");
 }
 
 void bc_log_free(bc_log *l) {
@@ -190,12 +209,12 @@ static void sub(float *out, const float *a, const float *b, int64_t n, int bf16)
  * decided on every rank from the same replicated values, then agreed. */
 static int decide(block_cache *bc, int g, bc_state *s, const float *r, int64_t n, int64_t xn, int *cache) {
     double thr = bc_threshold(&bc->spec, g), diff;
-    bc_counts c = {.n_cached = s->n_cached, .cont = s->cont, .have_prev = s->fn_n > 0, .same_shape = s->fn_n == n};
+    bc_counts c = {.n_cached = s->n_cached, .cont = s->cont, .have_prev = s->have_prev, .same_shape = s->fn_n == n};
     int d = bc_decide(&bc->spec, thr, &c, bc->step, &diff);
     if (d == BC_MEASURE) {
         double sa = 0, sd = 0;
         for (int64_t i = 0; i < n; i++) sa += fabs((double)s->fn_prev[i] - r[i]), sd += fabs((double)s->fn_prev[i]);
-        diff = bc_ratio(sa, sd, n, MPI_COMM_NULL);
+        diff = bc_ratio(sa, sd, n, bc->sp);
         d = diff < thr ? BC_CACHE : BC_COMPUTE;   /* strict '<' */
     }
     /* threshold >= 1 caches without comparing shapes: a stored residual of
@@ -203,14 +222,20 @@ static int decide(block_cache *bc, int g, bc_state *s, const float *r, int64_t n
     int64_t held = bc->spec.taylorseer ? s->taylor.n : s->res_n;
     if (d == BC_CACHE && held != xn) d = BC_COMPUTE;
     /* Every rank of a TP group holds the same stream after the block's
-     * all-reduce, so every rank computed the same d. The agreement below
-     * makes that a guarantee, not an assumption: if the ranks ever differ
-     * (a backend that all-reduces in another order per rank), all of them
-     * compute, and the run goes on in lockstep (the next collective would
-     * otherwise hang). */
-    if (bc->agree != MPI_COMM_NULL) {
+     * all-reduce, and the ranks of an SP group share one ratio (bc_ratio),
+     * so every rank computed the same d. The agreement below makes that a
+     * guarantee, not an assumption: if the ranks ever differ (a backend
+     * that all-reduces in another order per rank), all of them compute,
+     * and the run goes on in lockstep (the next collective would otherwise
+     * hang). Over the TP group first, then over the SP positions: each
+     * TP rank's SP group then sees the same TP-agreed values. The two
+     * halves of CFG parallelism keep apart, as the serial run's two
+     * branches do. */
+    MPI_Comm over[2] = {bc->agree, bc->sp};
+    for (int k = 0; k < 2; k++) {
+        if (over[k] == MPI_COMM_NULL) continue;
         int v[2] = {d, -d};
-        if (MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MAX, bc->agree) != MPI_SUCCESS)
+        if (MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MAX, over[k]) != MPI_SUCCESS)
             return tp_error("block cache: agreeing on the decision failed");
         if (v[0] != -v[1]) d = BC_COMPUTE, bc->log.disagreements++;
     }
@@ -287,6 +312,7 @@ int block_cache_run(block_cache *bc, int g, int n, tensor *x, int64_t r0, int64_
             s->fn_n = pn;
         }
         memcpy(s->fn_prev, r, (size_t)pn * sizeof *r);
+        s->have_prev = 1;
         if (run_middle(bc, s, x, xn, bf16, sp->fn, n - sp->bn, run, ctx)) return -1;
     }
     uint64_t held = state_bytes(bc) + (uint64_t)(bc->probe_cap + bc->before_cap + bc->cur_cap) * sizeof(float);

@@ -75,8 +75,8 @@ typedef struct bc_counts {
 } bc_counts;
 int bc_decide(const bc_spec *s, double thr, const bc_counts *c, int step, double *code);
 /* diff = mean|prev - r| / mean|prev| from the sums over this rank's
- * elements; the one place a sequence-parallel group would all-reduce its
- * sums and counts (TP ranks hold the whole, replicated tensor). */
+ * elements, added up over the sequence-parallel group sp (MPI_COMM_NULL:
+ * none; TP ranks hold the whole, replicated tensor). Collective over sp. */
 double bc_ratio(double sum_absdiff, double sum_absprev, int64_t count, MPI_Comm sp);
 
 /* TaylorSeer (spec §5) on one stream of n floats, order k. */
@@ -91,11 +91,18 @@ void bc_taylor_approx(const bc_taylor *t, int step, float *out);
 typedef struct block_cache block_cache;
 /* A fresh cache for one image of `steps` steps and `branches` (1, or 2
  * with CFG). agree: the TP group, over which each decision is agreed
- * (MPI_COMM_NULL: one rank). NULL when s is off. */
-block_cache *block_cache_new(const bc_spec *s, int steps, int branches, MPI_Comm agree);
+ * (MPI_COMM_NULL: one rank); sp: the SP group of Ulysses sequence
+ * parallelism (MPI_COMM_NULL: none), over which the residual sums add up
+ * and the decision is agreed too. NULL when s is off. */
+block_cache *block_cache_new(const bc_spec *s, int steps, int branches, MPI_Comm agree, MPI_Comm sp);
 void block_cache_free(block_cache *bc);
 /* Before each transformer call: the denoising step and the CFG branch. */
 void block_cache_call(block_cache *bc, int step, int branch);
+/* CFG parallelism: the two halves of the job group each ran one branch
+ * (cfg rank r: branch r); give each half the other's record of decisions
+ * and residual diffs, so that the log is the serial run's. Collective over
+ * cfg (2 ranks). */
+int block_cache_share_branches(block_cache *bc, MPI_Comm cfg);
 /* Move the record of the image into *out (bc stays usable). */
 void block_cache_take_log(block_cache *bc, bc_log *out);
 

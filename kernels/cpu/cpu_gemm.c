@@ -24,6 +24,7 @@
 #include "cpu_gemm_packed.h"
 #include "cpu_gemm_qdot.h"
 #include <cblas.h>
+#include <string.h>
 #include <stdlib.h>
 
 static cpu_route g_route = CPU_ROUTE_AUTO;
@@ -45,10 +46,29 @@ static float *bias_f32(const tensor *bias, int64_t N, int *owned) {
     return b;
 }
 
+/* OpenBLAS takes its "small matrix" kernels below about 1.5e5 = M·N·K
+ * (measured, 0.3.x on AVX-512), and they round differently from its
+ * blocked kernels, so a row's result would depend on how many rows come
+ * with it: a sequence-parallel rank's slice would differ from the one-rank
+ * forward. Below SMALL_MNK the rows are padded with zeros up to it, so every
+ * call runs the blocked kernels, whose rows do not depend on M. */
+#define SMALL_MNK ((int64_t)1 << 20)
+
+static void gemm_f32_padded(tensor *y, const tensor *x, const tensor *w) {
+    int64_t M = x->rows, N = w->rows, K = x->cols, Mp = (SMALL_MNK + N * K - 1) / (N * K);
+    float *xp = xcalloc((size_t)(Mp * K), sizeof *xp), *yp = xmalloc((size_t)(Mp * N) * sizeof *yp);
+    for (int64_t r = 0; r < M; r++) memcpy(xp + r * K, row_ptr(x, r), (size_t)K * sizeof *xp);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Mp, (int)N, (int)K, 1.0f, xp, (int)K, w->data,
+                (int)w->ld, 0.0f, yp, (int)N);
+    for (int64_t r = 0; r < M; r++) memcpy(row_ptr(y, r), yp + r * N, (size_t)N * sizeof *yp);
+    free(xp), free(yp);
+}
+
 static void gemm_f32_direct(tensor *y, const tensor *x, const tensor *w, const float *bias) {
     int64_t M = x->rows, N = w->rows, K = x->cols;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x->data, (int)x->ld,
-                w->data, (int)w->ld, 0.0f, y->data, (int)y->ld);
+    if (M * N * K < SMALL_MNK) gemm_f32_padded(y, x, w);
+    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x->data, (int)x->ld,
+                     w->data, (int)w->ld, 0.0f, y->data, (int)y->ld);
     if (!bias) return;
 #pragma omp parallel for if (M * N > CPU_PAR_MIN)
     for (int64_t r = 0; r < M; r++) {

@@ -70,6 +70,47 @@ static int nccl_bcast(comm *c, tensor *t, int root) {
     return r == ncclSuccess ? 0 : nccl_error("broadcast", r);
 }
 
+static size_t nccl_part(const comm *c, const tensor *t, const char *what) {
+    size_t n = tensor_nbytes(t);
+    if (!tensor_contiguous(t)) tp_fatal("comm %s: tensor must be contiguous", what);
+    if (n % ((size_t)c->size * dtype_size(t->dtype))) tp_fatal("comm %s: %zu bytes do not split into %d parts", what, n, c->size);
+    return n / (size_t)c->size;
+}
+
+/* in place: NCCL's in-place all-gather takes the rank's own part at its offset of the output */
+static int nccl_allgather(comm *c, tensor *t) {
+    size_t part = nccl_part(c, t, "all-gather");
+    if (c->size == 1) return 0;
+    nccl_impl *m = c->impl;
+    char *base = t->data;
+    ncclResult_t r = ncclAllGather(base + (size_t)c->rank * part, base, part, ncclUint8, m->nccl, cuda_stream(c->be));
+    return r == ncclSuccess ? 0 : nccl_error("all-gather", r);
+}
+
+/* NCCL has no all-to-all: one group of a send and a receive per peer (its own
+ * part is a device copy), which NCCL runs as one fused operation */
+static int nccl_alltoall(comm *c, const tensor *in, tensor *out) {
+    size_t part = nccl_part(c, in, "all-to-all");
+    if (tensor_nbytes(out) != tensor_nbytes(in) || !tensor_contiguous(out))
+        tp_fatal("comm all-to-all: the output must be contiguous and as large as the input");
+    nccl_impl *m = c->impl;
+    cudaStream_t s = cuda_stream(c->be);
+    const char *src = in->data;
+    char *dst = out->data;
+    if (cudaMemcpyAsync(dst + (size_t)c->rank * part, src + (size_t)c->rank * part, part, cudaMemcpyDeviceToDevice, s) !=
+        cudaSuccess)
+        return tp_error("all-to-all: copying the rank's own part failed: %s", cudaGetErrorString(cudaGetLastError()));
+    ncclResult_t r = ncclGroupStart();
+    for (int peer = 0; peer < c->size && r == ncclSuccess; peer++) {
+        if (peer == c->rank) continue;
+        r = ncclSend(src + (size_t)peer * part, part, ncclUint8, peer, m->nccl, s);
+        if (r == ncclSuccess) r = ncclRecv(dst + (size_t)peer * part, part, ncclUint8, peer, m->nccl, s);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (r == ncclSuccess) r = e;
+    return r == ncclSuccess ? 0 : nccl_error("all-to-all (grouped send/recv)", r);
+}
+
 static void nccl_destroy(comm *c) {
     nccl_impl *m = c->impl;
     cudaStreamSynchronize(cuda_stream(c->be));
@@ -83,7 +124,9 @@ static void nccl_destroy(comm *c) {
     free(c);
 }
 
-static const comm_vtable k_nccl_vt = {"nccl", nccl_allreduce, nccl_bcast, nccl_destroy};
+static const comm_vtable k_nccl_vt = {.name = "nccl", .allreduce_sum = nccl_allreduce, .bcast = nccl_bcast,
+                                      .destroy = nccl_destroy, .allgather = nccl_allgather,
+                                      .alltoall = nccl_alltoall};
 
 /* A GPU's identity: its UUID (what nvidia-smi -L prints), else its PCI bus
  * id. Device numbers do not identify GPUs: under Slurm's --gpus-per-task=1 or

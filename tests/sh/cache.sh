@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 80 s; checks: 47
+# budget: 95 s; checks: 52
 # Block caching (--cache, docs/cache.md) against cache-dit 1.5.3 (the golden
 # set flux2-cache: a tiny FLUX.2, 4 double + 5 single blocks, 16 steps):
 #  - every configuration (dev flow, klein-base CFG flow with separate branch
@@ -8,6 +8,8 @@
 #    and 2: decisions exactly, residual diffs, the latents after every step
 #    and the final latents against cache-dit's (tests/tools/cache_check.py);
 #  - tp 3: the same decisions, no rank disagreement (the decision is agreed);
+#  - the mesh: --sp 2, --cfg-parallel and both, the decisions as cache-dit's and
+#    the latents byte-identical to tp 1;
 #  - --cache off and threshold=0 give files identical to a run without it;
 #  - a batch of three images: each one equals the same image rendered alone
 #    (the state is fresh for every image);
@@ -81,6 +83,24 @@ for c in m3dev:fn=1,bn=0,warmup=2,threshold=0.1 m3cfg:fn=1,bn=0,warmup=2,thresho
     if [ "$d1" = "$d3" ] && echo "$d3" | grep -q 'K.*disagreements 0$'; then
         ok "cache ${f#m3} tp=3 --cache $spec: decisions agreed on every rank, equal to tp 1's ($d3)"
     else fail "cache ${f#m3} tp=3 --cache $spec: tp 3 $d3, tp 1 $d1; $(tail -2 "$TMP/t3.log" | tr '\n' ' ')"; fi
+done
+
+# --- the parallel mesh (docs/parallel.md): Ulysses SP ranks hold different token rows, so the residual sums
+# add up over the SP group and the decision is agreed over it; CFG parallelism keeps each branch's state on
+# its half. Decisions as cache-dit's, and the latents byte-identical to the tp 1 run above (SP and CFG
+# parallelism change no arithmetic) ---
+for c in "dev_F1B0_W2_R0.105:2:--sp 2" "dev_F1B0_W4_R0.095_TS2:2:--sp 2" "cfg_F1B0_W2_R0.09:2:--sp 2" \
+         "cfg_F1B0_W2_R0.09:2:--cfg-parallel" "cfg_F1B0_W4_R0.09_TS1:4:--cfg-parallel --sp 2"; do
+    IFS=: read -r cfg np mesh <<< "$c"
+    spec=$(echo "$CONFIGS" | sed -n "s/^$cfg://p")
+    o=$TMP/$cfg-mesh$np
+    # shellcheck disable=SC2086
+    if ! gen "$np" "${cfg%%_*}" "$o" --cache "$spec" $mesh >"$o.log" 2>&1 </dev/null; then
+        fail "cache $cfg $mesh: generate: $(tail -3 "$o.log" | tr '\n' ' ')"; continue
+    fi
+    r=$($CHECK "$G" "$cfg" "$o.json" "$o.st" 2>&1) && cmp -s "$o.st" "$TMP/$cfg-1.st" \
+        && ok "cache $cfg $mesh (np $np): as cache-dit, latents byte-identical to tp 1 ($r)" \
+        || fail "cache $cfg $mesh (np $np): $r; $(cmp "$o.st" "$TMP/$cfg-1.st" 2>&1)"
 done
 
 # --- off and threshold=0 are the uncached run, bit for bit ---

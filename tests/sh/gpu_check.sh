@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 30 s; checks: 7
+# budget: 40 s; checks: 7
 # scripts/gpu-check.sh without a GPU: the size budget of what the device tool
 # sends (tree + bundle), the dry run (GPU_CHECK_BACKEND=cpu: every GPU step a
 # SKIP row, the golden and multi-rank steps on the CPU backend, exit 0), and a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 40 s; checks: 13
+# budget: 45 s; checks: 14
 # `tpgen generate --preview-every K --preview PATTERN` (and the run-spec keys)
 # on a make-tiny model at tp 2: the number of preview files and their sizes
 # (4 steps with K = 2: after steps 2 and 4; K = 3: after step 3), {step},
@@ -32,6 +32,18 @@ cmp -s <(png_pixels "$TMP/p/0-7-04.png") <(png_pixels "$TMP/img.png") &&
     ok "progress stays one line per step (4 lines, no preview lines)" || fail "progress lines: $(echo "$out" | grep -c 'step')"
 echo "$out" | grep -q "2 previews, [0-9.]* s each to decode" && ok "the summary counts the previews and their decode time" ||
     fail "summary: $(echo "$out" | grep denoise)"
+
+# the mesh: with --sp 2 the job group's first rank writes the previews (the other TP group's first rank holds no
+# image); Ulysses SP changes no arithmetic, so they are one rank's, pixel for pixel
+mkdir -p "$TMP/s1" "$TMP/s2"
+$MPIRUN -np 1 $TPGEN --model "$M" --prompt "a fox" --width 64 --height 48 --steps 4 --seed 7 --preview-every 2 \
+    --preview "$TMP/s1/{step}.png" --output "$TMP/s1/img.png" >"$TMP/s1.log" 2>&1
+$MPIRUN -np 2 $TPGEN --model "$M" --prompt "a fox" --width 64 --height 48 --steps 4 --seed 7 --preview-every 2 \
+    --preview "$TMP/s2/{step}.png" --output "$TMP/s2/img.png" --sp 2 >"$TMP/s2.log" 2>&1
+[ "$(ls "$TMP/s2" | tr '\n' ' ')" = "2.png 4.png img.png " ] && cmp -s <(png_pixels "$TMP/s1/2.png") <(png_pixels "$TMP/s2/2.png") &&
+    cmp -s <(png_pixels "$TMP/s1/img.png") <(png_pixels "$TMP/s2/img.png") &&
+    ok "--sp 2: two previews, pixel-identical to one rank's" ||
+    fail "--sp 2 previews: $(ls "$TMP/s2" | tr '\n' ' ') $(tail -2 "$TMP/s2.log")"
 
 # run-spec keys, two seeds, K = 3: one preview per job (after step 3 of 4)
 printf 'prompts: ["a fox"]\nseeds: [5, 6]\nwidth: 32\nheight: 32\nsteps: 4\npreview_every: 3\npreview: %s/q/{index}-{seed}-{step}.png\noutput: %s/o-{index}.png\n' "$TMP" "$TMP" >"$TMP/spec.yaml"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 110 s; checks: 18
+# budget: 130 s; checks: 20
 # A two-node Slurm cluster built from Linux namespaces on this one host, and
 # tpgen across it. Each node is a network namespace (its own lo and one end
 # of a veth pair, 10.77.0.1 and 10.77.0.2) plus a UTS and a private mount
@@ -11,6 +11,8 @@
 # munged (one key) and slurmd run in each node, slurmctld in node1; jobs are
 # submitted from node1. It runs:
 #   - TP 2 across the nodes (one rank per node): the PNG equals mpirun -np 2;
+#   - the mesh: SP 2 across the nodes x TP 2 inside each (2 ranks a node) equals
+#     the same mesh on one machine, and SP 2 alone the one-rank PNG;
 #   - DP 2 x TP 1 across them: each job rendered once, each by its node;
 #   - scripts/slurm-batch.sbatch and scripts/slurm-serve.sbatch unchanged
 #     with -N 2 (the request is sent with curl from inside node1's network
@@ -218,6 +220,36 @@ rc=$?
 [ $rc = 0 ] && cmp -s "$D/n1/out/tp2.png" "$W/ref.png" &&
     ok "twonode: TP 2 across the nodes: the PNG equals mpirun -np 2 on one machine byte for byte ($(s_it "$W/tp2.log") s/it against $(s_it "$W/ref.log") s/it)" ||
     fail "twonode: TP 2 across the nodes: rc $rc, $(cmp "$D/n1/out/tp2.png" "$W/ref.png" 2>&1) $(tail -3 "$W/tp2.log")"
+
+# --- the mesh across the nodes: 2 ranks per node, TP 2 inside each node, Ulysses SP 2 across them (world =
+# sp x tp, tp innermost: ranks 0-1 on node1 are one TP group, 2-3 on node2 the other): the PNG equals the same
+# mesh on one machine, and with --sp 2 alone the one-rank PNG ---
+$MPIRUN -np 4 "$TPGEN" "${args[@]}" --sp 2 --tp 2 --output "$W/mesh-ref.png" >"$W/mesh-ref.log" 2>&1 ||
+    fail "twonode: mpirun -np 4 --sp 2 --tp 2 reference failed: $(tail -3 "$W/mesh-ref.log")"
+on 1 timeout 150 srun -N 2 --ntasks-per-node=2 --cpus-per-task=1 --mpi=pmix --kill-on-bad-exit=1 \
+    bash -c 'echo "$SLURM_PROCID $(hostname)" >"out/mesh-host-$SLURM_PROCID"; exec "$@"' \
+    tpgen "$TPGEN" "${args[@]}" --sp 2 --tp 2 --output out/mesh.png >"$W/mesh.log" 2>&1
+rc=$?
+hosts=$(cat "$D/n1/out"/mesh-host-* "$D/n2/out"/mesh-host-* 2>/dev/null | sort | tr '\n' ' ')
+[ $rc = 0 ] && [ "$hosts" = "0 node1 1 node1 2 node2 3 node2 " ] && cmp -s "$D/n1/out/mesh.png" "$W/mesh-ref.png" &&
+    ok "twonode: sp 2 across the nodes x tp 2 inside each: ranks 0-1 on node1, 2-3 on node2, the PNG equals the same mesh on one machine ($(s_it "$W/mesh.log") s/it against $(s_it "$W/mesh-ref.log") s/it)" ||
+    fail "twonode: sp 2 x tp 2 across the nodes: rc $rc, hosts '$hosts', $(cmp "$D/n1/out/mesh.png" "$W/mesh-ref.png" 2>&1) $(tail -3 "$W/mesh.log")"
+"$TPGEN" "${args[@]}" --output "$W/one.png" >"$W/one.log" 2>&1 || fail "twonode: the one-rank reference failed"
+on 1 timeout 150 srun -N 2 --ntasks-per-node=1 --cpus-per-task=1 --mpi=pmix --kill-on-bad-exit=1 \
+    "$TPGEN" "${args[@]}" --sp 2 --output out/sp2.png >"$W/sp2.log" 2>&1
+rc=$?
+# the pixels (IDAT): the parameters text differs by its "mesh:" line
+idat() { python3 -c '
+import hashlib, struct, sys
+b = open(sys.argv[1], "rb").read(); p = 8; h = hashlib.sha256()
+while p < len(b):
+    n, = struct.unpack(">I", b[p:p+4])
+    if b[p+4:p+8] == b"IDAT": h.update(b[p+8:p+8+n])
+    p += 12 + n
+print(h.hexdigest())' "$1" 2>/dev/null; }
+[ $rc = 0 ] && [ -n "$(idat "$W/one.png")" ] && [ "$(idat "$D/n1/out/sp2.png")" = "$(idat "$W/one.png")" ] &&
+    ok "twonode: --sp 2 across the nodes (one rank each): the PNG's pixels equal one rank's byte for byte" ||
+    fail "twonode: --sp 2 across the nodes: rc $rc, pixels differ from one rank's; $(tail -3 "$W/sp2.log")"
 
 # --- scripts/slurm-batch.sbatch unchanged, -N 2 x 1 task: DP 2 x TP 1, each job once, by its node ---
 cat >"$W/batch.yaml" <<EOF

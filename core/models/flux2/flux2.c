@@ -397,6 +397,7 @@ void flux2_free(flux2_model *m) {
 const flux2_config *flux2_get_config(const flux2_model *m) { return &m->cfg; }
 dtype_t flux2_precision(const flux2_model *m) { return m->act; }
 comm *flux2_comm(const flux2_model *m) { return m->comm; }
+comm *flux2_sp_comm(const flux2_model *m) { return m->sp_comm; }
 backend *flux2_backend(const flux2_model *m) { return m->be; }
 void flux2_set_fused_allreduce(flux2_model *m, int on) { m->fused_allreduce = on; }
 void flux2_set_profiling(flux2_model *m, int on) { m->profiling = on; }

@@ -112,6 +112,14 @@ void flux2_free(flux2_model *m);
 const flux2_config *flux2_get_config(const flux2_model *m);
 dtype_t flux2_precision(const flux2_model *m);
 struct comm *flux2_comm(const flux2_model *m);
+/* The SP group set by flux2_set_sp (NULL: none). */
+struct comm *flux2_sp_comm(const flux2_model *m);
+/* Ulysses sequence parallelism over the group of `sp` (NULL or one rank:
+ * none): each forward then runs this rank's slices of the text and image
+ * tokens (core/dist/ulysses.h) and gathers the output; every rank of the
+ * group must hold the same TP shard. The local heads must split over it.
+ * The result is the one-rank forward's, bit for bit. */
+int flux2_set_sp(flux2_model *m, struct comm *sp);
 struct backend *flux2_backend(const flux2_model *m);
 /* The block cache the next forwards run their block groups through
  * (core/models/block_cache.h; NULL: none). Not owned. */

@@ -71,8 +71,7 @@ static int block_attention(flux2_model *m, flux2_ws *ws, tensor *o, tensor *q, t
         flux2_attention(m, o, q, ws->kcat, ws->vcat);
         return 0;
     }
-    flux2_attention(m, o, q, k, v);
-    return 0;
+    return flux2_attention_seq(m, o, q, k, v);
 }
 
 /* y_rows = LN(x_rows) * (1 + scale) + shift for one stream */
@@ -143,7 +142,7 @@ int flux2_double_block(flux2_model *m, const flux2_double_w *w, flux2_ws *ws) {
     qk_norm(m, &q, &k, L, N, w->norm_q, w->norm_k);
     rope_qk(m, &q, &k);
     tensor o = tensor_cols(ws->cat, 0, Dl);
-    block_attention(m, ws, &o, &q, &k, &v);
+    if (block_attention(m, ws, &o, &q, &k, &v)) return -1;
     tensor o_txt = tensor_rows(&o, 0, L), o_img = tensor_rows(&o, L, N);
     tensor p_txt = tensor_rows(ws->part, 0, L), p_img = tensor_rows(ws->part, L, N);
     flux2_gemm(m, &p_txt, &o_txt, w->to_add_out);
@@ -183,7 +182,7 @@ int flux2_single_block(flux2_model *m, const flux2_single_w *w, flux2_ws *ws) {
     qk_norm(m, &q, &k, 0, ws->S, w->norm_q, w->norm_k);
     rope_qk(m, &q, &k);
     tensor o = tensor_cols(ws->cat, 0, Dl), h = tensor_cols(ws->cat, Dl, Ml);
-    block_attention(m, ws, &o, &q, &k, &v);
+    if (block_attention(m, ws, &o, &q, &k, &v)) return -1;
     op_swiglu(m->be, &h, &g, &u);
     flux2_gemm(m, ws->part, ws->cat, w->to_out);
     if (flux2_allreduce(m, ws->part)) return -1;

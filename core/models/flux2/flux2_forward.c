@@ -17,8 +17,9 @@ static void ws_free(flux2_ws *ws) {
     if (!ws) return;
     tensor *all[] = {ws->x, ws->nrm, ws->proj, ws->cat, ws->part, ws->xin, ws->out, ws->temb, ws->silu_temb,
                      ws->hid, ws->sinus, ws->mod_img, ws->mod_txt, ws->mod_single, ws->mod_out,
-                     ws->mod_img_ref, ws->mod_single_ref, ws->kcat, ws->vcat};
+                     ws->mod_img_ref, ws->mod_single_ref, ws->kcat, ws->vcat, ws->out_full};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
+    ulysses_bufs_free(&ws->ub);
     free(ws);
 }
 
@@ -42,6 +43,52 @@ static flux2_ws *ws_get(flux2_model *m, int64_t N, int64_t L) {
             return NULL;
         }
     return m->ws = ws;
+}
+
+/* The workspace of a forward over N image and L text tokens: with sequence
+ * parallelism this rank's slices of each (ulysses.h), where they start, and
+ * the buffer the output rows are gathered into. */
+static flux2_ws *ws_for(flux2_model *m, int64_t N, int64_t L) {
+    if (m->sp <= 1) {
+        flux2_ws *ws = ws_get(m, N, L);
+        if (ws) ws->l0 = ws->n0 = 0, ws->N_full = N;
+        return ws;
+    }
+    int sp = m->sp, r = m->sp_rank;
+    flux2_ws *ws = ws_get(m, ulysses_rows(N, sp, r), ulysses_rows(L, sp, r));
+    if (!ws) return NULL;
+    ws->lay = (ulysses_layout){.sp = sp, .rank = r, .nseg = 2, .total = {L, N}};
+    ws->l0 = ulysses_first(L, sp, r), ws->n0 = ulysses_first(N, sp, r);
+    if (ulysses_reserve(&ws->ub, &ws->lay, m->Dl, m->act, m->be)) return NULL;
+    if (!ws->out_full || ws->out_full->rows != N) {
+        tensor_free(ws->out_full);
+        if (!(ws->out_full = tensor_new(m->be, m->act, N, m->cfg.out_dim))) {
+            tp_error_context("flux2: the gathered output of %lld image tokens", (long long)N);
+            return NULL;
+        }
+    }
+    ws->N_full = N;
+    return ws;
+}
+
+/* The image rows' output of every SP rank, into out_full (on every rank) */
+static const tensor *whole_output(flux2_model *m, flux2_ws *ws) {
+    if (m->sp <= 1) return ws->out;
+    ulysses_layout img = {.sp = m->sp, .rank = m->sp_rank, .nseg = 1, .total = {ws->N_full}};
+    return ulysses_gather(m->sp_comm, &img, ws->out, ws->out_full) ? NULL : ws->out_full;
+}
+
+int flux2_set_sp(flux2_model *m, comm *sp) {
+    if (!sp || sp->size <= 1) {
+        m->sp_comm = NULL, m->sp = 1, m->sp_rank = 0;
+        return 0;
+    }
+    if (m->heads_local % sp->size)
+        return tp_error("flux2: %d heads per TP rank do not split over sequence-parallel degree %d", m->heads_local,
+                        sp->size);
+    m->sp_comm = sp, m->sp = sp->size, m->sp_rank = sp->rank;
+    flux2_release_caches(m);
+    return 0;
 }
 
 void flux2_release_caches(flux2_model *m) {
@@ -145,10 +192,12 @@ static int rope_tables(flux2_model *m, const int32_t *txt_ids, int64_t L, const 
 
 int flux2_prepare(flux2_model *m, int64_t N, const int32_t *img_ids, const float *txt, int64_t L, const int32_t *txt_ids,
                   const float *txt2, int64_t L2) {
-    if (!ws_get(m, N, L)) return -1;
+    flux2_ws *ws = ws_for(m, N, L);
+    if (!ws) return -1;
     if (!text_projection(m, txt, L) || (txt2 && !text_projection(m, txt2, L2)))
         return tp_error_context("flux2: the context projection of %lld text tokens", (long long)L);
-    return img_ids && rope_tables(m, txt_ids, L, img_ids, N) ? tp_error_context("flux2: RoPE tables") : 0;
+    return img_ids && rope_tables(m, txt_ids + ws->l0 * 4, ws->L, img_ids + ws->n0 * 4, ws->N)
+               ? tp_error_context("flux2: RoPE tables") : 0;
 }
 
 /* ---- embeddings and modulation ---- */
@@ -242,11 +291,12 @@ static int forward_body(flux2_model *m, flux2_ws *ws, const float *x, const int3
     int64_t N = ws->N, L = ws->L, D = m->cfg.D;
     if (time_embedding(m, ws, timestep, guidance)) return -1;
     if (ws->kv_mode == FLUX2_KV_EXTRACT && ws->R && ref_modulation(m, ws, ws->ref_t, guidance)) return -1;
-    const tensor *tp = text_projection(m, txt, L);
-    if (!tp || rope_tables(m, txt_ids, L, img_ids, N)) return -1;
-    tensor x_txt = tensor_rows(ws->x, 0, L), x_img = tensor_rows(ws->x, L, N);
-    op_copy(m->be, &x_txt, tp);
-    if (tensor_upload_f32(ws->xin, x)) return -1;
+    /* with sequence parallelism: this rank's rows (ws_for), from l0 and n0 of the whole inputs */
+    const tensor *tp = text_projection(m, txt, ws->lay.sp > 1 ? ws->lay.total[0] : L);
+    if (!tp || rope_tables(m, txt_ids + ws->l0 * 4, L, img_ids + ws->n0 * 4, N)) return -1;
+    tensor x_txt = tensor_rows(ws->x, 0, L), x_img = tensor_rows(ws->x, L, N), t_rows = tensor_rows(tp, ws->l0, L);
+    if (L) op_copy(m->be, &x_txt, &t_rows);
+    if (tensor_upload_f32(ws->xin, x + ws->n0 * m->cfg.in_channels)) return -1;
     flux2_gemm(m, &x_img, ws->xin, m->x_emb);
     /* the two block groups, each through the block cache's loop (plain
      * without --cache): the double group's Fn residual is measured on the
@@ -271,11 +321,12 @@ int flux2_forward(flux2_model *m, const float *x, int64_t N, const int32_t *img_
                   const int32_t *txt_ids, float timestep, const float *guidance, float *out) {
     if (check_args(m, x, N, img_ids, txt, L, txt_ids, timestep, out)) return -1;
     double t0 = MPI_Wtime();
-    flux2_ws *ws = ws_get(m, N, L);
+    flux2_ws *ws = ws_for(m, N, L);
     if (!ws) return -1;
     ws->kv_mode = FLUX2_KV_NONE, ws->R = 0, ws->kv = NULL;
-    if (forward_body(m, ws, x, img_ids, txt, txt_ids, timestep, guidance) || tensor_download_f32(ws->out, out) ||
-        be_sync(m->be))
+    const tensor *o = NULL;
+    if (forward_body(m, ws, x, img_ids, txt, txt_ids, timestep, guidance) || !(o = whole_output(m, ws)) ||
+        tensor_download_f32(o, out) || be_sync(m->be))
         return tp_error_context("flux2 forward");
     m->stats.forwards++;
     m->stats.seconds += MPI_Wtime() - t0;
@@ -316,6 +367,8 @@ int flux2_forward_kv(flux2_model *m, int mode, flux2_kv_cache *kv, const float *
                      const float *guidance, float ref_timestep, float *out) {
     if (mode == FLUX2_KV_NONE || !kv)
         return flux2_forward(m, x, N, img_ids, txt, L, txt_ids, timestep, guidance, out);
+    if (m->sp > 1)
+        return tp_error("flux2 forward: KV-cached references do not run with sequence parallelism yet (use --sp 1)");
     if (check_args(m, x, N, img_ids, txt, L, txt_ids, timestep, out)) return -1;
     if (mode == FLUX2_KV_EXTRACT && (R < 1 || R >= N))
         return tp_error("flux2 forward (KV extract): %lld reference tokens of %lld image rows; need 0 < R < N",

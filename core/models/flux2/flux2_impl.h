@@ -8,6 +8,7 @@
 #ifndef TPGEN_FLUX2_IMPL_H
 #define TPGEN_FLUX2_IMPL_H
 #include "flux2.h"
+#include "core/dist/ulysses.h"
 #include "kernels/comm.h"
 #include "core/models/block_cache.h"
 #include "kernels/ops.h"
@@ -40,6 +41,8 @@ struct flux2_model {
     dtype_t act;               /* DT_F32 or DT_BF16: activations and weights */
     int tp, rank;
     int heads_local;
+    comm *sp_comm;             /* Ulysses SP group (flux2_set_sp); NULL: none */
+    int sp, sp_rank;
     int64_t Dl, Ml;            /* D/tp, M/tp */
     int fused_allreduce, profiling, exact_time;
 
@@ -70,7 +73,12 @@ struct flux2_model {
 /* Activation buffers of one forward shape (N image, L text tokens, S = L+N),
  * in the activation dtype. The joint rows are always text first. */
 typedef struct flux2_ws {
-    int64_t N, L, S;
+    int64_t N, L, S;  /* this rank's rows: with SP its slices of the text and image tokens */
+    /* sequence parallelism: the layout (text, image), where this rank's slices start, the whole output */
+    ulysses_layout lay;
+    ulysses_bufs ub;  /* the all-to-all's buffers, reserved in ws_for (the prepare step) */
+    int64_t l0, n0, N_full;
+    tensor *out_full; /* [N_full, out_dim] */
     tensor *x;        /* [S, D]  residual stream */
     tensor *nrm;      /* [S, D]  modulated LayerNorm output */
     tensor *proj;     /* [S, 3Dl + 2Ml]  Q|K|V (double), Q|K|V|gate|up (single), MLP in (double) */
@@ -105,6 +113,9 @@ void flux2_release_caches(flux2_model *m);
 void flux2_gemm(flux2_model *m, tensor *y, const tensor *x, const tensor *w);
 int flux2_allreduce(flux2_model *m, tensor *t);
 void flux2_attention(flux2_model *m, tensor *o, const tensor *q, const tensor *k, const tensor *v);
+/* attention over the joint sequence of the forward: with sequence
+ * parallelism the all-to-all around flux2_attention (core/dist/ulysses.h) */
+int flux2_attention_seq(flux2_model *m, tensor *o, const tensor *q, const tensor *k, const tensor *v);
 
 /* flux2_blocks.c: one block on the workspace, in place on ws->x */
 int flux2_double_block(flux2_model *m, const flux2_double_w *w, flux2_ws *ws);

@@ -29,13 +29,27 @@ int flux2_allreduce(flux2_model *m, tensor *t) {
                                  (long long)t->cols) : 0;
 }
 
+/* over the heads in q's columns: this rank's, or with SP its share of them */
 void flux2_attention(flux2_model *m, tensor *o, const tensor *q, const tensor *k, const tensor *v) {
-    attn_params p = {.n_q_heads = m->heads_local, .n_kv_heads = m->heads_local, .head_dim = m->cfg.head_dim,
+    int heads = (int)(q->cols / m->cfg.head_dim);
+    attn_params p = {.n_q_heads = heads, .n_kv_heads = heads, .head_dim = m->cfg.head_dim,
                      .scale = 1.0f / sqrtf((float)m->cfg.head_dim)};
     if (m->profiling) be_sync(m->be);
     double t0 = MPI_Wtime();
     op_attention(m->be, o, q, k, v, &p);
     if (m->profiling) be_sync(m->be);
     m->stats.attention_seconds += MPI_Wtime() - t0;
-    m->stats.attention_flops += 4.0 * (double)q->rows * (double)k->rows * m->cfg.head_dim * m->heads_local;
+    m->stats.attention_flops += 4.0 * (double)q->rows * (double)k->rows * m->cfg.head_dim * heads;
+}
+
+static void attention_cb(void *ctx, tensor *o, const tensor *q, const tensor *k, const tensor *v) {
+    flux2_attention(ctx, o, q, k, v);
+}
+
+int flux2_attention_seq(flux2_model *m, tensor *o, const tensor *q, const tensor *k, const tensor *v) {
+    if (m->sp <= 1) {
+        flux2_attention(m, o, q, k, v);
+        return 0;
+    }
+    return ulysses_attention(m->sp_comm, &m->ws->lay, m->cfg.head_dim, &m->ws->ub, o, q, k, v, attention_cb, m);
 }

@@ -181,11 +181,19 @@ int flux3_forward(flux3_model *m, const flux3_inputs *in, float *out);
 int flux3_prepare(flux3_model *m, int64_t L, int64_t N, int64_t R);
 /* The model's comm (NULL when it has none). */
 struct comm *flux3_comm(const flux3_model *m);
+/* The SP group set by flux3_set_sp (NULL: none). */
+struct comm *flux3_sp_comm(const flux3_model *m);
 /* The block cache the next forwards run their two block groups (mode
  * blocks, single blocks) through (core/models/block_cache.h; NULL: none).
  * Not owned. */
 struct block_cache;
 void flux3_set_block_cache(flux3_model *m, struct block_cache *bc);
+/* Ulysses sequence parallelism over the group of `sp` (NULL or one rank:
+ * none), as flux2_set_sp: each rank runs its slices of every mode's tokens,
+ * the mode blocks' attention within a mode and the single blocks' over the
+ * joint sequence go through the all-to-all; the result is the one-rank
+ * forward's, bit for bit. */
+int flux3_set_sp(flux3_model *m, struct comm *sp);
 
 /* Per-forward counters, accumulated until flux3_reset_stats. The
  * all-reduce time includes waiting for the slowest rank. */

@@ -21,11 +21,28 @@ void flux3_gemm(flux3_model *m, tensor *y, const tensor *x, const tensor *w) {
     m->stats.gemm_flops += 2.0 * (double)x->rows * (double)x->cols * (double)w->rows;
 }
 
+/* over the heads in q's columns: this rank's, or with SP its share of them */
 void flux3_attention(flux3_model *m, tensor *o, const tensor *q, const tensor *k, const tensor *v) {
-    attn_params p = {.n_q_heads = m->heads_local, .n_kv_heads = m->heads_local, .head_dim = m->cfg.head_dim,
+    int heads = (int)(q->cols / m->cfg.head_dim);
+    attn_params p = {.n_q_heads = heads, .n_kv_heads = heads, .head_dim = m->cfg.head_dim,
                      .scale = 1.0f / sqrtf((float)m->cfg.head_dim)};
     op_attention(m->be, o, q, k, v, &p);
-    m->stats.attention_flops += 4.0 * (double)q->rows * (double)k->rows * m->cfg.head_dim * m->heads_local;
+    m->stats.attention_flops += 4.0 * (double)q->rows * (double)k->rows * m->cfg.head_dim * heads;
+}
+
+static void attention_cb(void *ctx, tensor *o, const tensor *q, const tensor *k, const tensor *v) {
+    flux3_attention(ctx, o, q, k, v);
+}
+
+int flux3_attention_seq(flux3_model *m, int mode, tensor *o, const tensor *q, const tensor *k, const tensor *v) {
+    if (m->sp <= 1) {
+        flux3_attention(m, o, q, k, v);
+        return 0;
+    }
+    flux3_ws *ws = m->ws;
+    ulysses_layout l = {.sp = m->sp, .rank = m->sp_rank, .nseg = mode < 0 ? FLUX3_MODES : 1};
+    for (int k2 = 0; k2 < l.nseg; k2++) l.total[k2] = ws->total[mode < 0 ? k2 : mode];
+    return ulysses_attention(m->sp_comm, &l, m->cfg.head_dim, &ws->ub[mode + 1], o, q, k, v, attention_cb, m);
 }
 
 int flux3_allreduce(flux3_model *m, tensor *t) {
@@ -72,7 +89,7 @@ static void qk_norm_rope(flux3_model *m, flux3_ws *ws, const flux3_block_w *w, t
 /* From the modulated rows [r0, r0+n) of ws->nrm to this rank's partial sum
  * of attn_out + ff_out in the same rows of ws->part; the rows attend among
  * themselves. */
-static void attn_ff_rows(flux3_model *m, flux3_ws *ws, const flux3_block_w *w, int64_t r0, int64_t n) {
+static int attn_ff_rows(flux3_model *m, flux3_ws *ws, const flux3_block_w *w, int mode, int64_t r0, int64_t n) {
     int64_t Dl = m->Dl, Ml = m->Ml;
     tensor in = tensor_rows(ws->nrm, r0, n);
     tensor q = tensor_cols(ws->proj, 0, Dl), k = tensor_cols(ws->proj, Dl, Dl), v = tensor_cols(ws->proj, 2 * Dl, Dl);
@@ -86,13 +103,14 @@ static void attn_ff_rows(flux3_model *m, flux3_ws *ws, const flux3_block_w *w, i
     qk_norm_rope(m, ws, w, &q, &k, r0, n);
     tensor crow = tensor_rows(ws->cat, r0, n);
     tensor o = tensor_cols(&crow, 0, Dl), h = tensor_cols(&crow, Dl, Ml);
-    flux3_attention(m, &o, &qr, &kr, &vr);
+    if (flux3_attention_seq(m, mode, &o, &qr, &kr, &vr)) return -1;
     tensor gate = tensor_cols(&ur, 0, Ml), up = tensor_cols(&ur, Ml, Ml);
     op_swiglu(m->be, &h, &gate, &up);
     tensor p = tensor_rows(ws->part, r0, n), p2 = tensor_rows(ws->part2, r0, n);
     flux3_gemm(m, &p, &o, w->to_out);
     flux3_gemm(m, &p2, &h, w->ff_out);
     op_add(m->be, &p, &p, &p2);
+    return 0;
 }
 
 /* nrm rows of mode k = LN(x) * (1 + scale) + shift with the mode's vector */
@@ -116,10 +134,10 @@ static int reduce_and_update(flux3_model *m, flux3_ws *ws, tensor *const *mods) 
 }
 
 int flux3_mode_layer(flux3_model *m, int i, flux3_ws *ws) {
-    for (int k = 0; k < FLUX3_MODES; k++) {
-        if (!ws->n[k]) continue;
+    for (int k = 0; k < FLUX3_MODES; k++) {   /* with SP a mode whose tokens are elsewhere still joins its all-to-all */
+        if (!ws->total[k]) continue;
         ln_mod(m, ws, k, ws->mod_early[k]);
-        attn_ff_rows(m, ws, &m->mode[k][i], ws->r0[k], ws->n[k]);
+        if (attn_ff_rows(m, ws, &m->mode[k][i], k, ws->r0[k], ws->n[k])) return -1;
     }
     return reduce_and_update(m, ws, ws->mod_early);
 }
@@ -127,6 +145,6 @@ int flux3_mode_layer(flux3_model *m, int i, flux3_ws *ws) {
 int flux3_single_block(flux3_model *m, const flux3_block_w *w, flux3_ws *ws) {
     for (int k = 0; k < FLUX3_MODES; k++)
         if (ws->n[k]) ln_mod(m, ws, k, ws->mod_single[k]);
-    attn_ff_rows(m, ws, w, 0, ws->S);
+    if (attn_ff_rows(m, ws, w, -1, 0, ws->S)) return -1;
     return reduce_and_update(m, ws, ws->mod_single);
 }

@@ -47,10 +47,12 @@ void flux3_rope_table_scaled(const flux3_config *cfg, const int32_t *ids, int64_
 static void ws_free(flux3_ws *ws) {
     if (!ws) return;
     tensor *all[] = {ws->x, ws->nrm, ws->proj, ws->cat, ws->part, ws->part2, ws->qk32, ws->out, ws->rope_cos,
-                     ws->rope_sin, ws->sinus, ws->hid, ws->tmp, ws->temb_img, ws->temb_zero, ws->mod_out};
+                     ws->rope_sin, ws->sinus, ws->hid, ws->tmp, ws->temb_img, ws->temb_zero, ws->mod_out,
+                     ws->out_full};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
     for (int k = 0; k < FLUX3_MODES; k++) tensor_free(ws->in[k]), tensor_free(ws->mod_early[k]),
                                            tensor_free(ws->mod_single[k]);
+    for (int k = 0; k <= FLUX3_MODES; k++) ulysses_bufs_free(&ws->ub[k]);
     free(ws);
 }
 
@@ -94,8 +96,54 @@ static flux3_ws *ws_get(flux3_model *m, int64_t L, int64_t N, int64_t R) {
     return m->ws = ws;
 }
 
-int flux3_prepare(flux3_model *m, int64_t L, int64_t N, int64_t R) { return ws_get(m, L, N, R) ? 0 : -1; }
+/* The workspace of a forward over L text, N image and R reference tokens:
+ * with sequence parallelism this rank's slices of each mode (ulysses.h),
+ * where they start, and the buffer the image rows are gathered into. */
+static flux3_ws *ws_for(flux3_model *m, int64_t L, int64_t N, int64_t R) {
+    int sp = m->sp > 1 ? m->sp : 1, r = m->sp_rank;
+    const int64_t tot[FLUX3_MODES] = {L, N, R};
+    flux3_ws *ws = ws_get(m, ulysses_rows(L, sp, r), ulysses_rows(N, sp, r), ulysses_rows(R, sp, r));
+    if (!ws) return NULL;
+    for (int k = 0; k < FLUX3_MODES; k++) ws->total[k] = tot[k], ws->first[k] = ulysses_first(tot[k], sp, r);
+    for (int k = -1; sp > 1 && k < FLUX3_MODES; k++) {   /* the all-to-all's buffers: joint sequence, each mode */
+        if (k >= 0 && !tot[k]) continue;
+        ulysses_layout l = {.sp = sp, .rank = r, .nseg = k < 0 ? FLUX3_MODES : 1};
+        for (int s = 0; s < l.nseg; s++) l.total[s] = tot[k < 0 ? s : k];
+        if (ulysses_reserve(&ws->ub[k + 1], &l, m->Dl, m->act, m->be)) return NULL;
+    }
+    if (sp > 1 && (!ws->out_full || ws->out_full->rows != N)) {
+        tensor_free(ws->out_full);
+        if (!(ws->out_full = tensor_new(m->be, m->act, N, m->cfg.in_channels))) {
+            tp_error_context("flux3: the gathered output of %lld image tokens", (long long)N);
+            return NULL;
+        }
+    }
+    return ws;
+}
+
+/* The image rows' output of every SP rank, into out_full (on every rank) */
+static const tensor *whole_output(flux3_model *m, flux3_ws *ws) {
+    if (m->sp <= 1) return ws->out;
+    ulysses_layout img = {.sp = m->sp, .rank = m->sp_rank, .nseg = 1, .total = {ws->total[FLUX3_IMG]}};
+    return ulysses_gather(m->sp_comm, &img, ws->out, ws->out_full) ? NULL : ws->out_full;
+}
+
+int flux3_set_sp(flux3_model *m, comm *sp) {
+    if (!sp || sp->size <= 1) {
+        m->sp_comm = NULL, m->sp = 1, m->sp_rank = 0;
+        return 0;
+    }
+    if (m->heads_local % sp->size)
+        return tp_error("flux3: %d heads per TP rank do not split over sequence-parallel degree %d", m->heads_local,
+                        sp->size);
+    m->sp_comm = sp, m->sp = sp->size, m->sp_rank = sp->rank;
+    flux3_release_ws(m);
+    return 0;
+}
+
+int flux3_prepare(flux3_model *m, int64_t L, int64_t N, int64_t R) { return ws_for(m, L, N, R) ? 0 : -1; }
 comm *flux3_comm(const flux3_model *m) { return m->comm; }
+comm *flux3_sp_comm(const flux3_model *m) { return m->sp_comm; }
 
 /* ---- embeddings and modulation ---- */
 
@@ -171,9 +219,9 @@ static int upload_rope(flux3_model *m, flux3_ws *ws, const flux3_inputs *in) {
     float *c = xmalloc((size_t)(S * hd) * sizeof *c), *s = xmalloc((size_t)(S * hd) * sizeof *s);
     const int32_t *ids[FLUX3_MODES] = {in->txt_ids, in->img_ids, in->cond_ids};
     float scale = in->image_rope_scale > 0 ? in->image_rope_scale : 1.0f;
-    for (int k = 0; k < FLUX3_MODES; k++)
-        if (ws->n[k]) flux3_rope_table_scaled(&m->cfg, ids[k], ws->n[k], k == FLUX3_TXT ? 1.0f : scale, c + ws->r0[k] * hd,
-                                              s + ws->r0[k] * hd);
+    for (int k = 0; k < FLUX3_MODES; k++)   /* this rank's rows of each mode: from first[k] (SP) */
+        if (ws->n[k]) flux3_rope_table_scaled(&m->cfg, ids[k] + ws->first[k] * 4, ws->n[k], k == FLUX3_TXT ? 1.0f : scale,
+                                              c + ws->r0[k] * hd, s + ws->r0[k] * hd);
     int rc = tensor_upload_f32(ws->rope_cos, c) || tensor_upload_f32(ws->rope_sin, s);
     free(c), free(s);
     return rc ? -1 : 0;
@@ -204,7 +252,7 @@ static int forward_body(flux3_model *m, flux3_ws *ws, const flux3_inputs *in) {
     for (int k = 0; k < FLUX3_MODES; k++) {
         if (!ws->n[k]) continue;
         tensor xr = tensor_rows(ws->x, ws->r0[k], ws->n[k]);
-        if (tensor_upload_f32(ws->in[k], src[k])) return -1;
+        if (tensor_upload_f32(ws->in[k], src[k] + ws->first[k] * ws->in[k]->cols)) return -1;
         flux3_gemm(m, &xr, ws->in[k], m->x_emb[k]);
     }
     /* the two block groups through the block cache's loop (plain without
@@ -227,9 +275,10 @@ static int forward_body(flux3_model *m, flux3_ws *ws, const flux3_inputs *in) {
 int flux3_forward(flux3_model *m, const flux3_inputs *in, float *out) {
     if (check_inputs(m, in, out)) return -1;
     double t0 = MPI_Wtime();
-    flux3_ws *ws = ws_get(m, in->L, in->N, in->R);
+    flux3_ws *ws = ws_for(m, in->L, in->N, in->R);
     if (!ws) return -1;
-    if (forward_body(m, ws, in) || tensor_download_f32(ws->out, out) || be_sync(m->be))
+    const tensor *o = NULL;
+    if (forward_body(m, ws, in) || !(o = whole_output(m, ws)) || tensor_download_f32(o, out) || be_sync(m->be))
         return tp_error_context("flux3 forward");
     m->stats.forwards++;
     m->stats.seconds += MPI_Wtime() - t0;

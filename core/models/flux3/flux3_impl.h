@@ -6,6 +6,7 @@
 #ifndef TPGEN_FLUX3_IMPL_H
 #define TPGEN_FLUX3_IMPL_H
 #include "flux3.h"
+#include "core/dist/ulysses.h"
 #include "kernels/comm.h"
 #include "core/models/block_cache.h"
 #include "kernels/ops.h"
@@ -25,6 +26,8 @@ struct flux3_model {
     dtype_t act;               /* DT_F32 or DT_BF16 */
     int tp, rank;
     int heads_local;
+    comm *sp_comm;             /* Ulysses SP group (flux3_set_sp); NULL: none */
+    int sp, sp_rank;
     int64_t Dl, Ml;            /* D/tp, M/tp */
     int exact_time;
     weights *w;                /* loaded weights (NULL for random init) */
@@ -48,7 +51,11 @@ struct flux3_model {
  * noted. Rows of the joint sequence: text [0, L), image [L, L+N),
  * references [L+N, S). */
 typedef struct flux3_ws {
-    int64_t L, N, R, S;
+    int64_t L, N, R, S;  /* this rank's rows: with SP its slices of each mode's tokens */
+    /* sequence parallelism: each mode's whole token count, where this rank's slice starts, the whole output */
+    int64_t total[FLUX3_MODES], first[FLUX3_MODES];
+    ulysses_bufs ub[FLUX3_MODES + 1];   /* the all-to-all's buffers: [0] the joint sequence, [1 + k] mode k */
+    tensor *out_full; /* [total image tokens, in_channels] */
     int64_t r0[FLUX3_MODES], n[FLUX3_MODES];   /* rows of each mode */
     tensor *x;        /* [S, D]  residual stream */
     tensor *nrm;      /* [S, D]  modulated LayerNorm output */
@@ -70,6 +77,9 @@ typedef struct flux3_ws {
  * forward pass use (with counters) */
 void flux3_gemm(flux3_model *m, tensor *y, const tensor *x, const tensor *w);
 void flux3_attention(flux3_model *m, tensor *o, const tensor *q, const tensor *k, const tensor *v);
+/* attention of one mode's rows (mode >= 0) or the joint sequence (-1); with
+ * sequence parallelism the all-to-all around it (core/dist/ulysses.h) */
+int flux3_attention_seq(flux3_model *m, int mode, tensor *o, const tensor *q, const tensor *k, const tensor *v);
 int flux3_allreduce(flux3_model *m, tensor *t);
 /* flux3_forward.c */
 void flux3_release_ws(flux3_model *m);

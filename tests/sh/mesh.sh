@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# budget: 120 s; checks: 31
+# The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
+# parallelism (--cfg-parallel) must give the serial CFG run's latents and
+# pixels byte for byte at the same tp (klein base, with and without a
+# reference, bf16 and f32, tp 1 and tp 2; FLUX.3 base with references);
+# Ulysses SP (--sp) the one-rank run's at 2, 3 and 4 ranks (klein, klein
+# base with CFG, dev, FLUX.3 base and flow-map; token counts the degree does not divide, a reference, an
+# image of one token), TP x SP within 1e-5 of tp 1 in f32; the PNG records
+# the mesh, comm_bytes_per_step matches the ring formulas (CFG exchange;
+# sp 4 against tp 4, at most 0.6x), and every refusal is one clear error
+# before loading, on every rank, with no output. One OpenMP thread per rank
+# everywhere: the VAE encoder's f32 result depends on the thread count.
+. "$TPGEN_ROOT/tests/lib.sh"
+export OMP_NUM_THREADS=1
+MPIRUN="$MPIRUN -x OMP_NUM_THREADS"
+M=$TMP/klein-base
+"$TPGEN" make-tiny --out "$M" --seed 1 >/dev/null 2>&1 || fail "mesh: make-tiny"
+jq '{_class_name: "Flux2KleinPipeline"}' "$M/model_index.json" >"$TMP/mi.json" && mv "$TMP/mi.json" "$M/model_index.json"
+D=$TMP/klein
+"$TPGEN" make-tiny --out "$D" --seed 1 >/dev/null 2>&1 || fail "mesh: make-tiny (distilled)"
+REF=$TPGEN_ROOT/tests/data/flux3-pipe/ref.png
+
+# the PNG's image data (IDAT) and its parameters text
+idat() { python3 -c '
+import hashlib, struct, sys
+b = open(sys.argv[1], "rb").read(); p = 8; h = hashlib.sha256()
+while p < len(b):
+    n, = struct.unpack(">I", b[p:p+4]); t = b[p+4:p+8]
+    if t == b"IDAT": h.update(b[p+8:p+8+n])
+    p += 12 + n
+print(h.hexdigest())' "$1"; }
+params() { python3 -c '
+import struct, sys
+b = open(sys.argv[1], "rb").read(); p = 8
+while p < len(b):
+    n, = struct.unpack(">I", b[p:p+4]); t = b[p+4:p+8]; d = b[p+8:p+8+n]; p += 12 + n
+    if t == b"tEXt" and d.startswith(b"parameters\0"): print(d.split(b"\0", 1)[1].decode("latin-1"))' "$1"; }
+
+# same NAME NPS NPC ARGS...: serial at NPS ranks vs --cfg-parallel at NPC ranks, the same --tp in ARGS
+same() {
+    local name=$1 nps=$2 npc=$3 out; shift 3
+    if ! out=$($MPIRUN -np "$nps" "$TPGEN" "$@" --output "$TMP/$name-s.png" --save-latents "$TMP/$name-s.st" 2>&1); then
+        fail "mesh $name: the serial run failed: $(echo "$out" | tail -2 | tr '\n' ' ')"; return
+    fi
+    if ! out=$($MPIRUN -np "$npc" "$TPGEN" "$@" --cfg-parallel --output "$TMP/$name-c.png" --save-latents "$TMP/$name-c.st" \
+               --json-metrics "$TMP/$name-c.json" 2>&1); then
+        fail "mesh $name: the --cfg-parallel run failed: $(echo "$out" | tail -2 | tr '\n' ' ')"; return
+    fi
+    cmp -s "$TMP/$name-s.st" "$TMP/$name-c.st" && [ "$(idat "$TMP/$name-s.png")" = "$(idat "$TMP/$name-c.png")" ] &&
+        ok "mesh $name: --cfg-parallel on $npc ranks = serial CFG on $nps, latents and pixels byte for byte" ||
+        fail "mesh $name: --cfg-parallel differs from the serial CFG run"
+}
+K=(--model "$M" --prompt "a fox" --negative-prompt "blurry" --width 48 --height 32 --steps 2 --guidance 3 --backend cpu)
+same klein-bf16 1 2 "${K[@]}" --tp 1
+same klein-f32-ref 1 2 "${K[@]}" --tp 1 --precision f32 --image "$REF"
+same klein-tp2 2 4 "${K[@]}" --tp 2 --precision f32 --image "$REF"
+pc=$(params "$TMP/klein-tp2-c.png"); ps=$(params "$TMP/klein-tp2-s.png")
+echo "$pc" | grep -q '^mesh: cfg 2 x sp 1 x tp 2$' && ! echo "$ps" | grep -q '^mesh:' && echo "$ps" | grep -q '^tp: 2$' &&
+    ok "mesh: the PNG parameters record the mesh (cfg 2 x sp 1 x tp 2), the serial run's none" ||
+    fail "mesh: parameters: $(echo "$pc" | tr '\n' '|')"
+
+# FLUX.3 base: precomputed embeddings with negative ones, a reference
+F=$TMP/flux3-base
+flux3_folder base "$F"
+E=$TPGEN_ROOT/tests/data/flux3-pipe/base_ref.safetensors
+same flux3-base 1 2 --model "$F" --prompt-embeds "$E" --negative-prompt-embeds "$E" --image "$REF" --steps 2 \
+    --precision f32 --backend cpu --tp 1
+
+# the CFG exchange by the ring formula: an all-gather of [v; vn] (2 x N x C f32) over 2 ranks sends N x C x 4
+# bytes per rank and step (tp 1: nothing else is sent while denoising)
+C=$(jq .in_channels "$M/transformer/config.json")
+want=$((48 / 16 * 32 / 16 * C * 4))
+got=$(jq -c '.comm_bytes_per_step' "$TMP/klein-bf16-c.json" 2>/dev/null)
+[ "$got" = "[$want,$want]" ] && ok "mesh: comm_bytes_per_step of --cfg-parallel at tp 1 = N x C x 4 = $want per rank" ||
+    fail "mesh: comm_bytes_per_step $got, the formula gives [$want,$want]"
+
+# Ulysses SP: the one-rank run's latents and pixels at --sp 2 and 4
+# sp NAME NP ARGS...: one rank vs --sp NP on NP ranks
+sp() {
+    local name=$1 np=$2 out; shift 2
+    if ! out=$("$TPGEN" "$@" --output "$TMP/$name-1.png" --save-latents "$TMP/$name-1.st" 2>&1); then
+        fail "mesh sp $name: the one-rank run failed: $(echo "$out" | tail -2 | tr '\n' ' ')"; return
+    fi
+    if ! out=$($MPIRUN -np "$np" "$TPGEN" "$@" --sp "$np" --output "$TMP/$name-sp.png" --save-latents "$TMP/$name-sp.st" \
+               --json-metrics "$TMP/$name-sp.json" 2>&1); then
+        fail "mesh sp $name: the --sp $np run failed: $(echo "$out" | tail -2 | tr '\n' ' ')"; return
+    fi
+    cmp -s "$TMP/$name-1.st" "$TMP/$name-sp.st" && [ "$(idat "$TMP/$name-1.png")" = "$(idat "$TMP/$name-sp.png")" ] &&
+        ok "mesh sp $name: --sp $np = one rank, latents and pixels byte for byte" ||
+        fail "mesh sp $name: --sp $np differs from the one-rank run"
+}
+KD=(--model "$D" --prompt "a fox" --steps 2 --backend cpu)
+sp klein-bf16-ref 2 "${KD[@]}" --width 48 --height 32 --image "$REF"        # 6 + 16 reference tokens
+sp klein-bf16-uneven 4 "${KD[@]}" --width 48 --height 32                    # 6 image tokens over 4 ranks
+sp klein-f32-one-token 4 "${KD[@]}" --width 16 --height 16 --precision f32  # ranks without an image row
+sp klein-base-cfg 2 "${K[@]}" --precision f32 --image "$REF"
+V=$TMP/dev
+"$TPGEN" make-tiny --out "$V" --family dev --seed 2 >/dev/null 2>&1 || fail "mesh: make-tiny dev"
+sp dev-f32 4 --model "$V" --prompt "a fox" --steps 2 --backend cpu --width 80 --height 48 --precision f32  # 15 tokens
+# FLUX.3: mode blocks attend within a mode, single blocks over text, image and reference tokens
+sp flux3-base-bf16 2 --model "$F" --prompt-embeds "$E" --negative-prompt-embeds "$E" --image "$REF" --steps 2 --backend cpu
+G=$TMP/flux3-flowmap
+flux3_folder flowmap "$G"
+sp flux3-flowmap-f32 3 --model "$G" --prompt-embeds "$TPGEN_ROOT/tests/data/flux3-pipe/flowmap_ref.safetensors" \
+    --image "$REF" --steps 2 --backend cpu --precision f32
+# a batch (2 prompts x 2 seeds) on dp 2 x sp 2: each job's PNG pixels = the job alone on one rank
+cat >"$TMP/batch.yaml" <<YAML
+model: $D
+prompts: [a fox, a red boat]
+seeds: [3, 4]
+steps: 2
+width: 48
+height: 32
+backend: cpu
+sp: 2
+tp: 1
+output: $TMP/b-{index}.png
+YAML
+if out=$($MPIRUN -np 4 "$TPGEN" --spec "$TMP/batch.yaml" 2>&1); then
+    same=0 i=0
+    for pr in "a fox" "a red boat"; do
+        for seed in 3 4; do
+            "$TPGEN" --model "$D" --prompt "$pr" --seed $seed --steps 2 --width 48 --height 32 --backend cpu \
+                --output "$TMP/a-$i.png" >/dev/null 2>&1 && [ "$(idat "$TMP/a-$i.png")" = "$(idat "$TMP/b-$i.png")" ] &&
+                same=$((same + 1))
+            i=$((i + 1))
+        done
+    done
+    [ $same = 4 ] && ok "mesh: a batch of 4 jobs on dp 2 x sp 2, each PNG's pixels = the job alone on one rank" ||
+        fail "mesh: batch on dp 2 x sp 2: $same of 4 equal"
+else fail "mesh: batch on dp 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+
+# the whole mesh in one job: cfg 2 x sp 2 = one rank; tp 2 x sp 2 within 1e-5 of tp 1 (f32)
+if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 --cfg-parallel --output "$TMP/cs.png" \
+           --save-latents "$TMP/cs.st" 2>&1); then
+    cmp -s "$TMP/klein-base-cfg-1.st" "$TMP/cs.st" && [ "$(idat "$TMP/klein-base-cfg-1.png")" = "$(idat "$TMP/cs.png")" ] &&
+        ok "mesh: --cfg-parallel x --sp 2 on 4 ranks = one rank, byte for byte" || fail "mesh: cfg 2 x sp 2 differs"
+    echo "$out" | grep -q "mesh: cfg 2 x sp 2 x tp 1 x dp 1: each rank holds its TP rank's 1/1 of the transformer" &&
+        ok "mesh: the summary says what each rank holds" || fail "mesh: summary: $(echo "$out" | grep -m1 mesh)"
+else fail "mesh: cfg 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 --tp 2 --no-decode \
+           --save-latents "$TMP/ts.st" 2>&1); then
+    rel=$(python3 -c '
+import array, math, struct, sys
+def lat(f):
+    b = open(f, "rb").read(); n, = struct.unpack("<Q", b[:8]); a = array.array("f"); a.frombytes(b[8 + n:]); return a
+a, b = lat(sys.argv[1]), lat(sys.argv[2])
+print(math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)) / sum(x * x for x in a)))' "$TMP/klein-base-cfg-1.st" "$TMP/ts.st")
+    python3 -c "import sys; sys.exit(0 if $rel <= 1e-5 else 1)" && ok "mesh: tp 2 x sp 2 f32 latents within 1e-5 of one rank (rel_l2 $rel)" ||
+        fail "mesh: tp 2 x sp 2 rel_l2 $rel"
+else fail "mesh: tp 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+
+# bytes sent per step, sp 4 against tp 4 at equal tokens (klein distilled, bf16): the ring formulas written
+# out from the transformer config: TP all-reduces [S, D] twice per double block and once per single block;
+# SP sends q|k|v (3 x pad x D) and o back (pad x D) per block around attention, pad = the largest slice
+# (ceil(L/4) + ceil(N/4) rows), then gathers the output rows (4 x ceil(N/4) x C)
+Z=(--model "$D" --prompt "a fox" --width 48 --height 32 --steps 2 --backend cpu --no-decode --save-latents "$TMP/z.st")
+if $MPIRUN -np 4 "$TPGEN" "${Z[@]}" --sp 4 --json-metrics "$TMP/sp4.json" >/dev/null 2>&1 &&
+   $MPIRUN -np 4 "$TPGEN" "${Z[@]}" --tp 4 --json-metrics "$TMP/tp4.json" >/dev/null 2>&1; then
+    res=$(python3 -c '
+import json, math, sys
+c = json.load(open(sys.argv[1])); p, L, N, e = 4, 512, 6, 2
+D, C, nd, ns = c["num_attention_heads"] * c["attention_head_dim"], c["in_channels"], c["num_layers"], c["num_single_layers"]
+tp = (2 * nd + ns) * 2 * (L + N) * D * e * (p - 1) / p
+pad = math.ceil(L / p) + math.ceil(N / p)
+sp = (nd + ns) * (p * pad * 3 * (D // p) * e + p * pad * (D // p) * e) * (p - 1) / p + p * math.ceil(N / p) * C * e * (p - 1) / p
+m_sp, m_tp = json.load(open(sys.argv[2]))["comm_bytes_per_step"], json.load(open(sys.argv[3]))["comm_bytes_per_step"]
+ok = all(abs(x - sp) < 1 for x in m_sp) and all(abs(x - tp) < 1 for x in m_tp) and max(m_sp) <= 0.6 * min(m_tp)
+print("%s sp4 %s (formula %d) tp4 %s (formula %d) ratio %.3f" % ("ok" if ok else "bad", m_sp, sp, m_tp, tp, sp / tp))' \
+        "$D/transformer/config.json" "$TMP/sp4.json" "$TMP/tp4.json")
+    [ "${res%% *}" = ok ] && ok "mesh: comm_bytes_per_step = the ring formulas, --sp 4 sends at most 0.6x --tp 4 (${res#ok })" ||
+        fail "mesh: comm bytes: $res"
+else fail "mesh: the sp 4 / tp 4 metrics runs failed"; fi
+
+# serve: each dp group a mesh (4 ranks: dp 2 x sp 2, klein base with CFG): two requests at once, each PNG's pixels
+# the one-rank generate's
+. "$TPGEN_ROOT/tests/lib_serve.sh"
+M0=$M
+if NP=4 start_server "$TMP/serve.log" "$TPGEN" --sp 2 --tp 1 --guidance 3 --negative-prompt blurry --backend cpu; then
+    pids=""
+    for seed in 7 8; do
+        curl -s -X POST "http://127.0.0.1:$PORT/v1/images/generations" -H 'Content-Type: application/json' \
+            -d "{\"prompt\": \"a fox\", \"size\": \"48x32\", \"seed\": $seed, \"steps\": 2}" |
+            jq -r '.data[0].b64_json' | base64 -d >"$TMP/serve-$seed.png" &
+        pids="$pids $!"
+    done
+    wait $pids
+    same=0
+    for seed in 7 8; do
+        "$TPGEN" "${K[@]}" --seed $seed --output "$TMP/gen-$seed.png" >/dev/null 2>&1 &&
+            [ "$(idat "$TMP/serve-$seed.png" 2>/dev/null)" = "$(idat "$TMP/gen-$seed.png")" ] && same=$((same + 1))
+    done
+    grep -q "cfg 1 x sp 2 x tp 1 x dp 2" "$TMP/serve.log" && [ $same = 2 ] &&
+        ok "mesh: serve on dp 2 x sp 2: two requests, each PNG's pixels = one-rank generate's" ||
+        fail "mesh: serve dp 2 x sp 2: $same of 2 equal; $(grep -m1 'listening' "$TMP/serve.log")"
+    stop_server >/dev/null
+else
+    fail "mesh: serve --sp 2 did not start: $(tail -3 "$TMP/serve.log")"
+fi
+M=$M0
+
+# one SP rank out of memory (TPGEN_FAIL_ALLOC=RANK:N:PHASE): in the prepare step the failure is agreed over the
+# whole job group (every rank fails, the message once, no PNG); in the middle of the loop, where its peers wait
+# in an all-to-all, the job ends at once naming the rank (no hang). Allocation 1 is the prepare step's first
+# (the activations); allocation 28 falls in the loop (the output rows' gather; the counts follow the code)
+rm -f "$TMP/oom.png"
+out=$(TPGEN_FAIL_ALLOC=1:1:denoise timeout 120 $MPIRUN -x TPGEN_FAIL_ALLOC -np 2 "$TPGEN" "${KD[@]}" --width 48 --height 32 \
+      --sp 2 --output "$TMP/oom.png" 2>&1); rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && [ "$(echo "$out" | grep -c '^tpgen: error: rank 1: .*injected by TPGEN_FAIL_ALLOC')" = 1 ] &&
+    [ ! -e "$TMP/oom.png" ] && ok "mesh: an SP rank out of memory in the prepare step: agreed over the group, one message, no PNG" ||
+    fail "mesh: prepare OOM at sp 2: rc $rc $(echo "$out" | grep error | head -2)"
+out=$(TPGEN_FAIL_ALLOC=1:28:denoise timeout 120 $MPIRUN -x TPGEN_FAIL_ALLOC -np 2 "$TPGEN" "${KD[@]}" --width 48 --height 32 \
+      --sp 2 --output "$TMP/oom.png" 2>&1); rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && echo "$out" | grep -q 'rank 1: .* in the middle of the denoise phase' && [ ! -e "$TMP/oom.png" ] &&
+    ok "mesh: an SP rank out of memory mid-loop: the job ends at once naming the rank (rc $rc), no PNG" ||
+    fail "mesh: mid-loop OOM at sp 2: rc $rc $(echo "$out" | grep error | head -2)"
+
+# inspect: what each rank of a mesh holds (text and JSON)
+out=$("$TPGEN" inspect --model "$D" --tp 2 --sp 2 --cfg-parallel --summary 2>&1)
+js=$("$TPGEN" inspect --model "$D" --tp 2 --sp 2 --cfg-parallel --json 2>/dev/null | jq -c '[.group_ranks, .sp, .cfg_parallel, (.ranks | length)]')
+echo "$out" | grep -q "a job group of 8 ranks; group rank g holds the row of TP rank g % 2 above, each shard on 4 ranks" &&
+    [ "$js" = "[8,2,true,2]" ] && ok "mesh: inspect --sp 2 --cfg-parallel --tp 2 says what each rank holds (text, JSON)" ||
+    fail "mesh: inspect: $js $(echo "$out" | tail -2)"
+
+# refusals: one message, a non-zero exit on every rank, nothing written, before loading
+refused() {
+    local name=$1 np=$2 pat=$3 out rc; shift 3
+    rm -f "$TMP/r.png"
+    out=$($MPIRUN -np "$np" "$TPGEN" "$@" --output "$TMP/r.png" 2>&1); rc=$?
+    local n
+    n=$(echo "$out" | grep -c '^tpgen: error:')
+    if [ $rc -ne 0 ] && [ "$n" = 1 ] && echo "$out" | grep -qE -- "$pat" && [ ! -e "$TMP/r.png" ] &&
+       ! echo "$out" | grep -q 'load '; then
+        ok "mesh refusal: $name"
+    else
+        fail "mesh refusal $name (rc $rc, $n errors): $(echo "$out" | tail -3 | tr '\n' ' ')"
+    fi
+}
+refused "--cfg-parallel on klein distilled" 2 "cfg-parallel runs the two CFG predictions.*guidance-distilled" \
+    --model "$D" --prompt "a fox" --width 32 --height 32 --steps 1 --backend cpu --cfg-parallel
+refused "--cfg-parallel on klein base at guidance 1" 2 "at this guidance runs one prediction" \
+    "${K[@]}" --guidance 1 --cfg-parallel
+refused "--cfg-parallel on 3 ranks" 3 "--cfg-parallel x --sp 1 does not divide the number of MPI ranks \(3\)" \
+    "${K[@]}" --cfg-parallel
+refused "a mesh that does not divide the world, naming the --tp that fit" 4 "groups of 6 ranks.*--tp 1, 2 fit" "${K[@]}" --cfg-parallel --tp 3
+refused "tp x sp not dividing the heads" 3 "tp 3 x sp 1 = 3 does not divide num_attention_heads 4" "${K[@]}" --tp 3
+KV=$TMP/klein-kv
+cp -r "$D" "$KV" && jq '{_class_name: "Flux2KleinKVPipeline", is_distilled: true}' "$D/model_index.json" >"$KV/model_index.json"
+refused "--sp with KV-cached references (not in this build)" 2 "KV-cached references .* do not run with sequence parallelism" \
+    --model "$KV" --prompt "a fox" --width 32 --height 32 --steps 1 --backend cpu --image "$REF" --sp 2
+refused "sp x tp not dividing the heads, naming the --sp that work" 4 "tp 1 x sp 4 = 4 does not divide num_attention_heads.*--sp 1, 2, 3, 6 would work" \
+    --model "$F" --prompt-embeds "$E" --negative-prompt-embeds "$E" --steps 1 --backend cpu --sp 4 --tp 1
+
+# the sanitized build (ASan + UBSan + LeakSanitizer; ASAN_OPTIONS and LSAN_OPTIONS come from tests/run.sh): the
+# whole mesh with a reference (all-gather, all-to-all, the CFG exchange, every buffer freed), and a refusal
+ASAN=$TPGEN_ROOT/build-asan/tpgen
+if [ -x "$ASAN" ]; then
+    lsan_run "asan mesh" $MPIRUN -np 4 "$ASAN" "${K[@]}" --precision f32 --image "$REF" --sp 2 --cfg-parallel \
+        --output "$TMP/asan.png"
+    [ $rc = 0 ] && ! echo "$out" | grep -qE 'Sanitizer|runtime error' &&
+        [ "$(idat "$TMP/asan.png")" = "$(idat "$TMP/klein-base-cfg-1.png")" ] &&
+        ok "mesh: asan: --cfg-parallel x --sp 2 with a reference, clean, the one-rank pixels" ||
+        fail "mesh: asan mesh: rc $rc $(echo "$out" | grep -E 'Sanitizer|runtime error|error' | head -3)"
+    expect_fail "mesh: asan: a mesh that does not divide the world" "groups of 6 ranks" \
+        $MPIRUN -np 4 "$ASAN" "${K[@]}" --cfg-parallel --tp 3 --output "$TMP/asan-r.png"
+else
+    fail "mesh: no sanitized build at $ASAN (make asan)"
+fi
