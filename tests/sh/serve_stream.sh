@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 150 s; checks: 35
+# budget: 160 s; checks: 40
 # Streamed answers of `tpgen serve` (server-sent events, docs/serve.md) on a
 # make-tiny model at tp 2, through the official openai client: 0, 1 and 3
 # partial images and n = 2 (order, indices, sizes, completed image
@@ -66,6 +66,13 @@ if NP=4 start_server "$TMP/s3.log" "$TPGEN" --tp 2; then
     stop_server; rc=$?
     [ $rc = 0 ] && ok "dp 2: clean exit" || fail "dp 2 exit $rc"
 else fail "serve dp 2: not ready: $(tail -3 "$TMP/s3.log")"; fi
+
+# a mesh: sp 2 (the job group's first rank alone sends the partials; the other SP position holds no image)
+if NP=2 start_server "$TMP/s5.log" "$TPGEN" --sp 2; then
+    "$PY" "$CLIENT" generate "$PORT" 2 "$TMP/p" 2>&1 | grep -E '^(ok|FAIL) - ' | sed 's/^\(ok\|FAIL\) - /\1 - sp 2: /'
+    stop_server; rc=$?
+    [ $rc = 0 ] && ok "sp 2: clean exit" || fail "sp 2 exit $rc"
+else fail "serve --sp 2: not ready: $(tail -3 "$TMP/s5.log")"; fi
 
 # the same streams under the sanitizers (leaks on: ASAN_OPTIONS/LSAN_OPTIONS from tests/run.sh)
 ASAN=$TPGEN_ROOT/build-asan
