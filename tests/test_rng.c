@@ -5,9 +5,8 @@
  * Every path (float64 below 16 elements, the vectorised f32 path, the bf16
  * paths, tails that are not a multiple of 16), several seeds (some of them
  * 2^32 and above). The aim is bit equality; the largest difference is
- * reported. The torch 1.13 file keeps the 64x64 shape of seed 0 only; the
- * torch 2.15 file keeps large draws as sha256 digests
- * (tests/data/golden/README.md). */
+ * reported. Both files keep their large draws as sha256 digests of the raw
+ * bytes (tests/data/golden/README.md). */
 #include "test.h"
 #include "core/rng.h"
 #include "core/formats/safetensors.h"
@@ -18,7 +17,7 @@
 
 /* the reader lives in core/formats/safetensors.c (loader area) */
 
-static const char *k_shapes[] = {"7", "2x16x3", "1x3x5x5", "1x128x4x4", "1x128x64x64"};
+static const char *k_shapes[] = {"7", "2x16x3", "1x3x5x5", "1x128x4x4"};
 static const uint64_t k_seeds[] = {0, 42, 1234567};
 
 static void check_one(st_file *f, uint64_t seed, const char *shape, int bf16, tp_rng_kind kind, double *worst) {
@@ -49,6 +48,45 @@ static void check_one(st_file *f, uint64_t seed, const char *shape, int bf16, tp
     free(got);
 }
 
+/* The draws a file keeps as sha256 digests of their raw bytes only
+ * (metadata sha256.seedS.SHAPE.DT): each must hash to its digest. Counts
+ * the draws checked and those with a tail (not a multiple of 16 values). */
+static void check_digests(const char *path, tp_rng_kind kind, int *checked, int *tails) {
+    st_file *f = NULL;
+    REQUIRE(st_open(path, &f) == 0, "%s", tp_error_msg());
+    for (int i = 0; i < f->n_meta; i++) {
+        const char *key = f->meta_keys[i];
+        if (strncmp(key, "sha256.", 7)) continue;
+        unsigned long long seed;
+        char shape[64], dt[8];
+        REQUIRE(sscanf(key + 7, "seed%llu.%63[0-9x].%7s", &seed, shape, dt) == 3, "%s: metadata key %s", path, key);
+        size_t n = 1;
+        for (char *p = shape; *p;) {
+            n *= strtoull(p, &p, 10);
+            if (*p == 'x') p++;
+        }
+        int bf = !strcmp(dt, "bf16");
+        size_t es = bf ? 2 : 4;
+        uint8_t *buf = malloc(n * es);
+        tp_rng g;
+        rng_seed(&g, seed);
+        if (bf) rng_randn_bf16_as(&g, (uint16_t *)buf, n, kind);
+        else rng_randn_f32(&g, (float *)buf, n);
+        struct sha256_ctx ctx;
+        uint8_t digest[SHA256_DIGEST_SIZE];
+        sha256_init(&ctx);
+        sha256_update(&ctx, n * es, buf);
+        sha256_digest(&ctx, sizeof digest, digest);
+        char hex[65];
+        for (int k = 0; k < 32; k++) snprintf(hex + 2 * k, 3, "%02x", digest[k]);
+        CHECK(!strcmp(hex, f->meta_values[i]), "%s: the draw of %zu values hashes to %s, torch's to %s (%s)", key + 7, n,
+              hex, f->meta_values[i], path);
+        (*checked)++, *tails += n % 16 != 0;
+        free(buf);
+    }
+    st_close(f);
+}
+
 TEST(rng_matches_torch_randn) {
     char path[1024];
     snprintf(path, sizeof path, "%s/randn.safetensors", test_golden_dir());
@@ -57,15 +95,16 @@ TEST(rng_matches_torch_randn) {
     double worst = 0;
     int checked = 0;
     for (int s = 0; s < 3; s++)
-        for (int k = 0; k < 5; k++) {
-            if (k == 4 && s > 0) continue;    /* the large shape is kept for seed 0 only */
+        for (int k = 0; k < 4; k++)
             for (int bf = 0; bf < 2; bf++, checked++) check_one(f, k_seeds[s], k_shapes[k], bf, TP_RNG_TORCH1, &worst);
-        }
-    printf("# rng: largest difference from torch 1.13's torch.randn (--rng torch1) over %d golden tensors: %g\n",
-           checked, worst);
-    CHECK(worst == 0, "largest difference %g", worst);
-    CHECK(checked == 26, "%d tensors checked", checked);
     st_close(f);
+    /* the large shape (seed 0, f32 and bf16) as sha256 digests of torch 1.13's bytes */
+    int digests = 0, tails = 0;
+    check_digests(path, TP_RNG_TORCH1, &digests, &tails);
+    printf("# rng: largest difference from torch 1.13's torch.randn (--rng torch1) over %d golden tensors: %g; %d large "
+           "draws hash to torch 1.13's sha256\n", checked, worst, digests);
+    CHECK(worst == 0, "largest difference %g", worst);
+    CHECK(checked == 24 && digests == 2, "%d tensors and %d digests checked", checked, digests);
 }
 
 /* torch 2.15 (the default): every tensor of randn-torch2.safetensors, found
@@ -259,45 +298,13 @@ TEST(rng_golden_runs_seeds_match_torch2) {
 
 /* Large draws (FLUX.2's real noise [1, 128, 64, 64] of a 1024x1024 image,
  * [1, 128, 96, 80], and 332667 values with a tail), kept in the file as
- * torch 2.15's sha256 of the raw bytes only (metadata sha256.seedS.SHAPE.DT):
- * the draw's bytes must hash to it. */
+ * torch 2.15's sha256 of the raw bytes only: the draw's bytes must hash to
+ * it. */
 TEST(rng_large_draws_match_torch2_digests) {
     char path[1024];
     snprintf(path, sizeof path, "%s/randn-torch2.safetensors", test_golden_dir());
-    st_file *f = NULL;
-    REQUIRE(st_open(path, &f) == 0, "%s", tp_error_msg());
     int checked = 0, tails = 0;
-    for (int i = 0; i < f->n_meta; i++) {
-        const char *key = f->meta_keys[i];
-        if (strncmp(key, "sha256.", 7)) continue;
-        unsigned long long seed;
-        char shape[64], dt[8];
-        REQUIRE(sscanf(key + 7, "seed%llu.%63[0-9x].%7s", &seed, shape, dt) == 3, "%s: metadata key %s", path, key);
-        size_t n = 1;
-        for (char *p = shape; *p;) {
-            n *= strtoull(p, &p, 10);
-            if (*p == 'x') p++;
-        }
-        int bf = !strcmp(dt, "bf16");
-        size_t es = bf ? 2 : 4;
-        uint8_t *buf = malloc(n * es);
-        tp_rng g;
-        rng_seed(&g, seed);
-        if (bf) rng_randn_bf16(&g, (uint16_t *)buf, n);
-        else rng_randn_f32(&g, (float *)buf, n);
-        struct sha256_ctx ctx;
-        uint8_t digest[SHA256_DIGEST_SIZE];
-        sha256_init(&ctx);
-        sha256_update(&ctx, n * es, buf);
-        sha256_digest(&ctx, sizeof digest, digest);
-        char hex[65];
-        for (int k = 0; k < 32; k++) snprintf(hex + 2 * k, 3, "%02x", digest[k]);
-        CHECK(!strcmp(hex, f->meta_values[i]), "%s: the draw of %zu values hashes to %s, torch 2.15's to %s", key + 7, n,
-              hex, f->meta_values[i]);
-        checked++, tails += n % 16 != 0;
-        free(buf);
-    }
+    check_digests(path, TP_RNG_TORCH2, &checked, &tails);
     printf("# rng: %d large draws (%d with a tail) hash to torch 2.15's sha256\n", checked, tails);
     CHECK(checked >= 18 && tails >= 6, "%d digests checked", checked);
-    st_close(f);
 }
