@@ -51,3 +51,19 @@ flux3_folder() {
     ln -s "$TPGEN_GOLDEN/vae-tiny/model/vae" "$2/vae"
     cp "$TPGEN_ROOT/tests/data/flux3-pipe/${1}_modular_model_index.json" "$2/modular_model_index.json"
 }
+
+# venv_with NAME MODULE PACKAGE: a Python venv kept in build/venv-NAME with
+# PACKAGE from PyPI (test-only tools: the openai client, selenium), made once
+# and under a lock, since test files that share it run side by side; sets PY.
+venv_with() {
+    local venv=$TPGEN_ROOT/build/venv-$1
+    mkdir -p "$TPGEN_ROOT/build"
+    (
+        flock 9
+        if ! "$venv/bin/python" -c "import $2" 2>/dev/null; then
+            rm -rf "$venv"
+            /usr/bin/python3 -m venv "$venv" && "$venv/bin/pip" install -q "$3" >"$TMP/pip-$1.log" 2>&1
+        fi
+    ) 9>"$TPGEN_ROOT/build/venv-$1.lock" || fail "installing $3 into $venv: $(tail -3 "$TMP/pip-$1.log" 2>/dev/null)"
+    PY=$venv/bin/python
+}

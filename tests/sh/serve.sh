@@ -13,14 +13,8 @@ M=$TMP/tiny
 $TPGEN make-tiny --out "$M" --seed 3 >/dev/null 2>&1 || fail "make-tiny"
 CLIENT=$TPGEN_ROOT/tests/serve_client.py
 
-# the official client, from PyPI, in a venv kept in build/
-VENV=$TPGEN_ROOT/build/venv-serve
-if ! "$VENV/bin/python" -c "import openai" 2>/dev/null; then
-    rm -rf "$VENV"
-    /usr/bin/python3 -m venv "$VENV" && "$VENV/bin/pip" install -q openai >"$TMP/pip.log" 2>&1 ||
-        fail "installing the openai client into $VENV: $(tail -3 "$TMP/pip.log")"
-fi
-PY=$VENV/bin/python
+# the official client, from PyPI, in a venv kept in build/ (tests/lib.sh)
+venv_with serve openai openai
 
 . "$TPGEN_ROOT/tests/lib_serve.sh"   # start_server, wait_exit, stop_server
 

@@ -47,13 +47,7 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
     done
     exit 0
 fi
-VENV=$TPGEN_ROOT/build/venv-ui
-if ! "$VENV/bin/python" -c "import selenium" 2>/dev/null; then
-    rm -rf "$VENV"
-    /usr/bin/python3 -m venv "$VENV" && "$VENV/bin/pip" install -q selenium >"$TMP/pip.log" 2>&1 ||
-        fail "installing selenium into $VENV: $(tail -3 "$TMP/pip.log")"
-fi
-PY=$VENV/bin/python
+venv_with ui selenium selenium   # selenium from PyPI, in a venv kept in build/ (tests/lib.sh)
 SHOT=$TPGEN_ROOT/build/ui-page.png
 if start_server "$TMP/s2.log" "$TPGEN"; then
     "$PY" "$TPGEN_ROOT/tests/ui_page.py" render "$PORT" "$SHOT" 2>&1 | grep -E '^(ok|FAIL) - ' || fail "the browser test gave no result"
