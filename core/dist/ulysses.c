@@ -128,3 +128,15 @@ int ulysses_gather(comm *c, const ulysses_layout *l, const tensor *local, tensor
     tensor_free(all);
     return rc ? tp_error_context("sequence parallelism: gathering the output rows") : 0;
 }
+
+int ulysses_join(comm *sp, int heads_local, const char *who, comm **out, int *degree, int *rank) {
+    if (!sp || sp->size <= 1) {
+        *out = NULL, *degree = 1, *rank = 0;
+        return 0;
+    }
+    if (heads_local % sp->size)
+        return tp_error("%s: %d heads per TP rank do not split over sequence-parallel degree %d", who, heads_local,
+                        sp->size);
+    *out = sp, *degree = sp->size, *rank = sp->rank;
+    return 0;
+}

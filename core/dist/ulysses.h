@@ -61,6 +61,10 @@ int ulysses_attention(comm *c, const ulysses_layout *l, int head_dim, ulysses_bu
 /* The local rows of every rank gathered into the whole sequence, for the
  * output layer's rows: local [local rows, cols] -> full [full rows, cols]
  * (on every rank; both on the comm's backend). Collective. */
+/* A model's SP group: NULL or one rank is none (*out NULL, *degree 1,
+ * *rank 0); else the heads a TP rank holds must split over it (-1 +
+ * tp_error naming `who` otherwise). */
+int ulysses_join(comm *sp, int heads_local, const char *who, comm **out, int *degree, int *rank);
 int ulysses_gather(comm *c, const ulysses_layout *l, const tensor *local, tensor *full);
 
 #endif

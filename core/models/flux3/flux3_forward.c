@@ -129,15 +129,9 @@ static const tensor *whole_output(flux3_model *m, flux3_ws *ws) {
 }
 
 int flux3_set_sp(flux3_model *m, comm *sp) {
-    if (!sp || sp->size <= 1) {
-        m->sp_comm = NULL, m->sp = 1, m->sp_rank = 0;
-        return 0;
-    }
-    if (m->heads_local % sp->size)
-        return tp_error("flux3: %d heads per TP rank do not split over sequence-parallel degree %d", m->heads_local,
-                        sp->size);
-    m->sp_comm = sp, m->sp = sp->size, m->sp_rank = sp->rank;
-    flux3_release_ws(m);
+    int had = m->sp > 1;
+    if (ulysses_join(sp, m->heads_local, "flux3", &m->sp_comm, &m->sp, &m->sp_rank)) return -1;
+    if (m->sp > 1 || had) flux3_release_ws(m);   /* the activations are sized by the slice */
     return 0;
 }
 
