@@ -3,6 +3,7 @@
 #include "serve_stream.h"
 #include "kernels/err.h"
 #include <errno.h>
+#include <stdatomic.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -29,9 +30,8 @@ struct serve_conn {
                                   * may end first, and the next one start) */
     int shut;                    /* shut down by the watcher */
     /* closed by MHD while suspended (only MHD_stop_daemon does that): the
-     * job's on_done still comes, and frees the record and the job */
+     * job's on_done still comes, and frees the record */
     int closed;
-    serve_job *orphan;
 };
 
 static double header_timeout(const serve_conns *cs) {
@@ -172,7 +172,7 @@ static void *watch_main(void *p) {
             if (limit > 0 && now - c->since > limit) {
                 shutdown(c->fd, SHUT_RDWR);   /* MHD sees the end and closes it */
                 c->shut = 1;
-            } else if (c->state == C_WAITING && c->job && !c->job->done && !c->job->gone && hung_up(c->fd)) {
+            } else if (c->state == C_WAITING && c->job && !serve_job_finished(c->job) && !c->job->gone && hung_up(c->fd)) {
                 c->job->gone = 1;
                 gone++;
             }
@@ -281,41 +281,27 @@ void serve_conn_request_done(serve_conns *cs, serve_conn *cn) {
 }
 
 /* the job is finished (render side, or the queue): wake its connection.
- * A streamed job is held by its request and by this call (refs 2): its
- * request may end (the last event sent, or the client gone) before this
- * call does, and the next request on the connection may start. */
+ * The job is the finisher's until this returns (serve_queue.h): its
+ * request may have let go already (a stream whose client left, or a
+ * connection closed by MHD_stop_daemon), and the next request on the
+ * connection may have started. */
 static void job_done(serve_job *j, void *arg) {
     serve_conn *cn = arg;
     serve_conns *cs = cn->cs;
     serve_stream_end(j->stream, j->status, &j->err);   /* its last event (an error, or none) */
+    int released = atomic_load(&j->state) & JOB_RELEASED;
     pthread_mutex_lock(&cs->mu);
-    int resume = !j->stream && cn->suspended && !cn->orphan && !cn->closed;
+    int resume = !j->stream && cn->suspended && !released && !cn->closed;
     if (!j->stream) cn->suspended = 0;
     cn->outstanding--;
     if (cn->job == j) cn->job = NULL;
-    serve_job *orphan = j->stream ? NULL : cn->orphan;
-    if (orphan) cn->orphan = NULL;
     int free_cn = cn->closed && cn->outstanding == 0;
     struct MHD_Connection *mc = cn->mc;
     pthread_mutex_unlock(&cs->mu);
-    if (orphan) serve_job_free(orphan);   /* its request is over: nobody answers it */
-    if (j->stream) serve_job_unref(j);
     if (free_cn) free(cn);
     /* outside the lock: MHD takes its own; a suspended connection stays
      * open (and cn with it) until it is resumed */
     if (resume) MHD_resume_connection(mc);
-}
-
-int serve_conn_orphan(serve_conns *cs, serve_conn *cn, serve_job *j) {
-    if (!cn) return 0;
-    pthread_mutex_lock(&cs->mu);
-    int pending = cn->outstanding > 0;
-    if (pending) {
-        cn->orphan = j;
-        j->gone = 1;
-    }
-    pthread_mutex_unlock(&cs->mu);
-    return pending;
 }
 
 int serve_conn_submit(serve_conns *cs, serve_conn *cn, struct MHD_Connection *c, serve_job *j, int suspend,
@@ -326,7 +312,6 @@ int serve_conn_submit(serve_conns *cs, serve_conn *cn, struct MHD_Connection *c,
     j->on_done_arg = cn;
     double rt = cs->cfg->request_timeout_s;
     if (rt > 0) j->deadline = serve_now() + rt;
-    if (j->stream) j->refs = 2;   /* its request and its on_done (job_done) */
     /* suspended before the job can finish: the lock keeps job_done from
      * resuming a connection that is not suspended yet */
     pthread_mutex_lock(&cs->mu);

@@ -60,12 +60,6 @@ void serve_conn_request_done(serve_conns *cs, serve_conn *cn);
  * and c not suspended. While j waits, a client that hangs up marks it gone. */
 int serve_conn_submit(serve_conns *cs, serve_conn *cn, struct MHD_Connection *c, serve_job *j, int suspend,
                       serve_error *e);
-/* The request on cn ended (MHD_OPTION_NOTIFY_COMPLETED) with j not
- * answered (or a stream ended or cut): 1 when j is not finished yet (it is
- * marked gone, and freed by its on_done), 0 when it is finished (the
- * caller frees it). */
-int serve_conn_orphan(serve_conns *cs, serve_conn *cn, serve_job *j);
-
 /* Parse "HOST:PORT" (numeric host) into a socket address; -1 + tp_error. */
 struct sockaddr_storage;
 int serve_parse_listen(const char *listen, struct sockaddr_storage *ss, unsigned *len);

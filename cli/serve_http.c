@@ -139,11 +139,11 @@ static enum MHD_Result submit(serve_http *h, struct MHD_Connection *c, req_ctx *
         j->req.has_seed = 1;
     }
     if (j->req.stream && !(j->stream = serve_stream_new(edit))) {
-        serve_job_free(j);
+        serve_job_release(j);
         return send_body(c, cfg->metrics, 500, "application/json", NULL);
     }
     if (serve_conn_submit(&h->conns, rc->cn, c, j, !j->stream, &e)) {
-        serve_job_free(j);
+        serve_job_release(j);
         return send_error(c, cfg->metrics, &e);
     }
     rc->job = j;
@@ -160,7 +160,7 @@ static enum MHD_Result answer(serve_http *h, struct MHD_Connection *c, req_ctx *
                        serve_images_json((long)time(NULL), (const uint8_t *const *)j->pngs, j->png_sizes, j->n_pngs));
     else
         ok = send_error(c, cfg->metrics, &j->err);
-    serve_job_free(j);
+    serve_job_release(j);
     return ok;
 }
 
@@ -236,7 +236,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (rc->job && rc->job->stream) return MHD_YES;   /* streaming: the reader sends */
     if (rc->job) {   /* resumed: the job is finished (never called while suspended, but be sure) */
-        if (!rc->job->done) return MHD_YES;
+        if (!serve_job_finished(rc->job)) return MHD_YES;
         return answer(h, c, rc);
     }
     if (*upload_size && rc->form) {
@@ -318,18 +318,14 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
     req_ctx *rc = *state;
     if (rc) {
         serve_conn_request_done(&h->conns, rc->cn);
-        if (rc->job && rc->job->stream) {   /* a stream that ended, or was cut */
+        if (rc->job) {   /* a stream that ended or was cut, or a result never answered (the client had gone
+                          * when MHD resumed the connection, or the daemon stops with the job out there) */
             serve_job *j = rc->job;
-            serve_stream_detach(j->stream);   /* no push resumes this connection any more */
-            int done = j->done;
-            if (!done) j->gone = 1;   /* cut mid-render: stopped at its next step */
-            if (h->cfg->metrics) serve_metrics_count(h->cfg->metrics, serve_outcome_of(done ? j->status : 499));
-            serve_job_unref(j);   /* its on_done holds it until it has run */
-        } else if (rc->job && !serve_conn_orphan(&h->conns, rc->cn, rc->job)) {
-            /* never answered: the client had gone when MHD resumed the connection, or the daemon stops
-             * with the job still out there (then its on_done frees it) */
-            if (h->cfg->metrics) serve_metrics_count(h->cfg->metrics, serve_outcome_of(rc->job->status));
-            serve_job_free(rc->job);
+            if (j->stream) serve_stream_detach(j->stream);   /* no push resumes this connection any more */
+            int done = serve_job_finished(j);
+            if (h->cfg->metrics && (j->stream || done))
+                serve_metrics_count(h->cfg->metrics, serve_outcome_of(done ? j->status : 499));
+            serve_job_release(j);   /* not finished: marked gone, stopped at its next step, freed by the finisher */
         }
         __atomic_sub_fetch(&h->active, 1, __ATOMIC_SEQ_CST);
         serve_form_free(rc->form);

@@ -22,22 +22,40 @@ int serve_job_abandoned(const serve_job *j, double now) {
     return 0;
 }
 
-/* Under q->mu: mark j finished; a job with on_done goes on *chain, to be
- * told after the lock is released (notify), when it may be freed. */
-static void finish_locked(serve_queue *q, serve_job *j, serve_job **chain) {
-    j->done = 1;
+/* A state change that only one party can make: anything else is a bug in
+ * the server, never a client's doing, and ends it before memory is shared
+ * by two owners. */
+static void move(serve_job *j, serve_job_state from, serve_job_state to) {
+    int cur = atomic_load(&j->state);
+    do {
+        if (JOB_STATE(cur) != (int)from) {
+            fprintf(stderr, "tpgen: internal error: serve job %llu moved to state %d from %d, not from %d\n",
+                    (unsigned long long)j->id, (int)to, JOB_STATE(cur), (int)from);
+            abort();
+        }
+    } while (!atomic_compare_exchange_weak(&j->state, &cur, (cur & JOB_RELEASED) | (int)to));
+}
+
+int serve_job_finished(const serve_job *j) { return JOB_STATE(atomic_load(&j->state)) >= JOB_FINISHING; }
+
+/* Under q->mu: publish j's result (the waiter may read it from now on) and
+ * put it on *chain, to be told and let go after the lock (notify). */
+static void finish_locked(serve_queue *q, serve_job *j, serve_job_state from, serve_job **chain) {
+    move(j, from, JOB_FINISHING);
     j->next = NULL;
-    if (j->on_done) {
-        j->done_next = *chain;
-        *chain = j;
-    }
+    j->done_next = *chain;
+    *chain = j;
     (void)q;
 }
 
+/* After the queue's lock: on_done, then the finisher lets go (a request
+ * that let go first left the job to be freed here). */
 static void notify(serve_job *chain) {
     while (chain) {
-        serve_job *next = chain->done_next;   /* read before: on_done may free it */
-        chain->on_done(chain, chain->on_done_arg);
+        serve_job *next = chain->done_next;   /* read before: the job may be freed below */
+        if (chain->on_done) chain->on_done(chain, chain->on_done_arg);
+        /* FINISHING -> DONE in one step, the flag kept: set before, the request has gone */
+        if (atomic_fetch_add(&chain->state, JOB_DONE - JOB_FINISHING) & JOB_RELEASED) serve_job_free(chain);
         chain = next;
     }
 }
@@ -62,7 +80,7 @@ static int drop_locked(serve_queue *q, serve_job **chain) {
         if (st == 499) serve_error_set(&j->err, 499, "invalid_request_error", NULL, "the client closed the connection");
         else serve_error_set(&j->err, 504, "server_error", NULL,
                              "the request waited in the queue past this server's --request-timeout");
-        finish_locked(q, j, chain);
+        finish_locked(q, j, JOB_QUEUED, chain);
         n++;
     }
     return n;
@@ -85,8 +103,11 @@ void serve_job_free(serve_job *j) {
     free(j);
 }
 
-void serve_job_unref(serve_job *j) {
-    if (j && atomic_fetch_sub_explicit(&j->refs, 1, memory_order_acq_rel) == 1) serve_job_free(j);
+void serve_job_release(serve_job *j) {
+    if (!j) return;
+    if (!serve_job_finished(j)) j->gone = 1;   /* nobody waits: the queue drops it, the render stops it */
+    int was = atomic_fetch_or(&j->state, JOB_RELEASED);
+    if (was == JOB_DONE || was == JOB_NEW) serve_job_free(j);   /* the finisher let go before (or never had it) */
 }
 
 int serve_queue_init(serve_queue *q, int cap) {
@@ -120,7 +141,7 @@ int serve_queue_submit(serve_queue *q, serve_job *j, serve_error *e) {
     } else {
         j->id = q->next_id++;
         j->t_submitted = serve_now();
-        j->done = 0;
+        move(j, JOB_NEW, JOB_QUEUED);
         j->next = NULL;
         if (q->tail) q->tail->next = j;
         else q->head = j;
@@ -159,6 +180,7 @@ serve_job *serve_queue_take(serve_queue *q, double timeout_s) {
         if (!q->head) q->tail = NULL;
         q->depth--;
         j->next = NULL;
+        move(j, JOB_QUEUED, JOB_RENDERING);
     }
     pthread_mutex_unlock(&q->mu);
     notify(chain);
@@ -168,7 +190,7 @@ serve_job *serve_queue_take(serve_queue *q, double timeout_s) {
 void serve_job_finish(serve_queue *q, serve_job *j) {
     serve_job *chain = NULL;
     pthread_mutex_lock(&q->mu);
-    finish_locked(q, j, &chain);
+    finish_locked(q, j, JOB_RENDERING, &chain);
     pthread_cond_broadcast(&q->done);
     pthread_mutex_unlock(&q->mu);
     notify(chain);
@@ -193,7 +215,7 @@ int serve_queue_closed(serve_queue *q) {
 
 void serve_job_wait(serve_queue *q, serve_job *j) {
     pthread_mutex_lock(&q->mu);
-    while (!j->done) pthread_cond_wait(&q->done, &q->mu);
+    while (!serve_job_finished(j)) pthread_cond_wait(&q->done, &q->mu);
     pthread_mutex_unlock(&q->mu);
 }
 
@@ -206,7 +228,7 @@ void serve_queue_close(serve_queue *q) {
         j->status = 503;
         serve_error_set(&j->err, 503, "server_error", NULL,
                         "the server is shutting down; this request was queued and not rendered");
-        finish_locked(q, j, &chain);
+        finish_locked(q, j, JOB_QUEUED, &chain);
     }
     q->head = q->tail = NULL;
     q->depth = 0;

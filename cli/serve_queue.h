@@ -20,6 +20,28 @@ typedef struct serve_timing {
 
 struct serve_stream;
 
+/* A job's life, one owner at a time:
+ *
+ *   JOB_NEW        the HTTP request's, being built (a refused one is freed by it)
+ *   JOB_QUEUED     the queue's, under its lock (serve_queue_submit)
+ *   JOB_RENDERING  the render loop's on world rank 0 (serve_queue_take)
+ *   JOB_FINISHING  the result is final and its waiter woken; the finisher
+ *                  (render loop, or the queue dropping or closing it) is
+ *                  still telling on_done (serve_job_finish)
+ *   JOB_DONE       handed back to the HTTP request, which answers and frees it
+ *
+ * The HTTP request may let go before the end (its client left, MHD stops):
+ * it sets the flag JOB_RELEASED beside the state, and the job goes on to
+ * JOB_DONE without anyone waiting. The two hand-overs that can race, the
+ * finisher's move to JOB_DONE and the request's flag, are one atomic
+ * operation each, and whoever comes second frees the job
+ * (serve_job_release, serve_job_finish). No other party frees one. */
+typedef enum serve_job_state {
+    JOB_NEW = 0, JOB_QUEUED, JOB_RENDERING, JOB_FINISHING, JOB_DONE,
+    JOB_RELEASED = 8   /* a flag: the HTTP request has let go */
+} serve_job_state;
+#define JOB_STATE(s) ((s) & ~JOB_RELEASED)
+
 typedef struct serve_job {
     serve_request req;
     /* "stream": true: the events go here, on world rank 0 (serve_stream.h);
@@ -34,16 +56,13 @@ typedef struct serve_job {
     size_t *png_sizes;
     int n_pngs;
     serve_timing timing;
-    /* set (1) by the queue under its lock, when the result is final; read
-     * without it by the HTTP and connection threads: atomic */
-    _Atomic int done;
+    _Atomic int state;           /* serve_job_state, | JOB_RELEASED: who owns it */
     /* set by the waiting side: when the job is finished (by the render
      * side, or by the queue: 503 at close, 499/504 when dropped), outside
      * the queue's lock; NULL: serve_job_wait only */
     void (*on_done)(struct serve_job *j, void *arg);
     void *on_done_arg;
     _Atomic int gone;            /* the client has gone (set by the HTTP side) */
-    _Atomic int refs;            /* a streamed job: its holders (serve_job_unref) */
     double deadline;             /* monotonic seconds (serve_now) after which nobody waits; 0: none */
     struct serve_job *next, *done_next;
 } serve_job;
@@ -55,10 +74,15 @@ double serve_now(void);
 int serve_job_abandoned(const serve_job *j, double now);
 
 void serve_job_free_result(serve_job *j);
-/* A malloc'ed job with everything it holds (result, request, stream). */
+/* A malloc'ed job that never reached the queue (JOB_NEW), with everything
+ * it holds (result, request, stream). */
 void serve_job_free(serve_job *j);
-/* A streamed job: one holder lets go; the last frees it. */
-void serve_job_unref(serve_job *j);
+/* Is the result final (JOB_FINISHING or later)? Any thread, no lock. */
+int serve_job_finished(const serve_job *j);
+/* The HTTP request lets go of a malloc'ed job it submitted (answered, or
+ * its request ended): freed now if the finisher has let go, else by the
+ * finisher. A job not finished yet is marked gone first. */
+void serve_job_release(serve_job *j);
 
 typedef struct serve_queue {
     pthread_mutex_t mu;

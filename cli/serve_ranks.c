@@ -4,7 +4,6 @@
 #include "core/dist/dist.h"
 #include "core/dist/watchdog.h"
 #include "kernels/err.h"
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -462,20 +461,33 @@ static void render_job(serve_ranks *s, serve_job *j) {
 /* The job as a message; NULL when out of memory, the job then answered 500. */
 static uint8_t *pack_or_fail(serve_ranks *s, serve_job *j, size_t *n) {
     uint8_t *p = serve_request_pack(&j->req, j->id, n);
-    if (p && *n > INT_MAX) {   /* one point-to-point message, an int count (MPI 3) */
-        free(p), p = NULL;
-        j->status = 413;
-        serve_error_set(&j->err, 413, "invalid_request_error", NULL,
-                        "the request packs to %zu bytes, over the 2 GiB one message to a rank group carries; "
-                        "send smaller or fewer images", *n);
-        serve_job_finish(s->queue, j);
-        return NULL;
-    }
     if (!p) {
         j->status = 500;
         serve_error_set(&j->err, 500, "server_error", NULL, "out of memory packing the job");
         serve_job_finish(s->queue, j);
     }
+    return p;
+}
+
+/* One point-to-point message of n bytes, of any size (dist_bytes_of), not
+ * MPI_Send: a peer that died would block it for good, so it is watched
+ * while it goes out (wait_request takes the beats meanwhile). */
+static void send_bytes(serve_ranks *s, const void *p, size_t n, int to, int tag) {
+    dist_bytes b = dist_bytes_of(n);
+    MPI_Request r;
+    MPI_Isend(p, b.count, b.type, to, tag, s->msg, &r);
+    wait_request(s, &r);
+    dist_bytes_free(&b);
+}
+
+/* Receive the probed message st, of any size: malloc'ed (one byte more,
+ * never NULL), its size in *n. */
+static uint8_t *recv_bytes(serve_ranks *s, const MPI_Status *st, size_t *n) {
+    *n = dist_probed_bytes(st);
+    uint8_t *p = xmalloc(*n + 1);
+    dist_bytes b = dist_bytes_of(*n);
+    MPI_Recv(p, b.count, b.type, st->MPI_SOURCE, st->MPI_TAG, s->msg, MPI_STATUS_IGNORE);
+    dist_bytes_free(&b);
     return p;
 }
 
@@ -511,17 +523,16 @@ void serve_ranks_service(serve_ranks *s) {
             beat_recv(s, st.MPI_SOURCE, serve_now());
             continue;
         }
-        int g = st.MPI_SOURCE / d->grp, cnt = 0;
-        MPI_Get_count(&st, MPI_BYTE, &cnt);
-        uint8_t *buf = xmalloc((size_t)cnt + 1);
-        MPI_Recv(buf, cnt, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, s->msg, MPI_STATUS_IGNORE);
+        int g = st.MPI_SOURCE / d->grp;
+        size_t cnt = 0;
+        uint8_t *buf = recv_bytes(s, &st, &cnt);
         if (st.MPI_TAG == T_READY) {
             s->ready[g] = 1;
         } else if (st.MPI_TAG == T_EVENT && s->inflight[g]) {
-            event_deliver(s->inflight[g], buf, (size_t)cnt);
+            event_deliver(s->inflight[g], buf, cnt);
         } else if (st.MPI_TAG == T_RESULT && s->inflight[g]) {
             serve_job *j = s->inflight[g];
-            if (result_unpack(buf, (size_t)cnt, j)) {
+            if (result_unpack(buf, cnt, j)) {
                 serve_job_free_result(j);
                 j->status = 500;
                 serve_error_set(&j->err, 500, "server_error", NULL, "the result of TP group %d could not be decoded", g);
@@ -551,11 +562,7 @@ void serve_ranks_service(serve_ranks *s) {
         size_t n = 0;
         uint8_t *p = pack_or_fail(s, j, &n);
         if (!p) continue;
-        /* not MPI_Send: a leader that died after its READY would block it for good; the group stays
-         * watched until the job is out */
-        MPI_Request r;
-        MPI_Isend(p, (int)n, MPI_BYTE, leader_of(s, g), T_JOB, s->msg, &r);
-        wait_request(s, &r);
+        send_bytes(s, p, n, leader_of(s, g), T_JOB);   /* the group stays watched until the job is out */
         free(p);
         s->ready[g] = 0;
         s->inflight[g] = j;
@@ -570,16 +577,12 @@ void serve_ranks_event(serve_ranks *s, serve_job *j, int completed, int image, c
         serve_stream_image(j->stream, completed, image, png, n);
         return;
     }
-    if (n > INT_MAX - EVENT_HDR) return;   /* one message, an int count: a preview that big is not sent */
     uint8_t *p = xmalloc(EVENT_HDR + n);
     int64_t h[3] = {(int64_t)j->id, completed, image};
     memcpy(p, h, sizeof h);
     memcpy(p + EVENT_HDR, png, n);
-    /* not MPI_Send: a dead world rank 0 would block it for good; its beats are taken in meanwhile. MPI keeps
-     * the order of one sender's messages, so the events arrive before the job's T_RESULT */
-    MPI_Request req;
-    MPI_Isend(p, (int)(EVENT_HDR + n), MPI_BYTE, 0, T_EVENT, s->msg, &req);
-    wait_request(s, &req);
+    /* MPI keeps the order of one sender's messages: the events arrive before the job's T_RESULT */
+    send_bytes(s, p, EVENT_HDR + n, 0, T_EVENT);
     free(p);
 }
 
@@ -673,11 +676,7 @@ static int run_group_rank(serve_ranks *s) {
                 nap();
             }
             set_idle(s, 0);
-            int cnt = 0;
-            MPI_Get_count(&st, MPI_BYTE, &cnt);
-            p = xmalloc((size_t)cnt + 1);
-            MPI_Recv(p, cnt, MPI_BYTE, 0, st.MPI_TAG, s->msg, MPI_STATUS_IGNORE);
-            n = (size_t)cnt;
+            p = recv_bytes(s, &st, &n);
             type = st.MPI_TAG == T_STOP ? MSG_STOP : MSG_JOB;
             group_send(s, type, p, n);
         } else {
@@ -697,25 +696,14 @@ static int run_group_rank(serve_ranks *s) {
         render_job(s, &j);
         if (leader && d->world_rank != 0) {
             uint8_t *r = result_pack(&j, &n);
-            if (r && n > INT_MAX) {   /* one point-to-point message, an int count (MPI 3) */
-                free(r), r = NULL;
-                serve_job_free_result(&j);
-                j.status = 500;
-                serve_error_set(&j.err, 500, "server_error", NULL,
-                                "the images pack to %zu bytes, over the 2 GiB one message carries; ask for fewer "
-                                "or smaller images per request", n);
-                r = result_pack(&j, &n);
-            } else if (!r) {   /* still answer, so that rank 0 never waits forever */
+            if (!r) {   /* still answer, so that rank 0 never waits forever */
                 serve_job_free_result(&j);
                 j.status = 500;
                 serve_error_set(&j.err, 500, "server_error", NULL, "out of memory sending the result");
                 r = result_pack(&j, &n);
             }
-            /* not MPI_Send: a dead world rank 0 would block it for good; watched while it goes out */
-            MPI_Request req;
-            MPI_Isend(r, r ? (int)n : 0, MPI_BYTE, 0, T_RESULT, s->msg, &req);
-            set_idle(s, 1);
-            wait_request(s, &req);
+            set_idle(s, 1);   /* a dead world rank 0 is seen while the result goes out */
+            send_bytes(s, r, r ? n : 0, 0, T_RESULT);
             set_idle(s, 0);
             free(r);
         }

@@ -4,6 +4,7 @@
  * (relative error ~1e-6); bf16 rounds after each pairwise addition as NCCL
  * does, so the result may be off by (ranks-1) roundings. */
 #include "test.h"
+#include <limits.h>
 #include "kernels/comm.h"
 #include "core/dist/dist.h"
 #include "kernels/err.h"
@@ -142,6 +143,64 @@ TEST_MPI(dist_bcast_large_pieces) {
             free(f), free(b);
         }
     dist_set_chunk_bytes(0);
+}
+
+/* One point-to-point message of any size (dist_bytes_of, dist_probed_bytes:
+ * serve's jobs, results and events): rank 0 to the last rank, probed and
+ * received as serve does, at forced small piece sizes (the derived type's
+ * whole pieces and rest) and at the real one; then, at np 2, one message
+ * past INT_MAX bytes, which an int count cannot carry. */
+/* byte i of a message: a period of 4093 bytes (a prime: a piece put at the
+ * wrong offset shows), filled and compared by whole periods */
+#define P2P_PERIOD 4093
+static void p2p_pattern(unsigned char *per, unsigned salt) {
+    for (size_t i = 0; i < P2P_PERIOD; i++) per[i] = (unsigned char)(i * 131 + salt);
+}
+
+static size_t p2p_case(size_t n, int rank, int last, unsigned salt) {
+    unsigned char per[P2P_PERIOD], *b = malloc(n ? n : 1);
+    p2p_pattern(per, salt);
+    size_t bad = 0;
+    if (rank == 0) {
+        for (size_t i = 0; i < n; i += P2P_PERIOD) memcpy(b + i, per, n - i < P2P_PERIOD ? n - i : P2P_PERIOD);
+        dist_bytes t = dist_bytes_of(n);
+        MPI_Send(b, t.count, t.type, last, 5, MPI_COMM_WORLD);
+        dist_bytes_free(&t);
+    } else if (rank == last) {
+        MPI_Status st;
+        MPI_Probe(0, 5, MPI_COMM_WORLD, &st);
+        size_t got = dist_probed_bytes(&st);
+        dist_bytes t = dist_bytes_of(got);
+        MPI_Recv(b, t.count, t.type, 0, 5, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        dist_bytes_free(&t);
+        bad += got != n;
+        for (size_t i = 0; i < n && got == n; i += P2P_PERIOD)
+            bad += memcmp(b + i, per, n - i < P2P_PERIOD ? n - i : P2P_PERIOD) != 0;
+    }
+    free(b);
+    return bad;
+}
+
+TEST_MPI(dist_bytes_any_size) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size < 2) return;
+    static const size_t piece[] = {7, 1000, 0};
+    static const size_t count[] = {0, 1, 999, 1000, 10007};
+    for (size_t pi = 0; pi < sizeof piece / sizeof *piece; pi++)
+        for (size_t ci = 0; ci < sizeof count / sizeof *count; ci++) {
+            dist_set_chunk_bytes(piece[pi]);
+            size_t bad = p2p_case(count[ci], rank, size - 1, (unsigned)(pi * 5 + ci));
+            CHECK(bad == 0, "p2p piece %zu, %zu bytes, rank %d: %zu wrong periods", piece[pi], count[ci], rank, bad);
+        }
+    dist_set_chunk_bytes(0);
+    dist_bytes t = dist_bytes_of(1000);
+    CHECK(t.type == MPI_BYTE && t.count == 1000, "a small message is plain bytes");
+    if (size != 2) return;   /* the 2 GiB case once, at np 2 (4.3 GB between the two ranks) */
+    size_t big = (size_t)INT_MAX + 4099;
+    size_t bad = p2p_case(big, rank, 1, 77);
+    CHECK(bad == 0, "p2p of %zu bytes (past INT_MAX), rank %d: %zu wrong periods", big, rank, bad);
 }
 
 /* All-gather and all-to-all (the CFG exchange and Ulysses' head/token

@@ -129,7 +129,7 @@ TEST(serve_queue_full_and_closing) {
     CHECK(serve_queue_take(&q, 0.01) == &a, "FIFO");
     CHECK(a.id == 1 && b.id == 2, "ids");
     serve_queue_close(&q);
-    CHECK(b.done && b.status == 503, "queued job answered 503 at close");
+    CHECK(serve_job_finished(&b) && b.status == 503, "queued job answered 503 at close");
     CHECK(serve_queue_submit(&q, &c, &e) == -1 && e.status == 503, "submit after close: 503");
     CHECK(serve_queue_take(&q, 0.01) == NULL, "closed and empty");
     serve_queue_destroy(&q);

@@ -198,3 +198,36 @@ void dist_bcast_large(void *buf, size_t count, MPI_Datatype type, size_t elem_si
         MPI_Bcast(p + done * elem_size, (int)n, type, root, c);
     }
 }
+
+dist_bytes dist_bytes_of(size_t n) {
+    size_t piece = g_chunk_bytes < (size_t)INT_MAX ? g_chunk_bytes : (size_t)INT_MAX;
+    if (n <= piece) return (dist_bytes){(int)n, MPI_BYTE};
+    size_t k = n / piece, rest = n % piece;
+    if (k > (size_t)INT_MAX) tp_fatal("a message of %zu bytes in pieces of %zu is too many pieces for MPI", n, piece);
+    MPI_Datatype one, body, t;
+    MPI_Type_contiguous((int)piece, MPI_BYTE, &one);
+    MPI_Type_contiguous((int)k, one, &body);
+    if (rest) {
+        int lens[2] = {1, (int)rest};
+        MPI_Aint at[2] = {0, (MPI_Aint)(k * piece)};
+        MPI_Datatype types[2] = {body, MPI_BYTE};
+        MPI_Type_create_struct(2, lens, at, types, &t);
+        MPI_Type_free(&body);
+    } else {
+        t = body;
+    }
+    MPI_Type_free(&one);
+    MPI_Type_commit(&t);
+    return (dist_bytes){1, t};
+}
+
+void dist_bytes_free(dist_bytes *b) {
+    if (b->type != MPI_BYTE) MPI_Type_free(&b->type);
+    b->type = MPI_BYTE, b->count = 0;
+}
+
+size_t dist_probed_bytes(const MPI_Status *st) {
+    MPI_Count n = 0;
+    MPI_Get_elements_x(st, MPI_BYTE, &n);
+    return n > 0 ? (size_t)n : 0;
+}

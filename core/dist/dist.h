@@ -83,6 +83,20 @@ void dist_lockstep_end(void);
 #define DIST_CHUNK_BYTES ((size_t)1 << 30)
 void dist_bcast_large(void *buf, size_t count, MPI_Datatype type, size_t elem_size, int root, MPI_Comm c);
 
+/* n bytes as the (count, type) of one point-to-point message: (n,
+ * MPI_BYTE) while n is at most a piece (DIST_CHUNK_BYTES, or the test
+ * hook's), else (1, a committed type of whole pieces and the rest), which
+ * dist_bytes_free releases. Both forms have the signature "n bytes", so
+ * either matches the other's receive. */
+typedef struct dist_bytes {
+    int count;
+    MPI_Datatype type;
+} dist_bytes;
+dist_bytes dist_bytes_of(size_t n);
+void dist_bytes_free(dist_bytes *b);
+/* The bytes of a probed message, past INT_MAX too (MPI_Get_elements_x). */
+size_t dist_probed_bytes(const MPI_Status *st);
+
 /* test hook: the piece size in bytes (0: DIST_CHUNK_BYTES); the same on every rank */
 void dist_set_chunk_bytes(size_t bytes);
 
