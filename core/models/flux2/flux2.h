@@ -145,13 +145,14 @@ int flux2_forward(flux2_model *m, const float *x, int64_t N, const int32_t *img_
                   float timestep, const float *guidance, float *out);
 
 /* The prepare step of a denoising loop: what the forwards over N image
- * rows (ids img_ids) and the prompt txt [L] allocate, made now and kept for
+ * rows (ids img_ids; the first R of them the references of a KV extract
+ * pass, else R = 0) and the prompt txt [L] allocate, made now and kept for
  * them: the activations, the context projections of txt and of txt2 [L2]
  * (the negative prompt, or NULL), and the RoPE tables (when img_ids is not
  * NULL). Running out of memory is then an error the ranks can agree on
  * before the first collective. Per rank, no collective. */
-int flux2_prepare(flux2_model *m, int64_t N, const int32_t *img_ids, const float *txt, int64_t L, const int32_t *txt_ids,
-                  const float *txt2, int64_t L2);
+int flux2_prepare(flux2_model *m, int64_t N, int64_t R, const int32_t *img_ids, const float *txt, int64_t L,
+                  const int32_t *txt_ids, const float *txt2, int64_t L2);
 
 /* ---- KV-cached references (Flux2KleinKVPipeline; diffusers
  * transformer_flux2.py kv_cache_mode "extract" / "cached") ----
