@@ -201,6 +201,8 @@ typedef struct flux2_stats {
     double gemm_seconds;       /* valid with profiling on or on the CPU backend */
     double gemm_flops;         /* FLOPs of the GEMMs this rank ran */
     double attention_flops;    /* 4 * S^2 * hd * local heads per attention */
+    uint64_t kv_cache_bytes;   /* the largest KV cache of references this rank held (K and V of every block) */
+    int64_t kv_cache_tokens;   /* its reference tokens */
 } flux2_stats;
 
 void flux2_get_stats(const flux2_model *m, flux2_stats *st);

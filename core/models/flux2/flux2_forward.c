@@ -385,6 +385,8 @@ static int kv_alloc(flux2_model *m, flux2_kv_cache *kv, int64_t R) {
     for (int i = 0; i < n; i++)
         if (!(kv->k[i] = tensor_new(m->be, m->act, R, w)) || !(kv->v[i] = tensor_new(m->be, m->act, R, w)))
             return tp_error_context("flux2: KV cache of %lld reference tokens", (long long)R);
+    uint64_t bytes = 2 * (uint64_t)n * tensor_nbytes(kv->k[0]);
+    if (bytes > m->stats.kv_cache_bytes) m->stats.kv_cache_bytes = bytes, m->stats.kv_cache_tokens = R;
     return 0;
 }
 
