@@ -10,7 +10,9 @@
  *  - the extract pass differs from the plain full pass (the mode is live),
  *    and sharded runs equal the unsharded one;
  *  - the denoising loop with KV (extract at step 0, cached after) equals a
- *    loop written here that runs a fresh extract pass every step. */
+ *    loop written here that runs a fresh extract pass every step;
+ *  - with sequence parallelism over the world, both passes are the one-rank
+ *    ones byte for byte and each rank's cache is its heads' share. */
 #include "test.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
