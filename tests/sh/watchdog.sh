@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 80 s; checks: 9
+# budget: 45 s; checks: 9
 # The watchdog (core/dist/watchdog.h) with real ranks: a rank paused for
 # less than the bound changes nothing (same PNG); a rank paused for longer
 # makes the other rank end the job with a message naming its TP group,
