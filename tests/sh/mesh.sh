@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# budget: 140 s; checks: 36
+# budget: 140 s; checks: 37
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
 # reference, bf16 and f32, tp 1 and tp 2; FLUX.3 base with references);
 # Ulysses SP (--sp) the one-rank run's at 2, 3 and 4 ranks (klein, klein
 # base with CFG, dev, FLUX.3 base and flow-map; token counts the degree does not divide, a reference, an
-# image of one token; KV-cached references with two images at sp 2 and 3, against the plain pipeline, and
-# their cache's bytes per rank), TP x SP within 1e-5 of tp 1 in f32 (klein-kv: of tp 2); the PNG records
+# image of one token; KV-cached references with two images at sp 2 and 3, against the plain pipeline, a
+# batch of them on dp 2 x sp 2, and their cache's bytes per rank), TP x SP within 1e-5 of tp 1 in f32 (klein-kv: of tp 2); the PNG records
 # the mesh, comm_bytes_per_step matches the ring formulas (CFG exchange;
 # sp 4 against tp 4, at most 0.6x), and every refusal is one clear error
 # before loading, on every rank, with no output. One OpenMP thread per rank
@@ -153,6 +153,31 @@ if $MPIRUN -np 2 "$TPGEN" "${KT[@]}" --tp 2 --save-latents "$TMP/kv-tp2.st" >/de
         ok "mesh kv: tp 2 x sp 2 f32 latents = tp 2's byte for byte (rel_l2 $rel <= 1e-5), each rank's cache 1/4 ($want bytes)" ||
         fail "mesh kv: tp 2 x sp 2: rel_l2 $rel, kv_cache_bytes $(jq -c .kv_cache_bytes "$TMP/kv-ts.json")"
 else fail "mesh kv: tp 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+# a batch of 3 klein-kv jobs on dp 2 x sp 2 (a fresh cache per job): each PNG's pixels = the job alone on one rank
+cat >"$TMP/kvbatch.yaml" <<YAML
+model: $KV
+prompts: [a fox, a red boat, a cat]
+seeds: [3]
+steps: 2
+width: 80
+height: 48
+backend: cpu
+images: [$RG/r0_64x80.png, $RG/r1_100x70.png]
+sp: 2
+tp: 1
+output: $TMP/kvb-{index}.png
+YAML
+if out=$($MPIRUN -np 4 "$TPGEN" --spec "$TMP/kvbatch.yaml" 2>&1); then
+    same=0 i=0
+    for pr in "a fox" "a red boat" "a cat"; do
+        "$TPGEN" --model "$KV" --prompt "$pr" --seed 3 --steps 2 --width 80 --height 48 --backend cpu \
+            --image "$RG/r0_64x80.png" --image "$RG/r1_100x70.png" --output "$TMP/kva-$i.png" >/dev/null 2>&1 &&
+            [ "$(idat "$TMP/kva-$i.png")" = "$(idat "$TMP/kvb-$i.png")" ] && same=$((same + 1))
+        i=$((i + 1))
+    done
+    [ $same = 3 ] && ok "mesh kv: a batch of 3 klein-kv jobs on dp 2 x sp 2, each PNG's pixels = the job alone on one rank" ||
+        fail "mesh kv: batch on dp 2 x sp 2: $same of 3 equal"
+else fail "mesh kv: batch on dp 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
 
 # a batch (2 prompts x 2 seeds) on dp 2 x sp 2: each job's PNG pixels = the job alone on one rank
 cat >"$TMP/batch.yaml" <<YAML
