@@ -7,7 +7,8 @@
 # Ulysses SP (--sp) the one-rank run's at 2, 3 and 4 ranks (klein, klein
 # base with CFG, dev, FLUX.3 base and flow-map; token counts the degree does not divide, a reference, an
 # image of one token; KV-cached references with two images at sp 2 and 3, against the plain pipeline, a
-# batch of them on dp 2 x sp 2, and their cache's bytes per rank), TP x SP within 1e-5 of tp 1 in f32 (klein-kv: of tp 2); the PNG records
+# batch of them on dp 2 x sp 2, and their cache's bytes per rank), TP x SP within 1e-5 of tp 1 in f32
+# (klein-kv: tp 2 x sp 2 = tp 2 byte for byte); the PNG records
 # the mesh, comm_bytes_per_step matches the ring formulas (CFG exchange;
 # sp 4 against tp 4, at most 0.6x), and every refusal is one clear error
 # before loading, on every rank, with no output. One OpenMP thread per rank

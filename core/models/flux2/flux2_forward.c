@@ -90,9 +90,10 @@ static const void *local_image_rows(const flux2_ws *ws, const void *host, size_t
     *tmp = NULL;
     if (!ws->img_n[0] || ws->img_at[0] + ws->img_n[0] == ws->img_at[1])   /* one piece */
         return h + (size_t)(ws->img_n[0] ? ws->img_at[0] : ws->img_at[1]) * row_bytes;
-    char *c = *tmp = xmalloc((size_t)(ws->img_n[0] + ws->img_n[1]) * row_bytes + 1);
-    memcpy(c, h + (size_t)ws->img_at[0] * row_bytes, (size_t)ws->img_n[0] * row_bytes);
-    memcpy(c + (size_t)ws->img_n[0] * row_bytes, h + (size_t)ws->img_at[1] * row_bytes, (size_t)ws->img_n[1] * row_bytes);
+    size_t b0 = (size_t)ws->img_n[0] * row_bytes, b1 = (size_t)ws->img_n[1] * row_bytes;
+    char *c = *tmp = xmalloc(b0 + b1 + 1);
+    memcpy(c, h + (size_t)ws->img_at[0] * row_bytes, b0);
+    memcpy(c + b0, h + (size_t)ws->img_at[1] * row_bytes, b1);
     return c;
 }
 
