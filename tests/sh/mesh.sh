@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 140 s; checks: 37
+# budget: 140 s; checks: 38
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
@@ -133,6 +133,13 @@ want=$(jq '2 * (.num_layers + .num_single_layers) * 44 * (.num_attention_heads *
        "$KV/transformer/config.json")
 [ "$kvb" = "[$want,$want]" ] && ok "mesh kv: each SP rank's KV cache = 2 x blocks x 44 tokens x D/2 x 2 bytes = $want" ||
     fail "mesh kv: kv_cache_bytes $kvb, the formula gives [$want,$want]"
+# inspect's projection per reference token (bf16, --sp 2) x 44 tokens = what the run measured; none without KV
+per=$("$TPGEN" inspect --model "$KV" --tp 1 --sp 2 --json 2>/dev/null | jq .kv_cache_bytes_per_reference_token)
+none=$("$TPGEN" inspect --model "$D" --tp 1 --sp 2 --json 2>/dev/null | jq .kv_cache_bytes_per_reference_token)
+[ -n "$per" ] && [ "$per" != null ] && [ "[$((per * 44)),$((per * 44))]" = "$kvb" ] && [ "$none" = null ] &&
+    "$TPGEN" inspect --model "$KV" --tp 1 --sp 2 --summary 2>/dev/null | grep -q "KV-cached references: each rank's cache holds $per bytes per reference token" &&
+    ok "mesh kv: inspect --sp 2 projects $per bytes per reference token and rank, x 44 = the run's cache" ||
+    fail "mesh kv: inspect projects '$per' per token (plain folder: '$none'), the run held $kvb"
 # the negative control: the plain klein pipeline on the same references at --sp 2 gives other latents
 if $MPIRUN -np 2 "$TPGEN" --model "$D" "${KVR[@]}" --width 80 --height 48 --sp 2 --no-decode \
        --save-latents "$TMP/nokv-sp.st" >/dev/null 2>&1; then
