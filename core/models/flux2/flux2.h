@@ -164,7 +164,9 @@ int flux2_prepare(flux2_model *m, int64_t N, int64_t R, const int32_t *img_ids, 
  *   are stored in kv. out [N, out_dim] receives the noise tokens only.
  * cached: x holds the N noise tokens only; the stored reference K/V are
  *   injected between the text and image keys of every attention.
- * Collective like flux2_forward. */
+ * Collective like flux2_forward. With sequence parallelism (flux2_set_sp)
+ * the cache holds what the rank attends for after the all-to-all: all R
+ * reference tokens of its heads/sp (docs/parallel.md). */
 enum { FLUX2_KV_NONE = 0, FLUX2_KV_EXTRACT = 1, FLUX2_KV_CACHED = 2 };
 typedef struct flux2_kv_cache flux2_kv_cache;
 flux2_kv_cache *flux2_kv_new(void);
