@@ -34,7 +34,8 @@ static int usage(FILE *f) {
                "                     [--family dev|klein|klein-base] [--json]\n\n"
                "Shows how NAME (default transformer) of the pipeline folder DIR is split over N ranks\n"
                "(default 1): each tensor's style and global/local shape, whether the split is valid,\n"
-               "and per rank the weight bytes and the largest staging buffer. Reads headers only.\n"
+               "and per rank the weight bytes and the largest staging buffer (on a Flux2KleinKVPipeline\n"
+               "folder also its KV cache of references per token and rank). Reads headers only.\n"
                "A .gguf file is listed: its metadata keys and tensors (type, shape, bytes); --summary: keys only.\n"
                "  --json     one JSON object: tp, valid, error, ranks[{rank, weight_bytes, ...}], tensors\n"
                "  --summary  leave out the per-tensor table (and the LoRA module list)\n"
@@ -214,6 +215,20 @@ static int open_component(const inspect_args *a, model_dir **m, json_t **cfg, ch
     return rc;
 }
 
+/* A Flux2KleinKVPipeline folder's transformer: the bytes each rank's KV
+ * cache of references takes per reference token in bf16 (K and V of every
+ * block, this rank's heads: D / (tp x sp)); 0 for other folders */
+static int64_t kv_bytes_per_token(const inspect_args *a, const model_dir *m, const json_t *cfg) {
+    const char *cls = m && m->index ? json_string_value(json_object_get(m->index, "_class_name")) : NULL;
+    if (!cls || strcmp(cls, "Flux2KleinKVPipeline") || strcmp(a->component, "transformer")) return 0;
+    json_int_t heads = json_integer_value(json_object_get(cfg, "num_attention_heads")),
+               hd = json_integer_value(json_object_get(cfg, "attention_head_dim")),
+               blocks = json_integer_value(json_object_get(cfg, "num_layers")) +
+                        json_integer_value(json_object_get(cfg, "num_single_layers"));
+    int64_t split = (int64_t)a->tp * (a->sp > 1 ? a->sp : 1);
+    return heads > 0 && hd > 0 && blocks > 0 ? 2 * blocks * heads * hd / split * 2 : 0;
+}
+
 /* --components: each part of the model, where it came from (core/flux2_components.c) */
 static int inspect_components(const inspect_args *a) {
     flux2_components c = {.model = a->model, .transformer = a->transformer, .text_encoder = a->text_encoder,
@@ -297,6 +312,7 @@ int cmd_inspect(int argc, char **argv) {
     if (valid && a.scan && !a.json) printf("scan: all %d tensors of %s are finite\n", c->n, a.component);
     char *err = valid ? NULL : xstrdup(tp_error_msg());
     const plan *p = &cp.p;
+    int64_t kv_per_token = opened ? kv_bytes_per_token(&a, m, cfg) : 0;
     if (opened && !a.json)
         printf("model %s, component %s, plan %s, tp %d, %d tensors in %d file(s)\n%s%s\n",
                a.transformer && !strcmp(a.component, "transformer") ? a.transformer : a.model, a.component,
@@ -316,6 +332,7 @@ int cmd_inspect(int argc, char **argv) {
         json_object_set_new(o, "sp", json_integer(a.sp > 1 ? a.sp : 1));
         json_object_set_new(o, "cfg_parallel", json_boolean(a.cfg_parallel));
         json_object_set_new(o, "group_ranks", json_integer((json_int_t)a.tp * (a.sp > 1 ? a.sp : 1) * (a.cfg_parallel ? 2 : 1)));
+        if (kv_per_token) json_object_set_new(o, "kv_cache_bytes_per_reference_token", json_integer(kv_per_token));
         if (a.n_loras) json_object_set_new(o, "loras", loras ? loras : json_array());
         if (opened && c->prefix)
             json_object_set_new(o, "name_prefix", json_pack("{s:s,s:i}", "prefix", c->prefix, "tensors_outside_ignored",
@@ -336,6 +353,10 @@ int cmd_inspect(int argc, char **argv) {
             printf("mesh: %s--sp %d x --tp %d: a job group of %d ranks; group rank g holds the row of TP rank g %% %d "
                    "above, each shard on %d ranks\n", a.cfg_parallel ? "--cfg-parallel (2) x " : "",
                    a.sp > 1 ? a.sp : 1, a.tp, rep * a.tp, a.tp, rep);
+        if (valid && kv_per_token)   /* KV-cached references: what the cache adds per rank (docs/editing.md) */
+            printf("KV-cached references: each rank's cache holds %lld bytes per reference token in bf16 (K and V "
+                   "of every block, D / (tp x sp) of each); a 1024x1024 reference (4096 tokens): %.1f MB\n",
+                   (long long)kv_per_token, 4096.0 * (double)kv_per_token / 1e6);
     }
     if (!valid) fprintf(stderr, "tpgen: error: %s\n", err);
     free(err);

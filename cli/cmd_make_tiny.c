@@ -270,12 +270,12 @@ static int make_full(const char *dir, const tiny_family *fam, unsigned seed, int
 
 int cmd_make_tiny(int argc, char **argv) {
     const char *out = NULL, *family = "klein";
-    int full = 0, sparse = 0;
+    int full = 0, sparse = 0, heads = 0;
     unsigned long seed = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: tpgen make-tiny --out DIR [--seed S] [--family klein|dev] [--widths tiny|klein-4b|klein-4b-full|dev-full]\n"
-                   "                      [--sparse]\n\n"
+                   "                      [--sparse] [--heads H]\n\n"
                    "Write a tiny random FLUX.2 pipeline folder (diffusers layout) to DIR:\n"
                    "transformer/, scheduler/, model_index.json, prompt_embeds.safetensors (random),\n"
                    "and vae/, text_encoder/, tokenizer/ when this build has them. Same seed, same files.\n\n"
@@ -288,7 +288,9 @@ int cmd_make_tiny(int argc, char **argv) {
                    "                   Qwen3-4B (36 layers), the real VAE; 16 GB, streamed to disk\n"
                    "  --widths dev-full  the same for FLUX.2-dev (48 + 8 blocks, Mistral Small's 40 layers): 110 GB\n"
                    "  --sparse         with *-full: the weight matrices as holes (a few MB on disk), for shape and\n"
-                   "                   loading tests\n");
+                   "                   loading tests\n"
+                   "  --heads H        tiny widths with H attention heads of 32 (default 4; 1 to 24), e.g. 6 for\n"
+                   "                   tests of degrees that divide 6 but not 4 (--sp 3)\n");
             return 0;
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
@@ -307,6 +309,14 @@ int cmd_make_tiny(int argc, char **argv) {
                 fprintf(stderr, "tpgen: error: --widths: expected tiny, klein-4b, klein-4b-full or dev-full, got '%s'\n", w);
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--heads") && i + 1 < argc) {
+            char *end;
+            long h = strtol(argv[++i], &end, 10);
+            if (*end || h < 1 || h > 24) {
+                fprintf(stderr, "tpgen: error: --heads: expected an integer from 1 to 24, got '%s'\n", argv[i]);
+                return 2;
+            }
+            heads = (int)h;
         } else if (!strcmp(argv[i], "--sparse")) {
             sparse = 1;
         } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
@@ -326,6 +336,11 @@ int cmd_make_tiny(int argc, char **argv) {
         fprintf(stderr, "tpgen: error: make-tiny needs --out DIR\n");
         return 2;
     }
+    if (heads && (full || g_dims.hd != 32)) {
+        fprintf(stderr, "tpgen: error: make-tiny: --heads goes with the tiny widths (no --widths)\n");
+        return 2;
+    }
+    if (heads) g_dims.heads = heads;
     if (sparse && !full) {
         fprintf(stderr, "tpgen: error: make-tiny: --sparse goes with --widths klein-4b-full or dev-full\n");
         return 2;

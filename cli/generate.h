@@ -86,6 +86,7 @@ typedef struct gen_metrics {
     int steps_total;
     double step_seconds;         /* summed over steps */
     double comm_bytes;           /* this rank: sent in collectives while denoising (tp_pipe_stats) */
+    double kv_cache_bytes, kv_cache_tokens;   /* this rank: the largest KV cache of references held (tp_pipe_stats) */
     int images, latents;         /* files written by this rank */
     int jobs_done;               /* jobs of this rank's group */
     int cache_steps[2][2];       /* --cache, this group's first rank: [group][0 computed, 1 cached] block-group

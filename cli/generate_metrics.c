@@ -48,6 +48,8 @@ typedef struct summary {
     double cache_steps[2][2];    /* --cache: [group][computed, cached], summed over TP-group leads */
     json_t *cache;           /* --cache, world rank 0: cache_decisions, one object per rendered job in job order */
     double *comm;            /* per world rank: bytes sent in collectives per denoising step */
+    double *kv;              /* per world rank: [bytes, reference tokens] of the largest KV cache held */
+    int has_kv;
 } summary;
 
 /* Every group's first rank holds its jobs' decisions (JSON text, one line
@@ -113,6 +115,10 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     double per_step = m->steps_total > 0 ? m->comm_bytes / m->steps_total : 0;
     s->comm = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
     MPI_Gather(&per_step, 1, MPI_DOUBLE, s->comm, 1, MPI_DOUBLE, 0, w);
+    double kv[2] = {m->kv_cache_bytes, m->kv_cache_tokens};
+    s->kv = g->d->world_rank == 0 ? xmalloc(sizeof(double) * 2 * (size_t)g->d->world_size) : NULL;
+    MPI_Gather(kv, 2, MPI_DOUBLE, s->kv, 2, MPI_DOUBLE, 0, w);
+    for (int r = 0; s->kv && r < g->d->world_size; r++) s->has_kv |= s->kv[2 * r] > 0;
 }
 
 static void print_summary(const gen_setup *g, const summary *s) {
@@ -166,6 +172,12 @@ static void print_summary(const gen_setup *g, const summary *s) {
         for (int r = 0; r < g->d->world_size; r++) printf(" r%d %.4g MB", r, s->comm[r] / 1e6);
         printf("\n");
     }
+    if (s->has_kv) {   /* KV-cached references: what each rank held (its heads: 1/(tp x sp) of them) */
+        printf("  KV cache of references per rank:");
+        for (int r = 0; r < g->d->world_size; r++)
+            printf(" r%d %.4g MB (%.0f tokens)", r, s->kv[2 * r] / 1e6, s->kv[2 * r + 1]);
+        printf("\n");
+    }
     fflush(stdout);
 }
 
@@ -194,6 +206,11 @@ static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
     json_t *comm = json_array();   /* bytes each world rank sends in collectives per denoising step */
     for (int r = 0; r < g->d->world_size; r++) json_array_append_new(comm, json_real(s->comm[r]));
     json_object_set_new(j, "comm_bytes_per_step", comm);
+    if (s->has_kv) {   /* per world rank: the largest KV cache of references it held */
+        json_t *kv = json_array();
+        for (int r = 0; r < g->d->world_size; r++) json_array_append_new(kv, json_integer((json_int_t)s->kv[2 * r]));
+        json_object_set_new(j, "kv_cache_bytes", kv);
+    }
     json_object_set_new(j, "text_encoder_bytes_loaded", json_integer((json_int_t)s->te_bytes_loaded));
     json_object_set_new(j, "text_encoder_read_seconds", json_real(s->te_load_seconds));
     json_object_set_new(j, "text_encoder_gb_per_s", json_real(gb_per_s(s->te_bytes_loaded, s->te_load_seconds)));
@@ -233,5 +250,6 @@ int gen_report(const gen_setup *g, const gen_metrics *m, int status) {
     json_decref(s.cache);
     free(s.rss);
     free(s.comm);
+    free(s.kv);
     return dist_agree(g->d->world, rc);
 }

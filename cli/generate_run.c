@@ -293,6 +293,8 @@ static void take_stats(run_state *r) {
     m->bytes_loaded += st->bytes_loaded, m->load_seconds += st->load_seconds, m->refs_encoded += st->refs_encoded;
     m->te_bytes_loaded += st->te_bytes_loaded, m->te_load_seconds += st->te_load_seconds;
     m->steps_total += st->steps, m->step_seconds += st->step_seconds, m->comm_bytes += st->comm_bytes;
+    if ((double)st->kv_cache_bytes > m->kv_cache_bytes)
+        m->kv_cache_bytes = (double)st->kv_cache_bytes, m->kv_cache_tokens = (double)st->kv_cache_tokens;
     gen_lora_loaded(r->g, st->lora_bytes);
 }
 

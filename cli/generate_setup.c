@@ -332,9 +332,6 @@ static int check_mesh(gen_setup *g, const run_spec *s) {
                         gen_model_name(s), *fits ? "with this tp, --sp " : "use a --tp that divides the heads",
                         fits, *fits ? " would work" : "");
     }
-    if (d->sp > 1 && g->info.kv_refs)
-        return tp_error("--sp %d: KV-cached references (%s) do not run with sequence parallelism yet: use --sp 1",
-                        d->sp, gen_model_name(s));
     return 0;
 }
 

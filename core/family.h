@@ -59,6 +59,9 @@ typedef struct pipe_family {
      * [(H/16)*(W/16), in_channels] on every rank; collective */
     int (*denoise)(void *model, const tp_pipe_info *info, const tp_job *j, const ref_set *rs,
                    const family_mesh *mesh, denoise_step_fn on_step, void *ctx, float *latents);
+    /* the largest KV cache of references the model has held on this rank, bytes and tokens (NULL: the
+     * family caches none) */
+    uint64_t (*kv_cache_bytes)(void *model, int64_t *tokens);
 } pipe_family;
 
 extern const pipe_family family_flux2, family_flux3;

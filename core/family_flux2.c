@@ -110,6 +110,13 @@ static int denoise(void *model, const tp_pipe_info *info, const tp_job *j, const
     return rc;
 }
 
+static uint64_t kv_cache_bytes(void *model, int64_t *tokens) {
+    flux2_stats st;
+    flux2_get_stats(model, &st);
+    *tokens = st.kv_cache_tokens;
+    return st.kv_cache_bytes;
+}
+
 const pipe_family family_flux2 = {
     .name = "FLUX.2",
     .read_config = read_config,
@@ -126,4 +133,5 @@ const pipe_family family_flux2 = {
     .reference_loader = reference_loader,
     .reference_ids = NULL,     /* refs_encode's (10 + 10k, y, x, 0) */
     .denoise = denoise,
+    .kv_cache_bytes = kv_cache_bytes,
 };

@@ -136,8 +136,8 @@ int flux2_denoise(flux2_model *m, const denoise_params *p, float *out) {
     comm *cm = flux2_comm(m);
     MPI_Comm group = cm ? cm->mpi : MPI_COMM_NULL;
     int rc = dist_lockstep_begin(p->group ? *p->group : group,
-                                 flux2_prepare(m, s.rows, s.kv ? NULL : s.ids, p->prompt_embeds, p->L, p->txt_ids,
-                                               p->neg_embeds, p->Ln));
+                                 flux2_prepare(m, s.rows, s.kv ? p->R : 0, s.kv ? NULL : s.ids, p->prompt_embeds,
+                                               p->L, p->txt_ids, p->neg_embeds, p->Ln));
     if (!rc) {
         /* a fresh block cache for every image (spec block-cache.md §4) */
         comm *spc = flux2_sp_comm(m);

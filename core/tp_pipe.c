@@ -501,6 +501,9 @@ static int denoise(tp_pipe *p, const tp_job *j, const ref_set *rs, float *latent
     int rc = p->fam->denoise(p->model, p->info, j, rs, &mesh, count_step, p, latents);
     p->st.comm_bytes += sent_bytes(p) - sent0;
     p->st.t_denoise += MPI_Wtime() - t0;
+    int64_t kv_tokens = 0;
+    uint64_t kv = p->fam->kv_cache_bytes ? p->fam->kv_cache_bytes(p->model, &kv_tokens) : 0;
+    if (kv > p->st.kv_cache_bytes) p->st.kv_cache_bytes = kv, p->st.kv_cache_tokens = kv_tokens;
     return rc;
 }
 

@@ -147,6 +147,8 @@ typedef struct tp_pipe_stats {
     int steps;
     double step_seconds;
     double comm_bytes;           /* sent in collectives while denoising (ring formulas, kernels/comm.h) */
+    uint64_t kv_cache_bytes;     /* the largest KV cache of references held (Flux2KleinKVPipeline), else 0 */
+    int64_t kv_cache_tokens;     /* its reference tokens */
     uint64_t cache_hits, cache_misses;
     uint64_t prefetched;         /* prompts encoded ahead into the cache */
     uint64_t lora_bytes[LORA_MAX_ADAPTERS];  /* read from each adapter at the last load */

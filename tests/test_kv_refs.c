@@ -10,7 +10,9 @@
  *  - the extract pass differs from the plain full pass (the mode is live),
  *    and sharded runs equal the unsharded one;
  *  - the denoising loop with KV (extract at step 0, cached after) equals a
- *    loop written here that runs a fresh extract pass every step. */
+ *    loop written here that runs a fresh extract pass every step;
+ *  - with sequence parallelism over the world, both passes are the one-rank
+ *    ones byte for byte and each rank's cache is its heads' share. */
 #include "test.h"
 #include "kernels/comm.h"
 #include "kernels/err.h"
@@ -215,5 +217,68 @@ TEST_MPI(kv_refs_denoise_loop_equals_fresh_extract_each_step) {
     if (e.rank == 0) printf("# kv loop: per-step velocity vs fresh extract %.3g, final latents %.3g\n", worst, df);
     CHECK(!rc && worst < 1e-5 && df < 1e-5, "KV loop vs fresh extract: velocity %.3g, latents %.3g", worst, df);
     free(in.kin), free(in.kids);
+    env_close(&e);
+}
+
+/* Sequence parallelism over the world (tp 1 on every rank, --sp world):
+ * the extract pass, a cached pass and the cache itself are the one-rank
+ * ones byte for byte. The cache lives in the layout after the all-to-all:
+ * rank r holds all R reference rows of heads [r·H/sp, (r+1)·H/sp), i.e.
+ * columns [r·w, (r+1)·w) of the one-rank cache. */
+static int cache_is_window(const flux2_kv_cache *sp, const flux2_kv_cache *one, int rank) {
+    int same = sp->n_layers == one->n_layers && sp->R == one->R;
+    for (int l = 0; same && l < sp->n_layers; l++)
+        for (int kv = 0; same && kv < 2; kv++) {
+            const tensor *a = kv ? sp->v[l] : sp->k[l], *b = kv ? one->v[l] : one->k[l];
+            int64_t w = a->cols, n = a->rows * w;
+            float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)(b->rows * b->cols));
+            tensor_download_f32(a, x), tensor_download_f32(b, y);
+            for (int64_t i = 0; same && i < a->rows; i++)
+                same = !memcmp(x + i * w, y + i * b->cols + rank * w, sizeof(float) * (size_t)w);
+            free(x), free(y);
+        }
+    return same;
+}
+
+TEST_MPI(kv_refs_sp_equals_one_rank) {
+    kv_env e;
+    if (env_open(&e)) return;
+    int world;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    /* the SP model: every rank holds the whole transformer (its own comm), the world is its SP group */
+    char *t = xasprintf("%s/klein-tiny/model/transformer", test_golden_dir());
+    flux2_model *sp = NULL, *one = NULL;
+    int rc = flux2_load(t, e.be, e.self, DT_F32, &sp, NULL) || flux2_set_sp(sp, e.c) ||
+             flux2_load(t, e.be, e.self, DT_F32, &one, NULL);
+    free(t);
+    CHECK(!rc, "load: %s", tp_error_msg());
+    inputs s0, s1;
+    inputs_make(&s0, &e.rs, 6);
+    inputs_make(&s1, &e.rs, 7);
+    float a[2][NN * C], b[2][NN * C];
+    flux2_kv_cache *ks = flux2_kv_new(), *k1 = flux2_kv_new();
+    for (int i = 0; !rc && i < 2; i++) {
+        flux2_model *m = i ? one : sp;
+        flux2_kv_cache *kv = i ? k1 : ks;
+        float (*o)[NN * C] = i ? b : a;
+        rc = extract(m, kv, &s0, 0.9f, o[0]) ||
+             flux2_forward_kv(m, FLUX2_KV_CACHED, kv, s1.x, NN, 0, s1.ids, s1.txt, LT, s1.tids, 0.6f, NULL, 0.0f, o[1]);
+    }
+    CHECK(!rc, "forward: %s", tp_error_msg());
+    if (!rc) {
+        int ok = !memcmp(a, b, sizeof a), win = cache_is_window(ks, k1, e.rank), all[2] = {ok, win};
+        MPI_Allreduce(MPI_IN_PLACE, all, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (e.rank == 0)
+            printf("# kv sp %d: %lld reference + %d noise + %d text tokens; extract and cached outputs = one rank: %s; "
+                   "each rank's cache [%lld, %lld] = its heads' columns of the one-rank cache: %s (rel %.3g)\n",
+                   world, (long long)e.rs.R, NN, LT, all[0] ? "yes" : "no", (long long)ks->R,
+                   (long long)ks->k[0]->cols, all[1] ? "yes" : "no", rel_l2(a[1], b[1], NN * C));
+        CHECK(all[0], "KV passes at sp %d differ from one rank", world);
+        CHECK(all[1], "the KV cache at sp %d is not the one-rank cache's heads", world);
+        CHECK(ks->k[0]->cols * world == k1->k[0]->cols, "cache width %lld at sp %d", (long long)ks->k[0]->cols, world);
+    }
+    flux2_kv_free(ks), flux2_kv_free(k1);
+    flux2_free(sp), flux2_free(one);
+    free(s0.kin), free(s0.kids), free(s1.kin), free(s1.kids);
     env_close(&e);
 }

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# budget: 120 s; checks: 31
+# budget: 140 s; checks: 38
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
 # reference, bf16 and f32, tp 1 and tp 2; FLUX.3 base with references);
 # Ulysses SP (--sp) the one-rank run's at 2, 3 and 4 ranks (klein, klein
 # base with CFG, dev, FLUX.3 base and flow-map; token counts the degree does not divide, a reference, an
-# image of one token), TP x SP within 1e-5 of tp 1 in f32; the PNG records
+# image of one token; KV-cached references with two images at sp 2 and 3, against the plain pipeline, a
+# batch of them on dp 2 x sp 2, and their cache's bytes per rank), TP x SP within 1e-5 of tp 1 in f32
+# (klein-kv: tp 2 x sp 2 = tp 2 byte for byte); the PNG records
 # the mesh, comm_bytes_per_step matches the ring formulas (CFG exchange;
 # sp 4 against tp 4, at most 0.6x), and every refusal is one clear error
 # before loading, on every rank, with no output. One OpenMP thread per rank
@@ -30,6 +32,14 @@ while p < len(b):
     if t == b"IDAT": h.update(b[p+8:p+8+n])
     p += 12 + n
 print(h.hexdigest())' "$1"; }
+# rel_l2 A B: the relative L2 distance of two --save-latents files' f32 latents
+rel_l2() { python3 -c '
+import array, math, struct, sys
+def lat(f):
+    b = open(f, "rb").read(); n, = struct.unpack("<Q", b[:8]); a = array.array("f"); a.frombytes(b[8 + n:]); return a
+a, b = lat(sys.argv[1]), lat(sys.argv[2])
+assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
+print(math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)) / sum(x * x for x in a)))' "$1" "$2"; }
 params() { python3 -c '
 import struct, sys
 b = open(sys.argv[1], "rb").read(); p = 8
@@ -104,6 +114,79 @@ G=$TMP/flux3-flowmap
 flux3_folder flowmap "$G"
 sp flux3-flowmap-f32 3 --model "$G" --prompt-embeds "$TPGEN_ROOT/tests/data/flux3-pipe/flowmap_ref.safetensors" \
     --image "$REF" --steps 2 --backend cpu --precision f32
+# KV-cached references (Flux2KleinKVPipeline) under SP: the reference K/V kept in the layout after the
+# all-to-all (all R reference tokens x heads / sp); two references (r0 64x80: 4 x 5 tokens, r1 100x70 at
+# 96x64: 6 x 4, R = 44), token counts the degree does not divide (15 image + 44 over 2; 8 + 44 over 3, on a
+# 6-head folder: make-tiny --heads 6)
+KV=$TMP/klein-kv
+cp -r "$D" "$KV" && jq '{_class_name: "Flux2KleinKVPipeline", is_distilled: true}' "$D/model_index.json" >"$KV/model_index.json"
+KV6=$TMP/klein-kv6
+"$TPGEN" make-tiny --out "$KV6" --seed 1 --heads 6 >/dev/null 2>&1 || fail "mesh: make-tiny --heads 6"
+jq '{_class_name: "Flux2KleinKVPipeline", is_distilled: true}' "$D/model_index.json" >"$KV6/model_index.json"
+RG=$TPGEN_GOLDEN/klein-tiny-edit/refs
+KVR=(--prompt "a fox" --steps 3 --backend cpu --image "$RG/r0_64x80.png" --image "$RG/r1_100x70.png")
+sp klein-kv-bf16 2 --model "$KV" "${KVR[@]}" --width 80 --height 48
+sp klein-kv-f32-sp3 3 --model "$KV6" "${KVR[@]}" --width 64 --height 32 --precision f32
+# what each rank holds, in the summary's JSON: K and V of every block, R tokens x D / sp, e bytes
+kvb=$(jq -c .kv_cache_bytes "$TMP/klein-kv-bf16-sp.json" 2>/dev/null)
+want=$(jq '2 * (.num_layers + .num_single_layers) * 44 * (.num_attention_heads * .attention_head_dim / 2) * 2' \
+       "$KV/transformer/config.json")
+[ "$kvb" = "[$want,$want]" ] && ok "mesh kv: each SP rank's KV cache = 2 x blocks x 44 tokens x D/2 x 2 bytes = $want" ||
+    fail "mesh kv: kv_cache_bytes $kvb, the formula gives [$want,$want]"
+# inspect's projection per reference token (bf16, --sp 2) x 44 tokens = what the run measured; none without KV
+per=$("$TPGEN" inspect --model "$KV" --tp 1 --sp 2 --json 2>/dev/null | jq .kv_cache_bytes_per_reference_token)
+none=$("$TPGEN" inspect --model "$D" --tp 1 --sp 2 --json 2>/dev/null | jq .kv_cache_bytes_per_reference_token)
+[ -n "$per" ] && [ "$per" != null ] && [ "[$((per * 44)),$((per * 44))]" = "$kvb" ] && [ "$none" = null ] &&
+    "$TPGEN" inspect --model "$KV" --tp 1 --sp 2 --summary 2>/dev/null | grep -q "KV-cached references: each rank's cache holds $per bytes per reference token" &&
+    ok "mesh kv: inspect --sp 2 projects $per bytes per reference token and rank, x 44 = the run's cache" ||
+    fail "mesh kv: inspect projects '$per' per token (plain folder: '$none'), the run held $kvb"
+# the negative control: the plain klein pipeline on the same references at --sp 2 gives other latents
+if $MPIRUN -np 2 "$TPGEN" --model "$D" "${KVR[@]}" --width 80 --height 48 --sp 2 --no-decode \
+       --save-latents "$TMP/nokv-sp.st" >/dev/null 2>&1; then
+    rel=$(rel_l2 "$TMP/klein-kv-bf16-sp.st" "$TMP/nokv-sp.st")
+    python3 -c "import sys; sys.exit(0 if $rel > 1e-3 else 1)" &&
+        ok "mesh kv: the KV run at --sp 2 differs from the plain pipeline's on the same references (rel_l2 $rel)" ||
+        fail "mesh kv: the KV run at --sp 2 renders like the plain pipeline (rel_l2 $rel): the KV path is not in use"
+else fail "mesh kv: the plain pipeline at --sp 2 failed"; fi
+# tp 2 x sp 2 against tp 2 (f32, within 1e-5), the cache split over both
+KT=(--model "$KV" "${KVR[@]}" --width 80 --height 48 --precision f32 --no-decode)
+if $MPIRUN -np 2 "$TPGEN" "${KT[@]}" --tp 2 --save-latents "$TMP/kv-tp2.st" >/dev/null 2>&1 &&
+   out=$($MPIRUN -np 4 "$TPGEN" "${KT[@]}" --tp 2 --sp 2 --save-latents "$TMP/kv-ts.st" --json-metrics "$TMP/kv-ts.json" 2>&1); then
+    rel=$(rel_l2 "$TMP/kv-tp2.st" "$TMP/kv-ts.st")
+    # the same bytes as bf16 at sp 2: D / 4 x 4 bytes = D / 2 x 2
+    # within 1e-5 as TP asks, and in fact byte for byte: SP changes no arithmetic at the same tp
+    python3 -c "import sys; sys.exit(0 if $rel <= 1e-5 else 1)" && cmp -s "$TMP/kv-tp2.st" "$TMP/kv-ts.st" &&
+        [ "$(jq -c .kv_cache_bytes "$TMP/kv-ts.json")" = "[$want,$want,$want,$want]" ] &&
+        echo "$out" | grep -q "KV cache of references per rank: r0 .* (44 tokens)" &&
+        ok "mesh kv: tp 2 x sp 2 f32 latents = tp 2's byte for byte (rel_l2 $rel <= 1e-5), each rank's cache 1/4 ($want bytes)" ||
+        fail "mesh kv: tp 2 x sp 2: rel_l2 $rel, kv_cache_bytes $(jq -c .kv_cache_bytes "$TMP/kv-ts.json")"
+else fail "mesh kv: tp 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+# a batch of 3 klein-kv jobs on dp 2 x sp 2 (a fresh cache per job): each PNG's pixels = the job alone on one rank
+cat >"$TMP/kvbatch.yaml" <<YAML
+model: $KV
+prompts: [a fox, a red boat, a cat]
+seeds: [3]
+steps: 2
+width: 80
+height: 48
+backend: cpu
+images: [$RG/r0_64x80.png, $RG/r1_100x70.png]
+sp: 2
+tp: 1
+output: $TMP/kvb-{index}.png
+YAML
+if out=$($MPIRUN -np 4 "$TPGEN" --spec "$TMP/kvbatch.yaml" 2>&1); then
+    same=0 i=0
+    for pr in "a fox" "a red boat" "a cat"; do
+        "$TPGEN" --model "$KV" --prompt "$pr" --seed 3 --steps 2 --width 80 --height 48 --backend cpu \
+            --image "$RG/r0_64x80.png" --image "$RG/r1_100x70.png" --output "$TMP/kva-$i.png" >/dev/null 2>&1 &&
+            [ "$(idat "$TMP/kva-$i.png")" = "$(idat "$TMP/kvb-$i.png")" ] && same=$((same + 1))
+        i=$((i + 1))
+    done
+    [ $same = 3 ] && ok "mesh kv: a batch of 3 klein-kv jobs on dp 2 x sp 2, each PNG's pixels = the job alone on one rank" ||
+        fail "mesh kv: batch on dp 2 x sp 2: $same of 3 equal"
+else fail "mesh kv: batch on dp 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+
 # a batch (2 prompts x 2 seeds) on dp 2 x sp 2: each job's PNG pixels = the job alone on one rank
 cat >"$TMP/batch.yaml" <<YAML
 model: $D
@@ -141,12 +224,7 @@ if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 
 else fail "mesh: cfg 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
 if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 --tp 2 --no-decode \
            --save-latents "$TMP/ts.st" 2>&1); then
-    rel=$(python3 -c '
-import array, math, struct, sys
-def lat(f):
-    b = open(f, "rb").read(); n, = struct.unpack("<Q", b[:8]); a = array.array("f"); a.frombytes(b[8 + n:]); return a
-a, b = lat(sys.argv[1]), lat(sys.argv[2])
-print(math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)) / sum(x * x for x in a)))' "$TMP/klein-base-cfg-1.st" "$TMP/ts.st")
+    rel=$(rel_l2 "$TMP/klein-base-cfg-1.st" "$TMP/ts.st")
     python3 -c "import sys; sys.exit(0 if $rel <= 1e-5 else 1)" && ok "mesh: tp 2 x sp 2 f32 latents within 1e-5 of one rank (rel_l2 $rel)" ||
         fail "mesh: tp 2 x sp 2 rel_l2 $rel"
 else fail "mesh: tp 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
@@ -245,10 +323,6 @@ refused "--cfg-parallel on 3 ranks" 3 "--cfg-parallel x --sp 1 does not divide t
     "${K[@]}" --cfg-parallel
 refused "a mesh that does not divide the world, naming the --tp that fit" 4 "groups of 6 ranks.*--tp 1, 2 fit" "${K[@]}" --cfg-parallel --tp 3
 refused "tp x sp not dividing the heads" 3 "tp 3 x sp 1 = 3 does not divide num_attention_heads 4" "${K[@]}" --tp 3
-KV=$TMP/klein-kv
-cp -r "$D" "$KV" && jq '{_class_name: "Flux2KleinKVPipeline", is_distilled: true}' "$D/model_index.json" >"$KV/model_index.json"
-refused "--sp with KV-cached references (not in this build)" 2 "KV-cached references .* do not run with sequence parallelism" \
-    --model "$KV" --prompt "a fox" --width 32 --height 32 --steps 1 --backend cpu --image "$REF" --sp 2
 refused "sp x tp not dividing the heads, naming the --sp that work" 4 "tp 1 x sp 4 = 4 does not divide num_attention_heads.*--sp 1, 2, 3, 6 would work" \
     --model "$F" --prompt-embeds "$E" --negative-prompt-embeds "$E" --steps 1 --backend cpu --sp 4 --tp 1
 
@@ -262,6 +336,13 @@ if [ -x "$ASAN" ]; then
         [ "$(idat "$TMP/asan.png")" = "$(idat "$TMP/klein-base-cfg-1.png")" ] &&
         ok "mesh: asan: --cfg-parallel x --sp 2 with a reference, clean, the one-rank pixels" ||
         fail "mesh: asan mesh: rc $rc $(echo "$out" | grep -E 'Sanitizer|runtime error|error' | head -3)"
+    # (f32: the sanitized build's bf16 kernels are not the optimised build's)
+    lsan_run "asan kv" $MPIRUN -np 2 "$ASAN" --model "$KV6" "${KVR[@]}" --width 64 --height 32 --precision f32 \
+        --sp 2 --output "$TMP/asan-kv.png"
+    [ $rc = 0 ] && ! echo "$out" | grep -qE 'Sanitizer|runtime error' &&
+        [ "$(idat "$TMP/asan-kv.png")" = "$(idat "$TMP/klein-kv-f32-sp3-1.png")" ] &&
+        ok "mesh: asan: KV-cached references at --sp 2 (f32, two references), clean, the one-rank pixels" ||
+        fail "mesh: asan kv: rc $rc $(echo "$out" | grep -E 'Sanitizer|runtime error|error' | head -3)"
     expect_fail "mesh: asan: a mesh that does not divide the world" "groups of 6 ranks" \
         $MPIRUN -np 4 "$ASAN" "${K[@]}" --cfg-parallel --tp 3 --output "$TMP/asan-r.png"
 else

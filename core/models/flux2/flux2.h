@@ -145,13 +145,14 @@ int flux2_forward(flux2_model *m, const float *x, int64_t N, const int32_t *img_
                   float timestep, const float *guidance, float *out);
 
 /* The prepare step of a denoising loop: what the forwards over N image
- * rows (ids img_ids) and the prompt txt [L] allocate, made now and kept for
+ * rows (ids img_ids; the first R of them the references of a KV extract
+ * pass, else R = 0) and the prompt txt [L] allocate, made now and kept for
  * them: the activations, the context projections of txt and of txt2 [L2]
  * (the negative prompt, or NULL), and the RoPE tables (when img_ids is not
  * NULL). Running out of memory is then an error the ranks can agree on
  * before the first collective. Per rank, no collective. */
-int flux2_prepare(flux2_model *m, int64_t N, const int32_t *img_ids, const float *txt, int64_t L, const int32_t *txt_ids,
-                  const float *txt2, int64_t L2);
+int flux2_prepare(flux2_model *m, int64_t N, int64_t R, const int32_t *img_ids, const float *txt, int64_t L,
+                  const int32_t *txt_ids, const float *txt2, int64_t L2);
 
 /* ---- KV-cached references (Flux2KleinKVPipeline; diffusers
  * transformer_flux2.py kv_cache_mode "extract" / "cached") ----
@@ -163,7 +164,9 @@ int flux2_prepare(flux2_model *m, int64_t N, const int32_t *img_ids, const float
  *   are stored in kv. out [N, out_dim] receives the noise tokens only.
  * cached: x holds the N noise tokens only; the stored reference K/V are
  *   injected between the text and image keys of every attention.
- * Collective like flux2_forward. */
+ * Collective like flux2_forward. With sequence parallelism (flux2_set_sp)
+ * the cache holds what the rank attends for after the all-to-all: all R
+ * reference tokens of its heads/sp (docs/parallel.md). */
 enum { FLUX2_KV_NONE = 0, FLUX2_KV_EXTRACT = 1, FLUX2_KV_CACHED = 2 };
 typedef struct flux2_kv_cache flux2_kv_cache;
 flux2_kv_cache *flux2_kv_new(void);
@@ -200,6 +203,8 @@ typedef struct flux2_stats {
     double gemm_seconds;       /* valid with profiling on or on the CPU backend */
     double gemm_flops;         /* FLOPs of the GEMMs this rank ran */
     double attention_flops;    /* 4 * S^2 * hd * local heads per attention */
+    uint64_t kv_cache_bytes;   /* the largest KV cache of references this rank held (K and V of every block) */
+    int64_t kv_cache_tokens;   /* its reference tokens */
 } flux2_stats;
 
 void flux2_get_stats(const flux2_model *m, flux2_stats *st);

@@ -35,15 +35,18 @@ static void rope_qk(flux2_model *m, tensor *q, tensor *k) {
     op_rope(m->be, k, m->rope_cos, m->rope_sin, m->cfg.head_dim, ROPE_INTERLEAVED);
 }
 
-/* Attention of the joint sequence on this rank's heads, with the KV-cached
- * reference modes of flux2_forward_kv: extract stores the reference rows'
- * K/V and lets them attend only to each other; cached injects the stored
- * K/V between the text and image keys. */
-static int block_attention(flux2_model *m, flux2_ws *ws, tensor *o, tensor *q, tensor *k, tensor *v) {
-    int64_t L = ws->L, S = ws->S;
-    if (ws->kv_mode == FLUX2_KV_EXTRACT && ws->R > 0) {
-        int64_t R = ws->R, r1 = L + R;
-        flux2_kv_cache *kv = ws->kv;
+/* The KV-cached reference modes of flux2_forward_kv on the whole sequence
+ * (text, then image rows; with SP after the all-to-all, this rank's share of
+ * the heads): extract stores the reference rows' K/V and lets them attend
+ * only to each other; cached injects the stored K/V between the text and
+ * image keys. */
+static void kv_attention(void *ctx, tensor *o, const tensor *q, const tensor *k, const tensor *v) {
+    flux2_model *m = ctx;
+    flux2_ws *ws = m->ws;
+    flux2_kv_cache *kv = ws->kv;
+    int64_t L = ws->L_full, S = q->rows;
+    if (ws->kv_mode == FLUX2_KV_EXTRACT) {
+        int64_t R = ws->R_full, r1 = L + R;
         tensor kr = tensor_rows(k, L, R), vr = tensor_rows(v, L, R);
         op_copy(m->be, kv->k[ws->kv_layer], &kr);
         op_copy(m->be, kv->v[ws->kv_layer], &vr);
@@ -55,23 +58,30 @@ static int block_attention(flux2_model *m, flux2_ws *ws, tensor *o, tensor *q, t
         }
         tensor qr = tensor_rows(q, L, R), orf = tensor_rows(o, L, R);
         flux2_attention(m, &orf, &qr, &kr, &vr);
+        return;
+    }
+    int64_t R = kv->R, N = S - L;
+    tensor *cat[2] = {ws->kcat, ws->vcat}, *mem[2] = {kv->k[ws->kv_layer], kv->v[ws->kv_layer]};
+    const tensor *src[2] = {k, v};
+    for (int i = 0; i < 2; i++) {
+        tensor a = tensor_rows(cat[i], 0, L), b = tensor_rows(cat[i], L, R), c = tensor_rows(cat[i], L + R, N);
+        tensor sa = tensor_rows(src[i], 0, L), sc = tensor_rows(src[i], L, N);
+        op_copy(m->be, &a, &sa);
+        op_copy(m->be, &b, mem[i]);
+        op_copy(m->be, &c, &sc);
+    }
+    flux2_attention(m, o, q, ws->kcat, ws->vcat);
+}
+
+/* Attention of the joint sequence on this rank's heads; with SP around the
+ * all-to-all (the KV modes too: the cache is kept in the layout after it) */
+static int block_attention(flux2_model *m, flux2_ws *ws, tensor *o, tensor *q, tensor *k, tensor *v) {
+    if (ws->kv_mode == FLUX2_KV_NONE) return flux2_attention_seq(m, o, q, k, v);
+    if (m->sp <= 1) {
+        kv_attention(m, o, q, k, v);
         return 0;
     }
-    if (ws->kv_mode == FLUX2_KV_CACHED) {
-        flux2_kv_cache *kv = ws->kv;
-        int64_t R = kv->R, N = S - L;
-        tensor *cat[2] = {ws->kcat, ws->vcat}, *src[2] = {k, v}, *mem[2] = {kv->k[ws->kv_layer], kv->v[ws->kv_layer]};
-        for (int i = 0; i < 2; i++) {
-            tensor a = tensor_rows(cat[i], 0, L), b = tensor_rows(cat[i], L, R), c = tensor_rows(cat[i], L + R, N);
-            tensor sa = tensor_rows(src[i], 0, L), sc = tensor_rows(src[i], L, N);
-            op_copy(m->be, &a, &sa);
-            op_copy(m->be, &b, mem[i]);
-            op_copy(m->be, &c, &sc);
-        }
-        flux2_attention(m, o, q, ws->kcat, ws->vcat);
-        return 0;
-    }
-    return flux2_attention_seq(m, o, q, k, v);
+    return ulysses_attention(m->sp_comm, &ws->lay, m->cfg.head_dim, &ws->ub, o, q, k, v, kv_attention, m);
 }
 
 /* y_rows = LN(x_rows) * (1 + scale) + shift for one stream */

@@ -45,37 +45,56 @@ static flux2_ws *ws_get(flux2_model *m, int64_t N, int64_t L) {
     return m->ws = ws;
 }
 
-/* The workspace of a forward over N image and L text tokens: with sequence
- * parallelism this rank's slices of each (ulysses.h), where they start, and
- * the buffer the output rows are gathered into. */
-static flux2_ws *ws_for(flux2_model *m, int64_t N, int64_t L) {
-    if (m->sp <= 1) {
-        flux2_ws *ws = ws_get(m, N, L);
-        if (ws) ws->l0 = ws->n0 = 0, ws->N_full = N;
-        return ws;
-    }
-    int sp = m->sp, r = m->sp_rank;
-    flux2_ws *ws = ws_get(m, ulysses_rows(N, sp, r), ulysses_rows(L, sp, r));
+/* The workspace of a forward over N image and L text tokens, the first R
+ * image rows reference rows of a KV extract pass (else R = 0): with sequence
+ * parallelism this rank's slices of the text, the references and the other
+ * image rows (three segments, ulysses.h: each split on its own, so a rank's
+ * rows keep the one-rank order text, references, noise), where they start,
+ * and the buffer the output rows (the noise rows) are gathered into. */
+static flux2_ws *ws_for(flux2_model *m, int64_t N, int64_t R, int64_t L) {
+    int sp = m->sp > 1 ? m->sp : 1, r = m->sp > 1 ? m->sp_rank : 0;
+    int64_t nr = ulysses_rows(R, sp, r), nn = ulysses_rows(N - R, sp, r);
+    flux2_ws *ws = ws_get(m, nr + nn, ulysses_rows(L, sp, r));
     if (!ws) return NULL;
-    ws->lay = (ulysses_layout){.sp = sp, .rank = r, .nseg = 2, .total = {L, N}};
-    ws->l0 = ulysses_first(L, sp, r), ws->n0 = ulysses_first(N, sp, r);
+    ws->lay = (ulysses_layout){.sp = sp, .rank = r, .nseg = 3, .total = {L, R, N - R}};
+    ws->l0 = ulysses_first(L, sp, r);
+    ws->img_at[0] = ulysses_first(R, sp, r), ws->img_n[0] = nr;
+    ws->img_at[1] = R + ulysses_first(N - R, sp, r), ws->img_n[1] = nn;
+    ws->L_full = L, ws->N_full = N, ws->R_full = R;
+    if (sp == 1) return ws;
     if (ulysses_reserve(&ws->ub, &ws->lay, m->Dl, m->act, m->be)) return NULL;
-    if (!ws->out_full || ws->out_full->rows != N) {
+    if (!ws->out_full || ws->out_full->rows != N - R) {
         tensor_free(ws->out_full);
-        if (!(ws->out_full = tensor_new(m->be, m->act, N, m->cfg.out_dim))) {
-            tp_error_context("flux2: the gathered output of %lld image tokens", (long long)N);
+        if (!(ws->out_full = tensor_new(m->be, m->act, N - R, m->cfg.out_dim))) {
+            tp_error_context("flux2: the gathered output of %lld image tokens", (long long)(N - R));
             return NULL;
         }
     }
-    ws->N_full = N;
     return ws;
 }
 
-/* The image rows' output of every SP rank, into out_full (on every rank) */
-static const tensor *whole_output(flux2_model *m, flux2_ws *ws) {
-    if (m->sp <= 1) return ws->out;
-    ulysses_layout img = {.sp = m->sp, .rank = m->sp_rank, .nseg = 1, .total = {ws->N_full}};
-    return ulysses_gather(m->sp_comm, &img, ws->out, ws->out_full) ? NULL : ws->out_full;
+/* The output rows (the image rows after any references) of every SP rank,
+ * into out_full (on every rank); without SP a view of this rank's in *view */
+static const tensor *whole_output(flux2_model *m, flux2_ws *ws, tensor *view) {
+    *view = tensor_rows(ws->out, 0, ws->img_n[1]);
+    if (m->sp <= 1) return view;
+    ulysses_layout img = {.sp = m->sp, .rank = m->sp_rank, .nseg = 1, .total = {ws->N_full - ws->R_full}};
+    return ulysses_gather(m->sp_comm, &img, view, ws->out_full) ? NULL : ws->out_full;
+}
+
+/* rows [at, at + n) of each piece of the whole image input host [N_full, w],
+ * contiguous: a pointer into host when they are one piece, else a copy in
+ * *tmp (freed by the caller) */
+static const void *local_image_rows(const flux2_ws *ws, const void *host, size_t row_bytes, void **tmp) {
+    const char *h = host;
+    *tmp = NULL;
+    if (!ws->img_n[0] || ws->img_at[0] + ws->img_n[0] == ws->img_at[1])   /* one piece */
+        return h + (size_t)(ws->img_n[0] ? ws->img_at[0] : ws->img_at[1]) * row_bytes;
+    size_t b0 = (size_t)ws->img_n[0] * row_bytes, b1 = (size_t)ws->img_n[1] * row_bytes;
+    char *c = *tmp = xmalloc(b0 + b1 + 1);
+    memcpy(c, h + (size_t)ws->img_at[0] * row_bytes, b0);
+    memcpy(c + b0, h + (size_t)ws->img_at[1] * row_bytes, b1);
+    return c;
 }
 
 int flux2_set_sp(flux2_model *m, comm *sp) {
@@ -184,14 +203,22 @@ static int rope_tables(flux2_model *m, const int32_t *txt_ids, int64_t L, const 
     return 0;
 }
 
-int flux2_prepare(flux2_model *m, int64_t N, const int32_t *img_ids, const float *txt, int64_t L, const int32_t *txt_ids,
-                  const float *txt2, int64_t L2) {
-    flux2_ws *ws = ws_for(m, N, L);
+/* RoPE tables of this rank's rows */
+static int local_rope(flux2_model *m, flux2_ws *ws, const int32_t *txt_ids, const int32_t *img_ids) {
+    void *tmp;
+    const int32_t *ids = local_image_rows(ws, img_ids, 4 * sizeof *img_ids, &tmp);
+    int rc = rope_tables(m, txt_ids + ws->l0 * 4, ws->L, ids, ws->N);
+    free(tmp);
+    return rc;
+}
+
+int flux2_prepare(flux2_model *m, int64_t N, int64_t R, const int32_t *img_ids, const float *txt, int64_t L,
+                  const int32_t *txt_ids, const float *txt2, int64_t L2) {
+    flux2_ws *ws = ws_for(m, N, R, L);
     if (!ws) return -1;
     if (!text_projection(m, txt, L) || (txt2 && !text_projection(m, txt2, L2)))
         return tp_error_context("flux2: the context projection of %lld text tokens", (long long)L);
-    return img_ids && rope_tables(m, txt_ids + ws->l0 * 4, ws->L, img_ids + ws->n0 * 4, ws->N)
-               ? tp_error_context("flux2: RoPE tables") : 0;
+    return img_ids && local_rope(m, ws, txt_ids, img_ids) ? tp_error_context("flux2: RoPE tables") : 0;
 }
 
 /* ---- embeddings and modulation ---- */
@@ -285,12 +312,15 @@ static int forward_body(flux2_model *m, flux2_ws *ws, const float *x, const int3
     int64_t N = ws->N, L = ws->L, D = m->cfg.D;
     if (time_embedding(m, ws, timestep, guidance)) return -1;
     if (ws->kv_mode == FLUX2_KV_EXTRACT && ws->R && ref_modulation(m, ws, ws->ref_t, guidance)) return -1;
-    /* with sequence parallelism: this rank's rows (ws_for), from l0 and n0 of the whole inputs */
-    const tensor *tp = text_projection(m, txt, ws->lay.sp > 1 ? ws->lay.total[0] : L);
-    if (!tp || rope_tables(m, txt_ids + ws->l0 * 4, L, img_ids + ws->n0 * 4, N)) return -1;
+    /* with sequence parallelism: this rank's rows (ws_for) of the whole inputs */
+    const tensor *tp = text_projection(m, txt, ws->L_full);
+    if (!tp || local_rope(m, ws, txt_ids, img_ids)) return -1;
     tensor x_txt = tensor_rows(ws->x, 0, L), x_img = tensor_rows(ws->x, L, N), t_rows = tensor_rows(tp, ws->l0, L);
     if (L) op_copy(m->be, &x_txt, &t_rows);
-    if (tensor_upload_f32(ws->xin, x + ws->n0 * m->cfg.in_channels)) return -1;
+    void *tmp;
+    int rc = tensor_upload_f32(ws->xin, local_image_rows(ws, x, (size_t)m->cfg.in_channels * sizeof *x, &tmp));
+    free(tmp);
+    if (rc) return -1;
     flux2_gemm(m, &x_img, ws->xin, m->x_emb);
     /* the two block groups, each through the block cache's loop (plain
      * without --cache): the double group's Fn residual is measured on the
@@ -315,11 +345,12 @@ int flux2_forward(flux2_model *m, const float *x, int64_t N, const int32_t *img_
                   const int32_t *txt_ids, float timestep, const float *guidance, float *out) {
     if (check_args(m, x, N, img_ids, txt, L, txt_ids, timestep, out)) return -1;
     double t0 = MPI_Wtime();
-    flux2_ws *ws = ws_for(m, N, L);
+    flux2_ws *ws = ws_for(m, N, 0, L);
     if (!ws) return -1;
     ws->kv_mode = FLUX2_KV_NONE, ws->R = 0, ws->kv = NULL;
     const tensor *o = NULL;
-    if (forward_body(m, ws, x, img_ids, txt, txt_ids, timestep, guidance) || !(o = whole_output(m, ws)) ||
+    tensor view;
+    if (forward_body(m, ws, x, img_ids, txt, txt_ids, timestep, guidance) || !(o = whole_output(m, ws, &view)) ||
         tensor_download_f32(o, out) || be_sync(m->be))
         return tp_error_context("flux2 forward");
     m->stats.forwards++;
@@ -344,16 +375,31 @@ void flux2_kv_free(flux2_kv_cache *kv) {
     free(kv);
 }
 
+/* [R, Dl/sp] per block: all the reference tokens of the heads this rank attends for */
 static int kv_alloc(flux2_model *m, flux2_kv_cache *kv, int64_t R) {
     kv_clear(kv);
     int n = m->cfg.num_layers + m->cfg.num_single_layers;
+    int64_t w = m->Dl / (m->sp > 1 ? m->sp : 1);
     kv->k = xcalloc((size_t)n, sizeof *kv->k);
     kv->v = xcalloc((size_t)n, sizeof *kv->v);
     kv->n_layers = n, kv->R = R;
     for (int i = 0; i < n; i++)
-        if (!(kv->k[i] = tensor_new(m->be, m->act, R, m->Dl)) || !(kv->v[i] = tensor_new(m->be, m->act, R, m->Dl)))
+        if (!(kv->k[i] = tensor_new(m->be, m->act, R, w)) || !(kv->v[i] = tensor_new(m->be, m->act, R, w)))
             return tp_error_context("flux2: KV cache of %lld reference tokens", (long long)R);
+    uint64_t bytes = 2 * (uint64_t)n * tensor_nbytes(kv->k[0]);
+    if (bytes > m->stats.kv_cache_bytes) m->stats.kv_cache_bytes = bytes, m->stats.kv_cache_tokens = R;
     return 0;
+}
+
+/* cached: the keys and values of the whole sequence with the cached rows
+ * between text and image, [L + R + N, Dl/sp] (kept while the shape stays) */
+static int kv_concat_bufs(flux2_model *m, flux2_ws *ws, int64_t rows) {
+    int64_t w = m->Dl / (m->sp > 1 ? m->sp : 1);
+    if (ws->kcat && ws->kcat->rows == rows && ws->kcat->cols == w) return 0;
+    tensor_free(ws->kcat), tensor_free(ws->vcat);
+    ws->kcat = tensor_new(m->be, m->act, rows, w);
+    ws->vcat = ws->kcat ? tensor_new(m->be, m->act, rows, w) : NULL;
+    return ws->vcat ? 0 : tp_error_context("flux2: attention keys with %lld cached tokens", (long long)ws->kv->R);
 }
 
 int flux2_forward_kv(flux2_model *m, int mode, flux2_kv_cache *kv, const float *x, int64_t N, int64_t R,
@@ -361,8 +407,6 @@ int flux2_forward_kv(flux2_model *m, int mode, flux2_kv_cache *kv, const float *
                      const float *guidance, float ref_timestep, float *out) {
     if (mode == FLUX2_KV_NONE || !kv)
         return flux2_forward(m, x, N, img_ids, txt, L, txt_ids, timestep, guidance, out);
-    if (m->sp > 1)
-        return tp_error("flux2 forward: KV-cached references do not run with sequence parallelism yet (use --sp 1)");
     if (check_args(m, x, N, img_ids, txt, L, txt_ids, timestep, out)) return -1;
     if (mode == FLUX2_KV_EXTRACT && (R < 1 || R >= N))
         return tp_error("flux2 forward (KV extract): %lld reference tokens of %lld image rows; need 0 < R < N",
@@ -370,26 +414,18 @@ int flux2_forward_kv(flux2_model *m, int mode, flux2_kv_cache *kv, const float *
     if (mode == FLUX2_KV_CACHED && (kv->R < 1 || kv->n_layers != m->cfg.num_layers + m->cfg.num_single_layers))
         return tp_error("flux2 forward (KV cached): the cache is empty; run an extract pass first");
     double t0 = MPI_Wtime();
-    flux2_ws *ws = ws_get(m, N, L);
+    int extract = mode == FLUX2_KV_EXTRACT;
+    flux2_ws *ws = ws_for(m, N, extract ? R : 0, L);
     if (!ws) return -1;
     ws->kv_mode = mode, ws->kv = kv, ws->ref_t = ref_timestep;
-    ws->R = mode == FLUX2_KV_EXTRACT ? R : 0;
-    if (mode == FLUX2_KV_EXTRACT && kv_alloc(m, kv, R)) return -1;
-    if (mode == FLUX2_KV_CACHED) {
-        int64_t rows = L + kv->R + N;
-        if (!ws->kcat || ws->kcat->rows != rows) {
-            tensor_free(ws->kcat), tensor_free(ws->vcat);
-            ws->kcat = tensor_new(m->be, m->act, rows, m->Dl);
-            ws->vcat = ws->kcat ? tensor_new(m->be, m->act, rows, m->Dl) : NULL;
-            if (!ws->vcat) return tp_error_context("flux2: attention keys with %lld cached tokens", (long long)kv->R);
-        }
-    }
-    int64_t n_out = mode == FLUX2_KV_EXTRACT ? N - R : N;
-    tensor o = tensor_rows(ws->out, 0, n_out);
-    int rc = forward_body(m, ws, x, img_ids, txt, txt_ids, timestep, guidance) || tensor_download_f32(&o, out) ||
-             be_sync(m->be);
+    ws->R = extract ? ws->img_n[0] : 0;   /* my reference rows */
+    const tensor *o = NULL;
+    tensor view;
+    int rc = (extract ? kv_alloc(m, kv, R) : kv_concat_bufs(m, ws, L + kv->R + N)) ||
+             forward_body(m, ws, x, img_ids, txt, txt_ids, timestep, guidance) || !(o = whole_output(m, ws, &view)) ||
+             tensor_download_f32(o, out) || be_sync(m->be);
     ws->kv_mode = FLUX2_KV_NONE, ws->kv = NULL, ws->R = 0;
-    if (rc) return tp_error_context("flux2 forward (KV %s)", mode == FLUX2_KV_EXTRACT ? "extract" : "cached");
+    if (rc) return tp_error_context("flux2 forward (KV %s)", extract ? "extract" : "cached");
     m->stats.forwards++;
     m->stats.seconds += MPI_Wtime() - t0;
     return 0;

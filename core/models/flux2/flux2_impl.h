@@ -77,8 +77,12 @@ typedef struct flux2_ws {
     /* sequence parallelism: the layout (text, image), where this rank's slices start, the whole output */
     ulysses_layout lay;
     ulysses_bufs ub;  /* the all-to-all's buffers, reserved in ws_for (the prepare step) */
-    int64_t l0, n0, N_full;
-    tensor *out_full; /* [N_full, out_dim] */
+    int64_t l0, L_full, N_full, R_full;  /* where my text slice starts; the whole sequence's text, image and
+                                           * (KV extract) reference rows */
+    /* my image rows in the whole image input: the slice of its R_full reference rows, then the slice of the
+     * rest (without references: piece 0 is empty, piece 1 the slice of all N_full rows) */
+    int64_t img_at[2], img_n[2];
+    tensor *out_full; /* [N_full - R_full, out_dim]: the whole output (the noise rows) */
     tensor *x;        /* [S, D]  residual stream */
     tensor *nrm;      /* [S, D]  modulated LayerNorm output */
     tensor *proj;     /* [S, 3Dl + 2Ml]  Q|K|V (double), Q|K|V|gate|up (single), MLP in (double) */
@@ -90,19 +94,21 @@ typedef struct flux2_ws {
     tensor *mod_img, *mod_txt, *mod_single, *mod_out;  /* [1, 6D], [1, 6D], [1, 3D], [1, 2D] */
     /* KV-cached references (flux2_forward_kv), set per forward */
     int kv_mode;      /* FLUX2_KV_NONE / _EXTRACT / _CACHED */
-    int64_t R;        /* extract: the first R image rows are reference tokens */
+    int64_t R;        /* extract: the first R of my image rows are reference tokens (R_full in the sequence) */
     float ref_t;      /* extract: the reference rows' timestep (the pipeline's ref_fixed_timestep) */
     int kv_layer;     /* block index into the cache (double blocks, then single) */
     struct flux2_kv_cache *kv;
     tensor *mod_img_ref, *mod_single_ref;  /* extract: modulation of the reference rows [1, 6D], [1, 3D] */
-    tensor *kcat, *vcat;                   /* cached: [L + R + N, Dl] keys/values with the cached rows injected */
+    tensor *kcat, *vcat;  /* cached: [L + R + N, Dl/sp] keys/values of the whole sequence with the cached rows injected */
 } flux2_ws;
 
-/* Reference K/V of every block (after QK norm and RoPE), this rank's heads. */
+/* Reference K/V of every block (after QK norm and RoPE), this rank's heads:
+ * with sequence parallelism in the layout after the all-to-all, all R
+ * reference tokens of this rank's Dl/sp heads (so SP divides it too). */
 struct flux2_kv_cache {
     int64_t R;        /* reference tokens */
     int n_layers;
-    tensor **k, **v;  /* [n_layers] of [R, Dl] */
+    tensor **k, **v;  /* [n_layers] of [R, Dl/sp] */
 };
 
 /* flux2_forward.c */
