@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 140 s; checks: 38
+# budget: 150 s; checks: 39
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
@@ -275,6 +275,19 @@ if NP=4 start_server "$TMP/serve.log" "$TPGEN" --sp 2 --tp 1 --guidance 3 --nega
     stop_server >/dev/null
 else
     fail "mesh: serve --sp 2 did not start: $(tail -3 "$TMP/serve.log")"
+fi
+# serve with KV-cached references at --sp 2: an edit with the two references, the pixels of the one-rank run above
+M=$KV
+if NP=2 start_server "$TMP/serve-kv.log" "$TPGEN" --sp 2 --backend cpu; then
+    curl -s -F prompt="a fox" -F seed=0 -F steps=3 -F size=80x48 -F "image[]=@$RG/r0_64x80.png" \
+        -F "image[]=@$RG/r1_100x70.png" "http://127.0.0.1:$PORT/v1/images/edits" |
+        jq -r '.data[0].b64_json' | base64 -d >"$TMP/serve-kv.png" 2>/dev/null
+    [ -s "$TMP/serve-kv.png" ] && [ "$(idat "$TMP/serve-kv.png")" = "$(idat "$TMP/klein-kv-bf16-1.png")" ] &&
+        ok "mesh: serve --sp 2 on a KV-cached-reference model: an edit with two references = the one-rank pixels" ||
+        fail "mesh: serve kv --sp 2: the edit's pixels differ from the one-rank run's ($(grep -m1 error "$TMP/serve-kv.log"))"
+    stop_server >/dev/null
+else
+    fail "mesh: serve --sp 2 on the KV folder did not start: $(tail -3 "$TMP/serve-kv.log")"
 fi
 M=$M0
 
