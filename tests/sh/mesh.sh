@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 150 s; checks: 39
+# budget: 150 s; checks: 40
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
@@ -127,6 +127,17 @@ RG=$TPGEN_GOLDEN/klein-tiny-edit/refs
 KVR=(--prompt "a fox" --steps 3 --backend cpu --image "$RG/r0_64x80.png" --image "$RG/r1_100x70.png")
 sp klein-kv-bf16 2 --model "$KV" "${KVR[@]}" --width 80 --height 48
 sp klein-kv-f32-sp3 3 --model "$KV6" "${KVR[@]}" --width 64 --height 32 --precision f32
+# block caching over KV-cached references at --sp 2 (a threshold above this random model's residual diffs, so
+# that steps are served from the cache): the same decisions as one rank, latents byte for byte
+KC=(--model "$KV" "${KVR[@]}" --width 80 --height 48 --steps 6 --cache fn=1,bn=0,warmup=1,threshold=1.2 --precision f32)
+if "$TPGEN" "${KC[@]}" --save-latents "$TMP/kvc-1.st" --json-metrics "$TMP/kvc-1.json" --no-decode >/dev/null 2>&1 &&
+   $MPIRUN -np 2 "$TPGEN" "${KC[@]}" --sp 2 --save-latents "$TMP/kvc-2.st" --json-metrics "$TMP/kvc-2.json" --no-decode \
+       >/dev/null 2>&1; then
+    d1=$(jq -c '.cache_decisions[0] | [.double, .single]' "$TMP/kvc-1.json") d2=$(jq -c '.cache_decisions[0] | [.double, .single]' "$TMP/kvc-2.json")
+    [ "$d1" = "$d2" ] && echo "$d1" | grep -q K && cmp -s "$TMP/kvc-1.st" "$TMP/kvc-2.st" &&
+        ok "mesh kv: --cache over KV-cached references at --sp 2: decisions $d1 as one rank's, latents byte for byte" ||
+        fail "mesh kv: --cache with KV at --sp 2: decisions $d1 vs $d2, or the latents differ"
+else fail "mesh kv: --cache with KV: a run failed"; fi
 # what each rank holds, in the summary's JSON: K and V of every block, R tokens x D / sp, e bytes
 kvb=$(jq -c .kv_cache_bytes "$TMP/klein-kv-bf16-sp.json" 2>/dev/null)
 want=$(jq '2 * (.num_layers + .num_single_layers) * 44 * (.num_attention_heads * .attention_head_dim / 2) * 2' \
