@@ -64,7 +64,7 @@ static void fire(double silent, double bound) {
     char peers[64];
     if (g_size > 1) snprintf(peers, sizeof peers, "world ranks %d-%d", g_first, g_first + g_size - 1);
     else snprintf(peers, sizeof peers, "world rank %d", g_first);
-    fprintf(stderr, "tpgen: error: rank %d: no progress in tensor-parallel group %d (%s) for %.0f s while %s (the "
+    fprintf(stderr, "tpgen: error: rank %d: no progress in job group %d (%s) for %.0f s while %s (the "
             "bound is %.0f s); did a rank die or a link go down? Ending this rank so that the job ends (--watchdog S "
             "sets the bound, 0 turns it off)\n", g_rank, g_group, peers, silent, g_what, bound);
     fflush(stderr);

@@ -8,7 +8,7 @@
  * phase boundary: encode, load, a job). When it exceeds the bound, the rank
  * prints
  *
- *   tpgen: error: rank R: no progress in tensor-parallel group G (world ranks A-B) for N s while W;
+ *   tpgen: error: rank R: no progress in job group G (world ranks A-B) for N s while W;
  *   did a rank die? ...
  *
  * and exits with status 1, which ends the job under any launcher (mpirun

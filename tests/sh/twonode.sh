@@ -362,7 +362,7 @@ if [ -z "$r2" ]; then fail "twonode: srun kill: no rank found in node2 ($(tail -
     # reports the lost connection; either way the job ends with a message saying why
     if [ "$rc" = 141 ]; then
         fail "twonode: srun without -K: node1's rank died of SIGPIPE (rc 141, no message) ${took} s after the kill"
-    elif grep -q "no progress in tensor-parallel group" "$W/kill-srun.log"; then
+    elif grep -q "no progress in job group" "$W/kill-srun.log"; then
         ok "twonode: srun without -K: the watchdog of node1's rank ended it"
     elif grep -qiE "broken pipe|connection reset|unreachable|lost connection|process failure|terminated" "$W/kill-srun.log"; then
         ok "twonode: srun without -K: node1's rank reported the lost peer: $(grep -m1 -iE "broken pipe|connection reset|unreachable|lost connection|process failure|terminated" "$W/kill-srun.log" | cut -c1-160)"
@@ -455,7 +455,7 @@ if [ -z "$r2" ] || [ -z "$r1" ]; then fail "twonode: link down: ranks not found 
     for _ in $(seq 1 600); do kill -0 "$r1" 2>/dev/null || kill -0 "$r2" 2>/dev/null || break; sleep 0.1; done
     ranks=$(since "$t0")
     wait_for $sp 100; took=$(since "$t0")
-    [ "$(echo "$ranks < 20" | bc)" = 1 ] && [ "$(grep -c "no progress in tensor-parallel group" "$W/link.log")" -ge 1 ] &&
+    [ "$(echo "$ranks < 20" | bc)" = 1 ] && [ "$(grep -c "no progress in job group" "$W/link.log")" -ge 1 ] &&
         ok "twonode: node2's link down mid-run: the watchdog ends both ranks ${ranks} s later (bound 10 s)" ||
         fail "twonode: link down: ranks still running ${ranks} s later: $(grep -m2 error "$W/link.log")"
     [ $rc != 0 ] && [ $rc != 124 ] && [ "$(echo "$took < 90" | bc)" = 1 ] && [ -z "$(left_in link)" ] &&

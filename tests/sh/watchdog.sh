@@ -59,7 +59,7 @@ paused() {
     t1=$(date +%s.%N)
     kill -CONT "$r1" 2>/dev/null; kill -9 "$r1" 2>/dev/null
     took=$(echo "$t1 - $t0" | bc)
-    if [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q 'rank 0: no progress in tensor-parallel group 0 (world ranks 0-1) for [0-9]* s while denoising' "$TMP/long-$name.log" &&
+    if [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q 'rank 0: no progress in job group 0 (world ranks 0-1) for [0-9]* s while denoising' "$TMP/long-$name.log" &&
        [ "$(echo "$took < 20" | bc)" = 1 ]; then
         ok "watchdog $name: a rank paused past a 4 s bound ends the job in $(printf %.1f "$took") s (rc $rc) with the group named"
     else fail "watchdog $name: long pause: rc $rc after ${took}s: $(grep -m1 'error' "$TMP/long-$name.log")"; fi
