@@ -48,6 +48,7 @@ typedef struct summary {
     double cache_steps[2][2];    /* --cache: [group][computed, cached], summed over TP-group leads */
     json_t *cache;           /* --cache, world rank 0: cache_decisions, one object per rendered job in job order */
     double *comm;            /* per world rank: bytes sent in collectives per denoising step */
+    double *prompts;         /* per world rank: prompts it ran the text encoder on */
 } summary;
 
 /* Every group's first rank holds its jobs' decisions (JSON text, one line
@@ -113,6 +114,9 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     double per_step = m->steps_total > 0 ? m->comm_bytes / m->steps_total : 0;
     s->comm = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
     MPI_Gather(&per_step, 1, MPI_DOUBLE, s->comm, 1, MPI_DOUBLE, 0, w);
+    double prompts = m->prompts_encoded;
+    s->prompts = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
+    MPI_Gather(&prompts, 1, MPI_DOUBLE, s->prompts, 1, MPI_DOUBLE, 0, w);
 }
 
 static void print_summary(const gen_setup *g, const summary *s) {
@@ -194,6 +198,9 @@ static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
     json_t *comm = json_array();   /* bytes each world rank sends in collectives per denoising step */
     for (int r = 0; r < g->d->world_size; r++) json_array_append_new(comm, json_real(s->comm[r]));
     json_object_set_new(j, "comm_bytes_per_step", comm);
+    json_t *enc = json_array();   /* prompts each world rank ran the text encoder on (its TP group's share) */
+    for (int r = 0; r < g->d->world_size; r++) json_array_append_new(enc, json_integer((json_int_t)s->prompts[r]));
+    json_object_set_new(j, "prompts_encoded", enc);
     json_object_set_new(j, "text_encoder_bytes_loaded", json_integer((json_int_t)s->te_bytes_loaded));
     json_object_set_new(j, "text_encoder_read_seconds", json_real(s->te_load_seconds));
     json_object_set_new(j, "text_encoder_gb_per_s", json_real(gb_per_s(s->te_bytes_loaded, s->te_load_seconds)));
@@ -233,5 +240,6 @@ int gen_report(const gen_setup *g, const gen_metrics *m, int status) {
     json_decref(s.cache);
     free(s.rss);
     free(s.comm);
+    free(s.prompts);
     return dist_agree(g->d->world, rc);
 }

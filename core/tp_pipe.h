@@ -8,7 +8,8 @@
  *   tp_pipe_open      backend and communicator of the TP group
  *   tp_pipe_encode    prompt -> embeddings (text encoder loaded on demand,
  *                     freed by tp_pipe_text_done unless kept resident;
- *                     an LRU cache skips repeated prompts)
+ *                     an LRU cache skips repeated prompts); _many: several
+ *                     prompts spread over the group's TP groups
  *   tp_pipe_load      transformer shard (LoRA, fp8) and the VAE parts
  *                     that are needed, on every rank (they run patch-parallel)
  *   tp_pipe_render    one job: seeded noise, references, denoising in
@@ -144,6 +145,8 @@ typedef struct tp_pipe_stats {
     double te_load_seconds;      /* text encoder: inside the loader */
     uint64_t te_bytes_loaded;    /* text encoder, this rank */
     int refs_encoded;            /* reference images this rank encoded */
+    int prompts_encoded;         /* prompts this rank's TP group ran the text encoder on (not cache hits, not
+                                  * the other TP groups' prompts it received) */
     int steps;
     double step_seconds;
     double comm_bytes;           /* sent in collectives while denoising (ring formulas, kernels/comm.h) */
@@ -169,10 +172,21 @@ void tp_pipe_free(tp_pipe *p);
  * (may be NULL) is 1 when the cache answered. Loads the text encoder when
  * needed. */
 int tp_pipe_encode(tp_pipe *p, const char *prompt, float **out, int64_t *L, int *hit);
+/* The embeddings of n prompts at once: out[i], L[i] (and hit[i], may be
+ * NULL) as tp_pipe_encode gives them for prompts[i]. The prompts the cache
+ * does not answer are dealt out to the job group's TP groups (cfg x sp of
+ * them: the k-th on TP group k mod G), which encode theirs at the same
+ * time, each the same TP computation as tp_pipe_encode (the same bits);
+ * each result is then broadcast from its TP group's first rank to the
+ * group. Only TP groups with a prompt to encode load the text encoder
+ * (all of them with keep_text_encoder). A prompt given twice is encoded
+ * once; the hit and miss counts are those of n tp_pipe_encode calls. */
+int tp_pipe_encode_many(tp_pipe *p, int n, const char *const *prompts, float **out, int64_t *L, int *hit);
 /* Encode a prompt into the cache only, for a prompt that will be asked for
  * soon, while the encoder is loaded; not counted as a hit or a miss. No-op
- * without a cache. */
+ * without a cache. _many: n prompts, spread as tp_pipe_encode_many. */
 int tp_pipe_prefetch(tp_pipe *p, const char *prompt);
+int tp_pipe_prefetch_many(tp_pipe *p, int n, const char *const *prompts);
 /* Done with prompts for now: the text encoder is freed (its memory goes
  * back to the transformer) unless keep_text_encoder. */
 void tp_pipe_text_done(tp_pipe *p);
