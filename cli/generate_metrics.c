@@ -49,6 +49,7 @@ typedef struct summary {
     json_t *cache;           /* --cache, world rank 0: cache_decisions, one object per rendered job in job order */
     double *comm;            /* per world rank: bytes sent in collectives per denoising step */
     double *prompts;         /* per world rank: prompts it ran the text encoder on */
+    double *bands;           /* per world rank: decodes in which it decoded a row band */
 } summary;
 
 /* Every group's first rank holds its jobs' decisions (JSON text, one line
@@ -114,9 +115,11 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     double per_step = m->steps_total > 0 ? m->comm_bytes / m->steps_total : 0;
     s->comm = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
     MPI_Gather(&per_step, 1, MPI_DOUBLE, s->comm, 1, MPI_DOUBLE, 0, w);
-    double prompts = m->prompts_encoded;
+    double prompts = m->prompts_encoded, bands = m->decode_bands;
     s->prompts = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
+    s->bands = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
     MPI_Gather(&prompts, 1, MPI_DOUBLE, s->prompts, 1, MPI_DOUBLE, 0, w);
+    MPI_Gather(&bands, 1, MPI_DOUBLE, s->bands, 1, MPI_DOUBLE, 0, w);
 }
 
 static void print_summary(const gen_setup *g, const summary *s) {
@@ -201,6 +204,9 @@ static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
     json_t *enc = json_array();   /* prompts each world rank ran the text encoder on (its TP group's share) */
     for (int r = 0; r < g->d->world_size; r++) json_array_append_new(enc, json_integer((json_int_t)s->prompts[r]));
     json_object_set_new(j, "prompts_encoded", enc);
+    json_t *bands = json_array();   /* decodes in which each world rank decoded a row band */
+    for (int r = 0; r < g->d->world_size; r++) json_array_append_new(bands, json_integer((json_int_t)s->bands[r]));
+    json_object_set_new(j, "decode_bands", bands);
     json_object_set_new(j, "text_encoder_bytes_loaded", json_integer((json_int_t)s->te_bytes_loaded));
     json_object_set_new(j, "text_encoder_read_seconds", json_real(s->te_load_seconds));
     json_object_set_new(j, "text_encoder_gb_per_s", json_real(gb_per_s(s->te_bytes_loaded, s->te_load_seconds)));
@@ -241,5 +247,6 @@ int gen_report(const gen_setup *g, const gen_metrics *m, int status) {
     free(s.rss);
     free(s.comm);
     free(s.prompts);
+    free(s.bands);
     return dist_agree(g->d->world, rc);
 }

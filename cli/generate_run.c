@@ -301,7 +301,7 @@ static void take_stats(run_state *r) {
     m->t_encode += st->t_encode, m->t_te_load += st->t_te_load, m->t_load += st->t_load, m->t_refs += st->t_refs;
     m->t_denoise += st->t_denoise;
     m->bytes_loaded += st->bytes_loaded, m->load_seconds += st->load_seconds, m->refs_encoded += st->refs_encoded;
-    m->prompts_encoded += st->prompts_encoded;
+    m->prompts_encoded += st->prompts_encoded, m->decode_bands += st->decode_bands;
     m->te_bytes_loaded += st->te_bytes_loaded, m->te_load_seconds += st->te_load_seconds;
     m->steps_total += st->steps, m->step_seconds += st->step_seconds, m->comm_bytes += st->comm_bytes;
     gen_lora_loaded(r->g, st->lora_bytes);

@@ -40,6 +40,7 @@ struct tp_pipe {
     void *model;                 /* the family's transformer shard, NULL until loaded */
     vae_model *vae;
     embed_cache *cache;
+    int vae_all;                 /* the VAE runs over the whole group (vae_group) */
     tp_pipe_stats st;
     /* the current job's step callback, wrapped to count steps */
     denoise_step_fn user_step;
@@ -266,6 +267,10 @@ int tp_pipe_open(const tp_pipe_config *cfg, const tp_pipe_info *info, MPI_Comm g
     }
     if (!rc && p->mesh.cfg == 2) p->cfg_comm = comm_create_mpi(p->mesh.cfg_comm, NULL);   /* host latents */
     if (!rc && cfg->prompt_cache_bytes) p->cache = embed_cache_create(cfg->prompt_cache_bytes);
+    if (!rc) {   /* the same choice on every rank, even on unlike CPUs */
+        p->vae_all = op_rows_invariant(p->be, cfg->precision);
+        MPI_Allreduce(MPI_IN_PLACE, &p->vae_all, 1, MPI_INT, MPI_MIN, group);
+    }
     if (rc) {
         tp_pipe_free(p);
         return -1;
@@ -554,11 +559,19 @@ static int count_step(int step, int steps, double seconds, const float *v, const
     return p->user_step ? p->user_step(step, steps, seconds, v, x, sigma, p->user_ctx) : 0;
 }
 
-/* The VAE runs patch-parallel over the first TP group of the job group:
- * its bands are the serial run's at the same tp, so a CFG-parallel (or SP)
- * group encodes and decodes exactly as its TP group alone would. Spreading
- * it over the whole group waits for band-count-independent VAE kernels. */
-static int first_tp_group(const tp_pipe *p) { return p->grank < p->mesh.tp; }
+/* The ranks the VAE runs on, patch-parallel (a row band each). Where the
+ * backend is rows-invariant (op_rows_invariant: every op gives a pixel the
+ * same bits in any band, and the GroupNorm statistics are folded in row
+ * order, core/models/vae/vae_band.c), the band count changes no bit, so the
+ * whole job group decodes and encodes: a CFG-parallel or SP group gets the
+ * serial run's image at the same tp. Elsewhere (the CPU's f32 Winograd
+ * route, whose 4x4 tiles start at each call's first row; CUDA, not
+ * established) the first TP group of the job group runs it, as the serial
+ * run at that tp would, and the other ranks wait. in: this rank takes part. */
+static MPI_Comm vae_group(const tp_pipe *p, int *in) {
+    *in = p->vae_all || p->grank < p->mesh.tp;
+    return p->vae_all ? p->group : p->mesh.tp_comm;
+}
 
 /* The job's reference tokens: encoded across the first TP group (the first
  * rank reads the images), then broadcast from the first rank. */
@@ -575,10 +588,10 @@ static int job_refs(tp_pipe *p, const tp_job *j, ref_set *rs) {
     }
     if (agree(p, rc)) return -1;
     refs_load_fn load = p->fam->reference_loader(j->n_images);
-    /* the first TP group encodes (agreed inside it), the group agrees, rank 0's tokens go to all below */
-    if (agree(p, first_tp_group(p) ? refs_encode_group_with(p->vae, p->mesh.tp_comm, j->images, j->n_images, load, rs)
-                                   : 0))
-        return -1;
+    /* the VAE's ranks encode (agreed among them), the group agrees, rank 0's tokens go to all below */
+    int in;
+    MPI_Comm vc = vae_group(p, &in);
+    if (agree(p, in ? refs_encode_group_with(p->vae, vc, j->images, j->n_images, load, rs) : 0)) return -1;
     if (p->grank == 0 && p->fam->reference_ids) p->fam->reference_ids(rs);   /* the others get them below */
     int64_t hdr[2] = {rs->R, rs->C};
     MPI_Bcast(hdr, 2, MPI_INT64_T, 0, p->group);
@@ -646,9 +659,12 @@ int tp_pipe_decode(tp_pipe *p, const float *latents, int width, int height, uint
     double t0 = MPI_Wtime();
     const char *phase = tp_phase_set("decode");
     int rc = agree(p, p->vae ? 0 : tp_error("decoding needs the VAE decoder, which this rank did not load"));
-    if (!rc && first_tp_group(p)) rc = vae_decode_packed_group(p->vae, p->mesh.tp_comm, latents, height / 16, width / 16,
-                                                               NULL, rgb);
+    int in, vrank = 0;
+    MPI_Comm vc = vae_group(p, &in);
+    if (!rc && in) rc = vae_decode_packed_group(p->vae, vc, latents, height / 16, width / 16, NULL, rgb);
+    if (in) MPI_Comm_rank(vc, &vrank);
     rc = agree(p, rc);
+    if (!rc && in && vrank < height / 8) p->st.decode_bands++;   /* a band of the H/8 latent rows (vae_group_pass) */
     tp_phase_set(phase);
     if (seconds) *seconds = MPI_Wtime() - t0;
     return rc;

@@ -11,11 +11,13 @@
  *                     an LRU cache skips repeated prompts); _many: several
  *                     prompts spread over the group's TP groups
  *   tp_pipe_load      transformer shard (LoRA, fp8) and the VAE parts
- *                     that are needed, on every rank (they run patch-parallel)
+ *                     that are needed, on every rank (they run patch-parallel:
+ *                     over the whole group where the backend is rows-invariant,
+ *                     else over its first TP group; see tp_pipe_decode)
  *   tp_pipe_render    one job: seeded noise, references, denoising in
  *                     lockstep (the one loop, core/sampler.h) -> final
  *                     latents on every rank
- *   tp_pipe_decode    latents -> RGB, patch-parallel over the group, the
+ *   tp_pipe_decode    latents -> RGB, patch-parallel (as tp_pipe_load), the
  *                     image on the group's first rank
  *
  * Every call but probe is collective over the job group (the TP group, or
@@ -145,6 +147,7 @@ typedef struct tp_pipe_stats {
     double te_load_seconds;      /* text encoder: inside the loader */
     uint64_t te_bytes_loaded;    /* text encoder, this rank */
     int refs_encoded;            /* reference images this rank encoded */
+    int decode_bands;            /* decodes (images and previews) in which this rank decoded a row band */
     int prompts_encoded;         /* prompts this rank's TP group ran the text encoder on (not cache hits, not
                                   * the other TP groups' prompts it received) */
     int steps;
@@ -222,8 +225,11 @@ typedef struct tp_job {
  * rank before anything is read. */
 int tp_pipe_render(tp_pipe *p, const tp_job *job, float *latents);
 /* Latents (the same on every rank) -> RGB [H, W, 3] on the group's first
- * rank (rgb may be NULL elsewhere), each rank decoding one row band.
- * Collective over the TP group; the status is agreed. */
+ * rank (rgb may be NULL elsewhere), each rank decoding one row band: every
+ * rank of the job group where the backend is rows-invariant
+ * (op_rows_invariant, agreed over the group: the image is the same bytes
+ * for any band count), else the ranks of its first TP group (the serial
+ * run's bands at this tp). Collective over the group; the status is agreed. */
 int tp_pipe_decode(tp_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds);
 
 /* A preview from inside a job's step callback (every rank, in lockstep):

@@ -96,6 +96,8 @@ void op_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const t
 void op_conv2d_down(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h, int64_t wd) { DISPATCH(conv2d_down, y, x, w, bias, h, wd); }
 void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma, const tensor *beta, int groups, float eps, int apply_silu) { DISPATCH(group_norm, y, x, gamma, beta, groups, eps, apply_silu); }
 
+int op_rows_invariant(backend *be, dtype_t dt) { return be->vt->rows_invariant ? be->vt->rows_invariant(be, dt) : 0; }
+
 /* Host fallbacks of the group-norm halves, for backends without them (both
  * CPU and CUDA have them): a row at a time through download/upload. Slow but exact in f64. */
 void op_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out) {

@@ -6,6 +6,7 @@
 #include "cpu_vecmath.h"
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* y = LN(x) * (1 + scale) + shift; bf16 output rounds LN, (1+scale),
  * the product and the sum separately (docs/spec/flux2-transformer.md §3.4). */
@@ -138,6 +139,14 @@ static void affine_silu(const float *v, float *out, int64_t n, float a, float b,
         }
         _mm256_storeu_ps(out + i, t);
     }
+    if (i < n) {   /* the tail through the same vector arithmetic: a pixel's value does not depend on where the
+                    * row ends (a VAE band's rows end elsewhere than the whole image's) */
+        float tv[8] = {0}, to[8];
+        memcpy(tv, v + i, (size_t)(n - i) * sizeof *tv);
+        affine_silu(tv, to, 8, a, b, silu, dt);
+        memcpy(out + i, to, (size_t)(n - i) * sizeof *to);
+    }
+    return;
 #endif
     for (; i < n; i++) {
         float t = v[i] * a + b;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 150 s; checks: 34
+# budget: 165 s; checks: 38
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
@@ -10,7 +10,8 @@
 # the mesh, comm_bytes_per_step matches the ring formulas (CFG exchange;
 # sp 4 against tp 4, at most 0.6x), the prompts are encoded on different TP
 # groups at once (prompts_encoded per rank; a failure there agreed; the
-# pixels unchanged), and every refusal is one clear error
+# pixels unchanged), the VAE runs over the whole group where the CPU is
+# rows-invariant (decode_bands per rank; the bytes unchanged), and every refusal is one clear error
 # before loading, on every rank, with no output. One OpenMP thread per rank
 # everywhere: the VAE encoder's f32 result depends on the thread count.
 . "$TPGEN_ROOT/tests/lib.sh"
@@ -181,6 +182,34 @@ out=$(TPGEN_FAIL_ALLOC=1:1:encode timeout 120 $MPIRUN -x TPGEN_FAIL_ALLOC -np 2 
     ! ls "$TMP"/p3-f-*.png >/dev/null 2>&1 &&
     ok "mesh: the second TP group failing on its prompt: agreed, one message naming rank 1, no PNG (rc $rc)" ||
     fail "mesh: encode failure on TP group 1: rc $rc $(echo "$out" | grep error | head -2)"
+
+# the VAE over the whole job group where the CPU is rows-invariant (op_rows_invariant: the band count changes no
+# bit), else over the first TP group: decode_bands counts, per world rank, the decodes it took a band of. f32 with
+# the Winograd route off (TPGEN_NO_WINOGRAD=1) is rows-invariant on every CPU: the reference encode and the decode
+# spread over cfg 2 (x sp 2), the bytes still the serial run's; with Winograd (f32's default) the first TP group
+MPIRUN0=$MPIRUN
+MPIRUN="$MPIRUN -x TPGEN_NO_WINOGRAD"
+export TPGEN_NO_WINOGRAD=1
+same klein-f32-exact 1 2 "${K[@]}" --tp 1 --precision f32 --image "$REF"
+if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 --cfg-parallel --output "$TMP/xs.png" \
+           --save-latents "$TMP/xs.st" --json-metrics "$TMP/xs.json" 2>&1); then
+    cmp -s "$TMP/klein-f32-exact-s.st" "$TMP/xs.st" && [ "$(idat "$TMP/klein-f32-exact-s.png")" = "$(idat "$TMP/xs.png")" ] &&
+        [ "$(jq -c .decode_bands "$TMP/xs.json")" = "[1,1,1,1]" ] &&
+        ok "mesh: f32 without Winograd, cfg 2 x sp 2: the VAE on all 4 ranks (one band each), the one-rank bytes" ||
+        fail "mesh: f32 exact VAE on cfg 2 x sp 2: decode_bands $(jq -c .decode_bands "$TMP/xs.json"), or the bytes differ"
+else fail "mesh: f32 exact VAE on cfg 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+unset TPGEN_NO_WINOGRAD
+MPIRUN=$MPIRUN0
+b1=$(jq -c .decode_bands "$TMP/klein-f32-exact-c.json" 2>/dev/null); b2=$(jq -c .decode_bands "$TMP/klein-f32-ref-c.json" 2>/dev/null)
+[ "$b1" = "[1,1]" ] && [ "$b2" = "[1,0]" ] &&
+    ok "mesh: decode_bands: f32 without Winograd on both CFG halves $b1, with Winograd on the first TP group only $b2" ||
+    fail "mesh: decode_bands $b1 (want [1,1]) and $b2 (want [1,0])"
+# bf16 takes the AMX or vdpbf16ps convolutions where the CPU has them (rows-invariant), else Winograd
+b3=$(jq -c .decode_bands "$TMP/klein-bf16-c.json" 2>/dev/null)
+if grep -qw amx_bf16 /proc/cpuinfo; then
+    [ "$b3" = "[1,1]" ] && ok "mesh: bf16 on this AMX CPU: the VAE on both CFG halves ($b3), the serial bytes (above)" ||
+        fail "mesh: bf16 decode_bands $b3 on an AMX CPU (want [1,1])"
+else skip "mesh: bf16 VAE spread: this CPU has no AMX-BF16 (decode_bands $b3)"; fi
 
 # bytes sent per step, sp 4 against tp 4 at equal tokens (klein distilled, bf16): the ring formulas written
 # out from the transformer config: TP all-reduces [S, D] twice per double block and once per single block;
