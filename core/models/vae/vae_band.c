@@ -10,7 +10,9 @@
  *  - a GroupNorm's statistics: per-channel sums, then sums of squared
  *    deviations from the group mean, each all-reduced in f64 (the same
  *    two-pass arithmetic as op_group_norm, so that the mean and the rstd,
- *    rounded to f32, almost always come out bit-identical);
+ *    rounded to f32, almost always come out bit-identical); where the
+ *    backend is rows-invariant, the per-row sums folded in image row order
+ *    instead (vae_norm.c: always bit-identical);
  *  - the mid-block attention, which is global: the whole mid activation
  *    (H/8 x W/8, small) is gathered on every band rank, and each computes
  *    the attention of its own query rows against all keys.
@@ -27,68 +29,6 @@ static int64_t band_row0(const vae_band *b, int r, int64_t s) { return s * b->b[
 static int64_t band_nrows(const vae_band *b, int r, int64_t s) { return s * (b->b[r + 1] - b->b[r]); }
 /* the scale of an activation of h rows on this rank */
 static int64_t band_scale(const vae_band *b, int64_t h) { return h / (b->b[b->rank + 1] - b->b[b->rank]); }
-
-/* the row width of an activation of `cols` pixels holding `rows` unit rows (width wl units): s*wl with
- * cols = s*rows * s*wl */
-static int64_t row_width(int64_t cols, int64_t rows, int64_t wl) {
-    int64_t s = 1;
-    while (s * s * rows * wl < cols) s++;
-    return s * wl;
-}
-
-/* acc[c] += the sums of rows [0, rows) of x (row width W), in row order */
-static void fold_rows(vae_run *v, const tensor *x, int64_t W, const double *center, int p, double *acc, double *tmp) {
-    int64_t rows = x->cols / W;
-    for (int64_t r = 0; r < rows; r++) {
-        tensor row = tensor_cols(x, r * W, W);
-        op_channel_sums(v->be, &row, center, p, tmp);
-        for (int64_t c = 0; c < x->rows; c++) acc[c] += tmp[c];
-    }
-}
-
-/* out [C] = the image's row sums folded in row order across the bands */
-static int ordered_sums(vae_run *v, const tensor *x, int64_t W, const double *center, int p, double *out) {
-    const vae_band *bd = v->band;
-    int64_t C = x->rows;
-    double *tmp = xmalloc((size_t)C * sizeof *tmp);
-    int rc = 0;
-    memset(out, 0, (size_t)C * sizeof *out);
-    if (bd && bd->rank > 0) rc = MPI_Recv(out, (int)C, MPI_DOUBLE, bd->rank - 1, 0, bd->comm, MPI_STATUS_IGNORE);
-    if (!rc) fold_rows(v, x, W, center, p, out, tmp);
-    if (!rc && bd && bd->rank + 1 < bd->size) rc = MPI_Send(out, (int)C, MPI_DOUBLE, bd->rank + 1, 0, bd->comm);
-    if (!rc && bd) rc = MPI_Bcast(out, (int)C, MPI_DOUBLE, bd->size - 1, bd->comm);
-    free(tmp);
-    return rc == MPI_SUCCESS ? 0 : tp_error("VAE: passing the GroupNorm sums between bands failed");
-}
-
-int vae_norm_ordered(vae_run *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
-    const vae_band *bd = v->band;
-    int64_t C = x->rows, rows = bd ? bd->b[bd->rank + 1] - bd->b[bd->rank] : v->units;
-    int64_t total = bd ? bd->b[bd->size] : v->units, W = row_width(x->cols, rows, v->wl);
-    int groups = v->m->cfg.norm_groups, cpg = (int)(C / groups);
-    double *s = xmalloc((size_t)C * sizeof(double)), *center = xmalloc((size_t)C * sizeof(double)),
-           *mean = xcalloc((size_t)groups, sizeof(double)), *var = xcalloc((size_t)groups, sizeof(double));
-    float *ga = xmalloc((size_t)C * sizeof(float)), *bb = xmalloc((size_t)C * sizeof(float));
-    /* the pixel count: the image's rows at this scale (W / wl of them per unit row) times W */
-    double n = (double)cpg * (double)(total * (W / v->wl)) * (double)W;
-    int rc = ordered_sums(v, x, W, NULL, 1, s);
-    for (int64_t c = 0; !rc && c < C; c++) mean[c / cpg] += s[c];
-    for (int k = 0; !rc && k < groups; k++) mean[k] /= n;
-    for (int64_t c = 0; !rc && c < C; c++) center[c] = mean[c / cpg];
-    if (!rc) rc = ordered_sums(v, x, W, center, 2, s);
-    for (int64_t c = 0; !rc && c < C; c++) var[c / cpg] += s[c];
-    if (!rc) rc = tensor_download_f32(g, ga) || tensor_download_f32(b, bb) ? -1 : 0;
-    for (int64_t c = 0; !rc && c < C; c++) {   /* op_group_norm's folding: y = x*a + b */
-        int k = (int)(c / cpg);
-        float mu = (float)mean[k], rstd = (float)(1.0 / sqrt(var[k] / n + (double)v->m->cfg.norm_eps));
-        float a = rstd * ga[c];
-        ga[c] = a;
-        bb[c] = bb[c] - mu * a;
-    }
-    if (!rc) op_channel_affine(v->be, y, x, ga, bb, silu);
-    free(s); free(center); free(mean); free(var); free(ga); free(bb);
-    return rc;
-}
 
 static int band_norm(vae_run *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
     if (v->exact) return vae_norm_ordered(v, y, x, g, b, silu);
