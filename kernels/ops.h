@@ -88,6 +88,8 @@ typedef struct backend_vtable {
     void (*channel_affine)(backend *, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu);
     /* op_rows_invariant; NULL: 0 */
     int (*rows_invariant)(backend *, dtype_t dt);
+    /* op_channel_row_sums; NULL: ops.c calls channel_sums on each row */
+    void (*channel_row_sums)(backend *, const tensor *x, int64_t W, const double *center, int p, double *out);
 } backend_vtable;
 
 struct backend {
@@ -234,6 +236,10 @@ void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma,
  * with a = rstd*gamma, b = beta - mean*a. In place allowed. */
 void op_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out);
 void op_channel_affine(backend *be, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu);
+/* out[c*rows + r] = op_channel_sums of row r alone (columns [r*W, (r+1)*W)
+ * of x, rows = x->cols / W) for channel c: the same bits as that call, in
+ * one pass (the VAE's GroupNorm folds them in image row order). */
+void op_channel_row_sums(backend *be, const tensor *x, int64_t W, const double *center, int p, double *out);
 /* 1 when, with activations of dtype dt, this backend's op_conv2d,
  * op_conv2d_down, op_gemm, op_attention (per query row) and the per-element
  * ops give every output pixel or row the same bits whatever else the call

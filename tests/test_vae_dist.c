@@ -587,3 +587,39 @@ TEST_MPI(vae_dist_band_counts_bit_identical) {
     free(gp), free(lat), free(ref), free(px), free(u8);
     backend_destroy(be);
 }
+
+/* op_channel_row_sums (the per-row sums vae_norm_ordered folds) = op_channel_sums on each row alone, bit for
+ * bit, on the CPU and through the host fallback of kernels/ops.c (CUDA's), f32 and bf16, p 1 and 2 */
+TEST(vae_dist_channel_row_sums) {
+    backend *be = backend_cpu_create(1);
+    backend_vtable vt = *be->vt;
+    vt.channel_row_sums = NULL;
+    backend fb = *be;
+    fb.vt = &vt;
+    const int C = 24, W = 37, R = 9;
+    float *xh = malloc(sizeof(float) * C * W * R);
+    double center[24], *a = malloc(sizeof(double) * C * R), *b = malloc(sizeof(double) * C * R), one[24];
+    unsigned s = 7;
+    for (int i = 0; i < C * W * R; i++) {
+        s = s * 1103515245u + 12345u;
+        xh[i] = ((float)(s >> 8) / 16777216.0f) * 4.0f - 1.0f;
+    }
+    for (int c = 0; c < C; c++) center[c] = 0.25 * c;
+    int same = 1;
+    for (int bf = 0; bf < 2; bf++)
+        for (int p = 1; p <= 2; p++) {
+            tensor *x = tensor_new(be, bf ? DT_BF16 : DT_F32, C, (int64_t)W * R);
+            tensor_upload_f32(x, xh);
+            op_channel_row_sums(be, x, W, p == 2 ? center : NULL, p, a);
+            op_channel_row_sums(&fb, x, W, p == 2 ? center : NULL, p, b);
+            for (int r = 0; r < R; r++) {
+                tensor row = tensor_cols(x, (int64_t)r * W, W);
+                op_channel_sums(be, &row, p == 2 ? center : NULL, p, one);
+                for (int c = 0; c < C; c++) same &= a[c * R + r] == one[c] && b[c * R + r] == one[c];
+            }
+            tensor_free(x);
+        }
+    CHECK(same, "op_channel_row_sums differs from op_channel_sums on a row (CPU or host fallback)");
+    free(xh), free(a), free(b);
+    backend_destroy(be);
+}

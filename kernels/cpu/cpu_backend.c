@@ -96,6 +96,7 @@ static const backend_vtable k_cpu_vt = {
     .channel_sums = cpu_channel_sums,
     .channel_affine = cpu_channel_affine,
     .rows_invariant = cpu_rows_invariant,
+    .channel_row_sums = cpu_channel_row_sums,
 };
 
 backend *backend_cpu_create(int threads) {

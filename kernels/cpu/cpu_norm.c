@@ -120,6 +120,24 @@ static void channel_sums(const tensor *x, const double *center, int p, double *o
     }
 }
 
+void cpu_channel_row_sums(backend *be, const tensor *x, int64_t W, const double *center, int p, double *out) {
+    (void)be;
+    CPU_REQUIRE((p == 1 || p == 2) && W > 0 && x->cols % W == 0, "op_channel_row_sums: power %d, row width %lld of %lld",
+                p, (long long)W, (long long)x->cols);
+    int64_t C = x->rows, HW = x->cols, rows = HW / W;
+#pragma omp parallel if (C * HW > CPU_PAR_MIN)
+    {
+        float *bx = xmalloc((size_t)HW * sizeof(float));
+#pragma omp for schedule(dynamic)
+        for (int64_t c = 0; c < C; c++) {
+            const float *v = row_f32(x, c, 0, HW, bx);
+            for (int64_t r = 0; r < rows; r++) /* each row from its own start: channel_sums of that row alone */
+                out[c * rows + r] = sum_pow(v + r * W, W, center ? center[c] : 0, p);
+        }
+        free(bx);
+    }
+}
+
 void cpu_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out) {
     (void)be;
     CPU_REQUIRE(p == 1 || p == 2, "op_channel_sums: power %d is not 1 or 2", p);

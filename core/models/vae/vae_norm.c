@@ -3,8 +3,8 @@
  * is rows-invariant: the whole image (vae_blocks.c) and a band
  * (vae_band.c) fold the same per-row sums in the same image row order, so
  * the mean and rstd, and with them the image, are the same bits for any
- * band count. Each row's sum is op_channel_sums on that row alone (the same
- * vector lanes wherever the row sits); a band adds its rows to the running
+ * band count. Each row's sum is op_channel_sums on that row alone
+ * (op_channel_row_sums: the same vector lanes wherever the row sits); a band adds its rows to the running
  * sums received from the band above and passes them on (C doubles per
  * hop), and the last band broadcasts the totals. */
 #include "vae_internal.h"
@@ -22,27 +22,25 @@ static int64_t row_width(int64_t cols, int64_t rows, int64_t wl) {
 }
 
 /* acc[c] += the sums of rows [0, rows) of x (row width W), in row order */
-static void fold_rows(vae_run *v, const tensor *x, int64_t W, const double *center, int p, double *acc, double *tmp) {
+static void fold_rows(vae_run *v, const tensor *x, int64_t W, const double *center, int p, double *acc) {
     int64_t rows = x->cols / W;
-    for (int64_t r = 0; r < rows; r++) {
-        tensor row = tensor_cols(x, r * W, W);
-        op_channel_sums(v->be, &row, center, p, tmp);
-        for (int64_t c = 0; c < x->rows; c++) acc[c] += tmp[c];
-    }
+    double *rs = xmalloc((size_t)(x->rows * rows) * sizeof *rs);
+    op_channel_row_sums(v->be, x, W, center, p, rs);
+    for (int64_t c = 0; c < x->rows; c++)
+        for (int64_t r = 0; r < rows; r++) acc[c] += rs[c * rows + r];
+    free(rs);
 }
 
 /* out [C] = the image's row sums folded in row order across the bands */
 static int ordered_sums(vae_run *v, const tensor *x, int64_t W, const double *center, int p, double *out) {
     const vae_band *bd = v->band;
     int64_t C = x->rows;
-    double *tmp = xmalloc((size_t)C * sizeof *tmp);
     int rc = 0;
     memset(out, 0, (size_t)C * sizeof *out);
     if (bd && bd->rank > 0) rc = MPI_Recv(out, (int)C, MPI_DOUBLE, bd->rank - 1, 0, bd->comm, MPI_STATUS_IGNORE);
-    if (!rc) fold_rows(v, x, W, center, p, out, tmp);
+    if (!rc) fold_rows(v, x, W, center, p, out);
     if (!rc && bd && bd->rank + 1 < bd->size) rc = MPI_Send(out, (int)C, MPI_DOUBLE, bd->rank + 1, 0, bd->comm);
     if (!rc && bd) rc = MPI_Bcast(out, (int)C, MPI_DOUBLE, bd->size - 1, bd->comm);
-    free(tmp);
     return rc == MPI_SUCCESS ? 0 : tp_error("VAE: passing the GroupNorm sums between bands failed");
 }
 
