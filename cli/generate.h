@@ -79,6 +79,8 @@ typedef struct gen_metrics {
     int previews;                /* preview PNGs written by this rank */
     double t_refs;               /* reference images: read, preprocess, VAE-encode, broadcast */
     int refs_encoded;            /* references this rank encoded */
+    int prompts_encoded;         /* prompts this rank ran the text encoder on (with its TP group) */
+    int decode_bands;            /* decodes (images, previews) in which this rank decoded a row band */
     uint64_t bytes_loaded;       /* this rank: the transformer */
     double load_seconds;         /* time spent in the transformer's loader (this rank) */
     uint64_t te_bytes_loaded;    /* this rank: the text encoder */

@@ -50,6 +50,8 @@ typedef struct summary {
     double *comm;            /* per world rank: bytes sent in collectives per denoising step */
     double *kv;              /* per world rank: [bytes, reference tokens] of the largest KV cache held */
     int has_kv;
+    double *prompts;         /* per world rank: prompts it ran the text encoder on */
+    double *bands;           /* per world rank: decodes in which it decoded a row band */
 } summary;
 
 /* Every group's first rank holds its jobs' decisions (JSON text, one line
@@ -119,6 +121,11 @@ static void gather(const gen_setup *g, const gen_metrics *m, summary *s) {
     s->kv = g->d->world_rank == 0 ? xmalloc(sizeof(double) * 2 * (size_t)g->d->world_size) : NULL;
     MPI_Gather(kv, 2, MPI_DOUBLE, s->kv, 2, MPI_DOUBLE, 0, w);
     for (int r = 0; s->kv && r < g->d->world_size; r++) s->has_kv |= s->kv[2 * r] > 0;
+    double prompts = m->prompts_encoded, bands = m->decode_bands;
+    s->prompts = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
+    s->bands = g->d->world_rank == 0 ? xmalloc(sizeof(double) * (size_t)g->d->world_size) : NULL;
+    MPI_Gather(&prompts, 1, MPI_DOUBLE, s->prompts, 1, MPI_DOUBLE, 0, w);
+    MPI_Gather(&bands, 1, MPI_DOUBLE, s->bands, 1, MPI_DOUBLE, 0, w);
 }
 
 static void print_summary(const gen_setup *g, const summary *s) {
@@ -211,6 +218,12 @@ static int write_json(const gen_setup *g, const summary *s, json_t *loras) {
         for (int r = 0; r < g->d->world_size; r++) json_array_append_new(kv, json_integer((json_int_t)s->kv[2 * r]));
         json_object_set_new(j, "kv_cache_bytes", kv);
     }
+    json_t *enc = json_array();   /* prompts each world rank ran the text encoder on (its TP group's share) */
+    for (int r = 0; r < g->d->world_size; r++) json_array_append_new(enc, json_integer((json_int_t)s->prompts[r]));
+    json_object_set_new(j, "prompts_encoded", enc);
+    json_t *bands = json_array();   /* decodes in which each world rank decoded a row band */
+    for (int r = 0; r < g->d->world_size; r++) json_array_append_new(bands, json_integer((json_int_t)s->bands[r]));
+    json_object_set_new(j, "decode_bands", bands);
     json_object_set_new(j, "text_encoder_bytes_loaded", json_integer((json_int_t)s->te_bytes_loaded));
     json_object_set_new(j, "text_encoder_read_seconds", json_real(s->te_load_seconds));
     json_object_set_new(j, "text_encoder_gb_per_s", json_real(gb_per_s(s->te_bytes_loaded, s->te_load_seconds)));
@@ -251,5 +264,7 @@ int gen_report(const gen_setup *g, const gen_metrics *m, int status) {
     free(s.rss);
     free(s.comm);
     free(s.kv);
+    free(s.prompts);
+    free(s.bands);
     return dist_agree(g->d->world, rc);
 }

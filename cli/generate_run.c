@@ -36,8 +36,9 @@ static int agree_tp(run_state *r, int rc) { return dist_agree(r->g->d->grp_comm,
 /* ---- text ---- */
 
 /* Encode the prompts of this group's jobs at positions [first, last) (and
- * the CFG negative prompt once); the text encoder is freed afterwards, so
- * the transformer gets its memory back. */
+ * the CFG negative prompt once), all in one call: the job group's TP
+ * groups encode different prompts at once (tp_pipe_encode_many). The text
+ * encoder is freed afterwards, so the transformer gets its memory back. */
 static int encode_prompts(run_state *r, int first, int last) {
     gen_setup *g = r->g;
     const run_spec *s = g->spec;
@@ -45,15 +46,24 @@ static int encode_prompts(run_state *r, int first, int last) {
         r->L = g->embeds_len;
         return 0;
     }
-    int ns = s->n_seeds ? s->n_seeds : 1, rc = 0;
-    for (int i = first; i < last && !rc; i++) {
-        int p = g->my_jobs[i] / ns;
-        if (r->prompt_embeds[p]) continue;
-        rc = tp_pipe_encode(r->pipe, s->prompts[p], &r->prompt_embeds[p], &r->prompt_L[p], NULL);
+    int ns = s->n_seeds ? s->n_seeds : 1, n = 0;
+    const char **texts = xcalloc((size_t)(last - first) + 1, sizeof *texts);
+    int *which = xcalloc((size_t)(last - first) + 1, sizeof *which);   /* prompt index, -1: the negative */
+    for (int i = first; i < last; i++) {
+        int p = g->my_jobs[i] / ns, seen = 0;
+        for (int k = 0; k < n && !seen; k++) seen = which[k] == p;
+        if (!r->prompt_embeds[p] && !seen) which[n] = p, texts[n++] = s->prompts[p];
     }
-    if (!rc && g->use_cfg && !r->neg_embeds && last > first)
-        rc = tp_pipe_encode(r->pipe, s->negative_prompt, &r->neg_embeds, &r->neg_L, NULL);
+    if (g->use_cfg && !r->neg_embeds && last > first) which[n] = -1, texts[n++] = s->negative_prompt;
+    float **out = xcalloc((size_t)n + 1, sizeof *out);
+    int64_t *L = xcalloc((size_t)n + 1, sizeof *L);
+    int rc = tp_pipe_encode_many(r->pipe, n, texts, out, L, NULL);
+    for (int k = 0; !rc && k < n; k++) {
+        if (which[k] < 0) r->neg_embeds = out[k], r->neg_L = L[k];
+        else r->prompt_embeds[which[k]] = out[k], r->prompt_L[which[k]] = L[k];
+    }
     tp_pipe_text_done(r->pipe);
+    free(texts), free(which), free(out), free(L);
     return rc;
 }
 
@@ -291,6 +301,7 @@ static void take_stats(run_state *r) {
     m->t_encode += st->t_encode, m->t_te_load += st->t_te_load, m->t_load += st->t_load, m->t_refs += st->t_refs;
     m->t_denoise += st->t_denoise;
     m->bytes_loaded += st->bytes_loaded, m->load_seconds += st->load_seconds, m->refs_encoded += st->refs_encoded;
+    m->prompts_encoded += st->prompts_encoded, m->decode_bands += st->decode_bands;
     m->te_bytes_loaded += st->te_bytes_loaded, m->te_load_seconds += st->te_load_seconds;
     m->steps_total += st->steps, m->step_seconds += st->step_seconds, m->comm_bytes += st->comm_bytes;
     if ((double)st->kv_cache_bytes > m->kv_cache_bytes)

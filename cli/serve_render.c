@@ -203,8 +203,7 @@ static void encode_queued(serve_ctx *sc) {
         MPI_Bcast(prompts[i], (int)len, MPI_CHAR, 0, d->grp_comm);
         prompts[i][len] = 0;
     }
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++) rc = tp_pipe_prefetch(sc->pipe, prompts[i]);
+    int rc = tp_pipe_prefetch_many(sc->pipe, n, (const char *const *)prompts);   /* spread over the TP groups */
     if (rc) tp_error_clear();   /* agreed inside the group; each waiting request will encode its own */
     for (int i = 0; i < n; i++) free(prompts[i]);
 }
@@ -288,10 +287,13 @@ static void render(void *ctx, const serve_request *q, serve_job *out) {
     double t_enc = st->t_encode + st->t_te_load, t_den = st->t_denoise, s_steps = st->step_seconds;
     int n_steps = st->steps;
     uint64_t hits = st->cache_hits, misses = st->cache_misses;
-    float *emb = NULL, *neg = NULL;
-    int64_t L = 0, Ln = 0;
-    int rc = tp_pipe_encode(sc->pipe, prompt, &emb, &L, NULL);
-    if (!rc && gs.use_cfg) rc = tp_pipe_encode(sc->pipe, rs.negative_prompt, &neg, &Ln, NULL);
+    /* the prompt and, with CFG, the negative prompt: on two TP groups at once when the group has them */
+    const char *texts[2] = {prompt, rs.negative_prompt};
+    float *embs[2] = {NULL, NULL};
+    int64_t lens[2] = {0, 0};
+    int rc = tp_pipe_encode_many(sc->pipe, gs.use_cfg ? 2 : 1, texts, embs, lens, NULL);
+    float *emb = embs[0], *neg = embs[1];
+    int64_t L = lens[0], Ln = lens[1];
     if (!rc && st->cache_misses > misses) encode_queued(sc);
     tp_pipe_text_done(sc->pipe);
     int W = rs.width, H = rs.height;

@@ -40,6 +40,7 @@ struct tp_pipe {
     void *model;                 /* the family's transformer shard, NULL until loaded */
     vae_model *vae;
     embed_cache *cache;
+    int vae_all;                 /* the VAE runs over the whole group (vae_group) */
     tp_pipe_stats st;
     /* the current job's step callback, wrapped to count steps */
     denoise_step_fn user_step;
@@ -266,6 +267,10 @@ int tp_pipe_open(const tp_pipe_config *cfg, const tp_pipe_info *info, MPI_Comm g
     }
     if (!rc && p->mesh.cfg == 2) p->cfg_comm = comm_create_mpi(p->mesh.cfg_comm, NULL);   /* host latents */
     if (!rc && cfg->prompt_cache_bytes) p->cache = embed_cache_create(cfg->prompt_cache_bytes);
+    if (!rc) {   /* the same choice on every rank, even on unlike CPUs */
+        p->vae_all = op_rows_invariant(p->be, cfg->precision);
+        MPI_Allreduce(MPI_IN_PLACE, &p->vae_all, 1, MPI_INT, MPI_MIN, group);
+    }
     if (rc) {
         tp_pipe_free(p);
         return -1;
@@ -303,13 +308,15 @@ uint64_t tp_pipe_resident_bytes(const tp_pipe *p) { return p->be ? p->be->bytes_
 
 /* ---- text ---- */
 
+/* Not agreed here: only the TP groups that encode load it (collective over
+ * the TP group); the caller agrees over the job group. */
 static int load_text_encoder(tp_pipe *p) {
     if (p->te) return 0;
     load_stats ls = {0};
     double t0 = MPI_Wtime();
     textenc_source src = tp_pipe_text_source(p->info);
     const char *phase = tp_phase_set("load");   /* TPGEN_FAIL_ALLOC's phases */
-    int rc = agree(p, textenc_load_from(&src, p->be, p->c, p->cfg.precision, &p->te, &ls));
+    int rc = textenc_load_from(&src, p->be, p->c, p->cfg.precision, &p->te, &ls);
     tp_phase_set(phase);
     p->st.t_te_load += MPI_Wtime() - t0;
     p->st.te_bytes_loaded += ls.bytes_read;
@@ -320,63 +327,172 @@ static int load_text_encoder(tp_pipe *p) {
     return rc;
 }
 
-/* count: lookups of requests count as hits and misses; prefetches do not.
- * FLUX.2 embeds every prompt over max_sequence_length tokens; FLUX.3 over
+/* One prompt of a many-prompt encode. */
+typedef struct enc_item {
+    char *key;                   /* its cache key (NULL: no cache) */
+    int hit;                     /* the cache answered on every rank of the group */
+    int dup;                     /* an earlier prompt of the call with the same text, else -1 */
+    int owner;                   /* the TP group that encodes it (-1: a hit or a duplicate) */
+} enc_item;
+
+/* The TP groups of the job group (cfg x sp of them) and this rank's. */
+static int tp_groups(const tp_pipe *p) { return p->mesh.cfg * p->mesh.sp; }
+static int my_tp_group(const tp_pipe *p) { return p->grank / p->mesh.tp; }
+
+/* FLUX.2 embeds every prompt over max_sequence_length tokens; FLUX.3 over
  * the prompt's own window (its tokens rounded up to the encoder's pad
  * multiple, at most max_sequence_length), which a cached entry gives back
- * by its size. */
-static int encode(tp_pipe *p, const char *prompt, float **out, int64_t *Lout, int *hit, int count) {
-    double t0 = MPI_Wtime(), te0 = p->st.t_te_load;
-    const char *phase = tp_phase_set("encode");
+ * by its size. A cached entry counts when it has a length the encoder
+ * could have given; every rank of the group must take the same branch (the
+ * encoder is collective), so the answers are agreed (one all-reduce). */
+static void look_up(tp_pipe *p, int n, const char *const *prompts, enc_item *it) {
     int cap = p->cfg.max_sequence_length, own = p->fam->own_window;
     size_t J = (size_t)p->info->joint_dim;
-    /* the embedding depends on the encoder's recipe, the length, the precision and the prompt */
-    char *key = p->cache ? embed_cache_key(p->fam->text_recipe, cap, p->fam->pad_multiple, dtype_name(p->cfg.precision),
-                                           prompt)
-                         : NULL;
-    size_t got = 0;
-    const float *cached = key ? embed_cache_get(p->cache, key, &got) : NULL;
-    int64_t L = cached && got % J == 0 ? (int64_t)(got / J) : 0;
-    /* every rank of the group must take the same branch (the encoder is collective) */
-    int mine = cached && (own ? L >= 1 && L <= cap : L == cap), all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, p->group);
-    int rc = 0;
-    *out = NULL;
-    if (all) {
-        *out = xmalloc(got * sizeof **out);
-        memcpy(*out, cached, got * sizeof **out);
-        if (count) p->st.cache_hits++;
-    } else {
-        int win = cap;
-        rc = load_text_encoder(p);
-        if (!rc && own) rc = agree(p, textenc_window(p->te, prompt, cap, &win));
-        L = win;
-        if (!rc) *out = xmalloc((size_t)L * J * sizeof **out);
-        if (!rc) rc = agree(p, textenc_encode(p->te, prompt, (int)L, *out, NULL, NULL));
-        if (!rc && key && embed_cache_put(p->cache, key, *out, (size_t)L * J) < 0) rc = 0;   /* a full cache only costs speed */
-        if (key && count) p->st.cache_misses++;
-        if (key && !count) p->st.prefetched++;
+    int *mine = xcalloc((size_t)n, sizeof *mine);
+    for (int i = 0; i < n; i++) {
+        it[i].dup = -1, it[i].owner = -1;
+        for (int k = 0; k < i && it[i].dup < 0; k++)
+            if (!strcmp(prompts[k], prompts[i])) it[i].dup = k;
+        /* the embedding depends on the encoder's recipe, the length, the precision and the prompt */
+        it[i].key = p->cache ? embed_cache_key(p->fam->text_recipe, cap, p->fam->pad_multiple,
+                                               dtype_name(p->cfg.precision), prompts[i])
+                             : NULL;
+        size_t got = 0;
+        const float *cached = it[i].key ? embed_cache_get(p->cache, it[i].key, &got) : NULL;
+        int64_t L = cached && got % J == 0 ? (int64_t)(got / J) : 0;
+        mine[i] = cached && (own ? L >= 1 && L <= cap : L == cap);
     }
-    if (rc) free(*out), *out = NULL, L = 0;
-    if (Lout) *Lout = L;
-    if (hit) *hit = all;
-    free(key);
+    MPI_Allreduce(MPI_IN_PLACE, mine, n, MPI_INT, MPI_MIN, p->group);
+    for (int i = 0; i < n; i++) it[i].hit = mine[i];
+    free(mine);
+}
+
+/* A copy of the cache's entry for key (the look-up found it on every rank). */
+static float *from_cache(tp_pipe *p, const char *key, int64_t *L) {
+    size_t got = 0;
+    const float *cached = embed_cache_get(p->cache, key, &got);
+    float *out = xmalloc(got * sizeof *out);
+    memcpy(out, cached, got * sizeof *out);
+    *L = (int64_t)(got / (size_t)p->info->joint_dim);
+    return out;
+}
+
+/* This rank's TP group encodes the prompts it owns, one after another,
+ * each agreed inside the TP group (a failure stops the group's list at
+ * once; the job group agrees afterwards). The same TP computation as a
+ * TP group alone runs, so the embeddings are its bits. */
+static int encode_owned(tp_pipe *p, int n, const char *const *prompts, const enc_item *it, float **out, int64_t *L) {
+    int cap = p->cfg.max_sequence_length, own = p->fam->own_window, me = my_tp_group(p), rc = 0;
+    size_t J = (size_t)p->info->joint_dim;
+    for (int i = 0; i < n && !rc; i++) {
+        if (it[i].owner != me) continue;
+        int win = cap;
+        if (own) rc = textenc_window(p->te, prompts[i], cap, &win);
+        L[i] = win;
+        if (!rc) out[i] = xmalloc((size_t)win * J * sizeof **out);
+        if (!rc) rc = textenc_encode(p->te, prompts[i], win, out[i], NULL, NULL);
+        rc = dist_agree(p->mesh.tp_comm, rc);
+        if (!rc) p->st.prompts_encoded++;
+    }
+    return rc;
+}
+
+/* Each encoded prompt from its TP group's first rank to the whole group. */
+static void share_encoded(tp_pipe *p, int n, const enc_item *it, float **out, int64_t *L) {
+    size_t J = (size_t)p->info->joint_dim;
+    for (int i = 0; i < n; i++) {
+        if (it[i].owner < 0) continue;
+        int root = it[i].owner * p->mesh.tp;   /* tp innermost: TP group g is group ranks [g*tp, (g+1)*tp) */
+        MPI_Bcast(&L[i], 1, MPI_INT64_T, root, p->group);
+        if (p->grank != root && !out[i]) out[i] = xmalloc((size_t)L[i] * J * sizeof **out);
+        dist_bcast_large(out[i], (size_t)L[i] * J, MPI_FLOAT, sizeof **out, root, p->group);
+    }
+}
+
+/* count: lookups of requests count as hits and misses; prefetches do not.
+ * The misses are dealt out to the job group's TP groups (the k-th on TP
+ * group k mod G), which encode at once; a prompt given twice is encoded
+ * once and counts as the sequential calls would (a hit when the cache kept
+ * the first, else a miss). */
+static int encode_set(tp_pipe *p, int n, const char *const *prompts, float **out, int64_t *L, int *hit, int count) {
+    double t0 = MPI_Wtime(), te0 = p->st.t_te_load;
+    const char *phase = tp_phase_set("encode");
+    enc_item *it = xcalloc((size_t)(n > 0 ? n : 1), sizeof *it);
+    for (int i = 0; i < n; i++) out[i] = NULL, L[i] = 0;
+    look_up(p, n, prompts, it);
+    int G = tp_groups(p), misses = 0, mine = 0, rc = 0;
+    for (int i = 0; i < n; i++) {
+        if (it[i].dup >= 0) continue;
+        if (it[i].hit) {   /* copied now: the entries put below may evict it */
+            out[i] = from_cache(p, it[i].key, &L[i]);
+            if (count) p->st.cache_hits++;
+        } else {
+            it[i].owner = misses++ % G;
+            mine += it[i].owner == my_tp_group(p);
+        }
+    }
+    /* only the TP groups with prompts to encode load the encoder, unless it is kept resident */
+    if (misses) rc = agree(p, mine || p->cfg.keep_text_encoder ? load_text_encoder(p) : 0);
+    if (!rc && mine) rc = encode_owned(p, n, prompts, it, out, L);
+    if (misses) rc = agree(p, rc);
+    if (!rc) share_encoded(p, n, it, out, L);
+    for (int i = 0; !rc && i < n; i++) {
+        if (it[i].owner < 0 || !it[i].key) continue;
+        embed_cache_put(p->cache, it[i].key, out[i], (size_t)L[i] * (size_t)p->info->joint_dim);   /* full: only speed */
+        if (count) p->st.cache_misses++;
+        else p->st.prefetched++;
+    }
+    for (int i = 0; !rc && i < n; i++) {
+        if (it[i].dup < 0) continue;
+        /* as a second call would: a hit when the cache still holds it (the same on every rank), else encoded
+         * again (here copied) */
+        int cached = it[i].key && embed_cache_get(p->cache, it[i].key, &(size_t){0});
+        if (cached) out[i] = from_cache(p, it[i].key, &L[i]);
+        else {
+            int k = it[i].dup;
+            size_t nf = (size_t)L[k] * (size_t)p->info->joint_dim;
+            out[i] = xmalloc(nf * sizeof **out);
+            memcpy(out[i], out[k], nf * sizeof **out);
+            L[i] = L[k];
+        }
+        if (it[i].key && cached && count) p->st.cache_hits++;
+        else if (it[i].key && !cached && count) p->st.cache_misses++;
+        else if (it[i].key && !cached) p->st.prefetched++;
+        it[i].hit = cached;
+    }
+    for (int i = 0; i < n; i++) {
+        if (hit) hit[i] = !rc && it[i].hit;
+        if (rc) free(out[i]), out[i] = NULL, L[i] = 0;
+        free(it[i].key);
+    }
+    free(it);
     p->st.t_encode += MPI_Wtime() - t0 - (p->st.t_te_load - te0);   /* the load has its own figure */
     tp_phase_set(phase);
     return rc ? tp_error_context("encoding the prompts") : 0;
 }
 
-int tp_pipe_encode(tp_pipe *p, const char *prompt, float **out, int64_t *L, int *hit) {
-    return encode(p, prompt, out, L, hit, 1);
+int tp_pipe_encode_many(tp_pipe *p, int n, const char *const *prompts, float **out, int64_t *L, int *hit) {
+    return encode_set(p, n, prompts, out, L, hit, 1);
 }
 
-int tp_pipe_prefetch(tp_pipe *p, const char *prompt) {
-    if (!p->cache) return 0;
-    float *tmp = NULL;
-    int rc = encode(p, prompt, &tmp, NULL, NULL, 0);
-    free(tmp);
+int tp_pipe_encode(tp_pipe *p, const char *prompt, float **out, int64_t *L, int *hit) {
+    int64_t len = 0;
+    int rc = encode_set(p, 1, &prompt, out, &len, hit, 1);
+    if (L) *L = len;
     return rc;
 }
+
+int tp_pipe_prefetch_many(tp_pipe *p, int n, const char *const *prompts) {
+    if (!p->cache || n < 1) return 0;
+    float **tmp = xcalloc((size_t)n, sizeof *tmp);
+    int64_t *L = xcalloc((size_t)n, sizeof *L);
+    int rc = encode_set(p, n, prompts, tmp, L, NULL, 0);
+    for (int i = 0; i < n; i++) free(tmp[i]);
+    free(tmp), free(L);
+    return rc;
+}
+
+int tp_pipe_prefetch(tp_pipe *p, const char *prompt) { return tp_pipe_prefetch_many(p, 1, &prompt); }
 
 void tp_pipe_text_done(tp_pipe *p) {
     if (p->te && !p->cfg.keep_text_encoder) {
@@ -443,11 +559,19 @@ static int count_step(int step, int steps, double seconds, const float *v, const
     return p->user_step ? p->user_step(step, steps, seconds, v, x, sigma, p->user_ctx) : 0;
 }
 
-/* The VAE runs patch-parallel over the first TP group of the job group:
- * its bands are the serial run's at the same tp, so a CFG-parallel (or SP)
- * group encodes and decodes exactly as its TP group alone would. Spreading
- * it over the whole group waits for band-count-independent VAE kernels. */
-static int first_tp_group(const tp_pipe *p) { return p->grank < p->mesh.tp; }
+/* The ranks the VAE runs on, patch-parallel (a row band each). Where the
+ * backend is rows-invariant (op_rows_invariant: every op gives a pixel the
+ * same bits in any band, and the GroupNorm statistics are folded in row
+ * order, core/models/vae/vae_band.c), the band count changes no bit, so the
+ * whole job group decodes and encodes: a CFG-parallel or SP group gets the
+ * serial run's image at the same tp. Elsewhere (the CPU's f32 Winograd
+ * route, whose 4x4 tiles start at each call's first row; CUDA, not
+ * established) the first TP group of the job group runs it, as the serial
+ * run at that tp would, and the other ranks wait. in: this rank takes part. */
+static MPI_Comm vae_group(const tp_pipe *p, int *in) {
+    *in = p->vae_all || p->grank < p->mesh.tp;
+    return p->vae_all ? p->group : p->mesh.tp_comm;
+}
 
 /* The job's reference tokens: encoded across the first TP group (the first
  * rank reads the images), then broadcast from the first rank. */
@@ -464,10 +588,10 @@ static int job_refs(tp_pipe *p, const tp_job *j, ref_set *rs) {
     }
     if (agree(p, rc)) return -1;
     refs_load_fn load = p->fam->reference_loader(j->n_images);
-    /* the first TP group encodes (agreed inside it), the group agrees, rank 0's tokens go to all below */
-    if (agree(p, first_tp_group(p) ? refs_encode_group_with(p->vae, p->mesh.tp_comm, j->images, j->n_images, load, rs)
-                                   : 0))
-        return -1;
+    /* the VAE's ranks encode (agreed among them), the group agrees, rank 0's tokens go to all below */
+    int in;
+    MPI_Comm vc = vae_group(p, &in);
+    if (agree(p, in ? refs_encode_group_with(p->vae, vc, j->images, j->n_images, load, rs) : 0)) return -1;
     if (p->grank == 0 && p->fam->reference_ids) p->fam->reference_ids(rs);   /* the others get them below */
     int64_t hdr[2] = {rs->R, rs->C};
     MPI_Bcast(hdr, 2, MPI_INT64_T, 0, p->group);
@@ -538,9 +662,12 @@ int tp_pipe_decode(tp_pipe *p, const float *latents, int width, int height, uint
     double t0 = MPI_Wtime();
     const char *phase = tp_phase_set("decode");
     int rc = agree(p, p->vae ? 0 : tp_error("decoding needs the VAE decoder, which this rank did not load"));
-    if (!rc && first_tp_group(p)) rc = vae_decode_packed_group(p->vae, p->mesh.tp_comm, latents, height / 16, width / 16,
-                                                               NULL, rgb);
+    int in, vrank = 0;
+    MPI_Comm vc = vae_group(p, &in);
+    if (!rc && in) rc = vae_decode_packed_group(p->vae, vc, latents, height / 16, width / 16, NULL, rgb);
+    if (in) MPI_Comm_rank(vc, &vrank);
     rc = agree(p, rc);
+    if (!rc && in && vrank < height / 8) p->st.decode_bands++;   /* a band of the H/8 latent rows (vae_group_pass) */
     tp_phase_set(phase);
     if (seconds) *seconds = MPI_Wtime() - t0;
     return rc;

@@ -8,13 +8,16 @@
  *   tp_pipe_open      backend and communicator of the TP group
  *   tp_pipe_encode    prompt -> embeddings (text encoder loaded on demand,
  *                     freed by tp_pipe_text_done unless kept resident;
- *                     an LRU cache skips repeated prompts)
+ *                     an LRU cache skips repeated prompts); _many: several
+ *                     prompts spread over the group's TP groups
  *   tp_pipe_load      transformer shard (LoRA, fp8) and the VAE parts
- *                     that are needed, on every rank (they run patch-parallel)
+ *                     that are needed, on every rank (they run patch-parallel:
+ *                     over the whole group where the backend is rows-invariant,
+ *                     else over its first TP group; see tp_pipe_decode)
  *   tp_pipe_render    one job: seeded noise, references, denoising in
  *                     lockstep (the one loop, core/sampler.h) -> final
  *                     latents on every rank
- *   tp_pipe_decode    latents -> RGB, patch-parallel over the group, the
+ *   tp_pipe_decode    latents -> RGB, patch-parallel (as tp_pipe_load), the
  *                     image on the group's first rank
  *
  * Every call but probe is collective over the job group (the TP group, or
@@ -144,6 +147,9 @@ typedef struct tp_pipe_stats {
     double te_load_seconds;      /* text encoder: inside the loader */
     uint64_t te_bytes_loaded;    /* text encoder, this rank */
     int refs_encoded;            /* reference images this rank encoded */
+    int decode_bands;            /* decodes (images and previews) in which this rank decoded a row band */
+    int prompts_encoded;         /* prompts this rank's TP group ran the text encoder on (not cache hits, not
+                                  * the other TP groups' prompts it received) */
     int steps;
     double step_seconds;
     double comm_bytes;           /* sent in collectives while denoising (ring formulas, kernels/comm.h) */
@@ -171,10 +177,21 @@ void tp_pipe_free(tp_pipe *p);
  * (may be NULL) is 1 when the cache answered. Loads the text encoder when
  * needed. */
 int tp_pipe_encode(tp_pipe *p, const char *prompt, float **out, int64_t *L, int *hit);
+/* The embeddings of n prompts at once: out[i], L[i] (and hit[i], may be
+ * NULL) as tp_pipe_encode gives them for prompts[i]. The prompts the cache
+ * does not answer are dealt out to the job group's TP groups (cfg x sp of
+ * them: the k-th on TP group k mod G), which encode theirs at the same
+ * time, each the same TP computation as tp_pipe_encode (the same bits);
+ * each result is then broadcast from its TP group's first rank to the
+ * group. Only TP groups with a prompt to encode load the text encoder
+ * (all of them with keep_text_encoder). A prompt given twice is encoded
+ * once; the hit and miss counts are those of n tp_pipe_encode calls. */
+int tp_pipe_encode_many(tp_pipe *p, int n, const char *const *prompts, float **out, int64_t *L, int *hit);
 /* Encode a prompt into the cache only, for a prompt that will be asked for
  * soon, while the encoder is loaded; not counted as a hit or a miss. No-op
- * without a cache. */
+ * without a cache. _many: n prompts, spread as tp_pipe_encode_many. */
 int tp_pipe_prefetch(tp_pipe *p, const char *prompt);
+int tp_pipe_prefetch_many(tp_pipe *p, int n, const char *const *prompts);
 /* Done with prompts for now: the text encoder is freed (its memory goes
  * back to the transformer) unless keep_text_encoder. */
 void tp_pipe_text_done(tp_pipe *p);
@@ -210,8 +227,11 @@ typedef struct tp_job {
  * rank before anything is read. */
 int tp_pipe_render(tp_pipe *p, const tp_job *job, float *latents);
 /* Latents (the same on every rank) -> RGB [H, W, 3] on the group's first
- * rank (rgb may be NULL elsewhere), each rank decoding one row band.
- * Collective over the TP group; the status is agreed. */
+ * rank (rgb may be NULL elsewhere), each rank decoding one row band: every
+ * rank of the job group where the backend is rows-invariant
+ * (op_rows_invariant, agreed over the group: the image is the same bytes
+ * for any band count), else the ranks of its first TP group (the serial
+ * run's bands at this tp). Collective over the group; the status is agreed. */
 int tp_pipe_decode(tp_pipe *p, const float *latents, int width, int height, uint8_t *rgb, double *seconds);
 
 /* A preview from inside a job's step callback (every rank, in lockstep):

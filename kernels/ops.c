@@ -96,6 +96,20 @@ void op_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const t
 void op_conv2d_down(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias, int64_t h, int64_t wd) { DISPATCH(conv2d_down, y, x, w, bias, h, wd); }
 void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma, const tensor *beta, int groups, float eps, int apply_silu) { DISPATCH(group_norm, y, x, gamma, beta, groups, eps, apply_silu); }
 
+void op_channel_row_sums(backend *be, const tensor *x, int64_t W, const double *center, int p, double *out) {
+    if (be->vt->channel_row_sums) { be->vt->channel_row_sums(be, x, W, center, p, out); return; }
+    int64_t rows = x->cols / W, C = x->rows;
+    double *tmp = xmalloc((size_t)C * sizeof *tmp);
+    for (int64_t r = 0; r < rows; r++) {
+        tensor row = tensor_cols(x, r * W, W);
+        op_channel_sums(be, &row, center, p, tmp);
+        for (int64_t c = 0; c < C; c++) out[c * rows + r] = tmp[c];
+    }
+    free(tmp);
+}
+
+int op_rows_invariant(backend *be, dtype_t dt) { return be->vt->rows_invariant ? be->vt->rows_invariant(be, dt) : 0; }
+
 /* Host fallbacks of the group-norm halves, for backends without them (both
  * CPU and CUDA have them): a row at a time through download/upload. Slow but exact in f64. */
 void op_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out) {

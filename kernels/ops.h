@@ -86,6 +86,10 @@ typedef struct backend_vtable {
      * NULL: ops.c runs them on the host through download/upload */
     void (*channel_sums)(backend *, const tensor *x, const double *center, int p, double *out);
     void (*channel_affine)(backend *, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu);
+    /* op_rows_invariant; NULL: 0 */
+    int (*rows_invariant)(backend *, dtype_t dt);
+    /* op_channel_row_sums; NULL: ops.c calls channel_sums on each row */
+    void (*channel_row_sums)(backend *, const tensor *x, int64_t W, const double *center, int p, double *out);
 } backend_vtable;
 
 struct backend {
@@ -232,6 +236,19 @@ void op_group_norm(backend *be, tensor *y, const tensor *x, const tensor *gamma,
  * with a = rstd*gamma, b = beta - mean*a. In place allowed. */
 void op_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out);
 void op_channel_affine(backend *be, tensor *y, const tensor *x, const float *a, const float *b, int apply_silu);
+/* out[c*rows + r] = op_channel_sums of row r alone (columns [r*W, (r+1)*W)
+ * of x, rows = x->cols / W) for channel c: the same bits as that call, in
+ * one pass (the VAE's GroupNorm folds them in image row order). */
+void op_channel_row_sums(backend *be, const tensor *x, int64_t W, const double *center, int p, double *out);
+/* 1 when, with activations of dtype dt, this backend's op_conv2d,
+ * op_conv2d_down, op_gemm, op_attention (per query row) and the per-element
+ * ops give every output pixel or row the same bits whatever else the call
+ * holds: a computation split into row bands then gives the whole one's
+ * bits (the VAE's band count changes nothing, core/models/vae/vae_band.c).
+ * CPU: yes, except the f32 3x3 convolutions on the Winograd route, whose
+ * 4x4 tiles follow the call's first row (TPGEN_NO_WINOGRAD=1 turns it off;
+ * bf16 on AMX or vdpbf16ps does not take it). CUDA: not established (0). */
+int op_rows_invariant(backend *be, dtype_t dt);
 /* Nearest-neighbour x2: x [C, h*wd] -> y [C, 2h*2wd]. */
 void op_upsample2x(backend *be, tensor *y, const tensor *x, int64_t h, int64_t wd);
 /* y [cols, rows] = x [rows, cols]ᵀ. */

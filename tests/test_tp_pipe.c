@@ -133,3 +133,66 @@ TEST_MPI(tp_pipe_renders_golden_klein_and_caches_prompts) {
     tp_pipe_free(p);
     tp_pipe_info_free(&info);
 }
+
+/* tp_pipe_encode_many over a job group of `size` TP groups of one rank
+ * (--sp size): the prompts the cache does not hold are dealt out (the k-th
+ * to TP group k mod size), each rank gets every embedding, bit for bit the
+ * one a rank alone encodes; a repeated prompt is encoded once and counts as
+ * a hit, as a second tp_pipe_encode would; a second call's cached prompt is
+ * a hit and only its new prompt is encoded. */
+TEST_MPI(tp_pipe_encode_many_spreads_prompts_over_tp_groups) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    char model[1024];
+    snprintf(model, sizeof model, "%s/klein-tiny/model", test_golden_dir());
+    tp_pipe_info info;
+    char warn[256];
+    REQUIRE(tp_pipe_probe(model, &info, warn, sizeof warn) == 0, "%s", tp_error_msg());
+    int L = 16;
+    tp_pipe_config cfg = {.model = model, .backend = "cpu", .precision = DT_F32, .prompt_cache_bytes = 1 << 22,
+                          .max_sequence_length = L, .sp = size};
+    tp_pipe_config alone_cfg = cfg;
+    alone_cfg.sp = 1, alone_cfg.prompt_cache_bytes = 0;
+    tp_pipe *p = NULL, *alone = NULL;
+    REQUIRE(tp_pipe_open(&cfg, &info, MPI_COMM_WORLD, rank, size, &p) == 0, "%s", tp_error_msg());
+    REQUIRE(tp_pipe_open(&alone_cfg, &info, MPI_COMM_SELF, 0, 1, &alone) == 0, "%s", tp_error_msg());
+    const char *prompts[] = {"a fox", "a red boat", "a fox", "a tree at dusk", "a cat"};
+    enum { N = 5 };
+    float *out[N];
+    int64_t lens[N];
+    int hit[N];
+    REQUIRE(tp_pipe_encode_many(p, 4, prompts, out, lens, hit) == 0, "%s", tp_error_msg());
+    int same = 1;
+    size_t ne = (size_t)L * (size_t)info.joint_dim;
+    for (int i = 0; i < 4; i++) {
+        float *want = NULL;
+        int64_t wl = 0;
+        REQUIRE(tp_pipe_encode(alone, prompts[i], &want, &wl, NULL) == 0, "%s", tp_error_msg());
+        same &= wl == L && lens[i] == L && !memcmp(want, out[i], ne * sizeof(float));
+        free(want);
+    }
+    CHECK(same, "rank %d: every embedding of the spread encode = the prompt encoded by one rank alone, bit for bit",
+          rank);
+    const tp_pipe_stats *st = tp_pipe_get_stats(p);
+    /* 3 distinct prompts, the k-th on TP group k mod size */
+    int want_mine = 0;
+    for (int k = 0; k < 3; k++) want_mine += k % size == rank;
+    CHECK(st->cache_misses == 3 && st->cache_hits == 1 && !hit[0] && !hit[1] && hit[2] && !hit[3],
+          "3 misses and the repeated prompt a hit (%llu, %llu)", (unsigned long long)st->cache_misses,
+          (unsigned long long)st->cache_hits);
+    CHECK(st->prompts_encoded == want_mine, "rank %d encoded %d prompts, want %d", rank, st->prompts_encoded,
+          want_mine);
+    for (int i = 0; i < 4; i++) free(out[i]);
+    /* a cached prompt and a new one: only the new one is encoded, on TP group 0 */
+    REQUIRE(tp_pipe_encode_many(p, 2, prompts + 3, out, lens, hit) == 0, "%s", tp_error_msg());
+    CHECK(hit[0] && !hit[1] && st->cache_hits == 2 && st->cache_misses == 4 &&
+              st->prompts_encoded == want_mine + (rank == 0),
+          "second call: a hit and a miss (%d, %d), %d encoded here", hit[0], hit[1], st->prompts_encoded);
+    CHECK(tp_pipe_prefetch_many(p, 2, prompts) == 0 && st->prefetched == 0 && st->cache_hits == 2,
+          "prefetching cached prompts encodes nothing and counts nothing");
+    free(out[0]), free(out[1]);
+    tp_pipe_free(alone);
+    tp_pipe_free(p);
+    tp_pipe_info_free(&info);
+}

@@ -5,7 +5,8 @@
  * errors agreed on every rank, and the per-rank peak
  * memory falling with the band. Run by tests/run.sh at np 1, 2 and 4; each
  * test decodes over the whole world and over groups of 3 (np 4: ranks 0-2,
- * rank 3 alone), so tp 1, 2, 3 and 4 are all covered. */
+ * rank 3 alone), so tp 1, 2, 3 and 4 are all covered; and the band count
+ * changing no bit where the backend is rows-invariant (op_rows_invariant). */
 #include "test.h"
 #include "kernels/err.h"
 #include "kernels/fault.h"
@@ -511,5 +512,114 @@ TEST(vae_dist_group_norm_halves) {
         tensor_free(x), tensor_free(g), tensor_free(b), tensor_free(want), tensor_free(got);
         free(xh), free(gh), free(bh);
     }
+    backend_destroy(be);
+}
+
+/* ---- band-count invariance (op_rows_invariant) ---- */
+
+/* With the Winograd route off (the f32 3x3 convolutions on im2col +
+ * padded sgemm) the CPU is rows-invariant for f32 and bf16: klein-tiny-edit's
+ * decode (and its reference encode) over groups of every size from 1 to the
+ * world's (np 4: 1, 2, 3, 4 bands; groups of k consecutive ranks, the last
+ * one shorter) gives the one-rank bytes exactly, and the one-rank f32 image
+ * is still diffusers' within 1 level of 8 bits. With Winograd on, f32 is not
+ * rows-invariant (its 4x4 tiles start at each call's first row). */
+TEST_MPI(vae_dist_band_counts_bit_identical) {
+    int wr, ws;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    MPI_Comm_size(MPI_COMM_WORLD, &ws);
+    backend *be = backend_cpu_create(1);
+    cpu_conv_wino_force_off(0);
+    CHECK(!op_rows_invariant(be, DT_F32), "f32 with Winograd on is not rows-invariant");
+    cpu_conv_wino_force_off(1);
+    CHECK(op_rows_invariant(be, DT_F32) && op_rows_invariant(be, DT_BF16), "Winograd off: rows-invariant");
+    char *gp = xasprintf("%s/klein-tiny-edit/edit.safetensors", test_golden_dir());
+    st_file *f = NULL;
+    float *lat = NULL, *ref = NULL, *px = NULL;   /* ref: image_f32, read for its shape */
+    int64_t *u8 = NULL;
+    const st_tensor_info *ti, *pi;
+    REQUIRE(st_open(gp, &f) == 0 && st_read_f32(f, "case0.final_packed_latents", &lat, NULL) == 0 &&
+                st_read_f32(f, "case0.image_f32", &ref, &ti) == 0 && st_read_i64(f, "case0.image_u8", &u8, NULL) == 0 &&
+                st_read_f32(f, "case0.ref0.pixels", &px, &pi) == 0,
+            "%s", tp_error_msg());
+    int H = (int)ti->shape[0], W = (int)ti->shape[1], PH = (int)pi->shape[2], PW = (int)pi->shape[3];
+    for (int bf = 0; bf < 2; bf++) {
+        dtype_t dt = bf ? DT_BF16 : DT_F32;
+        vae_model *v = NULL;
+        char *vdir = xasprintf("%s/klein-tiny/model/vae", test_golden_dir());
+        REQUIRE(vae_load_parts(vdir, be, dt, VAE_DECODER | VAE_ENCODER, &v) == 0, "%s", tp_error_msg());
+        free(vdir);
+        float *x = unpack(v, lat, H / 16, W / 16);
+        size_t n = (size_t)3 * H * W, nm = (size_t)vae_get_config(v)->latent_channels * (PH / 8) * (PW / 8);
+        float *one = malloc(n * sizeof(float)), *img = malloc(n * sizeof(float)), *m1 = malloc(nm * sizeof(float)),
+              *mg = malloc(nm * sizeof(float));
+        uint8_t *rgb = malloc(n);
+        REQUIRE(vae_decode_latent(v, x, H / 8, W / 8, one, rgb) == 0 && vae_encode_image(v, px, PH, PW, m1, NULL, NULL) == 0,
+                "%s", tp_error_msg());
+        if (!bf && wr == 0) {
+            int maxd = 0;
+            for (size_t i = 0; i < n; i++) maxd = abs((int)rgb[i] - (int)u8[i]) > maxd ? abs((int)rgb[i] - (int)u8[i]) : maxd;
+            CHECK(maxd <= 1, "f32, Winograd off: the 8-bit image against diffusers' image_u8: max diff %d", maxd);
+        }
+        for (int k = 1; k <= ws; k++) {
+            MPI_Comm g;
+            MPI_Comm_split(MPI_COMM_WORLD, wr / k, wr, &g);
+            int gr, gs;
+            MPI_Comm_rank(g, &gr);
+            MPI_Comm_size(g, &gs);
+            int rc = vae_decode_latent_group(v, g, x, H / 8, W / 8, img, NULL);
+            rc = rc || vae_encode_image_group(v, g, px, PH, PW, mg, NULL, NULL);
+            CHECK(rc == 0, "%s group of %d: %s", dtype_name(dt), gs, tp_error_msg());
+            if (!rc && gr == 0) {
+                int same_d = !memcmp(img, one, n * sizeof(float)), same_e = !memcmp(mg, m1, nm * sizeof(float));
+                printf("# %s %d band%s: decode %s, encode %s\n", dtype_name(dt), gs, gs == 1 ? "" : "s",
+                       same_d ? "bit-identical" : "DIFFERS", same_e ? "bit-identical" : "DIFFERS");
+                CHECK(same_d && same_e, "%s, %d bands: the decode%s and the encode%s differ from one rank's",
+                      dtype_name(dt), gs, same_d ? " (same)" : "", same_e ? " (same)" : "");
+            }
+            MPI_Comm_free(&g);
+        }
+        free(x), free(one), free(img), free(m1), free(mg), free(rgb);
+        vae_free(v);
+    }
+    cpu_conv_wino_force_off(-1);
+    st_close(f);
+    free(gp), free(lat), free(ref), free(px), free(u8);
+    backend_destroy(be);
+}
+
+/* op_channel_row_sums (the per-row sums vae_norm_ordered folds) = op_channel_sums on each row alone, bit for
+ * bit, on the CPU and through the host fallback of kernels/ops.c (CUDA's), f32 and bf16, p 1 and 2 */
+TEST(vae_dist_channel_row_sums) {
+    backend *be = backend_cpu_create(1);
+    backend_vtable vt = *be->vt;
+    vt.channel_row_sums = NULL;
+    backend fb = *be;
+    fb.vt = &vt;
+    const int C = 24, W = 37, R = 9;
+    float *xh = malloc(sizeof(float) * C * W * R);
+    double center[24], *a = malloc(sizeof(double) * C * R), *b = malloc(sizeof(double) * C * R), one[24];
+    unsigned s = 7;
+    for (int i = 0; i < C * W * R; i++) {
+        s = s * 1103515245u + 12345u;
+        xh[i] = ((float)(s >> 8) / 16777216.0f) * 4.0f - 1.0f;
+    }
+    for (int c = 0; c < C; c++) center[c] = 0.25 * c;
+    int same = 1;
+    for (int bf = 0; bf < 2; bf++)
+        for (int p = 1; p <= 2; p++) {
+            tensor *x = tensor_new(be, bf ? DT_BF16 : DT_F32, C, (int64_t)W * R);
+            tensor_upload_f32(x, xh);
+            op_channel_row_sums(be, x, W, p == 2 ? center : NULL, p, a);
+            op_channel_row_sums(&fb, x, W, p == 2 ? center : NULL, p, b);
+            for (int r = 0; r < R; r++) {
+                tensor row = tensor_cols(x, (int64_t)r * W, W);
+                op_channel_sums(be, &row, p == 2 ? center : NULL, p, one);
+                for (int c = 0; c < C; c++) same &= a[c * R + r] == one[c] && b[c * R + r] == one[c];
+            }
+            tensor_free(x);
+        }
+    CHECK(same, "op_channel_row_sums differs from op_channel_sums on a row (CPU or host fallback)");
+    free(xh), free(a), free(b);
     backend_destroy(be);
 }

@@ -12,6 +12,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { BQ = 64, BK = 512 };
 
@@ -91,26 +92,37 @@ static void softmax_tile(attn_scratch *w, int64_t nq, int64_t nk, int hd, int64_
 static void attend_tile(tensor *o, const tensor *q, const tensor *k, const tensor *v, const attn_params *p,
                         const int32_t *valid, int h, int64_t i0, attn_scratch *w) {
     int hd = p->head_dim;
-    int64_t Sq = q->rows, Sk = k->rows, nq = Sq - i0 < BQ ? Sq - i0 : BQ, ldq, ldk, ldv;
+    int64_t Sq = q->rows, Sk = k->rows, nq = Sq - i0 < BQ ? Sq - i0 : BQ, ldq = hd, ldk, ldv;
     int kvh = h / (p->n_q_heads / p->n_kv_heads);
     int bf16_scores = use_bf16_scores(q, k, hd);
     const float *qt = bf16_scores ? NULL : tile_f32(q, i0, nq, (int64_t)h * hd, hd, w->q, &ldq);
-    for (int64_t i = 0; i < nq; i++) { w->m[i] = -INFINITY; w->l[i] = 0.0f; }
-    memset(w->o, 0, sizeof(float) * (size_t)nq * hd);
+    /* a short last tile runs as a whole one (zero rows below): every sgemm has BQ rows, so a query row's
+     * result does not depend on how many rows came with it (OpenBLAS picks its kernels by shape), and a VAE
+     * band's queries come out as the whole image's (the bf16 scores are per row already) */
+    int64_t mq = BQ;
+    if (!bf16_scores && nq < BQ) {
+        if (qt != w->q)
+            for (int64_t i = 0; i < nq; i++) memcpy(w->q + i * hd, qt + i * ldq, sizeof(float) * (size_t)hd);
+        memset(w->q + nq * hd, 0, sizeof(float) * (size_t)(BQ - nq) * hd);
+        qt = w->q, ldq = hd;
+    }
+    for (int64_t i = 0; i < mq; i++) { w->m[i] = -INFINITY; w->l[i] = 0.0f; }
+    memset(w->o, 0, sizeof(float) * (size_t)mq * hd);
     int64_t kend = Sk;
     if (p->causal && i0 + nq - 1 + p->q_pos0 + 1 < kend) kend = i0 + nq - 1 + p->q_pos0 + 1;
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         int64_t nk = kend - j0 < BK ? kend - j0 : BK;
         if (bf16_scores) {
             scores_bf16(q, k, i0, nq, j0, nk, (int64_t)h * hd, (int64_t)kvh * hd, hd, w);
+            for (int64_t i = nq; i < mq; i++) memset(w->s + i * BK, 0, sizeof(float) * (size_t)nk);
         } else {
             const float *kt = tile_f32(k, j0, nk, (int64_t)kvh * hd, hd, w->k, &ldk);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, hd, 1.0f, qt, (int)ldq, kt,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)mq, (int)nk, hd, 1.0f, qt, (int)ldq, kt,
                         (int)ldk, 0.0f, w->s, BK);
         }
-        softmax_tile(w, nq, nk, hd, i0, j0, p, valid);
+        softmax_tile(w, mq, nk, hd, i0, j0, p, valid);
         const float *vt = tile_f32(v, j0, nk, (int64_t)kvh * hd, hd, w->v, &ldv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, hd, (int)nk, 1.0f, w->s, BK, vt, (int)ldv,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)mq, hd, (int)nk, 1.0f, w->s, BK, vt, (int)ldv,
                     1.0f, w->o, hd);
     }
     for (int64_t i = 0; i < nq; i++) { /* rows that saw no key get 0 (SDPA) */

@@ -95,6 +95,8 @@ static const backend_vtable k_cpu_vt = {
     .upload_file = cpu_upload_file,
     .channel_sums = cpu_channel_sums,
     .channel_affine = cpu_channel_affine,
+    .rows_invariant = cpu_rows_invariant,
+    .channel_row_sums = cpu_channel_row_sums,
 };
 
 backend *backend_cpu_create(int threads) {

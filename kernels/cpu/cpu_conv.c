@@ -37,6 +37,13 @@
 enum { ITEM_BYTES_F32 = 4 << 20, ITEM_BYTES_BF16 = 1 << 20 };
 /* AMX items: about this many pixels, K in chunks of at most ITEM_BYTES_BF16 of columns */
 enum { AMX_ITEM_PIXELS = 256 };
+/* OpenBLAS takes its "small matrix" kernels below about 1.5e5 = M·N·K,
+ * which round differently from its blocked kernels, so a pixel's result
+ * would depend on how many pixels came with it (a VAE band against the
+ * whole image). Below SMALL_MNK the pixels are padded with zero columns up
+ * to it (as cpu_gemm.c pads rows), so every product runs the blocked
+ * kernels, whose per-pixel sums do not depend on the pixel count. */
+#define SMALL_MNK ((int64_t)1 << 20)
 
 /* input h x wd, output ho x wo; input row st*yo + ky - pad feeds output row yo */
 typedef struct {
@@ -174,6 +181,19 @@ static void item_vdp(tensor *y, const tensor *w, const float *bias, const uint32
     }
 }
 
+/* c [Cout, np] (ldc) = w [Cout, KK] · col [KK, np] through the blocked kernels: col copied into np' >= np
+ * zero-padded columns with Cout·np'·KK >= SMALL_MNK */
+static void sgemm_padded(const float *wf, int64_t ldw, const float *col, int64_t Cout, int64_t np, int64_t KK,
+                         float *c, int64_t ldc) {
+    int64_t npp = (SMALL_MNK + Cout * KK - 1) / (Cout * KK);
+    float *cp = xcalloc((size_t)(KK * npp), sizeof *cp), *yp = xmalloc((size_t)(Cout * npp) * sizeof *yp);
+    for (int64_t k = 0; k < KK; k++) memcpy(cp + k * npp, col + k * np, (size_t)np * sizeof *cp);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Cout, (int)npp, (int)KK, 1.0f, wf, (int)ldw, cp,
+                (int)npp, 0.0f, yp, (int)npp);
+    for (int64_t r = 0; r < Cout; r++) memcpy(c + r * ldc, yp + r * npp, (size_t)np * sizeof *yp);
+    free(cp), free(yp);
+}
+
 /* sgemm, single-threaded (OpenBLAS runs so inside a parallel region): the
  * columns are packed once, the weight once per item */
 static void item_sgemm(tensor *y, const float *wf, int64_t ldw, const float *bias, const float *col, int64_t np,
@@ -182,8 +202,12 @@ static void item_sgemm(tensor *y, const float *wf, int64_t ldw, const float *bia
     int direct = y->dtype == DT_F32;
     float *c = direct ? (float *)y->data + b0 : ybuf;
     int64_t ldc = direct ? y->ld : np;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Cout, (int)np, (int)KK, 1.0f, wf, (int)ldw, col,
-                (int)np, 0.0f, c, (int)ldc);
+    if (Cout * np * KK < SMALL_MNK) {
+        sgemm_padded(wf, ldw, col, Cout, np, KK, c, ldc);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Cout, (int)np, (int)KK, 1.0f, wf, (int)ldw, col,
+                    (int)np, 0.0f, c, (int)ldc);
+    }
     if (!bias && direct) return;
     for (int64_t r = 0; r < Cout; r++) {
         float *cr = c + r * ldc;
@@ -280,6 +304,13 @@ static void conv_run(tensor *y, const tensor *x, const tensor *w, const tensor *
         free(col), free(acc), free(xbuf), free(ybuf), free(panel), free(out);
     }
     free(wp), free(wbuf), free(bf);
+}
+
+int cpu_rows_invariant(backend *be, dtype_t dt) {
+    (void)be;
+    /* bf16 with the AMX or vdpbf16ps kernels never takes the sgemm route's Winograd replacement */
+    int bf16_kernels = dt == DT_BF16 && (cpu_conv_amx_enabled() || cpu_bf16_kernels_enabled());
+    return bf16_kernels || !cpu_conv_wino_usable(8, 3, 1);
 }
 
 void cpu_conv2d(backend *be, tensor *y, const tensor *x, const tensor *w, const tensor *bias,

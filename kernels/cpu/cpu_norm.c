@@ -6,6 +6,7 @@
 #include "cpu_vecmath.h"
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* y = LN(x) * (1 + scale) + shift; bf16 output rounds LN, (1+scale),
  * the product and the sum separately (docs/spec/flux2-transformer.md §3.4). */
@@ -119,6 +120,24 @@ static void channel_sums(const tensor *x, const double *center, int p, double *o
     }
 }
 
+void cpu_channel_row_sums(backend *be, const tensor *x, int64_t W, const double *center, int p, double *out) {
+    (void)be;
+    CPU_REQUIRE((p == 1 || p == 2) && W > 0 && x->cols % W == 0, "op_channel_row_sums: power %d, row width %lld of %lld",
+                p, (long long)W, (long long)x->cols);
+    int64_t C = x->rows, HW = x->cols, rows = HW / W;
+#pragma omp parallel if (C * HW > CPU_PAR_MIN)
+    {
+        float *bx = xmalloc((size_t)HW * sizeof(float));
+#pragma omp for schedule(dynamic)
+        for (int64_t c = 0; c < C; c++) {
+            const float *v = row_f32(x, c, 0, HW, bx);
+            for (int64_t r = 0; r < rows; r++) /* each row from its own start: channel_sums of that row alone */
+                out[c * rows + r] = sum_pow(v + r * W, W, center ? center[c] : 0, p);
+        }
+        free(bx);
+    }
+}
+
 void cpu_channel_sums(backend *be, const tensor *x, const double *center, int p, double *out) {
     (void)be;
     CPU_REQUIRE(p == 1 || p == 2, "op_channel_sums: power %d is not 1 or 2", p);
@@ -138,6 +157,14 @@ static void affine_silu(const float *v, float *out, int64_t n, float a, float b,
         }
         _mm256_storeu_ps(out + i, t);
     }
+    if (i < n) {   /* the tail through the same vector arithmetic: a pixel's value does not depend on where the
+                    * row ends (a VAE band's rows end elsewhere than the whole image's) */
+        float tv[8] = {0}, to[8];
+        memcpy(tv, v + i, (size_t)(n - i) * sizeof *tv);
+        affine_silu(tv, to, 8, a, b, silu, dt);
+        memcpy(out + i, to, (size_t)(n - i) * sizeof *to);
+    }
+    return;
 #endif
     for (; i < n; i++) {
         float t = v[i] * a + b;

@@ -78,6 +78,10 @@ void cpu_conv_amx_force_off(int on);
 int cpu_conv_amx_enabled(void);
 void cpu_conv2d_down(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
                      int64_t h, int64_t wd);
+/* op_channel_row_sums (cpu_norm.c) */
+void cpu_channel_row_sums(backend *, const tensor *x, int64_t W, const double *center, int p, double *out);
+/* op_rows_invariant (cpu_conv.c) */
+int cpu_rows_invariant(backend *, dtype_t dt);
 void cpu_conv2d(backend *, tensor *y, const tensor *x, const tensor *w, const tensor *bias,
                 int64_t h, int64_t wd, int k);
 

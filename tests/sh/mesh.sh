@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# budget: 150 s; checks: 40
+# budget: 180 s; checks: 47
 # The parallel mesh (docs/parallel.md): world = dp x cfg x sp x tp. CFG
 # parallelism (--cfg-parallel) must give the serial CFG run's latents and
 # pixels byte for byte at the same tp (klein base, with and without a
@@ -10,7 +10,10 @@
 # batch of them on dp 2 x sp 2, and their cache's bytes per rank), TP x SP within 1e-5 of tp 1 in f32
 # (klein-kv: tp 2 x sp 2 = tp 2 byte for byte); the PNG records
 # the mesh, comm_bytes_per_step matches the ring formulas (CFG exchange;
-# sp 4 against tp 4, at most 0.6x), and every refusal is one clear error
+# sp 4 against tp 4, at most 0.6x), the prompts are encoded on different TP
+# groups at once (prompts_encoded per rank; a failure there agreed; the
+# pixels unchanged), the VAE runs over the whole group where the CPU is
+# rows-invariant (decode_bands per rank; the bytes unchanged), and every refusal is one clear error
 # before loading, on every rank, with no output. One OpenMP thread per rank
 # everywhere: the VAE encoder's f32 result depends on the thread count.
 . "$TPGEN_ROOT/tests/lib.sh"
@@ -239,6 +242,63 @@ if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 
     python3 -c "import sys; sys.exit(0 if $rel <= 1e-5 else 1)" && ok "mesh: tp 2 x sp 2 f32 latents within 1e-5 of one rank (rel_l2 $rel)" ||
         fail "mesh: tp 2 x sp 2 rel_l2 $rel"
 else fail "mesh: tp 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+
+# the text encoder spread over the job group's TP groups (cfg x sp of them): the k-th prompt to encode on TP group
+# k mod G, each rank's count in --json-metrics prompts_encoded; the outputs stayed byte-identical above (klein-bf16
+# and klein-tp2 under --cfg-parallel: the prompt on the first half, the negative prompt on the second)
+e1=$(jq -c .prompts_encoded "$TMP/klein-bf16-c.json" 2>/dev/null); e2=$(jq -c .prompts_encoded "$TMP/klein-tp2-c.json" 2>/dev/null)
+[ "$e1" = "[1,1]" ] && [ "$e2" = "[1,1,1,1]" ] &&
+    ok "mesh: --cfg-parallel encodes the prompt on one half and the negative prompt on the other (tp 1 $e1, tp 2 $e2)" ||
+    fail "mesh: prompts_encoded under --cfg-parallel: tp 1 $e1, tp 2 $e2 (want [1,1] and [1,1,1,1])"
+# a batch of 3 prompts on one group of sp 2: rank 0 encodes prompts 1 and 3, rank 1 prompt 2; every PNG's pixels
+# = the same batch on one rank
+printf 'a fox\na red boat\na tree at dusk\n' >"$TMP/p3.txt"
+P3=(--model "$D" --prompts-file "$TMP/p3.txt" --seed 5 --steps 2 --width 48 --height 32 --backend cpu)
+if "$TPGEN" "${P3[@]}" --output "$TMP/p3-1-{index}.png" --json-metrics "$TMP/p3-1.json" >/dev/null 2>&1 &&
+   $MPIRUN -np 2 "$TPGEN" "${P3[@]}" --sp 2 --output "$TMP/p3-2-{index}.png" --json-metrics "$TMP/p3-2.json" >/dev/null 2>&1; then
+    same=0
+    for i in 0 1 2; do [ "$(idat "$TMP/p3-1-$i.png")" = "$(idat "$TMP/p3-2-$i.png")" ] && same=$((same + 1)); done
+    e1=$(jq -c .prompts_encoded "$TMP/p3-1.json"); e2=$(jq -c .prompts_encoded "$TMP/p3-2.json")
+    [ $same = 3 ] && [ "$e1" = "[3]" ] && [ "$e2" = "[2,1]" ] &&
+        ok "mesh: 3 prompts on sp 2 encoded 2 + 1 (one rank: $e1), the 3 PNGs' pixels = one rank's" ||
+        fail "mesh: batch encode spread: $same of 3 equal, prompts_encoded $e1 / $e2 (want [3] / [2,1])"
+else fail "mesh: the 3-prompt batch failed"; fi
+# the second TP group out of memory while it encodes its prompt: agreed over the group, one message, no PNG
+rm -f "$TMP"/p3-f-*.png
+out=$(TPGEN_FAIL_ALLOC=1:1:encode timeout 120 $MPIRUN -x TPGEN_FAIL_ALLOC -np 2 "$TPGEN" "${P3[@]}" --sp 2 \
+      --output "$TMP/p3-f-{index}.png" 2>&1); rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && [ "$(echo "$out" | grep -c '^tpgen: error: rank 1: .*injected by TPGEN_FAIL_ALLOC')" = 1 ] &&
+    ! ls "$TMP"/p3-f-*.png >/dev/null 2>&1 &&
+    ok "mesh: the second TP group failing on its prompt: agreed, one message naming rank 1, no PNG (rc $rc)" ||
+    fail "mesh: encode failure on TP group 1: rc $rc $(echo "$out" | grep error | head -2)"
+
+# the VAE over the whole job group where the CPU is rows-invariant (op_rows_invariant: the band count changes no
+# bit), else over the first TP group: decode_bands counts, per world rank, the decodes it took a band of. f32 with
+# the Winograd route off (TPGEN_NO_WINOGRAD=1) is rows-invariant on every CPU: the reference encode and the decode
+# spread over cfg 2 (x sp 2), the bytes still the serial run's; with Winograd (f32's default) the first TP group
+MPIRUN0=$MPIRUN
+MPIRUN="$MPIRUN -x TPGEN_NO_WINOGRAD"
+export TPGEN_NO_WINOGRAD=1
+same klein-f32-exact 1 2 "${K[@]}" --tp 1 --precision f32 --image "$REF"
+if out=$($MPIRUN -np 4 "$TPGEN" "${K[@]}" --precision f32 --image "$REF" --sp 2 --cfg-parallel --output "$TMP/xs.png" \
+           --save-latents "$TMP/xs.st" --json-metrics "$TMP/xs.json" 2>&1); then
+    cmp -s "$TMP/klein-f32-exact-s.st" "$TMP/xs.st" && [ "$(idat "$TMP/klein-f32-exact-s.png")" = "$(idat "$TMP/xs.png")" ] &&
+        [ "$(jq -c .decode_bands "$TMP/xs.json")" = "[1,1,1,1]" ] &&
+        ok "mesh: f32 without Winograd, cfg 2 x sp 2: the VAE on all 4 ranks (one band each), the one-rank bytes" ||
+        fail "mesh: f32 exact VAE on cfg 2 x sp 2: decode_bands $(jq -c .decode_bands "$TMP/xs.json"), or the bytes differ"
+else fail "mesh: f32 exact VAE on cfg 2 x sp 2: $(echo "$out" | tail -2 | tr '\n' ' ')"; fi
+unset TPGEN_NO_WINOGRAD
+MPIRUN=$MPIRUN0
+b1=$(jq -c .decode_bands "$TMP/klein-f32-exact-c.json" 2>/dev/null); b2=$(jq -c .decode_bands "$TMP/klein-f32-ref-c.json" 2>/dev/null)
+[ "$b1" = "[1,1]" ] && [ "$b2" = "[1,0]" ] &&
+    ok "mesh: decode_bands: f32 without Winograd on both CFG halves $b1, with Winograd on the first TP group only $b2" ||
+    fail "mesh: decode_bands $b1 (want [1,1]) and $b2 (want [1,0])"
+# bf16 takes the AMX or vdpbf16ps convolutions where the CPU has them (rows-invariant), else Winograd
+b3=$(jq -c .decode_bands "$TMP/klein-bf16-c.json" 2>/dev/null)
+if grep -qw amx_bf16 /proc/cpuinfo; then
+    [ "$b3" = "[1,1]" ] && ok "mesh: bf16 on this AMX CPU: the VAE on both CFG halves ($b3), the serial bytes (above)" ||
+        fail "mesh: bf16 decode_bands $b3 on an AMX CPU (want [1,1])"
+else skip "mesh: bf16 VAE spread: this CPU has no AMX-BF16 (decode_bands $b3)"; fi
 
 # bytes sent per step, sp 4 against tp 4 at equal tokens (klein distilled, bf16): the ring formulas written
 # out from the transformer config: TP all-reduces [S, D] twice per double block and once per single block;

@@ -10,7 +10,9 @@
  *  - a GroupNorm's statistics: per-channel sums, then sums of squared
  *    deviations from the group mean, each all-reduced in f64 (the same
  *    two-pass arithmetic as op_group_norm, so that the mean and the rstd,
- *    rounded to f32, almost always come out bit-identical);
+ *    rounded to f32, almost always come out bit-identical); where the
+ *    backend is rows-invariant, the per-row sums folded in image row order
+ *    instead (vae_norm.c: always bit-identical);
  *  - the mid-block attention, which is global: the whole mid activation
  *    (H/8 x W/8, small) is gathered on every band rank, and each computes
  *    the attention of its own query rows against all keys.
@@ -29,6 +31,7 @@ static int64_t band_nrows(const vae_band *b, int r, int64_t s) { return s * (b->
 static int64_t band_scale(const vae_band *b, int64_t h) { return h / (b->b[b->rank + 1] - b->b[b->rank]); }
 
 static int band_norm(vae_run *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
+    if (v->exact) return vae_norm_ordered(v, y, x, g, b, silu);
     const vae_band *bd = v->band;
     int64_t C = x->rows;
     int groups = v->m->cfg.norm_groups, cpg = (int)(C / groups);

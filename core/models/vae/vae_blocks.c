@@ -166,6 +166,7 @@ int vae_attn_rows(vae_run *v, const vae_attn *a, const tensor *xfull, int64_t hw
 /* ---- the whole-image strategy ---- */
 
 static int whole_norm(vae_run *v, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu) {
+    if (v->exact) return vae_norm_ordered(v, y, x, g, b, silu);   /* the bands' statistics, bit for bit */
     op_group_norm(v->be, y, x, g, b, v->m->cfg.norm_groups, v->m->cfg.norm_eps, silu);
     return 0;
 }

@@ -51,6 +51,7 @@ int vae_group_pass(const vae_model *m, MPI_Comm group, const vae_pass *p, float 
     int64_t h, w;
     if (size == 1) {
         vae_run_begin(&r, m, &vae_whole, NULL);
+        r.units = p->units, r.wl = p->wl;
         int rc = run_rows(&r, p, 0, p->units * p->s_in, &mine, &h, &w);
         vae_run_end(&r);
         if (!rc) memcpy(out, mine, (size_t)p->out_ch * (size_t)(h * w) * sizeof(float));
@@ -60,6 +61,9 @@ int vae_group_pass(const vae_model *m, MPI_Comm group, const vae_pass *p, float 
     /* one band of at least one unit row per rank; with fewer rows than
      * ranks the last ranks sit out (they only wait for the agreement) */
     int n = size < p->units ? size : (int)p->units, active = rank < n, rc = 0;
+    /* the GroupNorm protocol must be the same on every rank (ranks on different CPUs could differ) */
+    int exact = op_rows_invariant(m->be, m->dt);
+    MPI_Allreduce(MPI_IN_PLACE, &exact, 1, MPI_INT, MPI_MIN, group);
     MPI_Comm bc;
     MPI_Comm_split(group, active ? 0 : MPI_UNDEFINED, rank, &bc);
     if (active) {
@@ -68,6 +72,7 @@ int vae_group_pass(const vae_model *m, MPI_Comm group, const vae_pass *p, float 
         for (int k = 0; k <= n; k++)
             bd.b[k] = (int64_t)k * (p->units / n) + (k < p->units % n ? k : p->units % n);
         vae_run_begin(&r, m, &vae_banded, &bd);
+        r.units = p->units, r.wl = p->wl, r.exact = exact;
         rc = run_rows(&r, p, p->s_in * bd.b[rank], p->s_in * (bd.b[rank + 1] - bd.b[rank]), &mine, &h, &w);
         vae_run_end(&r);
         /* the output's scale: its rows per unit row of the band */

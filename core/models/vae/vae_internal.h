@@ -123,11 +123,24 @@ struct vae_run {
     vae_buf pool[VAE_POOL_MAX];
     size_t band_bytes;
     double *prof;
+    /* op_rows_invariant agreed over the group: every op gives a pixel the same bits in any band, and the
+     * GroupNorm statistics are folded row by row in image order (vae_norm_ordered), so the band count
+     * changes nothing; else the GroupNorm sums are all-reduced (bits may move with the band count) */
+    int exact;
+    int64_t units, wl;                 /* the pass's unit grid (vae_band has them too) */
 };
 
 /* A run of model m with strategy st (band for vae_banded); vae_run_end frees its pool. */
 void vae_run_begin(vae_run *r, const vae_model *m, const vae_strategy *st, const vae_band *band);
 void vae_run_end(vae_run *r);
+/* GroupNorm (+ SiLU) whose statistics do not depend on the band split: per
+ * channel, each row's sum (op_channel_sums on the row) is added to a
+ * running f64 sum in image row order, the bands one after another (each
+ * band receives the sums of the rows above from the rank before and passes
+ * them on; the last band's totals are broadcast), then the same for the
+ * squared deviations from the group mean. The whole image (r->band NULL)
+ * folds the same rows in the same order. */
+int vae_norm_ordered(vae_run *r, tensor *y, const tensor *x, const tensor *g, const tensor *b, int silu);
 
 /* Per-op time accounting for `tpgen bench vae --profile`: each wrapper
  * syncs the backend around its op when r->prof is set (costing a little on

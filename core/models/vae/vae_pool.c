@@ -11,6 +11,7 @@ void vae_run_begin(vae_run *r, const vae_model *m, const vae_strategy *st, const
     memset(r, 0, sizeof *r);
     r->m = m, r->be = m->be, r->dt = m->dt, r->st = st, r->band = band;
     r->band_bytes = m->band_bytes, r->prof = m->prof;
+    r->exact = op_rows_invariant(m->be, m->dt);
 }
 
 void vae_run_end(vae_run *r) {
