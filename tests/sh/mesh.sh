@@ -189,12 +189,16 @@ sp: 2
 tp: 1
 output: $TMP/kvb-{index}.png
 YAML
+# alone BATCH_PNG ARGS...: 0 when the job ARGS rendered alone on one rank has BATCH_PNG's pixels
+alone() {
+    local want=$1; shift
+    "$TPGEN" "$@" --output "$want.alone.png" >/dev/null 2>&1 && [ "$(idat "$want.alone.png")" = "$(idat "$want")" ]
+}
 if out=$($MPIRUN -np 4 "$TPGEN" --spec "$TMP/kvbatch.yaml" 2>&1); then
     same=0 i=0
     for pr in "a fox" "a red boat" "a cat"; do
-        "$TPGEN" --model "$KV" --prompt "$pr" --seed 3 --steps 2 --width 80 --height 48 --backend cpu \
-            --image "$RG/r0_64x80.png" --image "$RG/r1_100x70.png" --output "$TMP/kva-$i.png" >/dev/null 2>&1 &&
-            [ "$(idat "$TMP/kva-$i.png")" = "$(idat "$TMP/kvb-$i.png")" ] && same=$((same + 1))
+        alone "$TMP/kvb-$i.png" --model "$KV" --prompt "$pr" --seed 3 --steps 2 --width 80 --height 48 --backend cpu \
+            --image "$RG/r0_64x80.png" --image "$RG/r1_100x70.png" && same=$((same + 1))
         i=$((i + 1))
     done
     [ $same = 3 ] && ok "mesh kv: a batch of 3 klein-kv jobs on dp 2 x sp 2, each PNG's pixels = the job alone on one rank" ||
@@ -218,9 +222,8 @@ if out=$($MPIRUN -np 4 "$TPGEN" --spec "$TMP/batch.yaml" 2>&1); then
     same=0 i=0
     for pr in "a fox" "a red boat"; do
         for seed in 3 4; do
-            "$TPGEN" --model "$D" --prompt "$pr" --seed $seed --steps 2 --width 48 --height 32 --backend cpu \
-                --output "$TMP/a-$i.png" >/dev/null 2>&1 && [ "$(idat "$TMP/a-$i.png")" = "$(idat "$TMP/b-$i.png")" ] &&
-                same=$((same + 1))
+            alone "$TMP/b-$i.png" --model "$D" --prompt "$pr" --seed $seed --steps 2 --width 48 --height 32 \
+                --backend cpu && same=$((same + 1))
             i=$((i + 1))
         done
     done
